@@ -1,0 +1,27 @@
+//! The small trait a storage engine implements. The sled backend keeps data on disk; the
+//! simulated backend keeps it in memory and loses what no barrier covered when it "crashes".
+//! A shared networked backend would implement the same four calls.
+
+use crate::{Batch, StoreError};
+
+/// A key-value engine with atomic batches and an explicit durability barrier.
+///
+/// Contract for implementors, checked by the conformance suite in `durafiber-testkit`:
+/// - `apply` makes a batch visible to reads atomically; it need not be durable yet;
+/// - `barrier` returns only when every batch applied before it will survive a crash or a
+///   power loss;
+/// - a crash loses nothing a completed barrier covered, and never half a batch.
+pub trait Backend: Send + Sync + 'static {
+    /// The raw (sealed) value under `key`.
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Up to `limit` entries with `start <= key < end`, in key order.
+    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
+    /// Applies every op of `batch`, atomically.
+    fn apply(&self, batch: &Batch) -> Result<(), StoreError>;
+    /// Makes everything applied so far durable.
+    fn barrier(&self) -> Result<(), StoreError>;
+    /// Bytes of the files behind the store, for inspection (0 when there are none).
+    fn disk_bytes(&self) -> u64 {
+        0
+    }
+}

@@ -1,0 +1,73 @@
+//! One boundary = one atomic batch of puts and deletes over any tables.
+
+use serde::Serialize;
+
+use crate::{StoreError, codec, envelope, tables::Table};
+
+/// One write in a batch: a sealed value, or a removal.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// Store `value` (already sealed) under `key`.
+    Put {
+        /// Full key, table prefix included.
+        key: Vec<u8>,
+        /// Sealed bytes.
+        value: Vec<u8>,
+    },
+    /// Remove `key`.
+    Delete {
+        /// Full key, table prefix included.
+        key: Vec<u8>,
+    },
+}
+
+/// Writes that land together or not at all, even across a crash.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Batch {
+    /// The writes, applied in order.
+    pub ops: Vec<Op>,
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Encodes `value`, seals it in its envelope and adds it under `key` of `table`.
+    pub fn put<T: Serialize>(&mut self, table: Table, key: Vec<u8>, value: &T) -> Result<&mut Self, StoreError> {
+        debug_assert_eq!(key.first(), Some(&table.prefix));
+        let body = codec::encode(value).map_err(|reason| StoreError::Encode { table: table.name, reason })?;
+        let value = envelope::seal(&key, &body);
+        self.ops.push(Op::Put { key, value });
+        Ok(self)
+    }
+
+    /// Adds a removal of `key`.
+    pub fn delete(&mut self, key: Vec<u8>) -> &mut Self {
+        self.ops.push(Op::Delete { key });
+        self
+    }
+
+    /// Adds every write of `other`, after this batch's own.
+    pub fn extend(&mut self, other: Batch) -> &mut Self {
+        self.ops.extend(other.ops);
+        self
+    }
+
+    /// No writes at all.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Bytes of keys and values, for limits and metrics.
+    pub fn size_bytes(&self) -> usize {
+        self.ops
+            .iter()
+            .map(|op| match op {
+                Op::Put { key, value } => key.len() + value.len(),
+                Op::Delete { key } => key.len(),
+            })
+            .sum()
+    }
+}

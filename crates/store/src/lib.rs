@@ -1,0 +1,46 @@
+//! The durable record store under durafiber.
+//!
+//! It knows records, batches and barriers; it knows nothing of actors, clocks or agents.
+//! The runtime decides *when* a boundary is written, this crate decides *how*.
+//!
+//! # What survives
+//! - **A process crash** (SIGKILL, panic, OOM): every batch whose `commit` was acknowledged in
+//!   [`Durability::Sync`] mode, whole. A batch is applied atomically, so a crash never leaves
+//!   half of one behind. In [`Durability::Async`] mode, the writes of the last `flush_every`
+//!   window may be lost, and nothing older.
+//! - **A power loss**: the same, because an acknowledged barrier has called sled's flush *and*
+//!   `fsync` on the log file, the new blob files and the blob directory (sled 0.34's own flush
+//!   stops at `sync_file_range`, which leaves the data in the disk's volatile cache).
+//! - **Bit rot or a bad write inside a record**: every record is sealed in a checksummed,
+//!   versioned [`envelope`]; reading it back yields [`StoreError::Corrupt`] naming the key, and
+//!   every other record stays readable.
+//!
+//! # Module map
+//! - [`envelope`]: format version + checksum around every record.
+//! - [`codec`]: the one bincode configuration.
+//! - [`tables`]: key layout of the logical tables, and the record types stored in them.
+//! - [`batch`]: one boundary = one atomic batch.
+//! - [`backend`]: the small trait a storage engine implements; [`sled_backend`] and
+//!   [`sim_backend`] (loses every write after the last barrier on `crash()`).
+//! - [`barrier`]: group commit: many batches, one barrier, then acknowledge.
+//! - [`store`]: the typed front door the runtime uses.
+#![deny(missing_docs)]
+
+pub mod backend;
+pub mod barrier;
+pub mod batch;
+pub mod codec;
+pub mod envelope;
+mod error;
+pub mod sim_backend;
+pub mod sled_backend;
+pub mod store;
+pub mod tables;
+
+pub use backend::Backend;
+pub use barrier::Durability;
+pub use batch::Batch;
+pub use error::StoreError;
+pub use sim_backend::{CrashPoint, SimBackend};
+pub use sled_backend::SledBackend;
+pub use store::{Store, StoreConfig};

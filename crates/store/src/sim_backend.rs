@@ -1,0 +1,151 @@
+//! An in-memory backend that simulates a crash: on `crash()`, every write after the last
+//! completed barrier is lost, and nothing before it. Crash points make a crash happen at an
+//! exact write or barrier, so tests can crash a run at every boundary, before and after its
+//! barrier, deterministically.
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use crate::{Backend, Batch, StoreError, batch::Op};
+
+/// Where a scheduled crash happens, counted from the moment it is armed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// Right after the n-th `apply` (1-based), before any barrier covers it.
+    AfterApply(u64),
+    /// Right after the n-th completed barrier (1-based).
+    AfterBarrier(u64),
+}
+
+#[derive(Default)]
+struct SimState {
+    durable: BTreeMap<Vec<u8>, Vec<u8>>,
+    visible: BTreeMap<Vec<u8>, Vec<u8>>,
+    crashed: bool,
+    armed: Option<CrashPoint>,
+    applies: u64,
+    barriers: u64,
+}
+
+/// The crash-simulating backend. Clones share one simulated disk.
+#[derive(Clone, Default)]
+pub struct SimBackend {
+    state: Arc<Mutex<SimState>>,
+}
+
+impl SimBackend {
+    /// An empty simulated disk.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SimState> {
+        // A panic while holding the lock leaves plain maps behind, still consistent.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn live(&self) -> Result<MutexGuard<'_, SimState>, StoreError> {
+        let s = self.lock();
+        if s.crashed { Err(StoreError::Crashed) } else { Ok(s) }
+    }
+
+    /// Crashes now: every write no barrier covered is lost; every call fails until `revive`.
+    pub fn crash(&self) {
+        Self::crash_locked(&mut self.lock());
+    }
+
+    fn crash_locked(s: &mut SimState) {
+        s.visible = s.durable.clone();
+        s.crashed = true;
+        s.armed = None;
+    }
+
+    /// Boots the "machine" again after a crash, with what was durable.
+    pub fn revive(&self) {
+        let mut s = self.lock();
+        s.crashed = false;
+        s.applies = 0;
+        s.barriers = 0;
+    }
+
+    /// Arms a crash at `point`, counted from now.
+    pub fn crash_at(&self, point: CrashPoint) {
+        let mut s = self.lock();
+        s.applies = 0;
+        s.barriers = 0;
+        s.armed = Some(point);
+    }
+
+    /// Whether a crash has happened and the backend has not been revived.
+    pub fn is_crashed(&self) -> bool {
+        self.lock().crashed
+    }
+
+    /// How many applies and barriers happened since the last arm or revive.
+    pub fn counts(&self) -> (u64, u64) {
+        let s = self.lock();
+        (s.applies, s.barriers)
+    }
+
+    /// Number of durable keys, for tests.
+    pub fn durable_len(&self) -> usize {
+        self.lock().durable.len()
+    }
+
+    /// Every durable value, for scanning bytes in tests.
+    pub fn durable_bytes(&self) -> Vec<u8> {
+        let s = self.lock();
+        s.durable.iter().flat_map(|(k, v)| k.iter().chain(v.iter()).copied()).collect()
+    }
+}
+
+impl Backend for SimBackend {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.live()?.visible.get(key).cloned())
+    }
+
+    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        let s = self.live()?;
+        Ok(s.visible
+            .range(start.to_vec()..end.to_vec())
+            .take(limit)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
+        let mut s = self.live()?;
+        for op in &batch.ops {
+            match op {
+                Op::Put { key, value } => s.visible.insert(key.clone(), value.clone()),
+                Op::Delete { key } => s.visible.remove(key),
+            };
+        }
+        s.applies += 1;
+        if let Some(CrashPoint::AfterApply(n)) = s.armed {
+            if s.applies >= n {
+                Self::crash_locked(&mut s);
+            }
+        }
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<(), StoreError> {
+        let mut s = self.live()?;
+        s.durable = s.visible.clone();
+        s.barriers += 1;
+        if let Some(CrashPoint::AfterBarrier(n)) = s.armed {
+            if s.barriers >= n {
+                Self::crash_locked(&mut s);
+                // The barrier itself completed; the caller dies before hearing so.
+                return Err(StoreError::Crashed);
+            }
+        }
+        Ok(())
+    }
+}

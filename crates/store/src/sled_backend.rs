@@ -1,0 +1,145 @@
+//! The embedded backend: one sled tree in one data directory, owned by one process.
+//!
+//! sled 0.34's `flush` ends in `sync_file_range`, which does not reach the disk's volatile
+//! cache, and it writes large values to blob files without syncing them. The barrier here
+//! therefore syncs new blob files and the blob directory, then flushes sled, then `fdatasync`s
+//! the log file: only then is a boundary durable across a power loss.
+
+use std::{
+    collections::HashSet,
+    fs::{File, OpenOptions},
+    path::{Path, PathBuf},
+    sync::Mutex,
+};
+
+use crate::{Backend, Batch, StoreError, batch::Op};
+
+/// sled in a locked data directory.
+pub struct SledBackend {
+    db: sled::Db,
+    dir: PathBuf,
+    log_file: File,
+    synced_blobs: Mutex<HashSet<std::ffi::OsString>>,
+    // Held for the life of the backend: dropping the file releases the lock.
+    _lock: File,
+}
+
+const LOCK_FILE: &str = "durafiber.lock";
+const SLED_DIR: &str = "sled";
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io { path: path.to_path_buf(), source }
+}
+
+impl SledBackend {
+    /// Opens (creating if needed) the store in `dir`. A second opener gets `DirLocked`.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io(&lock_path))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::DirLocked { path: dir.to_path_buf() });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(&lock_path)(e)),
+        }
+        let sled_dir = dir.join(SLED_DIR);
+        // Everything explicit: no background flusher (our barrier decides), default cache,
+        // and a mode that favours low latency of small writes.
+        let db = sled::Config::new()
+            .path(&sled_dir)
+            .flush_every_ms(None)
+            .mode(sled::Mode::LowSpace)
+            .cache_capacity(256 * 1024 * 1024)
+            .open()?;
+        let log_path = sled_dir.join("db");
+        let log_file = File::open(&log_path).map_err(io(&log_path))?;
+        let backend = SledBackend {
+            db,
+            dir: dir.to_path_buf(),
+            log_file,
+            synced_blobs: Mutex::new(HashSet::new()),
+            _lock: lock,
+        };
+        // Whatever an earlier process left unsynced is made durable before anyone reads it.
+        backend.barrier()?;
+        Ok(backend)
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn sync_new_blobs(&self) -> Result<(), StoreError> {
+        let blob_dir = self.dir.join(SLED_DIR).join("blobs");
+        let Ok(entries) = std::fs::read_dir(&blob_dir) else { return Ok(()) };
+        let mut synced = self.synced_blobs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut any = false;
+        let mut present = HashSet::new();
+        for entry in entries {
+            let entry = entry.map_err(io(&blob_dir))?;
+            let name = entry.file_name();
+            if !synced.contains(&name) {
+                let path = entry.path();
+                match File::open(&path) {
+                    Ok(f) => f.sync_data().map_err(io(&path))?,
+                    // sled may collect a blob between listing and opening it.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(io(&path)(e)),
+                }
+                any = true;
+            }
+            present.insert(name);
+        }
+        if any {
+            File::open(&blob_dir).and_then(|d| d.sync_all()).map_err(io(&blob_dir))?;
+        }
+        *synced = present;
+        Ok(())
+    }
+}
+
+impl Backend for SledBackend {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.db.get(key)?.map(|v| v.to_vec()))
+    }
+
+    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.db.range(start..end).take(limit) {
+            let (k, v) = item?;
+            out.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+
+    fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
+        let mut b = sled::Batch::default();
+        for op in &batch.ops {
+            match op {
+                Op::Put { key, value } => b.insert(key.as_slice(), value.as_slice()),
+                Op::Delete { key } => b.remove(key.as_slice()),
+            }
+        }
+        self.db.apply_batch(b)?;
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<(), StoreError> {
+        self.sync_new_blobs()?;
+        self.db.flush()?;
+        let log_path = self.dir.join(SLED_DIR).join("db");
+        self.log_file.sync_data().map_err(io(&log_path))
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        self.db.size_on_disk().unwrap_or(0)
+    }
+}

@@ -1,0 +1,389 @@
+//! The logical tables, their key layout, and the record types stored in them.
+//!
+//! All tables live in one sled tree under one-byte prefixes, so a boundary that touches several
+//! tables (stash + run status + ledger entry) is one atomic batch. Parts of a key are joined
+//! with a NUL byte, which ids may not contain ([`check_id`]).
+//!
+//! | table     | key                                   | value            |
+//! |-----------|---------------------------------------|------------------|
+//! | runs      | `r` run_id                            | [`RunRecord`]    |
+//! | run_keys  | `k` kind NUL idempotency_key          | run id           |
+//! | open_runs | `o` run_id                            | `()` (not terminal) |
+//! | stashes   | `s` run_id                            | [`StashRecord`]  |
+//! | ledger    | `l` run_id NUL effect_id              | [`LedgerEntry`]  |
+//! | approvals | `p` run_id NUL approval_id            | [`ApprovalRecord`] |
+//! | alarms    | `a` run_id NUL name                   | [`AlarmRecord`]  |
+//! | alarm_due | `d` due_at_ms (u64 BE) run_id NUL name | `()`            |
+//! | dead      | `x` run_id NUL name NUL dead_at_ms     | [`DeadLetter`]   |
+
+use serde::{Deserialize, Serialize};
+
+/// A logical table: a name for errors and a one-byte key prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Table {
+    /// Printable name, used in errors and inspection.
+    pub name: &'static str,
+    /// The key prefix that separates this table from the others.
+    pub prefix: u8,
+}
+
+/// Runs by id.
+pub const RUNS: Table = Table { name: "runs", prefix: b'r' };
+/// Idempotency keys of `start`, per agent kind.
+pub const RUN_KEYS: Table = Table { name: "run_keys", prefix: b'k' };
+/// Runs that are not terminal: the recovery scan reads only these.
+pub const OPEN_RUNS: Table = Table { name: "open_runs", prefix: b'o' };
+/// The last stash of each run.
+pub const STASHES: Table = Table { name: "stashes", prefix: b's' };
+/// The effect ledger.
+pub const LEDGER: Table = Table { name: "ledger", prefix: b'l' };
+/// Human approvals, pending and decided.
+pub const APPROVALS: Table = Table { name: "approvals", prefix: b'p' };
+/// Alarms by run and name.
+pub const ALARMS: Table = Table { name: "alarms", prefix: b'a' };
+/// Alarms by due time: the scheduler's index.
+pub const ALARM_DUE: Table = Table { name: "alarm_due", prefix: b'd' };
+/// Abandoned alarms.
+pub const DEAD_LETTERS: Table = Table { name: "dead_letters", prefix: b'x' };
+
+/// Every table, for inspection and tests.
+pub const ALL: [Table; 9] =
+    [RUNS, RUN_KEYS, OPEN_RUNS, STASHES, LEDGER, APPROVALS, ALARMS, ALARM_DUE, DEAD_LETTERS];
+
+impl Table {
+    /// The full key of a record whose key parts are `parts`.
+    pub fn key(&self, parts: &[&[u8]]) -> Vec<u8> {
+        let mut k = Vec::with_capacity(1 + parts.iter().map(|p| p.len() + 1).sum::<usize>());
+        k.push(self.prefix);
+        for (i, p) in parts.iter().enumerate() {
+            if i > 0 {
+                k.push(0);
+            }
+            k.extend_from_slice(p);
+        }
+        k
+    }
+
+    /// The prefix shared by all keys that start with `parts` (a trailing separator included).
+    pub fn prefix_of(&self, parts: &[&[u8]]) -> Vec<u8> {
+        let mut k = self.key(parts);
+        if !parts.is_empty() {
+            k.push(0);
+        }
+        k
+    }
+
+    /// The table a stored key belongs to, if any.
+    pub fn of_key(key: &[u8]) -> Option<Table> {
+        ALL.iter().copied().find(|t| key.first() == Some(&t.prefix))
+    }
+}
+
+/// The key of an `alarm_due` entry. Big-endian time first, so a range scan is in due order.
+pub fn alarm_due_key(due_at_ms: u64, run_id: &str, name: &str) -> Vec<u8> {
+    let mut k = vec![ALARM_DUE.prefix];
+    k.extend_from_slice(&due_at_ms.to_be_bytes());
+    k.extend_from_slice(run_id.as_bytes());
+    k.push(0);
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+/// Splits an `alarm_due` key back into `(due_at_ms, run_id, name)`.
+pub fn parse_alarm_due_key(key: &[u8]) -> Option<(u64, String, String)> {
+    let rest = key.strip_prefix(&[ALARM_DUE.prefix])?;
+    let due = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
+    let rest = &rest[8..];
+    let sep = rest.iter().position(|b| *b == 0)?;
+    let run = String::from_utf8(rest[..sep].to_vec()).ok()?;
+    let name = String::from_utf8(rest[sep + 1..].to_vec()).ok()?;
+    Some((due, run, name))
+}
+
+/// Why an id cannot be used as part of a key.
+pub fn check_id(what: &str, id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err(format!("{what} is empty"));
+    }
+    if id.len() > ID_BYTES_MAX {
+        return Err(format!("{what} is {} bytes, more than {ID_BYTES_MAX}", id.len()));
+    }
+    if id.contains('\0') {
+        return Err(format!("{what} contains a NUL byte"));
+    }
+    Ok(())
+}
+
+/// Ids (run ids, keys, effect ids, alarm names) are bounded so keys stay small.
+pub const ID_BYTES_MAX: usize = 512;
+
+/// A key in a readable form for errors: text stays text, other bytes become `\xNN`.
+pub fn printable(key: &[u8]) -> String {
+    let mut s = String::new();
+    for b in key {
+        match b {
+            0 => s.push('/'),
+            0x20..=0x7e => s.push(*b as char),
+            _ => s.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    s
+}
+
+/// The durable record of a run: its handle, its input and where it stands.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// Never changes.
+    pub run_id: String,
+    /// The agent kind that executes the run.
+    pub kind: String,
+    /// The idempotency key `start` was called with.
+    pub key: String,
+    /// The input, as canonical JSON.
+    pub input_json: String,
+    /// SHA-256 of `input_json`, hex.
+    pub input_hash: String,
+    /// Lifecycle position.
+    pub status: RunStatus,
+    /// When `start` accepted it.
+    pub created_at_ms: u64,
+    /// Last status change.
+    pub updated_at_ms: u64,
+    /// Fiber attempts started, counting from 1 once the first fiber is registered.
+    pub attempt: u32,
+    /// Recovery attempts since the last progress (a stash); escalates at the maximum.
+    pub recover_attempts: u32,
+    /// Earliest time the next recovery may start (backoff).
+    pub next_recover_at_ms: u64,
+    /// Why the run will be re-entered, when the runtime knows (evicted, resumed).
+    pub wake_reason: Option<WakeReason>,
+    /// A cancellation requested from outside, seen by the fiber.
+    pub cancel_reason: Option<String>,
+    /// Per-run options chosen at start.
+    pub options: RunOptions,
+}
+
+/// Per-run overrides of the runtime's defaults.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunOptions {
+    /// Durability mode of stashes: `sync`, `async` or `exit`; `None` is the runtime's default.
+    pub durability: Option<String>,
+    /// Whether a running fiber holds a keep-alive; `None` is the runtime's default.
+    pub fiber_keep_alive: Option<bool>,
+}
+
+/// Why an interrupted run is re-entered, when it is not a plain crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WakeReason {
+    /// The runtime evicted the run mid-fiber.
+    Evicted,
+    /// A decision or alarm arrived for a run whose fiber was gone.
+    Resumed,
+}
+
+/// A run's position in its lifecycle. Every change is a boundary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Durably recorded; no fiber has started yet.
+    Accepted,
+    /// A fiber is registered.
+    Running,
+    /// The fiber waits for a human.
+    WaitingApproval {
+        /// The approval it waits for.
+        approval_id: String,
+    },
+    /// The fiber waits for an alarm.
+    WaitingAlarm {
+        /// The alarm it waits for.
+        name: String,
+    },
+    /// Finished with an output (canonical JSON).
+    Completed {
+        /// The output, as JSON.
+        output_json: String,
+    },
+    /// Finished with an error.
+    Failed {
+        /// What went wrong.
+        error: String,
+    },
+    /// Stopped on request.
+    Cancelled {
+        /// Why.
+        reason: String,
+    },
+    /// A human must look.
+    Escalated {
+        /// Why (`approval_timeout`, `corrupt`, `max_recover_attempts`, `max_age`, ...).
+        reason: String,
+    },
+}
+
+impl RunStatus {
+    /// Completed, failed, cancelled or escalated: nothing more happens on its own.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            RunStatus::Completed { .. }
+                | RunStatus::Failed { .. }
+                | RunStatus::Cancelled { .. }
+                | RunStatus::Escalated { .. }
+        )
+    }
+
+    /// The state's name, as the contract spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RunStatus::Accepted => "accepted",
+            RunStatus::Running => "running",
+            RunStatus::WaitingApproval { .. } => "waiting_approval",
+            RunStatus::WaitingAlarm { .. } => "waiting_alarm",
+            RunStatus::Completed { .. } => "completed",
+            RunStatus::Failed { .. } => "failed",
+            RunStatus::Cancelled { .. } => "cancelled",
+            RunStatus::Escalated { .. } => "escalated",
+        }
+    }
+}
+
+/// The last stash of a run. Each stash replaces the previous one whole.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StashRecord {
+    /// The run it belongs to.
+    pub run_id: String,
+    /// The fiber attempt that wrote it.
+    pub attempt: u32,
+    /// The named step the fiber had reached.
+    pub step: String,
+    /// Stash sequence number within the run, from 1, never reused.
+    pub seq: u64,
+    /// The snapshot, as canonical JSON.
+    pub stash_json: String,
+    /// When it was written.
+    pub written_at_ms: u64,
+}
+
+/// One effect in the ledger. Lifecycle: absent → `Prepared` → `Committed`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LedgerEntry {
+    /// The run that owns the effect.
+    pub run_id: String,
+    /// The logical effect within the run.
+    pub effect_id: String,
+    /// Minted once, before the first call; reused on every re-entry.
+    pub idempotency_key: String,
+    /// SHA-256 of the arguments' canonical JSON.
+    pub args_hash: String,
+    /// When the key was minted.
+    pub prepared_at_ms: u64,
+    /// Filled in when the effect's receipt is committed.
+    pub committed: Option<Receipt>,
+}
+
+/// What the outside world answered to an effect.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Receipt {
+    /// The receipt, as canonical JSON.
+    pub receipt_json: String,
+    /// SHA-256 of `receipt_json`, hex.
+    pub receipt_hash: String,
+    /// When it was committed.
+    pub committed_at_ms: u64,
+}
+
+/// A durable human pause, bound to the run and to the hash of the payload the human sees.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRecord {
+    /// The paused run.
+    pub run_id: String,
+    /// The pause within the run.
+    pub approval_id: String,
+    /// What the reviewer is shown, as canonical JSON.
+    pub payload_json: String,
+    /// SHA-256 of `payload_json`, hex; an approval must quote it.
+    pub payload_hash: String,
+    /// When the pause was written.
+    pub requested_at_ms: u64,
+    /// When silence escalates.
+    pub escalate_at_ms: u64,
+    /// The decision, written once.
+    pub decision: Option<Decision>,
+    /// Silence escalated the pause; it can no longer be decided.
+    pub escalated: bool,
+}
+
+/// A reviewer's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    /// Approved or rejected.
+    pub approved: bool,
+    /// Free text from the reviewer.
+    #[serde(default)]
+    pub comment: String,
+}
+
+/// A named, durable wake-up of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AlarmRecord {
+    /// The run to wake.
+    pub run_id: String,
+    /// Unique within the run; `default` is the Durable Object single alarm.
+    pub name: String,
+    /// When it is due next (a retry moves it).
+    pub due_at_ms: u64,
+    /// When it was scheduled for, before any retry.
+    pub scheduled_at_ms: u64,
+    /// Handed to `on_alarm`, as JSON.
+    pub payload_json: String,
+    /// Period of a periodic alarm.
+    pub every_ms: Option<u64>,
+    /// Deliveries started, persisted before each handler runs.
+    pub attempts_started: u32,
+    /// Changes on every set, so a delivery can tell that its handler re-set the alarm.
+    pub generation: u64,
+    /// Alarms the runtime sets for itself (approval escalation) are not the agent's.
+    pub system: Option<SystemAlarm>,
+}
+
+/// Alarms the runtime owns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SystemAlarm {
+    /// Escalate the approval if it is still pending.
+    EscalateApproval {
+        /// The approval to escalate.
+        approval_id: String,
+    },
+}
+
+/// An alarm abandoned after its last retry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// The alarm as it was at its last attempt.
+    pub alarm: AlarmRecord,
+    /// The last failure.
+    pub last_error: String,
+    /// When it was abandoned.
+    pub dead_at_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alarm_due_keys_sort_by_time_and_parse_back() {
+        let a = alarm_due_key(5, "run", "x");
+        let b = alarm_due_key(300, "run", "a");
+        assert!(a < b);
+        assert_eq!(parse_alarm_due_key(&b), Some((300, "run".into(), "a".into())));
+    }
+
+    #[test]
+    fn ids_with_nul_are_refused() {
+        assert!(check_id("effect id", "a\0b").is_err());
+        assert!(check_id("effect id", "").is_err());
+        assert!(check_id("effect id", "refund").is_ok());
+    }
+}
