@@ -1,0 +1,181 @@
+//! Delivering due alarms, at least once (§8.3–§8.5).
+//!
+//! The attempt count is persisted *before* the handler runs, together with the time of the
+//! next retry, so a handler that kills the process is retried on schedule after the restart
+//! and cannot loop forever. Retry n waits 2 s × 2^(n-1) plus up to 25% jitter; after the
+//! seventh failed attempt the alarm is dead-lettered.
+
+use std::sync::Arc;
+
+use durafiber_store::{
+    Batch, Durability,
+    tables::{self, AlarmRecord, DeadLetter, SystemAlarm},
+};
+
+use crate::{
+    AgentError, AlarmEvent, ExhaustedAction, RuntimeError, approval, fiber, limits,
+    metrics::Metrics,
+    run::actor::RunMsg,
+    runtime,
+    shared::Shared,
+};
+
+/// Delay before retry `n` (1-based): 2 s × 2^(n-1), plus up to 25% jitter.
+pub(crate) fn retry_delay_ms(shared: &Shared, n: u32) -> u64 {
+    let base = (limits::ALARM_RETRY_BASE.as_millis() as u64) << n.saturating_sub(1).min(20);
+    base + shared.jitter_between(0, base / 4)
+}
+
+/// Starts a delivery for every alarm due by now; returns how many started.
+pub(crate) fn start_due(shared: &Arc<Shared>) -> usize {
+    if shared.scheduler.needs_refill() {
+        if let Err(e) = shared.scheduler.refill(&shared.store) {
+            tracing::error!(error = %e, "could not read the alarm index");
+            return 0;
+        }
+    }
+    let room = limits::ALARM_DELIVERIES_IN_FLIGHT_MAX.saturating_sub(shared.scheduler.in_flight());
+    let due = shared.scheduler.take_due(shared.now_ms(), room);
+    let n = due.len();
+    for (due_at_ms, run_id, name) in due {
+        let shared2 = shared.clone();
+        shared.spawn_tracked(async move {
+            if let Err(e) = deliver(&shared2, &run_id, &name, due_at_ms).await {
+                // The runtime's own failure: not the handler's, so it is not counted.
+                let delay = (1_000u64 << 4).min(limits::ALARM_RUNTIME_BACKOFF_MAX.as_millis() as u64);
+                tracing::error!(run_id, alarm = name, error = %e, "alarm delivery failed in the runtime");
+                shared2.scheduler.insert(shared2.now_ms() + delay, &run_id, &name);
+            }
+            shared2.scheduler.delivered(&run_id, &name);
+        });
+    }
+    n
+}
+
+async fn deliver(shared: &Arc<Shared>, run_id: &str, name: &str, due_key_ms: u64) -> Result<(), RuntimeError> {
+    let key = tables::ALARMS.key(&[run_id.as_bytes(), name.as_bytes()]);
+    let Some(mut alarm) = shared.store.get::<AlarmRecord>(tables::ALARMS, &key)? else { return Ok(()) };
+    let now = shared.now_ms();
+    if alarm.due_at_ms > now {
+        if alarm.due_at_ms != due_key_ms {
+            shared.scheduler.insert(alarm.due_at_ms, run_id, name);
+        }
+        return Ok(());
+    }
+    shared.metrics.alarm_lateness.record_us(now.saturating_sub(alarm.due_at_ms) * 1_000);
+    let run = shared.load_run(run_id)?;
+    if run.status.is_terminal() {
+        let mut batch = Batch::new();
+        crate::alarm::unstage(&mut batch, run_id, name, alarm.due_at_ms);
+        shared.store.commit(batch, Durability::Sync).await?;
+        return Ok(());
+    }
+    if let Some(SystemAlarm::EscalateApproval { approval_id }) = &alarm.system {
+        return approval::on_escalation_alarm(shared, run_id, approval_id).await;
+    }
+    let attempt = alarm.attempts_started + 1;
+    if attempt > limits::ALARM_ATTEMPTS_MAX {
+        return dead_letter(shared, &run.kind, alarm, "the process died during the last attempt".into()).await;
+    }
+    // Persist the attempt, and the retry's due time should this attempt never report back.
+    let old_due = alarm.due_at_ms;
+    alarm.attempts_started = attempt;
+    alarm.due_at_ms = now + retry_delay_ms(shared, attempt);
+    let mut batch = Batch::new();
+    batch.delete(tables::alarm_due_key(old_due, run_id, name));
+    crate::alarm::stage(&mut batch, &alarm)?;
+    shared.store.commit(batch, Durability::Sync).await?;
+
+    let event = AlarmEvent {
+        name: name.to_string(),
+        payload_json: alarm.payload_json.clone(),
+        scheduled_time_ms: alarm.scheduled_at_ms,
+        retry_count: attempt - 1,
+        is_retry: attempt > 1,
+    };
+    shared.event(run_id, "alarm_attempt", format!("{name} attempt {attempt}"));
+    shared.liveness.activity(run_id, now);
+    let result = call_handler(shared, run_id, event.clone()).await;
+    let current: Option<AlarmRecord> = shared.store.get(tables::ALARMS, &key)?;
+    let Some(current) = current.filter(|c| c.generation == alarm.generation) else {
+        // The handler re-set (or cancelled) its own alarm: the new time stands.
+        shared.event(run_id, "alarm_reset", format!("{name}: re-set by its handler"));
+        return Ok(());
+    };
+    match result {
+        Ok(()) => succeeded(shared, current).await,
+        Err(e) if attempt >= limits::ALARM_ATTEMPTS_MAX => dead_letter(shared, &run.kind, current, e.to_string()).await,
+        Err(e) => {
+            Metrics::bump(&shared.metrics.alarm_retries);
+            shared.event(run_id, "alarm_failed", format!("{name} attempt {attempt}: {e}"));
+            let mut current = current;
+            let failed_at = shared.now_ms();
+            if failed_at > now {
+                // A slow handler: the retry's delay counts from its failure.
+                let mut batch = Batch::new();
+                batch.delete(tables::alarm_due_key(current.due_at_ms, run_id, name));
+                current.due_at_ms = failed_at + (current.due_at_ms - now);
+                crate::alarm::stage(&mut batch, &current)?;
+                shared.store.commit(batch, Durability::Sync).await?;
+            }
+            shared.scheduler.insert(current.due_at_ms, run_id, name);
+            shared.driver_wake.notify_one();
+            Ok(())
+        }
+    }
+}
+
+async fn call_handler(shared: &Arc<Shared>, run_id: &str, event: AlarmEvent) -> Result<(), AgentError> {
+    let live = runtime::activate(shared, run_id).await.map_err(|e| AgentError::Runtime(e.to_string()))?;
+    match live.actor.call(|reply| RunMsg::Alarm { event, reply }, None).await {
+        Ok(ractor::rpc::CallResult::Success(result)) => result,
+        Ok(_) | Err(_) => Err(AgentError::fail("the run's actor stopped during the handler")),
+    }
+}
+
+async fn succeeded(shared: &Arc<Shared>, alarm: AlarmRecord) -> Result<(), RuntimeError> {
+    let mut batch = Batch::new();
+    crate::alarm::unstage(&mut batch, &alarm.run_id, &alarm.name, alarm.due_at_ms);
+    let mut next = None;
+    if let Some(every) = alarm.every_ms.filter(|e| *e > 0) {
+        // Periodic: the next period after now, skipping periods missed while down.
+        let now = shared.now_ms();
+        let mut due = alarm.scheduled_at_ms + every;
+        if due <= now {
+            due += ((now - due) / every + 1) * every;
+        }
+        let next_alarm = AlarmRecord { due_at_ms: due, scheduled_at_ms: due, attempts_started: 0, ..alarm.clone() };
+        crate::alarm::stage(&mut batch, &next_alarm)?;
+        next = Some(due);
+    }
+    shared.store.commit(batch, Durability::Sync).await?;
+    if let Some(due) = next {
+        shared.scheduler.insert(due, &alarm.run_id, &alarm.name);
+    }
+    shared.event(&alarm.run_id, "alarm_done", alarm.name.clone());
+    Ok(())
+}
+
+async fn dead_letter(shared: &Arc<Shared>, kind: &str, alarm: AlarmRecord, last_error: String) -> Result<(), RuntimeError> {
+    let now = shared.now_ms();
+    let mut batch = Batch::new();
+    crate::alarm::unstage(&mut batch, &alarm.run_id, &alarm.name, alarm.due_at_ms);
+    let key = tables::DEAD_LETTERS.key(&[alarm.run_id.as_bytes(), alarm.name.as_bytes(), &now.to_be_bytes()]);
+    let event = AlarmEvent {
+        name: alarm.name.clone(),
+        payload_json: alarm.payload_json.clone(),
+        scheduled_time_ms: alarm.scheduled_at_ms,
+        retry_count: alarm.attempts_started.saturating_sub(1),
+        is_retry: true,
+    };
+    let run_id = alarm.run_id.clone();
+    batch.put(tables::DEAD_LETTERS, key, &DeadLetter { alarm, last_error: last_error.clone(), dead_at_ms: now })?;
+    shared.store.commit(batch, Durability::Sync).await?;
+    Metrics::bump(&shared.metrics.dead_letters);
+    shared.event(&run_id, "alarm_dead_lettered", format!("{}: {last_error}", event.name));
+    let action = shared.agent(kind).map(|a| a.on_alarm_exhausted(&run_id, &event)).unwrap_or(ExhaustedAction::Escalate);
+    if action == ExhaustedAction::Escalate {
+        fiber::escalate(shared, &run_id, &format!("alarm_exhausted:{}", event.name), Batch::new()).await?;
+    }
+    Ok(())
+}

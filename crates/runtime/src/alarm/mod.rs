@@ -1,0 +1,156 @@
+//! Durable, named alarms per run (§8): set, cancel, list. Each alarm is one record plus one
+//! entry in the store's due-time index; the scheduler ([`schedule`]) keeps only a bounded
+//! window of the index in memory, and [`deliver`] runs handlers with retries.
+
+pub(crate) mod deliver;
+pub(crate) mod schedule;
+
+use std::{sync::Arc, time::Duration};
+
+use durafiber_store::{
+    Batch,
+    tables::{self, AlarmRecord},
+};
+use serde::Serialize;
+
+use crate::{RuntimeError, json, limits, shared::Shared};
+
+/// When an alarm is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlarmAt {
+    /// This long from now.
+    In(Duration),
+    /// At this clock time, ms since the epoch.
+    AtMs(u64),
+}
+
+/// What to set: when, with what payload, and whether it repeats.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AlarmSpec {
+    /// When it is first due.
+    pub at: AlarmAt,
+    /// Handed to `on_alarm`, as JSON.
+    pub payload_json: String,
+    /// A periodic alarm repeats this often; setting it again with the same period is a no-op.
+    pub every: Option<Duration>,
+}
+
+impl AlarmSpec {
+    /// Due after `delay`, with a payload.
+    pub fn after<P: Serialize>(delay: Duration, payload: &P) -> Result<Self, RuntimeError> {
+        Ok(AlarmSpec { at: AlarmAt::In(delay), payload_json: json::canonical(payload).map_err(RuntimeError::InvalidInput)?, every: None })
+    }
+
+    /// Due at `at_ms`, with a payload.
+    pub fn at_ms<P: Serialize>(at_ms: u64, payload: &P) -> Result<Self, RuntimeError> {
+        Ok(AlarmSpec { at: AlarmAt::AtMs(at_ms), payload_json: json::canonical(payload).map_err(RuntimeError::InvalidInput)?, every: None })
+    }
+
+    /// Due every `period`, first after one period.
+    pub fn every<P: Serialize>(period: Duration, payload: &P) -> Result<Self, RuntimeError> {
+        Ok(AlarmSpec { every: Some(period), ..AlarmSpec::after(period, payload)? })
+    }
+}
+
+fn alarm_key(run_id: &str, name: &str) -> Vec<u8> {
+    tables::ALARMS.key(&[run_id.as_bytes(), name.as_bytes()])
+}
+
+/// Adds an alarm's record and its due-index entry to `batch`.
+pub(crate) fn stage(batch: &mut Batch, alarm: &AlarmRecord) -> Result<(), RuntimeError> {
+    batch.put(tables::ALARMS, alarm_key(&alarm.run_id, &alarm.name), alarm)?;
+    batch.put(tables::ALARM_DUE, tables::alarm_due_key(alarm.due_at_ms, &alarm.run_id, &alarm.name), &())?;
+    Ok(())
+}
+
+/// Adds the removal of an alarm's record and due-index entry to `batch`.
+pub(crate) fn unstage(batch: &mut Batch, run_id: &str, name: &str, due_at_ms: u64) {
+    batch.delete(alarm_key(run_id, name));
+    batch.delete(tables::alarm_due_key(due_at_ms, run_id, name));
+}
+
+/// Removes every alarm of a finishing run, in the finishing boundary.
+pub(crate) fn delete_all_in(shared: &Shared, run_id: &str, batch: &mut Batch) -> Result<(), RuntimeError> {
+    for alarm in list(shared, run_id)? {
+        unstage(batch, run_id, &alarm.name, alarm.due_at_ms);
+        shared.scheduler.remove(alarm.due_at_ms, run_id, &alarm.name);
+    }
+    Ok(())
+}
+
+/// Every alarm of a run.
+pub(crate) fn list(shared: &Shared, run_id: &str) -> Result<Vec<AlarmRecord>, RuntimeError> {
+    let prefix = tables::ALARMS.prefix_of(&[run_id.as_bytes()]);
+    let mut out = Vec::new();
+    for (_, alarm) in shared.store.scan::<AlarmRecord>(tables::ALARMS, &prefix, None, usize::MAX)? {
+        out.push(alarm?);
+    }
+    Ok(out)
+}
+
+/// Sets (or replaces) alarm `name` of `run_id`. `system` marks the runtime's own alarms.
+pub(crate) async fn set(
+    shared: &Arc<Shared>,
+    run_id: &str,
+    name: &str,
+    spec: AlarmSpec,
+    system: Option<tables::SystemAlarm>,
+) -> Result<(), RuntimeError> {
+    tables::check_id("alarm name", name).map_err(RuntimeError::InvalidInput)?;
+    if spec.payload_json.len() > limits::PAYLOAD_BYTES_MAX {
+        return Err(RuntimeError::InvalidInput(format!("alarm payload is over {} bytes", limits::PAYLOAD_BYTES_MAX)));
+    }
+    let payload_json = json::recanonicalize(&spec.payload_json).map_err(RuntimeError::InvalidInput)?;
+    let run = shared.load_run(run_id)?;
+    if run.status.is_terminal() {
+        return Err(RuntimeError::RunFinished { run_id: run_id.into(), state: run.status.name().into() });
+    }
+    let existing: Option<AlarmRecord> = shared.store.get(tables::ALARMS, &alarm_key(run_id, name))?;
+    let every_ms = spec.every.map(|d| d.as_millis() as u64);
+    if let Some(old) = &existing {
+        if every_ms.is_some() && old.every_ms == every_ms && old.payload_json == payload_json {
+            return Ok(());
+        }
+    }
+    let due_at_ms = match spec.at {
+        AlarmAt::In(d) => shared.now_ms() + d.as_millis() as u64,
+        AlarmAt::AtMs(ms) => ms,
+    };
+    let alarm = AlarmRecord {
+        run_id: run_id.to_string(),
+        name: name.to_string(),
+        due_at_ms,
+        scheduled_at_ms: due_at_ms,
+        payload_json,
+        every_ms,
+        attempts_started: 0,
+        generation: existing.as_ref().map(|a| a.generation + 1).unwrap_or(1),
+        system,
+    };
+    let mut batch = Batch::new();
+    if let Some(old) = &existing {
+        unstage(&mut batch, run_id, name, old.due_at_ms);
+    }
+    stage(&mut batch, &alarm)?;
+    shared.store.commit(batch, durafiber_store::Durability::Sync).await?;
+    if let Some(old) = &existing {
+        shared.scheduler.remove(old.due_at_ms, run_id, name);
+    }
+    shared.scheduler.insert(due_at_ms, run_id, name);
+    shared.driver_wake.notify_one();
+    shared.event(run_id, "alarm_set", format!("{name} due at {due_at_ms}"));
+    Ok(())
+}
+
+/// Cancels alarm `name` of `run_id`; true when it existed.
+pub(crate) async fn cancel(shared: &Arc<Shared>, run_id: &str, name: &str) -> Result<bool, RuntimeError> {
+    let Some(old) = shared.store.get::<AlarmRecord>(tables::ALARMS, &alarm_key(run_id, name))? else {
+        return Ok(false);
+    };
+    let mut batch = Batch::new();
+    unstage(&mut batch, run_id, name, old.due_at_ms);
+    shared.store.commit(batch, durafiber_store::Durability::Sync).await?;
+    shared.scheduler.remove(old.due_at_ms, run_id, name);
+    shared.event(run_id, "alarm_cancelled", name.to_string());
+    Ok(true)
+}

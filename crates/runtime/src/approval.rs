@@ -1,0 +1,254 @@
+//! Human approvals (§6): a pause that lives in storage, bound to the run id and to the hash
+//! of the payload the human saw. A decision is written once; it reaches a live fiber in place
+//! or re-enters the run through `on_fiber_recovered`, with the same result either way.
+
+use std::sync::Arc;
+
+use durafiber_store::{
+    Batch,
+    tables::{self, AlarmRecord, ApprovalRecord, Decision, RunStatus, SystemAlarm, WakeReason},
+};
+use serde::Serialize;
+use tokio::sync::oneshot;
+
+use crate::{
+    AgentError, RuntimeError, alarm, fiber, fiber::ctx::RawCtx, limits,
+    shared::{ApprovalOutcome, Shared},
+};
+
+/// The name of the alarm that escalates an approval nobody answered.
+pub(crate) fn escalation_alarm_name(approval_id: &str) -> String {
+    format!("escalate:{approval_id}")
+}
+
+fn approval_key(run_id: &str, approval_id: &str) -> Vec<u8> {
+    tables::APPROVALS.key(&[run_id.as_bytes(), approval_id.as_bytes()])
+}
+
+pub(crate) async fn request(
+    raw: &mut RawCtx,
+    approval_id: &str,
+    payload_json: String,
+    payload_hash: String,
+) -> Result<Decision, AgentError> {
+    tables::check_id("approval id", approval_id).map_err(AgentError::fail)?;
+    if payload_json.len() > limits::PAYLOAD_BYTES_MAX {
+        return Err(AgentError::fail(format!("approval payload is over {} bytes", limits::PAYLOAD_BYTES_MAX)));
+    }
+    let shared = raw.shared.clone();
+    let run_id = raw.cell.run_id.clone();
+    let key = approval_key(&run_id, approval_id);
+    let existing: Option<ApprovalRecord> = shared.store.get(tables::APPROVALS, &key)?;
+    match &existing {
+        Some(r) if r.payload_hash != payload_hash => {
+            return Err(AgentError::ApprovalConflict { approval_id: approval_id.to_string() });
+        }
+        Some(r) if r.escalated => return Err(AgentError::escalate("approval_timeout")),
+        Some(ApprovalRecord { decision: Some(decision), .. }) => {
+            shared.event(&run_id, "approval_replayed", format!("{approval_id}: recorded decision returned"));
+            return Ok(decision.clone());
+        }
+        _ => {}
+    }
+    let now = shared.now_ms();
+    let escalate_at_ms = now + shared.config.escalate_after.as_millis() as u64;
+    let record = existing.unwrap_or(ApprovalRecord {
+        run_id: run_id.clone(),
+        approval_id: approval_id.to_string(),
+        payload_json,
+        payload_hash,
+        requested_at_ms: now,
+        escalate_at_ms,
+        decision: None,
+        escalated: false,
+    });
+    let escalation = AlarmRecord {
+        run_id: run_id.clone(),
+        name: escalation_alarm_name(approval_id),
+        due_at_ms: record.escalate_at_ms,
+        scheduled_at_ms: record.escalate_at_ms,
+        payload_json: "null".into(),
+        every_ms: None,
+        attempts_started: 0,
+        generation: 1,
+        system: Some(SystemAlarm::EscalateApproval { approval_id: approval_id.to_string() }),
+    };
+    let pending_stash = raw.cell.pending_exit.lock().unwrap_or_else(|p| p.into_inner()).take();
+    // One boundary: the pause, the waiting state, the escalation alarm, an exit-mode stash.
+    shared
+        .update_run(&run_id, |run, batch| {
+            batch.put(tables::APPROVALS, key.clone(), &record)?;
+            alarm::stage(batch, &escalation)?;
+            if let Some(stash) = &pending_stash {
+                batch.put(tables::STASHES, tables::STASHES.key(&[run_id.as_bytes()]), stash)?;
+            }
+            run.status = RunStatus::WaitingApproval { approval_id: approval_id.to_string() };
+            run.recover_attempts = 0;
+            run.next_recover_at_ms = 0;
+            Ok(true)
+        })
+        .await
+        .map_err(|e| AgentError::Runtime(e.to_string()))?;
+    raw.recovering = false;
+    shared.scheduler.insert(escalation.due_at_ms, &run_id, &escalation.name);
+    shared.driver_wake.notify_one();
+    shared.event(&run_id, "approval_requested", format!("{approval_id}: hash {}", record.payload_hash));
+    wait_for_decision(raw, approval_id, &key).await
+}
+
+async fn wait_for_decision(raw: &RawCtx, approval_id: &str, key: &[u8]) -> Result<Decision, AgentError> {
+    let shared = &raw.shared;
+    let (tx, rx) = oneshot::channel();
+    *raw.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()) = Some((approval_id.to_string(), tx));
+    // A decision may have landed between the pause's write and the waiter's registration.
+    if let Some(ApprovalRecord { decision: Some(d), .. }) = shared.store.get(tables::APPROVALS, key)? {
+        raw.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).take();
+        return Ok(d);
+    }
+    shared.liveness.fiber_waiting(&raw.cell.run_id, true, shared.now_ms());
+    let outcome = rx.await;
+    shared.liveness.fiber_waiting(&raw.cell.run_id, false, shared.now_ms());
+    match outcome {
+        Ok(ApprovalOutcome::Decided(d)) => Ok(d),
+        Ok(ApprovalOutcome::Escalated) => Err(AgentError::escalate("approval_timeout")),
+        Err(_) => Err(AgentError::Runtime("the approval wait was dropped".into())),
+    }
+}
+
+/// What `approve` did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ApproveOutcome {
+    /// The run.
+    pub run_id: String,
+    /// The approval.
+    pub approval_id: String,
+    /// False when the same decision had already been recorded (a no-op).
+    pub recorded: bool,
+}
+
+pub(crate) async fn approve(
+    shared: &Arc<Shared>,
+    run_id: &str,
+    approval_id: &str,
+    payload_hash: &str,
+    decision: Decision,
+) -> Result<ApproveOutcome, RuntimeError> {
+    let _one_at_a_time = shared.approve_lock.lock().await;
+    let run = shared.load_run(run_id)?;
+    let key = approval_key(run_id, approval_id);
+    let not_pending = || RuntimeError::NotPending { run_id: run_id.to_string(), approval_id: approval_id.to_string() };
+    let mut record: ApprovalRecord = shared.store.get(tables::APPROVALS, &key)?.ok_or_else(not_pending)?;
+    if record.escalated {
+        return Err(not_pending());
+    }
+    if record.payload_hash != payload_hash {
+        return Err(RuntimeError::StaleApproval { run_id: run_id.to_string(), approval_id: approval_id.to_string() });
+    }
+    match &record.decision {
+        Some(d) if *d == decision => {
+            return Ok(ApproveOutcome { run_id: run_id.into(), approval_id: approval_id.into(), recorded: false });
+        }
+        Some(_) => {
+            return Err(RuntimeError::AlreadyDecided { run_id: run_id.into(), approval_id: approval_id.into() });
+        }
+        None if run.status.is_terminal() => return Err(not_pending()),
+        None => {}
+    }
+    record.decision = Some(decision.clone());
+    let escalation = escalation_alarm_name(approval_id);
+    shared
+        .update_run(run_id, |run, batch| {
+            batch.put(tables::APPROVALS, key.clone(), &record)?;
+            alarm::unstage(batch, run_id, &escalation, record.escalate_at_ms);
+            if run.status == (RunStatus::WaitingApproval { approval_id: approval_id.to_string() }) {
+                run.status = RunStatus::Running;
+                run.wake_reason = Some(WakeReason::Resumed);
+            }
+            Ok(true)
+        })
+        .await?;
+    shared.scheduler.remove(record.escalate_at_ms, run_id, &escalation);
+    shared.liveness.activity(run_id, shared.now_ms());
+    shared.event(run_id, "approval_decided", format!("{approval_id}: approved={}", decision.approved));
+    deliver(shared, run_id, approval_id, decision).await;
+    Ok(ApproveOutcome { run_id: run_id.into(), approval_id: approval_id.into(), recorded: true })
+}
+
+/// Hands the decision to the waiting fiber, or re-enters the run when its fiber is gone.
+async fn deliver(shared: &Arc<Shared>, run_id: &str, approval_id: &str, decision: Decision) {
+    if let Some(live) = shared.registry.get(run_id).await {
+        let mut slot = live.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_some_and(|(id, _)| id == approval_id) {
+            if let Some((_, waiter)) = slot.take() {
+                if waiter.send(ApprovalOutcome::Decided(decision)).is_ok() {
+                    return;
+                }
+            }
+        }
+    }
+    crate::runtime::reactivate(shared, run_id).await;
+}
+
+/// The escalation alarm fired: if nobody decided, the run goes to `Escalated{approval_timeout}`.
+pub(crate) async fn on_escalation_alarm(shared: &Arc<Shared>, run_id: &str, approval_id: &str) -> Result<(), RuntimeError> {
+    let _one_at_a_time = shared.approve_lock.lock().await;
+    let key = approval_key(run_id, approval_id);
+    let Some(mut record) = shared.store.get::<ApprovalRecord>(tables::APPROVALS, &key)? else { return Ok(()) };
+    if record.decision.is_some() || record.escalated {
+        return Ok(());
+    }
+    record.escalated = true;
+    let mut extra = Batch::new();
+    extra.put(tables::APPROVALS, key, &record)?;
+    fiber::escalate(shared, run_id, "approval_timeout", extra).await
+}
+
+/// A pause waiting for a reviewer, as a reviewer's screen loads it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PendingApproval {
+    /// The run's handle.
+    pub run_id: String,
+    /// The pause within the run.
+    pub approval_id: String,
+    /// Exactly what the run showed.
+    pub payload: serde_json::Value,
+    /// The hash an approval must quote.
+    pub payload_hash: String,
+    /// When it was requested.
+    pub requested_at_ms: u64,
+    /// How long it has waited.
+    pub age_ms: u64,
+    /// When silence escalates it.
+    pub escalate_at_ms: u64,
+}
+
+pub(crate) fn pending(shared: &Shared, run_id: Option<&str>) -> Result<Vec<PendingApproval>, RuntimeError> {
+    let prefix = match run_id {
+        Some(id) => tables::APPROVALS.prefix_of(&[id.as_bytes()]),
+        None => vec![tables::APPROVALS.prefix],
+    };
+    let now = shared.now_ms();
+    let mut out = Vec::new();
+    for (key, record) in shared.store.scan::<ApprovalRecord>(tables::APPROVALS, &prefix, None, usize::MAX)? {
+        let record = match record {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(key = %tables::printable(&key), error = %e, "unreadable approval");
+                continue;
+            }
+        };
+        if record.decision.is_some() || record.escalated {
+            continue;
+        }
+        out.push(PendingApproval {
+            payload: serde_json::from_str(&record.payload_json).unwrap_or(serde_json::Value::Null),
+            run_id: record.run_id,
+            approval_id: record.approval_id,
+            payload_hash: record.payload_hash,
+            requested_at_ms: record.requested_at_ms,
+            age_ms: now.saturating_sub(record.requested_at_ms),
+            escalate_at_ms: record.escalate_at_ms,
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,162 @@
+//! Every timing in the runtime goes through [`Clock`]: the system clock in production, a
+//! [`VirtualClock`] in tests and simulations, where 140 seconds of idleness is one call.
+//!
+//! This is the only module that reads the machine's time or sleeps on it.
+
+use std::{
+    collections::BTreeMap,
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use tokio::sync::oneshot;
+
+/// A boxed future that completes at a point in time.
+pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// The source of time.
+pub trait Clock: Send + Sync + 'static {
+    /// Milliseconds since the Unix epoch.
+    fn now_ms(&self) -> u64;
+    /// Completes once `now_ms() >= at_ms`.
+    fn sleep_until(&self, at_ms: u64) -> Sleep;
+    /// Whether time moves only when a test advances it.
+    fn is_virtual(&self) -> bool {
+        false
+    }
+}
+
+/// Sleeps for `d` on `clock`.
+pub fn sleep(clock: &dyn Clock, d: Duration) -> Sleep {
+    clock.sleep_until(clock.now_ms().saturating_add(d.as_millis() as u64))
+}
+
+/// Runs `fut` for at most `limit` of `clock`'s time; `None` when the limit won.
+pub async fn timeout<F: Future>(clock: &dyn Clock, limit: Duration, fut: F) -> Option<F::Output> {
+    let deadline = sleep(clock, limit);
+    tokio::select! {
+        out = fut => Some(out),
+        () = deadline => None,
+    }
+}
+
+/// Wall time from the operating system.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    }
+
+    fn sleep_until(&self, at_ms: u64) -> Sleep {
+        let wait = at_ms.saturating_sub(self.now_ms());
+        Box::pin(tokio::time::sleep(Duration::from_millis(wait)))
+    }
+}
+
+/// Time that moves only when told to, deterministically.
+#[derive(Clone)]
+pub struct VirtualClock {
+    inner: Arc<Mutex<VirtualState>>,
+}
+
+struct VirtualState {
+    now_ms: u64,
+    next_waiter_id: u64,
+    waiters: BTreeMap<(u64, u64), oneshot::Sender<()>>,
+}
+
+impl VirtualClock {
+    /// A clock standing at `start_ms`.
+    pub fn new(start_ms: u64) -> Self {
+        VirtualClock {
+            inner: Arc::new(Mutex::new(VirtualState { now_ms: start_ms, next_waiter_id: 0, waiters: BTreeMap::new() })),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VirtualState> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves time to `at_ms` (never backwards) and wakes every sleeper due by then.
+    pub fn set(&self, at_ms: u64) {
+        let mut s = self.lock();
+        s.now_ms = s.now_ms.max(at_ms);
+        let now = s.now_ms;
+        let later = s.waiters.split_off(&(now + 1, 0));
+        let due = std::mem::replace(&mut s.waiters, later);
+        drop(s);
+        for (_, w) in due {
+            let _ = w.send(());
+        }
+    }
+
+    /// The earliest time a sleeper waits for.
+    pub fn next_wake_ms(&self) -> Option<u64> {
+        let mut s = self.lock();
+        // Sleepers whose future was dropped (a cancelled select) no longer count.
+        s.waiters.retain(|_, w| !w.is_closed());
+        s.waiters.keys().next().map(|(at, _)| *at)
+    }
+}
+
+impl Clock for VirtualClock {
+    fn now_ms(&self) -> u64 {
+        self.lock().now_ms
+    }
+
+    fn sleep_until(&self, at_ms: u64) -> Sleep {
+        let mut s = self.lock();
+        if at_ms <= s.now_ms {
+            return Box::pin(std::future::ready(()));
+        }
+        let (tx, rx) = oneshot::channel();
+        let id = s.next_waiter_id;
+        s.next_waiter_id += 1;
+        s.waiters.insert((at_ms, id), tx);
+        Box::pin(async move {
+            // A dropped clock never wakes its sleepers; neither would time that stopped.
+            if rx.await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        })
+    }
+
+    fn is_virtual(&self) -> bool {
+        true
+    }
+}
+
+/// Measures real elapsed time, for latency figures (cold starts, commits), never for logic.
+#[derive(Debug, Clone, Copy)]
+pub struct Stopwatch(Instant);
+
+impl Stopwatch {
+    /// Starts measuring.
+    pub fn start() -> Self {
+        Stopwatch(Instant::now())
+    }
+
+    /// Microseconds since start.
+    pub fn elapsed_us(&self) -> u64 {
+        self.0.elapsed().as_micros() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_virtual_sleeper_wakes_exactly_when_time_reaches_it() {
+        let clock = VirtualClock::new(1_000);
+        let mut woke = Box::pin(clock.sleep_until(141_000));
+        clock.set(140_999);
+        assert!(futures::poll!(woke.as_mut()).is_pending());
+        clock.set(141_000);
+        assert!(futures::poll!(woke.as_mut()).is_ready());
+    }
+}

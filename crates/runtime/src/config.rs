@@ -1,0 +1,192 @@
+//! Runtime configuration, with durations written the humantime way ("10s", "2m", "72h") so
+//! that a config file reads as the contract does.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{RuntimeError, limits};
+
+/// How durable a stash is when `stash` returns (§3.2). Effects and approvals are always `Sync`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DurabilityMode {
+    /// Returns after the stash is on disk (fsync'd).
+    #[default]
+    Sync,
+    /// Returns at once; durable within `flush_every`.
+    Async,
+    /// Written only when the fiber ends or waits.
+    Exit,
+}
+
+impl DurabilityMode {
+    /// The mode's name, as stored in a run's options.
+    pub fn name(self) -> &'static str {
+        match self {
+            DurabilityMode::Sync => "sync",
+            DurabilityMode::Async => "async",
+            DurabilityMode::Exit => "exit",
+        }
+    }
+
+    /// Parses `sync`, `async` or `exit`.
+    pub fn parse(s: &str) -> Result<Self, RuntimeError> {
+        match s {
+            "sync" => Ok(DurabilityMode::Sync),
+            "async" => Ok(DurabilityMode::Async),
+            "exit" => Ok(DurabilityMode::Exit),
+            other => Err(RuntimeError::Config(format!("unknown durability mode {other:?} (sync, async, exit)"))),
+        }
+    }
+}
+
+/// Everything a runtime can be told. `Default` gives the contract's defaults.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// Default durability of stashes.
+    pub durability: DurabilityMode,
+    /// Async stashes are durable within this window.
+    #[serde(with = "humantime_serde_compat")]
+    pub flush_every: Duration,
+    /// Largest stash accepted, in bytes.
+    pub stash_bytes_max: usize,
+    /// Recovery attempts before escalation.
+    pub max_recover_attempts: u32,
+    /// Runs older than this when found interrupted are escalated.
+    #[serde(with = "humantime_serde_compat")]
+    pub max_age: Duration,
+    /// Silence after an approval request escalates after this long.
+    #[serde(with = "humantime_serde_compat")]
+    pub escalate_after: Duration,
+    /// An alarm handler running longer than this has failed.
+    #[serde(with = "humantime_serde_compat")]
+    pub alarm_wall_limit: Duration,
+    /// Idle hibernateable runs hibernate after this long.
+    #[serde(with = "humantime_serde_compat")]
+    pub hibernate_after: Duration,
+    /// Idle non-hibernateable runs are evicted after a draw from this range: "70s..140s".
+    pub evict_after: String,
+    /// A held keep-alive counts as activity this often.
+    #[serde(with = "humantime_serde_compat")]
+    pub keep_alive_heartbeat: Duration,
+    /// Whether a running fiber holds a keep-alive by itself.
+    pub fiber_keep_alive: bool,
+    /// Seed of every random draw (eviction times, jitter, chaos).
+    pub seed: u64,
+    /// Probability per supervisor tick that chaos evicts a live fiber; 0 switches it off.
+    pub chaos_evict_rate: f64,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            durability: DurabilityMode::Sync,
+            flush_every: Duration::from_millis(5),
+            stash_bytes_max: limits::STASH_BYTES_MAX_DEFAULT,
+            max_recover_attempts: limits::RECOVER_ATTEMPTS_MAX_DEFAULT,
+            max_age: limits::MAX_AGE_DEFAULT,
+            escalate_after: limits::ESCALATE_AFTER_DEFAULT,
+            alarm_wall_limit: limits::ALARM_WALL_LIMIT_DEFAULT,
+            hibernate_after: limits::HIBERNATE_AFTER_DEFAULT,
+            evict_after: format!(
+                "{}..{}",
+                humantime::format_duration(limits::EVICT_AFTER_MIN_DEFAULT),
+                humantime::format_duration(limits::EVICT_AFTER_MAX_DEFAULT)
+            ),
+            keep_alive_heartbeat: limits::KEEP_ALIVE_HEARTBEAT_DEFAULT,
+            fiber_keep_alive: true,
+            seed: 0,
+            chaos_evict_rate: 0.0,
+        }
+    }
+}
+
+impl RuntimeConfig {
+    /// Parses a TOML-like `key = value` text as JSON-compatible config; unknown keys are errors.
+    pub fn from_json(text: &str) -> Result<Self, RuntimeError> {
+        let config: RuntimeConfig =
+            serde_json::from_str(text).map_err(|e| RuntimeError::Config(format!("config: {e}")))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The eviction range, parsed.
+    pub fn evict_after_range(&self) -> Result<(Duration, Duration), RuntimeError> {
+        parse_range(&self.evict_after)
+    }
+
+    /// Checks every relation between settings.
+    pub fn validate(&self) -> Result<(), RuntimeError> {
+        let (lo, hi) = self.evict_after_range()?;
+        if self.keep_alive_heartbeat.is_zero() || self.keep_alive_heartbeat >= lo {
+            return Err(RuntimeError::Config(format!(
+                "keep_alive_heartbeat ({}) must be above zero and below the shortest eviction ({})",
+                humantime::format_duration(self.keep_alive_heartbeat),
+                humantime::format_duration(lo)
+            )));
+        }
+        if hi < lo {
+            return Err(RuntimeError::Config("evict_after: the range's end is before its start".into()));
+        }
+        if !(0.0..=1.0).contains(&self.chaos_evict_rate) {
+            return Err(RuntimeError::Config("chaos_evict_rate must be within 0..=1".into()));
+        }
+        if self.max_recover_attempts == 0 {
+            return Err(RuntimeError::Config("max_recover_attempts must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Parses "70s..140s" (or a single duration, meaning a fixed value).
+pub fn parse_range(text: &str) -> Result<(Duration, Duration), RuntimeError> {
+    let bad = |e: String| RuntimeError::Config(format!("duration range {text:?}: {e}"));
+    match text.split_once("..") {
+        Some((a, b)) => Ok((
+            humantime::parse_duration(a.trim()).map_err(|e| bad(e.to_string()))?,
+            humantime::parse_duration(b.trim()).map_err(|e| bad(e.to_string()))?,
+        )),
+        None => {
+            let d = humantime::parse_duration(text.trim()).map_err(|e| bad(e.to_string()))?;
+            Ok((d, d))
+        }
+    }
+}
+
+/// Serde glue: durations as humantime strings ("10s").
+mod humantime_serde_compat {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_the_contracts() {
+        let c = RuntimeConfig::default();
+        c.validate().unwrap();
+        assert_eq!(c.evict_after_range().unwrap(), (Duration::from_secs(70), Duration::from_secs(140)));
+    }
+
+    #[test]
+    fn a_config_file_reads_like_the_contract() {
+        let c = RuntimeConfig::from_json(r#"{"hibernate_after": "2m", "evict_after": "1m..3m"}"#).unwrap();
+        assert_eq!(c.hibernate_after, Duration::from_secs(120));
+        assert!(RuntimeConfig::from_json(r#"{"hibernate_afte": "2m"}"#).is_err());
+        assert!(RuntimeConfig::from_json(r#"{"keep_alive_heartbeat": "5m"}"#).is_err());
+    }
+}

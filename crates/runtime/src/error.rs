@@ -1,0 +1,147 @@
+//! The runtime's one error type, and the error an agent's code returns.
+
+use durafiber_store::StoreError;
+
+/// What a caller of the runtime can get back. Variants name what to do next.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// No run has this id.
+    #[error("unknown run id {run_id}")]
+    UnknownRun {
+        /// The id asked for.
+        run_id: String,
+    },
+    /// No agent of this kind is registered.
+    #[error("unknown agent kind {kind:?}")]
+    UnknownKind {
+        /// The kind asked for.
+        kind: String,
+    },
+    /// The idempotency key was used before with another input.
+    #[error("idempotency key {key:?} was used for run {run_id} with a different input")]
+    KeyConflict {
+        /// The key.
+        key: String,
+        /// The run it belongs to.
+        run_id: String,
+    },
+    /// An approval quoted a payload hash that is not the pending one.
+    #[error("stale approval for run {run_id}, approval {approval_id}: the payload hash does not match")]
+    StaleApproval {
+        /// The run.
+        run_id: String,
+        /// The approval.
+        approval_id: String,
+    },
+    /// No pause with this id is waiting for a decision.
+    #[error("approval {approval_id} of run {run_id} is not pending")]
+    NotPending {
+        /// The run.
+        run_id: String,
+        /// The approval.
+        approval_id: String,
+    },
+    /// A different decision was already recorded.
+    #[error("approval {approval_id} of run {run_id} was already decided differently")]
+    AlreadyDecided {
+        /// The run.
+        run_id: String,
+        /// The approval.
+        approval_id: String,
+    },
+    /// The run has finished; it takes no more messages.
+    #[error("run {run_id} has finished ({state})")]
+    RunFinished {
+        /// The run.
+        run_id: String,
+        /// Its terminal state.
+        state: String,
+    },
+    /// The input, message or payload was refused.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// A configuration value is wrong.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The call needs a virtual clock.
+    #[error("this runtime runs on the system clock; only a virtual clock can be advanced")]
+    NotVirtual,
+    /// An agent's handler failed.
+    #[error("agent: {0}")]
+    Agent(#[from] AgentError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The runtime is shutting down.
+    #[error("the runtime is shutting down")]
+    ShuttingDown,
+}
+
+/// What an agent's code returns on failure. The runtime decides what each variant does to
+/// the run: `Fail` fails it (or counts a failed recovery), `Escalate` hands it to a human.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum AgentError {
+    /// The step failed; a fresh fiber's run goes to `Failed`, a recovery counts an attempt.
+    #[error("{0}")]
+    Fail(String),
+    /// A human must look.
+    #[error("escalated: {0}")]
+    Escalate(String),
+    /// The run was cancelled; no new effect starts.
+    #[error("cancelled: {0}")]
+    Cancelled(String),
+    /// The same effect id came with other arguments: the control flow diverged.
+    #[error("effect {effect_id} was prepared with other arguments")]
+    EffectConflict {
+        /// The effect.
+        effect_id: String,
+    },
+    /// The same approval id came with another payload.
+    #[error("approval {approval_id} was requested with another payload")]
+    ApprovalConflict {
+        /// The approval.
+        approval_id: String,
+    },
+    /// An effect failed on every attempt.
+    #[error("effect {effect_id} failed after {attempts} attempts: {error}")]
+    EffectFailed {
+        /// The effect.
+        effect_id: String,
+        /// Calls made in this re-entry.
+        attempts: u32,
+        /// The last failure.
+        error: String,
+    },
+    /// The stash is larger than `stash_bytes_max`.
+    #[error("stash of {bytes} bytes is over the limit of {max} bytes")]
+    StashTooLarge {
+        /// Its size.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A value could not be encoded or decoded.
+    #[error("serialization: {0}")]
+    Serialization(String),
+    /// The runtime could not write a boundary; the run will be recovered.
+    #[error("runtime: {0}")]
+    Runtime(String),
+}
+
+impl AgentError {
+    /// A failure with a message.
+    pub fn fail(msg: impl Into<String>) -> Self {
+        AgentError::Fail(msg.into())
+    }
+
+    /// An escalation with a reason.
+    pub fn escalate(reason: impl Into<String>) -> Self {
+        AgentError::Escalate(reason.into())
+    }
+}
+
+impl From<StoreError> for AgentError {
+    fn from(e: StoreError) -> Self {
+        AgentError::Runtime(e.to_string())
+    }
+}

@@ -1,0 +1,254 @@
+//! Idle tracking and the supervisor's decisions (§7.2–§7.3).
+//!
+//! A live run is *held* while a keep-alive guard exists (a running fiber holds one by itself
+//! unless `fiber_keep_alive` is off, and lets it go while it waits for a human). A held run
+//! counts a heartbeat as activity every `keep_alive_heartbeat`. An unheld run is
+//! *hibernateable* when no fiber is in memory: idle for `hibernate_after`, it hibernates.
+//! Otherwise, idle for `evict_after` (drawn anew per idle period), it is evicted: its
+//! fiber's future is dropped mid-await, exactly as a process death would drop it.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
+
+use durafiber_store::tables::{RunStatus, WakeReason};
+
+use crate::{RuntimeConfig, metrics::Metrics, rng::SeededRng, shared::Shared};
+
+#[derive(Debug, Clone)]
+struct LiveState {
+    last_activity_ms: u64,
+    evict_after_ms: u64,
+    guards: u32,
+    fiber_active: bool,
+    fiber_keep_alive: bool,
+    fiber_waiting: bool,
+    held_since_ms: Option<u64>,
+    /// An action was decided and is in progress.
+    closing: bool,
+}
+
+impl LiveState {
+    fn held(&self) -> bool {
+        self.guards > 0 || (self.fiber_active && self.fiber_keep_alive && !self.fiber_waiting)
+    }
+}
+
+/// What the supervisor does to a run whose deadline has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Action {
+    Hibernate,
+    Evict,
+}
+
+pub(crate) struct Liveness {
+    runs: Mutex<HashMap<String, LiveState>>,
+    rng: Mutex<SeededRng>,
+    hibernate_after_ms: u64,
+    evict_after_ms: (u64, u64),
+    heartbeat_ms: u64,
+}
+
+impl Liveness {
+    pub fn new(config: &RuntimeConfig) -> Self {
+        let (lo, hi) = config.evict_after_range().unwrap_or((
+            crate::limits::EVICT_AFTER_MIN_DEFAULT,
+            crate::limits::EVICT_AFTER_MAX_DEFAULT,
+        ));
+        Liveness {
+            runs: Mutex::new(HashMap::new()),
+            rng: Mutex::new(SeededRng::new(config.seed)),
+            hibernate_after_ms: config.hibernate_after.as_millis() as u64,
+            evict_after_ms: (lo.as_millis() as u64, hi.as_millis() as u64),
+            heartbeat_ms: config.keep_alive_heartbeat.as_millis() as u64,
+        }
+    }
+
+    fn draw(&self) -> u64 {
+        self.rng.lock().unwrap_or_else(|p| p.into_inner()).between(self.evict_after_ms.0, self.evict_after_ms.1)
+    }
+
+    /// Runs `f` on the run's state (if the run is live), then re-evaluates whether it is held.
+    fn with<R>(&self, run_id: &str, now_ms: u64, f: impl FnOnce(&mut LiveState) -> R) -> Option<R> {
+        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        let state = runs.get_mut(run_id)?;
+        let was_held = state.held();
+        let out = f(state);
+        match (was_held, state.held()) {
+            (false, true) => state.held_since_ms = Some(now_ms),
+            (true, false) => {
+                // Letting go starts a new idle period and leaves no heartbeat behind.
+                state.held_since_ms = None;
+                state.last_activity_ms = now_ms;
+                state.evict_after_ms = self.draw();
+            }
+            _ => {}
+        }
+        Some(out)
+    }
+
+    pub fn activated(&self, run_id: &str, now_ms: u64) {
+        let evict_after_ms = self.draw();
+        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        runs.insert(
+            run_id.to_string(),
+            LiveState {
+                last_activity_ms: now_ms,
+                evict_after_ms,
+                guards: 0,
+                fiber_active: false,
+                fiber_keep_alive: true,
+                fiber_waiting: false,
+                held_since_ms: None,
+                closing: false,
+            },
+        );
+    }
+
+    /// An inbound event was handled: a new idle period starts.
+    pub fn activity(&self, run_id: &str, now_ms: u64) {
+        let draw = self.draw();
+        self.with(run_id, now_ms, |s| {
+            s.last_activity_ms = now_ms;
+            s.evict_after_ms = draw;
+        });
+    }
+
+    pub fn fiber_started(&self, run_id: &str, keep_alive: bool, now_ms: u64) {
+        self.with(run_id, now_ms, |s| {
+            s.fiber_active = true;
+            s.fiber_keep_alive = keep_alive;
+            s.fiber_waiting = false;
+        });
+    }
+
+    pub fn fiber_ended(&self, run_id: &str, now_ms: u64) {
+        self.with(run_id, now_ms, |s| {
+            s.fiber_active = false;
+            s.fiber_waiting = false;
+            s.last_activity_ms = s.last_activity_ms.max(now_ms);
+        });
+    }
+
+    pub fn fiber_waiting(&self, run_id: &str, waiting: bool, now_ms: u64) {
+        self.with(run_id, now_ms, |s| s.fiber_waiting = waiting);
+    }
+
+    /// A guard was taken; false when the run is not live.
+    pub fn guard_acquired(&self, run_id: &str, now_ms: u64) -> bool {
+        self.with(run_id, now_ms, |s| s.guards += 1).is_some()
+    }
+
+    pub fn guard_released(&self, run_id: &str, now_ms: u64) {
+        self.with(run_id, now_ms, |s| s.guards = s.guards.saturating_sub(1));
+    }
+
+    pub fn remove(&self, run_id: &str) {
+        self.runs.lock().unwrap_or_else(|p| p.into_inner()).remove(run_id);
+    }
+
+    pub fn is_hibernateable(&self, run_id: &str) -> bool {
+        self.runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(run_id)
+            .is_some_and(|s| !s.held() && !s.fiber_active)
+    }
+
+    fn deadline(&self, s: &LiveState) -> u64 {
+        if let Some(since) = s.held_since_ms {
+            let beats = (s.last_activity_ms.max(since) - since) / self.heartbeat_ms + 1;
+            since + beats * self.heartbeat_ms
+        } else if !s.fiber_active {
+            s.last_activity_ms + self.hibernate_after_ms
+        } else {
+            s.last_activity_ms + s.evict_after_ms
+        }
+    }
+
+    pub fn next_deadline_ms(&self) -> Option<u64> {
+        let runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        runs.values().filter(|s| !s.closing).map(|s| self.deadline(s)).min()
+    }
+
+    /// Counts due heartbeats and returns the runs to hibernate or evict, marking them closing.
+    pub fn due_actions(&self, now_ms: u64, metrics: &Metrics) -> Vec<(String, Action)> {
+        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        for (run_id, s) in runs.iter_mut() {
+            if s.closing || self.deadline(s) > now_ms {
+                continue;
+            }
+            if s.held_since_ms.is_some() {
+                s.last_activity_ms = now_ms;
+                Metrics::bump(&metrics.heartbeats);
+            } else {
+                s.closing = true;
+                out.push((run_id.clone(), if s.fiber_active { Action::Evict } else { Action::Hibernate }));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    pub fn reopen(&self, run_id: &str) {
+        if let Some(s) = self.runs.lock().unwrap_or_else(|p| p.into_inner()).get_mut(run_id) {
+            s.closing = false;
+        }
+    }
+}
+
+/// Hibernates an idle run: a graceful stop; durable state stays, memory goes.
+pub(crate) async fn hibernate(shared: &Arc<Shared>, run_id: &str) {
+    if !shared.liveness.is_hibernateable(run_id) {
+        shared.liveness.reopen(run_id);
+        return;
+    }
+    let Some(live) = shared.registry.remove(run_id).await else {
+        shared.liveness.remove(run_id);
+        return;
+    };
+    shared.liveness.remove(run_id);
+    let _ = live.actor.stop_and_wait(Some("hibernated".into()), None).await;
+    Metrics::bump(&shared.metrics.hibernations);
+    shared.event(run_id, "hibernated", "idle");
+}
+
+/// Evicts a run: its actor is killed wherever it is and its fiber's future dropped.
+pub(crate) async fn evict(shared: &Arc<Shared>, run_id: &str, why: &str) {
+    let Some(live) = shared.registry.remove(run_id).await else {
+        shared.liveness.remove(run_id);
+        return;
+    };
+    if let Some(fiber) = live.cell.fiber.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        fiber.abort();
+    }
+    live.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let _ = live.actor.kill_and_wait(None).await;
+    shared.liveness.remove(run_id);
+    Metrics::bump(&shared.metrics.evictions);
+    shared.event(run_id, "evicted", why.to_string());
+    // An evicted fiber leaves an interrupted run: mark why, and re-activate it by ourselves.
+    let marked = shared
+        .update_run(run_id, |run, _| {
+            let interrupted = matches!(run.status, RunStatus::Accepted | RunStatus::Running);
+            if interrupted && run.status == RunStatus::Running {
+                run.wake_reason = Some(WakeReason::Evicted);
+            }
+            Ok(interrupted)
+        })
+        .await;
+    match marked {
+        Ok(Some(_)) => shared.wake_at(shared.now_ms(), run_id),
+        Ok(None) => {}
+        Err(e) => tracing::error!(run_id, error = %e, "could not mark the evicted run"),
+    }
+}
+
+/// Evicts a run from inside its own fiber (chaos): the eviction runs as its own task.
+pub(crate) fn request_eviction(shared: &Arc<Shared>, run_id: &str, why: &'static str) {
+    let shared2 = shared.clone();
+    let run_id = run_id.to_string();
+    shared.spawn_tracked(async move { evict(&shared2, &run_id, why).await });
+}

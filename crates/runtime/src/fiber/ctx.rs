@@ -1,0 +1,128 @@
+//! The context an agent's code works through: stash, effects, approvals, alarms, keep-alive,
+//! cancellation, secrets. Every durable call goes back through the store's group commit.
+
+use std::{future::Future, marker::PhantomData, sync::Arc, time::Duration};
+
+use durafiber_store::tables::Decision;
+use serde::{Serialize, de::DeserializeOwned};
+
+use crate::{
+    Agent, AgentError, AlarmSpec, KeepAlive, Secret, alarm, approval, clock, effect, fiber::stash, json,
+    shared::{RunCell, Shared},
+};
+
+/// The untyped context behind [`Ctx`].
+pub(crate) struct RawCtx {
+    pub shared: Arc<Shared>,
+    pub cell: Arc<RunCell>,
+    /// The fiber attempt, or 0 for an event handler.
+    pub attempt: u32,
+    /// Set while a recovered fiber has made no progress yet; its first stash clears the
+    /// run's recovery counter.
+    pub recovering: bool,
+}
+
+impl RawCtx {
+    pub fn new(shared: Arc<Shared>, cell: Arc<RunCell>, attempt: u32) -> Self {
+        RawCtx { shared, cell, attempt, recovering: false }
+    }
+}
+
+/// What an agent's hooks are handed. Typed by the agent, so `stash` takes its `Stash` type.
+pub struct Ctx<A: Agent> {
+    pub(crate) raw: RawCtx,
+    _agent: PhantomData<fn() -> A>,
+}
+
+impl<A: Agent> Ctx<A> {
+    pub(crate) fn new(raw: RawCtx) -> Self {
+        Ctx { raw, _agent: PhantomData }
+    }
+
+    /// The run's id, the same before and after every crash.
+    pub fn run_id(&self) -> &str {
+        &self.raw.cell.run_id
+    }
+
+    /// This fiber attempt's number, from 1 (0 in `on_alarm` and `on_message`).
+    pub fn attempt(&self) -> u32 {
+        self.raw.attempt
+    }
+
+    /// The runtime clock's time, ms since the epoch.
+    pub fn now_ms(&self) -> u64 {
+        self.raw.shared.now_ms()
+    }
+
+    /// Persists the run's snapshot at a named step, replacing the last one. In `sync`
+    /// durability it returns once the stash is on disk.
+    pub async fn stash(&mut self, step: &str, value: &A::Stash) -> Result<(), AgentError> {
+        let text = json::canonical(value).map_err(AgentError::Serialization)?;
+        stash::write(&mut self.raw, step, text).await
+    }
+
+    /// Performs one side effect exactly once per `(run, effect_id)` (§5). `f` gets the
+    /// idempotency key, minted once and persisted before the first call, and the arguments.
+    /// A committed effect returns its stored receipt without calling `f`.
+    pub async fn effect<Args, R, F, Fut, E>(&mut self, effect_id: &str, args: Args, f: F) -> Result<R, AgentError>
+    where
+        Args: Serialize + Clone + Send,
+        R: Serialize + DeserializeOwned + Send,
+        F: FnMut(String, Args) -> Fut + Send,
+        Fut: Future<Output = Result<R, E>> + Send,
+        E: std::fmt::Display,
+    {
+        effect::perform(&mut self.raw, effect_id, args, f).await
+    }
+
+    /// Pauses for a human (§6): writes the pause bound to the payload's hash, then waits.
+    /// Re-entered after a crash with the same payload, it returns the recorded decision.
+    pub async fn request_approval<P: Serialize>(&mut self, approval_id: &str, payload: &P) -> Result<Decision, AgentError> {
+        let (payload_json, payload_hash) = json::canonical_with_hash(payload).map_err(AgentError::Serialization)?;
+        approval::request(&mut self.raw, approval_id, payload_json, payload_hash).await
+    }
+
+    /// Sets (or replaces) the run's alarm called `name`.
+    pub async fn set_alarm(&self, name: &str, spec: AlarmSpec) -> Result<(), AgentError> {
+        alarm::set(&self.raw.shared, &self.raw.cell.run_id, name, spec, None)
+            .await
+            .map_err(|e| AgentError::Runtime(e.to_string()))
+    }
+
+    /// Cancels the run's alarm called `name`; true when there was one.
+    pub async fn cancel_alarm(&self, name: &str) -> Result<bool, AgentError> {
+        alarm::cancel(&self.raw.shared, &self.raw.cell.run_id, name).await.map_err(|e| AgentError::Runtime(e.to_string()))
+    }
+
+    /// Keeps the run from hibernation and eviction while the guard lives.
+    pub fn keep_alive(&self) -> KeepAlive {
+        KeepAlive::acquire(self.raw.shared.clone(), &self.raw.cell.run_id)
+    }
+
+    /// Runs `fut` holding a keep-alive.
+    pub async fn keep_alive_while<F: Future>(&self, fut: F) -> F::Output {
+        let _guard = self.keep_alive();
+        fut.await
+    }
+
+    /// Whether the run was asked to stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.raw.cell.cancel.borrow().is_some()
+    }
+
+    /// Completes when the run is asked to stop.
+    pub async fn cancelled(&self) {
+        let mut rx = self.raw.cell.cancel.subscribe();
+        let _ = rx.wait_for(|c| c.is_some()).await;
+    }
+
+    /// Sleeps on the runtime's clock. This is an in-memory wait: an interruption loses it.
+    pub async fn sleep(&self, d: Duration) {
+        clock::sleep(self.raw.shared.clock.as_ref(), d).await
+    }
+
+    /// The value behind a secret pointer, resolved now and never stored.
+    pub fn secret(&self, secret: &Secret) -> Result<String, AgentError> {
+        self.raw.shared.secrets.resolve(secret).ok_or_else(|| AgentError::fail(format!("secret {} is not configured", secret.secret)))
+    }
+}

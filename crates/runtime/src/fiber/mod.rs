@@ -1,0 +1,255 @@
+//! Fibers: a run's unit of execution. A fiber is registered durably (state `Running`, attempt
+//! counted) before user code runs, and its end is one boundary (output, final stash, status).
+//!
+//! Before: the actor's `Activate`. After: `ctx.rs` for what user code calls.
+
+pub(crate) mod ctx;
+pub(crate) mod recovery;
+pub(crate) mod stash;
+
+use std::{panic::AssertUnwindSafe, sync::Arc};
+
+use durafiber_store::{
+    Batch,
+    tables::{self, RunStatus, StashRecord},
+};
+use futures::FutureExt;
+use tracing::Instrument;
+
+use crate::{
+    AgentError, RecoveryReason, RuntimeError,
+    agent::RawRecovered,
+    alarm,
+    fiber::{ctx::RawCtx, recovery::Plan},
+    metrics::Metrics,
+    run::actor::panic_text,
+    shared::{ApprovalOutcome, RunCell, Shared},
+};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum FiberMode {
+    Fresh,
+    Recover(RecoveryReason),
+}
+
+/// Starts or recovers the fiber if the run needs one. Runs inside the actor, so one at a time.
+pub(crate) async fn on_activate(shared: &Arc<Shared>, cell: &Arc<RunCell>) {
+    if cell.fiber_running() {
+        return;
+    }
+    let run = match shared.load_run(&cell.run_id) {
+        Ok(run) => run,
+        Err(e) => {
+            tracing::error!(run_id = %cell.run_id, error = %e, "cannot read the run to activate it");
+            return;
+        }
+    };
+    match recovery::plan(shared, &run) {
+        Plan::Fresh => spawn(shared, cell, FiberMode::Fresh),
+        Plan::Recover(reason) => spawn(shared, cell, FiberMode::Recover(reason)),
+        Plan::Later(at_ms) => shared.wake_at(at_ms, &cell.run_id),
+        Plan::Escalate(reason) => {
+            if let Err(e) = escalate(shared, &cell.run_id, &reason, Batch::new()).await {
+                tracing::error!(run_id = %cell.run_id, error = %e, "could not escalate");
+            }
+        }
+        Plan::Nothing => {}
+    }
+}
+
+fn spawn(shared: &Arc<Shared>, cell: &Arc<RunCell>, mode: FiberMode) {
+    let mut slot = cell.fiber.lock().unwrap_or_else(|p| p.into_inner());
+    shared.liveness.fiber_started(&cell.run_id, cell.fiber_keep_alive, shared.now_ms());
+    let task = tokio::spawn(drive(shared.clone(), cell.clone(), mode));
+    *slot = Some(task.abort_handle());
+}
+
+async fn drive(shared: Arc<Shared>, cell: Arc<RunCell>, mode: FiberMode) {
+    let span = tracing::info_span!("fiber", run_id = %cell.run_id, kind = %cell.kind, attempt = tracing::field::Empty);
+    let inner = span.clone();
+    async move {
+        let result = match register(&shared, &cell, mode).await {
+            Ok(Some(run)) => {
+                inner.record("attempt", run.attempt);
+                Some(call_agent(&shared, &cell, mode, run).await)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::error!(error = %e, "could not register the fiber; retrying in 1 s");
+                shared.wake_at(shared.now_ms() + 1_000, &cell.run_id);
+                None
+            }
+        };
+        if let Some(result) = result {
+            if let Err(e) = finish(&shared, &cell, mode, result).await {
+                tracing::error!(error = %e, "could not write the fiber's end; it will be recovered");
+                shared.wake_at(shared.now_ms() + 1_000, &cell.run_id);
+            }
+        }
+        shared.liveness.fiber_ended(&cell.run_id, shared.now_ms());
+    }
+    .instrument(span)
+    .await
+}
+
+/// The registration boundary: `Running`, attempt counted, recovery counted and backed off.
+async fn register(
+    shared: &Arc<Shared>,
+    cell: &RunCell,
+    mode: FiberMode,
+) -> Result<Option<tables::RunRecord>, RuntimeError> {
+    let now = shared.now_ms();
+    shared
+        .update_run(&cell.run_id, |run, _| {
+            if run.status.is_terminal() {
+                return Ok(false);
+            }
+            run.attempt += 1;
+            run.status = RunStatus::Running;
+            run.wake_reason = None;
+            if let FiberMode::Recover(_) = mode {
+                run.recover_attempts += 1;
+                run.next_recover_at_ms = now + recovery::backoff_ms(run.recover_attempts);
+            }
+            Ok(true)
+        })
+        .await
+}
+
+type FiberResult = Result<Result<String, AgentError>, String>;
+
+async fn call_agent(shared: &Arc<Shared>, cell: &Arc<RunCell>, mode: FiberMode, run: tables::RunRecord) -> FiberResult {
+    let agent = match shared.agent(&run.kind) {
+        Ok(agent) => agent,
+        Err(e) => return Ok(Err(AgentError::escalate(e.to_string()))),
+    };
+    let mut raw = RawCtx::new(shared.clone(), cell.clone(), run.attempt);
+    let future = match mode {
+        FiberMode::Fresh => agent.run_fiber(raw, run.input_json),
+        FiberMode::Recover(reason) => {
+            let stash: Option<StashRecord> =
+                match shared.store.get(tables::STASHES, &tables::STASHES.key(&[run.run_id.as_bytes()])) {
+                    Ok(stash) => stash,
+                    Err(e) => return Ok(Err(AgentError::escalate(format!("corrupt: {e}")))),
+                };
+            raw.recovering = true;
+            Metrics::bump(&shared.metrics.recoveries);
+            shared.metrics.recover_latency.record_us(shared.opened.elapsed_us());
+            shared.event(&run.run_id, "recovered", format!("reason {reason:?}, attempt {}", run.attempt));
+            agent.recover(
+                raw,
+                RawRecovered {
+                    run_id: run.run_id,
+                    kind: run.kind,
+                    stash: stash.map(|s| (s.stash_json, s.step, s.seq)),
+                    input_json: run.input_json,
+                    attempt: run.attempt,
+                    reason,
+                    created_at_ms: run.created_at_ms,
+                },
+            )
+        }
+    };
+    AssertUnwindSafe(future).catch_unwind().await.map_err(panic_text)
+}
+
+/// The fiber's end as one boundary: final stash (exit mode), status, alarms removed.
+async fn finish(shared: &Arc<Shared>, cell: &RunCell, mode: FiberMode, result: FiberResult) -> Result<(), RuntimeError> {
+    let pending = cell.pending_exit.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let max_attempts = shared.config.max_recover_attempts;
+    let mut retry_at = None;
+    let written = shared
+        .update_run(&cell.run_id, |run, batch| {
+            if run.status.is_terminal() {
+                return Ok(false);
+            }
+            if let Some(stash) = &pending {
+                batch.put(tables::STASHES, tables::STASHES.key(&[run.run_id.as_bytes()]), stash)?;
+            }
+            let error = match &result {
+                Ok(Ok(output_json)) => {
+                    run.status = RunStatus::Completed { output_json: output_json.clone() };
+                    None
+                }
+                Ok(Err(AgentError::Escalate(reason))) => {
+                    run.status = RunStatus::Escalated { reason: reason.clone() };
+                    None
+                }
+                Ok(Err(AgentError::Cancelled(reason))) => {
+                    run.status = RunStatus::Cancelled { reason: reason.clone() };
+                    None
+                }
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(panic) => Some(format!("panic: {panic}")),
+            };
+            if let Some(error) = error {
+                let runtime_fault = matches!(result, Ok(Err(AgentError::Runtime(_))));
+                if let Some(reason) = &run.cancel_reason {
+                    run.status = RunStatus::Cancelled { reason: reason.clone() };
+                } else if runtime_fault {
+                    // The store failed under the fiber: the run is interrupted, not failed.
+                    retry_at = Some(shared.now_ms() + 1_000);
+                } else if mode == FiberMode::Fresh {
+                    run.status = RunStatus::Failed { error };
+                } else if run.recover_attempts >= max_attempts {
+                    run.status = RunStatus::Escalated {
+                        reason: format!("max_recover_attempts: recovery failed {} times, last: {error}", run.recover_attempts),
+                    };
+                } else {
+                    tracing::warn!(run_id = %run.run_id, error, attempts = run.recover_attempts, "recovery hook failed");
+                    retry_at = Some(run.next_recover_at_ms);
+                }
+            }
+            if run.status.is_terminal() {
+                alarm::delete_all_in(shared, &run.run_id, batch)?;
+            }
+            Ok(true)
+        })
+        .await?;
+    if let Some(at_ms) = retry_at {
+        shared.wake_at(at_ms, &cell.run_id);
+    }
+    if let Some(run) = written {
+        shared.event(&run.run_id, run.status.name(), format!("attempt {}", run.attempt));
+        if let RunStatus::Escalated { reason } = &run.status {
+            after_escalation(shared, &run.kind, &run.run_id, reason).await;
+        }
+    }
+    Ok(())
+}
+
+async fn after_escalation(shared: &Arc<Shared>, kind: &str, run_id: &str, reason: &str) {
+    Metrics::bump(&shared.metrics.escalations);
+    if let Ok(agent) = shared.agent(kind) {
+        agent.on_escalate(run_id.to_string(), reason.to_string()).await;
+    }
+}
+
+/// Moves a run to `Escalated{reason}`, stops its fiber and runs `on_escalate`. No-op on a
+/// finished run. `extra` joins the same boundary.
+pub(crate) async fn escalate(shared: &Arc<Shared>, run_id: &str, reason: &str, extra: Batch) -> Result<(), RuntimeError> {
+    let written = shared
+        .update_run(run_id, |run, batch| {
+            if run.status.is_terminal() {
+                return Ok(false);
+            }
+            batch.extend(extra);
+            run.status = RunStatus::Escalated { reason: reason.to_string() };
+            alarm::delete_all_in(shared, run_id, batch)?;
+            Ok(true)
+        })
+        .await?;
+    let Some(run) = written else { return Ok(()) };
+    shared.event(run_id, "escalated", reason);
+    if let Some(live) = shared.registry.get(run_id).await {
+        if let Some((_, waiter)) = live.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = waiter.send(ApprovalOutcome::Escalated);
+        }
+        if let Some(fiber) = live.cell.fiber.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            fiber.abort();
+        }
+        shared.liveness.fiber_ended(run_id, shared.now_ms());
+    }
+    after_escalation(shared, &run.kind, run_id, reason).await;
+    Ok(())
+}

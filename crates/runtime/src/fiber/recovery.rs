@@ -1,0 +1,100 @@
+//! Recovery: what to do with a run found without a live fiber (§3.4–§3.6), and the scan at
+//! start-up that re-activates every interrupted run without waiting for a request.
+
+use std::sync::Arc;
+
+use durafiber_store::tables::{self, RunRecord, RunStatus, WakeReason};
+
+use crate::{RecoveryReason, RuntimeError, limits, shared::Shared};
+
+/// The decision for a run that has no live fiber.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Plan {
+    /// Never started: run `run_fiber`.
+    Fresh,
+    /// Interrupted: call `on_fiber_recovered`.
+    Recover(RecoveryReason),
+    /// Interrupted, but its backoff has not elapsed.
+    Later(u64),
+    /// Too old, or its hook failed too often: a human must look.
+    Escalate(String),
+    /// Waiting, or finished: nothing to run.
+    Nothing,
+}
+
+pub(crate) fn plan(shared: &Shared, run: &RunRecord) -> Plan {
+    match run.status {
+        RunStatus::Accepted => Plan::Fresh,
+        RunStatus::Running => {
+            let now = shared.now_ms();
+            let reason = match run.wake_reason {
+                Some(WakeReason::Evicted) => RecoveryReason::Evicted,
+                Some(WakeReason::Resumed) => RecoveryReason::Resumed,
+                None => RecoveryReason::Crash,
+            };
+            if now.saturating_sub(run.created_at_ms) > shared.config.max_age.as_millis() as u64 {
+                Plan::Escalate("max_age".into())
+            } else if run.recover_attempts >= shared.config.max_recover_attempts {
+                Plan::Escalate(format!("max_recover_attempts: recovery failed {} times", run.recover_attempts))
+            } else if run.next_recover_at_ms > now {
+                Plan::Later(run.next_recover_at_ms)
+            } else {
+                Plan::Recover(reason)
+            }
+        }
+        _ => Plan::Nothing,
+    }
+}
+
+/// Delay before recovery attempt `n + 1` after `n` failed ones: 1 s doubling, capped at 5 min.
+pub(crate) fn backoff_ms(failed: u32) -> u64 {
+    let base = limits::RECOVER_BACKOFF_BASE.as_millis() as u64;
+    let shift = failed.saturating_sub(1).min(20);
+    (base << shift).min(limits::RECOVER_BACKOFF_MAX.as_millis() as u64)
+}
+
+/// Finds every interrupted run and re-activates it. Returns how many were found.
+pub(crate) async fn scan_and_reactivate(shared: &Arc<Shared>) -> Result<usize, RuntimeError> {
+    let mut after: Option<Vec<u8>> = None;
+    let mut found = 0;
+    loop {
+        let page = shared.store.scan::<()>(
+            tables::OPEN_RUNS,
+            &[tables::OPEN_RUNS.prefix],
+            after.as_deref(),
+            limits::RECOVERY_SCAN_PAGE_MAX,
+        )?;
+        let Some((last, _)) = page.last() else { break };
+        after = Some(last.clone());
+        for (key, _) in &page {
+            let run_id = String::from_utf8_lossy(&key[1..]).to_string();
+            match shared.load_run(&run_id) {
+                Ok(run) if matches!(run.status, RunStatus::Accepted | RunStatus::Running) => {
+                    found += 1;
+                    crate::runtime::reactivate(shared, &run_id).await;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(run_id, error = %e, "run record unreadable; the run cannot continue");
+                    shared.event(&run_id, "corrupt", e.to_string());
+                }
+            }
+        }
+        if page.len() < limits::RECOVERY_SCAN_PAGE_MAX {
+            break;
+        }
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recovery_backoff_doubles_from_one_second_to_five_minutes() {
+        let delays: Vec<u64> = (1..=10).map(backoff_ms).collect();
+        assert_eq!(&delays[..5], &[1_000, 2_000, 4_000, 8_000, 16_000]);
+        assert_eq!(backoff_ms(30), 300_000);
+    }
+}

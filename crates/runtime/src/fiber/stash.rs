@@ -1,0 +1,57 @@
+//! `stash`: the run's typed snapshot, replaced whole, in the run's durability mode (§3.2).
+
+use durafiber_store::{Batch, Durability, tables};
+
+use crate::{AgentError, DurabilityMode, clock::Stopwatch, fiber::ctx::RawCtx};
+
+pub(crate) async fn write(raw: &mut RawCtx, step: &str, stash_json: String) -> Result<(), AgentError> {
+    let shared = raw.shared.clone();
+    let run_id = raw.cell.run_id.clone();
+    let max = shared.config.stash_bytes_max;
+    if stash_json.len() > max {
+        return Err(AgentError::StashTooLarge { bytes: stash_json.len(), max });
+    }
+    tables::check_id("step", step).map_err(AgentError::fail)?;
+    let record = tables::StashRecord {
+        run_id: run_id.clone(),
+        attempt: raw.attempt,
+        step: step.to_string(),
+        seq: shared.next_seq(&raw.cell),
+        stash_json,
+        written_at_ms: shared.now_ms(),
+    };
+    let durability = match raw.cell.durability {
+        DurabilityMode::Exit => {
+            *raw.cell.pending_exit.lock().unwrap_or_else(|p| p.into_inner()) = Some(record);
+            return Ok(());
+        }
+        DurabilityMode::Sync => Durability::Sync,
+        DurabilityMode::Async => Durability::Async,
+    };
+    let watch = Stopwatch::start();
+    if raw.recovering {
+        // Progress after a recovery: the run's recovery counter starts again.
+        shared
+            .update_run(&run_id, |run, batch| {
+                run.recover_attempts = 0;
+                run.next_recover_at_ms = 0;
+                batch.put(tables::STASHES, tables::STASHES.key(&[run_id.as_bytes()]), &record)?;
+                Ok(true)
+            })
+            .await
+            .map_err(|e| AgentError::Runtime(e.to_string()))?;
+        raw.recovering = false;
+    } else {
+        let mut batch = Batch::new();
+        batch.put(tables::STASHES, tables::STASHES.key(&[run_id.as_bytes()]), &record)?;
+        shared.store.commit(batch, durability).await?;
+    }
+    shared.metrics.stash_commit.record_us(watch.elapsed_us());
+    tracing::debug!(run_id, step, seq = record.seq, "stash committed");
+    if shared.chaos_strikes() {
+        // Chaos evicts right after a boundary: the same point a real eviction could hit.
+        crate::eviction::idle::request_eviction(&shared, &run_id, "chaos");
+        std::future::pending::<()>().await;
+    }
+    Ok(())
+}

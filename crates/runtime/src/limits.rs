@@ -1,0 +1,57 @@
+//! Every default and every maximum of the runtime, each with its reason.
+
+use std::time::Duration;
+
+/// A stash is a snapshot, not a database: 1 MiB keeps a boundary's barrier short.
+pub const STASH_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
+/// Inputs, messages, effect args, approval payloads and alarm payloads share one bound.
+pub const PAYLOAD_BYTES_MAX: usize = 1024 * 1024;
+/// The most runs one `list` call returns.
+pub const LIST_PAGE_MAX: usize = 1000;
+/// Runs read per page by the recovery scan at start-up.
+pub const RECOVERY_SCAN_PAGE_MAX: usize = 4096;
+/// Recovery hook attempts before a run is escalated (§3.6).
+pub const RECOVER_ATTEMPTS_MAX_DEFAULT: u32 = 5;
+/// First recovery backoff; it doubles per failed attempt.
+pub const RECOVER_BACKOFF_BASE: Duration = Duration::from_secs(1);
+/// Recovery backoff never exceeds five minutes.
+pub const RECOVER_BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// A run found interrupted after this age is escalated, not resumed.
+pub const MAX_AGE_DEFAULT: Duration = Duration::from_secs(24 * 3600);
+/// Effect calls per re-entry before the failure reaches the fiber (§5.5).
+pub const EFFECT_ATTEMPTS_MAX: u32 = 3;
+/// Full-jitter backoff of effect retries: from 100 ms ...
+pub const EFFECT_BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// ... to 3 s.
+pub const EFFECT_BACKOFF_MAX: Duration = Duration::from_secs(3);
+/// A human has three days before silence escalates (§6.1).
+pub const ESCALATE_AFTER_DEFAULT: Duration = Duration::from_secs(72 * 3600);
+/// Alarm deliveries: the first attempt plus six retries (§8.4).
+pub const ALARM_ATTEMPTS_MAX: u32 = 7;
+/// Retry n of an alarm waits this × 2^(n-1), plus up to 25% jitter.
+pub const ALARM_RETRY_BASE: Duration = Duration::from_secs(2);
+/// A handler that runs longer than this has failed.
+pub const ALARM_WALL_LIMIT_DEFAULT: Duration = Duration::from_secs(15 * 60);
+/// Backoff after the runtime's own failures (a store write) is capped here and not counted.
+pub const ALARM_RUNTIME_BACKOFF_MAX: Duration = Duration::from_secs(1024);
+/// Alarms the scheduler keeps in memory; the rest wait in the store's due index.
+pub const ALARM_WINDOW_MAX: usize = 4096;
+/// Alarm deliveries in flight at once, so a burst cannot flood the actors' mailboxes.
+pub const ALARM_DELIVERIES_IN_FLIGHT_MAX: usize = 2048;
+/// Events kept in memory for timelines and the `events` view.
+pub const EVENT_LOG_MAX: usize = 10_000;
+/// Idle and hibernateable for this long: the run hibernates.
+pub const HIBERNATE_AFTER_DEFAULT: Duration = Duration::from_secs(10);
+/// Idle but not hibernateable: evicted after a draw from this range ...
+pub const EVICT_AFTER_MIN_DEFAULT: Duration = Duration::from_secs(70);
+/// ... to this.
+pub const EVICT_AFTER_MAX_DEFAULT: Duration = Duration::from_secs(140);
+/// A held keep-alive counts as activity this often.
+pub const KEEP_ALIVE_HEARTBEAT_DEFAULT: Duration = Duration::from_secs(30);
+
+const _: () = assert!(EFFECT_BACKOFF_MIN.as_millis() < EFFECT_BACKOFF_MAX.as_millis());
+const _: () = assert!(RECOVER_BACKOFF_BASE.as_millis() < RECOVER_BACKOFF_MAX.as_millis());
+const _: () = assert!(EVICT_AFTER_MIN_DEFAULT.as_millis() <= EVICT_AFTER_MAX_DEFAULT.as_millis());
+// A heartbeat must come before the earliest eviction, or a held keep-alive would not protect.
+const _: () = assert!(KEEP_ALIVE_HEARTBEAT_DEFAULT.as_millis() < EVICT_AFTER_MIN_DEFAULT.as_millis());
+const _: () = assert!(STASH_BYTES_MAX_DEFAULT <= PAYLOAD_BYTES_MAX);

@@ -1,0 +1,101 @@
+//! The run's actor: one per live run, one inbound event at a time.
+//!
+//! It holds read-only handles; `pre_start` reads the run back from the store. The fiber runs
+//! as its own task beside the actor (see `fiber/`), so messages and alarms are handled while
+//! a fiber awaits. Before: `registry.rs` spawns it. After: `fiber/mod.rs`, `alarm/deliver.rs`.
+
+use std::{panic::AssertUnwindSafe, sync::Arc};
+
+use durafiber_store::tables::RunRecord;
+use futures::FutureExt;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tracing::Instrument;
+
+use crate::{
+    AgentError, AlarmEvent, clock,
+    fiber::{self, ctx::RawCtx},
+    shared::{RunCell, Shared},
+};
+
+/// One variant per inbound event.
+pub(crate) enum RunMsg {
+    /// Start or recover the fiber if the run needs one.
+    Activate,
+    /// A message from outside, for `on_message`.
+    Message { json: String, reply: RpcReplyPort<Result<(), AgentError>> },
+    /// A due alarm, for `on_alarm`.
+    Alarm { event: AlarmEvent, reply: RpcReplyPort<Result<(), AgentError>> },
+}
+
+pub(crate) struct RunActor {
+    pub shared: Arc<Shared>,
+}
+
+pub(crate) struct RunActorState {
+    cell: Arc<RunCell>,
+    /// The run as it was when the actor started, for the span's fields.
+    run: RunRecord,
+}
+
+/// Turns a panic's payload into text.
+pub(crate) fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".to_string())
+}
+
+impl Actor for RunActor {
+    type Msg = RunMsg;
+    type State = RunActorState;
+    type Arguments = Arc<RunCell>;
+
+    async fn pre_start(&self, _me: ActorRef<RunMsg>, cell: Arc<RunCell>) -> Result<RunActorState, ActorProcessingErr> {
+        let run = self.shared.load_run(&cell.run_id)?;
+        Ok(RunActorState { cell, run })
+    }
+
+    async fn handle(
+        &self,
+        _me: ActorRef<RunMsg>,
+        msg: RunMsg,
+        state: &mut RunActorState,
+    ) -> Result<(), ActorProcessingErr> {
+        let span = tracing::info_span!("run_event", run_id = %state.cell.run_id, kind = %state.run.kind, attempt = state.run.attempt);
+        match msg {
+            RunMsg::Activate => fiber::on_activate(&self.shared, &state.cell).instrument(span).await,
+            RunMsg::Message { json, reply } => {
+                let result = self.on_message(&state.cell, json).instrument(span).await;
+                let _ = reply.send(result);
+            }
+            RunMsg::Alarm { event, reply } => {
+                let result = self.on_alarm(&state.cell, event).instrument(span).await;
+                let _ = reply.send(result);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RunActor {
+    async fn on_message(&self, cell: &Arc<RunCell>, json: String) -> Result<(), AgentError> {
+        let agent = self.shared.agent(&cell.kind).map_err(|e| AgentError::Runtime(e.to_string()))?;
+        let raw = RawCtx::new(self.shared.clone(), cell.clone(), 0);
+        match AssertUnwindSafe(agent.on_message(raw, json)).catch_unwind().await {
+            Ok(result) => result,
+            Err(panic) => Err(AgentError::fail(format!("on_message panicked: {}", panic_text(panic)))),
+        }
+    }
+
+    async fn on_alarm(&self, cell: &Arc<RunCell>, event: AlarmEvent) -> Result<(), AgentError> {
+        let agent = self.shared.agent(&cell.kind).map_err(|e| AgentError::Runtime(e.to_string()))?;
+        let raw = RawCtx::new(self.shared.clone(), cell.clone(), 0);
+        let handler = AssertUnwindSafe(agent.on_alarm(raw, event)).catch_unwind();
+        match clock::timeout(self.shared.clock.as_ref(), self.shared.config.alarm_wall_limit, handler).await {
+            None => Err(AgentError::fail("on_alarm exceeded the alarm wall limit")),
+            Some(Err(panic)) => Err(AgentError::fail(format!("on_alarm panicked: {}", panic_text(panic)))),
+            Some(Ok(result)) => result,
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! Accepting a run: the handle is minted durably before anything of the agent runs (§2).
+//!
+//! Before: `Runtime::start`. The key is looked up: same input → the existing handle; other
+//! input → `KeyConflict`; new → an `Accepted` run record, its key and its open-run index in
+//! one sync boundary. After: the registry activates the run and its actor starts the fiber.
+
+use std::sync::Arc;
+
+use durafiber_store::tables::{self, RunOptions, RunRecord, RunStatus};
+use serde::Serialize;
+
+use crate::{
+    RuntimeError, json, limits,
+    metrics::Metrics,
+    rng::fresh_u64,
+    shared::{Shared, stripe},
+};
+
+/// What `start` returns: the run's handle and whether this call created it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StartOutcome {
+    /// The run's id: the handle to keep.
+    pub run_id: String,
+    /// True when this call accepted the run; false when the key was already known.
+    pub accepted: bool,
+    /// The run's current state.
+    pub status: RunStatus,
+}
+
+/// A new run id: creation time first, so ids sort roughly by age, then 64 random bits.
+fn mint_run_id(now_ms: u64) -> String {
+    format!("run_{now_ms:012x}{:016x}", fresh_u64())
+}
+
+pub(crate) async fn start(
+    shared: &Arc<Shared>,
+    kind: &str,
+    key: &str,
+    input_json: &str,
+    options: RunOptions,
+) -> Result<StartOutcome, RuntimeError> {
+    let agent = shared.agent(kind)?;
+    tables::check_id("idempotency key", key).map_err(RuntimeError::InvalidInput)?;
+    if input_json.len() > limits::PAYLOAD_BYTES_MAX {
+        return Err(RuntimeError::InvalidInput(format!(
+            "input is {} bytes, more than {}",
+            input_json.len(),
+            limits::PAYLOAD_BYTES_MAX
+        )));
+    }
+    agent.check_input(input_json).map_err(|e| RuntimeError::InvalidInput(format!("input for {kind}: {e}")))?;
+    if let Some(mode) = &options.durability {
+        crate::config::DurabilityMode::parse(mode)?;
+    }
+    let input_json = json::recanonicalize(input_json).map_err(RuntimeError::InvalidInput)?;
+    let input_hash = json::sha256_hex(input_json.as_bytes());
+    let key_record = tables::RUN_KEYS.key(&[kind.as_bytes(), key.as_bytes()]);
+
+    let _guard = shared.start_locks[stripe(key, shared.start_locks.len())].lock().await;
+    if let Some(run_id) = shared.store.get::<String>(tables::RUN_KEYS, &key_record)? {
+        let run = shared.load_run(&run_id)?;
+        if run.input_hash != input_hash {
+            return Err(RuntimeError::KeyConflict { key: key.to_string(), run_id });
+        }
+        tracing::info!(run_id, key, "duplicate start returns the existing handle");
+        return Ok(StartOutcome { run_id, accepted: false, status: run.status });
+    }
+    let now = shared.now_ms();
+    let run = RunRecord {
+        run_id: mint_run_id(now),
+        kind: kind.to_string(),
+        key: key.to_string(),
+        input_json,
+        input_hash,
+        status: RunStatus::Accepted,
+        created_at_ms: now,
+        updated_at_ms: now,
+        attempt: 0,
+        recover_attempts: 0,
+        next_recover_at_ms: 0,
+        wake_reason: None,
+        cancel_reason: None,
+        options,
+    };
+    let mut batch = durafiber_store::Batch::new();
+    batch.put(tables::RUN_KEYS, key_record, &run.run_id)?;
+    shared.commit_run(&run, batch).await?;
+    drop(_guard);
+    Metrics::bump(&shared.metrics.starts);
+    shared.event(&run.run_id, "accepted", format!("kind {kind}, key {key}"));
+    Ok(StartOutcome { run_id: run.run_id, accepted: true, status: RunStatus::Accepted })
+}

@@ -1,0 +1,196 @@
+//! The state every part of one runtime shares: handles to the store and clock, the agent
+//! kinds, the live runs, and the bookkeeping of the supervisor and scheduler.
+//!
+//! RAM here is never the source of truth: everything in it is rebuilt from the store at
+//! start-up, and losing it (a crash) only costs re-activations.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    future::Future,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use durafiber_store::{Batch, Durability, Store, tables};
+use tokio::sync::{Notify, oneshot, watch};
+
+use crate::{
+    RuntimeConfig, RuntimeError, Secrets,
+    agent::ErasedAgent,
+    alarm::schedule::Scheduler,
+    clock::Clock,
+    config::DurabilityMode,
+    eviction::idle::Liveness,
+    events::EventLog,
+    metrics::Metrics,
+    rng::SeededRng,
+    run::registry::Registry,
+};
+
+/// Called when execution reaches a named crash point (`after_effect_call:<effect_id>`, ...).
+/// Tests crash a simulated store there; the drill's server stops there to be killed.
+pub type CrashHook = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// One live run's in-memory side: dropped on hibernation or eviction.
+pub(crate) struct RunCell {
+    pub run_id: String,
+    pub kind: String,
+    pub durability: DurabilityMode,
+    pub fiber_keep_alive: bool,
+    /// Last stash sequence number, shared by the fiber and event handlers.
+    pub seq: AtomicU64,
+    /// The cancellation signal the fiber sees.
+    pub cancel: watch::Sender<Option<String>>,
+    /// A fiber waiting in `request_approval`: the approval id and where to send the decision.
+    pub approval_waiter: Mutex<Option<(String, oneshot::Sender<ApprovalOutcome>)>>,
+    /// The running fiber's task, aborted on eviction.
+    pub fiber: Mutex<Option<tokio::task::AbortHandle>>,
+    /// In `exit` durability, the stash that waits for the fiber to end or wait.
+    pub pending_exit: Mutex<Option<durafiber_store::tables::StashRecord>>,
+}
+
+/// What a waiting `request_approval` is woken with.
+pub(crate) enum ApprovalOutcome {
+    Decided(durafiber_store::tables::Decision),
+    Escalated,
+}
+
+impl RunCell {
+    pub fn fiber_running(&self) -> bool {
+        self.fiber.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|h| !h.is_finished())
+    }
+}
+
+pub(crate) struct Shared {
+    pub store: Store,
+    pub clock: Arc<dyn Clock>,
+    pub config: RuntimeConfig,
+    pub kinds: HashMap<String, Arc<dyn ErasedAgent>>,
+    pub registry: Registry,
+    pub liveness: Liveness,
+    pub scheduler: Scheduler,
+    pub metrics: Metrics,
+    pub events: EventLog,
+    /// Jitter of retries and backoffs.
+    pub rng_jitter: Mutex<SeededRng>,
+    /// Chaos eviction draws, apart from jitter so that each sequence repeats on its own.
+    pub rng_chaos: Mutex<SeededRng>,
+    pub secrets: Secrets,
+    pub crash_hook: Option<CrashHook>,
+    /// Bumped on every status change, so `wait` can sleep until something moved.
+    pub status_version: watch::Sender<u64>,
+    /// Runs to re-activate at a time (recovery backoff, re-activation after eviction).
+    pub wakeups: Mutex<BTreeSet<(u64, String)>>,
+    /// Wakes the system-clock driver when a deadline moved earlier.
+    pub driver_wake: Notify,
+    /// Work started by the supervisor or scheduler, awaited by `settle`.
+    pub tracked: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Serializes `start` per idempotency key stripe, so two starts never both mint a run.
+    pub start_locks: Vec<tokio::sync::Mutex<()>>,
+    /// Serializes read-modify-write of run records per run id stripe.
+    pub run_locks: Vec<tokio::sync::Mutex<()>>,
+    /// Serializes decisions, so two approvals never both write.
+    pub approve_lock: tokio::sync::Mutex<()>,
+    /// Clock time the runtime opened at, for recovery latency.
+    pub opened: crate::clock::Stopwatch,
+    pub shutting_down: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    pub fn agent(&self, kind: &str) -> Result<Arc<dyn ErasedAgent>, RuntimeError> {
+        self.kinds.get(kind).cloned().ok_or_else(|| RuntimeError::UnknownKind { kind: kind.to_string() })
+    }
+
+    pub fn event(&self, run_id: &str, kind: &str, detail: impl Into<String>) {
+        self.events.push(self.now_ms(), run_id, kind, detail.into());
+    }
+
+    pub fn status_changed(&self) {
+        self.status_version.send_modify(|v| *v += 1);
+    }
+
+    pub fn crash_point(&self, name: &str) {
+        if let Some(hook) = &self.crash_hook {
+            hook(name);
+        }
+    }
+
+    pub fn jitter_between(&self, lo: u64, hi: u64) -> u64 {
+        self.rng_jitter.lock().unwrap_or_else(|p| p.into_inner()).between(lo, hi)
+    }
+
+    pub fn chaos_strikes(&self) -> bool {
+        let rate = self.config.chaos_evict_rate;
+        rate > 0.0 && self.rng_chaos.lock().unwrap_or_else(|p| p.into_inner()).chance(rate)
+    }
+
+    /// Re-activates `run_id` at `at_ms`.
+    pub fn wake_at(&self, at_ms: u64, run_id: &str) {
+        self.wakeups.lock().unwrap_or_else(|p| p.into_inner()).insert((at_ms, run_id.to_string()));
+        self.driver_wake.notify_one();
+    }
+
+    /// Spawns work that `settle` waits for.
+    pub fn spawn_tracked<F: Future<Output = ()> + Send + 'static>(&self, fut: F) {
+        let handle = tokio::spawn(fut);
+        let mut tracked = self.tracked.lock().unwrap_or_else(|p| p.into_inner());
+        tracked.retain(|h| !h.is_finished());
+        tracked.push(handle);
+    }
+
+    pub fn load_run(&self, run_id: &str) -> Result<tables::RunRecord, RuntimeError> {
+        self.store
+            .get(tables::RUNS, &tables::RUNS.key(&[run_id.as_bytes()]))?
+            .ok_or_else(|| RuntimeError::UnknownRun { run_id: run_id.to_string() })
+    }
+
+    /// Writes a run record (and whatever else is in `batch`) as one sync boundary.
+    pub async fn commit_run(&self, run: &tables::RunRecord, mut batch: Batch) -> Result<(), RuntimeError> {
+        let key = tables::RUNS.key(&[run.run_id.as_bytes()]);
+        batch.put(tables::RUNS, key, run)?;
+        let open_key = tables::OPEN_RUNS.key(&[run.run_id.as_bytes()]);
+        if run.status.is_terminal() {
+            batch.delete(open_key);
+        } else {
+            batch.put(tables::OPEN_RUNS, open_key, &())?;
+        }
+        self.store.commit(batch, Durability::Sync).await?;
+        self.status_changed();
+        Ok(())
+    }
+
+    /// Reads, changes and writes a run record under its stripe lock. `change` returns whether
+    /// anything is to be written; it may add other writes to the same boundary.
+    pub async fn update_run<F>(&self, run_id: &str, change: F) -> Result<Option<tables::RunRecord>, RuntimeError>
+    where
+        F: FnOnce(&mut tables::RunRecord, &mut Batch) -> Result<bool, RuntimeError>,
+    {
+        let _guard = self.run_locks[stripe(run_id, self.run_locks.len())].lock().await;
+        let mut run = self.load_run(run_id)?;
+        let mut batch = Batch::new();
+        if !change(&mut run, &mut batch)? {
+            return Ok(None);
+        }
+        run.updated_at_ms = self.now_ms();
+        self.commit_run(&run, batch).await?;
+        Ok(Some(run))
+    }
+
+    pub fn next_seq(&self, cell: &RunCell) -> u64 {
+        cell.seq.fetch_add(1, Ordering::SeqCst) + 1
+    }
+}
+
+/// Which of `n` lock stripes `key` falls in.
+pub(crate) fn stripe(key: &str, n: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    (h.finish() % n.max(1) as u64) as usize
+}
