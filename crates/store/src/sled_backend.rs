@@ -31,6 +31,29 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
     move |source| StoreError::Io { path: path.to_path_buf(), source }
 }
 
+/// Opens sled. We hold the directory's lock file, so no other store owns it; a refusal of
+/// sled's own file lock can only come from the background threads of a store this process
+/// just closed, which let go within milliseconds. Retry briefly before giving up.
+fn open_sled(sled_dir: &Path) -> Result<sled::Db, StoreError> {
+    // Everything explicit: no background flusher (our barrier decides when to sync), and a
+    // mode that favours small writes.
+    let config = sled::Config::new()
+        .path(sled_dir)
+        .flush_every_ms(None)
+        .mode(sled::Mode::LowSpace)
+        .cache_capacity(256 * 1024 * 1024);
+    let mut last = None;
+    for _ in 0..400 {
+        match config.open() {
+            Ok(db) => return Ok(db),
+            Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => last = Some(e),
+            Err(e) => return Err(e.into()),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    Err(StoreError::Io { path: sled_dir.to_path_buf(), source: last.unwrap_or_else(|| std::io::Error::other("sled lock")) })
+}
+
 impl SledBackend {
     /// Opens (creating if needed) the store in `dir`. A second opener gets `DirLocked`.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
@@ -52,12 +75,7 @@ impl SledBackend {
         let sled_dir = dir.join(SLED_DIR);
         // Everything explicit: no background flusher (our barrier decides), default cache,
         // and a mode that favours low latency of small writes.
-        let db = sled::Config::new()
-            .path(&sled_dir)
-            .flush_every_ms(None)
-            .mode(sled::Mode::LowSpace)
-            .cache_capacity(256 * 1024 * 1024)
-            .open()?;
+        let db = open_sled(&sled_dir)?;
         let log_path = sled_dir.join("db");
         let log_file = File::open(&log_path).map_err(io(&log_path))?;
         let backend = SledBackend {

@@ -183,7 +183,7 @@ pub enum WakeReason {
 
 /// A run's position in its lifecycle. Every change is a boundary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum RunStatus {
     /// Durably recorded; no fiber has started yet.
     Accepted,

@@ -1,0 +1,60 @@
+//! The store conformance suite. Every backend runs it — the sled one and the simulated one
+//! here, and any future backend — so the runtime can rely on the same four promises.
+
+use durafiber_store::{Backend, Batch, tables::Table};
+
+const T: Table = Table { name: "conformance", prefix: b'z' };
+
+fn key(i: u32) -> Vec<u8> {
+    T.key(&[format!("{i:08}").as_bytes()])
+}
+
+fn batch_of(range: std::ops::Range<u32>) -> Batch {
+    let mut b = Batch::new();
+    for i in range {
+        b.put(T, key(i), &i).expect("a u32 always encodes");
+    }
+    b
+}
+
+/// A batch's writes are all visible after `apply`, in key order.
+pub fn applied_batches_are_visible_whole(backend: &dyn Backend) {
+    backend.apply(&batch_of(0..10)).expect("apply");
+    let rows = backend.range(&key(0), &key(10), 100).expect("range");
+    assert_eq!(rows.len(), 10);
+    assert!(rows.windows(2).all(|w| w[0].0 < w[1].0), "range is in key order");
+}
+
+/// Deletes and overwrites inside one batch land together.
+pub fn deletes_and_overwrites_apply_in_order(backend: &dyn Backend) {
+    let mut b = batch_of(100..103);
+    b.delete(key(101));
+    b.put(T, key(102), &7u32).expect("encode");
+    backend.apply(&b).expect("apply");
+    assert!(backend.get(&key(101)).expect("get").is_none());
+    let raw = backend.get(&key(102)).expect("get").expect("present");
+    let v: u32 = durafiber_store::store::decode_sealed(T, &key(102), &raw).expect("decodes");
+    assert_eq!(v, 7);
+}
+
+/// `range` honours its limit and its bounds.
+pub fn ranges_respect_limits_and_bounds(backend: &dyn Backend) {
+    backend.apply(&batch_of(200..220)).expect("apply");
+    assert_eq!(backend.range(&key(200), &key(220), 5).expect("range").len(), 5);
+    assert_eq!(backend.range(&key(205), &key(207), 100).expect("range").len(), 2);
+    assert!(backend.range(&key(207), &key(205), 100).expect("range").is_empty());
+}
+
+/// A barrier succeeds on a healthy backend.
+pub fn barriers_succeed(backend: &dyn Backend) {
+    backend.apply(&batch_of(300..301)).expect("apply");
+    backend.barrier().expect("barrier");
+}
+
+/// Runs every check above.
+pub fn run_all(backend: &dyn Backend) {
+    applied_batches_are_visible_whole(backend);
+    deletes_and_overwrites_apply_in_order(backend);
+    ranges_respect_limits_and_bounds(backend);
+    barriers_succeed(backend);
+}

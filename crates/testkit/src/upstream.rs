@@ -1,0 +1,168 @@
+//! An idempotent upstream that behaves as payment APIs do, on a real socket on 127.0.0.1.
+//!
+//! `POST /v1/{collection}` with an `Idempotency-Key` creates one object per key and returns
+//! the original response on every repeat; a repeat with a different body is `422`. A missing
+//! key or a malformed body is `400`. `GET /v1/{collection}` lists every object created, so a
+//! test counts side effects where they happened, not by our own "done" flag.
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+};
+
+use axum::{
+    Json, Router,
+    extract::{Path, State},
+    http::{HeaderMap, StatusCode},
+    routing::get,
+};
+use serde_json::{Value, json};
+
+#[derive(Default)]
+struct Objects {
+    /// (collection, key) → (canonical request body, created object)
+    by_key: HashMap<(String, String), (String, Value)>,
+    created: Vec<(String, Value)>,
+    requests: u64,
+    required_auth: Option<String>,
+}
+
+type Shared = Arc<Mutex<Objects>>;
+
+/// A running upstream. Dropping it stops the server.
+pub struct Upstream {
+    addr: SocketAddr,
+    objects: Shared,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn lock(objects: &Shared) -> std::sync::MutexGuard<'_, Objects> {
+    objects.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn create(
+    State(objects): State<Shared>,
+    Path(collection): Path<String>,
+    headers: HeaderMap,
+    body: String,
+) -> (StatusCode, Json<Value>) {
+    let mut o = lock(&objects);
+    o.requests += 1;
+    if let Some(required) = &o.required_auth {
+        let given = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
+        if given != format!("Bearer {required}") {
+            return (StatusCode::UNAUTHORIZED, Json(json!({"error": "bad credentials"})));
+        }
+    }
+    let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string) else {
+        return (StatusCode::BAD_REQUEST, Json(json!({"error": "Idempotency-Key header required"})));
+    };
+    let Ok(parsed) = serde_json::from_str::<Value>(&body) else {
+        return (StatusCode::BAD_REQUEST, Json(json!({"error": "body is not JSON"})));
+    };
+    let canonical = parsed.to_string();
+    if let Some((seen_body, object)) = o.by_key.get(&(collection.clone(), key.clone())) {
+        if *seen_body != canonical {
+            return (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Json(json!({"error": "Idempotency-Key reused with a different body"})),
+            );
+        }
+        return (StatusCode::OK, Json(object.clone()));
+    }
+    let n = o.created.iter().filter(|(c, _)| *c == collection).count() + 1;
+    let prefix: String = collection.chars().take(2).collect();
+    let object = json!({"id": format!("{prefix}_{n}"), "object": collection, "idempotency_key": key, "request": parsed});
+    o.by_key.insert((collection.clone(), key), (canonical, object.clone()));
+    o.created.push((collection, object.clone()));
+    (StatusCode::OK, Json(object))
+}
+
+async fn list(State(objects): State<Shared>, Path(collection): Path<String>) -> Json<Value> {
+    let o = lock(&objects);
+    let data: Vec<Value> = o.created.iter().filter(|(c, _)| *c == collection).map(|(_, v)| v.clone()).collect();
+    Json(json!({ "data": data }))
+}
+
+impl Upstream {
+    /// Starts on an ephemeral port of 127.0.0.1.
+    pub async fn start() -> std::io::Result<Upstream> {
+        Self::start_on("127.0.0.1:0".parse().map_err(std::io::Error::other)?, None).await
+    }
+
+    /// Starts on `addr`; with `required_auth`, POSTs must carry `Authorization: Bearer <it>`.
+    pub async fn start_on(addr: SocketAddr, required_auth: Option<String>) -> std::io::Result<Upstream> {
+        let objects: Shared = Arc::new(Mutex::new(Objects { required_auth, ..Objects::default() }));
+        let app = Router::new().route("/v1/{collection}", get(list).post(create)).with_state(objects.clone());
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "upstream stopped");
+            }
+        });
+        Ok(Upstream { addr, objects, task })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Objects created in `collection`, in creation order.
+    pub fn objects(&self, collection: &str) -> Vec<Value> {
+        lock(&self.objects).created.iter().filter(|(c, _)| c == collection).map(|(_, v)| v.clone()).collect()
+    }
+
+    /// POST requests received, repeats included.
+    pub fn requests(&self) -> u64 {
+        lock(&self.objects).requests
+    }
+}
+
+/// POSTs `body` to `{base}/v1/{collection}` with an idempotency key; the created (or
+/// original) object, or the error text.
+pub async fn post_idempotent(
+    client: &reqwest::Client,
+    base: &str,
+    collection: &str,
+    key: &str,
+    auth: Option<&str>,
+    body: &Value,
+) -> Result<Value, String> {
+    let mut request = client
+        .post(format!("{base}/v1/{collection}"))
+        .header("Idempotency-Key", key)
+        .header("Content-Type", "application/json")
+        .body(body.to_string());
+    if let Some(token) = auth {
+        request = request.header("Authorization", format!("Bearer {token}"));
+    }
+    let response = request.send().await.map_err(|e| format!("upstream unreachable: {e}"))?;
+    let status = response.status();
+    let text = response.text().await.map_err(|e| format!("upstream body: {e}"))?;
+    if !status.is_success() {
+        return Err(format!("upstream answered {status}: {text}"));
+    }
+    serde_json::from_str(&text).map_err(|e| format!("upstream sent bad JSON: {e}"))
+}
+
+/// Lists `{base}/v1/{collection}` over HTTP.
+pub async fn list_remote(client: &reqwest::Client, base: &str, collection: &str) -> Result<Vec<Value>, String> {
+    let v: Value = client
+        .get(format!("{base}/v1/{collection}"))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(v["data"].as_array().cloned().unwrap_or_default())
+}

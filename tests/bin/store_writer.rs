@@ -1,0 +1,60 @@
+//! Child process of `store_kill`: commits batches of three records in `sync` mode from
+//! several threads and prints `ack <thread> <seq>` after each commit returns. The parent
+//! SIGKILLs it at a random moment.
+//!
+//! Usage: store-writer DIR THREADS FIRST_SEQ
+
+use std::{io::Write, path::PathBuf, sync::Arc};
+
+use durafiber_store::{Batch, Durability, Store, StoreConfig, tables::Table};
+
+/// The table the kill test writes.
+const T: Table = Table { name: "kill_test", prefix: b'w' };
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, dir, threads, first] = &args[..] else {
+        eprintln!("usage: store-writer DIR THREADS FIRST_SEQ");
+        std::process::exit(2);
+    };
+    let (Ok(threads), Ok(first)) = (threads.parse::<u32>(), first.parse::<u64>()) else {
+        eprintln!("THREADS and FIRST_SEQ are numbers");
+        std::process::exit(2);
+    };
+    let store = match Store::open_dir(&PathBuf::from(dir), StoreConfig::default()) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            eprintln!("store-writer: {e}");
+            std::process::exit(1);
+        }
+    };
+    println!("ready");
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for seq in first.. {
+                    let mut batch = Batch::new();
+                    for part in 0..3u8 {
+                        let key = T.key(&[&t.to_be_bytes(), &seq.to_be_bytes(), &[part]]);
+                        // The value is large enough that some batches cross sled's blob threshold.
+                        let value = (t, seq, part, vec![part; if seq % 7 == 0 { 70_000 } else { 64 }]);
+                        if batch.put(T, key, &value).is_err() {
+                            std::process::exit(3);
+                        }
+                    }
+                    if let Err(e) = store.commit_blocking(batch, Durability::Sync) {
+                        eprintln!("commit: {e}");
+                        std::process::exit(4);
+                    }
+                    let mut out = std::io::stdout().lock();
+                    let _ = writeln!(out, "ack {t} {seq}");
+                    let _ = out.flush();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        let _ = h.join();
+    }
+}

@@ -1,0 +1,169 @@
+//! Starting runs (§2) and bad input (§3): the handle is durable and unique per key, a
+//! duplicate start returns it, a conflicting one is refused, and every kind of bad input is
+//! a typed error while the runtime keeps serving the other runs.
+
+use std::sync::Arc;
+
+use durafiber_runtime::{
+    Agent, AgentError, Ctx, ListFilter, RunOptions, RunStatus, Runtime, RuntimeConfig, RuntimeError,
+};
+use durafiber_store::{Store, StoreConfig};
+use durafiber_testkit::agents::{Steps, StepsInput, StepsOutput};
+use serde::{Deserialize, Serialize};
+
+/// Stashes whatever it is sent; finishes when sent "stop"; stashes a huge value on "big".
+struct Inbox;
+
+#[derive(Clone, Serialize, Deserialize)]
+struct Seen(Vec<String>);
+
+impl Agent for Inbox {
+    const KIND: &'static str = "inbox";
+    type Input = ();
+    type Stash = Seen;
+    type Output = ();
+    type Message = String;
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
+        ctx.cancelled().await;
+        Err(AgentError::Cancelled("asked to stop".into()))
+    }
+
+    async fn on_message(&self, ctx: &mut Ctx<Self>, msg: String) -> Result<(), AgentError> {
+        if msg == "big" {
+            return ctx.stash("big", &Seen(vec!["x".repeat(2 * 1024 * 1024)])).await;
+        }
+        ctx.stash("seen", &Seen(vec![msg])).await
+    }
+}
+
+async fn runtime(dir: &std::path::Path) -> Runtime {
+    durafiber_testkit::init_tracing();
+    let store = Store::open_dir(dir, StoreConfig::default()).expect("open store");
+    Runtime::builder(store).agent(Steps::default()).agent(Inbox).open().await.expect("open runtime")
+}
+
+fn steps(n: u32) -> StepsInput {
+    StepsInput { steps: n, pause_ms: 0 }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_run_completes_under_the_handle_start_returned() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = runtime(dir.path()).await;
+    let out = rt.start::<Steps>("order-1", &steps(5)).await.expect("start");
+    assert!(out.accepted);
+    assert!(matches!(rt.wait(&out.run_id).await.expect("wait"), RunStatus::Completed { .. }));
+    let output: StepsOutput = rt.output(&out.run_id).expect("output").expect("completed");
+    assert_eq!(output.done, 5);
+    assert_eq!(rt.inspect(&out.run_id).expect("inspect").stash.expect("stash").seq, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_start_returns_the_same_handle_and_a_different_input_conflicts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = runtime(dir.path()).await;
+    let first = rt.start::<Steps>("webhook-7", &steps(3)).await.expect("start");
+    let again = rt.start::<Steps>("webhook-7", &steps(3)).await.expect("duplicate start");
+    assert_eq!(again.run_id, first.run_id);
+    assert!(!again.accepted);
+    match rt.start::<Steps>("webhook-7", &steps(4)).await {
+        Err(RuntimeError::KeyConflict { run_id, .. }) => assert_eq!(run_id, first.run_id),
+        other => panic!("expected KeyConflict, got {other:?}"),
+    }
+    assert_eq!(rt.list(&ListFilter { limit: 100, ..Default::default() }).expect("list").runs.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_starts_with_one_key_make_exactly_one_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = Arc::new(runtime(dir.path()).await);
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let rt = rt.clone();
+            tokio::spawn(async move { rt.start::<Steps>("same-key", &steps(2)).await.expect("start").run_id })
+        })
+        .collect();
+    let mut ids = std::collections::HashSet::new();
+    for t in tasks {
+        ids.insert(t.await.expect("join"));
+    }
+    assert_eq!(ids.len(), 1);
+    assert_eq!(rt.list(&ListFilter { limit: 100, ..Default::default() }).expect("list").runs.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_typed_errors_and_other_runs_carry_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = runtime(dir.path()).await;
+    let healthy = rt.start::<Steps>("healthy", &steps(20)).await.expect("start");
+
+    assert!(matches!(rt.status("run_nope"), Err(RuntimeError::UnknownRun { .. })));
+    assert!(matches!(rt.cancel("run_nope", "x").await, Err(RuntimeError::UnknownRun { .. })));
+    assert!(matches!(
+        rt.start_json("no-such-kind", "k", "{}", RunOptions::default()).await,
+        Err(RuntimeError::UnknownKind { .. })
+    ));
+    assert!(matches!(
+        rt.start_json("steps", "k", "{\"steps\": \"many\"}", RunOptions::default()).await,
+        Err(RuntimeError::InvalidInput(_))
+    ));
+    assert!(matches!(
+        rt.start_json("steps", "bad\0key", "{\"steps\":1,\"pause_ms\":0}", RunOptions::default()).await,
+        Err(RuntimeError::InvalidInput(_))
+    ));
+
+    let inbox = rt.start::<Inbox>("inbox", &()).await.expect("start inbox");
+    rt.send::<Inbox>(&inbox.run_id, &"hello".to_string()).await.expect("message handled");
+    match rt.send::<Inbox>(&inbox.run_id, &"big".to_string()).await {
+        Err(RuntimeError::Agent(AgentError::StashTooLarge { max, .. })) => assert_eq!(max, 1024 * 1024),
+        other => panic!("expected StashTooLarge, got {other:?}"),
+    }
+    assert!(matches!(rt.send_json(&inbox.run_id, "42").await, Err(RuntimeError::InvalidInput(_))));
+    assert_eq!(rt.inspect(&inbox.run_id).expect("inspect").stash.expect("stash").stash_json, "[\"hello\"]");
+
+    assert!(matches!(rt.cancel(&inbox.run_id, "done with it").await, Ok(_)));
+    assert!(matches!(rt.wait(&inbox.run_id).await.expect("wait"), RunStatus::Cancelled { .. }));
+    assert!(matches!(
+        rt.send::<Inbox>(&inbox.run_id, &"late".to_string()).await,
+        Err(RuntimeError::RunFinished { .. })
+    ));
+    assert!(matches!(rt.wait(&healthy.run_id).await.expect("wait"), RunStatus::Completed { .. }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_filters_by_state_and_kind_and_pages() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = runtime(dir.path()).await;
+    for i in 0..5 {
+        let out = rt.start::<Steps>(&format!("k{i}"), &steps(1)).await.expect("start");
+        rt.wait(&out.run_id).await.expect("wait");
+    }
+    rt.start::<Inbox>("inbox", &()).await.expect("start");
+    let page = rt.list(&ListFilter { limit: 2, kind: Some("steps".into()), ..Default::default() }).expect("list");
+    assert_eq!(page.runs.len(), 2);
+    let rest = rt
+        .list(&ListFilter { limit: 10, kind: Some("steps".into()), after: page.next, ..Default::default() })
+        .expect("list");
+    assert_eq!(rest.runs.len(), 3);
+    let completed = rt.list(&ListFilter { limit: 10, state: Some("completed".into()), ..Default::default() }).expect("list");
+    assert_eq!(completed.runs.len(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_durability_mode_completes_and_keeps_the_last_stash() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = runtime(dir.path()).await;
+    for mode in ["sync", "async", "exit"] {
+        let options = RunOptions { durability: Some(mode.into()), fiber_keep_alive: None };
+        let out = rt
+            .start_json("steps", &format!("mode-{mode}"), "{\"steps\":4,\"pause_ms\":0}", options)
+            .await
+            .expect("start");
+        assert!(matches!(rt.wait(&out.run_id).await.expect("wait"), RunStatus::Completed { .. }), "{mode}");
+        assert_eq!(rt.inspect(&out.run_id).expect("inspect").stash.expect("stash").seq, 4, "{mode}");
+    }
+    let bad = RunOptions { durability: Some("eventually".into()), fiber_keep_alive: None };
+    assert!(matches!(rt.start_json("steps", "m", "{\"steps\":1,\"pause_ms\":0}", bad).await, Err(RuntimeError::Config(_))));
+    let _ = RuntimeConfig::default();
+}

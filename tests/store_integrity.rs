@@ -1,0 +1,122 @@
+//! What the store promises besides surviving a kill: both backends pass the conformance
+//! suite; a corrupt record is a typed error naming it while every other record stays
+//! readable; a second process cannot open a directory in use; and the simulated backend
+//! loses exactly the writes after the last barrier.
+
+use std::sync::Arc;
+
+use durafiber_store::{
+    Backend, Batch, CrashPoint, Durability, SimBackend, SledBackend, Store, StoreConfig, StoreError,
+    batch::Op,
+    tables::Table,
+};
+use durafiber_testkit::conformance;
+
+const T: Table = Table { name: "things", prefix: b't' };
+
+fn key(name: &str) -> Vec<u8> {
+    T.key(&[name.as_bytes()])
+}
+
+fn put(store: &Store, name: &str, value: &str, durability: Durability) {
+    let mut b = Batch::new();
+    b.put(T, key(name), &value.to_string()).expect("encode");
+    store.commit_blocking(b, durability).expect("commit");
+}
+
+#[test]
+fn the_sled_backend_passes_the_conformance_suite() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    conformance::run_all(&SledBackend::open(dir.path()).expect("open"));
+}
+
+#[test]
+fn the_simulated_backend_passes_the_conformance_suite() {
+    conformance::run_all(&SimBackend::new());
+}
+
+#[test]
+fn a_flipped_byte_in_one_record_is_a_typed_error_and_the_others_stay_readable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("open");
+        for name in ["a", "b", "c"] {
+            put(&store, name, &format!("value of {name}"), Durability::Sync);
+        }
+    }
+    {
+        // Damage record "b" under the envelope, as bit rot or a bad write would.
+        let backend = SledBackend::open(dir.path()).expect("open raw");
+        let mut sealed = backend.get(&key("b")).expect("get").expect("present");
+        let last = sealed.len() - 1;
+        sealed[last] ^= 0x5a;
+        let mut b = Batch::new();
+        b.ops.push(Op::Put { key: key("b"), value: sealed });
+        backend.apply(&b).expect("apply");
+        backend.barrier().expect("barrier");
+    }
+    let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("reopen");
+    assert_eq!(store.get::<String>(T, &key("a")).expect("a reads"), Some("value of a".into()));
+    assert_eq!(store.get::<String>(T, &key("c")).expect("c reads"), Some("value of c".into()));
+    match store.get::<String>(T, &key("b")) {
+        Err(StoreError::Corrupt { table, key, .. }) => {
+            assert_eq!(table, "things");
+            assert!(key.contains('b'), "the error names the record: {key}");
+        }
+        other => panic!("expected Corrupt for b, got {other:?}"),
+    }
+    let scanned = store.scan::<String>(T, &[T.prefix], None, 10).expect("scan");
+    assert_eq!(scanned.iter().filter(|(_, r)| r.is_ok()).count(), 2);
+    assert_eq!(scanned.iter().filter(|(_, r)| r.is_err()).count(), 1);
+}
+
+#[test]
+fn a_second_process_gets_a_clear_error_for_a_directory_in_use() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _held = Store::open_dir(dir.path(), StoreConfig::default()).expect("open");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_store-writer"))
+        .args([dir.path().to_str().expect("utf-8"), "1", "0"])
+        .output()
+        .expect("run store-writer");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("in use by another process"), "stderr: {stderr}");
+}
+
+#[test]
+fn a_second_store_in_the_same_process_is_refused_too() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _held = Store::open_dir(dir.path(), StoreConfig::default()).expect("open");
+    assert!(matches!(Store::open_dir(dir.path(), StoreConfig::default()), Err(StoreError::DirLocked { .. })));
+}
+
+#[test]
+fn the_simulated_crash_loses_exactly_the_writes_after_the_last_barrier() {
+    let sim = SimBackend::new();
+    let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
+    put(&store, "durable", "1", Durability::Sync);
+    // Async writes are applied but, until a barrier, not durable.
+    let mut b = Batch::new();
+    b.put(T, key("volatile"), &"2".to_string()).expect("encode");
+    sim.crash_at(CrashPoint::AfterApply(1));
+    assert!(store.commit_blocking(b, Durability::Async).is_ok());
+    assert!(sim.is_crashed());
+    sim.revive();
+    let after = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
+    assert_eq!(after.get::<String>(T, &key("durable")).expect("get"), Some("1".into()));
+    assert_eq!(after.get::<String>(T, &key("volatile")).expect("get"), None);
+}
+
+#[test]
+fn a_crash_right_after_a_barrier_keeps_what_it_covered() {
+    let sim = SimBackend::new();
+    let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
+    sim.crash_at(CrashPoint::AfterBarrier(1));
+    let mut b = Batch::new();
+    b.put(T, key("covered"), &"3".to_string()).expect("encode");
+    // The barrier completed, but the writer "died" before acknowledging.
+    assert!(store.commit_blocking(b, Durability::Sync).is_err());
+    sim.revive();
+    let after = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
+    assert_eq!(after.get::<String>(T, &key("covered")).expect("get"), Some("3".into()));
+}
