@@ -106,7 +106,7 @@ async fn wait_for_decision(raw: &RawCtx, approval_id: &str, key: &[u8]) -> Resul
         return Ok(d);
     }
     shared.liveness.fiber_waiting(&raw.cell.run_id, true, shared.now_ms());
-    let outcome = rx.await;
+    let outcome = shared.parked(raw.in_fiber, rx).await;
     shared.liveness.fiber_waiting(&raw.cell.run_id, false, shared.now_ms());
     match outcome {
         Ok(ApprovalOutcome::Decided(d)) => Ok(d),

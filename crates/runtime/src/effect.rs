@@ -83,7 +83,8 @@ where
                 tracing::warn!(run_id, effect_id, attempt, error = %last_error, "effect call failed");
                 if attempt < limits::EFFECT_ATTEMPTS_MAX {
                     let delay = retry_delay_ms(raw, attempt);
-                    clock::sleep(shared.clock.as_ref(), std::time::Duration::from_millis(delay)).await;
+                    let sleep = clock::sleep(shared.clock.as_ref(), std::time::Duration::from_millis(delay));
+                    shared.parked(raw.in_fiber, sleep).await;
                 }
             }
         }

@@ -110,6 +110,7 @@ impl RuntimeBuilder {
             approve_lock: tokio::sync::Mutex::new(()),
             opened: Stopwatch::start(),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
+            busy: tokio::sync::watch::Sender::new(0),
         });
         shared.scheduler.refill(&shared.store)?;
         let interrupted = recovery::scan_and_reactivate(&shared).await?;
@@ -188,7 +189,7 @@ pub(crate) async fn reactivate(shared: &Arc<Shared>, run_id: &str) {
     match activate(shared, run_id).await {
         Ok(live) => {
             shared.liveness.activity(run_id, shared.now_ms());
-            if live.actor.cast(RunMsg::Activate).is_err() {
+            if live.actor.cast(RunMsg::Activate(shared.busy())).is_err() {
                 tracing::warn!(run_id, "actor stopped before activation; retrying");
                 shared.wake_at(shared.now_ms(), run_id);
             }
@@ -513,21 +514,23 @@ impl Runtime {
         self.shared.scheduler.window_len()
     }
 
-    /// Waits for the work the supervisor and scheduler started (deliveries, evictions).
+    /// Waits until the runtime is quiet: the work the supervisor and scheduler started is
+    /// done, and every fiber is parked (on the clock, a human, or cancellation) or finished.
+    /// On a virtual clock, a fiber must wait only through its `Ctx`, or this waits for it.
     pub async fn settle(&self) {
-        for _ in 0..64 {
+        let mut busy = self.shared.busy.subscribe();
+        loop {
             let handles: Vec<_> = std::mem::take(&mut *self.shared.tracked.lock().unwrap_or_else(|p| p.into_inner()));
-            if handles.is_empty() {
-                for _ in 0..16 {
-                    tokio::task::yield_now().await;
-                }
-                if self.shared.tracked.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
-                    return;
-                }
-                continue;
-            }
             for h in handles {
                 let _ = h.await;
+            }
+            if busy.wait_for(|n| *n == 0).await.is_err() {
+                return;
+            }
+            tokio::task::yield_now().await;
+            let quiet = *busy.borrow() == 0 && self.shared.tracked.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+            if quiet {
+                return;
             }
         }
     }

@@ -96,9 +96,50 @@ pub(crate) struct Shared {
     /// Clock time the runtime opened at, for recovery latency.
     pub opened: crate::clock::Stopwatch,
     pub shutting_down: std::sync::atomic::AtomicBool,
+    /// Work in progress that virtual time must wait for: fibers not parked on the clock or
+    /// a human, and events on their way to an actor.
+    pub busy: watch::Sender<u64>,
+}
+
+struct Unpark {
+    busy: watch::Sender<u64>,
+}
+
+impl Drop for Unpark {
+    fn drop(&mut self) {
+        self.busy.send_modify(|n| *n += 1);
+    }
+}
+
+/// Counts one piece of work in progress for as long as it lives.
+pub(crate) struct BusyGuard {
+    busy: watch::Sender<u64>,
+}
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.busy.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 impl Shared {
+    pub fn busy(&self) -> BusyGuard {
+        self.busy.send_modify(|n| *n += 1);
+        BusyGuard { busy: self.busy.clone() }
+    }
+
+    /// Awaits `fut` as parked work: waiting on the clock or a human is not work in progress,
+    /// so virtual time may move meanwhile. Only the fiber's own waits are parked.
+    pub async fn parked<F: Future>(&self, in_fiber: bool, fut: F) -> F::Output {
+        if !in_fiber {
+            return fut.await;
+        }
+        self.busy.send_modify(|n| *n = n.saturating_sub(1));
+        // Counted back on drop, so a fiber dropped while parked (eviction) stays balanced.
+        let _unpark = Unpark { busy: self.busy.clone() };
+        fut.await
+    }
+
     pub fn now_ms(&self) -> u64 {
         self.clock.now_ms()
     }

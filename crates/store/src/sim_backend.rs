@@ -19,7 +19,6 @@ pub enum CrashPoint {
     AfterBarrier(u64),
 }
 
-#[derive(Default)]
 struct SimState {
     durable: BTreeMap<Vec<u8>, Vec<u8>>,
     visible: BTreeMap<Vec<u8>, Vec<u8>>,
@@ -27,6 +26,21 @@ struct SimState {
     armed: Option<CrashPoint>,
     applies: u64,
     barriers: u64,
+    crashed_tx: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for SimState {
+    fn default() -> Self {
+        SimState {
+            durable: BTreeMap::new(),
+            visible: BTreeMap::new(),
+            crashed: false,
+            armed: None,
+            applies: 0,
+            barriers: 0,
+            crashed_tx: tokio::sync::watch::Sender::new(false),
+        }
+    }
 }
 
 /// The crash-simulating backend. Clones share one simulated disk.
@@ -60,12 +74,19 @@ impl SimBackend {
         s.visible = s.durable.clone();
         s.crashed = true;
         s.armed = None;
+        s.crashed_tx.send_replace(true);
+    }
+
+    /// Changes to `true` when the backend crashes, so tests can await it.
+    pub fn crashed_signal(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.lock().crashed_tx.subscribe()
     }
 
     /// Boots the "machine" again after a crash, with what was durable.
     pub fn revive(&self) {
         let mut s = self.lock();
         s.crashed = false;
+        s.crashed_tx.send_replace(false);
         s.applies = 0;
         s.barriers = 0;
     }

@@ -15,6 +15,8 @@ use crate::upstream::post_idempotent;
 pub struct Steps {
     /// Print `ack <run_id> <done>` after each stash returns (for kill tests).
     pub print_acks: bool,
+    /// Record `(run_id, done)` after each stash returns (for simulated crash tests).
+    pub ack_log: Option<std::sync::Arc<std::sync::Mutex<Vec<(String, u32)>>>>,
 }
 
 /// Input of [`Steps`].
@@ -48,6 +50,9 @@ impl Steps {
             ctx.stash("step", &s).await?;
             if self.print_acks {
                 println!("ack {} {}", ctx.run_id(), s.done);
+            }
+            if let Some(log) = &self.ack_log {
+                log.lock().unwrap_or_else(|p| p.into_inner()).push((ctx.run_id().to_string(), s.done));
             }
         }
         Ok(s)

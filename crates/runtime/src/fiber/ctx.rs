@@ -20,11 +20,13 @@ pub(crate) struct RawCtx {
     /// Set while a recovered fiber has made no progress yet; its first stash clears the
     /// run's recovery counter.
     pub recovering: bool,
+    /// A fiber (as opposed to an event handler): its waits are parked work.
+    pub in_fiber: bool,
 }
 
 impl RawCtx {
     pub fn new(shared: Arc<Shared>, cell: Arc<RunCell>, attempt: u32) -> Self {
-        RawCtx { shared, cell, attempt, recovering: false }
+        RawCtx { shared, cell, attempt, recovering: false, in_fiber: false }
     }
 }
 
@@ -113,12 +115,13 @@ impl<A: Agent> Ctx<A> {
     /// Completes when the run is asked to stop.
     pub async fn cancelled(&self) {
         let mut rx = self.raw.cell.cancel.subscribe();
-        let _ = rx.wait_for(|c| c.is_some()).await;
+        let _ = self.raw.shared.parked(self.raw.in_fiber, rx.wait_for(|c| c.is_some())).await;
     }
 
     /// Sleeps on the runtime's clock. This is an in-memory wait: an interruption loses it.
     pub async fn sleep(&self, d: Duration) {
-        clock::sleep(self.raw.shared.clock.as_ref(), d).await
+        let sleep = clock::sleep(self.raw.shared.clock.as_ref(), d);
+        self.raw.shared.parked(self.raw.in_fiber, sleep).await
     }
 
     /// The value behind a secret pointer, resolved now and never stored.

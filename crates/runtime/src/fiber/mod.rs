@@ -23,7 +23,7 @@ use crate::{
     fiber::{ctx::RawCtx, recovery::Plan},
     metrics::Metrics,
     run::actor::panic_text,
-    shared::{ApprovalOutcome, RunCell, Shared},
+    shared::{ApprovalOutcome, BusyGuard, RunCell, Shared},
 };
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -60,11 +60,11 @@ pub(crate) async fn on_activate(shared: &Arc<Shared>, cell: &Arc<RunCell>) {
 fn spawn(shared: &Arc<Shared>, cell: &Arc<RunCell>, mode: FiberMode) {
     let mut slot = cell.fiber.lock().unwrap_or_else(|p| p.into_inner());
     shared.liveness.fiber_started(&cell.run_id, cell.fiber_keep_alive, shared.now_ms());
-    let task = tokio::spawn(drive(shared.clone(), cell.clone(), mode));
+    let task = tokio::spawn(drive(shared.clone(), cell.clone(), mode, shared.busy()));
     *slot = Some(task.abort_handle());
 }
 
-async fn drive(shared: Arc<Shared>, cell: Arc<RunCell>, mode: FiberMode) {
+async fn drive(shared: Arc<Shared>, cell: Arc<RunCell>, mode: FiberMode, _busy: BusyGuard) {
     let span = tracing::info_span!("fiber", run_id = %cell.run_id, kind = %cell.kind, attempt = tracing::field::Empty);
     let inner = span.clone();
     async move {
@@ -124,6 +124,7 @@ async fn call_agent(shared: &Arc<Shared>, cell: &Arc<RunCell>, mode: FiberMode, 
         Err(e) => return Ok(Err(AgentError::escalate(e.to_string()))),
     };
     let mut raw = RawCtx::new(shared.clone(), cell.clone(), run.attempt);
+    raw.in_fiber = true;
     let future = match mode {
         FiberMode::Fresh => agent.run_fiber(raw, run.input_json),
         FiberMode::Recover(reason) => {

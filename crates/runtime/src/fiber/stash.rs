@@ -51,7 +51,7 @@ pub(crate) async fn write(raw: &mut RawCtx, step: &str, stash_json: String) -> R
     if shared.chaos_strikes() {
         // Chaos evicts right after a boundary: the same point a real eviction could hit.
         crate::eviction::idle::request_eviction(&shared, &run_id, "chaos");
-        std::future::pending::<()>().await;
+        shared.parked(raw.in_fiber, std::future::pending::<()>()).await;
     }
     Ok(())
 }

@@ -14,13 +14,14 @@ use tracing::Instrument;
 use crate::{
     AgentError, AlarmEvent, clock,
     fiber::{self, ctx::RawCtx},
-    shared::{RunCell, Shared},
+    shared::{BusyGuard, RunCell, Shared},
 };
 
 /// One variant per inbound event.
 pub(crate) enum RunMsg {
-    /// Start or recover the fiber if the run needs one.
-    Activate,
+    /// Start or recover the fiber if the run needs one. The guard keeps virtual time still
+    /// until the actor has handled it.
+    Activate(BusyGuard),
     /// A message from outside, for `on_message`.
     Message { json: String, reply: RpcReplyPort<Result<(), AgentError>> },
     /// A due alarm, for `on_alarm`.
@@ -64,7 +65,7 @@ impl Actor for RunActor {
     ) -> Result<(), ActorProcessingErr> {
         let span = tracing::info_span!("run_event", run_id = %state.cell.run_id, kind = %state.run.kind, attempt = state.run.attempt);
         match msg {
-            RunMsg::Activate => fiber::on_activate(&self.shared, &state.cell).instrument(span).await,
+            RunMsg::Activate(_busy) => fiber::on_activate(&self.shared, &state.cell).instrument(span).await,
             RunMsg::Message { json, reply } => {
                 let result = self.on_message(&state.cell, json).instrument(span).await;
                 let _ = reply.send(result);
