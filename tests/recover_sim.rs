@@ -6,13 +6,11 @@
 //! the same simulated disk and must finish the run under its original id, resuming from the
 //! last durable stash: never earlier than a stash that was acknowledged.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use durafiber_runtime::{ListFilter, RunStatus, Runtime};
 use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig, tables};
-use durafiber_testkit::agents::{Steps, StepsInput, StepsOutput, StepsStash};
-
-type AckLog = Arc<Mutex<Vec<(String, u32)>>>;
+use durafiber_testkit::agents::{AckLog, Steps, StepsInput, StepsOutput, StepsStash};
 
 async fn open(sim: &SimBackend, acks: &AckLog) -> Runtime {
     let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
@@ -54,7 +52,11 @@ async fn crash_and_recover(point: CrashPoint) -> bool {
         .scan::<tables::StashRecord>(tables::STASHES, &[tables::STASHES.prefix], None, 10)
         .expect("scan")
         .first()
-        .map(|(_, s)| serde_json::from_str::<StepsStash>(&s.as_ref().expect("stash decodes").stash_json).expect("json").done)
+        .map(|(_, s)| {
+            serde_json::from_str::<StepsStash>(&s.as_ref().expect("stash decodes").stash_json)
+                .expect("json")
+                .done
+        })
         .unwrap_or(0);
     let last_acked = acks.lock().expect("acks").iter().map(|(_, d)| *d).max().unwrap_or(0);
 
@@ -65,7 +67,8 @@ async fn crash_and_recover(point: CrashPoint) -> bool {
         None => {
             // The caller saw an error, so it retries with the same key: it gets the run the
             // crashed accept may have made durable, or a new one; never two.
-            let again = rt.start::<Steps>("ten-steps", &StepsInput { steps: 10, pause_ms: 0 }).await.expect("retry");
+            let again =
+                rt.start::<Steps>("ten-steps", &StepsInput { steps: 10, pause_ms: 0 }).await.expect("retry");
             assert_eq!(again.accepted, existing.is_empty(), "{point:?}");
             Some(again.run_id)
         }
@@ -81,7 +84,10 @@ async fn crash_and_recover(point: CrashPoint) -> bool {
             assert_eq!(out.done, 10);
             if let Some(first) = out.resumed_from.first() {
                 assert_eq!(*first, durable_done, "{point:?}: resumed from the last durable stash");
-                assert!(*first >= last_acked, "{point:?}: resumed from {first}, but {last_acked} was acknowledged");
+                assert!(
+                    *first >= last_acked,
+                    "{point:?}: resumed from {first}, but {last_acked} was acknowledged"
+                );
             } else {
                 // No recovery: crashed before the fiber was registered (it starts fresh), or
                 // after its completion was durable (nothing left to do).

@@ -48,8 +48,16 @@ impl Agent for NoHook {
 async fn a_hook_that_always_panics_is_escalated_after_max_recover_attempts_and_others_finish() {
     durafiber_testkit::init_tracing();
     let clock = VirtualClock::new(1_000_000);
-    let store = Store::with_backend(std::sync::Arc::new(SimBackend::new()), StoreConfig::default()).expect("store");
-    let rt = Runtime::builder(store).virtual_clock(clock).agent(Fragile).agent(NoHook).agent(Steps::default()).open().await.expect("runtime");
+    let store =
+        Store::with_backend(std::sync::Arc::new(SimBackend::new()), StoreConfig::default()).expect("store");
+    let rt = Runtime::builder(store)
+        .virtual_clock(clock)
+        .agent(Fragile)
+        .agent(NoHook)
+        .agent(Steps::default())
+        .open()
+        .await
+        .expect("runtime");
     let fragile = rt.start::<Fragile>("f", &()).await.expect("start");
     let no_hook = rt.start::<NoHook>("n", &()).await.expect("start");
     let steady = rt.start::<Steps>("s", &StepsInput { steps: 30, pause_ms: 0 }).await.expect("start");
@@ -67,7 +75,8 @@ async fn a_hook_that_always_panics_is_escalated_after_max_recover_attempts_and_o
         RunStatus::Escalated { reason } => assert!(reason.contains("max_recover_attempts"), "{reason}"),
         other => panic!("expected Escalated, got {other:?}"),
     }
-    let recoveries = rt.events().iter().filter(|e| e.run_id == fragile.run_id && e.kind == "recovered").count();
+    let recoveries =
+        rt.events().iter().filter(|e| e.run_id == fragile.run_id && e.kind == "recovered").count();
     assert_eq!(recoveries, 5, "five attempts, the default max_recover_attempts");
     match rt.wait(&no_hook.run_id).await.expect("wait") {
         RunStatus::Escalated { reason } => assert!(reason.contains("no recovery hook"), "{reason}"),

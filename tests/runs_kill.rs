@@ -72,10 +72,8 @@ fn one_hundred_runs_killed_mid_flight_all_complete_under_their_ids() {
     let (mut child, lines) = spawn(dir.path(), &["recover"]);
     let status = child.wait().expect("recovering child exits");
     assert!(status.success(), "the recovering child failed");
-    let done: HashSet<String> = lines
-        .try_iter()
-        .filter_map(|l| l.strip_prefix("done ").map(str::to_string))
-        .collect();
+    let done: HashSet<String> =
+        lines.try_iter().filter_map(|l| l.strip_prefix("done ").map(str::to_string)).collect();
     assert_eq!(done, started, "every run completes, under the id it was started with");
 
     let rt = tokio::runtime::Runtime::new().expect("tokio");

@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use durafiber_store::{
     Backend, Batch, CrashPoint, Durability, SimBackend, SledBackend, Store, StoreConfig, StoreError,
-    batch::Op,
-    tables::Table,
+    batch::Op, tables::Table,
 };
 use durafiber_testkit::conformance;
 

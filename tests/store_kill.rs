@@ -63,7 +63,8 @@ fn every_acknowledged_batch_survives_sigkill_whole() {
         while acked < wait_for {
             match rx.recv_timeout(Duration::from_secs(30)) {
                 Ok(line) => {
-                    let mut parts = line.split_whitespace().skip(1).map(|p| p.parse::<u64>().expect("number"));
+                    let mut parts =
+                        line.split_whitespace().skip(1).map(|p| p.parse::<u64>().expect("number"));
                     let (t, seq) = (parts.next().expect("thread") as u32, parts.next().expect("seq"));
                     acked_total.insert((t, seq));
                     acked += 1;
@@ -84,7 +85,10 @@ fn every_acknowledged_batch_survives_sigkill_whole() {
             assert_eq!(parts.len(), 3, "seed {seed} round {round}: batch {batch:?} is half-applied");
         }
         for batch in &acked_total {
-            assert!(found.contains_key(batch), "seed {seed} round {round}: acknowledged batch {batch:?} lost");
+            assert!(
+                found.contains_key(batch),
+                "seed {seed} round {round}: acknowledged batch {batch:?} lost"
+            );
         }
         next_seq = found.keys().map(|(_, s)| *s).max().unwrap_or(0) + 1_000;
     }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use durafiber_runtime::{ListFilter, Runtime, RunStatus};
+use durafiber_runtime::{ListFilter, RunStatus, Runtime};
 use durafiber_store::{Store, StoreConfig};
 use durafiber_testkit::agents::{Steps, StepsInput};
 
@@ -21,7 +21,11 @@ async fn main() {
 async fn run(args: &[String]) -> Result<(), String> {
     let dir = args.get(1).ok_or("usage: runs-child DIR start N | recover")?;
     let store = Store::open_dir(dir.as_ref(), StoreConfig::default()).map_err(|e| e.to_string())?;
-    let runtime = Runtime::builder(store).agent(Steps { print_acks: true, ack_log: None }).open().await.map_err(|e| e.to_string())?;
+    let runtime = Runtime::builder(store)
+        .agent(Steps { print_acks: true, ack_log: None })
+        .open()
+        .await
+        .map_err(|e| e.to_string())?;
     println!("ready");
     if args.get(2).map(String::as_str) == Some("start") {
         let n: u32 = args.get(3).and_then(|n| n.parse().ok()).ok_or("start needs N")?;

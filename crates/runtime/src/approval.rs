@@ -12,7 +12,9 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 
 use crate::{
-    AgentError, RuntimeError, alarm, fiber, fiber::ctx::RawCtx, limits,
+    AgentError, RuntimeError, alarm, fiber,
+    fiber::ctx::RawCtx,
+    limits,
     shared::{ApprovalOutcome, Shared},
 };
 
@@ -33,7 +35,10 @@ pub(crate) async fn request(
 ) -> Result<Decision, AgentError> {
     tables::check_id("approval id", approval_id).map_err(AgentError::fail)?;
     if payload_json.len() > limits::PAYLOAD_BYTES_MAX {
-        return Err(AgentError::fail(format!("approval payload is over {} bytes", limits::PAYLOAD_BYTES_MAX)));
+        return Err(AgentError::fail(format!(
+            "approval payload is over {} bytes",
+            limits::PAYLOAD_BYTES_MAX
+        )));
     }
     let shared = raw.shared.clone();
     let run_id = raw.cell.run_id.clone();
@@ -136,20 +141,31 @@ pub(crate) async fn approve(
     let _one_at_a_time = shared.approve_lock.lock().await;
     let run = shared.load_run(run_id)?;
     let key = approval_key(run_id, approval_id);
-    let not_pending = || RuntimeError::NotPending { run_id: run_id.to_string(), approval_id: approval_id.to_string() };
+    let not_pending =
+        || RuntimeError::NotPending { run_id: run_id.to_string(), approval_id: approval_id.to_string() };
     let mut record: ApprovalRecord = shared.store.get(tables::APPROVALS, &key)?.ok_or_else(not_pending)?;
     if record.escalated {
         return Err(not_pending());
     }
     if record.payload_hash != payload_hash {
-        return Err(RuntimeError::StaleApproval { run_id: run_id.to_string(), approval_id: approval_id.to_string() });
+        return Err(RuntimeError::StaleApproval {
+            run_id: run_id.to_string(),
+            approval_id: approval_id.to_string(),
+        });
     }
     match &record.decision {
         Some(d) if *d == decision => {
-            return Ok(ApproveOutcome { run_id: run_id.into(), approval_id: approval_id.into(), recorded: false });
+            return Ok(ApproveOutcome {
+                run_id: run_id.into(),
+                approval_id: approval_id.into(),
+                recorded: false,
+            });
         }
         Some(_) => {
-            return Err(RuntimeError::AlreadyDecided { run_id: run_id.into(), approval_id: approval_id.into() });
+            return Err(RuntimeError::AlreadyDecided {
+                run_id: run_id.into(),
+                approval_id: approval_id.into(),
+            });
         }
         None if run.status.is_terminal() => return Err(not_pending()),
         None => {}
@@ -178,22 +194,27 @@ pub(crate) async fn approve(
 async fn deliver(shared: &Arc<Shared>, run_id: &str, approval_id: &str, decision: Decision) {
     if let Some(live) = shared.registry.get(run_id).await {
         let mut slot = live.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.as_ref().is_some_and(|(id, _)| id == approval_id) {
-            if let Some((_, waiter)) = slot.take() {
-                if waiter.send(ApprovalOutcome::Decided(decision)).is_ok() {
-                    return;
-                }
-            }
+        if slot.as_ref().is_some_and(|(id, _)| id == approval_id)
+            && let Some((_, waiter)) = slot.take()
+            && waiter.send(ApprovalOutcome::Decided(decision)).is_ok()
+        {
+            return;
         }
     }
     crate::runtime::reactivate(shared, run_id).await;
 }
 
 /// The escalation alarm fired: if nobody decided, the run goes to `Escalated{approval_timeout}`.
-pub(crate) async fn on_escalation_alarm(shared: &Arc<Shared>, run_id: &str, approval_id: &str) -> Result<(), RuntimeError> {
+pub(crate) async fn on_escalation_alarm(
+    shared: &Arc<Shared>,
+    run_id: &str,
+    approval_id: &str,
+) -> Result<(), RuntimeError> {
     let _one_at_a_time = shared.approve_lock.lock().await;
     let key = approval_key(run_id, approval_id);
-    let Some(mut record) = shared.store.get::<ApprovalRecord>(tables::APPROVALS, &key)? else { return Ok(()) };
+    let Some(mut record) = shared.store.get::<ApprovalRecord>(tables::APPROVALS, &key)? else {
+        return Ok(());
+    };
     if record.decision.is_some() || record.escalated {
         return Ok(());
     }

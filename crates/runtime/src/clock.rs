@@ -73,7 +73,11 @@ impl VirtualClock {
     /// A clock standing at `start_ms`.
     pub fn new(start_ms: u64) -> Self {
         VirtualClock {
-            inner: Arc::new(Mutex::new(VirtualState { now_ms: start_ms, next_waiter_id: 0, waiters: BTreeMap::new() })),
+            inner: Arc::new(Mutex::new(VirtualState {
+                now_ms: start_ms,
+                next_waiter_id: 0,
+                waiters: BTreeMap::new(),
+            })),
         }
     }
 

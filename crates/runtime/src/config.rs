@@ -36,7 +36,9 @@ impl DurabilityMode {
             "sync" => Ok(DurabilityMode::Sync),
             "async" => Ok(DurabilityMode::Async),
             "exit" => Ok(DurabilityMode::Exit),
-            other => Err(RuntimeError::Config(format!("unknown durability mode {other:?} (sync, async, exit)"))),
+            other => {
+                Err(RuntimeError::Config(format!("unknown durability mode {other:?} (sync, async, exit)")))
+            }
         }
     }
 }

@@ -18,7 +18,8 @@ use crate::{AgentError, clock, fiber::ctx::RawCtx, json, limits, metrics::Metric
 /// Full-jitter backoff before call `attempt + 1`: uniform in `0..=min(max, min × 2^(attempt-1))`.
 fn retry_delay_ms(raw: &RawCtx, attempt: u32) -> u64 {
     let base = limits::EFFECT_BACKOFF_MIN.as_millis() as u64;
-    let cap = (base << (attempt.saturating_sub(1)).min(16)).min(limits::EFFECT_BACKOFF_MAX.as_millis() as u64);
+    let cap =
+        (base << (attempt.saturating_sub(1)).min(16)).min(limits::EFFECT_BACKOFF_MAX.as_millis() as u64);
     raw.shared.jitter_between(0, cap)
 }
 
@@ -46,13 +47,19 @@ where
         Some(entry) if entry.args_hash != args_hash => return Err(conflict()),
         Some(LedgerEntry { committed: Some(receipt), .. }) => {
             Metrics::bump(&shared.metrics.effects_prevented);
-            shared.event(&run_id, "effect_replayed", format!("{effect_id}: stored receipt returned, not called again"));
+            shared.event(
+                &run_id,
+                "effect_replayed",
+                format!("{effect_id}: stored receipt returned, not called again"),
+            );
             return json::parse(&receipt.receipt_json).map_err(AgentError::Serialization);
         }
         Some(prepared) => prepared,
         None => {
             if raw.cell.cancel.borrow().is_some() {
-                return Err(AgentError::Cancelled(format!("effect {effect_id} not started: the run was cancelled")));
+                return Err(AgentError::Cancelled(format!(
+                    "effect {effect_id} not started: the run was cancelled"
+                )));
             }
             let entry = LedgerEntry {
                 run_id: run_id.clone(),
@@ -96,9 +103,15 @@ where
     })
 }
 
-async fn commit<R: Serialize>(raw: &RawCtx, key: Vec<u8>, mut entry: LedgerEntry, receipt: &R) -> Result<(), AgentError> {
+async fn commit<R: Serialize>(
+    raw: &RawCtx,
+    key: Vec<u8>,
+    mut entry: LedgerEntry,
+    receipt: &R,
+) -> Result<(), AgentError> {
     assert!(entry.committed.is_none(), "only a prepared effect is committed");
-    let (receipt_json, receipt_hash) = json::canonical_with_hash(receipt).map_err(AgentError::Serialization)?;
+    let (receipt_json, receipt_hash) =
+        json::canonical_with_hash(receipt).map_err(AgentError::Serialization)?;
     entry.committed = Some(Receipt { receipt_json, receipt_hash, committed_at_ms: raw.shared.now_ms() });
     let mut batch = Batch::new();
     batch.put(tables::LEDGER, key, &entry)?;

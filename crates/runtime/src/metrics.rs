@@ -70,7 +70,7 @@ impl Histogram {
         };
         HistogramSummary {
             count: h.count,
-            mean_us: if h.count == 0 { 0 } else { h.sum_us / h.count },
+            mean_us: h.sum_us.checked_div(h.count).unwrap_or(0),
             p50_us: quantile(0.5),
             p99_us: quantile(0.99),
             max_us: h.max_us,

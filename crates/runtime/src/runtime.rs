@@ -14,7 +14,10 @@ use std::{
 
 use durafiber_store::{
     Store,
-    tables::{self, AlarmRecord, ApprovalRecord, Decision, DeadLetter, LedgerEntry, RunOptions, RunRecord, RunStatus, StashRecord},
+    tables::{
+        self, AlarmRecord, ApprovalRecord, DeadLetter, Decision, LedgerEntry, RunOptions, RunRecord,
+        RunStatus, StashRecord,
+    },
 };
 use ractor::rpc::CallResult;
 use serde::{Serialize, de::DeserializeOwned};
@@ -25,8 +28,8 @@ use crate::{
     alarm, approval,
     approval::{ApproveOutcome, PendingApproval},
     clock::{Clock, Stopwatch, SystemClock, VirtualClock},
-    eviction::idle::{self, Action, Liveness},
     events::{Event, EventLog},
+    eviction::idle::{self, Action, Liveness},
     fiber::recovery,
     json, limits,
     metrics::{Metrics, MetricsSnapshot},
@@ -98,7 +101,7 @@ impl RuntimeBuilder {
             metrics: Metrics::default(),
             events: EventLog::default(),
             rng_jitter: Mutex::new(SeededRng::new(seed ^ 0x6a69_7474_6572)),
-            rng_chaos: Mutex::new(SeededRng::new(seed ^ 0x6368_616f_73)),
+            rng_chaos: Mutex::new(SeededRng::new(seed ^ 0x0063_6861_6f73)),
             secrets: self.secrets,
             crash_hook: self.crash_hook,
             status_version: tokio::sync::watch::Sender::new(0),
@@ -171,7 +174,11 @@ pub struct RunPage {
 }
 
 /// Every record of `table` that belongs to run `id`.
-fn scan_all<T: DeserializeOwned>(store: &Store, table: tables::Table, id: &[u8]) -> Result<Vec<T>, RuntimeError> {
+fn scan_all<T: DeserializeOwned>(
+    store: &Store,
+    table: tables::Table,
+    id: &[u8],
+) -> Result<Vec<T>, RuntimeError> {
     let mut out = Vec::new();
     for (_, record) in store.scan(table, &table.prefix_of(&[id]), None, usize::MAX)? {
         out.push(record?);
@@ -319,7 +326,11 @@ impl Runtime {
     }
 
     /// Waits until `pred` holds for the run's state (tests and tools; no polling by time).
-    pub async fn wait_for(&self, run_id: &str, pred: impl Fn(&RunStatus) -> bool) -> Result<RunStatus, RuntimeError> {
+    pub async fn wait_for(
+        &self,
+        run_id: &str,
+        pred: impl Fn(&RunStatus) -> bool,
+    ) -> Result<RunStatus, RuntimeError> {
         let mut changes = self.shared.status_version.subscribe();
         loop {
             let status = self.status(run_id)?;
@@ -339,7 +350,12 @@ impl Runtime {
         let mut after = after_key;
         let mut runs = Vec::new();
         loop {
-            let page = self.shared.store.scan::<RunRecord>(tables::RUNS, &[tables::RUNS.prefix], after.as_deref(), limit)?;
+            let page = self.shared.store.scan::<RunRecord>(
+                tables::RUNS,
+                &[tables::RUNS.prefix],
+                after.as_deref(),
+                limit,
+            )?;
             let exhausted = page.len() < limit;
             for (key, run) in page {
                 after = Some(key);
@@ -385,7 +401,10 @@ impl Runtime {
     /// A run that is not executing (waiting, or not live) is cancelled at once.
     pub async fn cancel(&self, run_id: &str, reason: &str) -> Result<RunStatus, RuntimeError> {
         let live = self.shared.registry.get(run_id).await;
-        let fiber_live = live.as_ref().is_some_and(|l| l.cell.fiber_running() && l.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).is_none());
+        let fiber_live = live.as_ref().is_some_and(|l| {
+            l.cell.fiber_running()
+                && l.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+        });
         let written = self
             .shared
             .update_run(run_id, |run, batch| {
@@ -520,7 +539,8 @@ impl Runtime {
     pub async fn settle(&self) {
         let mut busy = self.shared.busy.subscribe();
         loop {
-            let handles: Vec<_> = std::mem::take(&mut *self.shared.tracked.lock().unwrap_or_else(|p| p.into_inner()));
+            let handles: Vec<_> =
+                std::mem::take(&mut *self.shared.tracked.lock().unwrap_or_else(|p| p.into_inner()));
             for h in handles {
                 let _ = h.await;
             }
@@ -528,7 +548,8 @@ impl Runtime {
                 return;
             }
             tokio::task::yield_now().await;
-            let quiet = *busy.borrow() == 0 && self.shared.tracked.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+            let quiet = *busy.borrow() == 0
+                && self.shared.tracked.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
             if quiet {
                 return;
             }
@@ -592,7 +613,9 @@ impl Runtime {
     /// Decodes a run's output once it is `Completed`.
     pub fn output<T: DeserializeOwned>(&self, run_id: &str) -> Result<Option<T>, RuntimeError> {
         match self.status(run_id)? {
-            RunStatus::Completed { output_json } => Ok(Some(json::parse(&output_json).map_err(RuntimeError::InvalidInput)?)),
+            RunStatus::Completed { output_json } => {
+                Ok(Some(json::parse(&output_json).map_err(RuntimeError::InvalidInput)?))
+            }
             _ => Ok(None),
         }
     }

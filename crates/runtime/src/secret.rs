@@ -40,9 +40,10 @@ impl Secrets {
     /// The value of `secret`: from the map, else the environment variable
     /// `DURAFIBER_SECRET_<NAME>` (upper case).
     pub fn resolve(&self, secret: &Secret) -> Option<String> {
-        self.values.get(&secret.secret).cloned().or_else(|| {
-            std::env::var(format!("DURAFIBER_SECRET_{}", secret.secret.to_uppercase())).ok()
-        })
+        self.values
+            .get(&secret.secret)
+            .cloned()
+            .or_else(|| std::env::var(format!("DURAFIBER_SECRET_{}", secret.secret.to_uppercase())).ok())
     }
 
     /// Replaces every secret value found in `text` with `[redacted]`, for inspection output.

@@ -17,15 +17,8 @@ use durafiber_store::{Batch, Durability, Store, tables};
 use tokio::sync::{Notify, oneshot, watch};
 
 use crate::{
-    RuntimeConfig, RuntimeError, Secrets,
-    agent::ErasedAgent,
-    alarm::schedule::Scheduler,
-    clock::Clock,
-    config::DurabilityMode,
-    eviction::idle::Liveness,
-    events::EventLog,
-    metrics::Metrics,
-    rng::SeededRng,
+    RuntimeConfig, RuntimeError, Secrets, agent::ErasedAgent, alarm::schedule::Scheduler, clock::Clock,
+    config::DurabilityMode, events::EventLog, eviction::idle::Liveness, metrics::Metrics, rng::SeededRng,
     run::registry::Registry,
 };
 
@@ -208,7 +201,11 @@ impl Shared {
 
     /// Reads, changes and writes a run record under its stripe lock. `change` returns whether
     /// anything is to be written; it may add other writes to the same boundary.
-    pub async fn update_run<F>(&self, run_id: &str, change: F) -> Result<Option<tables::RunRecord>, RuntimeError>
+    pub async fn update_run<F>(
+        &self,
+        run_id: &str,
+        change: F,
+    ) -> Result<Option<tables::RunRecord>, RuntimeError>
     where
         F: FnOnce(&mut tables::RunRecord, &mut Batch) -> Result<bool, RuntimeError>,
     {

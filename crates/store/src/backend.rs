@@ -4,6 +4,9 @@
 
 use crate::{Batch, StoreError};
 
+/// Raw entries, `(key, sealed value)`, in key order.
+pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// A key-value engine with atomic batches and an explicit durability barrier.
 ///
 /// Contract for implementors, checked by the conformance suite in `durafiber-testkit`:
@@ -15,7 +18,7 @@ pub trait Backend: Send + Sync + 'static {
     /// The raw (sealed) value under `key`.
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
     /// Up to `limit` entries with `start <= key < end`, in key order.
-    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
+    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Entries, StoreError>;
     /// Applies every op of `batch`, atomically.
     fn apply(&self, batch: &Batch) -> Result<(), StoreError>;
     /// Makes everything applied so far durable.

@@ -35,7 +35,12 @@ impl Batch {
     }
 
     /// Encodes `value`, seals it in its envelope and adds it under `key` of `table`.
-    pub fn put<T: Serialize>(&mut self, table: Table, key: Vec<u8>, value: &T) -> Result<&mut Self, StoreError> {
+    pub fn put<T: Serialize>(
+        &mut self,
+        table: Table,
+        key: Vec<u8>,
+        value: &T,
+    ) -> Result<&mut Self, StoreError> {
         debug_assert_eq!(key.first(), Some(&table.prefix));
         let body = codec::encode(value).map_err(|reason| StoreError::Encode { table: table.name, reason })?;
         let value = envelope::seal(&key, &body);

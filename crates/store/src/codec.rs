@@ -19,8 +19,7 @@ pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
 
 /// Decodes a value; trailing bytes are an error, because a record is exactly one value.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
-    let (value, used) =
-        bincode::serde::decode_from_slice(bytes, config()).map_err(|e| e.to_string())?;
+    let (value, used) = bincode::serde::decode_from_slice(bytes, config()).map_err(|e| e.to_string())?;
     if used != bytes.len() {
         return Err(format!("{} trailing bytes", bytes.len() - used));
     }

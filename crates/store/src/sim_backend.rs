@@ -8,7 +8,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use crate::{Backend, Batch, StoreError, batch::Op};
+use crate::{Backend, Batch, StoreError, backend::Entries, batch::Op};
 
 /// Where a scheduled crash happens, counted from the moment it is armed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +127,7 @@ impl Backend for SimBackend {
         Ok(self.live()?.visible.get(key).cloned())
     }
 
-    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Entries, StoreError> {
         if start >= end {
             return Ok(Vec::new());
         }
@@ -148,10 +148,10 @@ impl Backend for SimBackend {
             };
         }
         s.applies += 1;
-        if let Some(CrashPoint::AfterApply(n)) = s.armed {
-            if s.applies >= n {
-                Self::crash_locked(&mut s);
-            }
+        if let Some(CrashPoint::AfterApply(n)) = s.armed
+            && s.applies >= n
+        {
+            Self::crash_locked(&mut s);
         }
         Ok(())
     }
@@ -160,12 +160,12 @@ impl Backend for SimBackend {
         let mut s = self.live()?;
         s.durable = s.visible.clone();
         s.barriers += 1;
-        if let Some(CrashPoint::AfterBarrier(n)) = s.armed {
-            if s.barriers >= n {
-                Self::crash_locked(&mut s);
-                // The barrier itself completed; the caller dies before hearing so.
-                return Err(StoreError::Crashed);
-            }
+        if let Some(CrashPoint::AfterBarrier(n)) = s.armed
+            && s.barriers >= n
+        {
+            Self::crash_locked(&mut s);
+            // The barrier itself completed; the caller dies before hearing so.
+            return Err(StoreError::Crashed);
         }
         Ok(())
     }

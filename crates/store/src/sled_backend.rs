@@ -12,7 +12,7 @@ use std::{
     sync::Mutex,
 };
 
-use crate::{Backend, Batch, StoreError, batch::Op};
+use crate::{Backend, Batch, StoreError, backend::Entries, batch::Op};
 
 /// sled in a locked data directory.
 pub struct SledBackend {
@@ -51,7 +51,10 @@ fn open_sled(sled_dir: &Path) -> Result<sled::Db, StoreError> {
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    Err(StoreError::Io { path: sled_dir.to_path_buf(), source: last.unwrap_or_else(|| std::io::Error::other("sled lock")) })
+    Err(StoreError::Io {
+        path: sled_dir.to_path_buf(),
+        source: last.unwrap_or_else(|| std::io::Error::other("sled lock")),
+    })
 }
 
 impl SledBackend {
@@ -129,7 +132,7 @@ impl Backend for SledBackend {
         Ok(self.db.get(key)?.map(|v| v.to_vec()))
     }
 
-    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Entries, StoreError> {
         let mut out = Vec::new();
         for item in self.db.range(start..end).take(limit) {
             let (k, v) = item?;

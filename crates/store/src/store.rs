@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 
 use crate::{
     Backend, Batch, SledBackend, StoreError,
+    backend::Entries,
     barrier::{Cmd, Durability, WriterConfig, spawn_writer},
     codec, envelope,
     tables::Table,
@@ -60,6 +61,9 @@ impl Inner {
     }
 }
 
+/// Keys with their decoded records; each record decodes (or fails) on its own.
+pub type Decoded<T> = Vec<(Vec<u8>, Result<T, StoreError>)>;
+
 /// The end of the key range that starts with `prefix`.
 fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
@@ -90,8 +94,10 @@ impl Store {
 
     /// A store over any backend.
     pub fn with_backend(backend: Arc<dyn Backend>, config: StoreConfig) -> Result<Store, StoreError> {
-        let writer_config =
-            WriterConfig { flush_every: config.flush_every, group_batches_max: config.group_batches_max.max(1) };
+        let writer_config = WriterConfig {
+            flush_every: config.flush_every,
+            group_batches_max: config.group_batches_max.max(1),
+        };
         let (tx, handle) = spawn_writer(backend.clone(), writer_config)?;
         Ok(Store {
             inner: Arc::new(Inner { backend, tx: Mutex::new(Some(tx)), writer: Mutex::new(Some(handle)) }),
@@ -151,7 +157,7 @@ impl Store {
         prefix: &[u8],
         after: Option<&[u8]>,
         limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Result<T, StoreError>)>, StoreError> {
+    ) -> Result<Decoded<T>, StoreError> {
         let start = match after {
             Some(a) if a >= prefix => {
                 let mut s = a.to_vec();
@@ -176,7 +182,7 @@ impl Store {
     }
 
     /// Every raw entry of a table, for inspection and tests.
-    pub fn raw_scan(&self, table: Table, limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+    pub fn raw_scan(&self, table: Table, limit: usize) -> Result<Entries, StoreError> {
         self.inner.backend.range(&[table.prefix], &prefix_end(&[table.prefix]), limit)
     }
 }

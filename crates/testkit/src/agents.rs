@@ -10,13 +10,16 @@ use serde_json::{Value, json};
 
 use crate::upstream::post_idempotent;
 
+/// Acknowledged stashes, `(run_id, done)`, in order.
+pub type AckLog = std::sync::Arc<std::sync::Mutex<Vec<(String, u32)>>>;
+
 /// Stashes `done = 1..=steps`, sleeping `pause_ms` (clock time) between stashes.
 #[derive(Default)]
 pub struct Steps {
     /// Print `ack <run_id> <done>` after each stash returns (for kill tests).
     pub print_acks: bool,
     /// Record `(run_id, done)` after each stash returns (for simulated crash tests).
-    pub ack_log: Option<std::sync::Arc<std::sync::Mutex<Vec<(String, u32)>>>>,
+    pub ack_log: Option<AckLog>,
 }
 
 /// Input of [`Steps`].
@@ -41,7 +44,12 @@ pub struct StepsStash {
 pub type StepsOutput = StepsStash;
 
 impl Steps {
-    async fn count(&self, ctx: &mut Ctx<Self>, input: StepsInput, mut s: StepsStash) -> Result<StepsStash, AgentError> {
+    async fn count(
+        &self,
+        ctx: &mut Ctx<Self>,
+        input: StepsInput,
+        mut s: StepsStash,
+    ) -> Result<StepsStash, AgentError> {
         while s.done < input.steps {
             if input.pause_ms > 0 {
                 ctx.sleep(std::time::Duration::from_millis(input.pause_ms)).await;
@@ -70,7 +78,11 @@ impl Agent for Steps {
         self.count(ctx, input, StepsStash { done: 0, resumed_from: vec![] }).await
     }
 
-    async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: Recovered<Self>) -> Result<StepsOutput, AgentError> {
+    async fn on_fiber_recovered(
+        &self,
+        ctx: &mut Ctx<Self>,
+        r: Recovered<Self>,
+    ) -> Result<StepsOutput, AgentError> {
         let mut s = r.stash.unwrap_or(StepsStash { done: 0, resumed_from: vec![] });
         s.resumed_from.push(s.done);
         self.count(ctx, r.input, s).await
@@ -156,9 +168,11 @@ impl Refund {
             })
             .await?;
         let refund_id = refund["id"].as_str().map(str::to_string);
-        ctx.stash("refunded", &RefundStash { phase: "refunded".into(), refund_id: refund_id.clone() }).await?;
+        ctx.stash("refunded", &RefundStash { phase: "refunded".into(), refund_id: refund_id.clone() })
+            .await?;
         let (http, base) = (self.http.clone(), input.upstream.clone());
-        let email_args = json!({"to": input.customer_email, "template": "refund_confirmation", "refund_id": refund_id});
+        let email_args =
+            json!({"to": input.customer_email, "template": "refund_confirmation", "refund_id": refund_id});
         let email: Value = ctx
             .effect("email:confirmation", email_args, move |key, args| {
                 let (http, base, auth) = (http.clone(), base.clone(), token.clone());
@@ -181,7 +195,11 @@ impl Agent for Refund {
         self.flow(ctx, input).await
     }
 
-    async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: Recovered<Self>) -> Result<RefundOutput, AgentError> {
+    async fn on_fiber_recovered(
+        &self,
+        ctx: &mut Ctx<Self>,
+        r: Recovered<Self>,
+    ) -> Result<RefundOutput, AgentError> {
         self.flow(ctx, r.input).await
     }
 }

@@ -87,7 +87,8 @@ async fn create(
 
 async fn list(State(objects): State<Shared>, Path(collection): Path<String>) -> Json<Value> {
     let o = lock(&objects);
-    let data: Vec<Value> = o.created.iter().filter(|(c, _)| *c == collection).map(|(_, v)| v.clone()).collect();
+    let data: Vec<Value> =
+        o.created.iter().filter(|(c, _)| *c == collection).map(|(_, v)| v.clone()).collect();
     Json(json!({ "data": data }))
 }
 
@@ -155,7 +156,11 @@ pub async fn post_idempotent(
 }
 
 /// Lists `{base}/v1/{collection}` over HTTP.
-pub async fn list_remote(client: &reqwest::Client, base: &str, collection: &str) -> Result<Vec<Value>, String> {
+pub async fn list_remote(
+    client: &reqwest::Client,
+    base: &str,
+    collection: &str,
+) -> Result<Vec<Value>, String> {
     let v: Value = client
         .get(format!("{base}/v1/{collection}"))
         .send()

@@ -13,11 +13,8 @@ use durafiber_store::{
 };
 
 use crate::{
-    AgentError, AlarmEvent, ExhaustedAction, RuntimeError, approval, fiber, limits,
-    metrics::Metrics,
-    run::actor::RunMsg,
-    runtime,
-    shared::Shared,
+    AgentError, AlarmEvent, ExhaustedAction, RuntimeError, approval, fiber, limits, metrics::Metrics,
+    run::actor::RunMsg, runtime, shared::Shared,
 };
 
 /// Delay before retry `n` (1-based): 2 s × 2^(n-1), plus up to 25% jitter.
@@ -28,11 +25,11 @@ pub(crate) fn retry_delay_ms(shared: &Shared, n: u32) -> u64 {
 
 /// Starts a delivery for every alarm due by now; returns how many started.
 pub(crate) fn start_due(shared: &Arc<Shared>) -> usize {
-    if shared.scheduler.needs_refill() {
-        if let Err(e) = shared.scheduler.refill(&shared.store) {
-            tracing::error!(error = %e, "could not read the alarm index");
-            return 0;
-        }
+    if shared.scheduler.needs_refill()
+        && let Err(e) = shared.scheduler.refill(&shared.store)
+    {
+        tracing::error!(error = %e, "could not read the alarm index");
+        return 0;
     }
     let room = limits::ALARM_DELIVERIES_IN_FLIGHT_MAX.saturating_sub(shared.scheduler.in_flight());
     let due = shared.scheduler.take_due(shared.now_ms(), room);
@@ -52,7 +49,12 @@ pub(crate) fn start_due(shared: &Arc<Shared>) -> usize {
     n
 }
 
-async fn deliver(shared: &Arc<Shared>, run_id: &str, name: &str, due_key_ms: u64) -> Result<(), RuntimeError> {
+async fn deliver(
+    shared: &Arc<Shared>,
+    run_id: &str,
+    name: &str,
+    due_key_ms: u64,
+) -> Result<(), RuntimeError> {
     let key = tables::ALARMS.key(&[run_id.as_bytes(), name.as_bytes()]);
     let Some(mut alarm) = shared.store.get::<AlarmRecord>(tables::ALARMS, &key)? else { return Ok(()) };
     let now = shared.now_ms();
@@ -75,7 +77,8 @@ async fn deliver(shared: &Arc<Shared>, run_id: &str, name: &str, due_key_ms: u64
     }
     let attempt = alarm.attempts_started + 1;
     if attempt > limits::ALARM_ATTEMPTS_MAX {
-        return dead_letter(shared, &run.kind, alarm, "the process died during the last attempt".into()).await;
+        return dead_letter(shared, &run.kind, alarm, "the process died during the last attempt".into())
+            .await;
     }
     // Persist the attempt, and the retry's due time should this attempt never report back.
     let old_due = alarm.due_at_ms;
@@ -104,7 +107,9 @@ async fn deliver(shared: &Arc<Shared>, run_id: &str, name: &str, due_key_ms: u64
     };
     match result {
         Ok(()) => succeeded(shared, current).await,
-        Err(e) if attempt >= limits::ALARM_ATTEMPTS_MAX => dead_letter(shared, &run.kind, current, e.to_string()).await,
+        Err(e) if attempt >= limits::ALARM_ATTEMPTS_MAX => {
+            dead_letter(shared, &run.kind, current, e.to_string()).await
+        }
         Err(e) => {
             Metrics::bump(&shared.metrics.alarm_retries);
             shared.event(run_id, "alarm_failed", format!("{name} attempt {attempt}: {e}"));
@@ -144,7 +149,8 @@ async fn succeeded(shared: &Arc<Shared>, alarm: AlarmRecord) -> Result<(), Runti
         if due <= now {
             due += ((now - due) / every + 1) * every;
         }
-        let next_alarm = AlarmRecord { due_at_ms: due, scheduled_at_ms: due, attempts_started: 0, ..alarm.clone() };
+        let next_alarm =
+            AlarmRecord { due_at_ms: due, scheduled_at_ms: due, attempts_started: 0, ..alarm.clone() };
         crate::alarm::stage(&mut batch, &next_alarm)?;
         next = Some(due);
     }
@@ -156,7 +162,12 @@ async fn succeeded(shared: &Arc<Shared>, alarm: AlarmRecord) -> Result<(), Runti
     Ok(())
 }
 
-async fn dead_letter(shared: &Arc<Shared>, kind: &str, alarm: AlarmRecord, last_error: String) -> Result<(), RuntimeError> {
+async fn dead_letter(
+    shared: &Arc<Shared>,
+    kind: &str,
+    alarm: AlarmRecord,
+    last_error: String,
+) -> Result<(), RuntimeError> {
     let now = shared.now_ms();
     let mut batch = Batch::new();
     crate::alarm::unstage(&mut batch, &alarm.run_id, &alarm.name, alarm.due_at_ms);
@@ -169,11 +180,18 @@ async fn dead_letter(shared: &Arc<Shared>, kind: &str, alarm: AlarmRecord, last_
         is_retry: true,
     };
     let run_id = alarm.run_id.clone();
-    batch.put(tables::DEAD_LETTERS, key, &DeadLetter { alarm, last_error: last_error.clone(), dead_at_ms: now })?;
+    batch.put(
+        tables::DEAD_LETTERS,
+        key,
+        &DeadLetter { alarm, last_error: last_error.clone(), dead_at_ms: now },
+    )?;
     shared.store.commit(batch, Durability::Sync).await?;
     Metrics::bump(&shared.metrics.dead_letters);
     shared.event(&run_id, "alarm_dead_lettered", format!("{}: {last_error}", event.name));
-    let action = shared.agent(kind).map(|a| a.on_alarm_exhausted(&run_id, &event)).unwrap_or(ExhaustedAction::Escalate);
+    let action = shared
+        .agent(kind)
+        .map(|a| a.on_alarm_exhausted(&run_id, &event))
+        .unwrap_or(ExhaustedAction::Escalate);
     if action == ExhaustedAction::Escalate {
         fiber::escalate(shared, &run_id, &format!("alarm_exhausted:{}", event.name), Batch::new()).await?;
     }

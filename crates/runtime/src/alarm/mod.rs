@@ -38,12 +38,20 @@ pub struct AlarmSpec {
 impl AlarmSpec {
     /// Due after `delay`, with a payload.
     pub fn after<P: Serialize>(delay: Duration, payload: &P) -> Result<Self, RuntimeError> {
-        Ok(AlarmSpec { at: AlarmAt::In(delay), payload_json: json::canonical(payload).map_err(RuntimeError::InvalidInput)?, every: None })
+        Ok(AlarmSpec {
+            at: AlarmAt::In(delay),
+            payload_json: json::canonical(payload).map_err(RuntimeError::InvalidInput)?,
+            every: None,
+        })
     }
 
     /// Due at `at_ms`, with a payload.
     pub fn at_ms<P: Serialize>(at_ms: u64, payload: &P) -> Result<Self, RuntimeError> {
-        Ok(AlarmSpec { at: AlarmAt::AtMs(at_ms), payload_json: json::canonical(payload).map_err(RuntimeError::InvalidInput)?, every: None })
+        Ok(AlarmSpec {
+            at: AlarmAt::AtMs(at_ms),
+            payload_json: json::canonical(payload).map_err(RuntimeError::InvalidInput)?,
+            every: None,
+        })
     }
 
     /// Due every `period`, first after one period.
@@ -98,7 +106,10 @@ pub(crate) async fn set(
 ) -> Result<(), RuntimeError> {
     tables::check_id("alarm name", name).map_err(RuntimeError::InvalidInput)?;
     if spec.payload_json.len() > limits::PAYLOAD_BYTES_MAX {
-        return Err(RuntimeError::InvalidInput(format!("alarm payload is over {} bytes", limits::PAYLOAD_BYTES_MAX)));
+        return Err(RuntimeError::InvalidInput(format!(
+            "alarm payload is over {} bytes",
+            limits::PAYLOAD_BYTES_MAX
+        )));
     }
     let payload_json = json::recanonicalize(&spec.payload_json).map_err(RuntimeError::InvalidInput)?;
     let run = shared.load_run(run_id)?;
@@ -107,10 +118,12 @@ pub(crate) async fn set(
     }
     let existing: Option<AlarmRecord> = shared.store.get(tables::ALARMS, &alarm_key(run_id, name))?;
     let every_ms = spec.every.map(|d| d.as_millis() as u64);
-    if let Some(old) = &existing {
-        if every_ms.is_some() && old.every_ms == every_ms && old.payload_json == payload_json {
-            return Ok(());
-        }
+    if let Some(old) = &existing
+        && every_ms.is_some()
+        && old.every_ms == every_ms
+        && old.payload_json == payload_json
+    {
+        return Ok(());
     }
     let due_at_ms = match spec.at {
         AlarmAt::In(d) => shared.now_ms() + d.as_millis() as u64,

@@ -55,7 +55,8 @@ impl Scheduler {
     /// Reads the earliest alarms from the store's index into the window.
     pub fn refill(&self, store: &Store) -> Result<(), StoreError> {
         let mut w = self.lock();
-        let keys = store.keys_between(&[tables::ALARM_DUE.prefix], &[tables::ALARM_DUE.prefix + 1], w.capacity)?;
+        let keys =
+            store.keys_between(&[tables::ALARM_DUE.prefix], &[tables::ALARM_DUE.prefix + 1], w.capacity)?;
         w.complete = keys.len() < w.capacity;
         w.due = keys.iter().filter_map(|k| tables::parse_alarm_due_key(k)).collect();
         w.horizon = w.due.last().map(|e| e.0).unwrap_or(0);

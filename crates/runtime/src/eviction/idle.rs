@@ -52,10 +52,9 @@ pub(crate) struct Liveness {
 
 impl Liveness {
     pub fn new(config: &RuntimeConfig) -> Self {
-        let (lo, hi) = config.evict_after_range().unwrap_or((
-            crate::limits::EVICT_AFTER_MIN_DEFAULT,
-            crate::limits::EVICT_AFTER_MAX_DEFAULT,
-        ));
+        let (lo, hi) = config
+            .evict_after_range()
+            .unwrap_or((crate::limits::EVICT_AFTER_MIN_DEFAULT, crate::limits::EVICT_AFTER_MAX_DEFAULT));
         Liveness {
             runs: Mutex::new(HashMap::new()),
             rng: Mutex::new(SeededRng::new(config.seed)),
@@ -66,7 +65,10 @@ impl Liveness {
     }
 
     fn draw(&self) -> u64 {
-        self.rng.lock().unwrap_or_else(|p| p.into_inner()).between(self.evict_after_ms.0, self.evict_after_ms.1)
+        self.rng
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .between(self.evict_after_ms.0, self.evict_after_ms.1)
     }
 
     /// Runs `f` on the run's state (if the run is live), then re-evaluates whether it is held.

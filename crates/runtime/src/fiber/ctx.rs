@@ -7,7 +7,9 @@ use durafiber_store::tables::Decision;
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
-    Agent, AgentError, AlarmSpec, KeepAlive, Secret, alarm, approval, clock, effect, fiber::stash, json,
+    Agent, AgentError, AlarmSpec, KeepAlive, Secret, alarm, approval, clock, effect,
+    fiber::stash,
+    json,
     shared::{RunCell, Shared},
 };
 
@@ -66,7 +68,12 @@ impl<A: Agent> Ctx<A> {
     /// Performs one side effect exactly once per `(run, effect_id)` (§5). `f` gets the
     /// idempotency key, minted once and persisted before the first call, and the arguments.
     /// A committed effect returns its stored receipt without calling `f`.
-    pub async fn effect<Args, R, F, Fut, E>(&mut self, effect_id: &str, args: Args, f: F) -> Result<R, AgentError>
+    pub async fn effect<Args, R, F, Fut, E>(
+        &mut self,
+        effect_id: &str,
+        args: Args,
+        f: F,
+    ) -> Result<R, AgentError>
     where
         Args: Serialize + Clone + Send,
         R: Serialize + DeserializeOwned + Send,
@@ -79,8 +86,13 @@ impl<A: Agent> Ctx<A> {
 
     /// Pauses for a human (§6): writes the pause bound to the payload's hash, then waits.
     /// Re-entered after a crash with the same payload, it returns the recorded decision.
-    pub async fn request_approval<P: Serialize>(&mut self, approval_id: &str, payload: &P) -> Result<Decision, AgentError> {
-        let (payload_json, payload_hash) = json::canonical_with_hash(payload).map_err(AgentError::Serialization)?;
+    pub async fn request_approval<P: Serialize>(
+        &mut self,
+        approval_id: &str,
+        payload: &P,
+    ) -> Result<Decision, AgentError> {
+        let (payload_json, payload_hash) =
+            json::canonical_with_hash(payload).map_err(AgentError::Serialization)?;
         approval::request(&mut self.raw, approval_id, payload_json, payload_hash).await
     }
 
@@ -93,7 +105,9 @@ impl<A: Agent> Ctx<A> {
 
     /// Cancels the run's alarm called `name`; true when there was one.
     pub async fn cancel_alarm(&self, name: &str) -> Result<bool, AgentError> {
-        alarm::cancel(&self.raw.shared, &self.raw.cell.run_id, name).await.map_err(|e| AgentError::Runtime(e.to_string()))
+        alarm::cancel(&self.raw.shared, &self.raw.cell.run_id, name)
+            .await
+            .map_err(|e| AgentError::Runtime(e.to_string()))
     }
 
     /// Keeps the run from hibernation and eviction while the guard lives.
@@ -126,6 +140,10 @@ impl<A: Agent> Ctx<A> {
 
     /// The value behind a secret pointer, resolved now and never stored.
     pub fn secret(&self, secret: &Secret) -> Result<String, AgentError> {
-        self.raw.shared.secrets.resolve(secret).ok_or_else(|| AgentError::fail(format!("secret {} is not configured", secret.secret)))
+        self.raw
+            .shared
+            .secrets
+            .resolve(secret)
+            .ok_or_else(|| AgentError::fail(format!("secret {} is not configured", secret.secret)))
     }
 }

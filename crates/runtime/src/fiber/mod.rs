@@ -80,11 +80,11 @@ async fn drive(shared: Arc<Shared>, cell: Arc<RunCell>, mode: FiberMode, _busy: 
                 None
             }
         };
-        if let Some(result) = result {
-            if let Err(e) = finish(&shared, &cell, mode, result).await {
-                tracing::error!(error = %e, "could not write the fiber's end; it will be recovered");
-                shared.wake_at(shared.now_ms() + 1_000, &cell.run_id);
-            }
+        if let Some(result) = result
+            && let Err(e) = finish(&shared, &cell, mode, result).await
+        {
+            tracing::error!(error = %e, "could not write the fiber's end; it will be recovered");
+            shared.wake_at(shared.now_ms() + 1_000, &cell.run_id);
         }
         shared.liveness.fiber_ended(&cell.run_id, shared.now_ms());
     }
@@ -118,7 +118,12 @@ async fn register(
 
 type FiberResult = Result<Result<String, AgentError>, String>;
 
-async fn call_agent(shared: &Arc<Shared>, cell: &Arc<RunCell>, mode: FiberMode, run: tables::RunRecord) -> FiberResult {
+async fn call_agent(
+    shared: &Arc<Shared>,
+    cell: &Arc<RunCell>,
+    mode: FiberMode,
+    run: tables::RunRecord,
+) -> FiberResult {
     let agent = match shared.agent(&run.kind) {
         Ok(agent) => agent,
         Err(e) => return Ok(Err(AgentError::escalate(e.to_string()))),
@@ -155,7 +160,12 @@ async fn call_agent(shared: &Arc<Shared>, cell: &Arc<RunCell>, mode: FiberMode, 
 }
 
 /// The fiber's end as one boundary: final stash (exit mode), status, alarms removed.
-async fn finish(shared: &Arc<Shared>, cell: &RunCell, mode: FiberMode, result: FiberResult) -> Result<(), RuntimeError> {
+async fn finish(
+    shared: &Arc<Shared>,
+    cell: &RunCell,
+    mode: FiberMode,
+    result: FiberResult,
+) -> Result<(), RuntimeError> {
     let pending = cell.pending_exit.lock().unwrap_or_else(|p| p.into_inner()).take();
     let max_attempts = shared.config.max_recover_attempts;
     let mut retry_at = None;
@@ -228,7 +238,12 @@ async fn after_escalation(shared: &Arc<Shared>, kind: &str, run_id: &str, reason
 
 /// Moves a run to `Escalated{reason}`, stops its fiber and runs `on_escalate`. No-op on a
 /// finished run. `extra` joins the same boundary.
-pub(crate) async fn escalate(shared: &Arc<Shared>, run_id: &str, reason: &str, extra: Batch) -> Result<(), RuntimeError> {
+pub(crate) async fn escalate(
+    shared: &Arc<Shared>,
+    run_id: &str,
+    reason: &str,
+    extra: Batch,
+) -> Result<(), RuntimeError> {
     let written = shared
         .update_run(run_id, |run, batch| {
             if run.status.is_terminal() {
@@ -243,7 +258,8 @@ pub(crate) async fn escalate(shared: &Arc<Shared>, run_id: &str, reason: &str, e
     let Some(run) = written else { return Ok(()) };
     shared.event(run_id, "escalated", reason);
     if let Some(live) = shared.registry.get(run_id).await {
-        if let Some((_, waiter)) = live.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some((_, waiter)) = live.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).take()
+        {
             let _ = waiter.send(ApprovalOutcome::Escalated);
         }
         if let Some(fiber) = live.cell.fiber.lock().unwrap_or_else(|p| p.into_inner()).take() {

@@ -35,7 +35,10 @@ pub(crate) fn plan(shared: &Shared, run: &RunRecord) -> Plan {
             if now.saturating_sub(run.created_at_ms) > shared.config.max_age.as_millis() as u64 {
                 Plan::Escalate("max_age".into())
             } else if run.recover_attempts >= shared.config.max_recover_attempts {
-                Plan::Escalate(format!("max_recover_attempts: recovery failed {} times", run.recover_attempts))
+                Plan::Escalate(format!(
+                    "max_recover_attempts: recovery failed {} times",
+                    run.recover_attempts
+                ))
             } else if run.next_recover_at_ms > now {
                 Plan::Later(run.next_recover_at_ms)
             } else {

@@ -52,7 +52,11 @@ impl Actor for RunActor {
     type State = RunActorState;
     type Arguments = Arc<RunCell>;
 
-    async fn pre_start(&self, _me: ActorRef<RunMsg>, cell: Arc<RunCell>) -> Result<RunActorState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _me: ActorRef<RunMsg>,
+        cell: Arc<RunCell>,
+    ) -> Result<RunActorState, ActorProcessingErr> {
         let run = self.shared.load_run(&cell.run_id)?;
         Ok(RunActorState { cell, run })
     }

@@ -48,7 +48,9 @@ pub(crate) async fn start(
             limits::PAYLOAD_BYTES_MAX
         )));
     }
-    agent.check_input(input_json).map_err(|e| RuntimeError::InvalidInput(format!("input for {kind}: {e}")))?;
+    agent
+        .check_input(input_json)
+        .map_err(|e| RuntimeError::InvalidInput(format!("input for {kind}: {e}")))?;
     if let Some(mode) = &options.durability {
         crate::config::DurabilityMode::parse(mode)?;
     }
