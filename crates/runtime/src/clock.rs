@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 /// A boxed future that completes at a point in time.
 pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
@@ -61,6 +61,8 @@ impl Clock for SystemClock {
 #[derive(Clone)]
 pub struct VirtualClock {
     inner: Arc<Mutex<VirtualState>>,
+    /// Sleepers woken by `set` that have not yet resumed: virtual time must wait for them.
+    woken: watch::Sender<u64>,
 }
 
 struct VirtualState {
@@ -78,6 +80,7 @@ impl VirtualClock {
                 next_waiter_id: 0,
                 waiters: BTreeMap::new(),
             })),
+            woken: watch::Sender::new(0),
         }
     }
 
@@ -94,8 +97,21 @@ impl VirtualClock {
         let due = std::mem::replace(&mut s.waiters, later);
         drop(s);
         for (_, w) in due {
-            let _ = w.send(());
+            self.woken.send_modify(|n| *n += 1);
+            if w.send(()).is_err() {
+                self.woken.send_modify(|n| *n -= 1);
+            }
         }
+    }
+
+    /// Completes when every sleeper woken so far has resumed (or was dropped).
+    pub async fn woken_resumed(&self) {
+        let _ = self.woken.subscribe().wait_for(|n| *n == 0).await;
+    }
+
+    /// Sleepers woken but not yet resumed.
+    pub fn woken_pending(&self) -> u64 {
+        *self.woken.borrow()
     }
 
     /// The earliest time a sleeper waits for.
@@ -121,16 +137,44 @@ impl Clock for VirtualClock {
         let id = s.next_waiter_id;
         s.next_waiter_id += 1;
         s.waiters.insert((at_ms, id), tx);
-        Box::pin(async move {
-            // A dropped clock never wakes its sleepers; neither would time that stopped.
-            if rx.await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        })
+        Box::pin(VirtualSleep { rx, woken: self.woken.clone(), fired: false })
     }
 
     fn is_virtual(&self) -> bool {
         true
+    }
+}
+
+/// A sleeper on the virtual clock. It stays counted as woken until it is dropped, so that
+/// a parked fiber can count itself busy again before it stops counting as woken (see
+/// `Shared::parked`): virtual time never sees a moment where neither is counted.
+struct VirtualSleep {
+    rx: oneshot::Receiver<()>,
+    woken: watch::Sender<u64>,
+    fired: bool,
+}
+
+impl Future for VirtualSleep {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        match std::pin::Pin::new(&mut self.rx).poll(cx) {
+            std::task::Poll::Ready(Ok(())) => {
+                self.fired = true;
+                std::task::Poll::Ready(())
+            }
+            // A dropped clock never wakes its sleepers; neither would time that stopped.
+            std::task::Poll::Ready(Err(_)) | std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl Drop for VirtualSleep {
+    fn drop(&mut self) {
+        // Fired and resumed, or woken but dropped before resuming (an evicted fiber).
+        if self.fired || self.rx.try_recv().is_ok() {
+            self.woken.send_modify(|n| *n = n.saturating_sub(1));
+        }
     }
 }
 

@@ -208,7 +208,13 @@ pub(crate) async fn reactivate(shared: &Arc<Shared>, run_id: &str) {
 /// One pass over every deadline due now. Returns the next deadline.
 async fn tick(shared: &Arc<Shared>) -> Option<u64> {
     let now = shared.now_ms();
-    for (run_id, action) in shared.liveness.due_actions(now, &shared.metrics) {
+    let mut heartbeats = Vec::new();
+    let actions = shared.liveness.due_actions(now, &shared.metrics, &mut heartbeats);
+    heartbeats.sort();
+    for run_id in heartbeats {
+        shared.event(&run_id, "heartbeat", "keep-alive held");
+    }
+    for (run_id, action) in actions {
         let shared2 = shared.clone();
         shared.spawn_tracked(async move {
             match action {
@@ -539,6 +545,9 @@ impl Runtime {
     pub async fn settle(&self) {
         let mut busy = self.shared.busy.subscribe();
         loop {
+            if let Some(clock) = &self.virtual_clock {
+                clock.woken_resumed().await;
+            }
             let handles: Vec<_> =
                 std::mem::take(&mut *self.shared.tracked.lock().unwrap_or_else(|p| p.into_inner()));
             for h in handles {

@@ -94,13 +94,38 @@ pub(crate) struct Shared {
     pub busy: watch::Sender<u64>,
 }
 
-struct Unpark {
+/// A parked wait. When it completes it counts the fiber busy again *before* dropping the
+/// inner future (a virtual sleeper stops counting as woken on drop); when it is dropped
+/// unfinished (eviction) it counts the fiber busy again so the fiber's own guard balances.
+struct Parked<F: Future> {
+    inner: Option<std::pin::Pin<Box<F>>>,
     busy: watch::Sender<u64>,
 }
 
-impl Drop for Unpark {
+impl<F: Future> Future for Parked<F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let Some(inner) = self.inner.as_mut() else { return std::task::Poll::Pending };
+        match inner.as_mut().poll(cx) {
+            std::task::Poll::Ready(out) => {
+                self.busy.send_modify(|n| *n += 1);
+                self.inner = None;
+                std::task::Poll::Ready(out)
+            }
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl<F: Future> Drop for Parked<F> {
     fn drop(&mut self) {
-        self.busy.send_modify(|n| *n += 1);
+        if self.inner.is_some() {
+            self.busy.send_modify(|n| *n += 1);
+        }
     }
 }
 
@@ -128,9 +153,7 @@ impl Shared {
             return fut.await;
         }
         self.busy.send_modify(|n| *n = n.saturating_sub(1));
-        // Counted back on drop, so a fiber dropped while parked (eviction) stays balanced.
-        let _unpark = Unpark { busy: self.busy.clone() };
-        fut.await
+        Parked { inner: Some(Box::pin(fut)), busy: self.busy.clone() }.await
     }
 
     pub fn now_ms(&self) -> u64 {

@@ -21,6 +21,8 @@ pub enum CrashPoint {
 
 struct SimState {
     durable: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Batches applied since the last barrier, in order: what a crash loses.
+    undurable: Vec<Batch>,
     visible: BTreeMap<Vec<u8>, Vec<u8>>,
     crashed: bool,
     armed: Option<CrashPoint>,
@@ -33,6 +35,7 @@ impl Default for SimState {
     fn default() -> Self {
         SimState {
             durable: BTreeMap::new(),
+            undurable: Vec::new(),
             visible: BTreeMap::new(),
             crashed: false,
             armed: None,
@@ -72,6 +75,7 @@ impl SimBackend {
 
     fn crash_locked(s: &mut SimState) {
         s.visible = s.durable.clone();
+        s.undurable.clear();
         s.crashed = true;
         s.armed = None;
         s.crashed_tx.send_replace(true);
@@ -122,6 +126,15 @@ impl SimBackend {
     }
 }
 
+fn apply_to(map: &mut BTreeMap<Vec<u8>, Vec<u8>>, batch: &Batch) {
+    for op in &batch.ops {
+        match op {
+            Op::Put { key, value } => map.insert(key.clone(), value.clone()),
+            Op::Delete { key } => map.remove(key),
+        };
+    }
+}
+
 impl Backend for SimBackend {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(self.live()?.visible.get(key).cloned())
@@ -141,12 +154,8 @@ impl Backend for SimBackend {
 
     fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
         let mut s = self.live()?;
-        for op in &batch.ops {
-            match op {
-                Op::Put { key, value } => s.visible.insert(key.clone(), value.clone()),
-                Op::Delete { key } => s.visible.remove(key),
-            };
-        }
+        apply_to(&mut s.visible, batch);
+        s.undurable.push(batch.clone());
         s.applies += 1;
         if let Some(CrashPoint::AfterApply(n)) = s.armed
             && s.applies >= n
@@ -158,7 +167,10 @@ impl Backend for SimBackend {
 
     fn barrier(&self) -> Result<(), StoreError> {
         let mut s = self.live()?;
-        s.durable = s.visible.clone();
+        let pending = std::mem::take(&mut s.undurable);
+        for batch in &pending {
+            apply_to(&mut s.durable, batch);
+        }
         s.barriers += 1;
         if let Some(CrashPoint::AfterBarrier(n)) = s.armed
             && s.barriers >= n

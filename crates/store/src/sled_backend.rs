@@ -43,7 +43,7 @@ fn open_sled(sled_dir: &Path) -> Result<sled::Db, StoreError> {
         .mode(sled::Mode::LowSpace)
         .cache_capacity(256 * 1024 * 1024);
     let mut last = None;
-    for _ in 0..400 {
+    for _ in 0..2_000 {
         match config.open() {
             Ok(db) => return Ok(db),
             Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => last = Some(e),

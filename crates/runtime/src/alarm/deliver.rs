@@ -5,7 +5,10 @@
 //! and cannot loop forever. Retry n waits 2 s × 2^(n-1) plus up to 25% jitter; after the
 //! seventh failed attempt the alarm is dead-lettered.
 
-use std::sync::Arc;
+use std::sync::{
+    Arc,
+    atomic::{AtomicU32, Ordering},
+};
 
 use durafiber_store::{
     Batch, Durability,
@@ -17,9 +20,12 @@ use crate::{
     run::actor::RunMsg, runtime, shared::Shared,
 };
 
+/// Consecutive failures of the runtime itself while delivering alarms.
+static RUNTIME_FAILURES: AtomicU32 = AtomicU32::new(0);
+
 /// Delay before retry `n` (1-based): 2 s × 2^(n-1), plus up to 25% jitter.
 pub(crate) fn retry_delay_ms(shared: &Shared, n: u32) -> u64 {
-    let base = (limits::ALARM_RETRY_BASE.as_millis() as u64) << n.saturating_sub(1).min(20);
+    let base = (shared.config.alarm_retry_base.as_millis() as u64) << n.saturating_sub(1).min(20);
     base + shared.jitter_between(0, base / 4)
 }
 
@@ -34,19 +40,37 @@ pub(crate) fn start_due(shared: &Arc<Shared>) -> usize {
     let room = limits::ALARM_DELIVERIES_IN_FLIGHT_MAX.saturating_sub(shared.scheduler.in_flight());
     let due = shared.scheduler.take_due(shared.now_ms(), room);
     let n = due.len();
+    // One task per run, delivering that run's alarms one after another in due order; runs
+    // are delivered concurrently.
+    let mut per_run: Vec<(String, Vec<(u64, String)>)> = Vec::new();
     for (due_at_ms, run_id, name) in due {
+        match per_run.iter_mut().find(|(r, _)| *r == run_id) {
+            Some((_, alarms)) => alarms.push((due_at_ms, name)),
+            None => per_run.push((run_id, vec![(due_at_ms, name)])),
+        }
+    }
+    for (run_id, alarms) in per_run {
         let shared2 = shared.clone();
         shared.spawn_tracked(async move {
-            if let Err(e) = deliver(&shared2, &run_id, &name, due_at_ms).await {
-                // The runtime's own failure: not the handler's, so it is not counted.
-                let delay = (1_000u64 << 4).min(limits::ALARM_RUNTIME_BACKOFF_MAX.as_millis() as u64);
-                tracing::error!(run_id, alarm = name, error = %e, "alarm delivery failed in the runtime");
-                shared2.scheduler.insert(shared2.now_ms() + delay, &run_id, &name);
+            for (due_at_ms, name) in alarms {
+                match deliver(&shared2, &run_id, &name, due_at_ms).await {
+                    Ok(()) => RUNTIME_FAILURES.store(0, Ordering::Relaxed),
+                    Err(e) => runtime_failure(&shared2, &run_id, &name, &e),
+                }
+                shared2.scheduler.delivered(&run_id, &name);
             }
-            shared2.scheduler.delivered(&run_id, &name);
         });
     }
     n
+}
+
+/// The runtime's own failure (a store write): not the handler's, so it is not counted. The
+/// backoff doubles per consecutive failure of the runtime, capped at 1024 s.
+fn runtime_failure(shared: &Shared, run_id: &str, name: &str, e: &RuntimeError) {
+    let n = RUNTIME_FAILURES.fetch_add(1, Ordering::Relaxed).min(10);
+    let delay = (1_000u64 << n).min(limits::ALARM_RUNTIME_BACKOFF_MAX.as_millis() as u64);
+    tracing::error!(run_id, alarm = name, error = %e, delay_ms = delay, "alarm delivery failed in the runtime");
+    shared.scheduler.insert(shared.now_ms() + delay, run_id, name);
 }
 
 async fn deliver(

@@ -27,6 +27,9 @@ struct LiveState {
     held_since_ms: Option<u64>,
     /// An action was decided and is in progress.
     closing: bool,
+    /// This run's own stream of eviction draws, so one run's draws never depend on the
+    /// order in which other runs happen to be handled.
+    rng: SeededRng,
 }
 
 impl LiveState {
@@ -44,7 +47,7 @@ pub(crate) enum Action {
 
 pub(crate) struct Liveness {
     runs: Mutex<HashMap<String, LiveState>>,
-    rng: Mutex<SeededRng>,
+    seed: u64,
     hibernate_after_ms: u64,
     evict_after_ms: (u64, u64),
     heartbeat_ms: u64,
@@ -57,18 +60,15 @@ impl Liveness {
             .unwrap_or((crate::limits::EVICT_AFTER_MIN_DEFAULT, crate::limits::EVICT_AFTER_MAX_DEFAULT));
         Liveness {
             runs: Mutex::new(HashMap::new()),
-            rng: Mutex::new(SeededRng::new(config.seed)),
+            seed: config.seed,
             hibernate_after_ms: config.hibernate_after.as_millis() as u64,
             evict_after_ms: (lo.as_millis() as u64, hi.as_millis() as u64),
             heartbeat_ms: config.keep_alive_heartbeat.as_millis() as u64,
         }
     }
 
-    fn draw(&self) -> u64 {
-        self.rng
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .between(self.evict_after_ms.0, self.evict_after_ms.1)
+    fn draw(&self, rng: &mut SeededRng) -> u64 {
+        rng.between(self.evict_after_ms.0, self.evict_after_ms.1)
     }
 
     /// Runs `f` on the run's state (if the run is live), then re-evaluates whether it is held.
@@ -83,15 +83,17 @@ impl Liveness {
                 // Letting go starts a new idle period and leaves no heartbeat behind.
                 state.held_since_ms = None;
                 state.last_activity_ms = now_ms;
-                state.evict_after_ms = self.draw();
+                state.evict_after_ms = self.draw(&mut state.rng);
             }
             _ => {}
         }
         Some(out)
     }
 
-    pub fn activated(&self, run_id: &str, now_ms: u64) {
-        let evict_after_ms = self.draw();
+    /// A run was activated; `stream` names its draw stream (the run's kind, key and time).
+    pub fn activated(&self, run_id: &str, now_ms: u64, stream: u64) {
+        let mut rng = SeededRng::new(self.seed ^ stream);
+        let evict_after_ms = self.draw(&mut rng);
         let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
         runs.insert(
             run_id.to_string(),
@@ -104,16 +106,16 @@ impl Liveness {
                 fiber_waiting: false,
                 held_since_ms: None,
                 closing: false,
+                rng,
             },
         );
     }
 
     /// An inbound event was handled: a new idle period starts.
     pub fn activity(&self, run_id: &str, now_ms: u64) {
-        let draw = self.draw();
         self.with(run_id, now_ms, |s| {
             s.last_activity_ms = now_ms;
-            s.evict_after_ms = draw;
+            s.evict_after_ms = self.draw(&mut s.rng);
         });
     }
 
@@ -174,8 +176,14 @@ impl Liveness {
         runs.values().filter(|s| !s.closing).map(|s| self.deadline(s)).min()
     }
 
-    /// Counts due heartbeats and returns the runs to hibernate or evict, marking them closing.
-    pub fn due_actions(&self, now_ms: u64, metrics: &Metrics) -> Vec<(String, Action)> {
+    /// Counts due heartbeats (returned as `heartbeats`) and returns the runs to hibernate or
+    /// evict, marking them closing.
+    pub fn due_actions(
+        &self,
+        now_ms: u64,
+        metrics: &Metrics,
+        heartbeats: &mut Vec<String>,
+    ) -> Vec<(String, Action)> {
         let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = Vec::new();
         for (run_id, s) in runs.iter_mut() {
@@ -185,6 +193,7 @@ impl Liveness {
             if s.held_since_ms.is_some() {
                 s.last_activity_ms = now_ms;
                 Metrics::bump(&metrics.heartbeats);
+                heartbeats.push(run_id.clone());
             } else {
                 s.closing = true;
                 out.push((run_id.clone(), if s.fiber_active { Action::Evict } else { Action::Hibernate }));

@@ -84,7 +84,13 @@ impl Registry {
         let entry = LiveRun { actor, cell };
         live.insert(run_id.to_string(), entry.clone());
         drop(live);
-        shared.liveness.activated(run_id, shared.now_ms());
+        let stream = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (&run.kind, &run.key, shared.now_ms()).hash(&mut h);
+            h.finish()
+        };
+        shared.liveness.activated(run_id, shared.now_ms(), stream);
         Metrics::bump(&shared.metrics.activations);
         shared.metrics.cold_start.record_us(watch.elapsed_us());
         shared.event(run_id, "activated", format!("cold start {} µs", watch.elapsed_us()));

@@ -1,0 +1,252 @@
+//! The command line: every command, its flags, and their defaults.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use clap::{Parser, Subcommand};
+
+/// durafiber: durable runs for long-running agents.
+#[derive(Debug, Parser)]
+#[command(name = "durafiber", version, about)]
+pub struct Cli {
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Where an inspection command finds the runs: a running server, or a bare data directory.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Target {
+    /// The server's address (127.0.0.1:PORT). Tried first when given.
+    #[arg(long, env = "DURAFIBER_SERVER")]
+    pub server: Option<SocketAddr>,
+    /// The data directory, opened directly when no server answers.
+    #[arg(long, env = "DURAFIBER_DATA")]
+    pub data: Option<PathBuf>,
+}
+
+/// Every command.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Host the runtime and its HTTP JSON API.
+    Serve {
+        /// The data directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:7878")]
+        listen: SocketAddr,
+        /// A JSON configuration file (durations as "10s", "72h").
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// The kill-and-resume drill, end to end, with real processes.
+    Drill {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Seed of the drill's random choices.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Where to write the recording (server logs and the JSON report).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Simulations on the virtual clock.
+    Sim {
+        /// Which simulation.
+        #[command(subcommand)]
+        which: Sim,
+    },
+    /// Benchmarks, each beside a baseline measured in the same run.
+    Bench {
+        /// Which benchmark.
+        #[command(subcommand)]
+        which: Bench,
+    },
+    /// Runs: list or show.
+    Runs {
+        /// What to do.
+        #[command(subcommand)]
+        action: RunsAction,
+    },
+    /// Pending approvals.
+    Approvals {
+        /// What to do.
+        #[command(subcommand)]
+        action: ApprovalsAction,
+    },
+    /// Record a human decision on a pending approval.
+    Approve {
+        /// The run's handle.
+        run_id: String,
+        /// The approval within the run.
+        approval_id: String,
+        /// The payload hash shown by `approvals list`.
+        #[arg(long)]
+        hash: String,
+        /// Reject instead of approve.
+        #[arg(long)]
+        reject: bool,
+        /// A comment for the record.
+        #[arg(long, default_value = "")]
+        comment: String,
+        /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Ask a run to stop.
+    Cancel {
+        /// The run's handle.
+        run_id: String,
+        /// Why.
+        #[arg(long, default_value = "cancelled by operator")]
+        reason: String,
+        /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// A run's alarms.
+    Alarms {
+        /// What to do.
+        #[command(subcommand)]
+        action: AlarmsAction,
+    },
+}
+
+/// `sim` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Sim {
+    /// Hibernation, keep-alive heartbeats, eviction mid-fiber and recovery.
+    Eviction {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Seed of the eviction draws.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
+    /// An alarm whose handler fails K times (default: always).
+    AlarmRetry {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Failures before the handler succeeds.
+        #[arg(long)]
+        fail_times: Option<u32>,
+        /// Seed of the jitter.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
+}
+
+/// `bench` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Bench {
+    /// Sync-mode commits per second against the raw fdatasync rate.
+    Stash {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Concurrent writers (the 1-writer figure is always measured too).
+        #[arg(long, default_value_t = 1000)]
+        writers: usize,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        /// Where to write samples and the histogram.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Time from a restarted process's start to every interrupted run recovered.
+    Recover {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Runs in flight when the process is killed.
+        #[arg(long, default_value_t = 1000)]
+        runs: usize,
+        /// Where to write samples and the histogram.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Alarm lateness with many alarms due at once, and memory per pending alarm.
+    Alarms {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Alarms due within the same second.
+        #[arg(long, default_value_t = 10_000)]
+        alarms: usize,
+        /// Extra alarms pending far in the future.
+        #[arg(long, default_value_t = 0)]
+        pending: usize,
+        /// Where to write samples and the histogram.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Internal: the process `bench recover` kills and restarts.
+    #[command(hide = true)]
+    RecoverChild {
+        /// The data directory.
+        data: PathBuf,
+        /// `start N` or `recover N`.
+        mode: String,
+        /// Runs.
+        runs: usize,
+    },
+}
+
+/// `runs` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum RunsAction {
+    /// List runs, filtered and paged.
+    List {
+        /// Only runs in this state.
+        #[arg(long)]
+        state: Option<String>,
+        /// Only runs of this kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// Page size.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Start after this run id.
+        #[arg(long)]
+        after: Option<String>,
+        /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Show one run: state, stash, ledger, alarms, approvals (secrets redacted).
+    Show {
+        /// The run's handle.
+        run_id: String,
+        /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+/// `approvals` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ApprovalsAction {
+    /// Pending approvals with their payload, hash and age.
+    List {
+        /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+/// `alarms` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum AlarmsAction {
+    /// A run's pending alarms.
+    List {
+        /// The run's handle.
+        run_id: String,
+        /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
+    },
+}
