@@ -1,0 +1,191 @@
+//! Durable alarms (§8): the retry schedule, at-least-once delivery across real SIGKILLs,
+//! overdue alarms after a restart in due order, re-setting inside a handler, and a million
+//! pending alarms with a bounded scheduler window.
+
+use std::{
+    process::Command,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use durafiber_cli::commands::sim;
+use durafiber_runtime::{
+    Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered, Runtime, clock::VirtualClock, limits,
+};
+use durafiber_store::{
+    Batch, Durability, SimBackend, Store, StoreConfig,
+    tables::{self, AlarmRecord},
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_alarm_is_retried_at_2_4_8_16_32_64_seconds_then_dead_lettered() {
+    let (_, r) = sim::alarm_retry(3, None).await.expect("sim");
+    assert_eq!(r.attempts, 7, "the first delivery and six retries");
+    assert_eq!(r.delays_ms.len(), 6);
+    for (n, d) in r.delays_ms.iter().enumerate() {
+        let base = 2_000u64 << n;
+        assert!((base..=base + base / 4).contains(d), "retry {} waited {d} ms", n + 1);
+    }
+    assert!(r.dead_lettered && r.exhausted_hook_ran && !r.succeeded);
+    let (_, ok) = sim::alarm_retry(3, Some(2)).await.expect("sim");
+    assert_eq!((ok.attempts, ok.succeeded, ok.dead_lettered), (3, true, false));
+}
+
+type Log = Arc<Mutex<Vec<(String, u64, u32)>>>;
+
+/// Sets the alarms it is given, then stays open; logs every delivery; fails a delivery
+/// named `reset` once after re-setting it an hour later.
+struct Alarmed {
+    log: Log,
+}
+
+impl Agent for Alarmed {
+    const KIND: &'static str = "alarmed";
+    type Input = Vec<(String, u64)>;
+    type Stash = ();
+    type Output = ();
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, alarms: Vec<(String, u64)>) -> Result<(), AgentError> {
+        for (name, delay_ms) in alarms {
+            let spec = AlarmSpec::after(Duration::from_millis(delay_ms), &name).map_err(|e| AgentError::fail(e.to_string()))?;
+            ctx.set_alarm(&name, spec).await?;
+        }
+        ctx.cancelled().await;
+        Ok(())
+    }
+
+    async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, _: Recovered<Self>) -> Result<(), AgentError> {
+        ctx.cancelled().await;
+        Ok(())
+    }
+
+    async fn on_alarm(&self, ctx: &mut Ctx<Self>, alarm: AlarmEvent) -> Result<(), AgentError> {
+        self.log.lock().expect("log").push((alarm.name.clone(), ctx.now_ms(), alarm.retry_count));
+        if alarm.name == "reset" && alarm.retry_count == 0 && ctx.now_ms() < T0 + 3_600_000 {
+            let spec = AlarmSpec::after(Duration::from_secs(3600), &"later").map_err(|e| AgentError::fail(e.to_string()))?;
+            ctx.set_alarm("reset", spec).await?;
+            return Err(AgentError::fail("failed after re-setting"));
+        }
+        Ok(())
+    }
+}
+
+const T0: u64 = sim::SIM_EPOCH_MS;
+
+async fn open(sim: &SimBackend, clock: VirtualClock, log: &Log) -> Runtime {
+    let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
+    Runtime::builder(store).virtual_clock(clock).agent(Alarmed { log: log.clone() }).open().await.expect("runtime")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alarms_that_fell_due_while_down_fire_promptly_after_start_in_due_order() {
+    let sim = SimBackend::new();
+    let log = Log::default();
+    let rt = open(&sim, VirtualClock::new(T0), &log).await;
+    let alarms = vec![("c".to_string(), 30_000), ("a".to_string(), 10_000), ("b".to_string(), 20_000)];
+    let run = rt.start::<Alarmed>("job", &alarms).await.expect("start").run_id;
+    rt.advance(Duration::from_secs(5)).await.expect("advance");
+    rt.shutdown().await;
+    assert!(log.lock().expect("log").is_empty());
+
+    // The process is down for a minute; all three fall due meanwhile.
+    let rt = open(&sim, VirtualClock::new(T0 + 60_000), &log).await;
+    rt.advance(Duration::ZERO).await.expect("advance");
+    let delivered: Vec<(String, u64)> = log.lock().expect("log").iter().map(|(n, t, _)| (n.clone(), *t)).collect();
+    let at = T0 + 60_000;
+    assert_eq!(delivered, vec![("a".into(), at), ("b".into(), at), ("c".into(), at)]);
+    assert!(rt.alarms(&run).expect("alarms").is_empty(), "removed after success");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_resets_its_alarm_and_fails_keeps_the_new_time_and_is_not_retried() {
+    let log = Log::default();
+    let rt = open(&SimBackend::new(), VirtualClock::new(T0), &log).await;
+    let run = rt.start::<Alarmed>("job", &vec![("reset".to_string(), 1_000)]).await.expect("start").run_id;
+    rt.advance(Duration::from_secs(600)).await.expect("advance");
+    assert_eq!(log.lock().expect("log").len(), 1, "the failed delivery is not retried");
+    let alarms = rt.alarms(&run).expect("alarms");
+    assert_eq!(alarms.len(), 1);
+    assert_eq!(alarms[0].due_at_ms, T0 + 1_000 + 3_600_000, "the new time stands");
+    assert_eq!(alarms[0].attempts_started, 0);
+    rt.advance(Duration::from_secs(3600)).await.expect("advance");
+    let log = log.lock().expect("log").clone();
+    assert_eq!(log.len(), 2);
+    assert_eq!((log[1].1, log[1].2), (T0 + 3_601_000, 0), "delivered at the new time, as a first attempt");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_pending_alarms_keep_memory_bounded_and_the_earliest_fires_on_time() {
+    let sim = SimBackend::new();
+    let log = Log::default();
+    let rt = open(&sim, VirtualClock::new(T0), &log).await;
+    let run = rt.start::<Alarmed>("job", &vec![("earliest".to_string(), 5_000)]).await.expect("start").run_id;
+    rt.advance(Duration::ZERO).await.expect("advance");
+    rt.shutdown().await;
+
+    let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
+    let mut batch = Batch::new();
+    for i in 0..1_000_000u64 {
+        let name = format!("later-{i:07}");
+        let due = T0 + 3_600_000 + i * 10;
+        let alarm = AlarmRecord {
+            run_id: run.clone(),
+            name: name.clone(),
+            due_at_ms: due,
+            scheduled_at_ms: due,
+            payload_json: "null".into(),
+            every_ms: None,
+            attempts_started: 0,
+            generation: 1,
+            system: None,
+        };
+        batch.put(tables::ALARMS, tables::ALARMS.key(&[run.as_bytes(), name.as_bytes()]), &alarm).expect("encode");
+        batch.put(tables::ALARM_DUE, tables::alarm_due_key(due, &run, &name), &()).expect("encode");
+        if batch.ops.len() >= 20_000 {
+            store.commit(std::mem::take(&mut batch), Durability::Sync).await.expect("commit");
+        }
+    }
+    store.commit(batch, Durability::Sync).await.expect("commit");
+    store.close();
+
+    let rt = open(&sim, VirtualClock::new(T0), &log).await;
+    assert!(rt.alarm_window_len() <= limits::ALARM_WINDOW_MAX, "window {}", rt.alarm_window_len());
+    rt.advance(Duration::from_secs(5)).await.expect("advance");
+    assert_eq!(log.lock().expect("log").as_slice(), &[("earliest".to_string(), T0 + 5_000, 0)]);
+    assert_eq!(rt.metrics().alarm_lateness.max_us, 0, "fired exactly on time");
+    assert!(rt.alarm_window_len() <= limits::ALARM_WINDOW_MAX);
+}
+
+fn run_child(dir: &std::path::Path, mode: &str) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_alarm-child")).arg(dir).arg(mode).output().expect("run alarm-child");
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string())
+}
+
+#[test]
+fn a_sigkill_during_the_handler_redelivers_the_alarm_as_a_retry_after_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (code, out) = run_child(dir.path(), "kill-once");
+    assert_eq!(code, None, "killed by SIGKILL: {out}");
+    assert_eq!(out.trim(), "attempt 0 false");
+    let (code, out) = run_child(dir.path(), "kill-once");
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(out.lines().collect::<Vec<_>>(), vec!["attempt 1 true", "handled"], "the persisted count is redelivered");
+}
+
+#[test]
+fn a_handler_that_kills_the_process_every_time_is_dead_lettered_after_seven_attempts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut attempts = Vec::new();
+    for restart in 0..12 {
+        let (code, out) = run_child(dir.path(), "kill-always");
+        attempts.extend(out.lines().filter(|l| l.starts_with("attempt")).map(str::to_string));
+        if code == Some(0) {
+            assert_eq!(out.lines().last(), Some("ended escalated"), "restart {restart}: {out}");
+            break;
+        }
+        assert_eq!(code, None, "restart {restart}: killed, not failed: {out}");
+    }
+    let expected: Vec<String> = (0..7).map(|n| format!("attempt {n} {}", n > 0)).collect();
+    assert_eq!(attempts, expected, "seven attempts across seven restarts, never an eighth");
+}
