@@ -48,7 +48,8 @@ impl Agent for Alarmed {
 
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, alarms: Vec<(String, u64)>) -> Result<(), AgentError> {
         for (name, delay_ms) in alarms {
-            let spec = AlarmSpec::after(Duration::from_millis(delay_ms), &name).map_err(|e| AgentError::fail(e.to_string()))?;
+            let spec = AlarmSpec::after(Duration::from_millis(delay_ms), &name)
+                .map_err(|e| AgentError::fail(e.to_string()))?;
             ctx.set_alarm(&name, spec).await?;
         }
         ctx.cancelled().await;
@@ -63,7 +64,8 @@ impl Agent for Alarmed {
     async fn on_alarm(&self, ctx: &mut Ctx<Self>, alarm: AlarmEvent) -> Result<(), AgentError> {
         self.log.lock().expect("log").push((alarm.name.clone(), ctx.now_ms(), alarm.retry_count));
         if alarm.name == "reset" && alarm.retry_count == 0 && ctx.now_ms() < T0 + 3_600_000 {
-            let spec = AlarmSpec::after(Duration::from_secs(3600), &"later").map_err(|e| AgentError::fail(e.to_string()))?;
+            let spec = AlarmSpec::after(Duration::from_secs(3600), &"later")
+                .map_err(|e| AgentError::fail(e.to_string()))?;
             ctx.set_alarm("reset", spec).await?;
             return Err(AgentError::fail("failed after re-setting"));
         }
@@ -75,7 +77,12 @@ const T0: u64 = sim::SIM_EPOCH_MS;
 
 async fn open(sim: &SimBackend, clock: VirtualClock, log: &Log) -> Runtime {
     let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
-    Runtime::builder(store).virtual_clock(clock).agent(Alarmed { log: log.clone() }).open().await.expect("runtime")
+    Runtime::builder(store)
+        .virtual_clock(clock)
+        .agent(Alarmed { log: log.clone() })
+        .open()
+        .await
+        .expect("runtime")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -92,7 +99,8 @@ async fn alarms_that_fell_due_while_down_fire_promptly_after_start_in_due_order(
     // The process is down for a minute; all three fall due meanwhile.
     let rt = open(&sim, VirtualClock::new(T0 + 60_000), &log).await;
     rt.advance(Duration::ZERO).await.expect("advance");
-    let delivered: Vec<(String, u64)> = log.lock().expect("log").iter().map(|(n, t, _)| (n.clone(), *t)).collect();
+    let delivered: Vec<(String, u64)> =
+        log.lock().expect("log").iter().map(|(n, t, _)| (n.clone(), *t)).collect();
     let at = T0 + 60_000;
     assert_eq!(delivered, vec![("a".into(), at), ("b".into(), at), ("c".into(), at)]);
     assert!(rt.alarms(&run).expect("alarms").is_empty(), "removed after success");
@@ -140,7 +148,9 @@ async fn a_million_pending_alarms_keep_memory_bounded_and_the_earliest_fires_on_
             generation: 1,
             system: None,
         };
-        batch.put(tables::ALARMS, tables::ALARMS.key(&[run.as_bytes(), name.as_bytes()]), &alarm).expect("encode");
+        batch
+            .put(tables::ALARMS, tables::ALARMS.key(&[run.as_bytes(), name.as_bytes()]), &alarm)
+            .expect("encode");
         batch.put(tables::ALARM_DUE, tables::alarm_due_key(due, &run, &name), &()).expect("encode");
         if batch.ops.len() >= 20_000 {
             store.commit(std::mem::take(&mut batch), Durability::Sync).await.expect("commit");
@@ -158,7 +168,8 @@ async fn a_million_pending_alarms_keep_memory_bounded_and_the_earliest_fires_on_
 }
 
 fn run_child(dir: &std::path::Path, mode: &str) -> (Option<i32>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_alarm-child")).arg(dir).arg(mode).output().expect("run alarm-child");
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_alarm-child")).arg(dir).arg(mode).output().expect("run alarm-child");
     (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string())
 }
 
@@ -170,7 +181,11 @@ fn a_sigkill_during_the_handler_redelivers_the_alarm_as_a_retry_after_restart() 
     assert_eq!(out.trim(), "attempt 0 false");
     let (code, out) = run_child(dir.path(), "kill-once");
     assert_eq!(code, Some(0), "{out}");
-    assert_eq!(out.lines().collect::<Vec<_>>(), vec!["attempt 1 true", "handled"], "the persisted count is redelivered");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        vec!["attempt 1 true", "handled"],
+        "the persisted count is redelivered"
+    );
 }
 
 #[test]

@@ -98,6 +98,7 @@ pub(crate) async fn request(
     shared.scheduler.insert(escalation.due_at_ms, &run_id, &escalation.name);
     shared.driver_wake.notify_one();
     shared.event(&run_id, "approval_requested", format!("{approval_id}: hash {}", record.payload_hash));
+    crate::fiber::boundary(raw, &format!("after_approval_request:{approval_id}")).await;
     wait_for_decision(raw, approval_id, &key).await
 }
 

@@ -76,14 +76,16 @@ where
             entry
         }
     };
-    shared.crash_point(&format!("after_effect_prepare:{effect_id}"));
+    crate::fiber::boundary(raw, &format!("after_effect_prepare:{effect_id}")).await;
 
     let mut last_error = String::new();
     for attempt in 1..=limits::EFFECT_ATTEMPTS_MAX {
         match f(entry.idempotency_key.clone(), args.clone()).await {
             Ok(receipt) => {
-                shared.crash_point(&format!("after_effect_call:{effect_id}"));
-                return commit(raw, key, entry, &receipt).await.map(|()| receipt);
+                crate::fiber::boundary(raw, &format!("after_effect_call:{effect_id}")).await;
+                commit(raw, key, entry, &receipt).await?;
+                crate::fiber::boundary(raw, &format!("after_effect_commit:{effect_id}")).await;
+                return Ok(receipt);
             }
             Err(e) => {
                 last_error = e.to_string();

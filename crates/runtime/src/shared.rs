@@ -22,9 +22,12 @@ use crate::{
     run::registry::Registry,
 };
 
-/// Called when execution reaches a named crash point (`after_effect_call:<effect_id>`, ...).
-/// Tests crash a simulated store there; the drill's server stops there to be killed.
-pub type CrashHook = Arc<dyn Fn(&str) + Send + Sync>;
+/// Called at every boundary of a fiber with `(run_id, point)`, where point names the
+/// boundary: `after_stash:<step>`, `after_effect_prepare:<id>`, `after_effect_call:<id>`,
+/// `after_effect_commit:<id>`, `after_approval_request:<id>`. Returning `true` evicts the run
+/// right there. Tests evict or crash at an exact boundary; the drill's server stops at one to
+/// be killed.
+pub type CrashHook = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
 
 /// One live run's in-memory side: dropped on hibernation or eviction.
 pub(crate) struct RunCell {
@@ -170,12 +173,6 @@ impl Shared {
 
     pub fn status_changed(&self) {
         self.status_version.send_modify(|v| *v += 1);
-    }
-
-    pub fn crash_point(&self, name: &str) {
-        if let Some(hook) = &self.crash_hook {
-            hook(name);
-        }
     }
 
     pub fn jitter_between(&self, lo: u64, hi: u64) -> u64 {

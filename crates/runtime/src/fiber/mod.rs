@@ -32,6 +32,18 @@ pub(crate) enum FiberMode {
     Recover(RecoveryReason),
 }
 
+/// A boundary was committed: the crash hook or seeded chaos may evict the run right here,
+/// the same point a real eviction or crash could hit.
+pub(crate) async fn boundary(raw: &RawCtx, point: &str) {
+    let shared = &raw.shared;
+    let run_id = &raw.cell.run_id;
+    let hooked = shared.crash_hook.as_ref().is_some_and(|hook| hook(run_id, point));
+    if hooked || (raw.in_fiber && shared.chaos_strikes()) {
+        crate::eviction::idle::request_eviction(shared, run_id, if hooked { "crash point" } else { "chaos" });
+        shared.parked(raw.in_fiber, std::future::pending::<()>()).await;
+    }
+}
+
 /// Starts or recovers the fiber if the run needs one. Runs inside the actor, so one at a time.
 pub(crate) async fn on_activate(shared: &Arc<Shared>, cell: &Arc<RunCell>) {
     if cell.fiber_running() {

@@ -48,10 +48,6 @@ pub(crate) async fn write(raw: &mut RawCtx, step: &str, stash_json: String) -> R
     }
     shared.metrics.stash_commit.record_us(watch.elapsed_us());
     tracing::debug!(run_id, step, seq = record.seq, "stash committed");
-    if shared.chaos_strikes() {
-        // Chaos evicts right after a boundary: the same point a real eviction could hit.
-        crate::eviction::idle::request_eviction(&shared, &run_id, "chaos");
-        shared.parked(raw.in_fiber, std::future::pending::<()>()).await;
-    }
+    crate::fiber::boundary(raw, &format!("after_stash:{step}")).await;
     Ok(())
 }
