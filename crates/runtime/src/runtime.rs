@@ -51,9 +51,17 @@ pub struct RuntimeBuilder {
     kinds: HashMap<String, Arc<dyn ErasedAgent>>,
     secrets: Secrets,
     crash_hook: Option<CrashHook>,
+    passive: bool,
 }
 
 impl RuntimeBuilder {
+    /// Opens for inspection only: no recovery scan, no driver, no agent code runs. Reads,
+    /// decisions and cancellations are durable and picked up by the next serving runtime.
+    pub fn passive(mut self) -> Self {
+        self.passive = true;
+        self
+    }
+
     /// Registers an agent kind under `A::KIND`.
     pub fn agent<A: Agent>(mut self, agent: A) -> Self {
         self.kinds.insert(A::KIND.to_string(), Arc::new(Typed::<A>(Arc::new(agent), PhantomData)));
@@ -114,7 +122,15 @@ impl RuntimeBuilder {
             opened: Stopwatch::start(),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             busy: tokio::sync::watch::Sender::new(0),
+            passive: self.passive,
         });
+        if self.passive {
+            return Ok(Runtime {
+                shared,
+                virtual_clock: self.virtual_clock,
+                driver: Arc::new(Mutex::new(None)),
+            });
+        }
         shared.scheduler.refill(&shared.store)?;
         let interrupted = recovery::scan_and_reactivate(&shared).await?;
         tracing::info!(interrupted, "runtime open");
@@ -193,6 +209,9 @@ pub(crate) async fn activate(shared: &Arc<Shared>, run_id: &str) -> Result<LiveR
 
 /// Activates `run_id` and lets its actor start or recover the fiber.
 pub(crate) async fn reactivate(shared: &Arc<Shared>, run_id: &str) {
+    if shared.passive {
+        return;
+    }
     match activate(shared, run_id).await {
         Ok(live) => {
             shared.liveness.activity(run_id, shared.now_ms());
@@ -267,6 +286,7 @@ impl Runtime {
             kinds: HashMap::new(),
             secrets: Secrets::default(),
             crash_hook: None,
+            passive: false,
         }
     }
 
@@ -448,6 +468,11 @@ impl Runtime {
 
     /// `send` with a JSON message.
     pub async fn send_json(&self, run_id: &str, message_json: &str) -> Result<(), RuntimeError> {
+        if self.shared.passive {
+            return Err(RuntimeError::InvalidInput(
+                "messages need a serving runtime; this one only inspects".into(),
+            ));
+        }
         let run = self.shared.load_run(run_id)?;
         if run.status.is_terminal() {
             return Err(RuntimeError::RunFinished { run_id: run_id.into(), state: run.status.name().into() });

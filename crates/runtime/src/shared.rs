@@ -95,6 +95,9 @@ pub(crate) struct Shared {
     /// Work in progress that virtual time must wait for: fibers not parked on the clock or
     /// a human, and events on their way to an actor.
     pub busy: watch::Sender<u64>,
+    /// An inspection handle (the command line on a bare data directory): it reads and
+    /// records decisions but never runs agent code; the next serving runtime does.
+    pub passive: bool,
 }
 
 /// A parked wait. When it completes it counts the fiber busy again *before* dropping the

@@ -1,10 +1,16 @@
-//! One module per command; [`run`] dispatches.
+//! One module per command; [`run`] dispatches and prints.
 
+pub mod bench;
+pub mod drill;
+pub mod inspect;
+pub mod serve;
 pub mod sim;
 
-use crate::args::{Command, Sim};
+use durafiber_runtime::{Decision, ListFilter};
 
-/// Prints `lines`, then `report` as the last line when `json` is set.
+use crate::args::{AlarmsAction, ApprovalsAction, Command, RunsAction, Sim};
+
+/// Prints `lines`, then `report`: as one JSON line when `json` is set, else pretty.
 pub fn print_report<T: serde::Serialize>(lines: &[String], report: &T, json: bool) -> anyhow::Result<()> {
     for line in lines {
         println!("{line}");
@@ -17,9 +23,20 @@ pub fn print_report<T: serde::Serialize>(lines: &[String], report: &T, json: boo
     Ok(())
 }
 
+fn print_json(value: &serde_json::Value) -> anyhow::Result<i32> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(0)
+}
+
 /// Runs one command; the exit code on success.
 pub async fn run(command: Command) -> anyhow::Result<i32> {
     match command {
+        Command::Serve { data, listen, config } => {
+            init_tracing("info");
+            serve::serve(&data, listen, config.as_deref()).await?;
+            Ok(0)
+        }
+        Command::Drill { json, seed, out } => drill::run(json, seed, out.as_deref()).await,
         Command::Sim { which: Sim::Eviction { json, seed } } => {
             let (lines, report) = sim::eviction(seed).await?;
             print_report(&lines, &report, json)?;
@@ -30,6 +47,35 @@ pub async fn run(command: Command) -> anyhow::Result<i32> {
             print_report(&lines, &report, json)?;
             Ok(0)
         }
-        _ => anyhow::bail!("not available in this build"),
+        Command::Bench { which } => bench::run(which).await,
+        Command::Runs { action: RunsAction::List { state, kind, limit, after, target } } => {
+            print_json(&inspect::runs_list(&target, ListFilter { state, kind, after, limit }).await?)
+        }
+        Command::Runs { action: RunsAction::Show { run_id, target } } => {
+            print_json(&inspect::runs_show(&target, &run_id).await?)
+        }
+        Command::Approvals { action: ApprovalsAction::List { target } } => {
+            print_json(&inspect::approvals_list(&target).await?)
+        }
+        Command::Approve { run_id, approval_id, hash, reject, comment, target } => {
+            let decision = Decision { approved: !reject, comment };
+            print_json(&inspect::approve(&target, &run_id, &approval_id, &hash, decision).await?)
+        }
+        Command::Cancel { run_id, reason, target } => {
+            print_json(&inspect::cancel(&target, &run_id, &reason).await?)
+        }
+        Command::Alarms { action: AlarmsAction::List { run_id, target } } => {
+            print_json(&inspect::alarms_list(&target, &run_id).await?)
+        }
     }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `level`).
+pub fn init_tracing(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
 }

@@ -1,1 +1,23 @@
-//! The server's HTTP JSON API ([`server`]) and the client the CLI uses ([`client`]).
+//! The server's HTTP JSON API ([`server`]) and the client the command line uses
+//! ([`client`]).
+//!
+//! | method | path                                   | what                                  |
+//! |--------|----------------------------------------|---------------------------------------|
+//! | GET    | `/health`                              | liveness                              |
+//! | POST   | `/runs` (`Idempotency-Key` header)     | start `{kind, input, options?}`       |
+//! | GET    | `/runs?state=&kind=&limit=&after=`     | list runs, paged                      |
+//! | GET    | `/runs/{id}`                           | state, stash, ledger, alarms, approvals (secrets redacted) |
+//! | POST   | `/runs/{id}/cancel`                    | `{reason}`                            |
+//! | POST   | `/runs/{id}/messages`                  | a message for `on_message`            |
+//! | GET    | `/approvals`                           | pending approvals: payload, hash, age |
+//! | POST   | `/runs/{id}/approvals/{approval_id}`   | `{payload_hash, approved, comment}`   |
+//! | GET    | `/runs/{id}/alarms`                    | the run's alarms                      |
+//! | PUT    | `/runs/{id}/alarms/{name}`             | `{delay_ms | at_ms, payload, every_ms}` |
+//! | DELETE | `/runs/{id}/alarms/{name}`             | cancel an alarm                       |
+//! | GET    | `/metrics`, `/events?run_id=`          | counters, histograms, the event log   |
+//!
+//! Every error is a JSON object `{"error": "...", "kind": "..."}` with a 4xx status for bad
+//! requests and a 5xx status for the runtime's own failures.
+
+pub mod client;
+pub mod server;

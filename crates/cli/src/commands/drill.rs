@@ -1,0 +1,298 @@
+//! `durafiber drill`: the kill-and-resume drill, end to end, with real processes.
+//!
+//! 1. start the refund job on a server; it reaches the human approval pause;
+//! 2. SIGKILL the server mid-wait; restart it;
+//! 3. approve using only the stored handle and the hash the pending-approval view shows;
+//! 4. SIGKILL it again between the upstream refund call and the receipt commit (the server
+//!    is told to stop exactly there); restart it; wait for completion;
+//! 5. score the five metrics against the upstream, which counts objects itself.
+//!
+//! The upstream lives in this process, so it outlives every server it is killing.
+
+use std::{
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use durafiber_runtime::{canonical_json, sha256_hex};
+use durafiber_testkit::{agents::RefundDraft, upstream::Upstream};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::http::client::Client;
+
+/// The drill's score and the facts behind it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DrillReport {
+    /// The same run id continued across both kills; no run was invented.
+    pub same_run_id: bool,
+    /// One refund and one email, counted upstream.
+    pub side_effects_once: bool,
+    /// The state after each restart is the state before its kill.
+    pub state_position: bool,
+    /// After the restart, the approval view shows the pending payload.
+    pub human_sees_context: bool,
+    /// The ledger's receipt hashes equal the upstream objects'.
+    pub ledger_matches_upstream: bool,
+    /// All five.
+    pub pass: bool,
+    /// The run's handle.
+    pub run_id: String,
+    /// The seed.
+    pub seed: u64,
+    /// Refund objects upstream.
+    pub upstream_refunds: usize,
+    /// Email objects upstream.
+    pub upstream_emails: usize,
+    /// Wall time of the whole drill, ms.
+    pub elapsed_ms: u64,
+    /// Where the recording is.
+    pub recording: String,
+}
+
+struct Server {
+    child: Child,
+    client: Client,
+    log: PathBuf,
+}
+
+fn spawn_server(exe: &Path, data: &Path, log: &Path, stop_at: Option<&str>) -> anyhow::Result<Server> {
+    let log_file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["serve", "--data"])
+        .arg(data)
+        .args(["--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .env_remove("DURAFIBER_STOP_AT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log_file);
+    if let Some(point) = stop_at {
+        cmd.env("DURAFIBER_STOP_AT", point);
+    }
+    let mut child = cmd.spawn().with_context(|| format!("starting {}", exe.display()))?;
+    let stdout = child.stdout.take().context("server stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let line = rx.recv_timeout(Duration::from_secs(60)).context("the server did not start listening")?;
+    let addr: SocketAddr = line
+        .strip_prefix("listening on ")
+        .and_then(|a| a.parse().ok())
+        .with_context(|| format!("unexpected first line from the server: {line}"))?;
+    Ok(Server { child, client: Client::new(addr), log: log.to_path_buf() })
+}
+
+fn sigkill(server: &mut Server) {
+    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGKILL) };
+    let _ = server.child.wait();
+}
+
+fn sigterm(server: &mut Server) {
+    // SAFETY: as above.
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    let _ = server.child.wait();
+}
+
+/// Polls the run until `pred` holds. The drill orchestrates real processes in real time.
+async fn wait_run(
+    client: &Client,
+    run_id: &str,
+    what: &str,
+    pred: impl Fn(&Value) -> bool,
+) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(run) = client.get(&format!("/runs/{run_id}")).await {
+            if pred(&run) {
+                return Ok(run);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("timed out waiting for the run to {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_log(path: &Path, needle: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(path).unwrap_or_default().contains(needle) {
+        if Instant::now() > deadline {
+            bail!("timed out waiting for {needle:?} in {}", path.display());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+fn position(run: &Value) -> (Value, Value) {
+    (run["run"]["status"].clone(), run["stash"]["seq"].clone())
+}
+
+fn ledger_entry<'a>(run: &'a Value, effect: &str) -> Option<&'a Value> {
+    run["ledger"].as_array()?.iter().find(|e| e["effect_id"] == effect)
+}
+
+fn hash_of(value: &Value) -> String {
+    sha256_hex(canonical_json(value).unwrap_or_default().as_bytes())
+}
+
+/// Runs the drill with the `durafiber` binary at `exe`; the recording goes to `out`.
+pub async fn drill(exe: &Path, seed: u64, out: &Path) -> anyhow::Result<DrillReport> {
+    let started = Instant::now();
+    let data = out.join("data");
+    if data.exists() {
+        std::fs::remove_dir_all(&data).with_context(|| format!("clearing {}", data.display()))?;
+    }
+    std::fs::create_dir_all(out)?;
+    let upstream = Upstream::start().await.context("starting the upstream")?;
+    let draft = RefundDraft {
+        order_id: format!("ord_{seed}"),
+        amount_cents: 1_000 + seed % 9_000,
+        reason: "customer request".into(),
+    };
+    let input = json!({
+        "order_id": draft.order_id, "amount_cents": draft.amount_cents,
+        "customer_email": "customer@example.com", "upstream": upstream.url(), "api_key": null,
+    });
+
+    eprintln!("drill: [1/5] start the refund job; it pauses for a human");
+    let mut s1 = spawn_server(exe, &data, &out.join("server-1.log"), None)?;
+    let started_run = s1
+        .client
+        .post("/runs", &json!({"kind": "refund", "input": input}), Some(&format!("drill-{seed}")))
+        .await?;
+    let run_id = started_run["run_id"].as_str().context("no run id")?.to_string();
+    let before_kill_1 = wait_run(&s1.client, &run_id, "pause for approval", |r| {
+        r["run"]["status"].get("waiting_approval").is_some()
+    })
+    .await?;
+
+    eprintln!("drill: [2/5] SIGKILL the server mid-wait, restart it");
+    sigkill(&mut s1);
+    let mut s2 = spawn_server(exe, &data, &out.join("server-2.log"), Some("after_effect_call:refund"))?;
+    let after_kill_1 = s2.client.get(&format!("/runs/{run_id}")).await?;
+    let view = s2.client.get("/approvals").await?;
+    let pending = view.as_array().and_then(|a| a.iter().find(|p| p["run_id"] == run_id.as_str())).cloned();
+    let draft_json = serde_json::to_value(&draft)?;
+    let human_sees_context = pending
+        .as_ref()
+        .is_some_and(|p| p["payload"] == draft_json && p["payload_hash"] == hash_of(&draft_json).as_str());
+
+    eprintln!("drill: [3/5] approve with the stored handle and the hash the view shows");
+    let hash = pending
+        .as_ref()
+        .and_then(|p| p["payload_hash"].as_str())
+        .context("no pending approval after the restart")?;
+    s2.client
+        .post(
+            &format!("/runs/{run_id}/approvals/refund"),
+            &json!({"payload_hash": hash, "approved": true, "comment": "drill"}),
+            None,
+        )
+        .await?;
+    wait_log(&s2.log, "STOPPED AT after_effect_call:refund").await?;
+    let before_kill_2 = s2.client.get(&format!("/runs/{run_id}")).await?;
+
+    eprintln!("drill: [4/5] SIGKILL between the upstream refund and its receipt commit, restart");
+    sigkill(&mut s2);
+    let mut s3 = spawn_server(exe, &data, &out.join("server-3.log"), None)?;
+    let after_kill_2 = s3.client.get(&format!("/runs/{run_id}")).await?;
+    let done =
+        wait_run(&s3.client, &run_id, "complete", |r| r["run"]["status"].get("completed").is_some()).await?;
+    let runs = s3.client.get("/runs?kind=refund&limit=100").await?;
+    sigterm(&mut s3);
+
+    eprintln!("drill: [5/5] score against the upstream");
+    let refunds = upstream.objects("refunds");
+    let emails = upstream.objects("emails");
+    let key_before = ledger_entry(&before_kill_2, "refund").map(|e| e["idempotency_key"].clone());
+    let key_after = ledger_entry(&after_kill_2, "refund").map(|e| e["idempotency_key"].clone());
+    let state_position = position(&before_kill_1) == position(&after_kill_1)
+        && key_before.is_some()
+        && key_before == key_after
+        && ledger_entry(&before_kill_2, "refund").is_some_and(|e| e["committed"].is_null())
+        && done["approvals"].as_array().is_some_and(|a| a.len() == 1);
+    let logs: Vec<String> = (1..=3)
+        .map(|i| std::fs::read_to_string(out.join(format!("server-{i}.log"))).unwrap_or_default())
+        .collect();
+    let same_run_id =
+        runs["runs"].as_array().is_some_and(|r| r.len() == 1 && r[0]["run_id"] == run_id.as_str())
+            && done["run"]["run_id"] == run_id.as_str()
+            && logs.iter().all(|l| l.contains(&run_id));
+    let receipt_matches = |effect: &str, objects: &[Value]| {
+        objects.len() == 1
+            && ledger_entry(&done, effect)
+                .is_some_and(|e| e["committed"]["receipt_hash"] == hash_of(&objects[0]).as_str())
+    };
+    let ledger_matches_upstream =
+        receipt_matches("refund", &refunds) && receipt_matches("email:confirmation", &emails);
+    let side_effects_once = refunds.len() == 1 && emails.len() == 1;
+    let report = DrillReport {
+        pass: same_run_id
+            && side_effects_once
+            && state_position
+            && human_sees_context
+            && ledger_matches_upstream,
+        same_run_id,
+        side_effects_once,
+        state_position,
+        human_sees_context,
+        ledger_matches_upstream,
+        run_id,
+        seed,
+        upstream_refunds: refunds.len(),
+        upstream_emails: emails.len(),
+        elapsed_ms: started.elapsed().as_millis() as u64,
+        recording: out.display().to_string(),
+    };
+    let recording = json!({
+        "report": report, "upstream": {"refunds": refunds, "emails": emails},
+        "snapshots": {"before_kill_1": before_kill_1, "after_kill_1": after_kill_1,
+                      "before_kill_2": before_kill_2, "after_kill_2": after_kill_2, "final": done},
+    });
+    std::fs::write(out.join("report.json"), serde_json::to_string_pretty(&recording)?)?;
+    Ok(report)
+}
+
+/// `durafiber drill`: prints the score table; exit 0 only if every metric passes.
+pub async fn run(json_line: bool, seed: u64, out: Option<&Path>) -> anyhow::Result<i32> {
+    let exe = std::env::current_exe().context("locating the durafiber binary")?;
+    let out = match out {
+        Some(dir) => dir.to_path_buf(),
+        None => std::env::temp_dir().join(format!("durafiber-drill-{seed}-{}", std::process::id())),
+    };
+    let r = drill(&exe, seed, &out).await?;
+    let mark = |ok: bool| if ok { "PASS" } else { "FAIL" };
+    println!("{:<26} {}", "metric", "result");
+    println!("{:<26} {}", "same run id continues", mark(r.same_run_id));
+    println!(
+        "{:<26} {} ({} refund, {} email upstream)",
+        "side effects once",
+        mark(r.side_effects_once),
+        r.upstream_refunds,
+        r.upstream_emails
+    );
+    println!("{:<26} {}", "state-machine position", mark(r.state_position));
+    println!("{:<26} {}", "human sees prior context", mark(r.human_sees_context));
+    println!("{:<26} {}", "ledger matches upstream", mark(r.ledger_matches_upstream));
+    println!("run {} in {} ms; recording in {}", r.run_id, r.elapsed_ms, r.recording);
+    if json_line {
+        let line = json!({
+            "same_run_id": r.same_run_id, "side_effects_once": r.side_effects_once, "state_position": r.state_position,
+            "human_sees_context": r.human_sees_context, "ledger_matches_upstream": r.ledger_matches_upstream,
+            "pass": r.pass, "run_id": r.run_id, "seed": r.seed,
+        });
+        println!("{line}");
+    }
+    Ok(if r.pass { 0 } else { 1 })
+}

@@ -1,0 +1,114 @@
+//! `runs list|show`, `approvals list`, `approve`, `cancel`, `alarms list`: through a running
+//! server when one answers, or straight on the data directory when none runs. On a bare
+//! directory the runtime opens passively: it reads and records decisions, and never runs an
+//! agent; the next server picks the decision up.
+
+use anyhow::{Context as _, bail};
+use durafiber_runtime::{Decision, ListFilter, Runtime};
+use durafiber_store::{Store, StoreConfig, StoreError};
+use serde_json::{Value, json};
+
+use crate::{args::Target, http::client::Client};
+
+/// Where a command's answer comes from.
+pub enum Source {
+    /// A live server.
+    Server(Client),
+    /// The data directory itself.
+    Direct(Runtime),
+}
+
+/// Picks the server when it answers, else the data directory.
+pub async fn source(target: &Target) -> anyhow::Result<Source> {
+    if let Some(addr) = target.server {
+        let client = Client::new(addr);
+        if client.is_up().await {
+            return Ok(Source::Server(client));
+        }
+        if target.data.is_none() {
+            bail!("no server answers at {addr}, and no --data directory was given");
+        }
+    }
+    let Some(dir) = &target.data else { bail!("give --server ADDR or --data DIR") };
+    let store = match Store::open_dir(dir, StoreConfig::default()) {
+        Ok(s) => s,
+        Err(StoreError::DirLocked { path }) => {
+            bail!("{} is in use by a running server; pass --server ADDR to talk to it", path.display())
+        }
+        Err(e) => return Err(e).with_context(|| format!("opening {}", dir.display())),
+    };
+    let runtime = crate::agents::register(Runtime::builder(store)).passive().open().await?;
+    Ok(Source::Direct(runtime))
+}
+
+fn to_json<T: serde::Serialize>(value: T) -> anyhow::Result<Value> {
+    Ok(serde_json::to_value(value)?)
+}
+
+/// `runs list`.
+pub async fn runs_list(target: &Target, filter: ListFilter) -> anyhow::Result<Value> {
+    match source(target).await? {
+        Source::Server(c) => {
+            let mut q = vec![format!("limit={}", filter.limit)];
+            for (k, v) in [("state", &filter.state), ("kind", &filter.kind), ("after", &filter.after)] {
+                if let Some(v) = v {
+                    q.push(format!("{k}={v}"));
+                }
+            }
+            c.get(&format!("/runs?{}", q.join("&"))).await
+        }
+        Source::Direct(rt) => to_json(rt.list(&filter)?),
+    }
+}
+
+/// `runs show`.
+pub async fn runs_show(target: &Target, run_id: &str) -> anyhow::Result<Value> {
+    match source(target).await? {
+        Source::Server(c) => c.get(&format!("/runs/{run_id}")).await,
+        Source::Direct(rt) => to_json(rt.inspect(run_id)?),
+    }
+}
+
+/// `approvals list`.
+pub async fn approvals_list(target: &Target) -> anyhow::Result<Value> {
+    match source(target).await? {
+        Source::Server(c) => c.get("/approvals").await,
+        Source::Direct(rt) => to_json(rt.pending_approvals(None)?),
+    }
+}
+
+/// `approve`.
+pub async fn approve(
+    target: &Target,
+    run_id: &str,
+    approval_id: &str,
+    hash: &str,
+    decision: Decision,
+) -> anyhow::Result<Value> {
+    match source(target).await? {
+        Source::Server(c) => {
+            let body =
+                json!({"payload_hash": hash, "approved": decision.approved, "comment": decision.comment});
+            c.post(&format!("/runs/{run_id}/approvals/{approval_id}"), &body, None).await
+        }
+        Source::Direct(rt) => to_json(rt.approve(run_id, approval_id, hash, decision).await?),
+    }
+}
+
+/// `cancel`.
+pub async fn cancel(target: &Target, run_id: &str, reason: &str) -> anyhow::Result<Value> {
+    match source(target).await? {
+        Source::Server(c) => {
+            c.post(&format!("/runs/{run_id}/cancel"), &json!({"reason": reason}), None).await
+        }
+        Source::Direct(rt) => to_json(json!({"run_id": run_id, "status": rt.cancel(run_id, reason).await?})),
+    }
+}
+
+/// `alarms list`.
+pub async fn alarms_list(target: &Target, run_id: &str) -> anyhow::Result<Value> {
+    match source(target).await? {
+        Source::Server(c) => c.get(&format!("/runs/{run_id}/alarms")).await,
+        Source::Direct(rt) => to_json(rt.alarms(run_id)?),
+    }
+}

@@ -1,0 +1,85 @@
+//! `durafiber serve`: the runtime with the hosted agents, behind the HTTP JSON API.
+//!
+//! Prints `listening on ADDR` once it accepts connections. SIGTERM (or Ctrl-C) stops it
+//! gracefully; SIGKILL is safe by design, since nothing acknowledged lives only in memory.
+//! `DURAFIBER_STOP_AT=<point>` makes the server stop at that boundary (for example
+//! `after_effect_call:refund`) and wait there to be killed: the drill's deterministic crash.
+
+use std::{io::Write, net::SocketAddr, path::Path, sync::Arc};
+
+use anyhow::Context as _;
+use durafiber_runtime::{CrashHook, Runtime, RuntimeConfig, Secrets};
+use durafiber_store::{Store, StoreConfig};
+
+use crate::http::server::{AppState, router};
+
+/// Reads a JSON configuration file; defaults when there is none.
+pub fn load_config(path: Option<&Path>) -> anyhow::Result<RuntimeConfig> {
+    match path {
+        None => Ok(RuntimeConfig::default()),
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            RuntimeConfig::from_json(&text).with_context(|| format!("in {}", p.display()))
+        }
+    }
+}
+
+fn stop_at_hook(point: String) -> CrashHook {
+    Arc::new(move |run_id: &str, reached: &str| {
+        if reached == point {
+            tracing::warn!(
+                run_id,
+                point = reached,
+                "stopped at the requested crash point; waiting to be killed"
+            );
+            let mut err = std::io::stderr().lock();
+            let _ = writeln!(err, "STOPPED AT {reached} run {run_id}");
+            let _ = err.flush();
+            // Hold this thread here for good: the process is meant to die at this point.
+            loop {
+                std::thread::park();
+            }
+        }
+        false
+    })
+}
+
+/// Opens the store and the runtime for serving.
+pub async fn open_runtime(data: &Path, config: RuntimeConfig) -> anyhow::Result<Runtime> {
+    let store =
+        Store::open_dir(data, StoreConfig { flush_every: config.flush_every, ..StoreConfig::default() })
+            .with_context(|| format!("opening {}", data.display()))?;
+    let mut builder = crate::agents::register(Runtime::builder(store).config(config));
+    if let Ok(point) = std::env::var("DURAFIBER_STOP_AT") {
+        builder = builder.crash_hook(stop_at_hook(point));
+    }
+    Ok(builder.open().await?)
+}
+
+/// Serves until SIGTERM or Ctrl-C.
+pub async fn serve(data: &Path, listen: SocketAddr, config: Option<&Path>) -> anyhow::Result<()> {
+    let config = load_config(config)?;
+    let runtime = open_runtime(data, config).await?;
+    let listener =
+        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+    let addr = listener.local_addr()?;
+    let app = router(AppState { runtime: runtime.clone(), secrets: Secrets::default() });
+    println!("listening on {addr}");
+    let _ = std::io::stdout().flush();
+    tracing::info!(%addr, data = %data.display(), "serving");
+    let shutdown = async {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.context("serving HTTP")?;
+    tracing::info!("stopping");
+    runtime.shutdown().await;
+    runtime.store().close();
+    Ok(())
+}

@@ -1,0 +1,49 @@
+//! The command line's client of the HTTP API: one JSON request, one JSON answer, and an
+//! error that reads as one line.
+
+use std::net::SocketAddr;
+
+use anyhow::{Context as _, bail};
+use serde_json::Value;
+
+/// A client of one server.
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// A client of the server at `addr`.
+    pub fn new(addr: SocketAddr) -> Self {
+        Client { base: format!("http://{addr}"), http: reqwest::Client::new() }
+    }
+
+    /// Whether the server answers `/health`.
+    pub async fn is_up(&self) -> bool {
+        self.http.get(format!("{}/health", self.base)).send().await.is_ok_and(|r| r.status().is_success())
+    }
+
+    async fn answer(response: reqwest::Response) -> anyhow::Result<Value> {
+        let status = response.status();
+        let body: Value = response.json().await.context("the server's answer is not JSON")?;
+        if !status.is_success() {
+            bail!("{}", body["error"].as_str().unwrap_or("request failed"));
+        }
+        Ok(body)
+    }
+
+    /// GET `path`.
+    pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        let r = self.http.get(format!("{}{path}", self.base)).send().await.context("server unreachable")?;
+        Self::answer(r).await
+    }
+
+    /// POST `body` to `path`, with an optional idempotency key.
+    pub async fn post(&self, path: &str, body: &Value, key: Option<&str>) -> anyhow::Result<Value> {
+        let mut req = self.http.post(format!("{}{path}", self.base)).json(body);
+        if let Some(key) = key {
+            req = req.header("Idempotency-Key", key);
+        }
+        Self::answer(req.send().await.context("server unreachable")?).await
+    }
+}

@@ -1,0 +1,257 @@
+//! The HTTP JSON API over a [`Runtime`]. Bodies are parsed by hand so that malformed JSON
+//! gets the same JSON error shape as every other refusal; nothing a client sends can crash
+//! the server.
+
+use std::time::Duration;
+
+use axum::{
+    Json, Router,
+    body::Bytes,
+    extract::{Path, Query, State},
+    http::{HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+    routing::{get, post, put},
+};
+use durafiber_runtime::{
+    AlarmAt, AlarmSpec, Decision, ListFilter, RunOptions, Runtime, RuntimeError, Secrets, canonical_json,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    /// The runtime served.
+    pub runtime: Runtime,
+    /// Used to redact secret values from inspection output.
+    pub secrets: Secrets,
+}
+
+/// An API error: a status and a JSON body.
+pub struct ApiError(StatusCode, String, &'static str);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({"error": self.1, "kind": self.2}))).into_response()
+    }
+}
+
+impl From<RuntimeError> for ApiError {
+    fn from(e: RuntimeError) -> Self {
+        use RuntimeError::*;
+        let (status, kind) = match &e {
+            UnknownRun { .. } => (StatusCode::NOT_FOUND, "UnknownRun"),
+            UnknownKind { .. } => (StatusCode::BAD_REQUEST, "UnknownKind"),
+            KeyConflict { .. } => (StatusCode::CONFLICT, "KeyConflict"),
+            StaleApproval { .. } => (StatusCode::CONFLICT, "StaleApproval"),
+            NotPending { .. } => (StatusCode::CONFLICT, "NotPending"),
+            AlreadyDecided { .. } => (StatusCode::CONFLICT, "AlreadyDecided"),
+            RunFinished { .. } => (StatusCode::CONFLICT, "RunFinished"),
+            InvalidInput(_) | Config(_) => (StatusCode::BAD_REQUEST, "InvalidInput"),
+            Agent(_) => (StatusCode::UNPROCESSABLE_ENTITY, "Agent"),
+            ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "ShuttingDown"),
+            NotVirtual | Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "Internal"),
+        };
+        ApiError(status, e.to_string(), kind)
+    }
+}
+
+fn bad_request(msg: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, msg.into(), "BadRequest")
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| bad_request(format!("malformed JSON body: {e}")))
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+fn ok(value: impl serde::Serialize) -> ApiResult {
+    Ok(Json(
+        serde_json::to_value(value)
+            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "Internal"))?,
+    )
+    .into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StartBody {
+    kind: String,
+    input: Value,
+    #[serde(default)]
+    options: Option<StartOptions>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct StartOptions {
+    durability: Option<String>,
+    fiber_keep_alive: Option<bool>,
+}
+
+async fn start(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| bad_request("an Idempotency-Key header is required"))?
+        .to_string();
+    let body: StartBody = parse(&body)?;
+    let options = body.options.unwrap_or_default();
+    let input = canonical_json(&body.input).map_err(bad_request)?;
+    let out = app
+        .runtime
+        .start_json(
+            &body.kind,
+            &key,
+            &input,
+            RunOptions { durability: options.durability, fiber_keep_alive: options.fiber_keep_alive },
+        )
+        .await?;
+    let status = if out.accepted { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(json!(out))).into_response())
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    state: Option<String>,
+    kind: Option<String>,
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn list(State(app): State<AppState>, Query(q): Query<ListQuery>) -> ApiResult {
+    let filter = ListFilter { state: q.state, kind: q.kind, after: q.after, limit: q.limit.unwrap_or(50) };
+    ok(app.runtime.list(&filter)?)
+}
+
+async fn show(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiResult {
+    let inspection = app.runtime.inspect(&run_id)?;
+    let text = serde_json::to_string(&inspection).map_err(|e| bad_request(e.to_string()))?;
+    let redacted: Value =
+        serde_json::from_str(&app.secrets.redact(&text)).map_err(|e| bad_request(e.to_string()))?;
+    Ok(Json(redacted).into_response())
+}
+
+#[derive(Deserialize, Default)]
+struct CancelBody {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+async fn cancel(State(app): State<AppState>, Path(run_id): Path<String>, body: Bytes) -> ApiResult {
+    let body: CancelBody = if body.is_empty() { CancelBody::default() } else { parse(&body)? };
+    let reason = body.reason.unwrap_or_else(|| "cancelled through the API".into());
+    ok(json!({"run_id": run_id, "status": app.runtime.cancel(&run_id, &reason).await?}))
+}
+
+async fn message(State(app): State<AppState>, Path(run_id): Path<String>, body: Bytes) -> ApiResult {
+    let value: Value = parse(&body)?;
+    app.runtime.send_json(&run_id, &value.to_string()).await?;
+    ok(json!({"run_id": run_id, "handled": true}))
+}
+
+async fn approvals(State(app): State<AppState>) -> ApiResult {
+    ok(app.runtime.pending_approvals(None)?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApproveBody {
+    payload_hash: String,
+    approved: bool,
+    #[serde(default)]
+    comment: String,
+}
+
+async fn approve(
+    State(app): State<AppState>,
+    Path((run_id, approval_id)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let body: ApproveBody = parse(&body)?;
+    let decision = Decision { approved: body.approved, comment: body.comment };
+    ok(app.runtime.approve(&run_id, &approval_id, &body.payload_hash, decision).await?)
+}
+
+async fn alarms(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiResult {
+    ok(app.runtime.alarms(&run_id)?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AlarmBody {
+    delay_ms: Option<u64>,
+    at_ms: Option<u64>,
+    #[serde(default)]
+    payload: Value,
+    every_ms: Option<u64>,
+}
+
+async fn set_alarm(
+    State(app): State<AppState>,
+    Path((run_id, name)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let body: AlarmBody = parse(&body)?;
+    let at = match (body.delay_ms, body.at_ms) {
+        (Some(d), None) => AlarmAt::In(Duration::from_millis(d)),
+        (None, Some(t)) => AlarmAt::AtMs(t),
+        _ => return Err(bad_request("give exactly one of delay_ms and at_ms")),
+    };
+    let spec = AlarmSpec {
+        at,
+        payload_json: body.payload.to_string(),
+        every: body.every_ms.map(Duration::from_millis),
+    };
+    app.runtime.set_alarm(&run_id, &name, spec).await?;
+    ok(json!({"run_id": run_id, "name": name, "set": true}))
+}
+
+async fn cancel_alarm(
+    State(app): State<AppState>,
+    Path((run_id, name)): Path<(String, String)>,
+) -> ApiResult {
+    ok(json!({"run_id": run_id, "name": name, "cancelled": app.runtime.cancel_alarm(&run_id, &name).await?}))
+}
+
+async fn metrics(State(app): State<AppState>) -> ApiResult {
+    ok(app.runtime.metrics())
+}
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    run_id: Option<String>,
+}
+
+async fn events(State(app): State<AppState>, Query(q): Query<EventsQuery>) -> ApiResult {
+    let events: Vec<_> = app
+        .runtime
+        .events()
+        .into_iter()
+        .filter(|e| q.run_id.as_ref().is_none_or(|r| *r == e.run_id))
+        .collect();
+    ok(events)
+}
+
+async fn not_found() -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, "no such endpoint".into(), "NotFound")
+}
+
+/// The API's routes.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/health", get(|| async { Json(json!({"ok": true})) }))
+        .route("/runs", post(start).get(list))
+        .route("/runs/{id}", get(show))
+        .route("/runs/{id}/cancel", post(cancel))
+        .route("/runs/{id}/messages", post(message))
+        .route("/runs/{id}/approvals/{approval_id}", post(approve))
+        .route("/runs/{id}/alarms", get(alarms))
+        .route("/runs/{id}/alarms/{name}", put(set_alarm).delete(cancel_alarm))
+        .route("/approvals", get(approvals))
+        .route("/metrics", get(metrics))
+        .route("/events", get(events))
+        .fallback(not_found)
+        .with_state(state)
+}
