@@ -111,10 +111,10 @@ async fn wait_run(
 ) -> anyhow::Result<Value> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(run) = client.get(&format!("/runs/{run_id}")).await {
-            if pred(&run) {
-                return Ok(run);
-            }
+        if let Ok(run) = client.get(&format!("/runs/{run_id}")).await
+            && pred(&run)
+        {
+            return Ok(run);
         }
         if Instant::now() > deadline {
             bail!("timed out waiting for the run to {what}");
@@ -273,7 +273,7 @@ pub async fn run(json_line: bool, seed: u64, out: Option<&Path>) -> anyhow::Resu
     };
     let r = drill(&exe, seed, &out).await?;
     let mark = |ok: bool| if ok { "PASS" } else { "FAIL" };
-    println!("{:<26} {}", "metric", "result");
+    println!("{:<26} result", "metric");
     println!("{:<26} {}", "same run id continues", mark(r.same_run_id));
     println!(
         "{:<26} {} ({} refund, {} email upstream)",

@@ -1,0 +1,101 @@
+//! The command line against a live server and against a bare data directory: the same
+//! answers, one readable error line and a non-zero exit on failure.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+mod common;
+use common::{BIN, Served};
+
+fn durafiber(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(args).output().expect("run durafiber");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+fn json(text: &str) -> Value {
+    serde_json::from_str(text).expect("JSON output")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspection_works_on_a_server_and_on_a_bare_directory() {
+    let upstream = durafiber_testkit::upstream::Upstream::start().await.expect("upstream");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_str().expect("utf-8").to_string();
+    let mut server = Served::start(dir.path());
+    let addr = server.addr.to_string();
+    let body = serde_json::json!({"kind": "refund", "input": {"order_id": "o9", "amount_cents": 9,
+        "customer_email": "c@d.e", "upstream": upstream.url(), "api_key": null}});
+    let http = reqwest::Client::new();
+    let started: Value = http
+        .post(server.url("/runs"))
+        .header("Idempotency-Key", "o9")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("start")
+        .json()
+        .await
+        .expect("json");
+    let run_id = started["run_id"].as_str().expect("id").to_string();
+
+    let pending = loop {
+        let (code, out, _) = durafiber(&["approvals", "list", "--server", &addr]);
+        assert_eq!(code, 0);
+        let list = json(&out);
+        if let Some(p) = list.as_array().and_then(|a| a.first()).cloned() {
+            break p;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let (code, out, _) = durafiber(&["runs", "list", "--server", &addr]);
+    assert_eq!((code, json(&out)["runs"][0]["run_id"].as_str()), (0, Some(run_id.as_str())));
+    let (code, out, _) = durafiber(&["alarms", "list", &run_id, "--server", &addr]);
+    assert_eq!(code, 0);
+    assert_eq!(json(&out)[0]["name"], "escalate:refund", "the escalation alarm is armed");
+
+    // While the server runs, the directory is its own.
+    let (code, _, err) = durafiber(&["runs", "list", "--data", &data]);
+    assert_ne!(code, 0);
+    assert!(err.contains("in use by a running server"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one readable line");
+
+    assert_eq!(server.sigterm(), Some(0), "SIGTERM stops the server gracefully");
+
+    let (code, out, _) = durafiber(&["runs", "show", &run_id, "--data", &data]);
+    assert_eq!(
+        (code, json(&out)["run"]["status"]["waiting_approval"]["approval_id"].as_str()),
+        (0, Some("refund"))
+    );
+    let (code, out, _) = durafiber(&["approvals", "list", "--data", &data]);
+    assert_eq!((code, json(&out)[0]["payload_hash"].clone()), (0, pending["payload_hash"].clone()));
+    let hash = pending["payload_hash"].as_str().expect("hash");
+    let (code, _, err) = durafiber(&["approve", &run_id, "refund", "--hash", "abc", "--data", &data]);
+    assert_ne!(code, 0);
+    assert!(err.starts_with("durafiber: stale approval"), "{err}");
+    let (code, out, _) = durafiber(&["approve", &run_id, "refund", "--hash", hash, "--data", &data]);
+    assert_eq!((code, json(&out)["recorded"].as_bool()), (0, Some(true)));
+    let (code, _, err) = durafiber(&["runs", "show", "run_missing", "--data", &data]);
+    assert_ne!(code, 0);
+    assert!(err.contains("unknown run id run_missing"), "{err}");
+
+    // The next server picks the decision recorded on the bare directory up by itself.
+    let server = Served::start(dir.path());
+    let addr = server.addr.to_string();
+    let done = loop {
+        let (_, out, _) = durafiber(&["runs", "show", &run_id, "--server", &addr]);
+        let run = json(&out);
+        if run["run"]["status"].get("completed").is_some() {
+            break run;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert_eq!(done["ledger"].as_array().map(Vec::len), Some(2));
+    assert_eq!(upstream.objects("refunds").len(), 1);
+    let (code, _, _) = durafiber(&["cancel", &run_id, "--server", &addr]);
+    assert_eq!(code, 0, "cancelling a finished run is a no-op answer");
+}

@@ -1,0 +1,62 @@
+//! Shared by the command-line tests: a real `durafiber serve` child on 127.0.0.1.
+
+#![allow(dead_code)]
+
+use std::{
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_durafiber");
+
+pub struct Served {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Served {
+    pub fn start(data: &Path) -> Served {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--data"])
+            .arg(data)
+            .args(["--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn durafiber serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let line = rx.recv_timeout(Duration::from_secs(60)).expect("the server announces its address");
+        let addr = line.strip_prefix("listening on ").expect("listening line").parse().expect("address");
+        Served { child, addr }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn sigkill(&mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+
+    pub fn sigterm(&mut self) -> Option<i32> {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().ok().and_then(|s| s.code())
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,148 @@
+//! The HTTP JSON API of `durafiber serve`, on a real socket: every endpoint, every refusal
+//! as a JSON error with a 4xx status, and a SIGKILL mid-request that loses nothing that was
+//! acknowledged.
+
+use std::collections::HashSet;
+
+use durafiber_testkit::upstream::Upstream;
+use serde_json::{Value, json};
+
+mod common;
+use common::Served;
+
+async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
+    let r = req.send().await.expect("request");
+    let status = r.status().as_u16();
+    (status, r.json().await.expect("every answer is JSON"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_endpoint_answers_and_every_refusal_is_a_json_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Served::start(dir.path());
+    let http = reqwest::Client::new();
+    let upstream = Upstream::start().await.expect("upstream");
+    let post = |path: &str| http.post(server.url(path)).header("content-type", "application/json");
+
+    assert_eq!(send(http.get(server.url("/health"))).await.0, 200);
+    let (s, e) = send(post("/runs").body(r#"{"kind":"steps","input":{}}"#)).await;
+    assert_eq!((s, e["kind"].as_str()), (400, Some("BadRequest")), "no Idempotency-Key");
+    let (s, e) = send(post("/runs").header("Idempotency-Key", "k").body("{not json")).await;
+    assert_eq!(s, 400);
+    assert!(e["error"].as_str().expect("message").contains("malformed JSON"));
+    let (s, _) =
+        send(post("/runs").header("Idempotency-Key", "k").body(r#"{"kind":"nope","input":{}}"#)).await;
+    assert_eq!(s, 400);
+    let (s, _) =
+        send(post("/runs").header("Idempotency-Key", "k").body(r#"{"kind":"steps","input":{"steps":"x"}}"#))
+            .await;
+    assert_eq!(s, 400);
+
+    let refund = json!({"kind": "refund", "input": {"order_id": "o1", "amount_cents": 5, "customer_email": "a@b.c",
+        "upstream": upstream.url(), "api_key": null}});
+    let (s, started) =
+        send(post("/runs").header("Idempotency-Key", "order-o1").body(refund.to_string())).await;
+    assert_eq!(s, 201);
+    let run_id = started["run_id"].as_str().expect("run id").to_string();
+    let (s, again) = send(post("/runs").header("Idempotency-Key", "order-o1").body(refund.to_string())).await;
+    assert_eq!(
+        (s, again["run_id"].as_str(), again["accepted"].as_bool()),
+        (200, Some(run_id.as_str()), Some(false))
+    );
+    let mut other = refund.clone();
+    other["input"]["amount_cents"] = json!(6);
+    let (s, e) = send(post("/runs").header("Idempotency-Key", "order-o1").body(other.to_string())).await;
+    assert_eq!((s, e["kind"].as_str()), (409, Some("KeyConflict")));
+
+    let pending = loop {
+        let (_, list) = send(http.get(server.url("/approvals"))).await;
+        if let Some(p) = list.as_array().and_then(|a| a.first()).cloned() {
+            break p;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    assert_eq!(pending["run_id"], run_id.as_str());
+    let approve_path = format!("/runs/{run_id}/approvals/refund");
+    let (s, e) =
+        send(post(&approve_path).body(json!({"payload_hash": "beef", "approved": true}).to_string())).await;
+    assert_eq!((s, e["kind"].as_str()), (409, Some("StaleApproval")));
+    let (s, _) = send(post(&approve_path).body("[]")).await;
+    assert_eq!(s, 400);
+    let good = json!({"payload_hash": pending["payload_hash"], "approved": true, "comment": "ok"});
+    let (s, a) = send(post(&approve_path).body(good.to_string())).await;
+    assert_eq!((s, a["recorded"].as_bool()), (200, Some(true)));
+    let (s, a) = send(post(&approve_path).body(good.to_string())).await;
+    assert_eq!((s, a["recorded"].as_bool()), (200, Some(false)));
+    let no = json!({"payload_hash": pending["payload_hash"], "approved": false});
+    assert_eq!(send(post(&approve_path).body(no.to_string())).await.0, 409);
+
+    let (s, e) = send(http.get(server.url("/runs/run_missing"))).await;
+    assert_eq!((s, e["kind"].as_str()), (404, Some("UnknownRun")));
+    let (s, page) = send(http.get(server.url("/runs?kind=refund&limit=10"))).await;
+    assert_eq!((s, page["runs"].as_array().map(Vec::len)), (200, Some(1)));
+    let (s, shown) = send(http.get(server.url(&format!("/runs/{run_id}")))).await;
+    assert_eq!((s, shown["run"]["run_id"].as_str()), (200, Some(run_id.as_str())));
+
+    let steps = json!({"kind": "steps", "input": {"steps": 100000, "pause_ms": 1000}});
+    let (_, long) = send(post("/runs").header("Idempotency-Key", "long").body(steps.to_string())).await;
+    let long_id = long["run_id"].as_str().expect("id").to_string();
+    let alarm = format!("/runs/{long_id}/alarms/reminder");
+    assert_eq!(
+        send(http.put(server.url(&alarm)).body(r#"{"delay_ms": 60000, "payload": {"n": 1}}"#)).await.0,
+        200
+    );
+    assert_eq!(send(http.put(server.url(&alarm)).body(r#"{"payload": 1}"#)).await.0, 400, "no time given");
+    let (s, alarms) = send(http.get(server.url(&format!("/runs/{long_id}/alarms")))).await;
+    assert_eq!((s, alarms.as_array().map(Vec::len)), (200, Some(1)));
+    let (s, gone) = send(http.delete(server.url(&alarm))).await;
+    assert_eq!((s, gone["cancelled"].as_bool()), (200, Some(true)));
+    let (s, e) = send(post(&format!("/runs/{long_id}/messages")).body("{}")).await;
+    assert_eq!((s, e["kind"].as_str()), (400, Some("InvalidInput")), "steps takes `()` messages only");
+    let (s, c) = send(post(&format!("/runs/{long_id}/cancel")).body(r#"{"reason":"test"}"#)).await;
+    assert_eq!(s, 200, "{c}");
+    let (s, _) = send(http.get(server.url("/metrics"))).await;
+    assert_eq!(s, 200);
+    let (s, events) = send(http.get(server.url(&format!("/events?run_id={run_id}")))).await;
+    assert!(s == 200 && events.as_array().is_some_and(|e| !e.is_empty()));
+    assert_eq!(send(http.get(server.url("/nowhere"))).await.0, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkill_mid_request_loses_nothing_that_was_acknowledged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut server = Served::start(dir.path());
+    let http = reqwest::Client::new();
+    let url = server.url("/runs");
+    let (acks, mut acked) = tokio::sync::mpsc::unbounded_channel::<String>();
+    for i in 0..300 {
+        let (http, url, acks) = (http.clone(), url.clone(), acks.clone());
+        tokio::spawn(async move {
+            let body = json!({"kind": "steps", "input": {"steps": 3, "pause_ms": 0}}).to_string();
+            let Ok(r) = http.post(url).header("Idempotency-Key", format!("k{i}")).body(body).send().await
+            else {
+                return;
+            };
+            if r.status().as_u16() == 201
+                && let Ok(v) = r.json::<Value>().await
+            {
+                let _ = acks.send(v["run_id"].as_str().unwrap_or_default().to_string());
+            }
+        });
+    }
+    drop(acks);
+    // Kill once a first batch is acknowledged, with the rest of the requests in flight.
+    let mut acknowledged = HashSet::new();
+    while acknowledged.len() < 40 {
+        acknowledged.insert(acked.recv().await.expect("acknowledgements arrive"));
+    }
+    server.sigkill();
+    while let Some(id) = acked.recv().await {
+        acknowledged.insert(id);
+    }
+    assert!(!acknowledged.is_empty(), "some starts were acknowledged before the kill");
+    let server = Served::start(dir.path());
+    for id in &acknowledged {
+        let r = http.get(server.url(&format!("/runs/{id}"))).send().await.expect("get");
+        assert_eq!(r.status().as_u16(), 200, "acknowledged run {id} was lost");
+    }
+}
