@@ -115,7 +115,8 @@ async fn wait_for_decision(raw: &RawCtx, approval_id: &str, key: &[u8]) -> Resul
     let outcome = shared.parked(raw.in_fiber, rx).await;
     shared.liveness.fiber_waiting(&raw.cell.run_id, false, shared.now_ms());
     match outcome {
-        Ok(ApprovalOutcome::Decided(d)) => Ok(d),
+        // The wake token drops here, after the fiber counts itself busy again.
+        Ok(ApprovalOutcome::Decided(d, _token)) => Ok(d),
         Ok(ApprovalOutcome::Escalated) => Err(AgentError::escalate("approval_timeout")),
         Err(_) => Err(AgentError::Runtime("the approval wait was dropped".into())),
     }
@@ -197,7 +198,7 @@ async fn deliver(shared: &Arc<Shared>, run_id: &str, approval_id: &str, decision
         let mut slot = live.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner());
         if slot.as_ref().is_some_and(|(id, _)| id == approval_id)
             && let Some((_, waiter)) = slot.take()
-            && waiter.send(ApprovalOutcome::Decided(decision)).is_ok()
+            && waiter.send(ApprovalOutcome::Decided(decision, shared.wake_token())).is_ok()
         {
             return;
         }

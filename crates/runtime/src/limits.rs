@@ -39,7 +39,7 @@ pub const ALARM_WINDOW_MAX: usize = 4096;
 /// Alarm deliveries in flight at once, so a burst cannot flood the actors' mailboxes.
 pub const ALARM_DELIVERIES_IN_FLIGHT_MAX: usize = 2048;
 /// Events kept in memory for timelines and the `events` view.
-pub const EVENT_LOG_MAX: usize = 10_000;
+pub const EVENT_LOG_MAX: usize = 65_536;
 /// Idle and hibernateable for this long: the run hibernates.
 pub const HIBERNATE_AFTER_DEFAULT: Duration = Duration::from_secs(10);
 /// Idle but not hibernateable: evicted after a draw from this range ...

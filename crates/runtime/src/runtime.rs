@@ -122,6 +122,7 @@ impl RuntimeBuilder {
             opened: Stopwatch::start(),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             busy: tokio::sync::watch::Sender::new(0),
+            woken: tokio::sync::watch::Sender::new(0),
             passive: self.passive,
         });
         if self.passive {
@@ -569,9 +570,13 @@ impl Runtime {
     /// On a virtual clock, a fiber must wait only through its `Ctx`, or this waits for it.
     pub async fn settle(&self) {
         let mut busy = self.shared.busy.subscribe();
+        let mut handed = self.shared.woken.subscribe();
         loop {
             if let Some(clock) = &self.virtual_clock {
                 clock.woken_resumed().await;
+            }
+            if handed.wait_for(|n| *n == 0).await.is_err() {
+                return;
             }
             let handles: Vec<_> =
                 std::mem::take(&mut *self.shared.tracked.lock().unwrap_or_else(|p| p.into_inner()));

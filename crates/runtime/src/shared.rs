@@ -49,8 +49,22 @@ pub(crate) struct RunCell {
 
 /// What a waiting `request_approval` is woken with.
 pub(crate) enum ApprovalOutcome {
-    Decided(durafiber_store::tables::Decision),
+    /// The decision, and a token that keeps virtual time still until the fiber has resumed.
+    Decided(durafiber_store::tables::Decision, WakeToken),
     Escalated,
+}
+
+/// Counts an event handed to a parked fiber that has not resumed yet. The fiber drops it
+/// after it counts itself busy again; a fiber dropped instead (eviction) drops it with the
+/// undelivered message. Either way the count balances.
+pub(crate) struct WakeToken {
+    woken: watch::Sender<u64>,
+}
+
+impl Drop for WakeToken {
+    fn drop(&mut self) {
+        self.woken.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 impl RunCell {
@@ -95,6 +109,8 @@ pub(crate) struct Shared {
     /// Work in progress that virtual time must wait for: fibers not parked on the clock or
     /// a human, and events on their way to an actor.
     pub busy: watch::Sender<u64>,
+    /// Events handed to parked fibers that have not resumed yet (see [`WakeToken`]).
+    pub woken: watch::Sender<u64>,
     /// An inspection handle (the command line on a bare data directory): it reads and
     /// records decisions but never runs agent code; the next serving runtime does.
     pub passive: bool,
@@ -147,6 +163,11 @@ impl Drop for BusyGuard {
 }
 
 impl Shared {
+    pub fn wake_token(&self) -> WakeToken {
+        self.woken.send_modify(|n| *n += 1);
+        WakeToken { woken: self.woken.clone() }
+    }
+
     pub fn busy(&self) -> BusyGuard {
         self.busy.send_modify(|n| *n += 1);
         BusyGuard { busy: self.busy.clone() }

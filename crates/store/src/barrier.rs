@@ -1,10 +1,12 @@
-//! Group commit: one writer thread applies the batches that arrive while a barrier is in
-//! progress, then covers them all with one barrier, then acknowledges each.
+//! Group commit: one writer thread gathers the batches that arrive while a barrier is in
+//! progress, applies them as one atomic write, covers them with one barrier, then
+//! acknowledges each.
 //!
 //! Throughput therefore grows with the number of concurrent writers instead of being capped at
 //! one `fsync` per boundary. A `Sync` batch is acknowledged only after the barrier that covers
 //! it has returned; an `Async` batch right after it is applied, with a barrier due within
-//! `flush_every`.
+//! `flush_every`. Merging a group into one engine write keeps every batch atomic (the group
+//! is all or nothing, which is stronger) and costs the engine one log entry instead of many.
 
 use std::{
     sync::{Arc, mpsc},
@@ -40,12 +42,12 @@ pub struct WriterConfig {
     pub group_batches_max: usize,
 }
 
-/// Copies an error for every waiter of one failed barrier (io errors are not `Clone`).
+/// Copies an error for every waiter of one failed write (io errors are not `Clone`).
 fn for_each_waiter(e: &StoreError) -> StoreError {
     match e {
         StoreError::Crashed => StoreError::Crashed,
         StoreError::Closed => StoreError::Closed,
-        other => StoreError::Engine(format!("barrier failed: {other}")),
+        other => StoreError::Engine(other.to_string()),
     }
 }
 
@@ -61,60 +63,73 @@ pub(crate) fn spawn_writer(
     Ok((tx, handle))
 }
 
+/// Waits for the next command, or for the async flush deadline; `None` on shutdown.
+fn next_command(rx: &mpsc::Receiver<Cmd>, flush_due: Option<Instant>) -> Option<Option<Cmd>> {
+    match flush_due {
+        None => rx.recv().ok().map(Some),
+        Some(due) => match rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
+            Ok(cmd) => Some(Some(cmd)),
+            Err(mpsc::RecvTimeoutError::Timeout) => Some(None),
+            Err(mpsc::RecvTimeoutError::Disconnected) => None,
+        },
+    }
+}
+
 fn writer_loop(backend: &dyn Backend, rx: &mpsc::Receiver<Cmd>, config: WriterConfig) {
     // Set while async writes are applied but not yet covered by a barrier.
     let mut flush_due: Option<Instant> = None;
-    let mut waiting: Vec<Ack> = Vec::new();
     loop {
-        let first = match flush_due {
-            None => match rx.recv() {
-                Ok(cmd) => Some(cmd),
-                Err(_) => return,
-            },
-            Some(due) => match rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
-                Ok(cmd) => Some(cmd),
-                Err(mpsc::RecvTimeoutError::Timeout) => None,
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    let _ = backend.barrier();
-                    return;
-                }
-            },
+        let Some(first) = next_command(rx, flush_due) else {
+            let _ = backend.barrier();
+            return;
         };
-        let mut group = 0usize;
+        // Gather what is queued: everything that arrived during the last barrier.
+        let mut merged = Batch::new();
+        let mut sync_acks: Vec<Ack> = Vec::new();
+        let mut async_acks: Vec<Ack> = Vec::new();
+        let mut barrier_acks: Vec<Ack> = Vec::new();
         let mut next = first;
+        let mut group = 0usize;
         while let Some(cmd) = next {
             group += 1;
             match cmd {
-                Cmd::Write { batch, durability, ack } => match (backend.apply(&batch), durability) {
-                    (Err(e), _) => {
-                        let _ = ack.send(Err(e));
+                Cmd::Write { batch, durability, ack } => {
+                    merged.extend(batch);
+                    match durability {
+                        Durability::Sync => sync_acks.push(ack),
+                        Durability::Async => async_acks.push(ack),
                     }
-                    (Ok(()), Durability::Sync) => waiting.push(ack),
-                    (Ok(()), Durability::Async) => {
-                        let _ = ack.send(Ok(()));
-                        flush_due.get_or_insert_with(|| Instant::now() + config.flush_every);
-                    }
-                },
-                Cmd::Barrier { ack } => waiting.push(ack),
+                }
+                Cmd::Barrier { ack } => barrier_acks.push(ack),
             }
             next = if group < config.group_batches_max { rx.try_recv().ok() } else { None };
         }
+        if !merged.is_empty()
+            && let Err(e) = backend.apply(&merged)
+        {
+            tracing::error!(error = %e, batches = sync_acks.len() + async_acks.len(), "write failed");
+            for ack in sync_acks.drain(..).chain(async_acks.drain(..)) {
+                let _ = ack.send(Err(for_each_waiter(&e)));
+            }
+        }
+        if !async_acks.is_empty() {
+            for ack in async_acks {
+                let _ = ack.send(Ok(()));
+            }
+            flush_due.get_or_insert_with(|| Instant::now() + config.flush_every);
+        }
         let flush_now = flush_due.is_some_and(|due| Instant::now() >= due);
-        if waiting.is_empty() && !flush_now {
+        if sync_acks.is_empty() && barrier_acks.is_empty() && !flush_now {
             continue;
         }
         let result = backend.barrier();
         if result.is_ok() {
             flush_due = None;
-        }
-        for ack in waiting.drain(..) {
-            let _ = ack.send(match &result {
-                Ok(()) => Ok(()),
-                Err(e) => Err(for_each_waiter(e)),
-            });
-        }
-        if let Err(e) = result {
+        } else if let Err(e) = &result {
             tracing::error!(error = %e, "durability barrier failed");
+        }
+        for ack in sync_acks.into_iter().chain(barrier_acks) {
+            let _ = ack.send(result.as_ref().map(|_| ()).map_err(for_each_waiter));
         }
     }
 }

@@ -1,7 +1,432 @@
-//! `durafiber bench`: stub replaced below.
-use crate::args::Bench;
+//! `durafiber bench`: the macro benchmarks, each beside a baseline measured in the same run
+//! on the same disk, because shared machines are noisy and only ratios travel.
+//!
+//! - `stash`: sync-mode commits per second with 1 and with N concurrent writers, against a
+//!   raw append + `fdatasync` loop;
+//! - `recover`: N runs in flight, SIGKILL, restart: time from the new process's start to the
+//!   store being open and to every run's recovery hook having been called;
+//! - `alarms`: lateness of N alarms due within one second, optionally with many more pending,
+//!   scheduling throughput, and resident memory per pending alarm.
 
-/// Runs a benchmark.
-pub async fn run(_which: Bench) -> anyhow::Result<i32> {
-    anyhow::bail!("benchmarks are not built yet")
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::Path,
+    process::{Command, Stdio},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context as _, bail};
+use durafiber_runtime::{Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered, Runtime, RuntimeConfig};
+use durafiber_store::{Batch, Durability, Store, StoreConfig, tables::Table};
+use durafiber_testkit::agents::{Steps, StepsInput};
+use serde_json::{Value, json};
+
+use crate::{args::Bench, commands::print_report};
+
+const BENCH: Table = Table { name: "bench", prefix: b'b' };
+
+/// Latency samples in microseconds.
+#[derive(Default)]
+struct Samples(Vec<u64>);
+
+impl Samples {
+    fn quantile(&mut self, q: f64) -> u64 {
+        if self.0.is_empty() {
+            return 0;
+        }
+        self.0.sort_unstable();
+        let i = ((self.0.len() as f64 - 1.0) * q).round() as usize;
+        self.0[i.min(self.0.len() - 1)]
+    }
+
+    /// Writes `samples.csv` and a histogram as `histogram.svg` into `out`.
+    fn write(&mut self, out: &Path, name: &str, unit: &str) -> anyhow::Result<()> {
+        std::fs::create_dir_all(out)?;
+        let mut csv = String::from(unit);
+        csv.push('\n');
+        for s in &self.0 {
+            csv.push_str(&format!("{s}\n"));
+        }
+        std::fs::write(out.join(format!("{name}-samples.csv")), csv)?;
+        std::fs::write(out.join(format!("{name}-histogram.svg")), svg_histogram(&mut self.0, name, unit))?;
+        Ok(())
+    }
+}
+
+/// A histogram over log2 buckets, as a small self-contained SVG.
+fn svg_histogram(samples: &mut [u64], title: &str, unit: &str) -> String {
+    let mut buckets = [0u64; 40];
+    for s in samples.iter() {
+        buckets[(64 - s.leading_zeros() as usize).min(39)] += 1;
+    }
+    let first = buckets.iter().position(|n| *n > 0).unwrap_or(0);
+    let last = buckets.iter().rposition(|n| *n > 0).unwrap_or(0);
+    let shown = &buckets[first..=last];
+    let max = shown.iter().copied().max().unwrap_or(1).max(1);
+    let (w, h, bar) = (60 + shown.len() * 40, 260, 36);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"monospace\" font-size=\"10\">\n\
+         <text x=\"10\" y=\"16\" font-size=\"13\">{title}: {} samples ({unit}, log2 buckets)</text>\n",
+        samples.len()
+    );
+    for (i, n) in shown.iter().enumerate() {
+        let bh = (*n as f64 / max as f64 * 180.0) as usize;
+        let x = 40 + i * 40;
+        let upper = 1u64 << (first + i);
+        svg.push_str(&format!(
+            "<rect x=\"{x}\" y=\"{}\" width=\"{bar}\" height=\"{bh}\" fill=\"#4a7ab0\"/>\n\
+             <text x=\"{x}\" y=\"{}\">{n}</text>\n<text x=\"{x}\" y=\"250\">&lt;{upper}</text>\n",
+            220 - bh,
+            215 - bh
+        ));
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+fn progress(msg: &str) {
+    eprintln!("bench: {msg}");
+}
+
+/// Runs one benchmark.
+pub async fn run(which: Bench) -> anyhow::Result<i32> {
+    match which {
+        Bench::Stash { json, writers, seconds, out } => stash(json, writers, seconds, out.as_deref()).await,
+        Bench::Recover { json, runs, out } => recover(json, runs, out.as_deref()).await,
+        Bench::Alarms { json, alarms, pending, out } => {
+            bench_alarms(json, alarms, pending, out.as_deref()).await
+        }
+        Bench::RecoverChild { data, mode, runs } => recover_child(&data, &mode, runs).await,
+    }
+}
+
+fn raw_fdatasync_per_s(dir: &Path, seconds: f64) -> anyhow::Result<f64> {
+    let path = dir.join("raw-fdatasync.bin");
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+    let record = [7u8; 256];
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed().as_secs_f64() < seconds {
+        f.write_all(&record)?;
+        f.sync_data()?;
+        n += 1;
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Commits by `writers` concurrent tasks for `seconds`; commits per second and latencies.
+async fn commit_rate(store: &Store, writers: usize, seconds: f64) -> anyhow::Result<(f64, Samples)> {
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let count = Arc::new(AtomicU64::new(0));
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let (store, count, samples) = (store.clone(), count.clone(), samples.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            let mut seq = 0u64;
+            while Instant::now() < deadline {
+                let mut batch = Batch::new();
+                let stash = (w as u64, seq, "step", vec![3u8; 160]);
+                batch.put(BENCH, BENCH.key(&[&(w as u64).to_be_bytes()]), &stash)?;
+                let t = Instant::now();
+                store.commit(batch, Durability::Sync).await?;
+                mine.push(t.elapsed().as_micros() as u64);
+                count.fetch_add(1, Ordering::Relaxed);
+                seq += 1;
+            }
+            samples.lock().unwrap_or_else(|p| p.into_inner()).extend(mine);
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let rate = count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+    let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|p| p.into_inner()));
+    Ok((rate, Samples(samples)))
+}
+
+async fn stash(json: bool, writers: usize, seconds: f64, out: Option<&Path>) -> anyhow::Result<i32> {
+    let dir = tempfile::Builder::new().prefix("durafiber-bench-").tempdir_in(std::env::temp_dir())?;
+    progress(&format!("raw append + fdatasync for {seconds} s in {}", dir.path().display()));
+    let raw = raw_fdatasync_per_s(dir.path(), seconds)?;
+    let store = Store::open_dir(&dir.path().join("store"), StoreConfig::default())?;
+    progress(&format!("sync commits, 1 writer, {seconds} s"));
+    let (one, _) = commit_rate(&store, 1, seconds).await?;
+    progress(&format!("sync commits, {writers} writers, {seconds} s"));
+    let (many, mut samples) = commit_rate(&store, writers.max(1), seconds).await?;
+    if let Some(out) = out {
+        samples.write(out, "stash-commit", "us")?;
+    }
+    let report = json!({
+        "writers": writers, "commits_per_s": many.round(), "raw_fdatasync_per_s": raw.round(),
+        "ratio": (many / raw * 100.0).round() / 100.0, "one_writer_commits_per_s": one.round(),
+        "one_writer_ratio": (one / raw * 100.0).round() / 100.0,
+        "p50_us": samples.quantile(0.5), "p99_us": samples.quantile(0.99),
+    });
+    let lines = vec![
+        format!("raw fdatasync:           {raw:>10.0} /s"),
+        format!("sync commits, 1 writer:  {one:>10.0} /s  ({:.2}x raw)", one / raw),
+        format!("sync commits, {writers} writers: {many:>8.0} /s  ({:.2}x raw)", many / raw),
+    ];
+    print_report(&lines, &report, json)?;
+    Ok(0)
+}
+
+fn epoch_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// The process `bench recover` starts, kills and restarts.
+async fn recover_child(data: &Path, mode: &str, runs: usize) -> anyhow::Result<i32> {
+    let process_start = Instant::now();
+    let process_start_ms = epoch_ms();
+    let store = Store::open_dir(data, StoreConfig::default())?;
+    let store_open_ms = process_start.elapsed().as_secs_f64() * 1000.0;
+    let rt = Runtime::builder(store).agent(Steps::default()).open().await?;
+    if mode == "start" {
+        let input = StepsInput { steps: 1_000_000, pause_ms: 1_000 };
+        let mut tasks = Vec::new();
+        for chunk in 0..runs.div_ceil(500) {
+            let rt = rt.clone();
+            let input = input.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in chunk * 500..((chunk + 1) * 500).min(runs) {
+                    rt.start::<Steps>(&format!("bench-{i}"), &input).await?;
+                }
+                Ok::<_, durafiber_runtime::RuntimeError>(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        println!("ready");
+        std::future::pending::<()>().await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while (rt.metrics().recoveries as usize) < runs && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let all_recovered_ms = process_start.elapsed().as_secs_f64() * 1000.0;
+    let mut per_run = Samples(
+        rt.events()
+            .iter()
+            .filter(|e| e.kind == "recovered")
+            .map(|e| e.at_ms.saturating_sub(process_start_ms))
+            .collect(),
+    );
+    let m = rt.metrics();
+    let report = json!({
+        "runs": runs, "recovered": m.recoveries, "store_open_ms": (store_open_ms * 10.0).round() / 10.0,
+        "all_recovered_ms": all_recovered_ms.round(), "p50_ms": per_run.quantile(0.5), "p99_ms": per_run.quantile(0.99),
+        "cold_start_p50_us": m.cold_start.p50_us, "cold_start_p99_us": m.cold_start.p99_us,
+        "samples_ms": per_run.0,
+    });
+    println!("{report}");
+    std::process::exit(0);
+}
+
+async fn recover(json: bool, runs: usize, out: Option<&Path>) -> anyhow::Result<i32> {
+    let exe = std::env::current_exe()?;
+    let dir = tempfile::Builder::new().prefix("durafiber-bench-").tempdir_in(std::env::temp_dir())?;
+    progress(&format!("starting {runs} runs that stash every second"));
+    let mut child = Command::new(&exe)
+        .args(["bench", "recover-child"])
+        .arg(dir.path())
+        .args(["start", &runs.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
+    if lines.next().transpose()?.as_deref() != Some("ready") {
+        bail!("the run-starting process did not get ready");
+    }
+    progress("SIGKILL with every run in flight, then restart");
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    let output = Command::new(&exe)
+        .args(["bench", "recover-child"])
+        .arg(dir.path())
+        .args(["recover", &runs.to_string()])
+        .stderr(Stdio::inherit())
+        .output()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut report: Value =
+        serde_json::from_str(text.lines().last().unwrap_or("")).context("recovery report")?;
+    let samples: Vec<u64> = serde_json::from_value(report["samples_ms"].take()).unwrap_or_default();
+    if let Some(obj) = report.as_object_mut() {
+        obj.remove("samples_ms");
+    }
+    if let Some(out) = out {
+        Samples(samples).write(out, "recover", "ms since process start")?;
+    }
+    let lines = vec![format!(
+        "{runs} interrupted runs: store open after {} ms; all recovered {} ms after process start",
+        report["store_open_ms"], report["all_recovered_ms"]
+    )];
+    print_report(&lines, &report, json)?;
+    Ok(0)
+}
+
+/// Holds its run open; records how late each alarm fires.
+struct Ticker {
+    lateness_us: Arc<Mutex<Vec<u64>>>,
+}
+
+impl Agent for Ticker {
+    const KIND: &'static str = "ticker";
+    type Input = ();
+    type Stash = ();
+    type Output = ();
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
+        ctx.cancelled().await;
+        Ok(())
+    }
+
+    async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, _: Recovered<Self>) -> Result<(), AgentError> {
+        ctx.cancelled().await;
+        Ok(())
+    }
+
+    async fn on_alarm(&self, _: &mut Ctx<Self>, alarm: AlarmEvent) -> Result<(), AgentError> {
+        let now_us = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
+        let late = now_us.saturating_sub(alarm.scheduled_time_ms * 1_000);
+        self.lateness_us.lock().unwrap_or_else(|p| p.into_inner()).push(late);
+        Ok(())
+    }
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    statm.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0) * 4096
+}
+
+async fn bench_alarms(json: bool, alarms: usize, pending: usize, out: Option<&Path>) -> anyhow::Result<i32> {
+    let dir = tempfile::Builder::new().prefix("durafiber-bench-").tempdir_in(std::env::temp_dir())?;
+    let lateness = Arc::new(Mutex::new(Vec::new()));
+    let open = |lateness: Arc<Mutex<Vec<u64>>>| {
+        let path = dir.path().to_path_buf();
+        async move {
+            let store = Store::open_dir(&path, StoreConfig::default())?;
+            let config =
+                RuntimeConfig { hibernate_after: Duration::from_secs(3600), ..RuntimeConfig::default() };
+            Ok::<_, anyhow::Error>(
+                Runtime::builder(store).config(config).agent(Ticker { lateness_us: lateness }).open().await?,
+            )
+        }
+    };
+    let runs_n = alarms.clamp(1, 10_000);
+    let rt = open(lateness.clone()).await?;
+    progress(&format!("starting {runs_n} runs that hold the alarms"));
+    let mut starts = Vec::new();
+    for chunk in 0..runs_n.div_ceil(500) {
+        let rt = rt.clone();
+        starts.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for i in chunk * 500..((chunk + 1) * 500).min(runs_n) {
+                ids.push(rt.start::<Ticker>(&format!("ticker-{i}"), &()).await?.run_id);
+            }
+            Ok::<_, durafiber_runtime::RuntimeError>(ids)
+        }));
+    }
+    let mut runs = Vec::new();
+    for s in starts {
+        runs.extend(s.await??);
+    }
+    let mut rss_per_pending = 0.0;
+    let rt = if pending > 0 {
+        progress(&format!("writing {pending} pending alarms due in a day"));
+        rt.shutdown().await;
+        rt.store().close();
+        drop(rt);
+        let store = Store::open_dir(dir.path(), StoreConfig::default())?;
+        let far = epoch_ms() + 86_400_000;
+        let mut batch = Batch::new();
+        for i in 0..pending {
+            let run = &runs[i % runs_n];
+            let name = format!("later-{i}");
+            let alarm = durafiber_store::tables::AlarmRecord {
+                run_id: run.clone(),
+                name: name.clone(),
+                due_at_ms: far + i as u64,
+                scheduled_at_ms: far + i as u64,
+                payload_json: "null".into(),
+                every_ms: None,
+                attempts_started: 0,
+                generation: 1,
+                system: None,
+            };
+            let t = durafiber_store::tables::ALARMS;
+            batch.put(t, t.key(&[run.as_bytes(), name.as_bytes()]), &alarm)?;
+            batch.put(
+                durafiber_store::tables::ALARM_DUE,
+                durafiber_store::tables::alarm_due_key(far + i as u64, run, &name),
+                &(),
+            )?;
+            if batch.ops.len() >= 20_000 {
+                store.commit(std::mem::take(&mut batch), Durability::Sync).await?;
+            }
+        }
+        store.commit(batch, Durability::Sync).await?;
+        store.close();
+        drop(store);
+        let before = rss_bytes();
+        let rt = open(lateness.clone()).await?;
+        rss_per_pending = rss_bytes().saturating_sub(before) as f64 / pending as f64;
+        rt
+    } else {
+        rt
+    };
+    progress(&format!("scheduling {alarms} alarms due within one second, 3 s from now"));
+    let due_from = epoch_ms() + 3_000;
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for chunk in 0..alarms.div_ceil(250) {
+        let (rt, runs) = (rt.clone(), runs.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in chunk * 250..((chunk + 1) * 250).min(alarms) {
+                let due = due_from + (i as u64 * 1_000) / alarms.max(1) as u64;
+                let spec = AlarmSpec::at_ms(due, &i)?;
+                rt.set_alarm(&runs[i % runs.len()], &format!("tick-{i}"), spec).await?;
+            }
+            Ok::<_, durafiber_runtime::RuntimeError>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let scheduled_per_s = alarms as f64 / start.elapsed().as_secs_f64();
+    if epoch_ms() > due_from {
+        progress("warning: scheduling took longer than the 3 s lead; lateness includes it");
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while lateness.lock().unwrap_or_else(|p| p.into_inner()).len() < alarms && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut samples = Samples(std::mem::take(&mut *lateness.lock().unwrap_or_else(|p| p.into_inner())));
+    let fired = samples.0.len();
+    if let Some(out) = out {
+        samples.write(out, "alarm-lateness", "us")?;
+    }
+    let ms = |us: u64| (us as f64 / 100.0).round() / 10.0;
+    let report = json!({
+        "alarms": alarms, "pending": pending, "fired": fired,
+        "lateness_p50_ms": ms(samples.quantile(0.5)), "lateness_p99_ms": ms(samples.quantile(0.99)),
+        "lateness_max_ms": ms(samples.quantile(1.0)), "scheduled_per_s": scheduled_per_s.round(),
+        "rss_bytes_per_pending": rss_per_pending.round(), "window": rt.alarm_window_len(),
+        "picked_up_p50_ms": rt.metrics().alarm_lateness.p50_us / 1000, "picked_up_p99_ms": rt.metrics().alarm_lateness.p99_us / 1000,
+    });
+    rt.shutdown().await;
+    let lines = vec![format!("{fired}/{alarms} alarms fired; {pending} more pending")];
+    print_report(&lines, &report, json)?;
+    Ok(0)
 }

@@ -8,7 +8,7 @@
 //! fiber's future is dropped mid-await, exactly as a process death would drop it.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     sync::{Arc, Mutex},
 };
 
@@ -30,6 +30,15 @@ struct LiveState {
     /// This run's own stream of eviction draws, so one run's draws never depend on the
     /// order in which other runs happen to be handled.
     rng: SeededRng,
+    /// The deadline under which the run sits in the index, if it does.
+    indexed_at_ms: Option<u64>,
+}
+
+/// Live runs and their deadlines, indexed by time so a tick touches only the due ones.
+#[derive(Default)]
+struct Table {
+    states: HashMap<String, LiveState>,
+    by_deadline: BTreeSet<(u64, String)>,
 }
 
 impl LiveState {
@@ -46,7 +55,7 @@ pub(crate) enum Action {
 }
 
 pub(crate) struct Liveness {
-    runs: Mutex<HashMap<String, LiveState>>,
+    runs: Mutex<Table>,
     seed: u64,
     hibernate_after_ms: u64,
     evict_after_ms: (u64, u64),
@@ -59,7 +68,7 @@ impl Liveness {
             .evict_after_range()
             .unwrap_or((crate::limits::EVICT_AFTER_MIN_DEFAULT, crate::limits::EVICT_AFTER_MAX_DEFAULT));
         Liveness {
-            runs: Mutex::new(HashMap::new()),
+            runs: Mutex::new(Table::default()),
             seed: config.seed,
             hibernate_after_ms: config.hibernate_after.as_millis() as u64,
             evict_after_ms: (lo.as_millis() as u64, hi.as_millis() as u64),
@@ -71,10 +80,39 @@ impl Liveness {
         rng.between(self.evict_after_ms.0, self.evict_after_ms.1)
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.runs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Puts the run back in the deadline index under its current deadline.
+    fn reindex(&self, table: &mut Table, run_id: &str) {
+        let Some(state) = table.states.get_mut(run_id) else { return };
+        if let Some(old) = state.indexed_at_ms.take() {
+            table.by_deadline.remove(&(old, run_id.to_string()));
+        }
+        if !state.closing {
+            let at = self.deadline(state);
+            state.indexed_at_ms = Some(at);
+            table.by_deadline.insert((at, run_id.to_string()));
+        }
+    }
+
     /// Runs `f` on the run's state (if the run is live), then re-evaluates whether it is held.
     fn with<R>(&self, run_id: &str, now_ms: u64, f: impl FnOnce(&mut LiveState) -> R) -> Option<R> {
-        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        let state = runs.get_mut(run_id)?;
+        let mut table = self.lock();
+        let out = self.change(&mut table, run_id, now_ms, f);
+        self.reindex(&mut table, run_id);
+        out
+    }
+
+    fn change<R>(
+        &self,
+        table: &mut Table,
+        run_id: &str,
+        now_ms: u64,
+        f: impl FnOnce(&mut LiveState) -> R,
+    ) -> Option<R> {
+        let state = table.states.get_mut(run_id)?;
         let was_held = state.held();
         let out = f(state);
         match (was_held, state.held()) {
@@ -94,8 +132,11 @@ impl Liveness {
     pub fn activated(&self, run_id: &str, now_ms: u64, stream: u64) {
         let mut rng = SeededRng::new(self.seed ^ stream);
         let evict_after_ms = self.draw(&mut rng);
-        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        runs.insert(
+        let mut table = self.lock();
+        if let Some(old) = table.states.get(run_id).and_then(|s| s.indexed_at_ms) {
+            table.by_deadline.remove(&(old, run_id.to_string()));
+        }
+        table.states.insert(
             run_id.to_string(),
             LiveState {
                 last_activity_ms: now_ms,
@@ -107,8 +148,10 @@ impl Liveness {
                 held_since_ms: None,
                 closing: false,
                 rng,
+                indexed_at_ms: None,
             },
         );
+        self.reindex(&mut table, run_id);
     }
 
     /// An inbound event was handled: a new idle period starts.
@@ -149,15 +192,14 @@ impl Liveness {
     }
 
     pub fn remove(&self, run_id: &str) {
-        self.runs.lock().unwrap_or_else(|p| p.into_inner()).remove(run_id);
+        let mut table = self.lock();
+        if let Some(at) = table.states.remove(run_id).and_then(|s| s.indexed_at_ms) {
+            table.by_deadline.remove(&(at, run_id.to_string()));
+        }
     }
 
     pub fn is_hibernateable(&self, run_id: &str) -> bool {
-        self.runs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(run_id)
-            .is_some_and(|s| !s.held() && !s.fiber_active)
+        self.lock().states.get(run_id).is_some_and(|s| !s.held() && !s.fiber_active)
     }
 
     fn deadline(&self, s: &LiveState) -> u64 {
@@ -172,8 +214,7 @@ impl Liveness {
     }
 
     pub fn next_deadline_ms(&self) -> Option<u64> {
-        let runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        runs.values().filter(|s| !s.closing).map(|s| self.deadline(s)).min()
+        self.lock().by_deadline.first().map(|(at, _)| *at)
     }
 
     /// Counts due heartbeats (returned as `heartbeats`) and returns the runs to hibernate or
@@ -184,12 +225,12 @@ impl Liveness {
         metrics: &Metrics,
         heartbeats: &mut Vec<String>,
     ) -> Vec<(String, Action)> {
-        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut table = self.lock();
         let mut out = Vec::new();
-        for (run_id, s) in runs.iter_mut() {
-            if s.closing || self.deadline(s) > now_ms {
-                continue;
-            }
+        let due: Vec<String> =
+            table.by_deadline.iter().take_while(|(at, _)| *at <= now_ms).map(|(_, id)| id.clone()).collect();
+        for run_id in due {
+            let Some(s) = table.states.get_mut(&run_id) else { continue };
             if s.held_since_ms.is_some() {
                 s.last_activity_ms = now_ms;
                 Metrics::bump(&metrics.heartbeats);
@@ -198,15 +239,18 @@ impl Liveness {
                 s.closing = true;
                 out.push((run_id.clone(), if s.fiber_active { Action::Evict } else { Action::Hibernate }));
             }
+            self.reindex(&mut table, &run_id);
         }
         out.sort();
         out
     }
 
     pub fn reopen(&self, run_id: &str) {
-        if let Some(s) = self.runs.lock().unwrap_or_else(|p| p.into_inner()).get_mut(run_id) {
+        let mut table = self.lock();
+        if let Some(s) = table.states.get_mut(run_id) {
             s.closing = false;
         }
+        self.reindex(&mut table, run_id);
     }
 }
 
