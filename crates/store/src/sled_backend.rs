@@ -41,7 +41,7 @@ fn open_sled(sled_dir: &Path) -> Result<sled::Db, StoreError> {
         .path(sled_dir)
         .flush_every_ms(None)
         .mode(sled::Mode::HighThroughput)
-        .cache_capacity(256 * 1024 * 1024);
+        .cache_capacity(1024 * 1024 * 1024);
     let mut last = None;
     for _ in 0..2_000 {
         match config.open() {

@@ -1,0 +1,13 @@
+//! What the examples share: a runtime on a fresh data directory.
+
+use durafiber_runtime::{Runtime, RuntimeBuilder};
+use durafiber_store::{Store, StoreConfig};
+
+/// Opens a runtime on a new temporary directory; `register` adds the agent kinds.
+pub async fn fresh_runtime(
+    register: impl FnOnce(RuntimeBuilder) -> RuntimeBuilder,
+) -> anyhow::Result<(Runtime, tempfile::TempDir)> {
+    let dir = tempfile::tempdir()?;
+    let store = Store::open_dir(dir.path(), StoreConfig::default())?;
+    Ok((register(Runtime::builder(store)).open().await?, dir))
+}

@@ -1,0 +1,54 @@
+//! Duplicate webhook deliveries make one run: the provider's delivery id is the
+//! idempotency key. Five concurrent deliveries of the same event return one handle; a
+//! delivery that reuses the id with another body is refused with `KeyConflict`.
+//!
+//! Run: `cargo run -p durafiber-examples --example webhook_dedupe`
+
+use durafiber_runtime::{Agent, AgentError, Ctx, ListFilter, RuntimeError};
+use serde::{Deserialize, Serialize};
+
+/// Handles one `invoice.paid` event.
+struct InvoicePaid;
+
+#[derive(Clone, Serialize, Deserialize)]
+struct Event {
+    invoice: String,
+    cents: u64,
+}
+
+impl Agent for InvoicePaid {
+    const KIND: &'static str = "invoice_paid";
+    type Input = Event;
+    type Stash = ();
+    type Output = String;
+    type Message = ();
+
+    async fn run_fiber(&self, _ctx: &mut Ctx<Self>, e: Event) -> Result<String, AgentError> {
+        Ok(format!("booked {} cents for {}", e.cents, e.invoice))
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let (rt, _dir) = durafiber_examples::fresh_runtime(|b| b.agent(InvoicePaid)).await?;
+    let event = Event { invoice: "in_77".into(), cents: 5_000 };
+    let deliveries: Vec<_> = (0..5)
+        .map(|_| {
+            let (rt, event) = (rt.clone(), event.clone());
+            tokio::spawn(async move { rt.start::<InvoicePaid>("evt_1NqQ", &event).await })
+        })
+        .collect();
+    for d in deliveries {
+        let out = d.await??;
+        println!("delivery -> run {} (accepted: {})", out.run_id, out.accepted);
+    }
+    let tampered = Event { cents: 9_999, ..event };
+    match rt.start::<InvoicePaid>("evt_1NqQ", &tampered).await {
+        Err(RuntimeError::KeyConflict { run_id, .. }) => println!("same id, other body: refused (run {run_id})"),
+        other => println!("unexpected: {other:?}"),
+    }
+    let runs = rt.list(&ListFilter { limit: 10, ..Default::default() })?.runs;
+    println!("runs: {}", runs.len());
+    rt.shutdown().await;
+    Ok(())
+}
