@@ -12,7 +12,8 @@ fn stash_record() -> StashRecord {
         attempt: 2,
         step: "refunded".into(),
         seq: 41,
-        stash_json: serde_json::json!({"phase": "refunded", "refund_id": "re_1", "notes": "x".repeat(200)}).to_string(),
+        stash_json: serde_json::json!({"phase": "refunded", "refund_id": "re_1", "notes": "x".repeat(200)})
+            .to_string(),
         written_at_ms: 1_767_225_600_000,
     }
 }
@@ -26,13 +27,18 @@ fn records(c: &mut Criterion) {
     let sealed = envelope::seal(&key, &codec::encode(&record).unwrap_or_default());
     c.bench_function("open + decode a stash record", |b| {
         b.iter(|| {
-            let body = envelope::open("stashes", &key, black_box(&sealed)).map(|b| b.to_vec()).unwrap_or_default();
+            let body =
+                envelope::open("stashes", &key, black_box(&sealed)).map(|b| b.to_vec()).unwrap_or_default();
             codec::decode::<StashRecord>(&body).ok()
         })
     });
-    let payload = serde_json::json!({"order_id": "ord_42", "amount_cents": 1999, "reason": "customer request"});
+    let payload =
+        serde_json::json!({"order_id": "ord_42", "amount_cents": 1999, "reason": "customer request"});
     c.bench_function("canonical JSON + SHA-256 of an approval payload", |b| {
-        b.iter(|| durafiber_runtime::canonical_json(black_box(&payload)).map(|t| durafiber_runtime::sha256_hex(t.as_bytes())))
+        b.iter(|| {
+            durafiber_runtime::canonical_json(black_box(&payload))
+                .map(|t| durafiber_runtime::sha256_hex(t.as_bytes()))
+        })
     });
 }
 

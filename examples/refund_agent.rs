@@ -32,14 +32,24 @@ async fn main() -> anyhow::Result<()> {
     let pending = rt.pending_approvals(Some(&run))?;
     let p = &pending[0];
     println!("a reviewer sees: {} (hash {})", p.payload, p.payload_hash);
-    rt.approve(&run, &p.approval_id, &p.payload_hash, Decision { approved: true, comment: "ok".into() }).await?;
+    rt.approve(&run, &p.approval_id, &p.payload_hash, Decision { approved: true, comment: "ok".into() })
+        .await?;
 
     rt.wait(&run).await?;
     let out: Option<RefundOutput> = rt.output(&run)?;
     println!("output: {out:?}");
-    println!("upstream refunds: {}, emails: {}", upstream.objects("refunds").len(), upstream.objects("emails").len());
+    println!(
+        "upstream refunds: {}, emails: {}",
+        upstream.objects("refunds").len(),
+        upstream.objects("emails").len()
+    );
     for entry in rt.inspect(&run)?.ledger {
-        println!("ledger {}: key {} committed={}", entry.effect_id, entry.idempotency_key, entry.committed.is_some());
+        println!(
+            "ledger {}: key {} committed={}",
+            entry.effect_id,
+            entry.idempotency_key,
+            entry.committed.is_some()
+        );
     }
     rt.shutdown().await;
     Ok(())

@@ -44,7 +44,9 @@ async fn main() -> anyhow::Result<()> {
     }
     let tampered = Event { cents: 9_999, ..event };
     match rt.start::<InvoicePaid>("evt_1NqQ", &tampered).await {
-        Err(RuntimeError::KeyConflict { run_id, .. }) => println!("same id, other body: refused (run {run_id})"),
+        Err(RuntimeError::KeyConflict { run_id, .. }) => {
+            println!("same id, other body: refused (run {run_id})")
+        }
         other => println!("unexpected: {other:?}"),
     }
     let runs = rt.list(&ListFilter { limit: 10, ..Default::default() })?.runs;
