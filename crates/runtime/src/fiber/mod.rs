@@ -220,6 +220,12 @@ async fn finish(
                     };
                 } else {
                     tracing::warn!(run_id = %run.run_id, error, attempts = run.recover_attempts, "recovery hook failed");
+                    // The next attempt recovers from the same interruption, for the same reason.
+                    run.wake_reason = match mode {
+                        FiberMode::Recover(RecoveryReason::Evicted) => Some(tables::WakeReason::Evicted),
+                        FiberMode::Recover(RecoveryReason::Resumed) => Some(tables::WakeReason::Resumed),
+                        _ => None,
+                    };
                     retry_at = Some(run.next_recover_at_ms);
                 }
             }
