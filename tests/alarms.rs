@@ -204,3 +204,21 @@ fn a_handler_that_kills_the_process_every_time_is_dead_lettered_after_seven_atte
     let expected: Vec<String> = (0..7).map(|n| format!("attempt {n} {}", n > 0)).collect();
     assert_eq!(attempts, expected, "seven attempts across seven restarts, never an eighth");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_periodic_alarm_repeats_and_setting_it_again_is_a_no_op() {
+    let log = Log::default();
+    let rt = open(&SimBackend::new(), VirtualClock::new(T0), &log).await;
+    let run = rt.start::<Alarmed>("job", &vec![]).await.expect("start").run_id;
+    let every = || AlarmSpec::every(Duration::from_secs(10), &"tick").expect("spec");
+    rt.set_alarm(&run, "tick", every()).await.expect("set");
+    rt.advance(Duration::from_secs(15)).await.expect("advance");
+    rt.set_alarm(&run, "tick", every()).await.expect("set again");
+    assert_eq!(rt.alarms(&run).expect("alarms")[0].due_at_ms, T0 + 20_000, "idempotent by name");
+    rt.advance(Duration::from_secs(20)).await.expect("advance");
+    let times: Vec<u64> = log.lock().expect("log").iter().map(|(_, t, _)| t - T0).collect();
+    assert_eq!(times, vec![10_000, 20_000, 30_000]);
+    assert!(rt.cancel_alarm(&run, "tick").await.expect("cancel"));
+    rt.advance(Duration::from_secs(60)).await.expect("advance");
+    assert_eq!(log.lock().expect("log").len(), 3, "a cancelled alarm stays quiet");
+}

@@ -50,6 +50,11 @@ pub enum Command {
         /// Where to write the recording (server logs and the JSON report).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// The boundary the second kill lands on: `after_effect_prepare:refund`,
+        /// `after_effect_call:refund` (between the upstream call and the receipt commit) or
+        /// `after_effect_commit:refund`.
+        #[arg(long, default_value = "after_effect_call:refund")]
+        stop_at: String,
     },
     /// Simulations on the virtual clock.
     Sim {

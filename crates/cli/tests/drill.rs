@@ -32,3 +32,22 @@ fn the_kill_and_resume_drill_passes_all_five_metrics() {
         assert!(out.path().join(file).exists(), "the recording has {file}");
     }
 }
+
+#[test]
+fn a_sigkill_at_every_boundary_of_the_refund_leaves_one_refund_upstream() {
+    for point in ["after_effect_prepare:refund", "after_effect_call:refund", "after_effect_commit:refund"] {
+        let out = tempfile::tempdir().expect("tempdir");
+        let result = Command::new(common::BIN)
+            .args(["drill", "--json", "--stop-at", point, "--out"])
+            .arg(out.path())
+            .output()
+            .expect("run the drill");
+        let stdout = String::from_utf8_lossy(&result.stdout);
+        assert!(result.status.success(), "{point}:\n{stdout}\n{}", String::from_utf8_lossy(&result.stderr));
+        let last: serde_json::Value =
+            serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON");
+        assert_eq!(last["side_effects_once"], true, "{point}");
+        assert_eq!(last["ledger_matches_upstream"], true, "{point}");
+        assert_eq!(last["pass"], true, "{point}: {stdout}");
+    }
+}

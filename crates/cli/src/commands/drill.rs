@@ -147,7 +147,12 @@ fn hash_of(value: &Value) -> String {
 }
 
 /// Runs the drill with the `durafiber` binary at `exe`; the recording goes to `out`.
-pub async fn drill(exe: &Path, seed: u64, out: &Path) -> anyhow::Result<DrillReport> {
+pub async fn drill(exe: &Path, seed: u64, out: &Path, stop_at: &str) -> anyhow::Result<DrillReport> {
+    if !stop_at.ends_with(":refund") || !stop_at.starts_with("after_effect_") {
+        bail!(
+            "--stop-at must be after_effect_prepare:refund, after_effect_call:refund or after_effect_commit:refund"
+        );
+    }
     let started = Instant::now();
     let data = out.join("data");
     if data.exists() {
@@ -179,7 +184,7 @@ pub async fn drill(exe: &Path, seed: u64, out: &Path) -> anyhow::Result<DrillRep
 
     eprintln!("drill: [2/5] SIGKILL the server mid-wait, restart it");
     sigkill(&mut s1);
-    let mut s2 = spawn_server(exe, &data, &out.join("server-2.log"), Some("after_effect_call:refund"))?;
+    let mut s2 = spawn_server(exe, &data, &out.join("server-2.log"), Some(stop_at))?;
     let after_kill_1 = s2.client.get(&format!("/runs/{run_id}")).await?;
     let view = s2.client.get("/approvals").await?;
     let pending = view.as_array().and_then(|a| a.iter().find(|p| p["run_id"] == run_id.as_str())).cloned();
@@ -200,10 +205,10 @@ pub async fn drill(exe: &Path, seed: u64, out: &Path) -> anyhow::Result<DrillRep
             None,
         )
         .await?;
-    wait_log(&s2.log, "STOPPED AT after_effect_call:refund").await?;
+    wait_log(&s2.log, &format!("STOPPED AT {stop_at}")).await?;
     let before_kill_2 = s2.client.get(&format!("/runs/{run_id}")).await?;
 
-    eprintln!("drill: [4/5] SIGKILL between the upstream refund and its receipt commit, restart");
+    eprintln!("drill: [4/5] SIGKILL at {stop_at}, restart");
     sigkill(&mut s2);
     let mut s3 = spawn_server(exe, &data, &out.join("server-3.log"), None)?;
     let after_kill_2 = s3.client.get(&format!("/runs/{run_id}")).await?;
@@ -220,7 +225,8 @@ pub async fn drill(exe: &Path, seed: u64, out: &Path) -> anyhow::Result<DrillRep
     let state_position = position(&before_kill_1) == position(&after_kill_1)
         && key_before.is_some()
         && key_before == key_after
-        && ledger_entry(&before_kill_2, "refund").is_some_and(|e| e["committed"].is_null())
+        && ledger_entry(&before_kill_2, "refund")
+            .is_some_and(|e| e["committed"].is_null() == (stop_at != "after_effect_commit:refund"))
         && done["approvals"].as_array().is_some_and(|a| a.len() == 1);
     let logs: Vec<String> = (1..=3)
         .map(|i| std::fs::read_to_string(out.join(format!("server-{i}.log"))).unwrap_or_default())
@@ -265,13 +271,13 @@ pub async fn drill(exe: &Path, seed: u64, out: &Path) -> anyhow::Result<DrillRep
 }
 
 /// `durafiber drill`: prints the score table; exit 0 only if every metric passes.
-pub async fn run(json_line: bool, seed: u64, out: Option<&Path>) -> anyhow::Result<i32> {
+pub async fn run(json_line: bool, seed: u64, out: Option<&Path>, stop_at: &str) -> anyhow::Result<i32> {
     let exe = std::env::current_exe().context("locating the durafiber binary")?;
     let out = match out {
         Some(dir) => dir.to_path_buf(),
         None => std::env::temp_dir().join(format!("durafiber-drill-{seed}-{}", std::process::id())),
     };
-    let r = drill(&exe, seed, &out).await?;
+    let r = drill(&exe, seed, &out, stop_at).await?;
     let mark = |ok: bool| if ok { "PASS" } else { "FAIL" };
     println!("{:<26} result", "metric");
     println!("{:<26} {}", "same run id continues", mark(r.same_run_id));

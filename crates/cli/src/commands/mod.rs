@@ -36,7 +36,7 @@ pub async fn run(command: Command) -> anyhow::Result<i32> {
             serve::serve(&data, listen, config.as_deref()).await?;
             Ok(0)
         }
-        Command::Drill { json, seed, out } => drill::run(json, seed, out.as_deref()).await,
+        Command::Drill { json, seed, out, stop_at } => drill::run(json, seed, out.as_deref(), &stop_at).await,
         Command::Sim { which: Sim::Eviction { json, seed } } => {
             let (lines, report) = sim::eviction(seed).await?;
             print_report(&lines, &report, json)?;
