@@ -67,7 +67,7 @@ fn svg_histogram(samples: &mut [u64], title: &str, unit: &str) -> String {
     let last = buckets.iter().rposition(|n| *n > 0).unwrap_or(0);
     let shown = &buckets[first..=last];
     let max = shown.iter().copied().max().unwrap_or(1).max(1);
-    let (w, h, bar) = (60 + shown.len() * 40, 260, 36);
+    let (w, h, bar) = ((60 + shown.len() * 40).max(560), 260, 36);
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"monospace\" font-size=\"10\">\n\
          <text x=\"10\" y=\"16\" font-size=\"13\">{title}: {} samples ({unit}, log2 buckets)</text>\n",
