@@ -85,3 +85,45 @@ async fn a_hook_that_always_panics_is_escalated_after_max_recover_attempts_and_o
     assert!(matches!(rt.wait(&steady.run_id).await.expect("wait"), RunStatus::Completed { .. }));
     assert_eq!(rt.metrics().escalations, 2);
 }
+
+/// Waits two days in memory, holding its keep-alive.
+struct Patient;
+
+impl Agent for Patient {
+    const KIND: &'static str = "patient";
+    type Input = ();
+    type Stash = ();
+    type Output = ();
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
+        ctx.sleep(Duration::from_secs(48 * 3600)).await;
+        Ok(())
+    }
+
+    async fn on_fiber_recovered(&self, _: &mut Ctx<Self>, _: Recovered<Self>) -> Result<(), AgentError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_found_interrupted_after_max_age_is_escalated_not_resumed() {
+    let store =
+        Store::with_backend(std::sync::Arc::new(SimBackend::new()), StoreConfig::default()).expect("store");
+    let rt = Runtime::builder(store)
+        .virtual_clock(VirtualClock::new(1_000_000))
+        .agent(Patient)
+        .open()
+        .await
+        .expect("runtime");
+    let run = rt.start::<Patient>("old", &()).await.expect("start").run_id;
+    // The fiber waits, holding its keep-alive, while a day and an hour pass.
+    for _ in 0..25 {
+        rt.advance(Duration::from_secs(3600)).await.expect("advance");
+    }
+    assert_eq!(rt.status(&run).expect("status"), RunStatus::Running);
+    rt.evict(&run).await;
+    rt.advance(Duration::ZERO).await.expect("advance");
+    assert_eq!(rt.status(&run).expect("status"), RunStatus::Escalated { reason: "max_age".into() });
+    assert!(!rt.events().iter().any(|e| e.run_id == run && e.kind == "recovered"), "never resumed");
+}
