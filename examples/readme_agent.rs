@@ -15,6 +15,8 @@ struct Progress {
     summaries: Vec<String>,
 }
 
+type Summaries = Result<Vec<String>, AgentError>;
+
 impl Agent for Summarizer {
     const KIND: &'static str = "summarizer";
     type Input = Vec<String>;
@@ -22,24 +24,16 @@ impl Agent for Summarizer {
     type Output = Vec<String>;
     type Message = ();
 
-    async fn run_fiber(&self, ctx: &mut Ctx<Self>, docs: Vec<String>) -> Result<Vec<String>, AgentError> {
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, docs: Vec<String>) -> Summaries {
         work(ctx, docs, Progress::default()).await
     }
 
-    async fn on_fiber_recovered(
-        &self,
-        ctx: &mut Ctx<Self>,
-        r: Recovered<Self>,
-    ) -> Result<Vec<String>, AgentError> {
+    async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: Recovered<Self>) -> Summaries {
         work(ctx, r.input, r.stash.unwrap_or_default()).await // resume after the last stash
     }
 }
 
-async fn work(
-    ctx: &mut Ctx<Summarizer>,
-    docs: Vec<String>,
-    mut p: Progress,
-) -> Result<Vec<String>, AgentError> {
+async fn work(ctx: &mut Ctx<Summarizer>, docs: Vec<String>, mut p: Progress) -> Summaries {
     for doc in &docs[p.done..] {
         p.summaries.push(doc.chars().take(24).collect()); // call your model here
         p.done += 1;
