@@ -218,42 +218,19 @@ pub async fn drill(exe: &Path, seed: u64, out: &Path, stop_at: &str) -> anyhow::
     sigterm(&mut s3);
 
     eprintln!("drill: [5/5] score against the upstream");
-    let refunds = upstream.objects("refunds");
-    let emails = upstream.objects("emails");
-    let key_before = ledger_entry(&before_kill_2, "refund").map(|e| e["idempotency_key"].clone());
-    let key_after = ledger_entry(&after_kill_2, "refund").map(|e| e["idempotency_key"].clone());
-    let state_position = position(&before_kill_1) == position(&after_kill_1)
-        && key_before.is_some()
-        && key_before == key_after
-        && ledger_entry(&before_kill_2, "refund")
-            .is_some_and(|e| e["committed"].is_null() == (stop_at != "after_effect_commit:refund"))
-        && done["approvals"].as_array().is_some_and(|a| a.len() == 1);
+    let snaps = Snapshots { before_kill_1, after_kill_1, before_kill_2, after_kill_2, done, runs };
     let logs: Vec<String> = (1..=3)
         .map(|i| std::fs::read_to_string(out.join(format!("server-{i}.log"))).unwrap_or_default())
         .collect();
-    let same_run_id =
-        runs["runs"].as_array().is_some_and(|r| r.len() == 1 && r[0]["run_id"] == run_id.as_str())
-            && done["run"]["run_id"] == run_id.as_str()
-            && logs.iter().all(|l| l.contains(&run_id));
-    let receipt_matches = |effect: &str, objects: &[Value]| {
-        objects.len() == 1
-            && ledger_entry(&done, effect)
-                .is_some_and(|e| e["committed"]["receipt_hash"] == hash_of(&objects[0]).as_str())
-    };
-    let ledger_matches_upstream =
-        receipt_matches("refund", &refunds) && receipt_matches("email:confirmation", &emails);
-    let side_effects_once = refunds.len() == 1 && emails.len() == 1;
+    let (refunds, emails) = (upstream.objects("refunds"), upstream.objects("emails"));
+    let scores = score(&snaps, &run_id, stop_at, &logs, &refunds, &emails);
     let report = DrillReport {
-        pass: same_run_id
-            && side_effects_once
-            && state_position
-            && human_sees_context
-            && ledger_matches_upstream,
-        same_run_id,
-        side_effects_once,
-        state_position,
+        pass: scores.iter().all(|ok| *ok) && human_sees_context,
+        same_run_id: scores[0],
+        side_effects_once: scores[1],
+        state_position: scores[2],
         human_sees_context,
-        ledger_matches_upstream,
+        ledger_matches_upstream: scores[3],
         run_id,
         seed,
         upstream_refunds: refunds.len(),
@@ -263,11 +240,55 @@ pub async fn drill(exe: &Path, seed: u64, out: &Path, stop_at: &str) -> anyhow::
     };
     let recording = json!({
         "report": report, "upstream": {"refunds": refunds, "emails": emails},
-        "snapshots": {"before_kill_1": before_kill_1, "after_kill_1": after_kill_1,
-                      "before_kill_2": before_kill_2, "after_kill_2": after_kill_2, "final": done},
+        "snapshots": {"before_kill_1": snaps.before_kill_1, "after_kill_1": snaps.after_kill_1,
+                      "before_kill_2": snaps.before_kill_2, "after_kill_2": snaps.after_kill_2,
+                      "final": snaps.done},
     });
     std::fs::write(out.join("report.json"), serde_json::to_string_pretty(&recording)?)?;
     Ok(report)
+}
+
+/// What the drill saw of the run around each kill, as the API showed it.
+struct Snapshots {
+    before_kill_1: Value,
+    after_kill_1: Value,
+    before_kill_2: Value,
+    after_kill_2: Value,
+    done: Value,
+    runs: Value,
+}
+
+/// Scores four of the five metrics (the fifth, the approval view, is seen live):
+/// `[same_run_id, side_effects_once, state_position, ledger_matches_upstream]`.
+fn score(
+    s: &Snapshots,
+    run_id: &str,
+    stop_at: &str,
+    logs: &[String],
+    refunds: &[Value],
+    emails: &[Value],
+) -> [bool; 4] {
+    let key_before = ledger_entry(&s.before_kill_2, "refund").map(|e| e["idempotency_key"].clone());
+    let key_after = ledger_entry(&s.after_kill_2, "refund").map(|e| e["idempotency_key"].clone());
+    let committed_before_kill = stop_at == "after_effect_commit:refund";
+    let state_position = position(&s.before_kill_1) == position(&s.after_kill_1)
+        && key_before.is_some()
+        && key_before == key_after
+        && ledger_entry(&s.before_kill_2, "refund")
+            .is_some_and(|e| e["committed"].is_null() != committed_before_kill)
+        && s.done["approvals"].as_array().is_some_and(|a| a.len() == 1);
+    let same_run_id = s.runs["runs"].as_array().is_some_and(|r| r.len() == 1 && r[0]["run_id"] == run_id)
+        && s.done["run"]["run_id"] == run_id
+        && logs.iter().all(|l| l.contains(run_id));
+    let receipt_matches = |effect: &str, objects: &[Value]| {
+        objects.len() == 1
+            && ledger_entry(&s.done, effect)
+                .is_some_and(|e| e["committed"]["receipt_hash"] == hash_of(&objects[0]).as_str())
+    };
+    let ledger_matches_upstream =
+        receipt_matches("refund", refunds) && receipt_matches("email:confirmation", emails);
+    let side_effects_once = refunds.len() == 1 && emails.len() == 1;
+    [same_run_id, side_effects_once, state_position, ledger_matches_upstream]
 }
 
 /// `durafiber drill`: prints the score table; exit 0 only if every metric passes.
