@@ -12,10 +12,7 @@ use durafiber_cli::commands::sim;
 use durafiber_runtime::{
     Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered, Runtime, clock::VirtualClock, limits,
 };
-use durafiber_store::{
-    Batch, Durability, SimBackend, Store, StoreConfig,
-    tables::{self, AlarmRecord},
-};
+use durafiber_store::{SimBackend, Store, StoreConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_alarm_is_retried_at_2_4_8_16_32_64_seconds_then_dead_lettered() {
@@ -133,30 +130,16 @@ async fn a_million_pending_alarms_keep_memory_bounded_and_the_earliest_fires_on_
     rt.shutdown().await;
 
     let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
-    let mut batch = Batch::new();
-    for i in 0..1_000_000u64 {
-        let name = format!("later-{i:07}");
-        let due = T0 + 3_600_000 + i * 10;
-        let alarm = AlarmRecord {
-            run_id: run.clone(),
-            name: name.clone(),
-            due_at_ms: due,
-            scheduled_at_ms: due,
-            payload_json: "null".into(),
-            every_ms: None,
-            attempts_started: 0,
-            generation: 1,
-            system: None,
-        };
-        batch
-            .put(tables::ALARMS, tables::ALARMS.key(&[run.as_bytes(), name.as_bytes()]), &alarm)
-            .expect("encode");
-        batch.put(tables::ALARM_DUE, tables::alarm_due_key(due, &run, &name), &()).expect("encode");
-        if batch.ops.len() >= 20_000 {
-            store.commit(std::mem::take(&mut batch), Durability::Sync).await.expect("commit");
-        }
-    }
-    store.commit(batch, Durability::Sync).await.expect("commit");
+    durafiber_testkit::bulk::write_pending_alarms(
+        &store,
+        std::slice::from_ref(&run),
+        "later",
+        1_000_000,
+        T0 + 3_600_000,
+        10,
+    )
+    .await
+    .expect("bulk write");
     store.close();
 
     let rt = open(&sim, VirtualClock::new(T0), &log).await;

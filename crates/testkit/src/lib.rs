@@ -4,8 +4,10 @@
 //! - [`upstream`]: a real HTTP server on 127.0.0.1 that deduplicates by `Idempotency-Key`
 //!   as payment APIs do, so "side effects once" is counted upstream, not by our own flag.
 //! - [`agents`]: small agents the tests, the drill and the benchmarks share.
+//! - [`bulk`]: many pending alarms written straight into a store.
 
 pub mod agents;
+pub mod bulk;
 pub mod conformance;
 pub mod upstream;
 

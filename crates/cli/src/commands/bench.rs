@@ -305,6 +305,31 @@ impl Agent for Ticker {
     }
 }
 
+/// Sets `alarms` alarms due evenly within the second after `due_from`, from 40 tasks.
+async fn schedule_within_one_second(
+    rt: &Runtime,
+    runs: &[String],
+    alarms: usize,
+    due_from: u64,
+) -> anyhow::Result<()> {
+    let mut tasks = Vec::new();
+    for chunk in 0..alarms.div_ceil(250) {
+        let (rt, runs) = (rt.clone(), runs.to_vec());
+        tasks.push(tokio::spawn(async move {
+            for i in chunk * 250..((chunk + 1) * 250).min(alarms) {
+                let due = due_from + (i as u64 * 1_000) / alarms.max(1) as u64;
+                let spec = AlarmSpec::at_ms(due, &i)?;
+                rt.set_alarm(&runs[i % runs.len()], &format!("tick-{i}"), spec).await?;
+            }
+            Ok::<_, durafiber_runtime::RuntimeError>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     statm.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0) * 4096
@@ -350,33 +375,7 @@ async fn bench_alarms(json: bool, alarms: usize, pending: usize, out: Option<&Pa
         drop(rt);
         let store = Store::open_dir(dir.path(), StoreConfig::default())?;
         let far = epoch_ms() + 86_400_000;
-        let mut batch = Batch::new();
-        for i in 0..pending {
-            let run = &runs[i % runs_n];
-            let name = format!("later-{i}");
-            let alarm = durafiber_store::tables::AlarmRecord {
-                run_id: run.clone(),
-                name: name.clone(),
-                due_at_ms: far + i as u64,
-                scheduled_at_ms: far + i as u64,
-                payload_json: "null".into(),
-                every_ms: None,
-                attempts_started: 0,
-                generation: 1,
-                system: None,
-            };
-            let t = durafiber_store::tables::ALARMS;
-            batch.put(t, t.key(&[run.as_bytes(), name.as_bytes()]), &alarm)?;
-            batch.put(
-                durafiber_store::tables::ALARM_DUE,
-                durafiber_store::tables::alarm_due_key(far + i as u64, run, &name),
-                &(),
-            )?;
-            if batch.ops.len() >= 20_000 {
-                store.commit(std::mem::take(&mut batch), Durability::Sync).await?;
-            }
-        }
-        store.commit(batch, Durability::Sync).await?;
+        durafiber_testkit::bulk::write_pending_alarms(&store, &runs, "later", pending, far, 1).await?;
         store.close();
         drop(store);
         let before = rss_bytes();
@@ -389,21 +388,7 @@ async fn bench_alarms(json: bool, alarms: usize, pending: usize, out: Option<&Pa
     progress(&format!("scheduling {alarms} alarms due within one second, 3 s from now"));
     let due_from = epoch_ms() + 3_000;
     let start = Instant::now();
-    let mut tasks = Vec::new();
-    for chunk in 0..alarms.div_ceil(250) {
-        let (rt, runs) = (rt.clone(), runs.clone());
-        tasks.push(tokio::spawn(async move {
-            for i in chunk * 250..((chunk + 1) * 250).min(alarms) {
-                let due = due_from + (i as u64 * 1_000) / alarms.max(1) as u64;
-                let spec = AlarmSpec::at_ms(due, &i)?;
-                rt.set_alarm(&runs[i % runs.len()], &format!("tick-{i}"), spec).await?;
-            }
-            Ok::<_, durafiber_runtime::RuntimeError>(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
+    schedule_within_one_second(&rt, &runs, alarms, due_from).await?;
     let scheduled_per_s = alarms as f64 / start.elapsed().as_secs_f64();
     if epoch_ms() > due_from {
         progress("warning: scheduling took longer than the 3 s lead; lateness includes it");
