@@ -105,6 +105,9 @@ async fn every_endpoint_answers_and_every_refusal_is_a_json_error() {
     let (s, events) = send(http.get(server.url(&format!("/events?run_id={run_id}")))).await;
     assert!(s == 200 && events.as_array().is_some_and(|e| !e.is_empty()));
     assert_eq!(send(http.get(server.url("/nowhere"))).await.0, 404);
+    assert_eq!(send(http.delete(server.url("/approvals"))).await.0, 405);
+    let (s, e) = send(http.get(server.url("/runs?limit=many"))).await;
+    assert_eq!((s, e["kind"].as_str()), (400, Some("BadRequest")), "a malformed query is a JSON error too");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

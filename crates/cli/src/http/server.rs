@@ -112,16 +112,22 @@ async fn start(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> 
     Ok((status, Json(json!(out))).into_response())
 }
 
-#[derive(Deserialize)]
-struct ListQuery {
-    state: Option<String>,
-    kind: Option<String>,
-    after: Option<String>,
-    limit: Option<usize>,
-}
+/// Query strings are read as plain pairs, so a malformed one gets the same JSON error shape.
+type Params = Query<std::collections::HashMap<String, String>>;
 
-async fn list(State(app): State<AppState>, Query(q): Query<ListQuery>) -> ApiResult {
-    let filter = ListFilter { state: q.state, kind: q.kind, after: q.after, limit: q.limit.unwrap_or(50) };
+async fn list(State(app): State<AppState>, Query(q): Params) -> ApiResult {
+    let limit = match q.get("limit") {
+        None => 50,
+        Some(text) => {
+            text.parse().map_err(|_| bad_request(format!("limit must be a number, not {text:?}")))?
+        }
+    };
+    let filter = ListFilter {
+        state: q.get("state").cloned(),
+        kind: q.get("kind").cloned(),
+        after: q.get("after").cloned(),
+        limit,
+    };
     ok(app.runtime.list(&filter)?)
 }
 
@@ -253,5 +259,8 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/events", get(events))
         .fallback(not_found)
+        .method_not_allowed_fallback(|| async {
+            ApiError(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here".into(), "MethodNotAllowed")
+        })
         .with_state(state)
 }
