@@ -6,9 +6,24 @@ use sha2::{Digest, Sha256};
 
 /// The canonical JSON text of `value`: object keys sorted, no whitespace.
 pub fn canonical<T: Serialize + ?Sized>(value: &T) -> Result<String, String> {
-    // Going through `Value` sorts object keys (serde_json's map is a BTreeMap).
     let v = serde_json::to_value(value).map_err(|e| e.to_string())?;
-    serde_json::to_string(&v).map_err(|e| e.to_string())
+    serde_json::to_string(&sorted(v)).map_err(|e| e.to_string())
+}
+
+/// Rebuilds every object with its keys inserted in sorted order, so the text is canonical
+/// whether or not serde_json's map preserves insertion order (its `preserve_order` feature
+/// can be switched on by any crate in the build).
+fn sorted(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Object(map) => {
+            let mut entries: Vec<(String, Value)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sorted).collect()),
+        other => other,
+    }
 }
 
 /// Parses stored JSON into a user type.
