@@ -140,6 +140,18 @@ impl AgentError {
     }
 }
 
+/// Lets agent code use `?` on runtime calls: refused input is the agent's failure, anything
+/// else is the runtime's (the run will be recovered).
+impl From<RuntimeError> for AgentError {
+    fn from(e: RuntimeError) -> Self {
+        match e {
+            RuntimeError::InvalidInput(msg) => AgentError::Fail(msg),
+            RuntimeError::Agent(inner) => inner,
+            other => AgentError::Runtime(other.to_string()),
+        }
+    }
+}
+
 impl From<StoreError> for AgentError {
     fn from(e: StoreError) -> Self {
         AgentError::Runtime(e.to_string())

@@ -25,6 +25,37 @@ pub enum AlarmAt {
 }
 
 /// What to set: when, with what payload, and whether it repeats.
+///
+/// A human-in-the-loop escalation: page someone if the case is still open in four hours.
+///
+/// ```
+/// use std::time::Duration;
+/// use durafiber_runtime::{Agent, AgentError, AlarmEvent, AlarmSpec, Ctx};
+///
+/// struct Case;
+///
+/// impl Agent for Case {
+///     const KIND: &'static str = "case";
+///     type Input = String;
+///     type Stash = ();
+///     type Output = ();
+///     type Message = ();
+///
+///     async fn run_fiber(&self, ctx: &mut Ctx<Self>, case_id: String) -> Result<(), AgentError> {
+///         ctx.set_alarm("escalate", AlarmSpec::after(Duration::from_secs(4 * 3600), &case_id)?).await?;
+///         ctx.cancelled().await; // the run stays open while the case is
+///         Ok(())
+///     }
+///
+///     async fn on_alarm(&self, _ctx: &mut Ctx<Self>, alarm: AlarmEvent) -> Result<(), AgentError> {
+///         if alarm.name == "escalate" {
+///             let case_id: String = alarm.payload()?;
+///             println!("paging on-call about {case_id}");
+///         }
+///         Ok(())
+///     }
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct AlarmSpec {
     /// When it is first due.
