@@ -13,12 +13,13 @@ pub mod upstream;
 
 pub use durafiber_runtime::rng::SeededRng;
 
-/// Installs a tracing subscriber once, filtered by `RUST_LOG` (warnings by default).
+/// Installs a tracing subscriber once, filtered by `RUST_LOG` (warnings by default). It writes
+/// through the test harness, so a passing test stays quiet and a failing one shows its log.
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
-        .with_writer(std::io::stderr)
+        .with_test_writer()
         .try_init();
 }
