@@ -4,9 +4,7 @@
 
 use std::sync::Arc;
 
-use durafiber_runtime::{
-    Agent, AgentError, Ctx, ListFilter, RunOptions, RunStatus, Runtime, RuntimeConfig, RuntimeError,
-};
+use durafiber_runtime::{Agent, AgentError, Ctx, ListFilter, RunOptions, RunStatus, Runtime, RuntimeError};
 use durafiber_store::{Store, StoreConfig};
 use durafiber_testkit::agents::{Steps, StepsInput, StepsOutput};
 use serde::{Deserialize, Serialize};
@@ -171,5 +169,4 @@ async fn every_durability_mode_completes_and_keeps_the_last_stash() {
         rt.start_json("steps", "m", "{\"steps\":1,\"pause_ms\":0}", bad).await,
         Err(RuntimeError::Config(_))
     ));
-    let _ = RuntimeConfig::default();
 }

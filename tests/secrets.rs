@@ -1,7 +1,7 @@
 //! A secret given to an agent is used, and never written (§4.5): not in any file of the
 //! data directory, not in inspection output.
 
-use std::{collections::HashMap, sync::Arc};
+use std::collections::HashMap;
 
 use durafiber_runtime::{Decision, RunStatus, Runtime, Secret, Secrets};
 use durafiber_store::{Store, StoreConfig};
@@ -62,5 +62,4 @@ async fn a_secret_is_used_upstream_but_never_stored_nor_shown() {
     let disk = all_bytes_under(dir.path());
     assert!(!disk.is_empty());
     assert!(!disk.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()), "the secret reached the disk");
-    let _ = Arc::new(());
 }

@@ -110,7 +110,7 @@ impl Default for RuntimeConfig {
 }
 
 impl RuntimeConfig {
-    /// Parses a TOML-like `key = value` text as JSON-compatible config; unknown keys are errors.
+    /// Parses a JSON configuration (durations as humantime strings); unknown keys are errors.
     pub fn from_json(text: &str) -> Result<Self, RuntimeError> {
         let config: RuntimeConfig =
             serde_json::from_str(text).map_err(|e| RuntimeError::Config(format!("config: {e}")))?;
