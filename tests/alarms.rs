@@ -45,8 +45,7 @@ impl Agent for Alarmed {
 
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, alarms: Vec<(String, u64)>) -> Result<(), AgentError> {
         for (name, delay_ms) in alarms {
-            let spec = AlarmSpec::after(Duration::from_millis(delay_ms), &name)
-                .map_err(|e| AgentError::fail(e.to_string()))?;
+            let spec = AlarmSpec::after(Duration::from_millis(delay_ms), &name)?;
             ctx.set_alarm(&name, spec).await?;
         }
         ctx.cancelled().await;
@@ -61,8 +60,7 @@ impl Agent for Alarmed {
     async fn on_alarm(&self, ctx: &mut Ctx<Self>, alarm: AlarmEvent) -> Result<(), AgentError> {
         self.log.lock().expect("log").push((alarm.name.clone(), ctx.now_ms(), alarm.retry_count));
         if alarm.name == "reset" && alarm.retry_count == 0 && ctx.now_ms() < T0 + 3_600_000 {
-            let spec = AlarmSpec::after(Duration::from_secs(3600), &"later")
-                .map_err(|e| AgentError::fail(e.to_string()))?;
+            let spec = AlarmSpec::after(Duration::from_secs(3600), &"later")?;
             ctx.set_alarm("reset", spec).await?;
             return Err(AgentError::fail("failed after re-setting"));
         }

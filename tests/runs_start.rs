@@ -170,3 +170,31 @@ async fn every_durability_mode_completes_and_keeps_the_last_stash() {
         Err(RuntimeError::Config(_))
     ));
 }
+
+/// Sets an alarm whose name the runtime refuses.
+struct BadAlarm;
+
+impl Agent for BadAlarm {
+    const KIND: &'static str = "bad_alarm";
+    type Input = ();
+    type Stash = ();
+    type Output = ();
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
+        let spec = durafiber_runtime::AlarmSpec::after(std::time::Duration::from_secs(1), &())?;
+        ctx.set_alarm("bad\0name", spec).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_runtime_call_fails_the_run_instead_of_looping_as_an_interruption() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("open store");
+    let rt = Runtime::builder(store).agent(BadAlarm).open().await.expect("runtime");
+    let run = rt.start::<BadAlarm>("bad", &()).await.expect("start").run_id;
+    match rt.wait(&run).await.expect("wait") {
+        RunStatus::Failed { error } => assert!(error.contains("alarm name"), "{error}"),
+        other => panic!("expected Failed, got {other:?}"),
+    }
+}

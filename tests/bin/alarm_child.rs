@@ -25,8 +25,7 @@ impl Agent for KillAlarm {
     type Message = ();
 
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
-        let spec = AlarmSpec::after(Duration::from_millis(20), &"wake")
-            .map_err(|e| AgentError::fail(e.to_string()))?;
+        let spec = AlarmSpec::after(Duration::from_millis(20), &"wake")?;
         ctx.set_alarm("default", spec).await?;
         ctx.cancelled().await;
         Ok(())

@@ -93,7 +93,7 @@ pub(crate) async fn request(
             Ok(true)
         })
         .await
-        .map_err(|e| AgentError::Runtime(e.to_string()))?;
+        .map_err(AgentError::from)?;
     raw.recovering = false;
     shared.scheduler.insert(escalation.due_at_ms, &run_id, &escalation.name);
     shared.driver_wake.notify_one();

@@ -145,11 +145,7 @@ impl Agent for Flaky {
     type Message = ();
 
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
-        ctx.set_alarm(
-            "default",
-            AlarmSpec::after(Duration::from_secs(1), &"ping").map_err(|e| AgentError::fail(e.to_string()))?,
-        )
-        .await?;
+        ctx.set_alarm("default", AlarmSpec::after(Duration::from_secs(1), &"ping")?).await?;
         // The run stays open while its alarm is pending: alarms of a finished run are removed.
         ctx.cancelled().await;
         Ok(())

@@ -161,7 +161,7 @@ async fn deliver(
 }
 
 async fn call_handler(shared: &Arc<Shared>, run_id: &str, event: AlarmEvent) -> Result<(), AgentError> {
-    let live = runtime::activate(shared, run_id).await.map_err(|e| AgentError::Runtime(e.to_string()))?;
+    let live = runtime::activate(shared, run_id).await.map_err(AgentError::from)?;
     match live.actor.call(|reply| RunMsg::Alarm { event, reply }, None).await {
         Ok(ractor::rpc::CallResult::Success(result)) => result,
         Ok(_) | Err(_) => Err(AgentError::fail("the run's actor stopped during the handler")),

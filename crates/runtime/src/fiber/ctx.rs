@@ -98,16 +98,12 @@ impl<A: Agent> Ctx<A> {
 
     /// Sets (or replaces) the run's alarm called `name`.
     pub async fn set_alarm(&self, name: &str, spec: AlarmSpec) -> Result<(), AgentError> {
-        alarm::set(&self.raw.shared, &self.raw.cell.run_id, name, spec, None)
-            .await
-            .map_err(|e| AgentError::Runtime(e.to_string()))
+        alarm::set(&self.raw.shared, &self.raw.cell.run_id, name, spec, None).await.map_err(AgentError::from)
     }
 
     /// Cancels the run's alarm called `name`; true when there was one.
     pub async fn cancel_alarm(&self, name: &str) -> Result<bool, AgentError> {
-        alarm::cancel(&self.raw.shared, &self.raw.cell.run_id, name)
-            .await
-            .map_err(|e| AgentError::Runtime(e.to_string()))
+        alarm::cancel(&self.raw.shared, &self.raw.cell.run_id, name).await.map_err(AgentError::from)
     }
 
     /// Keeps the run from hibernation and eviction while the guard lives.

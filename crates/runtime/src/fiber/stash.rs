@@ -39,7 +39,7 @@ pub(crate) async fn write(raw: &mut RawCtx, step: &str, stash_json: String) -> R
                 Ok(true)
             })
             .await
-            .map_err(|e| AgentError::Runtime(e.to_string()))?;
+            .map_err(AgentError::from)?;
         raw.recovering = false;
     } else {
         let mut batch = Batch::new();

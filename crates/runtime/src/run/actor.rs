@@ -85,7 +85,7 @@ impl Actor for RunActor {
 
 impl RunActor {
     async fn on_message(&self, cell: &Arc<RunCell>, json: String) -> Result<(), AgentError> {
-        let agent = self.shared.agent(&cell.kind).map_err(|e| AgentError::Runtime(e.to_string()))?;
+        let agent = self.shared.agent(&cell.kind).map_err(AgentError::from)?;
         let raw = RawCtx::new(self.shared.clone(), cell.clone(), 0);
         match AssertUnwindSafe(agent.on_message(raw, json)).catch_unwind().await {
             Ok(result) => result,
@@ -94,7 +94,7 @@ impl RunActor {
     }
 
     async fn on_alarm(&self, cell: &Arc<RunCell>, event: AlarmEvent) -> Result<(), AgentError> {
-        let agent = self.shared.agent(&cell.kind).map_err(|e| AgentError::Runtime(e.to_string()))?;
+        let agent = self.shared.agent(&cell.kind).map_err(AgentError::from)?;
         let raw = RawCtx::new(self.shared.clone(), cell.clone(), 0);
         let handler = AssertUnwindSafe(agent.on_alarm(raw, event)).catch_unwind();
         match clock::timeout(self.shared.clock.as_ref(), self.shared.config.alarm_wall_limit, handler).await {
