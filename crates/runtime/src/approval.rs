@@ -94,7 +94,7 @@ pub(crate) async fn request(
         })
         .await
         .map_err(AgentError::from)?;
-    raw.recovering = false;
+    raw.cell.recovering.store(false, std::sync::atomic::Ordering::SeqCst);
     shared.scheduler.insert(escalation.due_at_ms, &run_id, &escalation.name);
     shared.driver_wake.notify_one();
     shared.event(&run_id, "approval_requested", format!("{approval_id}: hash {}", record.payload_hash));
@@ -140,7 +140,7 @@ pub(crate) async fn approve(
     payload_hash: &str,
     decision: Decision,
 ) -> Result<ApproveOutcome, RuntimeError> {
-    let _one_at_a_time = shared.approve_lock.lock().await;
+    let _one_at_a_time = shared.approve_lock(run_id).await;
     let run = shared.load_run(run_id)?;
     let key = approval_key(run_id, approval_id);
     let not_pending =
@@ -182,6 +182,9 @@ pub(crate) async fn approve(
                 run.status = RunStatus::Running;
                 run.wake_reason = Some(WakeReason::Resumed);
             }
+            // A decision is progress: the run's recovery count starts again (§3.6).
+            run.recover_attempts = 0;
+            run.next_recover_at_ms = 0;
             Ok(true)
         })
         .await?;
@@ -194,7 +197,7 @@ pub(crate) async fn approve(
 
 /// Hands the decision to the waiting fiber, or re-enters the run when its fiber is gone.
 async fn deliver(shared: &Arc<Shared>, run_id: &str, approval_id: &str, decision: Decision) {
-    if let Some(live) = shared.registry.get(run_id).await {
+    if let Some(live) = shared.registry.get(run_id) {
         let mut slot = live.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner());
         if slot.as_ref().is_some_and(|(id, _)| id == approval_id)
             && let Some((_, waiter)) = slot.take()
@@ -212,7 +215,7 @@ pub(crate) async fn on_escalation_alarm(
     run_id: &str,
     approval_id: &str,
 ) -> Result<(), RuntimeError> {
-    let _one_at_a_time = shared.approve_lock.lock().await;
+    let _one_at_a_time = shared.approve_lock(run_id).await;
     let key = approval_key(run_id, approval_id);
     let Some(mut record) = shared.store.get::<ApprovalRecord>(tables::APPROVALS, &key)? else {
         return Ok(());

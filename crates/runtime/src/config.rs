@@ -65,6 +65,9 @@ pub struct RuntimeConfig {
     /// An alarm handler running longer than this has failed.
     #[serde(with = "humantime_serde_compat")]
     pub alarm_wall_limit: Duration,
+    /// An `on_message` handler running longer than this has failed; its caller gets the error.
+    #[serde(with = "humantime_serde_compat")]
+    pub message_wall_limit: Duration,
     /// Retry n of a failed alarm waits this × 2^(n-1), plus up to 25% jitter.
     #[serde(with = "humantime_serde_compat")]
     pub alarm_retry_base: Duration,
@@ -94,6 +97,7 @@ impl Default for RuntimeConfig {
             max_age: limits::MAX_AGE_DEFAULT,
             escalate_after: limits::ESCALATE_AFTER_DEFAULT,
             alarm_wall_limit: limits::ALARM_WALL_LIMIT_DEFAULT,
+            message_wall_limit: limits::MESSAGE_WALL_LIMIT_DEFAULT,
             alarm_retry_base: limits::ALARM_RETRY_BASE,
             hibernate_after: limits::HIBERNATE_AFTER_DEFAULT,
             evict_after: format!(

@@ -71,7 +71,7 @@ where
             };
             let mut batch = Batch::new();
             batch.put(tables::LEDGER, key.clone(), &entry)?;
-            shared.store.commit(batch, Durability::Sync).await?;
+            shared.commit_boundary(&raw.cell, batch, Durability::Sync).await?;
             shared.event(&run_id, "effect_prepared", format!("{effect_id}: key {}", entry.idempotency_key));
             entry
         }
@@ -117,7 +117,7 @@ async fn commit<R: Serialize>(
     entry.committed = Some(Receipt { receipt_json, receipt_hash, committed_at_ms: raw.shared.now_ms() });
     let mut batch = Batch::new();
     batch.put(tables::LEDGER, key, &entry)?;
-    raw.shared.store.commit(batch, Durability::Sync).await?;
+    raw.shared.commit_boundary(&raw.cell, batch, Durability::Sync).await?;
     raw.shared.event(&entry.run_id, "effect_committed", entry.effect_id.clone());
     Ok(())
 }

@@ -75,6 +75,14 @@ pub enum RuntimeError {
     /// The runtime is shutting down.
     #[error("the runtime is shutting down")]
     ShuttingDown,
+
+    /// Open runs that nothing will move (§3.7); [`crate::Runtime::advance`] checks after
+    /// every call on a virtual clock.
+    #[error("liveness: {}", violations.iter().map(|v| v.to_string()).collect::<Vec<_>>().join("; "))]
+    LivenessViolation {
+        /// Every run left behind.
+        violations: Vec<crate::LivenessViolation>,
+    },
 }
 
 /// What an agent's code returns on failure. The runtime decides what each variant does to

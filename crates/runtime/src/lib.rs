@@ -42,7 +42,7 @@ pub use eviction::keep_alive::KeepAlive;
 pub use fiber::ctx::Ctx;
 pub use json::{canonical as canonical_json, sha256_hex};
 pub use metrics::{HistogramSummary, MetricsSnapshot};
-pub use run::start::StartOutcome;
+pub use run::{liveness::LivenessViolation, start::StartOutcome};
 pub use runtime::{ListFilter, RunInspection, RunPage, Runtime, RuntimeBuilder};
 pub use secret::{Secret, Secrets};
 pub use shared::CrashHook;

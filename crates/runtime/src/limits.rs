@@ -34,6 +34,13 @@ pub const ALARM_RETRY_BASE: Duration = Duration::from_secs(2);
 pub const ALARM_WALL_LIMIT_DEFAULT: Duration = Duration::from_secs(15 * 60);
 /// Backoff after the runtime's own failures (a store write) is capped here and not counted.
 pub const ALARM_RUNTIME_BACKOFF_MAX: Duration = Duration::from_secs(1024);
+/// The furthest ahead an alarm may be due, and the longest period: every time computed from
+/// a due time stays far from `u64::MAX` ms, so no arithmetic on it can wrap.
+pub const ALARM_HORIZON_MAX: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+/// An `on_message` handler running longer than this has failed, and its caller is answered.
+pub const MESSAGE_WALL_LIMIT_DEFAULT: Duration = Duration::from_secs(60);
+/// Lock stripes that serialize activation, hibernation and eviction per run.
+pub const ACTIVATION_STRIPES: usize = 64;
 /// Alarms the scheduler keeps in memory; the rest wait in the store's due index.
 pub const ALARM_WINDOW_MAX: usize = 4096;
 /// Alarm deliveries in flight at once, so a burst cannot flood the actors' mailboxes.

@@ -36,6 +36,7 @@ use crate::{
     rng::SeededRng,
     run::{
         actor::RunMsg,
+        liveness::{self, LivenessViolation},
         registry::{LiveRun, Registry},
         start::{self, StartOutcome},
     },
@@ -118,8 +119,9 @@ impl RuntimeBuilder {
             tracked: Mutex::new(Vec::new()),
             start_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
             run_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
-            approve_lock: tokio::sync::Mutex::new(()),
+            approve_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
             opened: Stopwatch::start(),
+            alarm_runtime_failures: std::sync::atomic::AtomicU32::new(0),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             busy: tokio::sync::watch::Sender::new(0),
             woken: tokio::sync::watch::Sender::new(0),
@@ -203,25 +205,45 @@ fn scan_all<T: DeserializeOwned>(
     Ok(out)
 }
 
-/// Activates `run_id` (a cold start when it has no actor).
+/// Activates `run_id` (a cold start when it has no actor). A cold start also asks the new
+/// actor to start or recover the fiber, whatever event caused it: an alarm, a message, a
+/// decision or a keep-alive finds an interrupted run and re-enters it (§3.4).
 pub(crate) async fn activate(shared: &Arc<Shared>, run_id: &str) -> Result<LiveRun, RuntimeError> {
-    shared.registry.activate(shared, run_id).await
+    let (live, cold) = shared.registry.activate(shared, run_id).await?;
+    if cold && !shared.passive {
+        send_activate(shared, &live, run_id, Stopwatch::start());
+    }
+    Ok(live)
+}
+
+fn send_activate(shared: &Arc<Shared>, live: &LiveRun, run_id: &str, since: Stopwatch) {
+    if live.actor.cast(RunMsg::Activate { busy: shared.busy(), since }).is_err() {
+        tracing::warn!(run_id, "actor stopped before activation; retrying");
+        shared.wake_at(shared.now_ms(), run_id);
+    }
 }
 
 /// Activates `run_id` and lets its actor start or recover the fiber.
 pub(crate) async fn reactivate(shared: &Arc<Shared>, run_id: &str) {
+    reactivate_since(shared, run_id, Stopwatch::start()).await
+}
+
+/// `reactivate`, with recovery latency counted from `since`.
+pub(crate) async fn reactivate_since(shared: &Arc<Shared>, run_id: &str, since: Stopwatch) {
     if shared.passive {
         return;
     }
-    match activate(shared, run_id).await {
-        Ok(live) => {
+    match shared.registry.activate(shared, run_id).await {
+        Ok((live, _)) => {
             shared.liveness.activity(run_id, shared.now_ms());
-            if live.actor.cast(RunMsg::Activate(shared.busy())).is_err() {
-                tracing::warn!(run_id, "actor stopped before activation; retrying");
-                shared.wake_at(shared.now_ms(), run_id);
-            }
+            send_activate(shared, &live, run_id, since);
         }
-        Err(e) => tracing::error!(run_id, error = %e, "could not activate the run"),
+        Err(RuntimeError::ShuttingDown | RuntimeError::UnknownRun { .. }) => {}
+        Err(e) => {
+            // Never leave the run behind: a store that failed now may answer in a second.
+            tracing::error!(run_id, error = %e, "could not activate the run; retrying in 1 s");
+            shared.wake_at(shared.now_ms().saturating_add(1_000), run_id);
+        }
     }
 }
 
@@ -427,7 +449,7 @@ impl Runtime {
     /// Asks a run to stop (§2.3). The fiber sees the signal; no new effect starts after it.
     /// A run that is not executing (waiting, or not live) is cancelled at once.
     pub async fn cancel(&self, run_id: &str, reason: &str) -> Result<RunStatus, RuntimeError> {
-        let live = self.shared.registry.get(run_id).await;
+        let live = self.shared.registry.get(run_id);
         let fiber_live = live.as_ref().is_some_and(|l| {
             l.cell.fiber_running()
                 && l.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).is_none()
@@ -510,7 +532,7 @@ impl Runtime {
 
     /// Sets (or replaces) a run's alarm from outside.
     pub async fn set_alarm(&self, run_id: &str, name: &str, spec: AlarmSpec) -> Result<(), RuntimeError> {
-        alarm::set(&self.shared, run_id, name, spec, None).await
+        alarm::set(&self.shared, run_id, name, spec, None, None).await
     }
 
     /// Cancels a run's alarm; true when it existed.
@@ -542,12 +564,12 @@ impl Runtime {
 
     /// Whether the run has a live actor.
     pub async fn is_live(&self, run_id: &str) -> bool {
-        self.shared.registry.get(run_id).await.is_some()
+        self.shared.registry.get(run_id).is_some()
     }
 
     /// Number of live actors.
     pub async fn live_count(&self) -> usize {
-        self.shared.registry.len().await
+        self.shared.registry.len()
     }
 
     /// Counters and histograms.
@@ -622,7 +644,19 @@ impl Runtime {
         clock.set(target);
         tick(&self.shared).await;
         self.settle().await;
+        let violations = self.check_liveness()?;
+        if !violations.is_empty() {
+            return Err(RuntimeError::LivenessViolation { violations });
+        }
         Ok(())
+    }
+
+    /// Every open run that breaks the liveness rule (§3.7): neither live with a fiber, nor
+    /// parked on a durable wait (an approval, an alarm), nor holding a wake at a known time.
+    /// Cheap: one pass over the open runs. On a virtual clock, [`Runtime::advance`] checks it
+    /// after every call and fails with [`RuntimeError::LivenessViolation`].
+    pub fn check_liveness(&self) -> Result<Vec<LivenessViolation>, RuntimeError> {
+        liveness::check(&self.shared)
     }
 
     /// Stops the driver and every actor, then makes the store durable. Runs stay as stored:
@@ -633,12 +667,15 @@ impl Runtime {
         if let Some(driver) = self.driver.lock().unwrap_or_else(|p| p.into_inner()).take() {
             driver.abort();
         }
-        for run_id in self.shared.registry.run_ids().await {
-            if let Some(live) = self.shared.registry.remove(&run_id).await {
+        for run_id in self.shared.registry.run_ids() {
+            if let Some(live) = self.shared.registry.remove(&run_id) {
                 if let Some(fiber) = live.cell.fiber.lock().unwrap_or_else(|p| p.into_inner()).take() {
                     fiber.abort();
                 }
                 let _ = live.actor.kill_and_wait(None).await;
+                // A deploy is an interruption the runtime chose: a recovery it cut short is
+                // not a failed one (§3.6).
+                idle::give_back_recovery(&self.shared, &live.cell, None).await;
             }
         }
         let _ = self.shared.store.barrier().await;

@@ -41,8 +41,12 @@ pub(crate) struct RunCell {
     pub cancel: watch::Sender<Option<String>>,
     /// A fiber waiting in `request_approval`: the approval id and where to send the decision.
     pub approval_waiter: Mutex<Option<(String, oneshot::Sender<ApprovalOutcome>)>>,
-    /// The running fiber's task, aborted on eviction.
+    /// The running fiber's task, aborted on eviction. The fiber's own task clears it as its
+    /// last step, before it schedules any wake, so a wake never finds a finished fiber here.
     pub fiber: Mutex<Option<tokio::task::AbortHandle>>,
+    /// A recovery was counted at registration and the fiber has committed no boundary since:
+    /// an interruption the runtime itself causes now gives that count back (§3.6).
+    pub recovering: std::sync::atomic::AtomicBool,
     /// In `exit` durability, the stash that waits for the fiber to end or wait.
     pub pending_exit: Mutex<Option<durafiber_store::tables::StashRecord>>,
 }
@@ -101,10 +105,12 @@ pub(crate) struct Shared {
     pub start_locks: Vec<tokio::sync::Mutex<()>>,
     /// Serializes read-modify-write of run records per run id stripe.
     pub run_locks: Vec<tokio::sync::Mutex<()>>,
-    /// Serializes decisions, so two approvals never both write.
-    pub approve_lock: tokio::sync::Mutex<()>,
-    /// Clock time the runtime opened at, for recovery latency.
+    /// Serializes decisions per run id stripe, so two approvals of one run never both write.
+    pub approve_locks: Vec<tokio::sync::Mutex<()>>,
+    /// When the runtime opened: the recovery latency of runs found by the start-up scan.
     pub opened: crate::clock::Stopwatch,
+    /// Consecutive failures of the runtime itself while delivering alarms (§8.4).
+    pub alarm_runtime_failures: std::sync::atomic::AtomicU32,
     pub shutting_down: std::sync::atomic::AtomicBool,
     /// Work in progress that virtual time must wait for: fibers not parked on the clock or
     /// a human, and events on their way to an actor.
@@ -210,6 +216,7 @@ impl Shared {
 
     /// Re-activates `run_id` at `at_ms`.
     pub fn wake_at(&self, at_ms: u64, run_id: &str) {
+        tracing::debug!(run_id, at_ms, "wake scheduled");
         self.wakeups.lock().unwrap_or_else(|p| p.into_inner()).insert((at_ms, run_id.to_string()));
         self.driver_wake.notify_one();
     }
@@ -262,6 +269,34 @@ impl Shared {
         run.updated_at_ms = self.now_ms();
         self.commit_run(&run, batch).await?;
         Ok(Some(run))
+    }
+
+    /// The lock that serializes decisions of `run_id`.
+    pub async fn approve_lock(&self, run_id: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        self.approve_locks[stripe(run_id, self.approve_locks.len())].lock().await
+    }
+
+    /// Commits a boundary of a live run. The first boundary after a recovery is progress:
+    /// it resets the run's recovery count in the same write (§3.6).
+    pub async fn commit_boundary(
+        &self,
+        cell: &RunCell,
+        batch: Batch,
+        durability: Durability,
+    ) -> Result<(), RuntimeError> {
+        if !cell.recovering.load(Ordering::SeqCst) {
+            self.store.commit(batch, durability).await?;
+            return Ok(());
+        }
+        self.update_run(&cell.run_id, |run, b| {
+            run.recover_attempts = 0;
+            run.next_recover_at_ms = 0;
+            b.extend(batch);
+            Ok(true)
+        })
+        .await?;
+        cell.recovering.store(false, Ordering::SeqCst);
+        Ok(())
     }
 
     pub fn next_seq(&self, cell: &RunCell) -> u64 {

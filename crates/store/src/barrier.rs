@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use crate::{Backend, Batch, StoreError};
 
@@ -29,8 +29,16 @@ pub enum Durability {
 pub(crate) type Ack = oneshot::Sender<Result<(), StoreError>>;
 
 pub(crate) enum Cmd {
-    Write { batch: Batch, durability: Durability, ack: Ack },
-    Barrier { ack: Ack },
+    /// `room` is the write's place in the bounded queue, given back once it is applied.
+    Write {
+        batch: Batch,
+        durability: Durability,
+        ack: Ack,
+        room: OwnedSemaphorePermit,
+    },
+    Barrier {
+        ack: Ack,
+    },
 }
 
 /// Settings of the writer thread.
@@ -88,13 +96,15 @@ fn writer_loop(backend: &dyn Backend, rx: &mpsc::Receiver<Cmd>, config: WriterCo
         let mut sync_acks: Vec<Ack> = Vec::new();
         let mut async_acks: Vec<Ack> = Vec::new();
         let mut barrier_acks: Vec<Ack> = Vec::new();
+        let mut rooms: Vec<OwnedSemaphorePermit> = Vec::new();
         let mut next = first;
         let mut group = 0usize;
         while let Some(cmd) = next {
             group += 1;
             match cmd {
-                Cmd::Write { batch, durability, ack } => {
+                Cmd::Write { batch, durability, ack, room } => {
                     merged.extend(batch);
+                    rooms.push(room);
                     match durability {
                         Durability::Sync => sync_acks.push(ack),
                         Durability::Async => async_acks.push(ack),
@@ -104,9 +114,10 @@ fn writer_loop(backend: &dyn Backend, rx: &mpsc::Receiver<Cmd>, config: WriterCo
             }
             next = if group < config.group_batches_max { rx.try_recv().ok() } else { None };
         }
-        if !merged.is_empty()
-            && let Err(e) = backend.apply(&merged)
-        {
+        let applied = if merged.is_empty() { Ok(()) } else { backend.apply(&merged) };
+        // Applied (or refused): the queue has room again while the barrier runs.
+        drop(rooms);
+        if let Err(e) = applied {
             tracing::error!(error = %e, batches = sync_acks.len() + async_acks.len(), "write failed");
             for ack in sync_acks.drain(..).chain(async_acks.drain(..)) {
                 let _ = ack.send(Err(for_each_waiter(&e)));

@@ -8,7 +8,7 @@ use std::{
 };
 
 use serde::de::DeserializeOwned;
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, TryAcquireError, oneshot};
 
 use crate::{
     Backend, Batch, SledBackend, StoreError,
@@ -25,11 +25,18 @@ pub struct StoreConfig {
     pub flush_every: Duration,
     /// Most batches one barrier covers.
     pub group_batches_max: usize,
+    /// Most writes queued for the writer at once: a writer past it waits for room, so a burst
+    /// cannot grow the queue without bound while a barrier is slow.
+    pub queued_writes_max: usize,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig { flush_every: Duration::from_millis(5), group_batches_max: 4096 }
+        StoreConfig {
+            flush_every: Duration::from_millis(5),
+            group_batches_max: 4096,
+            queued_writes_max: 16_384,
+        }
     }
 }
 
@@ -41,6 +48,8 @@ pub struct Store {
 
 struct Inner {
     backend: Arc<dyn Backend>,
+    /// Room in the writer's queue: one permit per queued write, given back once it is applied.
+    room: Arc<Semaphore>,
     tx: Mutex<Option<mpsc::Sender<Cmd>>>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -100,7 +109,12 @@ impl Store {
         };
         let (tx, handle) = spawn_writer(backend.clone(), writer_config)?;
         Ok(Store {
-            inner: Arc::new(Inner { backend, tx: Mutex::new(Some(tx)), writer: Mutex::new(Some(handle)) }),
+            inner: Arc::new(Inner {
+                backend,
+                room: Arc::new(Semaphore::new(config.queued_writes_max.max(1))),
+                tx: Mutex::new(Some(tx)),
+                writer: Mutex::new(Some(handle)),
+            }),
         })
     }
 
@@ -116,15 +130,24 @@ impl Store {
 
     /// Commits `batch` atomically; returns once it is as durable as `durability` says.
     pub async fn commit(&self, batch: Batch, durability: Durability) -> Result<(), StoreError> {
+        let room = self.inner.room.clone().acquire_owned().await.map_err(|_| StoreError::Closed)?;
         let (ack, done) = oneshot::channel();
-        self.send(Cmd::Write { batch, durability, ack })?;
+        self.send(Cmd::Write { batch, durability, ack, room })?;
         done.await.map_err(|_| StoreError::Closed)?
     }
 
     /// `commit` for callers outside an async runtime.
     pub fn commit_blocking(&self, batch: Batch, durability: Durability) -> Result<(), StoreError> {
+        let room = loop {
+            match self.inner.room.clone().try_acquire_owned() {
+                Ok(room) => break room,
+                Err(TryAcquireError::Closed) => return Err(StoreError::Closed),
+                // A full queue drains within one barrier; a blocking caller may wait.
+                Err(TryAcquireError::NoPermits) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        };
         let (ack, done) = oneshot::channel();
-        self.send(Cmd::Write { batch, durability, ack })?;
+        self.send(Cmd::Write { batch, durability, ack, room })?;
         done.blocking_recv().map_err(|_| StoreError::Closed)?
     }
 

@@ -50,7 +50,9 @@ impl From<RuntimeError> for ApiError {
             InvalidInput(_) | Config(_) => (StatusCode::BAD_REQUEST, "InvalidInput"),
             Agent(_) => (StatusCode::UNPROCESSABLE_ENTITY, "Agent"),
             ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "ShuttingDown"),
-            NotVirtual | Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "Internal"),
+            NotVirtual | Store(_) | LivenessViolation { .. } => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "Internal")
+            }
         };
         ApiError(status, e.to_string(), kind)
     }

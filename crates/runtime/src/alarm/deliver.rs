@@ -5,10 +5,7 @@
 //! and cannot loop forever. Retry n waits 2 s × 2^(n-1) plus up to 25% jitter; after the
 //! seventh failed attempt the alarm is dead-lettered.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicU32, Ordering},
-};
+use std::sync::{Arc, atomic::Ordering};
 
 use durafiber_store::{
     Batch, Durability,
@@ -19,9 +16,6 @@ use crate::{
     AgentError, AlarmEvent, ExhaustedAction, RuntimeError, approval, fiber, limits, metrics::Metrics,
     run::actor::RunMsg, runtime, shared::Shared,
 };
-
-/// Consecutive failures of the runtime itself while delivering alarms.
-static RUNTIME_FAILURES: AtomicU32 = AtomicU32::new(0);
 
 /// Delay before retry `n` (1-based): 2 s × 2^(n-1), plus up to 25% jitter.
 pub(crate) fn retry_delay_ms(shared: &Shared, n: u32) -> u64 {
@@ -51,7 +45,7 @@ pub(crate) fn start_due(shared: &Arc<Shared>) -> usize {
         shared.spawn_tracked(async move {
             for (due_at_ms, name) in alarms {
                 match deliver(&shared2, &run_id, &name, due_at_ms).await {
-                    Ok(()) => RUNTIME_FAILURES.store(0, Ordering::Relaxed),
+                    Ok(()) => shared2.alarm_runtime_failures.store(0, Ordering::Relaxed),
                     Err(e) => runtime_failure(&shared2, &run_id, &name, &e),
                 }
                 shared2.scheduler.delivered(&run_id, &name);
@@ -73,10 +67,11 @@ fn refill_if_drained(shared: &Shared) {
 /// The runtime's own failure (a store write): not the handler's, so it is not counted. The
 /// backoff doubles per consecutive failure of the runtime, capped at 1024 s.
 fn runtime_failure(shared: &Shared, run_id: &str, name: &str, e: &RuntimeError) {
-    let n = RUNTIME_FAILURES.fetch_add(1, Ordering::Relaxed).min(10);
+    let n = shared.alarm_runtime_failures.fetch_add(1, Ordering::Relaxed).min(10);
     let delay = (1_000u64 << n).min(limits::ALARM_RUNTIME_BACKOFF_MAX.as_millis() as u64);
     tracing::error!(run_id, alarm = name, error = %e, delay_ms = delay, "alarm delivery failed in the runtime");
-    shared.scheduler.insert(shared.now_ms() + delay, run_id, name);
+    shared.scheduler.insert(shared.now_ms().saturating_add(delay), run_id, name);
+    shared.driver_wake.notify_one();
 }
 
 async fn deliver(
@@ -113,7 +108,7 @@ async fn deliver(
     // Persist the attempt, and the retry's due time should this attempt never report back.
     let old_due = alarm.due_at_ms;
     alarm.attempts_started = attempt;
-    alarm.due_at_ms = now + retry_delay_ms(shared, attempt);
+    alarm.due_at_ms = now.saturating_add(retry_delay_ms(shared, attempt));
     let mut batch = Batch::new();
     batch.delete(tables::alarm_due_key(old_due, run_id, name));
     crate::alarm::stage(&mut batch, &alarm)?;
@@ -149,7 +144,7 @@ async fn deliver(
                 // A slow handler: the retry's delay counts from its failure.
                 let mut batch = Batch::new();
                 batch.delete(tables::alarm_due_key(current.due_at_ms, run_id, name));
-                current.due_at_ms = failed_at + (current.due_at_ms - now);
+                current.due_at_ms = failed_at.saturating_add(current.due_at_ms.saturating_sub(now));
                 crate::alarm::stage(&mut batch, &current)?;
                 shared.store.commit(batch, Durability::Sync).await?;
             }
@@ -175,9 +170,10 @@ async fn succeeded(shared: &Arc<Shared>, alarm: AlarmRecord) -> Result<(), Runti
     if let Some(every) = alarm.every_ms.filter(|e| *e > 0) {
         // Periodic: the next period after now, skipping periods missed while down.
         let now = shared.now_ms();
-        let mut due = alarm.scheduled_at_ms + every;
+        let mut due = alarm.scheduled_at_ms.saturating_add(every);
         if due <= now {
-            due += ((now - due) / every + 1) * every;
+            let missed = (now - due) / every + 1;
+            due = due.saturating_add(missed.saturating_mul(every));
         }
         let next_alarm =
             AlarmRecord { due_at_ms: due, scheduled_at_ms: due, attempts_started: 0, ..alarm.clone() };
@@ -187,6 +183,8 @@ async fn succeeded(shared: &Arc<Shared>, alarm: AlarmRecord) -> Result<(), Runti
     shared.store.commit(batch, Durability::Sync).await?;
     if let Some(due) = next {
         shared.scheduler.insert(due, &alarm.run_id, &alarm.name);
+        // The next period may come before the driver's next wake-up (a sub-second period).
+        shared.driver_wake.notify_one();
     }
     shared.event(&alarm.run_id, "alarm_done", alarm.name.clone());
     Ok(())

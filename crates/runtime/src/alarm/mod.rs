@@ -13,7 +13,10 @@ use durafiber_store::{
 };
 use serde::Serialize;
 
-use crate::{RuntimeError, json, limits, shared::Shared};
+use crate::{
+    RuntimeError, json, limits,
+    shared::{RunCell, Shared},
+};
 
 /// When an alarm is due.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +94,35 @@ impl AlarmSpec {
     }
 }
 
+/// The due time of `at`, seen at `now_ms`: never past [`limits::ALARM_HORIZON_MAX`], so no
+/// arithmetic on it can wrap.
+fn due_at(now_ms: u64, at: AlarmAt) -> Result<u64, RuntimeError> {
+    let horizon_ms = limits::ALARM_HORIZON_MAX.as_millis() as u64;
+    let latest = now_ms.saturating_add(horizon_ms);
+    let due = match at {
+        AlarmAt::In(d) => u64::try_from(d.as_millis()).ok().and_then(|d| now_ms.checked_add(d)),
+        AlarmAt::AtMs(ms) => Some(ms),
+    };
+    due.filter(|due| *due <= latest).ok_or_else(|| {
+        RuntimeError::InvalidInput(format!(
+            "alarm due time is more than {} ahead",
+            humantime::format_duration(limits::ALARM_HORIZON_MAX)
+        ))
+    })
+}
+
+/// A periodic alarm's period in ms: at least 1 ms, at most the horizon.
+fn check_period(every: Duration) -> Result<u64, RuntimeError> {
+    let ms = u64::try_from(every.as_millis()).unwrap_or(u64::MAX);
+    if ms == 0 || every > limits::ALARM_HORIZON_MAX {
+        return Err(RuntimeError::InvalidInput(format!(
+            "alarm period must be between 1ms and {}",
+            humantime::format_duration(limits::ALARM_HORIZON_MAX)
+        )));
+    }
+    Ok(ms)
+}
+
 fn alarm_key(run_id: &str, name: &str) -> Vec<u8> {
     tables::ALARMS.key(&[run_id.as_bytes(), name.as_bytes()])
 }
@@ -127,13 +159,15 @@ pub(crate) fn list(shared: &Shared, run_id: &str) -> Result<Vec<AlarmRecord>, Ru
     Ok(out)
 }
 
-/// Sets (or replaces) alarm `name` of `run_id`. `system` marks the runtime's own alarms.
+/// Sets (or replaces) alarm `name` of `run_id`. `system` marks the runtime's own alarms;
+/// `cell` is the live run setting its own alarm, for which the alarm is a boundary (§3.6).
 pub(crate) async fn set(
     shared: &Arc<Shared>,
     run_id: &str,
     name: &str,
     spec: AlarmSpec,
     system: Option<tables::SystemAlarm>,
+    cell: Option<&RunCell>,
 ) -> Result<(), RuntimeError> {
     tables::check_id("alarm name", name).map_err(RuntimeError::InvalidInput)?;
     if spec.payload_json.len() > limits::PAYLOAD_BYTES_MAX {
@@ -148,7 +182,7 @@ pub(crate) async fn set(
         return Err(RuntimeError::RunFinished { run_id: run_id.into(), state: run.status.name().into() });
     }
     let existing: Option<AlarmRecord> = shared.store.get(tables::ALARMS, &alarm_key(run_id, name))?;
-    let every_ms = spec.every.map(|d| d.as_millis() as u64);
+    let every_ms = spec.every.map(|d| check_period(d)).transpose()?;
     if let Some(old) = &existing
         && every_ms.is_some()
         && old.every_ms == every_ms
@@ -156,10 +190,7 @@ pub(crate) async fn set(
     {
         return Ok(());
     }
-    let due_at_ms = match spec.at {
-        AlarmAt::In(d) => shared.now_ms() + d.as_millis() as u64,
-        AlarmAt::AtMs(ms) => ms,
-    };
+    let due_at_ms = due_at(shared.now_ms(), spec.at)?;
     let alarm = AlarmRecord {
         run_id: run_id.to_string(),
         name: name.to_string(),
@@ -176,7 +207,10 @@ pub(crate) async fn set(
         unstage(&mut batch, run_id, name, old.due_at_ms);
     }
     stage(&mut batch, &alarm)?;
-    shared.store.commit(batch, durafiber_store::Durability::Sync).await?;
+    match cell {
+        Some(cell) => shared.commit_boundary(cell, batch, durafiber_store::Durability::Sync).await?,
+        None => shared.store.commit(batch, durafiber_store::Durability::Sync).await?,
+    }
     if let Some(old) = &existing {
         shared.scheduler.remove(old.due_at_ms, run_id, name);
     }

@@ -9,12 +9,17 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, atomic::Ordering},
 };
 
 use durafiber_store::tables::{RunStatus, WakeReason};
 
-use crate::{RuntimeConfig, metrics::Metrics, rng::SeededRng, shared::Shared};
+use crate::{
+    RuntimeConfig,
+    metrics::Metrics,
+    rng::SeededRng,
+    shared::{RunCell, Shared},
+};
 
 #[derive(Debug, Clone)]
 struct LiveState {
@@ -32,6 +37,8 @@ struct LiveState {
     rng: SeededRng,
     /// The deadline under which the run sits in the index, if it does.
     indexed_at_ms: Option<u64>,
+    /// Which activation this is: a guard taken in an earlier one releases nothing here.
+    epoch: u64,
 }
 
 /// Live runs and their deadlines, indexed by time so a tick touches only the due ones.
@@ -56,6 +63,8 @@ pub(crate) enum Action {
 
 pub(crate) struct Liveness {
     runs: Mutex<Table>,
+    /// Numbers activations, so guards know which one they were taken in.
+    epochs: std::sync::atomic::AtomicU64,
     seed: u64,
     hibernate_after_ms: u64,
     evict_after_ms: (u64, u64),
@@ -69,6 +78,7 @@ impl Liveness {
             .unwrap_or((crate::limits::EVICT_AFTER_MIN_DEFAULT, crate::limits::EVICT_AFTER_MAX_DEFAULT));
         Liveness {
             runs: Mutex::new(Table::default()),
+            epochs: std::sync::atomic::AtomicU64::new(0),
             seed: config.seed,
             hibernate_after_ms: config.hibernate_after.as_millis() as u64,
             evict_after_ms: (lo.as_millis() as u64, hi.as_millis() as u64),
@@ -149,6 +159,7 @@ impl Liveness {
                 closing: false,
                 rng,
                 indexed_at_ms: None,
+                epoch: self.epochs.fetch_add(1, Ordering::Relaxed) + 1,
             },
         );
         self.reindex(&mut table, run_id);
@@ -182,13 +193,22 @@ impl Liveness {
         self.with(run_id, now_ms, |s| s.fiber_waiting = waiting);
     }
 
-    /// A guard was taken; false when the run is not live.
-    pub fn guard_acquired(&self, run_id: &str, now_ms: u64) -> bool {
-        self.with(run_id, now_ms, |s| s.guards += 1).is_some()
+    /// A guard was taken: the activation it was taken in, or `None` when the run is not live.
+    pub fn guard_acquired(&self, run_id: &str, now_ms: u64) -> Option<u64> {
+        self.with(run_id, now_ms, |s| {
+            s.guards += 1;
+            s.epoch
+        })
     }
 
-    pub fn guard_released(&self, run_id: &str, now_ms: u64) {
-        self.with(run_id, now_ms, |s| s.guards = s.guards.saturating_sub(1));
+    /// A guard taken in activation `epoch` was released. A guard that outlived its
+    /// activation (the run was evicted and activated again) releases nothing.
+    pub fn guard_released(&self, run_id: &str, epoch: u64, now_ms: u64) {
+        self.with(run_id, now_ms, |s| {
+            if s.epoch == epoch {
+                s.guards = s.guards.saturating_sub(1);
+            }
+        });
     }
 
     pub fn remove(&self, run_id: &str) {
@@ -256,11 +276,12 @@ impl Liveness {
 
 /// Hibernates an idle run: a graceful stop; durable state stays, memory goes.
 pub(crate) async fn hibernate(shared: &Arc<Shared>, run_id: &str) {
+    let _one_at_a_time = shared.registry.transition(run_id).await;
     if !shared.liveness.is_hibernateable(run_id) {
         shared.liveness.reopen(run_id);
         return;
     }
-    let Some(live) = shared.registry.remove(run_id).await else {
+    let Some(live) = shared.registry.remove(run_id) else {
         shared.liveness.remove(run_id);
         return;
     };
@@ -272,7 +293,8 @@ pub(crate) async fn hibernate(shared: &Arc<Shared>, run_id: &str) {
 
 /// Evicts a run: its actor is killed wherever it is and its fiber's future dropped.
 pub(crate) async fn evict(shared: &Arc<Shared>, run_id: &str, why: &str) {
-    let Some(live) = shared.registry.remove(run_id).await else {
+    let _one_at_a_time = shared.registry.transition(run_id).await;
+    let Some(live) = shared.registry.remove(run_id) else {
         shared.liveness.remove(run_id);
         return;
     };
@@ -285,19 +307,38 @@ pub(crate) async fn evict(shared: &Arc<Shared>, run_id: &str, why: &str) {
     Metrics::bump(&shared.metrics.evictions);
     shared.event(run_id, "evicted", why.to_string());
     // An evicted fiber leaves an interrupted run: mark why, and re-activate it by ourselves.
+    give_back_recovery(shared, &live.cell, Some(WakeReason::Evicted)).await;
+}
+
+/// After an interruption the runtime itself caused (an eviction, a shutdown): a recovery
+/// that was cut short before any boundary is not counted as failed (§3.6), `reason` marks
+/// why the run will be re-entered, and an interrupted run is woken at once.
+pub(crate) async fn give_back_recovery(shared: &Arc<Shared>, cell: &RunCell, reason: Option<WakeReason>) {
+    let counted = cell.recovering.swap(false, Ordering::SeqCst);
+    let run_id = cell.run_id.as_str();
     let marked = shared
         .update_run(run_id, |run, _| {
             let interrupted = matches!(run.status, RunStatus::Accepted | RunStatus::Running);
-            if interrupted && run.status == RunStatus::Running {
-                run.wake_reason = Some(WakeReason::Evicted);
+            if !interrupted {
+                return Ok(false);
             }
-            Ok(interrupted)
+            if run.status == RunStatus::Running && reason.is_some() {
+                run.wake_reason = reason;
+            }
+            if counted {
+                run.recover_attempts = run.recover_attempts.saturating_sub(1);
+                run.next_recover_at_ms = 0;
+            }
+            Ok(reason.is_some() || counted)
         })
         .await;
     match marked {
-        Ok(Some(_)) => shared.wake_at(shared.now_ms(), run_id),
-        Ok(None) => {}
-        Err(e) => tracing::error!(run_id, error = %e, "could not mark the evicted run"),
+        Ok(Some(_)) if reason.is_some() => shared.wake_at(shared.now_ms(), run_id),
+        Ok(_) => {}
+        Err(e) => {
+            tracing::error!(run_id, error = %e, "could not mark the interrupted run; retrying in 1 s");
+            shared.wake_at(shared.now_ms().saturating_add(1_000), run_id);
+        }
     }
 }
 

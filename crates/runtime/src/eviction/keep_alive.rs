@@ -11,19 +11,23 @@ use crate::shared::Shared;
 pub struct KeepAlive {
     shared: Arc<Shared>,
     run_id: String,
+    /// The activation it holds; `None` when the run was not live (it holds nothing).
+    epoch: Option<u64>,
     released: AtomicBool,
 }
 
 impl KeepAlive {
     pub(crate) fn acquire(shared: Arc<Shared>, run_id: &str) -> Self {
-        let held = shared.liveness.guard_acquired(run_id, shared.now_ms());
-        KeepAlive { shared, run_id: run_id.to_string(), released: AtomicBool::new(!held) }
+        let epoch = shared.liveness.guard_acquired(run_id, shared.now_ms());
+        KeepAlive { shared, run_id: run_id.to_string(), epoch, released: AtomicBool::new(epoch.is_none()) }
     }
 
     /// Lets go of the guard. Only the first call counts.
     pub fn release(&self) {
-        if !self.released.swap(true, Ordering::SeqCst) {
-            self.shared.liveness.guard_released(&self.run_id, self.shared.now_ms());
+        if !self.released.swap(true, Ordering::SeqCst)
+            && let Some(epoch) = self.epoch
+        {
+            self.shared.liveness.guard_released(&self.run_id, epoch, self.shared.now_ms());
             self.shared.driver_wake.notify_one();
         }
     }

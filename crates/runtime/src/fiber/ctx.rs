@@ -19,16 +19,13 @@ pub(crate) struct RawCtx {
     pub cell: Arc<RunCell>,
     /// The fiber attempt, or 0 for an event handler.
     pub attempt: u32,
-    /// Set while a recovered fiber has made no progress yet; its first stash clears the
-    /// run's recovery counter.
-    pub recovering: bool,
     /// A fiber (as opposed to an event handler): its waits are parked work.
     pub in_fiber: bool,
 }
 
 impl RawCtx {
     pub fn new(shared: Arc<Shared>, cell: Arc<RunCell>, attempt: u32) -> Self {
-        RawCtx { shared, cell, attempt, recovering: false, in_fiber: false }
+        RawCtx { shared, cell, attempt, in_fiber: false }
     }
 }
 
@@ -98,7 +95,10 @@ impl<A: Agent> Ctx<A> {
 
     /// Sets (or replaces) the run's alarm called `name`.
     pub async fn set_alarm(&self, name: &str, spec: AlarmSpec) -> Result<(), AgentError> {
-        alarm::set(&self.raw.shared, &self.raw.cell.run_id, name, spec, None).await.map_err(AgentError::from)
+        let raw = &self.raw;
+        alarm::set(&raw.shared, &raw.cell.run_id, name, spec, None, Some(&raw.cell))
+            .await
+            .map_err(AgentError::from)
     }
 
     /// Cancels the run's alarm called `name`; true when there was one.

@@ -20,6 +20,7 @@ use crate::{
     AgentError, RecoveryReason, RuntimeError,
     agent::RawRecovered,
     alarm,
+    clock::Stopwatch,
     fiber::{ctx::RawCtx, recovery::Plan},
     metrics::Metrics,
     run::actor::panic_text,
@@ -45,7 +46,8 @@ pub(crate) async fn boundary(raw: &RawCtx, point: &str) {
 }
 
 /// Starts or recovers the fiber if the run needs one. Runs inside the actor, so one at a time.
-pub(crate) async fn on_activate(shared: &Arc<Shared>, cell: &Arc<RunCell>) {
+/// `since` is when the runtime decided to re-enter the run: the start of recovery latency.
+pub(crate) async fn on_activate(shared: &Arc<Shared>, cell: &Arc<RunCell>, since: Stopwatch) {
     if cell.fiber_running() {
         return;
     }
@@ -57,48 +59,59 @@ pub(crate) async fn on_activate(shared: &Arc<Shared>, cell: &Arc<RunCell>) {
         }
     };
     match recovery::plan(shared, &run) {
-        Plan::Fresh => spawn(shared, cell, FiberMode::Fresh),
-        Plan::Recover(reason) => spawn(shared, cell, FiberMode::Recover(reason)),
+        Plan::Fresh => spawn(shared, cell, FiberMode::Fresh, since),
+        Plan::Recover(reason) => spawn(shared, cell, FiberMode::Recover(reason), since),
         Plan::Later(at_ms) => shared.wake_at(at_ms, &cell.run_id),
         Plan::Escalate(reason) => {
             if let Err(e) = escalate(shared, &cell.run_id, &reason, Batch::new()).await {
-                tracing::error!(run_id = %cell.run_id, error = %e, "could not escalate");
+                tracing::error!(run_id = %cell.run_id, error = %e, "could not escalate; retrying in 1 s");
+                shared.wake_at(shared.now_ms().saturating_add(1_000), &cell.run_id);
             }
         }
         Plan::Nothing => {}
     }
 }
 
-fn spawn(shared: &Arc<Shared>, cell: &Arc<RunCell>, mode: FiberMode) {
+fn spawn(shared: &Arc<Shared>, cell: &Arc<RunCell>, mode: FiberMode, since: Stopwatch) {
+    // The slot stays locked until it holds the task, so the task's own clearing (its last
+    // step) can never run before the slot is filled.
     let mut slot = cell.fiber.lock().unwrap_or_else(|p| p.into_inner());
     shared.liveness.fiber_started(&cell.run_id, cell.fiber_keep_alive, shared.now_ms());
-    let task = tokio::spawn(drive(shared.clone(), cell.clone(), mode, shared.busy()));
+    let task = tokio::spawn(drive(shared.clone(), cell.clone(), mode, since, shared.busy()));
     *slot = Some(task.abort_handle());
 }
 
-async fn drive(shared: Arc<Shared>, cell: Arc<RunCell>, mode: FiberMode, _busy: BusyGuard) {
+async fn drive(shared: Arc<Shared>, cell: Arc<RunCell>, mode: FiberMode, since: Stopwatch, busy: BusyGuard) {
     let span = tracing::info_span!("fiber", run_id = %cell.run_id, kind = %cell.kind, attempt = tracing::field::Empty);
     let inner = span.clone();
     async move {
-        let result = match register(&shared, &cell, mode).await {
+        let retry_at = match register(&shared, &cell, mode).await {
             Ok(Some(run)) => {
                 inner.record("attempt", run.attempt);
-                Some(call_agent(&shared, &cell, mode, run).await)
+                let result = call_agent(&shared, &cell, mode, run, since).await;
+                match finish(&shared, &cell, mode, result).await {
+                    Ok(retry_at) => retry_at,
+                    Err(e) => {
+                        tracing::error!(error = %e, "could not write the fiber's end; it will be recovered");
+                        Some(shared.now_ms().saturating_add(1_000))
+                    }
+                }
             }
             Ok(None) => None,
             Err(e) => {
                 tracing::error!(error = %e, "could not register the fiber; retrying in 1 s");
-                shared.wake_at(shared.now_ms() + 1_000, &cell.run_id);
-                None
+                Some(shared.now_ms().saturating_add(1_000))
             }
         };
-        if let Some(result) = result
-            && let Err(e) = finish(&shared, &cell, mode, result).await
-        {
-            tracing::error!(error = %e, "could not write the fiber's end; it will be recovered");
-            shared.wake_at(shared.now_ms() + 1_000, &cell.run_id);
-        }
+        // The fiber is over: clear its slot before anything can wake the run again, so the
+        // activation that wake causes sees no fiber and starts one. Then, still counted
+        // busy, hand over the wake: virtual time cannot pass it meanwhile.
+        cell.fiber.lock().unwrap_or_else(|p| p.into_inner()).take();
         shared.liveness.fiber_ended(&cell.run_id, shared.now_ms());
+        if let Some(at_ms) = retry_at {
+            shared.wake_at(at_ms, &cell.run_id);
+        }
+        drop(busy);
     }
     .instrument(span)
     .await
@@ -120,12 +133,18 @@ async fn register(
             run.status = RunStatus::Running;
             run.wake_reason = None;
             if let FiberMode::Recover(_) = mode {
-                run.recover_attempts += 1;
-                run.next_recover_at_ms = now + recovery::backoff_ms(run.recover_attempts);
+                // Counted before the hook runs, so a hook that kills the process is counted
+                // too; progress or an interruption the runtime causes gives it back.
+                run.recover_attempts = run.recover_attempts.saturating_add(1);
+                run.next_recover_at_ms = now.saturating_add(recovery::backoff_ms(run.recover_attempts));
             }
             Ok(true)
         })
         .await
+        .inspect(|written| {
+            let recovering = written.is_some() && matches!(mode, FiberMode::Recover(_));
+            cell.recovering.store(recovering, std::sync::atomic::Ordering::SeqCst);
+        })
 }
 
 type FiberResult = Result<Result<String, AgentError>, String>;
@@ -135,6 +154,7 @@ async fn call_agent(
     cell: &Arc<RunCell>,
     mode: FiberMode,
     run: tables::RunRecord,
+    since: Stopwatch,
 ) -> FiberResult {
     let agent = match shared.agent(&run.kind) {
         Ok(agent) => agent,
@@ -150,9 +170,8 @@ async fn call_agent(
                     Ok(stash) => stash,
                     Err(e) => return Ok(Err(AgentError::escalate(format!("corrupt: {e}")))),
                 };
-            raw.recovering = true;
             Metrics::bump(&shared.metrics.recoveries);
-            shared.metrics.recover_latency.record_us(shared.opened.elapsed_us());
+            shared.metrics.recover_latency.record_us(since.elapsed_us());
             shared.event(&run.run_id, "recovered", format!("reason {reason:?}, attempt {}", run.attempt));
             agent.recover(
                 raw,
@@ -171,13 +190,14 @@ async fn call_agent(
     AssertUnwindSafe(future).catch_unwind().await.map_err(panic_text)
 }
 
-/// The fiber's end as one boundary: final stash (exit mode), status, alarms removed.
+/// The fiber's end as one boundary: final stash (exit mode), status, alarms removed. Returns
+/// when to wake the run again, if it is to be retried.
 async fn finish(
     shared: &Arc<Shared>,
     cell: &RunCell,
     mode: FiberMode,
     result: FiberResult,
-) -> Result<(), RuntimeError> {
+) -> Result<Option<u64>, RuntimeError> {
     let pending = cell.pending_exit.lock().unwrap_or_else(|p| p.into_inner()).take();
     let max_attempts = shared.config.max_recover_attempts;
     let mut retry_at = None;
@@ -210,13 +230,18 @@ async fn finish(
                 if let Some(reason) = &run.cancel_reason {
                     run.status = RunStatus::Cancelled { reason: reason.clone() };
                 } else if runtime_fault {
-                    // The store failed under the fiber: the run is interrupted, not failed.
-                    retry_at = Some(shared.now_ms() + 1_000);
+                    // The store failed under the fiber: the run is interrupted, not failed,
+                    // and a recovery it interrupted is not counted (§3.6).
+                    if cell.recovering.load(std::sync::atomic::Ordering::SeqCst) {
+                        run.recover_attempts = run.recover_attempts.saturating_sub(1);
+                        run.next_recover_at_ms = 0;
+                    }
+                    retry_at = Some(shared.now_ms().saturating_add(1_000));
                 } else if mode == FiberMode::Fresh {
                     run.status = RunStatus::Failed { error };
                 } else if run.recover_attempts >= max_attempts {
                     run.status = RunStatus::Escalated {
-                        reason: format!("max_recover_attempts: recovery failed {} times, last: {error}", run.recover_attempts),
+                        reason: format!("recovery hook failed {} times: {error}", run.recover_attempts),
                     };
                 } else {
                     tracing::warn!(run_id = %run.run_id, error, attempts = run.recover_attempts, "recovery hook failed");
@@ -235,16 +260,13 @@ async fn finish(
             Ok(true)
         })
         .await?;
-    if let Some(at_ms) = retry_at {
-        shared.wake_at(at_ms, &cell.run_id);
-    }
     if let Some(run) = written {
         shared.event(&run.run_id, run.status.name(), format!("attempt {}", run.attempt));
         if let RunStatus::Escalated { reason } = &run.status {
             after_escalation(shared, &run.kind, &run.run_id, reason).await;
         }
     }
-    Ok(())
+    Ok(retry_at)
 }
 
 async fn after_escalation(shared: &Arc<Shared>, kind: &str, run_id: &str, reason: &str) {
@@ -275,7 +297,7 @@ pub(crate) async fn escalate(
         .await?;
     let Some(run) = written else { return Ok(()) };
     shared.event(run_id, "escalated", reason);
-    if let Some(live) = shared.registry.get(run_id).await {
+    if let Some(live) = shared.registry.get(run_id) {
         if let Some((_, waiter)) = live.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).take()
         {
             let _ = waiter.send(ApprovalOutcome::Escalated);

@@ -32,13 +32,13 @@ pub(crate) fn plan(shared: &Shared, run: &RunRecord) -> Plan {
                 Some(WakeReason::Resumed) => RecoveryReason::Resumed,
                 None => RecoveryReason::Crash,
             };
-            if now.saturating_sub(run.created_at_ms) > shared.config.max_age.as_millis() as u64 {
+            let max_age_ms = u64::try_from(shared.config.max_age.as_millis()).unwrap_or(u64::MAX);
+            if now.saturating_sub(run.created_at_ms) > max_age_ms {
                 Plan::Escalate("max_age".into())
             } else if run.recover_attempts >= shared.config.max_recover_attempts {
-                Plan::Escalate(format!(
-                    "max_recover_attempts: recovery failed {} times",
-                    run.recover_attempts
-                ))
+                // A failing hook is escalated where it fails; what is left here are recoveries
+                // the process died in, with no boundary committed since.
+                Plan::Escalate(format!("interrupted {} times without progress", run.recover_attempts))
             } else if run.next_recover_at_ms > now {
                 Plan::Later(run.next_recover_at_ms)
             } else {
@@ -74,7 +74,7 @@ pub(crate) async fn scan_and_reactivate(shared: &Arc<Shared>) -> Result<usize, R
             match shared.load_run(&run_id) {
                 Ok(run) if matches!(run.status, RunStatus::Accepted | RunStatus::Running) => {
                     found += 1;
-                    crate::runtime::reactivate(shared, &run_id).await;
+                    crate::runtime::reactivate_since(shared, &run_id, shared.opened).await;
                 }
                 Ok(_) => {}
                 Err(e) => {

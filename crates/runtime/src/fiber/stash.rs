@@ -29,23 +29,9 @@ pub(crate) async fn write(raw: &mut RawCtx, step: &str, stash_json: String) -> R
         DurabilityMode::Async => Durability::Async,
     };
     let watch = Stopwatch::start();
-    if raw.recovering {
-        // Progress after a recovery: the run's recovery counter starts again.
-        shared
-            .update_run(&run_id, |run, batch| {
-                run.recover_attempts = 0;
-                run.next_recover_at_ms = 0;
-                batch.put(tables::STASHES, tables::STASHES.key(&[run_id.as_bytes()]), &record)?;
-                Ok(true)
-            })
-            .await
-            .map_err(AgentError::from)?;
-        raw.recovering = false;
-    } else {
-        let mut batch = Batch::new();
-        batch.put(tables::STASHES, tables::STASHES.key(&[run_id.as_bytes()]), &record)?;
-        shared.store.commit(batch, durability).await?;
-    }
+    let mut batch = Batch::new();
+    batch.put(tables::STASHES, tables::STASHES.key(&[run_id.as_bytes()]), &record)?;
+    shared.commit_boundary(&raw.cell, batch, durability).await?;
     shared.metrics.stash_commit.record_us(watch.elapsed_us());
     tracing::debug!(run_id, step, seq = record.seq, "stash committed");
     crate::fiber::boundary(raw, &format!("after_stash:{step}")).await;

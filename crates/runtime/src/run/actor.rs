@@ -12,7 +12,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tracing::Instrument;
 
 use crate::{
-    AgentError, AlarmEvent, clock,
+    AgentError, AlarmEvent,
+    clock::{self, Stopwatch},
     fiber::{self, ctx::RawCtx},
     shared::{BusyGuard, RunCell, Shared},
 };
@@ -20,8 +21,9 @@ use crate::{
 /// One variant per inbound event.
 pub(crate) enum RunMsg {
     /// Start or recover the fiber if the run needs one. The guard keeps virtual time still
-    /// until the actor has handled it.
-    Activate(BusyGuard),
+    /// until the actor has handled it; `since` is when the runtime decided to re-enter the
+    /// run, where recovery latency starts.
+    Activate { busy: BusyGuard, since: Stopwatch },
     /// A message from outside, for `on_message`.
     Message { json: String, reply: RpcReplyPort<Result<(), AgentError>> },
     /// A due alarm, for `on_alarm`.
@@ -69,7 +71,10 @@ impl Actor for RunActor {
     ) -> Result<(), ActorProcessingErr> {
         let span = tracing::info_span!("run_event", run_id = %state.cell.run_id, kind = %state.run.kind, attempt = state.run.attempt);
         match msg {
-            RunMsg::Activate(_busy) => fiber::on_activate(&self.shared, &state.cell).instrument(span).await,
+            RunMsg::Activate { busy, since } => {
+                fiber::on_activate(&self.shared, &state.cell, since).instrument(span).await;
+                drop(busy);
+            }
             RunMsg::Message { json, reply } => {
                 let result = self.on_message(&state.cell, json).instrument(span).await;
                 let _ = reply.send(result);
@@ -87,9 +92,12 @@ impl RunActor {
     async fn on_message(&self, cell: &Arc<RunCell>, json: String) -> Result<(), AgentError> {
         let agent = self.shared.agent(&cell.kind).map_err(AgentError::from)?;
         let raw = RawCtx::new(self.shared.clone(), cell.clone(), 0);
-        match AssertUnwindSafe(agent.on_message(raw, json)).catch_unwind().await {
-            Ok(result) => result,
-            Err(panic) => Err(AgentError::fail(format!("on_message panicked: {}", panic_text(panic)))),
+        let handler = AssertUnwindSafe(agent.on_message(raw, json)).catch_unwind();
+        match clock::timeout(self.shared.clock.as_ref(), self.shared.config.message_wall_limit, handler).await
+        {
+            None => Err(AgentError::fail("on_message exceeded the message wall limit")),
+            Some(Err(panic)) => Err(AgentError::fail(format!("on_message panicked: {}", panic_text(panic)))),
+            Some(Ok(result)) => result,
         }
     }
 

@@ -5,7 +5,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, atomic::AtomicU64},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64},
+    },
 };
 
 use durafiber_store::tables::{self, StashRecord};
@@ -16,9 +19,10 @@ use crate::{
     RuntimeError,
     clock::Stopwatch,
     config::DurabilityMode,
+    limits,
     metrics::Metrics,
     run::actor::{RunActor, RunMsg},
-    shared::{RunCell, Shared},
+    shared::{RunCell, Shared, stripe},
 };
 
 /// A live run: its actor and its in-memory cell.
@@ -28,33 +32,61 @@ pub(crate) struct LiveRun {
     pub cell: Arc<RunCell>,
 }
 
-#[derive(Default)]
+/// The live runs. The map's lock is held only to read or change the map, never across a
+/// spawn; activations (and hibernations and evictions) of one run are serialized by its
+/// stripe of `transitions`, so activations of different runs proceed side by side.
 pub(crate) struct Registry {
-    live: tokio::sync::Mutex<HashMap<String, LiveRun>>,
+    live: Mutex<HashMap<String, LiveRun>>,
+    transitions: Vec<tokio::sync::Mutex<()>>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            live: Mutex::new(HashMap::new()),
+            transitions: (0..limits::ACTIVATION_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+        }
+    }
 }
 
 impl Registry {
-    pub async fn get(&self, run_id: &str) -> Option<LiveRun> {
-        self.live.lock().await.get(run_id).cloned()
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, LiveRun>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub async fn remove(&self, run_id: &str) -> Option<LiveRun> {
-        self.live.lock().await.remove(run_id)
+    pub fn get(&self, run_id: &str) -> Option<LiveRun> {
+        self.map().get(run_id).cloned()
     }
 
-    pub async fn len(&self) -> usize {
-        self.live.lock().await.len()
+    pub fn remove(&self, run_id: &str) -> Option<LiveRun> {
+        self.map().remove(run_id)
     }
 
-    pub async fn run_ids(&self) -> Vec<String> {
-        self.live.lock().await.keys().cloned().collect()
+    pub fn len(&self) -> usize {
+        self.map().len()
     }
 
-    /// The live run, activating it (a cold start) when it has none.
-    pub async fn activate(&self, shared: &Arc<Shared>, run_id: &str) -> Result<LiveRun, RuntimeError> {
-        let mut live = self.live.lock().await;
-        if let Some(run) = live.get(run_id) {
-            return Ok(run.clone());
+    pub fn run_ids(&self) -> Vec<String> {
+        self.map().keys().cloned().collect()
+    }
+
+    /// Serializes activation, hibernation and eviction of `run_id` while the guard lives.
+    pub async fn transition(&self, run_id: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        self.transitions[stripe(run_id, self.transitions.len())].lock().await
+    }
+
+    /// The live run, activating it (a cold start) when it has none. `cold` tells which.
+    pub async fn activate(
+        &self,
+        shared: &Arc<Shared>,
+        run_id: &str,
+    ) -> Result<(LiveRun, bool), RuntimeError> {
+        if let Some(run) = self.get(run_id) {
+            return Ok((run, false));
+        }
+        let _one_at_a_time = self.transition(run_id).await;
+        if let Some(run) = self.get(run_id) {
+            return Ok((run, false));
         }
         if shared.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(RuntimeError::ShuttingDown);
@@ -76,14 +108,14 @@ impl Registry {
             cancel: watch::Sender::new(run.cancel_reason.clone()),
             approval_waiter: Mutex::new(None),
             fiber: Mutex::new(None),
+            recovering: AtomicBool::new(false),
             pending_exit: Mutex::new(None),
         });
         let (actor, _join) = Actor::spawn(None, RunActor { shared: shared.clone() }, cell.clone())
             .await
             .map_err(|e| RuntimeError::Agent(crate::AgentError::Runtime(format!("spawn: {e}"))))?;
         let entry = LiveRun { actor, cell };
-        live.insert(run_id.to_string(), entry.clone());
-        drop(live);
+        self.map().insert(run_id.to_string(), entry.clone());
         let stream = {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -94,6 +126,6 @@ impl Registry {
         Metrics::bump(&shared.metrics.activations);
         shared.metrics.cold_start.record_us(watch.elapsed_us());
         shared.event(run_id, "activated", format!("cold start {} µs", watch.elapsed_us()));
-        Ok(entry)
+        Ok((entry, true))
     }
 }

@@ -1,0 +1,92 @@
+//! The liveness rule (§3.7), checked: every open run is live with a fiber, parked on a
+//! durable wait, or holding a wake at a known time. A run that is none of these would wait
+//! forever — until the next process start happened to find it.
+//!
+//! The check reads the open-run index, the registry, the wake queue and the run's alarms
+//! and approvals; it changes nothing.
+
+use std::collections::HashSet;
+
+use durafiber_store::tables::{self, AlarmRecord, ApprovalRecord, RunStatus};
+use serde::Serialize;
+
+use crate::{RuntimeError, limits, shared::Shared};
+
+/// An open run that nothing will move: no fiber, no durable wait, no wake.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LivenessViolation {
+    /// The run left behind.
+    pub run_id: String,
+    /// Its stored state.
+    pub status: RunStatus,
+    /// Whether it has a live actor (without a fiber).
+    pub live: bool,
+}
+
+impl std::fmt::Display for LivenessViolation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let live = if self.live { "live actor, no fiber" } else { "not live" };
+        write!(
+            f,
+            "run {} ({}, {live}) has no fiber, no durable wait and no wake",
+            self.run_id,
+            self.status.name()
+        )
+    }
+}
+
+/// Every open run that breaks the rule. Runs whose record cannot be read are left to the
+/// corruption path (they are logged where they are read).
+pub(crate) fn check(shared: &Shared) -> Result<Vec<LivenessViolation>, RuntimeError> {
+    if shared.passive {
+        return Ok(Vec::new());
+    }
+    let woken: HashSet<String> =
+        shared.wakeups.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(_, id)| id.clone()).collect();
+    let mut violations = Vec::new();
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let page = shared.store.scan::<()>(
+            tables::OPEN_RUNS,
+            &[tables::OPEN_RUNS.prefix],
+            after.as_deref(),
+            limits::RECOVERY_SCAN_PAGE_MAX,
+        )?;
+        let Some((last, _)) = page.last() else { break };
+        after = Some(last.clone());
+        for (key, _) in &page {
+            let run_id = String::from_utf8_lossy(&key[1..]).to_string();
+            let Ok(run) = shared.load_run(&run_id) else { continue };
+            if run.status.is_terminal() || woken.contains(&run_id) {
+                continue;
+            }
+            let live = shared.registry.get(&run_id);
+            if live.as_ref().is_some_and(|l| l.cell.fiber_running()) || parked(shared, &run)? {
+                continue;
+            }
+            violations.push(LivenessViolation { run_id, status: run.status, live: live.is_some() });
+        }
+        if page.len() < limits::RECOVERY_SCAN_PAGE_MAX {
+            break;
+        }
+    }
+    Ok(violations)
+}
+
+/// Parked on a durable wait: a pending approval, or any alarm (its delivery activates the
+/// run, and activation re-enters an interrupted fiber).
+fn parked(shared: &Shared, run: &tables::RunRecord) -> Result<bool, RuntimeError> {
+    let id = run.run_id.as_bytes();
+    if let RunStatus::WaitingApproval { approval_id } = &run.status {
+        let key = tables::APPROVALS.key(&[id, approval_id.as_bytes()]);
+        let pending = shared
+            .store
+            .get::<ApprovalRecord>(tables::APPROVALS, &key)?
+            .is_some_and(|a| a.decision.is_none() && !a.escalated);
+        if pending {
+            return Ok(true);
+        }
+    }
+    let prefix = tables::ALARMS.prefix_of(&[id]);
+    Ok(!shared.store.scan::<AlarmRecord>(tables::ALARMS, &prefix, None, 1)?.is_empty())
+}
