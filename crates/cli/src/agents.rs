@@ -1,11 +1,11 @@
-//! The agents `durafiber serve` hosts: the refund job of the drill and the `steps` agent of
-//! the benchmarks, both from the test kit, so the server, the drill and the tests run the
+//! The agents `durafiber serve` hosts: the refund job of the drill, the order job of the
+//! torture and the `steps` agent of the benchmarks, all from the test kit, so the server, the drill and the tests run the
 //! same code.
 
 use durafiber_runtime::RuntimeBuilder;
-use durafiber_testkit::agents::{Refund, Steps};
+use durafiber_testkit::agents::{Order, Refund, Steps};
 
 /// Registers every hosted agent kind.
 pub fn register(builder: RuntimeBuilder) -> RuntimeBuilder {
-    builder.agent(Refund::default()).agent(Steps::default())
+    builder.agent(Refund::default()).agent(Steps::default()).agent(Order::default())
 }

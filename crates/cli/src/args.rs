@@ -56,6 +56,25 @@ pub enum Command {
         #[arg(long, default_value = "after_effect_call:refund")]
         stop_at: String,
     },
+    /// The random-kill torture: a server SIGKILLed at seeded random times while runs keep
+    /// starting; then every promise is checked against an independent upstream.
+    Torture {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Seed of every random choice (kill times, inputs, the server's chaos).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// How many times the server is SIGKILLed.
+        #[arg(long, default_value_t = 100)]
+        kills: u32,
+        /// Chaos eviction rate inside the server, per committed boundary (0..=1).
+        #[arg(long, default_value_t = 0.05)]
+        chaos: f64,
+        /// Where to write the server logs and the report.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Simulations on the virtual clock.
     Sim {
         /// Which simulation.

@@ -57,6 +57,60 @@ fn open_sled(sled_dir: &Path) -> Result<sled::Db, StoreError> {
     })
 }
 
+/// sled names a snapshot `snap.<lsn>` once it is complete, and `snap.<lsn>.generating`
+/// while it writes it. Its reader does not skip the unfinished ones, so a process killed
+/// while writing one would leave the store unopenable for good (spacejam/sled#1527): remove
+/// them before sled looks.
+fn remove_unfinished_snapshots(sled_dir: &Path) -> Result<(), StoreError> {
+    let Ok(entries) = std::fs::read_dir(sled_dir) else { return Ok(()) };
+    let mut removed = false;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            let path = entry.path();
+            tracing::warn!(file = %path.display(), "removing an unfinished sled snapshot left by a crash");
+            std::fs::remove_file(&path).map_err(io(&path))?;
+            removed = true;
+        }
+    }
+    if removed {
+        sync_dir(sled_dir)?;
+    }
+    Ok(())
+}
+
+fn snapshots(sled_dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(sled_dir) else { return Vec::new() };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("snap."))
+        .map(|e| e.path())
+        .collect()
+}
+
+fn has_snapshots(sled_dir: &Path) -> bool {
+    !snapshots(sled_dir).is_empty()
+}
+
+/// Moves every snapshot into `quarantine/` beside the store, where an operator can look.
+fn quarantine_snapshots(dir: &Path, sled_dir: &Path) -> Result<(), StoreError> {
+    let quarantine = dir.join("quarantine");
+    std::fs::create_dir_all(&quarantine).map_err(io(&quarantine))?;
+    for path in snapshots(sled_dir) {
+        let Some(name) = path.file_name() else { continue };
+        let target = quarantine.join(name);
+        tracing::warn!(file = %path.display(), to = %target.display(), "quarantining a sled snapshot");
+        std::fs::rename(&path, &target).map_err(io(&path))?;
+    }
+    sync_dir(&quarantine)?;
+    sync_dir(sled_dir)
+}
+
+/// Makes a directory's entries (files created, renamed or removed in it) durable.
+pub(crate) fn sync_dir(path: &Path) -> Result<(), StoreError> {
+    File::open(path).and_then(|d| d.sync_all()).map_err(io(path))
+}
+
 impl SledBackend {
     /// Opens (creating if needed) the store in `dir`. A second opener gets `DirLocked`.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
@@ -78,7 +132,18 @@ impl SledBackend {
         let sled_dir = dir.join(SLED_DIR);
         // Everything explicit: no background flusher (our barrier decides), default cache,
         // and a mode that favours low latency of small writes.
-        let db = open_sled(&sled_dir)?;
+        remove_unfinished_snapshots(&sled_dir)?;
+        let db = match open_sled(&sled_dir) {
+            Ok(db) => db,
+            Err(StoreError::Engine(first)) if has_snapshots(&sled_dir) => {
+                // A damaged snapshot is fatal to sled even when its log is intact: set the
+                // snapshots aside and let sled rebuild from the log.
+                tracing::warn!(error = %first, "sled refused to open; retrying without its snapshots");
+                quarantine_snapshots(dir, &sled_dir)?;
+                open_sled(&sled_dir)?
+            }
+            Err(e) => return Err(e),
+        };
         let log_path = sled_dir.join("db");
         let log_file = File::open(&log_path).map_err(io(&log_path))?;
         let backend = SledBackend {

@@ -203,3 +203,144 @@ impl Agent for Refund {
         self.flow(ctx, r.input).await
     }
 }
+
+/// The torture's order job: stashes, two named alarms, a human approval, two effects through
+/// an idempotent upstream, and a wait until both alarms were delivered. Every step is a
+/// boundary or an effect, so re-entering from the top at any point is safe.
+#[derive(Default, Clone)]
+pub struct Order {
+    http: reqwest::Client,
+}
+
+/// Input of [`Order`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OrderInput {
+    /// The order.
+    pub order_id: String,
+    /// Amount to charge, cents.
+    pub amount_cents: u64,
+    /// Base URL of the upstream.
+    pub upstream: String,
+    /// Delays of the run's alarms, ms: one alarm per entry, named `alarm:<i>`.
+    pub alarm_delays_ms: Vec<u64>,
+}
+
+/// Output of [`Order`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OrderOutput {
+    /// The upstream charge's id.
+    pub charge_id: Option<String>,
+    /// The upstream email's id.
+    pub email_id: Option<String>,
+}
+
+/// The upstream collection where [`Order`]'s alarm handler reports each delivery, keyed
+/// `<run_id>:<alarm name>`.
+pub const ORDER_ALARMS: &str = "alarm_deliveries";
+
+impl Order {
+    async fn flow(&self, ctx: &mut Ctx<Self>, input: OrderInput) -> Result<OrderOutput, AgentError> {
+        ctx.stash("received", &0).await?;
+        for (i, delay_ms) in input.alarm_delays_ms.iter().enumerate() {
+            let spec = durafiber_runtime::AlarmSpec::after(
+                std::time::Duration::from_millis(*delay_ms),
+                &json!({"upstream": input.upstream}),
+            )?;
+            // Re-entry re-sets an alarm that was not delivered yet: harmless, it is due again.
+            if !self.delivered(&input.upstream, ctx.run_id(), i).await {
+                ctx.set_alarm(&format!("alarm:{i}"), spec).await?;
+            }
+        }
+        ctx.stash("alarms_set", &1).await?;
+        let ask = json!({"order_id": input.order_id, "amount_cents": input.amount_cents});
+        let decision = ctx.request_approval("ship", &ask).await?;
+        if !decision.approved {
+            return Err(AgentError::fail("declined"));
+        }
+        let (http, base) = (self.http.clone(), input.upstream.clone());
+        let charge: Value = ctx
+            .effect("charge", ask.clone(), move |key, args| {
+                let (http, base) = (http.clone(), base.clone());
+                async move { post_idempotent(&http, &base, "charges", &key, None, &args).await }
+            })
+            .await?;
+        ctx.stash("charged", &2).await?;
+        let (http, base) = (self.http.clone(), input.upstream.clone());
+        let email_args = json!({"order_id": input.order_id, "charge": charge["id"]});
+        let email: Value = ctx
+            .effect("email", email_args, move |key, args| {
+                let (http, base) = (http.clone(), base.clone());
+                async move { post_idempotent(&http, &base, "emails", &key, None, &args).await }
+            })
+            .await?;
+        // The run stays open until every alarm was delivered: a finished run's alarms go.
+        for _ in 0..6_000 {
+            let all =
+                futures_all(&input.alarm_delays_ms, |i| self.delivered(&input.upstream, ctx.run_id(), i))
+                    .await;
+            if all {
+                break;
+            }
+            ctx.sleep(std::time::Duration::from_millis(10)).await;
+        }
+        ctx.stash("done", &3).await?;
+        Ok(OrderOutput {
+            charge_id: charge["id"].as_str().map(str::to_string),
+            email_id: email["id"].as_str().map(str::to_string),
+        })
+    }
+
+    async fn delivered(&self, upstream: &str, run_id: &str, i: usize) -> bool {
+        let key = format!("{run_id}:alarm:{i}");
+        crate::upstream::list_remote(&self.http, upstream, ORDER_ALARMS)
+            .await
+            .is_ok_and(|objects| objects.iter().any(|o| o["idempotency_key"] == key.as_str()))
+    }
+}
+
+/// Whether `check` holds for every index of `items`, asked one after another.
+async fn futures_all<T, F, Fut>(items: &[T], check: F) -> bool
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for i in 0..items.len() {
+        if !check(i).await {
+            return false;
+        }
+    }
+    true
+}
+
+impl Agent for Order {
+    const KIND: &'static str = "order";
+    type Input = OrderInput;
+    type Stash = u32;
+    type Output = OrderOutput;
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, input: OrderInput) -> Result<OrderOutput, AgentError> {
+        self.flow(ctx, input).await
+    }
+
+    async fn on_fiber_recovered(
+        &self,
+        ctx: &mut Ctx<Self>,
+        r: Recovered<Self>,
+    ) -> Result<OrderOutput, AgentError> {
+        self.flow(ctx, r.input).await
+    }
+
+    async fn on_alarm(
+        &self,
+        ctx: &mut Ctx<Self>,
+        alarm: durafiber_runtime::AlarmEvent,
+    ) -> Result<(), AgentError> {
+        let payload: Value = alarm.payload()?;
+        let base = payload["upstream"].as_str().unwrap_or_default();
+        let key = format!("{}:{}", ctx.run_id(), alarm.name);
+        let body = json!({"run_id": ctx.run_id(), "alarm": alarm.name});
+        post_idempotent(&self.http, base, ORDER_ALARMS, &key, None, &body).await.map_err(AgentError::fail)?;
+        Ok(())
+    }
+}

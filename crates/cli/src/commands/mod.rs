@@ -5,6 +5,7 @@ pub mod drill;
 pub mod inspect;
 pub mod serve;
 pub mod sim;
+pub mod torture;
 
 use durafiber_runtime::{Decision, ListFilter};
 
@@ -37,6 +38,9 @@ pub async fn run(command: Command) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Drill { json, seed, out, stop_at } => drill::run(json, seed, out.as_deref(), &stop_at).await,
+        Command::Torture { json, seed, kills, chaos, out } => {
+            torture::run(json, torture::Plan { seed, kills, chaos }, out.as_deref()).await
+        }
         Command::Sim { which: Sim::Eviction { json, seed } } => {
             let (lines, report) = sim::eviction(seed).await?;
             print_report(&lines, &report, json)?;

@@ -18,6 +18,12 @@ impl Client {
         Client { base: format!("http://{addr}"), http: reqwest::Client::new() }
     }
 
+    /// A client whose every request gives up after `timeout`.
+    pub fn with_timeout(addr: SocketAddr, timeout: std::time::Duration) -> Self {
+        let http = reqwest::Client::builder().timeout(timeout).build().unwrap_or_default();
+        Client { base: format!("http://{addr}"), http }
+    }
+
     /// Whether the server answers `/health`.
     pub async fn is_up(&self) -> bool {
         self.http.get(format!("{}/health", self.base)).send().await.is_ok_and(|r| r.status().is_success())

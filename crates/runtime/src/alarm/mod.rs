@@ -182,7 +182,7 @@ pub(crate) async fn set(
         return Err(RuntimeError::RunFinished { run_id: run_id.into(), state: run.status.name().into() });
     }
     let existing: Option<AlarmRecord> = shared.store.get(tables::ALARMS, &alarm_key(run_id, name))?;
-    let every_ms = spec.every.map(|d| check_period(d)).transpose()?;
+    let every_ms = spec.every.map(check_period).transpose()?;
     if let Some(old) = &existing
         && every_ms.is_some()
         && old.every_ms == every_ms
