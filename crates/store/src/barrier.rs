@@ -50,6 +50,16 @@ pub struct WriterConfig {
     pub group_batches_max: usize,
 }
 
+/// What the writer has done, for tests and figures: group commit shows as fewer barriers
+/// than batches.
+#[derive(Debug, Default)]
+pub struct WriterStats {
+    /// Batches applied.
+    pub batches: std::sync::atomic::AtomicU64,
+    /// Barriers run.
+    pub barriers: std::sync::atomic::AtomicU64,
+}
+
 /// Copies an error for every waiter of one failed write (io errors are not `Clone`).
 fn for_each_waiter(e: &StoreError) -> StoreError {
     match e {
@@ -62,11 +72,12 @@ fn for_each_waiter(e: &StoreError) -> StoreError {
 pub(crate) fn spawn_writer(
     backend: Arc<dyn Backend>,
     config: WriterConfig,
+    stats: Arc<WriterStats>,
 ) -> Result<(mpsc::Sender<Cmd>, std::thread::JoinHandle<()>), StoreError> {
     let (tx, rx) = mpsc::channel();
     let handle = std::thread::Builder::new()
         .name("durafiber-writer".into())
-        .spawn(move || writer_loop(backend.as_ref(), &rx, config))
+        .spawn(move || writer_loop(backend.as_ref(), &rx, config, &stats))
         .map_err(|source| StoreError::Io { path: "writer thread".into(), source })?;
     Ok((tx, handle))
 }
@@ -83,7 +94,8 @@ fn next_command(rx: &mpsc::Receiver<Cmd>, flush_due: Option<Instant>) -> Option<
     }
 }
 
-fn writer_loop(backend: &dyn Backend, rx: &mpsc::Receiver<Cmd>, config: WriterConfig) {
+fn writer_loop(backend: &dyn Backend, rx: &mpsc::Receiver<Cmd>, config: WriterConfig, stats: &WriterStats) {
+    use std::sync::atomic::Ordering::Relaxed;
     // Set while async writes are applied but not yet covered by a barrier.
     let mut flush_due: Option<Instant> = None;
     loop {
@@ -103,6 +115,7 @@ fn writer_loop(backend: &dyn Backend, rx: &mpsc::Receiver<Cmd>, config: WriterCo
             group += 1;
             match cmd {
                 Cmd::Write { batch, durability, ack, room } => {
+                    stats.batches.fetch_add(1, Relaxed);
                     merged.extend(batch);
                     rooms.push(room);
                     match durability {
@@ -134,6 +147,7 @@ fn writer_loop(backend: &dyn Backend, rx: &mpsc::Receiver<Cmd>, config: WriterCo
             continue;
         }
         let result = backend.barrier();
+        stats.barriers.fetch_add(1, Relaxed);
         if result.is_ok() {
             flush_due = None;
         } else if let Err(e) = &result {

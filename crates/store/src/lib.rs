@@ -38,7 +38,7 @@ pub mod store;
 pub mod tables;
 
 pub use backend::Backend;
-pub use barrier::Durability;
+pub use barrier::{Durability, WriterStats};
 pub use batch::Batch;
 pub use error::StoreError;
 pub use sim_backend::{CrashPoint, SimBackend};

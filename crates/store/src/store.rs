@@ -13,7 +13,7 @@ use tokio::sync::{Semaphore, TryAcquireError, oneshot};
 use crate::{
     Backend, Batch, SledBackend, StoreError,
     backend::Entries,
-    barrier::{Cmd, Durability, WriterConfig, spawn_writer},
+    barrier::{Cmd, Durability, WriterConfig, WriterStats, spawn_writer},
     codec, envelope,
     tables::Table,
 };
@@ -48,6 +48,7 @@ pub struct Store {
 
 struct Inner {
     backend: Arc<dyn Backend>,
+    stats: Arc<WriterStats>,
     /// Room in the writer's queue: one permit per queued write, given back once it is applied.
     room: Arc<Semaphore>,
     tx: Mutex<Option<mpsc::Sender<Cmd>>>,
@@ -107,15 +108,22 @@ impl Store {
             flush_every: config.flush_every,
             group_batches_max: config.group_batches_max.max(1),
         };
-        let (tx, handle) = spawn_writer(backend.clone(), writer_config)?;
+        let stats = Arc::new(WriterStats::default());
+        let (tx, handle) = spawn_writer(backend.clone(), writer_config, stats.clone())?;
         Ok(Store {
             inner: Arc::new(Inner {
                 backend,
+                stats,
                 room: Arc::new(Semaphore::new(config.queued_writes_max.max(1))),
                 tx: Mutex::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
             }),
         })
+    }
+
+    /// Batches applied and barriers run so far by this store's writer.
+    pub fn writer_stats(&self) -> &WriterStats {
+        &self.inner.stats
     }
 
     /// The backend, for raw access in tests and inspection.

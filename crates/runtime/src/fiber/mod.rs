@@ -219,7 +219,9 @@ async fn finish(
                     None
                 }
                 Ok(Err(AgentError::Cancelled(reason))) => {
-                    run.status = RunStatus::Cancelled { reason: reason.clone() };
+                    // The reason the requester gave wins over the runtime's own wording.
+                    let reason = run.cancel_reason.clone().unwrap_or_else(|| reason.clone());
+                    run.status = RunStatus::Cancelled { reason };
                     None
                 }
                 Ok(Err(e)) => Some(e.to_string()),
