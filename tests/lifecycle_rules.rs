@@ -371,3 +371,17 @@ async fn every_listed_metric_is_exposed_and_moves() {
         assert!(h.count > 0, "{name} has no samples: {m:?}");
     }
 }
+
+/// §3.5 and §6.3: a decision that comes after `max_age` (a human may take up to three days)
+/// resumes the run; `max_age` is for runs found interrupted, not for runs that waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_after_max_age_resumes_the_run_instead_of_escalating_it() {
+    let (rt, _) = open(RuntimeConfig::default()).await;
+    let run = rt.start::<Life>("late", &"approve".into()).await.expect("start").run_id;
+    rt.advance(Duration::from_secs(30 * 3600)).await.expect("advance");
+    assert!(!rt.is_live(&run).await, "evicted while it waited");
+    let pending = rt.pending_approvals(Some(&run)).expect("pending");
+    rt.approve(&run, "ok", &pending[0].payload_hash, yes()).await.expect("approve");
+    rt.advance(Duration::ZERO).await.expect("advance");
+    assert_eq!(rt.output::<String>(&run).expect("output"), Some("approved=true".into()));
+}

@@ -6,7 +6,8 @@
 //! - `run/`: `start` (durable accept, dedupe by key), `registry` (one live actor per run id),
 //!   `actor` (one inbound event at a time).
 //! - `fiber/`: `ctx` (what user code calls), `stash`, `recovery` (interrupted runs).
-//! - `effect`: the idempotency ledger. `approval`: durable human pauses.
+//! - `effect`: the idempotency ledger. `approval`: durable human pauses. `sleep`: durable
+//!   sleeps.
 //! - `alarm/`: named durable alarms, the bounded scheduler window, delivery with retries.
 //! - `eviction/`: hibernation, eviction, keep-alive guards.
 //! - [`clock`]: the only source of time. `limits`: every default and maximum.
@@ -30,6 +31,7 @@ mod run;
 mod runtime;
 mod secret;
 mod shared;
+mod sleep;
 
 pub use agent::{Agent, AlarmEvent, ExhaustedAction, Recovered, RecoveryReason};
 pub use alarm::{AlarmAt, AlarmSpec};

@@ -45,10 +45,12 @@ pub const ALARMS: Table = Table { name: "alarms", prefix: b'a' };
 pub const ALARM_DUE: Table = Table { name: "alarm_due", prefix: b'd' };
 /// Abandoned alarms.
 pub const DEAD_LETTERS: Table = Table { name: "dead_letters", prefix: b'x' };
+/// Durable sleeps by run and name: the journal that makes a sleep wake once, at its time.
+pub const SLEEPS: Table = Table { name: "sleeps", prefix: b'w' };
 
 /// Every table, for inspection and tests.
-pub const ALL: [Table; 9] =
-    [RUNS, RUN_KEYS, OPEN_RUNS, STASHES, LEDGER, APPROVALS, ALARMS, ALARM_DUE, DEAD_LETTERS];
+pub const ALL: [Table; 10] =
+    [RUNS, RUN_KEYS, OPEN_RUNS, STASHES, LEDGER, APPROVALS, ALARMS, ALARM_DUE, DEAD_LETTERS, SLEEPS];
 
 impl Table {
     /// The full key of a record whose key parts are `parts`.
@@ -355,6 +357,25 @@ pub enum SystemAlarm {
         /// The approval to escalate.
         approval_id: String,
     },
+    /// Wake a run whose fiber sleeps durably under this name.
+    WakeSleep {
+        /// The sleep's name.
+        name: String,
+    },
+}
+
+/// A durable sleep (`ctx.sleep_for`): its wake time is fixed when first asked for, so a
+/// re-entered fiber keeps the original time, and `done` makes it return at once afterwards.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SleepRecord {
+    /// The run.
+    pub run_id: String,
+    /// The sleep's name within the run.
+    pub name: String,
+    /// When it ends, ms.
+    pub wake_at_ms: u64,
+    /// Whether the fiber has woken from it.
+    pub done: bool,
 }
 
 /// An alarm abandoned after its last retry.

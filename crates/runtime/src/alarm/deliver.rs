@@ -14,7 +14,7 @@ use durafiber_store::{
 
 use crate::{
     AgentError, AlarmEvent, ExhaustedAction, RuntimeError, approval, fiber, limits, metrics::Metrics,
-    run::actor::RunMsg, runtime, shared::Shared,
+    run::actor::RunMsg, runtime, shared::Shared, sleep,
 };
 
 /// Delay before retry `n` (1-based): 2 s × 2^(n-1), plus up to 25% jitter.
@@ -97,8 +97,17 @@ async fn deliver(
         shared.store.commit(batch, Durability::Sync).await?;
         return Ok(());
     }
-    if let Some(SystemAlarm::EscalateApproval { approval_id }) = &alarm.system {
-        return approval::on_escalation_alarm(shared, run_id, approval_id).await;
+    match &alarm.system {
+        Some(SystemAlarm::EscalateApproval { approval_id }) => {
+            return approval::on_escalation_alarm(shared, run_id, approval_id).await;
+        }
+        Some(SystemAlarm::WakeSleep { name }) => {
+            if sleep::on_wake_alarm(shared, run_id, name, alarm.due_at_ms).await? {
+                runtime::reactivate(shared, run_id).await;
+            }
+            return Ok(());
+        }
+        None => {}
     }
     let attempt = alarm.attempts_started + 1;
     if attempt > limits::ALARM_ATTEMPTS_MAX {

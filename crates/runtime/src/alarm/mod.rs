@@ -96,7 +96,7 @@ impl AlarmSpec {
 
 /// The due time of `at`, seen at `now_ms`: never past [`limits::ALARM_HORIZON_MAX`], so no
 /// arithmetic on it can wrap.
-fn due_at(now_ms: u64, at: AlarmAt) -> Result<u64, RuntimeError> {
+pub(crate) fn due_at(now_ms: u64, at: AlarmAt) -> Result<u64, RuntimeError> {
     let horizon_ms = limits::ALARM_HORIZON_MAX.as_millis() as u64;
     let latest = now_ms.saturating_add(horizon_ms);
     let due = match at {

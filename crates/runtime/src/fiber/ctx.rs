@@ -128,7 +128,39 @@ impl<A: Agent> Ctx<A> {
         let _ = self.raw.shared.parked(self.raw.in_fiber, rx.wait_for(|c| c.is_some())).await;
     }
 
-    /// Sleeps on the runtime's clock. This is an in-memory wait: an interruption loses it.
+    /// Sleeps durably for `d` under `name` (§2.4): the wake time is committed as a boundary
+    /// and the run is `Waiting{alarm}` until then — it may be evicted or hibernated, and it
+    /// survives restarts. Names are journaled: re-entered after a recovery, a sleep whose
+    /// time has passed returns at once and a pending one keeps its original wake time. Use
+    /// a new name for each sleep of a run (`"poll:3"`, not `"poll"` in a loop).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use durafiber_runtime::{Agent, AgentError, Ctx};
+    /// # struct Reminder;
+    /// # impl Agent for Reminder {
+    /// #     const KIND: &'static str = "reminder";
+    /// #     type Input = ();
+    /// #     type Stash = ();
+    /// #     type Output = ();
+    /// #     type Message = ();
+    /// async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
+    ///     ctx.sleep_for("cool-off", Duration::from_secs(3 * 24 * 3600)).await?; // three days
+    ///     Ok(())
+    /// }
+    /// # }
+    /// ```
+    pub async fn sleep_for(&mut self, name: &str, d: Duration) -> Result<(), AgentError> {
+        crate::sleep::sleep(&mut self.raw, name, crate::AlarmAt::In(d)).await
+    }
+
+    /// Sleeps durably under `name` until the clock reads `at_ms`; see [`Ctx::sleep_for`].
+    pub async fn sleep_until(&mut self, name: &str, at_ms: u64) -> Result<(), AgentError> {
+        crate::sleep::sleep(&mut self.raw, name, crate::AlarmAt::AtMs(at_ms)).await
+    }
+
+    /// Sleeps on the runtime's clock. This is an in-memory wait: an interruption loses it,
+    /// and recovery re-enters the last boundary. [`Ctx::sleep_for`] is the durable one.
     pub async fn sleep(&self, d: Duration) {
         let sleep = clock::sleep(self.raw.shared.clock.as_ref(), d);
         self.raw.shared.parked(self.raw.in_fiber, sleep).await

@@ -33,7 +33,9 @@ pub(crate) fn plan(shared: &Shared, run: &RunRecord) -> Plan {
                 None => RecoveryReason::Crash,
             };
             let max_age_ms = u64::try_from(shared.config.max_age.as_millis()).unwrap_or(u64::MAX);
-            if now.saturating_sub(run.created_at_ms) > max_age_ms {
+            // A run re-entered for a decision or a wake it waited for was not found
+            // interrupted: its age is the wait's, not a sign that it is stuck.
+            if reason != RecoveryReason::Resumed && now.saturating_sub(run.created_at_ms) > max_age_ms {
                 Plan::Escalate("max_age".into())
             } else if run.recover_attempts >= shared.config.max_recover_attempts {
                 // A failing hook is escalated where it fails; what is left here are recoveries
