@@ -81,6 +81,13 @@ pub struct RuntimeConfig {
     pub keep_alive_heartbeat: Duration,
     /// Whether a running fiber holds a keep-alive by itself.
     pub fiber_keep_alive: bool,
+    /// Free space new work must leave on the data filesystem ("64MiB"): below it, new runs
+    /// and alarm sets are refused with `StorageFull`; running boundaries go on down to a
+    /// quarter of it, then wait for space.
+    pub disk_reserve: String,
+    /// A durability barrier that has not returned after this long fails the store.
+    #[serde(with = "humantime_serde_compat")]
+    pub barrier_timeout: Duration,
     /// Seed of every random draw (eviction times, jitter, chaos).
     pub seed: u64,
     /// Probability per supervisor tick that chaos evicts a live fiber; 0 switches it off.
@@ -107,6 +114,8 @@ impl Default for RuntimeConfig {
             ),
             keep_alive_heartbeat: limits::KEEP_ALIVE_HEARTBEAT_DEFAULT,
             fiber_keep_alive: true,
+            disk_reserve: "64MiB".into(),
+            barrier_timeout: limits::BARRIER_TIMEOUT_DEFAULT,
             seed: 0,
             chaos_evict_rate: 0.0,
         }
@@ -120,6 +129,21 @@ impl RuntimeConfig {
             serde_json::from_str(text).map_err(|e| RuntimeError::Config(format!("config: {e}")))?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// `disk_reserve`, in bytes.
+    pub fn disk_reserve_bytes(&self) -> Result<u64, RuntimeError> {
+        parse_bytes(&self.disk_reserve)
+    }
+
+    /// The store settings this configuration implies.
+    pub fn store_config(&self) -> Result<durafiber_store::StoreConfig, RuntimeError> {
+        Ok(durafiber_store::StoreConfig {
+            flush_every: self.flush_every,
+            disk_reserve_bytes: self.disk_reserve_bytes()?,
+            barrier_timeout: self.barrier_timeout,
+            ..Default::default()
+        })
     }
 
     /// The eviction range, parsed.
@@ -143,11 +167,34 @@ impl RuntimeConfig {
         if !(0.0..=1.0).contains(&self.chaos_evict_rate) {
             return Err(RuntimeError::Config("chaos_evict_rate must be within 0..=1".into()));
         }
+        self.disk_reserve_bytes()?;
+        if self.barrier_timeout.is_zero() {
+            return Err(RuntimeError::Config("barrier_timeout must be above zero".into()));
+        }
         if self.max_recover_attempts == 0 {
             return Err(RuntimeError::Config("max_recover_attempts must be at least 1".into()));
         }
         Ok(())
     }
+}
+
+/// Parses a size the way a person writes it: "64MiB", "512KiB", "1GiB", "10MB", "4096".
+pub fn parse_bytes(text: &str) -> Result<u64, RuntimeError> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| RuntimeError::Config(format!("size {text:?}: no number")))?;
+    let factor: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        other => return Err(RuntimeError::Config(format!("size {text:?}: unknown unit {other:?}"))),
+    };
+    n.checked_mul(factor).ok_or_else(|| RuntimeError::Config(format!("size {text:?} is too large")))
 }
 
 /// Parses "70s..140s" (or a single duration, meaning a fixed value).
@@ -190,6 +237,15 @@ mod tests {
         let c = RuntimeConfig::default();
         c.validate().unwrap();
         assert_eq!(c.evict_after_range().unwrap(), (Duration::from_secs(70), Duration::from_secs(140)));
+    }
+
+    #[test]
+    fn sizes_read_the_way_people_write_them() {
+        assert_eq!(parse_bytes("64MiB").unwrap(), 64 << 20);
+        assert_eq!(parse_bytes("10MB").unwrap(), 10_000_000);
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert!(parse_bytes("64 parsecs").is_err());
+        assert!(parse_bytes("99999999999999GiB").is_err());
     }
 
     #[test]

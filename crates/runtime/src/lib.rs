@@ -36,7 +36,7 @@ mod sleep;
 pub use agent::{Agent, AlarmEvent, ExhaustedAction, Recovered, RecoveryReason};
 pub use alarm::{AlarmAt, AlarmSpec};
 pub use approval::{ApproveOutcome, PendingApproval};
-pub use config::{DurabilityMode, RuntimeConfig, parse_range};
+pub use config::{DurabilityMode, RuntimeConfig, parse_bytes, parse_range};
 pub use durafiber_store::tables::{Decision, RunOptions, RunRecord, RunStatus};
 pub use error::{AgentError, RuntimeError};
 pub use events::Event;

@@ -39,6 +39,11 @@ pub const ALARM_RUNTIME_BACKOFF_MAX: Duration = Duration::from_secs(1024);
 pub const ALARM_HORIZON_MAX: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// An `on_message` handler running longer than this has failed, and its caller is answered.
 pub const MESSAGE_WALL_LIMIT_DEFAULT: Duration = Duration::from_secs(60);
+/// A durability barrier that has not returned after this long fails the store.
+pub const BARRIER_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// After SIGTERM, requests get this long to finish and the store this long to close: a
+/// server stops within twice this, whatever the disk does.
+pub const STOP_GRACE: Duration = Duration::from_secs(2);
 /// Lock stripes that serialize activation, hibernation and eviction per run.
 pub const ACTIVATION_STRIPES: usize = 64;
 /// Alarms the scheduler keeps in memory; the rest wait in the store's due index.

@@ -530,8 +530,10 @@ impl Runtime {
         approval::pending(&self.shared, run_id)
     }
 
-    /// Sets (or replaces) a run's alarm from outside.
+    /// Sets (or replaces) a run's alarm from outside. Refused with `StorageFull` while the
+    /// disk is below its reserve.
     pub async fn set_alarm(&self, run_id: &str, name: &str, spec: AlarmSpec) -> Result<(), RuntimeError> {
+        self.shared.store.check_room()?;
         alarm::set(&self.shared, run_id, name, spec, None, None).await
     }
 

@@ -27,4 +27,13 @@ pub trait Backend: Send + Sync + 'static {
     fn disk_bytes(&self) -> u64 {
         0
     }
+    /// Bytes free on the filesystem behind the store, when there is one. Cheap: it is asked
+    /// before every group commit.
+    fn free_bytes(&self) -> Option<u64> {
+        None
+    }
+    /// Where the store lives, for error messages.
+    fn location(&self) -> std::path::PathBuf {
+        std::path::PathBuf::from("(in memory)")
+    }
 }

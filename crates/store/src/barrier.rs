@@ -7,13 +7,24 @@
 //! it has returned; an `Async` batch right after it is applied, with a barrier due within
 //! `flush_every`. Merging a group into one engine write keeps every batch atomic (the group
 //! is all or nothing, which is stronger) and costs the engine one log entry instead of many.
+//!
+//! The writer is also where disk faults are contained. Below the free-space floor it parks
+//! (writes wait, none fails) until space returns or the store closes. An engine i/o error,
+//! or a barrier that has not returned after `barrier_timeout` (seen by a watchdog thread),
+//! marks the store failed: every waiting and later write fails at once with
+//! [`StoreError::Failed`], and the process must restart to reopen the store — sled 0.34
+//! cannot be trusted in-process after a failed flush.
 
 use std::{
-    sync::{Arc, mpsc},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+        mpsc,
+    },
     time::{Duration, Instant},
 };
 
-use tokio::sync::{OwnedSemaphorePermit, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, oneshot, watch};
 
 use crate::{Backend, Batch, StoreError};
 
@@ -48,6 +59,10 @@ pub struct WriterConfig {
     pub flush_every: Duration,
     /// Most batches gathered into one group.
     pub group_batches_max: usize,
+    /// Below this many free bytes the writer parks until space returns.
+    pub disk_floor_bytes: u64,
+    /// A barrier (or apply) running longer than this fails the store.
+    pub barrier_timeout: Duration,
 }
 
 /// What the writer has done, for tests and figures: group commit shows as fewer barriers
@@ -55,17 +70,60 @@ pub struct WriterConfig {
 #[derive(Debug, Default)]
 pub struct WriterStats {
     /// Batches applied.
-    pub batches: std::sync::atomic::AtomicU64,
+    pub batches: AtomicU64,
     /// Barriers run.
-    pub barriers: std::sync::atomic::AtomicU64,
+    pub barriers: AtomicU64,
 }
 
-/// Copies an error for every waiter of one failed write (io errors are not `Clone`).
-fn for_each_waiter(e: &StoreError) -> StoreError {
-    match e {
-        StoreError::Crashed => StoreError::Crashed,
-        StoreError::Closed => StoreError::Closed,
-        other => StoreError::Engine(other.to_string()),
+/// The writer's condition, shared with the store's front door and the watchdog.
+pub(crate) struct Health {
+    /// `Some(reason)` once the store failed; it never recovers in-process.
+    pub failed: watch::Sender<Option<String>>,
+    /// Set when the store closes: a parked writer gives up waiting for space.
+    pub closing: AtomicBool,
+    /// Parked below the free-space floor.
+    pub parked: AtomicBool,
+    /// When the engine call in progress started, ms since `epoch`; 0 when idle.
+    working_since_ms: AtomicU64,
+    epoch: Instant,
+}
+
+impl Health {
+    pub fn new() -> Self {
+        Health {
+            failed: watch::Sender::new(None),
+            closing: AtomicBool::new(false),
+            parked: AtomicBool::new(false),
+            working_since_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    pub fn failure(&self) -> Option<String> {
+        self.failed.borrow().clone()
+    }
+
+    pub fn fail(&self, reason: String) {
+        self.failed.send_if_modified(|f| {
+            if f.is_some() {
+                return false;
+            }
+            tracing::error!(reason, "the store failed; it takes no more writes until the process restarts");
+            *f = Some(reason);
+            true
+        });
+    }
+
+    fn since_epoch_ms(&self) -> u64 {
+        (self.epoch.elapsed().as_millis() as u64).max(1)
+    }
+
+    /// Runs an engine call under the watchdog's eye.
+    fn working<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.working_since_ms.store(self.since_epoch_ms(), Relaxed);
+        let out = f();
+        self.working_since_ms.store(0, Relaxed);
+        out
     }
 }
 
@@ -73,13 +131,34 @@ pub(crate) fn spawn_writer(
     backend: Arc<dyn Backend>,
     config: WriterConfig,
     stats: Arc<WriterStats>,
+    health: Arc<Health>,
 ) -> Result<(mpsc::Sender<Cmd>, std::thread::JoinHandle<()>), StoreError> {
     let (tx, rx) = mpsc::channel();
+    let writer_health = health.clone();
     let handle = std::thread::Builder::new()
         .name("durafiber-writer".into())
-        .spawn(move || writer_loop(backend.as_ref(), &rx, config, &stats))
+        .spawn(move || writer_loop(backend.as_ref(), &rx, config, &stats, &writer_health))
         .map_err(|source| StoreError::Io { path: "writer thread".into(), source })?;
+    std::thread::Builder::new()
+        .name("durafiber-watchdog".into())
+        .spawn(move || watchdog(&health, config.barrier_timeout))
+        .map_err(|source| StoreError::Io { path: "watchdog thread".into(), source })?;
     Ok((tx, handle))
+}
+
+/// Fails the store when an engine call has run longer than `timeout`. Ends with the store.
+fn watchdog(health: &Health, timeout: Duration) {
+    let tick = (timeout / 8).clamp(Duration::from_millis(10), Duration::from_millis(500));
+    while !health.closing.load(Relaxed) && health.failure().is_none() {
+        std::thread::sleep(tick);
+        let since = health.working_since_ms.load(Relaxed);
+        if since != 0 && health.since_epoch_ms().saturating_sub(since) > timeout.as_millis() as u64 {
+            health.fail(format!(
+                "a durability barrier has not returned after {} ms (is the disk full or gone?)",
+                timeout.as_millis()
+            ));
+        }
+    }
 }
 
 /// Waits for the next command, or for the async flush deadline; `None` on shutdown.
@@ -94,67 +173,140 @@ fn next_command(rx: &mpsc::Receiver<Cmd>, flush_due: Option<Instant>) -> Option<
     }
 }
 
-fn writer_loop(backend: &dyn Backend, rx: &mpsc::Receiver<Cmd>, config: WriterConfig, stats: &WriterStats) {
-    use std::sync::atomic::Ordering::Relaxed;
+/// One gathered group: the merged writes and who waits for what.
+#[derive(Default)]
+struct Group {
+    merged: Batch,
+    sync_acks: Vec<Ack>,
+    async_acks: Vec<Ack>,
+    barrier_acks: Vec<Ack>,
+    rooms: Vec<OwnedSemaphorePermit>,
+}
+
+impl Group {
+    /// Everything queued behind `first`: what arrived during the last barrier.
+    fn gather(
+        first: Option<Cmd>,
+        rx: &mpsc::Receiver<Cmd>,
+        config: &WriterConfig,
+        stats: &WriterStats,
+    ) -> Group {
+        let mut g = Group::default();
+        let mut next = first;
+        let mut count = 0usize;
+        while let Some(cmd) = next {
+            count += 1;
+            match cmd {
+                Cmd::Write { batch, durability, ack, room } => {
+                    stats.batches.fetch_add(1, Relaxed);
+                    g.merged.extend(batch);
+                    g.rooms.push(room);
+                    match durability {
+                        Durability::Sync => g.sync_acks.push(ack),
+                        Durability::Async => g.async_acks.push(ack),
+                    }
+                }
+                Cmd::Barrier { ack } => g.barrier_acks.push(ack),
+            }
+            next = if count < config.group_batches_max { rx.try_recv().ok() } else { None };
+        }
+        g
+    }
+
+    /// Answers every waiter with `e`.
+    fn fail_all(self, e: &StoreError) {
+        for ack in self.sync_acks.into_iter().chain(self.async_acks).chain(self.barrier_acks) {
+            let _ = ack.send(Err(e.duplicate()));
+        }
+    }
+}
+
+/// Parks while the disk is below the floor. False when the store closed meanwhile.
+fn wait_for_space(backend: &dyn Backend, config: &WriterConfig, health: &Health) -> bool {
+    let below = || backend.free_bytes().is_some_and(|free| free < config.disk_floor_bytes);
+    if !below() {
+        return true;
+    }
+    tracing::warn!(
+        floor_bytes = config.disk_floor_bytes,
+        "the disk is below the store's floor: writes wait until space returns"
+    );
+    health.parked.store(true, Relaxed);
+    while below() {
+        if health.closing.load(Relaxed) {
+            health.parked.store(false, Relaxed);
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    health.parked.store(false, Relaxed);
+    tracing::info!("space is back: writes resume");
+    true
+}
+
+fn writer_loop(
+    backend: &dyn Backend,
+    rx: &mpsc::Receiver<Cmd>,
+    config: WriterConfig,
+    stats: &WriterStats,
+    health: &Health,
+) {
     // Set while async writes are applied but not yet covered by a barrier.
     let mut flush_due: Option<Instant> = None;
     loop {
         let Some(first) = next_command(rx, flush_due) else {
-            let _ = backend.barrier();
+            if health.failure().is_none() {
+                let _ = health.working(|| backend.barrier());
+            }
             return;
         };
-        // Gather what is queued: everything that arrived during the last barrier.
-        let mut merged = Batch::new();
-        let mut sync_acks: Vec<Ack> = Vec::new();
-        let mut async_acks: Vec<Ack> = Vec::new();
-        let mut barrier_acks: Vec<Ack> = Vec::new();
-        let mut rooms: Vec<OwnedSemaphorePermit> = Vec::new();
-        let mut next = first;
-        let mut group = 0usize;
-        while let Some(cmd) = next {
-            group += 1;
-            match cmd {
-                Cmd::Write { batch, durability, ack, room } => {
-                    stats.batches.fetch_add(1, Relaxed);
-                    merged.extend(batch);
-                    rooms.push(room);
-                    match durability {
-                        Durability::Sync => sync_acks.push(ack),
-                        Durability::Async => async_acks.push(ack),
-                    }
-                }
-                Cmd::Barrier { ack } => barrier_acks.push(ack),
-            }
-            next = if group < config.group_batches_max { rx.try_recv().ok() } else { None };
+        let mut group = Group::gather(first, rx, &config, stats);
+        if let Some(reason) = health.failure() {
+            group.fail_all(&StoreError::Failed { reason });
+            continue;
         }
-        let applied = if merged.is_empty() { Ok(()) } else { backend.apply(&merged) };
+        if !group.merged.is_empty() && !wait_for_space(backend, &config, health) {
+            let free_bytes = backend.free_bytes().unwrap_or(0);
+            let reserve_bytes = config.disk_floor_bytes;
+            group.fail_all(&StoreError::StorageFull { path: backend.location(), free_bytes, reserve_bytes });
+            continue;
+        }
+        let applied =
+            if group.merged.is_empty() { Ok(()) } else { health.working(|| backend.apply(&group.merged)) };
         // Applied (or refused): the queue has room again while the barrier runs.
-        drop(rooms);
+        drop(std::mem::take(&mut group.rooms));
         if let Err(e) = applied {
-            tracing::error!(error = %e, batches = sync_acks.len() + async_acks.len(), "write failed");
-            for ack in sync_acks.drain(..).chain(async_acks.drain(..)) {
-                let _ = ack.send(Err(for_each_waiter(&e)));
+            tracing::error!(error = %e, batches = group.sync_acks.len() + group.async_acks.len(), "write failed");
+            if e.is_engine_failure() {
+                health.fail(format!("the storage engine failed a write: {e}"));
+            }
+            for ack in group.sync_acks.drain(..).chain(group.async_acks.drain(..)) {
+                let _ = ack.send(Err(e.duplicate()));
             }
         }
-        if !async_acks.is_empty() {
-            for ack in async_acks {
+        if !group.async_acks.is_empty() {
+            for ack in group.async_acks.drain(..) {
                 let _ = ack.send(Ok(()));
             }
             flush_due.get_or_insert_with(|| Instant::now() + config.flush_every);
         }
         let flush_now = flush_due.is_some_and(|due| Instant::now() >= due);
-        if sync_acks.is_empty() && barrier_acks.is_empty() && !flush_now {
+        if group.sync_acks.is_empty() && group.barrier_acks.is_empty() && !flush_now {
             continue;
         }
-        let result = backend.barrier();
+        let result = health.working(|| backend.barrier());
         stats.barriers.fetch_add(1, Relaxed);
-        if result.is_ok() {
-            flush_due = None;
-        } else if let Err(e) = &result {
-            tracing::error!(error = %e, "durability barrier failed");
+        match &result {
+            Ok(()) => flush_due = None,
+            Err(e) => {
+                tracing::error!(error = %e, "durability barrier failed");
+                if e.is_engine_failure() {
+                    health.fail(format!("a durability barrier failed: {e}"));
+                }
+            }
         }
-        for ack in sync_acks.into_iter().chain(barrier_acks) {
-            let _ = ack.send(result.as_ref().map(|_| ()).map_err(for_each_waiter));
+        for ack in group.sync_acks.into_iter().chain(group.barrier_acks) {
+            let _ = ack.send(result.as_ref().map(|_| ()).map_err(StoreError::duplicate));
         }
     }
 }

@@ -48,6 +48,36 @@ pub enum StoreError {
     /// The storage engine failed.
     #[error("storage engine: {0}")]
     Engine(String),
+    /// The disk holding the store is nearly full: new work is refused until space returns.
+    #[error("the disk holding {path} has {free_bytes} bytes free, under the reserve of {reserve_bytes}")]
+    StorageFull {
+        /// The data directory.
+        path: PathBuf,
+        /// Bytes free for unprivileged writers.
+        free_bytes: u64,
+        /// The reserve new work must leave.
+        reserve_bytes: u64,
+    },
+    /// The store failed (a barrier hung, or the engine reported an i/o error) and takes no
+    /// more writes; the process must be restarted to reopen it.
+    #[error("the store failed and takes no more writes: {reason}")]
+    Failed {
+        /// What happened.
+        reason: String,
+    },
+    /// The directory holds no durafiber store (an inspection never creates one).
+    #[error("{path} is not a durafiber data directory")]
+    NotAStore {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// durafiber's own files are there but the engine's folder is gone: opening would
+    /// silently start an empty store.
+    #[error("{path} holds durafiber's files but no sled/ folder: refusing to open it as an empty store")]
+    EngineMissing {
+        /// The data directory.
+        path: PathBuf,
+    },
     /// The disk failed.
     #[error("i/o on {path}: {source}")]
     Io {
@@ -56,6 +86,44 @@ pub enum StoreError {
         /// The operating system's error.
         source: std::io::Error,
     },
+}
+
+impl StoreError {
+    /// A copy for every waiter of one failed write: i/o errors are not `Clone`, so their
+    /// text is kept with their kind.
+    pub fn duplicate(&self) -> StoreError {
+        match self {
+            StoreError::DirLocked { path } => StoreError::DirLocked { path: path.clone() },
+            StoreError::Corrupt { table, key, reason } => {
+                StoreError::Corrupt { table, key: key.clone(), reason: reason.clone() }
+            }
+            StoreError::UnknownVersion { table, key, version } => {
+                StoreError::UnknownVersion { table, key: key.clone(), version: *version }
+            }
+            StoreError::Encode { table, reason } => StoreError::Encode { table, reason: reason.clone() },
+            StoreError::Crashed => StoreError::Crashed,
+            StoreError::Closed => StoreError::Closed,
+            StoreError::Engine(text) => StoreError::Engine(text.clone()),
+            StoreError::StorageFull { path, free_bytes, reserve_bytes } => StoreError::StorageFull {
+                path: path.clone(),
+                free_bytes: *free_bytes,
+                reserve_bytes: *reserve_bytes,
+            },
+            StoreError::Failed { reason } => StoreError::Failed { reason: reason.clone() },
+            StoreError::NotAStore { path } => StoreError::NotAStore { path: path.clone() },
+            StoreError::EngineMissing { path } => StoreError::EngineMissing { path: path.clone() },
+            StoreError::Io { path, source } => StoreError::Io {
+                path: path.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+        }
+    }
+
+    /// Whether the engine itself failed: after this, sled's state in this process is not to
+    /// be trusted, and the store stops taking writes.
+    pub fn is_engine_failure(&self) -> bool {
+        matches!(self, StoreError::Engine(_) | StoreError::Io { .. })
+    }
 }
 
 impl From<sled::Error> for StoreError {

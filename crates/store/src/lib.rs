@@ -43,4 +43,4 @@ pub use batch::Batch;
 pub use error::StoreError;
 pub use sim_backend::{CrashPoint, SimBackend};
 pub use sled_backend::SledBackend;
-pub use store::{Store, StoreConfig};
+pub use store::{Store, StoreConfig, StoreHealth};

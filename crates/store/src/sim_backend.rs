@@ -50,6 +50,8 @@ impl Default for SimState {
 #[derive(Clone, Default)]
 pub struct SimBackend {
     state: Arc<Mutex<SimState>>,
+    /// While set, every barrier hangs, as on a disk that stopped answering.
+    stalled: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl SimBackend {
@@ -93,6 +95,11 @@ impl SimBackend {
         s.crashed_tx.send_replace(false);
         s.applies = 0;
         s.barriers = 0;
+    }
+
+    /// Makes every barrier hang (as on a disk that stopped answering) until unset.
+    pub fn stall_barriers(&self, stalled: bool) {
+        self.stalled.store(stalled, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Arms a crash at `point`, counted from now.
@@ -166,6 +173,9 @@ impl Backend for SimBackend {
     }
 
     fn barrier(&self) -> Result<(), StoreError> {
+        while self.stalled.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         let mut s = self.live()?;
         let pending = std::mem::take(&mut s.undurable);
         for batch in &pending {

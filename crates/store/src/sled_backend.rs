@@ -25,7 +25,15 @@ pub struct SledBackend {
 }
 
 const LOCK_FILE: &str = "durafiber.lock";
+/// Written once sled has created its files: from then on, a missing `sled/` is damage, not
+/// a new store.
+const MARKER_FILE: &str = "durafiber.store";
 const SLED_DIR: &str = "sled";
+
+/// Whether `dir` holds a durafiber store (made by this version or an older one).
+pub fn is_store(dir: &Path) -> bool {
+    dir.join(MARKER_FILE).exists() || dir.join(SLED_DIR).join("conf").exists()
+}
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
     move |source| StoreError::Io { path: path.to_path_buf(), source }
@@ -47,7 +55,7 @@ fn open_sled(sled_dir: &Path) -> Result<sled::Db, StoreError> {
         match config.open() {
             Ok(db) => return Ok(db),
             Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => last = Some(e),
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(StoreError::Engine(format!("opening {}: {e}", sled_dir.display()))),
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
@@ -112,9 +120,23 @@ pub(crate) fn sync_dir(path: &Path) -> Result<(), StoreError> {
 }
 
 impl SledBackend {
+    /// Opens the store in `dir`, which must already hold one: inspection and repair never
+    /// create an empty store by mistake (a typo in `--data`).
+    pub fn open_existing(dir: &Path) -> Result<Self, StoreError> {
+        if !is_store(dir) {
+            return Err(StoreError::NotAStore { path: dir.to_path_buf() });
+        }
+        Self::open(dir)
+    }
+
     /// Opens (creating if needed) the store in `dir`. A second opener gets `DirLocked`.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        if !dir.exists() {
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                sync_dir(parent)?;
+            }
+        }
         let lock_path = dir.join(LOCK_FILE);
         let lock = OpenOptions::new()
             .create(true)
@@ -130,8 +152,10 @@ impl SledBackend {
             Err(std::fs::TryLockError::Error(e)) => return Err(io(&lock_path)(e)),
         }
         let sled_dir = dir.join(SLED_DIR);
-        // Everything explicit: no background flusher (our barrier decides), default cache,
-        // and a mode that favours low latency of small writes.
+        let marker = dir.join(MARKER_FILE);
+        if marker.exists() && !sled_dir.exists() {
+            return Err(StoreError::EngineMissing { path: dir.to_path_buf() });
+        }
         remove_unfinished_snapshots(&sled_dir)?;
         let db = match open_sled(&sled_dir) {
             Ok(db) => db,
@@ -146,6 +170,12 @@ impl SledBackend {
         };
         let log_path = sled_dir.join("db");
         let log_file = File::open(&log_path).map_err(io(&log_path))?;
+        if !marker.exists() {
+            // sled's new files and folder, then the marker, each durable with its parent.
+            sync_dir(&sled_dir)?;
+            File::create(&marker).and_then(|f| f.sync_all()).map_err(io(&marker))?;
+            sync_dir(dir)?;
+        }
         let backend = SledBackend {
             db,
             dir: dir.to_path_buf(),
@@ -227,5 +257,14 @@ impl Backend for SledBackend {
 
     fn disk_bytes(&self) -> u64 {
         self.db.size_on_disk().unwrap_or(0)
+    }
+
+    fn free_bytes(&self) -> Option<u64> {
+        let stat = rustix::fs::statvfs(&self.dir).ok()?;
+        Some(stat.f_bavail.saturating_mul(stat.f_frsize))
+    }
+
+    fn location(&self) -> PathBuf {
+        self.dir.clone()
     }
 }

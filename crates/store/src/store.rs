@@ -13,7 +13,7 @@ use tokio::sync::{Semaphore, TryAcquireError, oneshot};
 use crate::{
     Backend, Batch, SledBackend, StoreError,
     backend::Entries,
-    barrier::{Cmd, Durability, WriterConfig, WriterStats, spawn_writer},
+    barrier::{Cmd, Durability, Health, WriterConfig, WriterStats, spawn_writer},
     codec, envelope,
     tables::Table,
 };
@@ -28,6 +28,11 @@ pub struct StoreConfig {
     /// Most writes queued for the writer at once: a writer past it waits for room, so a burst
     /// cannot grow the queue without bound while a barrier is slow.
     pub queued_writes_max: usize,
+    /// Free bytes new work must leave on the data filesystem ([`Store::check_room`]); running
+    /// boundaries keep committing down to a quarter of it, then wait for space.
+    pub disk_reserve_bytes: u64,
+    /// A barrier that has not returned after this long fails the store.
+    pub barrier_timeout: Duration,
 }
 
 impl Default for StoreConfig {
@@ -36,8 +41,23 @@ impl Default for StoreConfig {
             flush_every: Duration::from_millis(5),
             group_batches_max: 4096,
             queued_writes_max: 16_384,
+            disk_reserve_bytes: 64 * 1024 * 1024,
+            barrier_timeout: Duration::from_secs(30),
         }
     }
+}
+
+/// The store's condition, for `/health` and operators.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StoreHealth {
+    /// Why the store failed, if it did: it takes no more writes until the process restarts.
+    pub failed: Option<String>,
+    /// Writes wait for disk space (below the floor).
+    pub parked: bool,
+    /// Bytes free on the data filesystem, when there is one.
+    pub free_bytes: Option<u64>,
+    /// New work is refused (below the reserve).
+    pub low_on_space: bool,
 }
 
 /// A store: a backend plus its one writer. Cheap to clone.
@@ -49,6 +69,8 @@ pub struct Store {
 struct Inner {
     backend: Arc<dyn Backend>,
     stats: Arc<WriterStats>,
+    health: Arc<Health>,
+    disk_reserve_bytes: u64,
     /// Room in the writer's queue: one permit per queued write, given back once it is applied.
     room: Arc<Semaphore>,
     tx: Mutex<Option<mpsc::Sender<Cmd>>>,
@@ -63,10 +85,15 @@ impl Drop for Inner {
 
 impl Inner {
     fn shut_down(&self) {
-        // Dropping the sender ends the writer after a last barrier.
+        // A parked writer stops waiting for space; dropping the sender ends the writer after
+        // a last barrier.
+        self.health.closing.store(true, std::sync::atomic::Ordering::Relaxed);
         drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
         if let Some(h) = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = h.join();
+            // A failed store's writer may be stuck inside the engine for good: leave it.
+            if self.health.failure().is_none() {
+                let _ = h.join();
+            }
         }
     }
 }
@@ -97,9 +124,14 @@ pub fn decode_sealed<T: DeserializeOwned>(table: Table, key: &[u8], sealed: &[u8
 }
 
 impl Store {
-    /// Opens the sled store in `dir`.
+    /// Opens the sled store in `dir`, creating it if needed.
     pub fn open_dir(dir: &Path, config: StoreConfig) -> Result<Store, StoreError> {
         Store::with_backend(Arc::new(SledBackend::open(dir)?), config)
+    }
+
+    /// Opens the sled store in `dir`, which must already hold one (inspection and repair).
+    pub fn open_existing_dir(dir: &Path, config: StoreConfig) -> Result<Store, StoreError> {
+        Store::with_backend(Arc::new(SledBackend::open_existing(dir)?), config)
     }
 
     /// A store over any backend.
@@ -107,13 +139,18 @@ impl Store {
         let writer_config = WriterConfig {
             flush_every: config.flush_every,
             group_batches_max: config.group_batches_max.max(1),
+            disk_floor_bytes: config.disk_reserve_bytes / 4,
+            barrier_timeout: config.barrier_timeout,
         };
         let stats = Arc::new(WriterStats::default());
-        let (tx, handle) = spawn_writer(backend.clone(), writer_config, stats.clone())?;
+        let health = Arc::new(Health::new());
+        let (tx, handle) = spawn_writer(backend.clone(), writer_config, stats.clone(), health.clone())?;
         Ok(Store {
             inner: Arc::new(Inner {
                 backend,
                 stats,
+                health,
+                disk_reserve_bytes: config.disk_reserve_bytes,
                 room: Arc::new(Semaphore::new(config.queued_writes_max.max(1))),
                 tx: Mutex::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
@@ -136,16 +173,64 @@ impl Store {
         tx.as_ref().ok_or(StoreError::Closed)?.send(cmd).map_err(|_| StoreError::Closed)
     }
 
+    fn check_failed(&self) -> Result<(), StoreError> {
+        match self.inner.health.failure() {
+            Some(reason) => Err(StoreError::Failed { reason }),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for the writer's answer, or for the store to fail (the writer may never answer).
+    async fn answer(&self, done: oneshot::Receiver<Result<(), StoreError>>) -> Result<(), StoreError> {
+        let mut failed = self.inner.health.failed.subscribe();
+        tokio::select! {
+            answer = done => answer.map_err(|_| StoreError::Closed)?,
+            _ = failed.wait_for(|f| f.is_some()) => self.check_failed(),
+        }
+    }
+
     /// Commits `batch` atomically; returns once it is as durable as `durability` says.
     pub async fn commit(&self, batch: Batch, durability: Durability) -> Result<(), StoreError> {
+        self.check_failed()?;
         let room = self.inner.room.clone().acquire_owned().await.map_err(|_| StoreError::Closed)?;
         let (ack, done) = oneshot::channel();
         self.send(Cmd::Write { batch, durability, ack, room })?;
-        done.await.map_err(|_| StoreError::Closed)?
+        self.answer(done).await
+    }
+
+    /// Refuses new work while the data filesystem is below the reserve: what is running can
+    /// still finish, down to the floor.
+    pub fn check_room(&self) -> Result<(), StoreError> {
+        self.check_failed()?;
+        match self.inner.backend.free_bytes() {
+            Some(free_bytes) if free_bytes < self.inner.disk_reserve_bytes => Err(StoreError::StorageFull {
+                path: self.inner.backend.location(),
+                free_bytes,
+                reserve_bytes: self.inner.disk_reserve_bytes,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The store's condition.
+    pub fn health(&self) -> StoreHealth {
+        let free_bytes = self.inner.backend.free_bytes();
+        StoreHealth {
+            failed: self.inner.health.failure(),
+            parked: self.inner.health.parked.load(std::sync::atomic::Ordering::Relaxed),
+            free_bytes,
+            low_on_space: free_bytes.is_some_and(|f| f < self.inner.disk_reserve_bytes),
+        }
+    }
+
+    /// Changes to `Some(reason)` when the store fails, so a server can exit for its supervisor.
+    pub fn failed_signal(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.inner.health.failed.subscribe()
     }
 
     /// `commit` for callers outside an async runtime.
     pub fn commit_blocking(&self, batch: Batch, durability: Durability) -> Result<(), StoreError> {
+        self.check_failed()?;
         let room = loop {
             match self.inner.room.clone().try_acquire_owned() {
                 Ok(room) => break room,
@@ -154,16 +239,26 @@ impl Store {
                 Err(TryAcquireError::NoPermits) => std::thread::sleep(Duration::from_millis(1)),
             }
         };
-        let (ack, done) = oneshot::channel();
+        let (ack, mut done) = oneshot::channel();
         self.send(Cmd::Write { batch, durability, ack, room })?;
-        done.blocking_recv().map_err(|_| StoreError::Closed)?
+        loop {
+            match done.try_recv() {
+                Ok(answer) => return answer,
+                Err(oneshot::error::TryRecvError::Closed) => return Err(StoreError::Closed),
+                Err(oneshot::error::TryRecvError::Empty) => {
+                    self.check_failed()?;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        }
     }
 
     /// Returns once everything committed so far is durable.
     pub async fn barrier(&self) -> Result<(), StoreError> {
+        self.check_failed()?;
         let (ack, done) = oneshot::channel();
         self.send(Cmd::Barrier { ack })?;
-        done.await.map_err(|_| StoreError::Closed)?
+        self.answer(done).await
     }
 
     /// Makes everything durable and stops the writer. Later commits fail with `Closed`.

@@ -274,12 +274,25 @@ impl Order {
             })
             .await?;
         // The run stays open until every alarm was delivered: a finished run's alarms go.
-        for _ in 0..6_000 {
+        // An alarm abandoned before its handler ever reached the upstream (every attempt cut
+        // by a kill) is set again, every 3 s, until it gets through.
+        for round in 1..=6_000u32 {
             let all =
                 futures_all(&input.alarm_delays_ms, |i| self.delivered(&input.upstream, ctx.run_id(), i))
                     .await;
             if all {
                 break;
+            }
+            if round % 300 == 0 {
+                for i in 0..input.alarm_delays_ms.len() {
+                    if !self.delivered(&input.upstream, ctx.run_id(), i).await {
+                        let spec = durafiber_runtime::AlarmSpec::after(
+                            std::time::Duration::ZERO,
+                            &json!({"upstream": input.upstream}),
+                        )?;
+                        ctx.set_alarm(&format!("alarm:{i}"), spec).await?;
+                    }
+                }
             }
             ctx.sleep(std::time::Duration::from_millis(10)).await;
         }
@@ -329,6 +342,17 @@ impl Agent for Order {
         r: Recovered<Self>,
     ) -> Result<OrderOutput, AgentError> {
         self.flow(ctx, r.input).await
+    }
+
+    /// Under a kill storm, deliveries the process dies in count as failed attempts (§8.4)
+    /// even when the handler already reached the upstream; the fiber checks the upstream
+    /// itself, so an abandoned alarm is no reason to escalate.
+    fn on_alarm_exhausted(
+        &self,
+        _run_id: &str,
+        _alarm: &durafiber_runtime::AlarmEvent,
+    ) -> durafiber_runtime::ExhaustedAction {
+        durafiber_runtime::ExhaustedAction::Ignore
     }
 
     async fn on_alarm(

@@ -30,7 +30,8 @@ pub async fn source(target: &Target) -> anyhow::Result<Source> {
         }
     }
     let Some(dir) = &target.data else { bail!("give --server ADDR or --data DIR") };
-    let store = match Store::open_dir(dir, StoreConfig::default()) {
+    // An inspection never creates a store: a typo in --data is an error, not an empty list.
+    let store = match Store::open_existing_dir(dir, StoreConfig::default()) {
         Ok(s) => s,
         Err(StoreError::DirLocked { path }) => {
             bail!("{} is in use by a running server; pass --server ADDR to talk to it", path.display())

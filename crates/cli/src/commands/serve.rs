@@ -8,8 +8,8 @@
 use std::{io::Write, net::SocketAddr, path::Path, sync::Arc};
 
 use anyhow::Context as _;
-use durafiber_runtime::{CrashHook, Runtime, RuntimeConfig, Secrets};
-use durafiber_store::{Store, StoreConfig};
+use durafiber_runtime::{CrashHook, Runtime, RuntimeConfig, Secrets, limits};
+use durafiber_store::Store;
 
 use crate::http::server::{AppState, router};
 
@@ -46,9 +46,8 @@ fn stop_at_hook(point: String) -> CrashHook {
 
 /// Opens the store and the runtime for serving.
 pub async fn open_runtime(data: &Path, config: RuntimeConfig) -> anyhow::Result<Runtime> {
-    let store =
-        Store::open_dir(data, StoreConfig { flush_every: config.flush_every, ..StoreConfig::default() })
-            .with_context(|| format!("opening {}", data.display()))?;
+    let store = Store::open_dir(data, config.store_config()?)
+        .with_context(|| format!("opening {}", data.display()))?;
     let mut builder = crate::agents::register(Runtime::builder(store).config(config));
     if let Ok(point) = std::env::var("DURAFIBER_STOP_AT") {
         builder = builder.crash_hook(stop_at_hook(point));
@@ -77,9 +76,37 @@ pub async fn serve(data: &Path, listen: SocketAddr, config: Option<&Path>) -> an
             _ = tokio::signal::ctrl_c() => {}
         }
     };
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.context("serving HTTP")?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown.await;
+        let _ = stop_tx.send(());
+    });
+    let mut failed = runtime.store().failed_signal();
+    tokio::select! {
+        served = server => served.context("serving HTTP")?,
+        // Requests waiting for disk space must not hold a stop forever.
+        () = async {
+            let _ = stop_rx.await;
+            tokio::time::sleep(limits::STOP_GRACE).await;
+        } => tracing::warn!("requests still open after the stop grace period; stopping anyway"),
+        reason = failed.wait_for(|f| f.is_some()) => {
+            let reason = reason.map(|r| r.clone().unwrap_or_default()).unwrap_or_default();
+            // sled cannot be trusted in this process any more: exit so a supervisor restarts
+            // the server, which reopens the store and recovers every run.
+            eprintln!("durafiber: the store failed ({reason}); exiting so a supervisor can restart the server");
+            std::process::exit(EXIT_STORE_FAILED);
+        }
+    }
     tracing::info!("stopping");
-    runtime.shutdown().await;
-    runtime.store().close();
+    let stop = async {
+        runtime.shutdown().await;
+        runtime.store().close();
+    };
+    if tokio::time::timeout(limits::STOP_GRACE, stop).await.is_err() {
+        tracing::warn!("the store did not stop within the grace period; exiting");
+    }
     Ok(())
 }
+
+/// Exit code when the store failed under a running server (`EX_TEMPFAIL`: try again).
+pub const EXIT_STORE_FAILED: i32 = 75;

@@ -4,7 +4,7 @@
 //! approval, two effects through the test kit's idempotent upstream). New runs keep being
 //! started and approved while the harness SIGKILLs the server at seeded random times — 30%
 //! of kills in the first 30 ms of a process's life (store open, recovery scan), the rest
-//! spread over up to 400 ms — and restarts it. Then one last server runs until every run
+//! within 370 ms of the server answering — and restarts it. Then one last server runs until every run
 //! is finished, and every promise is checked against the upstream, which counts objects
 //! itself:
 //!
@@ -248,19 +248,30 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
     let mut report = TortureReport { seed: plan.seed, ..Default::default() };
     let mut logs = Vec::new();
     for life in 1..=plan.kills {
-        let kill_after = if h.rng.chance(0.3) { h.rng.between(0, 30) } else { h.rng.between(30, 400) };
+        // Early kills count from the spawn; the others from the moment the server answers,
+        // so a slow start on a loaded machine does not turn every kill into an early one.
+        let early = h.rng.chance(0.3);
+        let kill_after =
+            Duration::from_millis(if early { h.rng.between(0, 30) } else { h.rng.between(0, 370) });
         let log = out.join(format!("server-{life}.log"));
         let mut server = Server::spawn(exe, &data, &config, &log)?;
-        let kill_at = server.born + Duration::from_millis(kill_after);
+        let mut kill_at = if early { Some(server.born + kill_after) } else { None };
+        let listen_by = server.born + LISTEN_DEADLINE;
         let mut started_here = 0;
-        while Instant::now() < kill_at {
+        let mut client = None;
+        while kill_at.is_none_or(|at| Instant::now() < at) && Instant::now() < listen_by {
             if server.exited() {
                 break;
             }
-            if let Some(addr) = server.poll_addr() {
-                let client = Client::with_timeout(addr, Duration::from_secs(2));
-                let remaining = kill_at.saturating_duration_since(Instant::now());
-                let _ = tokio::time::timeout(remaining, h.round(&client, &mut started_here)).await;
+            if client.is_none()
+                && let Some(addr) = server.poll_addr()
+            {
+                client = Some(Client::with_timeout(addr, Duration::from_secs(2)));
+                kill_at.get_or_insert(Instant::now() + kill_after);
+            }
+            if let (Some(client), Some(at)) = (&client, kill_at) {
+                let remaining = at.saturating_duration_since(Instant::now());
+                let _ = tokio::time::timeout(remaining, h.round(client, &mut started_here)).await;
             }
             tokio::time::sleep(Duration::from_millis(3)).await;
         }

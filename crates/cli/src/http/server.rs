@@ -50,6 +50,12 @@ impl From<RuntimeError> for ApiError {
             InvalidInput(_) | Config(_) => (StatusCode::BAD_REQUEST, "InvalidInput"),
             Agent(_) => (StatusCode::UNPROCESSABLE_ENTITY, "Agent"),
             ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "ShuttingDown"),
+            Store(durafiber_store::StoreError::StorageFull { .. }) => {
+                (StatusCode::INSUFFICIENT_STORAGE, "StorageFull")
+            }
+            Store(durafiber_store::StoreError::Failed { .. }) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "StoreFailed")
+            }
             NotVirtual | Store(_) | LivenessViolation { .. } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "Internal")
             }
@@ -242,6 +248,17 @@ async fn events(State(app): State<AppState>, Query(q): Query<EventsQuery>) -> Ap
     ok(events)
 }
 
+/// 200 while the store takes writes (saying when space is low); 503 once it has failed.
+async fn health(State(s): State<AppState>) -> Response {
+    let h = s.runtime.store().health();
+    let body = json!({
+        "ok": h.failed.is_none(), "failed": h.failed, "parked": h.parked,
+        "low_on_space": h.low_on_space, "free_bytes": h.free_bytes,
+    });
+    let status = if h.failed.is_none() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(body)).into_response()
+}
+
 async fn not_found() -> ApiError {
     ApiError(StatusCode::NOT_FOUND, "no such endpoint".into(), "NotFound")
 }
@@ -249,7 +266,7 @@ async fn not_found() -> ApiError {
 /// The API's routes.
 pub fn router(state: AppState) -> Router {
     Router::new()
-        .route("/health", get(|| async { Json(json!({"ok": true})) }))
+        .route("/health", get(health))
         .route("/runs", post(start).get(list))
         .route("/runs/{id}", get(show))
         .route("/runs/{id}/cancel", post(cancel))

@@ -67,6 +67,8 @@ pub(crate) async fn start(
         tracing::info!(run_id, key, "duplicate start returns the existing handle");
         return Ok(StartOutcome { run_id, accepted: false, status: run.status });
     }
+    // A new run is new work: refused while the disk is below its reserve (§ store faults).
+    shared.store.check_room()?;
     let now = shared.now_ms();
     let run = RunRecord {
         run_id: mint_run_id(now),
