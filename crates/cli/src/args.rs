@@ -75,6 +75,32 @@ pub enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Check or repair a data directory: `verify`, `salvage`.
+    Store {
+        /// What to do.
+        #[command(subcommand)]
+        action: StoreAction,
+    },
+    /// A consistent backup of a store, from a running server or a bare data directory.
+    Backup {
+        /// The server's address; its store keeps serving while the copy is taken.
+        #[arg(long, env = "DURAFIBER_SERVER")]
+        server: Option<SocketAddr>,
+        /// The data directory, when no server runs on it.
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// The backup file to write.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Restores a backup file into a new data directory.
+    Restore {
+        /// The backup file.
+        file: PathBuf,
+        /// The data directory to create (it must not hold a store).
+        #[arg(long)]
+        data: PathBuf,
+    },
     /// Simulations on the virtual clock.
     Sim {
         /// Which simulation.
@@ -217,6 +243,32 @@ pub enum Bench {
         mode: String,
         /// Runs.
         runs: usize,
+    },
+}
+
+/// `store` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum StoreAction {
+    /// Reads every record; reports counts per table and every bad record.
+    Verify {
+        /// The data directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copies every readable record into a fresh store; lists the runs that lost records.
+    Salvage {
+        /// The damaged data directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// The new data directory (it must not hold a store).
+        #[arg(long)]
+        out: PathBuf,
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
     },
 }
 

@@ -32,6 +32,10 @@ pub trait Backend: Send + Sync + 'static {
     fn free_bytes(&self) -> Option<u64> {
         None
     }
+    /// The data directory, for a backend that keeps files (the rollback witness lives there).
+    fn data_dir(&self) -> Option<std::path::PathBuf> {
+        None
+    }
     /// Where the store lives, for error messages.
     fn location(&self) -> std::path::PathBuf {
         std::path::PathBuf::from("(in memory)")

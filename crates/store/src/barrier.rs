@@ -50,6 +50,10 @@ pub(crate) enum Cmd {
     Barrier {
         ack: Ack,
     },
+    /// Every entry, read between two groups: a consistent copy for backups.
+    Snapshot {
+        ack: oneshot::Sender<Result<crate::backend::Entries, StoreError>>,
+    },
 }
 
 /// Settings of the writer thread.
@@ -180,6 +184,7 @@ struct Group {
     sync_acks: Vec<Ack>,
     async_acks: Vec<Ack>,
     barrier_acks: Vec<Ack>,
+    snapshot_acks: Vec<oneshot::Sender<Result<crate::backend::Entries, StoreError>>>,
     rooms: Vec<OwnedSemaphorePermit>,
 }
 
@@ -207,6 +212,7 @@ impl Group {
                     }
                 }
                 Cmd::Barrier { ack } => g.barrier_acks.push(ack),
+                Cmd::Snapshot { ack } => g.snapshot_acks.push(ack),
             }
             next = if count < config.group_batches_max { rx.try_recv().ok() } else { None };
         }
@@ -217,6 +223,20 @@ impl Group {
     fn fail_all(self, e: &StoreError) {
         for ack in self.sync_acks.into_iter().chain(self.async_acks).chain(self.barrier_acks) {
             let _ = ack.send(Err(e.duplicate()));
+        }
+        for ack in self.snapshot_acks {
+            let _ = ack.send(Err(e.duplicate()));
+        }
+    }
+
+    /// Hands every snapshot waiter the whole keyspace as it stands after this group.
+    fn answer_snapshots(&mut self, backend: &dyn Backend) {
+        if self.snapshot_acks.is_empty() {
+            return;
+        }
+        let entries = backend.range(&[], &[0xff; 16], usize::MAX);
+        for ack in self.snapshot_acks.drain(..) {
+            let _ = ack.send(entries.as_ref().map(Clone::clone).map_err(StoreError::duplicate));
         }
     }
 }
@@ -253,6 +273,8 @@ fn writer_loop(
 ) {
     // Set while async writes are applied but not yet covered by a barrier.
     let mut flush_due: Option<Instant> = None;
+    // Every group also writes its sequence number, atomically with it (see `witness`).
+    let mut commit_seq = crate::witness::stored_seq(backend).unwrap_or(0);
     loop {
         let Some(first) = next_command(rx, flush_due) else {
             if health.failure().is_none() {
@@ -270,6 +292,13 @@ fn writer_loop(
             let reserve_bytes = config.disk_floor_bytes;
             group.fail_all(&StoreError::StorageFull { path: backend.location(), free_bytes, reserve_bytes });
             continue;
+        }
+        if !group.merged.is_empty() {
+            commit_seq += 1;
+            if let Err(e) = group.merged.put(crate::tables::META, crate::witness::seq_key(), &commit_seq) {
+                group.fail_all(&e);
+                continue;
+            }
         }
         let applied =
             if group.merged.is_empty() { Ok(()) } else { health.working(|| backend.apply(&group.merged)) };
@@ -290,6 +319,7 @@ fn writer_loop(
             }
             flush_due.get_or_insert_with(|| Instant::now() + config.flush_every);
         }
+        group.answer_snapshots(backend);
         let flush_now = flush_due.is_some_and(|due| Instant::now() >= due);
         if group.sync_acks.is_empty() && group.barrier_acks.is_empty() && !flush_now {
             continue;

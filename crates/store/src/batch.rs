@@ -48,6 +48,17 @@ impl Batch {
         Ok(self)
     }
 
+    /// Puts a value that is already sealed (copied from another store, checked there).
+    pub fn put_sealed(&mut self, key: Vec<u8>, sealed: Vec<u8>) -> &mut Self {
+        self.ops.push(Op::Put { key, value: sealed });
+        self
+    }
+
+    /// Number of puts and deletes.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
     /// Adds a removal of `key`.
     pub fn delete(&mut self, key: Vec<u8>) -> &mut Self {
         self.ops.push(Op::Delete { key });

@@ -65,6 +65,18 @@ pub enum StoreError {
         /// What happened.
         reason: String,
     },
+    /// The store holds less than it did at its last clean close: sled's log lost its tail.
+    #[error("{path}: the store went back in time (commit {found_seq} of {expected_seq}); {} runs changed: run `durafiber store salvage`, or restore a backup", runs.len())]
+    RolledBack {
+        /// The data directory.
+        path: PathBuf,
+        /// The commit sequence number at the last clean close.
+        expected_seq: u64,
+        /// The one the store holds.
+        found_seq: u64,
+        /// The runs whose records changed.
+        runs: Vec<String>,
+    },
     /// The directory holds no durafiber store (an inspection never creates one).
     #[error("{path} is not a durafiber data directory")]
     NotAStore {
@@ -111,6 +123,12 @@ impl StoreError {
             },
             StoreError::Failed { reason } => StoreError::Failed { reason: reason.clone() },
             StoreError::NotAStore { path } => StoreError::NotAStore { path: path.clone() },
+            StoreError::RolledBack { path, expected_seq, found_seq, runs } => StoreError::RolledBack {
+                path: path.clone(),
+                expected_seq: *expected_seq,
+                found_seq: *found_seq,
+                runs: runs.clone(),
+            },
             StoreError::EngineMissing { path } => StoreError::EngineMissing { path: path.clone() },
             StoreError::Io { path, source } => StoreError::Io {
                 path: path.clone(),

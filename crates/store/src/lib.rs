@@ -24,6 +24,8 @@
 //!   [`sim_backend`] (loses every write after the last barrier on `crash()`).
 //! - [`barrier`]: group commit: many batches, one barrier, then acknowledge.
 //! - [`store`]: the typed front door the runtime uses.
+//! - [`repair`]: verify, salvage, backup and restore, for operators.
+//! - [`witness`]: catches a log that went back in time (sled drops a damaged tail silently).
 #![deny(missing_docs)]
 
 pub mod backend;
@@ -32,10 +34,12 @@ pub mod batch;
 pub mod codec;
 pub mod envelope;
 mod error;
+pub mod repair;
 pub mod sim_backend;
 pub mod sled_backend;
 pub mod store;
 pub mod tables;
+pub mod witness;
 
 pub use backend::Backend;
 pub use barrier::{Durability, WriterStats};

@@ -52,7 +52,7 @@ fn open_sled(sled_dir: &Path) -> Result<sled::Db, StoreError> {
         .cache_capacity(1024 * 1024 * 1024);
     let mut last = None;
     for _ in 0..2_000 {
-        match config.open() {
+        match contained(sled_dir, || config.open())? {
             Ok(db) => return Ok(db),
             Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => last = Some(e),
             Err(e) => return Err(StoreError::Engine(format!("opening {}: {e}", sled_dir.display()))),
@@ -62,6 +62,19 @@ fn open_sled(sled_dir: &Path) -> Result<sled::Db, StoreError> {
     Err(StoreError::Io {
         path: sled_dir.to_path_buf(),
         source: last.unwrap_or_else(|| std::io::Error::other("sled lock")),
+    })
+}
+
+/// Runs a sled call, turning a panic inside it (sled 0.34 panics on some damaged logs) into
+/// an engine error naming the directory: sled's faults stay in the store layer.
+fn contained<T>(dir: &Path, f: impl FnOnce() -> T) -> Result<T, StoreError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into());
+        StoreError::Engine(format!("sled failed on {}: {what}", dir.display()))
     })
 }
 
@@ -119,6 +132,62 @@ pub(crate) fn sync_dir(path: &Path) -> Result<(), StoreError> {
     File::open(path).and_then(|d| d.sync_all()).map_err(io(path))
 }
 
+/// durafiber's copy of sled's `conf` (segment size, compression, version: written once, at
+/// creation), so a damaged `conf` can be put back.
+const CONF_COPY: &str = "durafiber.sled-conf";
+
+/// Saves sled's `conf` beside the store once it is known good.
+fn save_conf(dir: &Path, sled_dir: &Path) -> Result<(), StoreError> {
+    let copy = dir.join(CONF_COPY);
+    if copy.exists() {
+        return Ok(());
+    }
+    let conf = sled_dir.join("conf");
+    let bytes = std::fs::read(&conf).map_err(io(&conf))?;
+    let tmp = dir.join(format!("{CONF_COPY}.partial"));
+    std::fs::write(&tmp, &bytes).and_then(|()| File::open(&tmp)?.sync_all()).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, &copy).map_err(io(&copy))?;
+    sync_dir(dir)
+}
+
+/// Puts back sled's `conf` from durafiber's copy when they differ; true when it did.
+fn restore_conf(dir: &Path, sled_dir: &Path) -> Result<bool, StoreError> {
+    let (copy, conf) = (dir.join(CONF_COPY), sled_dir.join("conf"));
+    let Ok(good) = std::fs::read(&copy) else { return Ok(false) };
+    if std::fs::read(&conf).is_ok_and(|now| now == good) {
+        return Ok(false);
+    }
+    tracing::warn!(file = %conf.display(), "sled's conf is damaged; putting back durafiber's copy");
+    std::fs::write(&conf, &good).and_then(|()| File::open(&conf)?.sync_all()).map_err(io(&conf))?;
+    sync_dir(sled_dir)?;
+    Ok(true)
+}
+
+/// Opens sled, repairing what durafiber can when it refuses: a damaged `conf` is put back
+/// from durafiber's copy, then damaged snapshots are set aside so sled rebuilds from its
+/// log. Each step is logged with the file it concerns.
+fn open_with_repairs(dir: &Path, sled_dir: &Path) -> Result<sled::Db, StoreError> {
+    let first = match open_sled(sled_dir) {
+        Ok(db) => return Ok(db),
+        Err(StoreError::Engine(e)) => e,
+        Err(e) => return Err(e),
+    };
+    tracing::warn!(error = %first, "sled refused to open; repairing what durafiber can");
+    if restore_conf(dir, sled_dir)? {
+        match open_sled(sled_dir) {
+            Ok(db) => return Ok(db),
+            Err(StoreError::Engine(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if has_snapshots(sled_dir) {
+        // A damaged snapshot is fatal to sled even when its log is intact.
+        quarantine_snapshots(dir, sled_dir)?;
+        return open_sled(sled_dir);
+    }
+    Err(StoreError::Engine(first))
+}
+
 impl SledBackend {
     /// Opens the store in `dir`, which must already hold one: inspection and repair never
     /// create an empty store by mistake (a typo in `--data`).
@@ -157,17 +226,8 @@ impl SledBackend {
             return Err(StoreError::EngineMissing { path: dir.to_path_buf() });
         }
         remove_unfinished_snapshots(&sled_dir)?;
-        let db = match open_sled(&sled_dir) {
-            Ok(db) => db,
-            Err(StoreError::Engine(first)) if has_snapshots(&sled_dir) => {
-                // A damaged snapshot is fatal to sled even when its log is intact: set the
-                // snapshots aside and let sled rebuild from the log.
-                tracing::warn!(error = %first, "sled refused to open; retrying without its snapshots");
-                quarantine_snapshots(dir, &sled_dir)?;
-                open_sled(&sled_dir)?
-            }
-            Err(e) => return Err(e),
-        };
+        let db = open_with_repairs(dir, &sled_dir)?;
+        save_conf(dir, &sled_dir)?;
         let log_path = sled_dir.join("db");
         let log_file = File::open(&log_path).map_err(io(&log_path))?;
         if !marker.exists() {
@@ -224,16 +284,18 @@ impl SledBackend {
 
 impl Backend for SledBackend {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.db.get(key)?.map(|v| v.to_vec()))
+        Ok(contained(&self.dir, || self.db.get(key))??.map(|v| v.to_vec()))
     }
 
     fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Entries, StoreError> {
-        let mut out = Vec::new();
-        for item in self.db.range(start..end).take(limit) {
-            let (k, v) = item?;
-            out.push((k.to_vec(), v.to_vec()));
-        }
-        Ok(out)
+        contained(&self.dir, || {
+            let mut out = Vec::new();
+            for item in self.db.range(start..end).take(limit) {
+                let (k, v) = item?;
+                out.push((k.to_vec(), v.to_vec()));
+            }
+            Ok(out)
+        })?
     }
 
     fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
@@ -266,5 +328,9 @@ impl Backend for SledBackend {
 
     fn location(&self) -> PathBuf {
         self.dir.clone()
+    }
+
+    fn data_dir(&self) -> Option<PathBuf> {
+        Some(self.dir.clone())
     }
 }

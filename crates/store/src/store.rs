@@ -71,6 +71,9 @@ struct Inner {
     stats: Arc<WriterStats>,
     health: Arc<Health>,
     disk_reserve_bytes: u64,
+    /// Whether a clean close may write the rollback witness: not for a store opened
+    /// despite a rollback (that would bless the loss).
+    witness_ok: std::sync::atomic::AtomicBool,
     /// Room in the writer's queue: one permit per queued write, given back once it is applied.
     room: Arc<Semaphore>,
     tx: Mutex<Option<mpsc::Sender<Cmd>>>,
@@ -84,6 +87,18 @@ impl Drop for Inner {
 }
 
 impl Inner {
+    /// After a clean close: what the store holds, for the next open to compare.
+    fn write_witness(&self) {
+        if !self.witness_ok.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        if let Some(dir) = self.backend.data_dir()
+            && let Err(e) = crate::witness::write(&dir, self.backend.as_ref())
+        {
+            tracing::warn!(error = %e, "could not write the rollback witness");
+        }
+    }
+
     fn shut_down(&self) {
         // A parked writer stops waiting for space; dropping the sender ends the writer after
         // a last barrier.
@@ -91,8 +106,8 @@ impl Inner {
         drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
         if let Some(h) = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take() {
             // A failed store's writer may be stuck inside the engine for good: leave it.
-            if self.health.failure().is_none() {
-                let _ = h.join();
+            if self.health.failure().is_none() && h.join().is_ok() {
+                self.write_witness();
             }
         }
     }
@@ -124,14 +139,45 @@ pub fn decode_sealed<T: DeserializeOwned>(table: Table, key: &[u8], sealed: &[u8
 }
 
 impl Store {
-    /// Opens the sled store in `dir`, creating it if needed.
+    /// Opens the sled store in `dir`, creating it if needed. A store that went back in time
+    /// since its last clean close is refused with [`StoreError::RolledBack`].
     pub fn open_dir(dir: &Path, config: StoreConfig) -> Result<Store, StoreError> {
-        Store::with_backend(Arc::new(SledBackend::open(dir)?), config)
+        Store::checked(dir, Store::with_backend(Arc::new(SledBackend::open(dir)?), config)?)
     }
 
     /// Opens the sled store in `dir`, which must already hold one (inspection and repair).
     pub fn open_existing_dir(dir: &Path, config: StoreConfig) -> Result<Store, StoreError> {
-        Store::with_backend(Arc::new(SledBackend::open_existing(dir)?), config)
+        Store::checked(dir, Store::with_backend(Arc::new(SledBackend::open_existing(dir)?), config)?)
+    }
+
+    /// Opens an existing store whatever happened to it, for repair: a rollback is returned
+    /// beside the store instead of refusing it.
+    pub fn open_for_repair(
+        dir: &Path,
+        config: StoreConfig,
+    ) -> Result<(Store, Option<crate::witness::Rollback>), StoreError> {
+        let store = Store::with_backend(Arc::new(SledBackend::open_existing(dir)?), config)?;
+        let rollback = crate::witness::check(dir, store.inner.backend.as_ref())?;
+        if rollback.is_some() {
+            store.inner.witness_ok.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok((store, rollback))
+    }
+
+    fn checked(dir: &Path, store: Store) -> Result<Store, StoreError> {
+        match crate::witness::check(dir, store.inner.backend.as_ref())? {
+            None => Ok(store),
+            Some(rb) => {
+                store.inner.witness_ok.store(false, std::sync::atomic::Ordering::Relaxed);
+                store.close();
+                Err(StoreError::RolledBack {
+                    path: dir.to_path_buf(),
+                    expected_seq: rb.expected_seq,
+                    found_seq: rb.found_seq,
+                    runs: rb.runs,
+                })
+            }
+        }
     }
 
     /// A store over any backend.
@@ -151,6 +197,7 @@ impl Store {
                 stats,
                 health,
                 disk_reserve_bytes: config.disk_reserve_bytes,
+                witness_ok: std::sync::atomic::AtomicBool::new(true),
                 room: Arc::new(Semaphore::new(config.queued_writes_max.max(1))),
                 tx: Mutex::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
@@ -259,6 +306,20 @@ impl Store {
         let (ack, done) = oneshot::channel();
         self.send(Cmd::Barrier { ack })?;
         self.answer(done).await
+    }
+
+    /// Every entry as it stands between two group commits: a consistent copy, taken while
+    /// the store keeps serving (writes wait for the copy, reads do not).
+    pub async fn snapshot(&self) -> Result<crate::backend::Entries, StoreError> {
+        self.check_failed()?;
+        let (ack, done) = oneshot::channel();
+        self.send(Cmd::Snapshot { ack })?;
+        done.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Whether the store holds no record at all.
+    pub fn is_empty(&self) -> Result<bool, StoreError> {
+        Ok(self.inner.backend.range(&[], &[0xff; 16], 1)?.is_empty())
     }
 
     /// Makes everything durable and stops the writer. Later commits fail with `Closed`.

@@ -45,12 +45,14 @@ pub const ALARMS: Table = Table { name: "alarms", prefix: b'a' };
 pub const ALARM_DUE: Table = Table { name: "alarm_due", prefix: b'd' };
 /// Abandoned alarms.
 pub const DEAD_LETTERS: Table = Table { name: "dead_letters", prefix: b'x' };
+/// The store's own bookkeeping (the commit sequence number of the rollback witness).
+pub const META: Table = Table { name: "meta", prefix: b'm' };
 /// Durable sleeps by run and name: the journal that makes a sleep wake once, at its time.
 pub const SLEEPS: Table = Table { name: "sleeps", prefix: b'w' };
 
 /// Every table, for inspection and tests.
-pub const ALL: [Table; 10] =
-    [RUNS, RUN_KEYS, OPEN_RUNS, STASHES, LEDGER, APPROVALS, ALARMS, ALARM_DUE, DEAD_LETTERS, SLEEPS];
+pub const ALL: [Table; 11] =
+    [RUNS, RUN_KEYS, OPEN_RUNS, STASHES, LEDGER, APPROVALS, ALARMS, ALARM_DUE, DEAD_LETTERS, SLEEPS, META];
 
 impl Table {
     /// The full key of a record whose key parts are `parts`.

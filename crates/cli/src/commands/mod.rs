@@ -3,13 +3,14 @@
 pub mod bench;
 pub mod drill;
 pub mod inspect;
+pub mod repair;
 pub mod serve;
 pub mod sim;
 pub mod torture;
 
 use durafiber_runtime::{Decision, ListFilter};
 
-use crate::args::{AlarmsAction, ApprovalsAction, Command, RunsAction, Sim};
+use crate::args::{AlarmsAction, ApprovalsAction, Command, RunsAction, Sim, StoreAction};
 
 /// Prints `lines`, then `report`: as one JSON line when `json` is set, else pretty.
 pub fn print_report<T: serde::Serialize>(lines: &[String], report: &T, json: bool) -> anyhow::Result<()> {
@@ -38,6 +39,12 @@ pub async fn run(command: Command) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Drill { json, seed, out, stop_at } => drill::run(json, seed, out.as_deref(), &stop_at).await,
+        Command::Store { action: StoreAction::Verify { data, json } } => repair::verify(&data, json).await,
+        Command::Store { action: StoreAction::Salvage { data, out, json } } => {
+            repair::salvage(&data, &out, json).await
+        }
+        Command::Backup { server, data, out } => repair::backup(server, data.as_deref(), &out).await,
+        Command::Restore { file, data } => repair::restore(&file, &data).await,
         Command::Torture { json, seed, kills, chaos, out } => {
             torture::run(json, torture::Plan { seed, kills, chaos }, out.as_deref()).await
         }

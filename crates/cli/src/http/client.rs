@@ -44,6 +44,16 @@ impl Client {
         Self::answer(r).await
     }
 
+    /// GET `path` as raw bytes (a backup).
+    pub async fn get_bytes(&self, path: &str) -> anyhow::Result<Vec<u8>> {
+        let r = self.http.get(format!("{}{path}", self.base)).send().await.context("server unreachable")?;
+        if !r.status().is_success() {
+            let body: Value = r.json().await.unwrap_or(Value::Null);
+            bail!("{}", body["error"].as_str().unwrap_or("request failed"));
+        }
+        Ok(r.bytes().await.context("reading the answer")?.to_vec())
+    }
+
     /// POST `body` to `path`, with an optional idempotency key.
     pub async fn post(&self, path: &str, body: &Value, key: Option<&str>) -> anyhow::Result<Value> {
         let mut req = self.http.post(format!("{}{path}", self.base)).json(body);

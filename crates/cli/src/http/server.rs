@@ -248,6 +248,12 @@ async fn events(State(app): State<AppState>, Query(q): Query<EventsQuery>) -> Ap
     ok(events)
 }
 
+/// A consistent backup of the store, taken while it serves (`durafiber backup --server`).
+async fn backup(State(s): State<AppState>) -> ApiResult {
+    let bytes = durafiber_store::repair::backup_bytes(s.runtime.store()).await.map_err(RuntimeError::from)?;
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+}
+
 /// 200 while the store takes writes (saying when space is low); 503 once it has failed.
 async fn health(State(s): State<AppState>) -> Response {
     let h = s.runtime.store().health();
@@ -276,6 +282,7 @@ pub fn router(state: AppState) -> Router {
         .route("/runs/{id}/alarms/{name}", put(set_alarm).delete(cancel_alarm))
         .route("/approvals", get(approvals))
         .route("/metrics", get(metrics))
+        .route("/backup", get(backup))
         .route("/events", get(events))
         .fallback(not_found)
         .method_not_allowed_fallback(|| async {

@@ -1,0 +1,342 @@
+//! What an operator does about a damaged or endangered store: verify it, salvage what can
+//! be read into a fresh one, back it up while it serves, restore a backup.
+//!
+//! Every record is checked the way the runtime reads it: envelope (magic, version, CRC over
+//! key and body), then decoding into the table's record type. The indexes (`open_runs`,
+//! `run_keys`, `alarm_due`) carry nothing the records do not, so salvage rebuilds them from
+//! the records it kept instead of trusting what survived of them. A run with any unreadable
+//! record is never copied silently changed: it is listed, and it arrives `Escalated{corrupt}`.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{Read, Write},
+    path::Path,
+};
+
+use serde::Serialize;
+
+use crate::{
+    Batch, Durability, Store, StoreError,
+    tables::{self, RunRecord, RunStatus, Table},
+};
+
+/// Records per batch when copying into a fresh store.
+const COPY_BATCH_RECORDS: usize = 1_000;
+
+/// A record that could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BadRecord {
+    /// Its table (or `unknown` for a key of no table).
+    pub table: &'static str,
+    /// Its key, printable.
+    pub key: String,
+    /// The run it belongs to, when the key says.
+    pub run_id: Option<String>,
+    /// What failed.
+    pub error: String,
+}
+
+/// What `verify` found.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct VerifyReport {
+    /// Readable records per table.
+    pub records: BTreeMap<&'static str, u64>,
+    /// Every record that could not be read.
+    pub bad: Vec<BadRecord>,
+}
+
+impl VerifyReport {
+    /// Runs with at least one unreadable record.
+    pub fn damaged_runs(&self) -> BTreeSet<String> {
+        self.bad.iter().filter_map(|b| b.run_id.clone()).collect()
+    }
+}
+
+/// The run a key belongs to, when its layout says.
+fn run_of(table: Table, key: &[u8]) -> Option<String> {
+    let rest = key.get(1..)?;
+    let rest = if table.prefix == tables::ALARM_DUE.prefix { rest.get(8..)? } else { rest };
+    if [tables::RUN_KEYS.prefix, tables::META.prefix].contains(&table.prefix) {
+        return None;
+    }
+    let id = rest.split(|b| *b == 0).next()?;
+    std::str::from_utf8(id).ok().filter(|s| !s.is_empty()).map(str::to_string)
+}
+
+/// Opens and decodes one record as its table's type.
+fn check(table: Table, key: &[u8], sealed: &[u8]) -> Result<(), StoreError> {
+    use crate::store::decode_sealed as d;
+    match table.prefix {
+        b'r' => d::<RunRecord>(table, key, sealed).map(drop),
+        b'k' => d::<String>(table, key, sealed).map(drop),
+        b'o' | b'd' => d::<()>(table, key, sealed),
+        b's' => d::<tables::StashRecord>(table, key, sealed).map(drop),
+        b'l' => d::<tables::LedgerEntry>(table, key, sealed).map(drop),
+        b'p' => d::<tables::ApprovalRecord>(table, key, sealed).map(drop),
+        b'a' => d::<tables::AlarmRecord>(table, key, sealed).map(drop),
+        b'x' => d::<tables::DeadLetter>(table, key, sealed).map(drop),
+        b'w' => d::<tables::SleepRecord>(table, key, sealed).map(drop),
+        b'm' => d::<u64>(table, key, sealed).map(drop),
+        _ => Err(StoreError::Corrupt {
+            table: table.name,
+            key: tables::printable(key),
+            reason: "no such table".into(),
+        }),
+    }
+}
+
+/// Calls `f` with every raw entry of the store, in key order, a page at a time.
+fn each_entry(store: &Store, mut f: impl FnMut(&[u8], &[u8])) -> Result<(), StoreError> {
+    let mut start: Vec<u8> = Vec::new();
+    loop {
+        let page = store.backend().range(&start, &[0xff; 16], 4_096)?;
+        let Some((last, _)) = page.last() else { return Ok(()) };
+        start = last.clone();
+        start.push(0);
+        for (k, v) in &page {
+            f(k, v);
+        }
+        if page.len() < 4_096 {
+            return Ok(());
+        }
+    }
+}
+
+/// Reads every record; counts the good ones per table and lists the bad ones.
+pub fn verify(store: &Store) -> Result<VerifyReport, StoreError> {
+    let mut report = VerifyReport::default();
+    each_entry(store, |key, sealed| match Table::of_key(key) {
+        None => report.bad.push(BadRecord {
+            table: "unknown",
+            key: tables::printable(key),
+            run_id: None,
+            error: "the key belongs to no table".into(),
+        }),
+        Some(table) => match check(table, key, sealed) {
+            Ok(()) => *report.records.entry(table.name).or_default() += 1,
+            Err(e) => report.bad.push(BadRecord {
+                table: table.name,
+                key: tables::printable(key),
+                run_id: run_of(table, key),
+                error: e.to_string(),
+            }),
+        },
+    })?;
+    Ok(report)
+}
+
+/// What `salvage` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SalvageReport {
+    /// Records copied per table (indexes rebuilt, not copied).
+    pub copied: BTreeMap<&'static str, u64>,
+    /// Runs whose own record was unreadable: gone, with every record of theirs.
+    pub lost_runs: Vec<String>,
+    /// Runs kept but missing a record: they arrive `Escalated{corrupt}` for a human.
+    pub damaged_runs: Vec<String>,
+    /// Every record that could not be read.
+    pub bad: Vec<BadRecord>,
+    /// The log went back in time: commits between these two sequence numbers were lost.
+    pub rolled_back: Option<(u64, u64)>,
+}
+
+/// Copies every readable record of `from` into the empty store `to`, rebuilding the indexes.
+/// The runs a rollback changed (see [`crate::witness`]) count as damaged: they are kept as
+/// the log holds them, escalated for a human.
+pub async fn salvage(
+    from: &Store,
+    to: &Store,
+    rollback: Option<&crate::witness::Rollback>,
+) -> Result<SalvageReport, StoreError> {
+    let verified = verify(from)?;
+    let mut damaged = verified.damaged_runs();
+    damaged.extend(rollback.iter().flat_map(|r| r.runs.iter().cloned()));
+    let mut report = SalvageReport {
+        bad: verified.bad.clone(),
+        rolled_back: rollback.map(|r| (r.found_seq, r.expected_seq)),
+        ..Default::default()
+    };
+    let mut runs: BTreeMap<String, RunRecord> = BTreeMap::new();
+    let mut kept: Vec<(Table, Vec<u8>, Vec<u8>)> = Vec::new();
+    each_entry(from, |key, sealed| {
+        let Some(table) = Table::of_key(key) else { return };
+        if check(table, key, sealed).is_err() || [b'o', b'k', b'd', b'm'].contains(&table.prefix) {
+            return;
+        }
+        if table.prefix == tables::RUNS.prefix
+            && let Ok(run) = crate::store::decode_sealed::<RunRecord>(table, key, sealed)
+        {
+            runs.insert(run.run_id.clone(), run);
+        } else {
+            kept.push((table, key.to_vec(), sealed.to_vec()));
+        }
+    })?;
+    report.lost_runs = damaged.iter().filter(|id| !runs.contains_key(*id)).cloned().collect();
+    let mut batch = Batch::new();
+    for (table, key, sealed) in kept {
+        // Records of a run whose own record is gone would be orphans: they go with it.
+        if run_of(table, &key).is_some_and(|id| !runs.contains_key(&id)) {
+            continue;
+        }
+        if table.prefix == tables::ALARMS.prefix
+            && let Ok(alarm) = crate::store::decode_sealed::<tables::AlarmRecord>(table, &key, &sealed)
+        {
+            batch.put(
+                tables::ALARM_DUE,
+                tables::alarm_due_key(alarm.due_at_ms, &alarm.run_id, &alarm.name),
+                &(),
+            )?;
+        }
+        batch.put_sealed(key, sealed);
+        *report.copied.entry(table.name).or_default() += 1;
+        if batch.len() >= COPY_BATCH_RECORDS {
+            to.commit(std::mem::take(&mut batch), Durability::Async).await?;
+        }
+    }
+    for (run_id, mut run) in runs {
+        if damaged.contains(&run_id) {
+            report.damaged_runs.push(run_id.clone());
+            if !run.status.is_terminal() {
+                run.status = RunStatus::Escalated { reason: "corrupt: records lost in salvage".into() };
+            }
+        }
+        batch.put(
+            tables::RUN_KEYS,
+            tables::RUN_KEYS.key(&[run.kind.as_bytes(), run.key.as_bytes()]),
+            &run.run_id,
+        )?;
+        if !run.status.is_terminal() {
+            batch.put(tables::OPEN_RUNS, tables::OPEN_RUNS.key(&[run_id.as_bytes()]), &())?;
+        }
+        batch.put(tables::RUNS, tables::RUNS.key(&[run_id.as_bytes()]), &run)?;
+        *report.copied.entry(tables::RUNS.name).or_default() += 1;
+        if batch.len() >= COPY_BATCH_RECORDS {
+            to.commit(std::mem::take(&mut batch), Durability::Async).await?;
+        }
+    }
+    to.commit(batch, Durability::Sync).await?;
+    Ok(report)
+}
+
+/// A store the engine cannot open at all: nothing can be copied, so every run the
+/// rollback witness knew of is listed as lost — the operator restores a backup.
+pub fn salvage_unopenable(dir: &Path, error: &StoreError) -> SalvageReport {
+    SalvageReport {
+        lost_runs: crate::witness::known_runs(dir),
+        bad: vec![BadRecord {
+            table: "engine",
+            key: dir.display().to_string(),
+            run_id: None,
+            error: error.to_string(),
+        }],
+        ..Default::default()
+    }
+}
+
+/// The first bytes of a backup file.
+const BACKUP_MAGIC: &[u8; 8] = b"DFBACKUP";
+/// The backup format this build writes and reads.
+const BACKUP_VERSION: u16 = 1;
+
+/// Every entry of the store as one consistent backup: the entries are read inside the
+/// writer thread, between two groups, so no commit is half in it.
+pub async fn backup_bytes(store: &Store) -> Result<Vec<u8>, StoreError> {
+    let entries = store.snapshot().await?;
+    let mut body = Vec::new();
+    body.extend_from_slice(BACKUP_MAGIC);
+    body.extend_from_slice(&BACKUP_VERSION.to_le_bytes());
+    body.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    for (k, v) in &entries {
+        body.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        body.extend_from_slice(k);
+        body.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        body.extend_from_slice(v);
+    }
+    let crc = crc32fast::hash(&body);
+    body.extend_from_slice(&crc.to_le_bytes());
+    Ok(body)
+}
+
+/// Writes a backup file durably: beside `out`, synced, then renamed into place.
+pub fn write_backup_file(bytes: &[u8], out: &Path) -> Result<(), StoreError> {
+    let io = |source| StoreError::Io { path: out.to_path_buf(), source };
+    let tmp = out.with_extension("partial");
+    let mut file = std::fs::File::create(&tmp).map_err(io)?;
+    file.write_all(bytes).and_then(|()| file.sync_all()).map_err(io)?;
+    std::fs::rename(&tmp, out).map_err(io)?;
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        crate::sled_backend::sync_dir(parent)?;
+    }
+    Ok(())
+}
+
+/// [`backup_bytes`] written to `out`; returns how many entries it holds.
+pub async fn backup(store: &Store, out: &Path) -> Result<u64, StoreError> {
+    let bytes = backup_bytes(store).await?;
+    write_backup_file(&bytes, out)?;
+    Ok(read_backup_bytes(&bytes, out)?.len() as u64)
+}
+
+/// Reads a backup file, checking its checksum and every record in it.
+pub fn read_backup(file: &Path) -> Result<crate::backend::Entries, StoreError> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)
+        .and_then(|mut f| f.read_to_end(&mut bytes))
+        .map_err(|source| StoreError::Io { path: file.to_path_buf(), source })?;
+    read_backup_bytes(&bytes, file)
+}
+
+/// Parses backup bytes (read from `file`, named in errors).
+fn read_backup_bytes(bytes: &[u8], file: &Path) -> Result<crate::backend::Entries, StoreError> {
+    let bad = |reason: &str| StoreError::Corrupt {
+        table: "backup",
+        key: file.display().to_string(),
+        reason: reason.into(),
+    };
+    if bytes.len() < 22 || &bytes[..8] != BACKUP_MAGIC {
+        return Err(bad("not a durafiber backup"));
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    let crc = u32::from_le_bytes(crc.try_into().map_err(|_| bad("short file"))?);
+    if crc32fast::hash(body) != crc {
+        return Err(bad("checksum mismatch: the file is damaged or incomplete"));
+    }
+    let version = u16::from_le_bytes([body[8], body[9]]);
+    if version != BACKUP_VERSION {
+        return Err(bad(&format!("backup format version {version}, this build reads {BACKUP_VERSION}")));
+    }
+    let mut at = 18usize;
+    let mut entries = Vec::new();
+    let take = |at: &mut usize| -> Result<Vec<u8>, StoreError> {
+        let len_end = at.checked_add(4).filter(|e| *e <= body.len()).ok_or_else(|| bad("truncated entry"))?;
+        let len =
+            u32::from_le_bytes(body[*at..len_end].try_into().map_err(|_| bad("truncated entry"))?) as usize;
+        let end =
+            len_end.checked_add(len).filter(|e| *e <= body.len()).ok_or_else(|| bad("truncated entry"))?;
+        *at = end;
+        Ok(body[len_end..end].to_vec())
+    };
+    while at < body.len() {
+        let key = take(&mut at)?;
+        let value = take(&mut at)?;
+        let table = Table::of_key(&key).ok_or_else(|| bad("an entry belongs to no table"))?;
+        check(table, &key, &value)?;
+        entries.push((key, value));
+    }
+    Ok(entries)
+}
+
+/// Restores a backup into the empty store `to`.
+pub async fn restore(file: &Path, to: &Store) -> Result<u64, StoreError> {
+    let entries = read_backup(file)?;
+    let count = entries.len() as u64;
+    let mut batch = Batch::new();
+    for (key, value) in entries {
+        batch.put_sealed(key, value);
+        if batch.len() >= COPY_BATCH_RECORDS {
+            to.commit(std::mem::take(&mut batch), Durability::Async).await?;
+        }
+    }
+    to.commit(batch, Durability::Sync).await?;
+    Ok(count)
+}

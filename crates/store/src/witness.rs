@@ -1,0 +1,132 @@
+//! The rollback witness. sled's log recovery stops at the first damaged message and drops
+//! everything after it *without an error*: a flipped byte in the log can take a store back
+//! in time, and every run written since would silently be older. Two things catch it:
+//!
+//! - every group commit also writes a commit sequence number (`meta`/`commit_seq`) in the
+//!   same atomic write, so the store knows how far it got;
+//! - a clean close writes `durafiber.witness` beside the store: that number, and a digest
+//!   of each run's records.
+//!
+//! Opening a store whose sequence number is below the witness's is refused with
+//! [`StoreError::RolledBack`], naming every run whose records differ from the witness — the
+//! runs the lost log tail changed. Writes after the last clean close are not covered: a
+//! backup is.
+
+use std::{collections::BTreeMap, path::Path};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Backend, StoreError, codec, envelope, tables};
+
+/// The key of the commit sequence number.
+pub fn seq_key() -> Vec<u8> {
+    tables::META.key(&[b"commit_seq"])
+}
+
+/// The witness file's name in the data directory.
+const FILE: &str = "durafiber.witness";
+/// The envelope key the witness is sealed under.
+const SEAL_KEY: &[u8] = b"durafiber.witness";
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Witness {
+    commit_seq: u64,
+    /// Run id → CRC-32 of its records (keys and sealed values, in key order).
+    runs: BTreeMap<String, u32>,
+}
+
+/// The commit sequence number the store holds (0 for a new store).
+pub fn stored_seq(backend: &dyn Backend) -> Result<u64, StoreError> {
+    match backend.get(&seq_key())? {
+        None => Ok(0),
+        Some(sealed) => crate::store::decode_sealed::<u64>(tables::META, &seq_key(), &sealed),
+    }
+}
+
+/// The run a key belongs to, for the digests.
+fn run_of(key: &[u8]) -> Option<&[u8]> {
+    let table = tables::Table::of_key(key)?;
+    let rest = key.get(1..)?;
+    let rest = if table.prefix == tables::ALARM_DUE.prefix { rest.get(8..)? } else { rest };
+    if [tables::RUN_KEYS.prefix, tables::META.prefix].contains(&table.prefix) {
+        return None;
+    }
+    rest.split(|b| *b == 0).next().filter(|id| !id.is_empty())
+}
+
+fn digests(backend: &dyn Backend) -> Result<BTreeMap<String, u32>, StoreError> {
+    let mut hashers: BTreeMap<String, crc32fast::Hasher> = BTreeMap::new();
+    for (key, value) in backend.range(&[], &[0xff; 16], usize::MAX)? {
+        if let Some(run) = run_of(&key) {
+            let h = hashers.entry(String::from_utf8_lossy(run).to_string()).or_default();
+            h.update(&key);
+            h.update(&value);
+        }
+    }
+    Ok(hashers.into_iter().map(|(run, h)| (run, h.finalize())).collect())
+}
+
+/// Writes the witness of a cleanly closed store.
+pub fn write(dir: &Path, backend: &dyn Backend) -> Result<(), StoreError> {
+    let witness = Witness { commit_seq: stored_seq(backend)?, runs: digests(backend)? };
+    let body = codec::encode(&witness).map_err(|reason| StoreError::Encode { table: "witness", reason })?;
+    let path = dir.join(FILE);
+    let tmp = dir.join(format!("{FILE}.partial"));
+    let io = |source| StoreError::Io { path: path.clone(), source };
+    std::fs::write(&tmp, envelope::seal(SEAL_KEY, &body)).map_err(io)?;
+    std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io)?;
+    std::fs::rename(&tmp, &path).map_err(io)?;
+    crate::sled_backend::sync_dir(dir)
+}
+
+/// Every run the witness knows of (at the last clean close): what a store that cannot be
+/// read at all has lost.
+pub fn known_runs(dir: &Path) -> Vec<String> {
+    let Ok(sealed) = std::fs::read(dir.join(FILE)) else { return Vec::new() };
+    envelope::open("witness", SEAL_KEY, &sealed)
+        .ok()
+        .and_then(|b| codec::decode::<Witness>(b).ok())
+        .map(|w| w.runs.into_keys().collect())
+        .unwrap_or_default()
+}
+
+/// What a rollback took: how far the store got, how far it had been, and the runs it changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Rollback {
+    /// The commit sequence number at the last clean close.
+    pub expected_seq: u64,
+    /// The one the store holds now.
+    pub found_seq: u64,
+    /// Runs whose records differ from the witness (changed, lost, or older).
+    pub runs: Vec<String>,
+}
+
+/// Compares the store with its witness; `Some` when the store went back in time.
+pub fn check(dir: &Path, backend: &dyn Backend) -> Result<Option<Rollback>, StoreError> {
+    let Ok(sealed) = std::fs::read(dir.join(FILE)) else { return Ok(None) };
+    // A damaged witness proves nothing either way: say so, and carry on.
+    let witness = match envelope::open("witness", SEAL_KEY, &sealed).and_then(|b| {
+        codec::decode::<Witness>(b).map_err(|reason| StoreError::Corrupt {
+            table: "witness",
+            key: FILE.into(),
+            reason,
+        })
+    }) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %e, "the rollback witness is unreadable; not checked");
+            return Ok(None);
+        }
+    };
+    let found_seq = stored_seq(backend)?;
+    if found_seq >= witness.commit_seq {
+        return Ok(None);
+    }
+    let now = digests(backend)?;
+    let mut runs: Vec<String> =
+        witness.runs.iter().filter(|(id, d)| now.get(*id) != Some(d)).map(|(id, _)| id.clone()).collect();
+    runs.extend(now.keys().filter(|id| !witness.runs.contains_key(*id)).cloned());
+    runs.sort();
+    runs.dedup();
+    Ok(Some(Rollback { expected_seq: witness.commit_seq, found_seq, runs }))
+}
