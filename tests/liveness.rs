@@ -457,3 +457,66 @@ async fn alarm_times_never_wrap_and_short_periods_keep_their_period() {
     assert_eq!(record.every_ms, Some(100));
     rt.shutdown().await;
 }
+
+/// Issue 10, point 9: recovery latency is measured from the moment the runtime decided to
+/// re-enter the run, not from when the runtime opened (it read 303 s in a soak).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_latency_counts_from_the_wake_not_from_the_runtime_opening() {
+    let rt = Runtime::builder(sim_store(&SimBackend::new()))
+        .virtual_clock(VirtualClock::new(EPOCH_MS))
+        .agent(Sleeper)
+        .agent(Steps::default())
+        .open()
+        .await
+        .expect("runtime");
+    // Real work first, so the runtime is old by the time the recovery happens.
+    for i in 0..100 {
+        let run =
+            rt.start::<Steps>(&format!("w{i}"), &StepsInput { steps: 5, pause_ms: 0 }).await.expect("start");
+        rt.wait(&run.run_id).await.expect("wait");
+    }
+    let run = rt.start::<Sleeper>("s", &()).await.expect("start").run_id;
+    rt.advance(Duration::ZERO).await.expect("advance");
+    rt.evict(&run).await;
+    rt.advance(Duration::ZERO).await.expect("advance");
+    let age_us = rt.since_open_us();
+    let latency = rt.metrics().recover_latency;
+    assert_eq!(latency.count, 1);
+    assert!(latency.max_us < age_us / 2, "recovery latency {} µs, runtime age {age_us} µs", latency.max_us);
+}
+
+/// Issue 10, point 5: the runtime's own alarm failures were counted in a process-wide static,
+/// so one runtime's broken store made another's alarms back off up to 1024 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_runtimes_alarm_failures_do_not_slow_another_runtime() {
+    let ticks = Arc::new(AtomicU32::new(0));
+    let open = |sim: &SimBackend, ticks: &Arc<AtomicU32>| {
+        let (sim, ticks) = (sim.clone(), ticks.clone());
+        async move {
+            Runtime::builder(sim_store(&sim))
+                .virtual_clock(VirtualClock::new(EPOCH_MS))
+                .agent(Ticker { ticks })
+                .open()
+                .await
+                .expect("runtime")
+        }
+    };
+    let (broken_sim, healthy_sim) = (SimBackend::new(), SimBackend::new());
+    let broken = open(&broken_sim, &Arc::new(AtomicU32::new(0))).await;
+    let healthy = open(&healthy_sim, &ticks).await;
+    for rt in [&broken, &healthy] {
+        let run = rt.start::<Ticker>("t", &()).await.expect("start").run_id;
+        rt.set_alarm(&run, "a", AlarmSpec::after(Duration::from_secs(1), &()).expect("spec"))
+            .await
+            .expect("set");
+    }
+    // The broken runtime fails delivery after delivery for an hour: its backoff grows.
+    broken_sim.crash();
+    let _ = broken.advance(Duration::from_secs(3600)).await;
+    // The healthy runtime's store blips once; its own backoff starts at one second.
+    healthy_sim.crash();
+    let _ = healthy.advance(Duration::from_secs(1)).await;
+    healthy_sim.revive();
+    healthy.advance(Duration::from_secs(5)).await.expect("advance");
+    assert_eq!(ticks.load(Ordering::SeqCst), 1, "delivered within seconds of the store's return");
+}
