@@ -8,10 +8,9 @@
 //! grace period on SIGTERM, and a restart finds every acknowledged run.
 
 use std::{
-    io::{BufRead, BufReader, Write},
-    net::SocketAddr,
+    io::Write,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -67,33 +66,15 @@ impl Drop for Tmpfs {
 }
 
 struct Server {
-    child: Child,
-    addr: SocketAddr,
+    served: common::Served,
     http: reqwest::Client,
 }
 
 impl Server {
     fn start(data: &Path, config: &Path) -> Server {
-        let mut child = Command::new(common::BIN)
-            .args(["serve", "--data"])
-            .arg(data)
-            .args(["--listen", "127.0.0.1:0", "--config"])
-            .arg(config)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let line = rx.recv_timeout(Duration::from_secs(60)).expect("the server announces its address");
-        let addr = line.strip_prefix("listening on ").expect("listening line").parse().expect("address");
+        let served = common::Served::start_with(data, &["--config".as_ref(), config.as_os_str()]);
         let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("client");
-        Server { child, addr, http }
+        Server { served, http }
     }
 
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
@@ -107,7 +88,7 @@ impl Server {
         body: Option<Value>,
         key: &str,
     ) -> (u16, Value) {
-        let mut req = self.http.request(method, format!("http://{}{path}", self.addr));
+        let mut req = self.http.request(method, self.served.url(path));
         if let Some(body) = body {
             req = req.header("Idempotency-Key", key).json(&body);
         }
@@ -127,13 +108,6 @@ impl Server {
             .as_object()
             .and_then(|o| o.keys().next().cloned())
             .unwrap_or_else(|| run["run"]["status"].as_str().unwrap_or("?").to_string())
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -201,8 +175,8 @@ async fn a_full_disk_refuses_new_work_parks_boundaries_and_resumes_when_space_re
     let mut server = server;
     let stopping = Instant::now();
     // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
-    let _ = server.child.wait();
+    unsafe { libc::kill(server.served.child.id() as i32, libc::SIGTERM) };
+    let _ = server.served.child.wait();
     assert!(stopping.elapsed() < Duration::from_secs(5), "SIGTERM took {:?}", stopping.elapsed());
     drop(server);
     std::fs::remove_file(fs.path().join("filler-3")).expect("free");

@@ -299,6 +299,25 @@ impl Shared {
         Ok(())
     }
 
+    /// One page of open run ids after `after` (a previous page's last key): the recovery
+    /// scan and the liveness check walk the open-run index with it. The page's last key
+    /// comes back for the next call; `None` on the last page.
+    pub fn open_runs_page(
+        &self,
+        after: Option<&[u8]>,
+    ) -> Result<(Vec<String>, Option<Vec<u8>>), RuntimeError> {
+        let page = self.store.scan::<()>(
+            tables::OPEN_RUNS,
+            &[tables::OPEN_RUNS.prefix],
+            after,
+            crate::limits::RECOVERY_SCAN_PAGE_MAX,
+        )?;
+        let full = page.len() == crate::limits::RECOVERY_SCAN_PAGE_MAX;
+        let next = if full { page.last().map(|(k, _)| k.clone()) } else { None };
+        let ids = page.iter().map(|(key, _)| String::from_utf8_lossy(&key[1..]).to_string()).collect();
+        Ok((ids, next))
+    }
+
     pub fn next_seq(&self, cell: &RunCell) -> u64 {
         cell.seq.fetch_add(1, Ordering::SeqCst) + 1
     }

@@ -19,10 +19,16 @@ pub struct Served {
 
 impl Served {
     pub fn start(data: &Path) -> Served {
+        Served::start_with(data, &[])
+    }
+
+    /// `serve` with more arguments (`--config FILE`).
+    pub fn start_with(data: &Path, extra: &[&std::ffi::OsStr]) -> Served {
         let mut child = Command::new(BIN)
             .args(["serve", "--data"])
             .arg(data)
             .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

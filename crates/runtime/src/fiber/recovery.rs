@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use durafiber_store::tables::{self, RunRecord, RunStatus, WakeReason};
+use durafiber_store::tables::{RunRecord, RunStatus, WakeReason};
 
 use crate::{RecoveryReason, RuntimeError, limits, shared::Shared};
 
@@ -63,16 +63,8 @@ pub(crate) async fn scan_and_reactivate(shared: &Arc<Shared>) -> Result<usize, R
     let mut after: Option<Vec<u8>> = None;
     let mut found = 0;
     loop {
-        let page = shared.store.scan::<()>(
-            tables::OPEN_RUNS,
-            &[tables::OPEN_RUNS.prefix],
-            after.as_deref(),
-            limits::RECOVERY_SCAN_PAGE_MAX,
-        )?;
-        let Some((last, _)) = page.last() else { break };
-        after = Some(last.clone());
-        for (key, _) in &page {
-            let run_id = String::from_utf8_lossy(&key[1..]).to_string();
+        let (ids, next) = shared.open_runs_page(after.as_deref())?;
+        for run_id in ids {
             match shared.load_run(&run_id) {
                 Ok(run) if matches!(run.status, RunStatus::Accepted | RunStatus::Running) => {
                     found += 1;
@@ -85,8 +77,9 @@ pub(crate) async fn scan_and_reactivate(shared: &Arc<Shared>) -> Result<usize, R
                 }
             }
         }
-        if page.len() < limits::RECOVERY_SCAN_PAGE_MAX {
-            break;
+        match next {
+            Some(last) => after = Some(last),
+            None => break,
         }
     }
     Ok(found)

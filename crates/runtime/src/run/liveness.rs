@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use durafiber_store::tables::{self, AlarmRecord, ApprovalRecord, RunStatus};
 use serde::Serialize;
 
-use crate::{RuntimeError, limits, shared::Shared};
+use crate::{RuntimeError, shared::Shared};
 
 /// An open run that nothing will move: no fiber, no durable wait, no wake.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -46,16 +46,8 @@ pub(crate) fn check(shared: &Shared) -> Result<Vec<LivenessViolation>, RuntimeEr
     let mut violations = Vec::new();
     let mut after: Option<Vec<u8>> = None;
     loop {
-        let page = shared.store.scan::<()>(
-            tables::OPEN_RUNS,
-            &[tables::OPEN_RUNS.prefix],
-            after.as_deref(),
-            limits::RECOVERY_SCAN_PAGE_MAX,
-        )?;
-        let Some((last, _)) = page.last() else { break };
-        after = Some(last.clone());
-        for (key, _) in &page {
-            let run_id = String::from_utf8_lossy(&key[1..]).to_string();
+        let (ids, next) = shared.open_runs_page(after.as_deref())?;
+        for run_id in ids {
             let Ok(run) = shared.load_run(&run_id) else { continue };
             if run.status.is_terminal() || woken.contains(&run_id) {
                 continue;
@@ -66,8 +58,9 @@ pub(crate) fn check(shared: &Shared) -> Result<Vec<LivenessViolation>, RuntimeEr
             }
             violations.push(LivenessViolation { run_id, status: run.status, live: live.is_some() });
         }
-        if page.len() < limits::RECOVERY_SCAN_PAGE_MAX {
-            break;
+        match next {
+            Some(last) => after = Some(last),
+            None => break,
         }
     }
     Ok(violations)
