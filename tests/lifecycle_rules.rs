@@ -221,6 +221,8 @@ async fn forced_hibernation_stops_only_a_run_without_a_fiber() {
     rt.advance(Duration::ZERO).await.expect("advance");
     rt.cancel(&done, "stop").await.expect("cancel");
     rt.wait(&done).await.expect("wait");
+    // The status is written before the fiber's task has ended: let it end.
+    rt.advance(Duration::ZERO).await.expect("advance");
     rt.keep_alive(&done).await.expect("activate").release();
     rt.hibernate(&busy).await;
     rt.hibernate(&done).await;
