@@ -66,10 +66,10 @@ fn a_sigkill_in_the_first_30_ms_never_leaves_the_store_unopenable() {
     println!("seed {seed}");
     let mut rng = SeededRng::new(seed);
     let dir = tempfile::tempdir().expect("tempdir");
-    // A non-empty store first: a few hundred milliseconds of writes.
+    // A non-empty store first: 150 ms of writes.
     let mut acked: HashSet<(u32, u64)> =
-        write_then_kill(dir.path(), 0, Duration::from_millis(400)).into_iter().collect();
-    assert!(!acked.is_empty(), "the writer acknowledged nothing in 400 ms");
+        write_then_kill(dir.path(), 0, Duration::from_millis(150)).into_iter().collect();
+    assert!(!acked.is_empty(), "the writer acknowledged nothing in 150 ms");
     let mut next_seq = 1_000_000;
     for round in 0..300 {
         let after = Duration::from_millis(rng.between(0, 30));

@@ -331,7 +331,18 @@ impl Store {
     pub fn get<T: DeserializeOwned>(&self, table: Table, key: &[u8]) -> Result<Option<T>, StoreError> {
         match self.inner.backend.get(key)? {
             None => Ok(None),
-            Some(sealed) => decode_sealed(table, key, &sealed).map(Some),
+            Some(sealed) => decode_sealed(table, key, &sealed).map(Some).map_err(|e| self.located(e)),
+        }
+    }
+
+    /// A bad record's error names the store it was read from, beside its table and key.
+    fn located(&self, e: StoreError) -> StoreError {
+        let place = self.inner.backend.location();
+        match e {
+            StoreError::Corrupt { table, key, reason } => {
+                StoreError::Corrupt { table, key, reason: format!("{reason} (store {})", place.display()) }
+            }
+            other => other,
         }
     }
 
@@ -357,7 +368,7 @@ impl Store {
         Ok(rows
             .into_iter()
             .map(|(k, v)| {
-                let decoded = decode_sealed(table, &k, &v);
+                let decoded = decode_sealed(table, &k, &v).map_err(|e| self.located(e));
                 (k, decoded)
             })
             .collect())
