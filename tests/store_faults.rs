@@ -66,15 +66,25 @@ fn a_sigkill_in_the_first_30_ms_never_leaves_the_store_unopenable() {
     println!("seed {seed}");
     let mut rng = SeededRng::new(seed);
     let dir = tempfile::tempdir().expect("tempdir");
-    // A non-empty store first: 150 ms of writes.
-    let mut acked: HashSet<(u32, u64)> =
-        write_then_kill(dir.path(), 0, Duration::from_millis(150)).into_iter().collect();
-    assert!(!acked.is_empty(), "the writer acknowledged nothing in 150 ms");
-    let mut next_seq = 1_000_000;
+    // A non-empty store first: writes until some are acknowledged (a loaded machine may
+    // take a while to start the child).
+    let mut acked: HashSet<(u32, u64)> = HashSet::new();
+    for attempt in 1..=20u64 {
+        acked.extend(write_then_kill(
+            dir.path(),
+            attempt * 100_000_000,
+            Duration::from_millis(150 * attempt),
+        ));
+        if !acked.is_empty() {
+            break;
+        }
+    }
+    assert!(!acked.is_empty(), "the writer acknowledged nothing");
+    let mut next_seq = 10_000_000_000;
     for round in 0..300 {
         let after = Duration::from_millis(rng.between(0, 30));
         acked.extend(write_then_kill(dir.path(), next_seq, after));
-        next_seq += 1_000_000;
+        next_seq += 100_000_000;
         let store = Store::open_dir(dir.path(), StoreConfig::default()).unwrap_or_else(|e| {
             panic!("seed {seed}, round {round}: the store did not open after a kill at {after:?}: {e}")
         });
