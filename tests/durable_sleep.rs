@@ -98,6 +98,8 @@ async fn a_sleep_survives_a_crash_and_keeps_its_original_wake_time() {
     rt.advance(Duration::from_secs(60)).await.expect("advance");
     sim.crash();
     rt.shutdown().await;
+    // Four days pass while the process is down. The old runtime object is still here: what
+    // of it its shutdown left in flight must write nothing, as a dead process writes nothing.
     sim.revive();
     clock.set(clock.now_ms() + 4 * 24 * 3_600_000);
     let rt = open(&sim, &clock).await;

@@ -144,6 +144,22 @@ pub enum Command {
         #[command(flatten)]
         target: Target,
     },
+    /// Send an external event to a run (for its `wait_for_event`).
+    SendEvent {
+        /// The run's handle.
+        run_id: String,
+        /// The event's name.
+        name: String,
+        /// The payload, as JSON.
+        #[arg(long, default_value = "null")]
+        payload: String,
+        /// An idempotency key: the same key twice is delivered once.
+        #[arg(long)]
+        key: Option<String>,
+        /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
+    },
     /// Ask a run to stop.
     Cancel {
         /// The run's handle.

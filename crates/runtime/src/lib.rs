@@ -7,7 +7,7 @@
 //!   `actor` (one inbound event at a time).
 //! - `fiber/`: `ctx` (what user code calls), `stash`, `recovery` (interrupted runs).
 //! - `effect`: the idempotency ledger. `approval`: durable human pauses. `sleep`: durable
-//!   sleeps.
+//!   sleeps. `event`: durable external events.
 //! - `alarm/`: named durable alarms, the bounded scheduler window, delivery with retries.
 //! - `eviction/`: hibernation, eviction, keep-alive guards.
 //! - [`clock`]: the only source of time. `limits`: every default and maximum.
@@ -20,6 +20,7 @@ pub mod clock;
 mod config;
 mod effect;
 mod error;
+mod event;
 mod events;
 mod eviction;
 mod fiber;
@@ -39,6 +40,7 @@ pub use approval::{ApproveOutcome, PendingApproval};
 pub use config::{DurabilityMode, RuntimeConfig, parse_bytes, parse_range};
 pub use durafiber_store::tables::{Decision, RunOptions, RunRecord, RunStatus};
 pub use error::{AgentError, RuntimeError};
+pub use event::SendOutcome;
 pub use events::Event;
 pub use eviction::keep_alive::KeepAlive;
 pub use fiber::ctx::Ctx;

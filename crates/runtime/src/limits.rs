@@ -44,6 +44,10 @@ pub const BARRIER_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 /// After SIGTERM, requests get this long to finish and the store this long to close: a
 /// server stops within twice this, whatever the disk does.
 pub const STOP_GRACE: Duration = Duration::from_secs(2);
+/// Undelivered events one run may hold; a send past it is refused.
+pub const EVENT_BUFFER_MAX: usize = 1_000;
+/// Bytes of undelivered events one run may hold.
+pub const EVENT_BUFFER_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Lock stripes that serialize activation, hibernation and eviction per run.
 pub const ACTIVATION_STRIPES: usize = 64;
 /// Alarms the scheduler keeps in memory; the rest wait in the store's due index.

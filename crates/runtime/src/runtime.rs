@@ -123,6 +123,7 @@ impl RuntimeBuilder {
             opened: Stopwatch::start(),
             alarm_runtime_failures: std::sync::atomic::AtomicU32::new(0),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
+            closed: std::sync::atomic::AtomicBool::new(false),
             busy: tokio::sync::watch::Sender::new(0),
             woken: tokio::sync::watch::Sender::new(0),
             passive: self.passive,
@@ -513,6 +514,30 @@ impl Runtime {
         }
     }
 
+    /// Sends the external event `name` to a run (durably buffered, FIFO per name); a repeat
+    /// with the same `idempotency_key` is a `Duplicate`, delivered once.
+    pub async fn send_event<T: Serialize>(
+        &self,
+        run_id: &str,
+        name: &str,
+        payload: &T,
+        idempotency_key: Option<&str>,
+    ) -> Result<crate::SendOutcome, RuntimeError> {
+        let json = json::canonical(payload).map_err(RuntimeError::InvalidInput)?;
+        self.send_event_json(run_id, name, &json, idempotency_key).await
+    }
+
+    /// `send_event` with a JSON payload.
+    pub async fn send_event_json(
+        &self,
+        run_id: &str,
+        name: &str,
+        payload_json: &str,
+        idempotency_key: Option<&str>,
+    ) -> Result<crate::SendOutcome, RuntimeError> {
+        crate::event::send(&self.shared, run_id, name, payload_json, idempotency_key).await
+    }
+
     /// Records a human's decision (§6.2). Accepted only for a pending pause with exactly this
     /// payload hash; the same decision twice is a no-op, a different one `AlreadyDecided`.
     pub async fn approve(
@@ -681,6 +706,7 @@ impl Runtime {
             }
         }
         let _ = self.shared.store.barrier().await;
+        self.shared.closed.store(true, Ordering::SeqCst);
     }
 
     /// Runs re-activated at open, for recovery benchmarks: the time since open, µs.

@@ -41,6 +41,8 @@ pub(crate) struct RunCell {
     pub cancel: watch::Sender<Option<String>>,
     /// A fiber waiting in `request_approval`: the approval id and where to send the decision.
     pub approval_waiter: Mutex<Option<(String, oneshot::Sender<ApprovalOutcome>)>>,
+    /// A fiber waiting in `wait_for_event`: the event's name and where to say one came.
+    pub event_waiter: Mutex<Option<(String, oneshot::Sender<WakeToken>)>>,
     /// The running fiber's task, aborted on eviction. The fiber's own task clears it as its
     /// last step, before it schedules any wake, so a wake never finds a finished fiber here.
     pub fiber: Mutex<Option<tokio::task::AbortHandle>>,
@@ -112,6 +114,9 @@ pub(crate) struct Shared {
     /// Consecutive failures of the runtime itself while delivering alarms (§8.4).
     pub alarm_runtime_failures: std::sync::atomic::AtomicU32,
     pub shutting_down: std::sync::atomic::AtomicBool,
+    /// Set when `shutdown` has finished: a task of this runtime still in flight (a timer that
+    /// fires later, an aborted fiber between two polls) writes nothing after it.
+    pub closed: std::sync::atomic::AtomicBool,
     /// Work in progress that virtual time must wait for: fibers not parked on the clock or
     /// a human, and events on their way to an actor.
     pub busy: watch::Sender<u64>,
@@ -261,6 +266,9 @@ impl Shared {
         F: FnOnce(&mut tables::RunRecord, &mut Batch) -> Result<bool, RuntimeError>,
     {
         let _guard = self.run_locks[stripe(run_id, self.run_locks.len())].lock().await;
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(RuntimeError::ShuttingDown);
+        }
         let mut run = self.load_run(run_id)?;
         let mut batch = Batch::new();
         if !change(&mut run, &mut batch)? {
@@ -284,6 +292,9 @@ impl Shared {
         batch: Batch,
         durability: Durability,
     ) -> Result<(), RuntimeError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(RuntimeError::ShuttingDown);
+        }
         if !cell.recovering.load(Ordering::SeqCst) {
             self.store.commit(batch, durability).await?;
             return Ok(());

@@ -77,6 +77,9 @@ fn check(table: Table, key: &[u8], sealed: &[u8]) -> Result<(), StoreError> {
         b'x' => d::<tables::DeadLetter>(table, key, sealed).map(drop),
         b'w' => d::<tables::SleepRecord>(table, key, sealed).map(drop),
         b'm' => d::<u64>(table, key, sealed).map(drop),
+        b'e' => d::<tables::EventRecord>(table, key, sealed).map(drop),
+        b'i' => d::<()>(table, key, sealed),
+        b'v' => d::<tables::EventWaitRecord>(table, key, sealed).map(drop),
         _ => Err(StoreError::Corrupt {
             table: table.name,
             key: tables::printable(key),

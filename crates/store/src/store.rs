@@ -374,6 +374,17 @@ impl Store {
             .collect())
     }
 
+    /// Up to `limit` keys with `prefix` and the sizes of their values.
+    pub fn keys_and_sizes(&self, prefix: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, usize)>, StoreError> {
+        Ok(self
+            .inner
+            .backend
+            .range(prefix, &prefix_end(prefix), limit)?
+            .into_iter()
+            .map(|(k, v)| (k, v.len()))
+            .collect())
+    }
+
     /// Raw keys in `[start, end)`, for indexes whose keys carry all the information.
     pub fn keys_between(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Vec<u8>>, StoreError> {
         Ok(self.inner.backend.range(start, end, limit)?.into_iter().map(|(k, _)| k).collect())

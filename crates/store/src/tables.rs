@@ -45,14 +45,34 @@ pub const ALARMS: Table = Table { name: "alarms", prefix: b'a' };
 pub const ALARM_DUE: Table = Table { name: "alarm_due", prefix: b'd' };
 /// Abandoned alarms.
 pub const DEAD_LETTERS: Table = Table { name: "dead_letters", prefix: b'x' };
+/// External events sent to a run and not consumed yet, FIFO per name.
+pub const EVENTS: Table = Table { name: "events", prefix: b'e' };
+/// Idempotency keys of sent events, so a repeat is a `Duplicate`, delivered once.
+pub const EVENT_KEYS: Table = Table { name: "event_keys", prefix: b'i' };
+/// The journal of event waits: what each wait returned, so a re-entry returns it again.
+pub const EVENT_WAITS: Table = Table { name: "event_waits", prefix: b'v' };
 /// The store's own bookkeeping (the commit sequence number of the rollback witness).
 pub const META: Table = Table { name: "meta", prefix: b'm' };
 /// Durable sleeps by run and name: the journal that makes a sleep wake once, at its time.
 pub const SLEEPS: Table = Table { name: "sleeps", prefix: b'w' };
 
 /// Every table, for inspection and tests.
-pub const ALL: [Table; 11] =
-    [RUNS, RUN_KEYS, OPEN_RUNS, STASHES, LEDGER, APPROVALS, ALARMS, ALARM_DUE, DEAD_LETTERS, SLEEPS, META];
+pub const ALL: [Table; 14] = [
+    RUNS,
+    RUN_KEYS,
+    OPEN_RUNS,
+    STASHES,
+    LEDGER,
+    APPROVALS,
+    ALARMS,
+    ALARM_DUE,
+    DEAD_LETTERS,
+    SLEEPS,
+    META,
+    EVENTS,
+    EVENT_KEYS,
+    EVENT_WAITS,
+];
 
 impl Table {
     /// The full key of a record whose key parts are `parts`.
@@ -223,6 +243,11 @@ pub enum RunStatus {
         /// Why (`approval_timeout`, `corrupt`, `max_recover_attempts`, `max_age`, ...).
         reason: String,
     },
+    /// The fiber waits for an external event (`ctx.wait_for_event`).
+    WaitingEvent {
+        /// The event it waits for.
+        name: String,
+    },
 }
 
 impl RunStatus {
@@ -244,6 +269,7 @@ impl RunStatus {
             RunStatus::Running => "running",
             RunStatus::WaitingApproval { .. } => "waiting_approval",
             RunStatus::WaitingAlarm { .. } => "waiting_alarm",
+            RunStatus::WaitingEvent { .. } => "waiting_event",
             RunStatus::Completed { .. } => "completed",
             RunStatus::Failed { .. } => "failed",
             RunStatus::Cancelled { .. } => "cancelled",
@@ -364,6 +390,32 @@ pub enum SystemAlarm {
         /// The sleep's name.
         name: String,
     },
+    /// End a run's wait for an event that did not come in time.
+    EventTimeout {
+        /// The event's name.
+        name: String,
+    },
+}
+
+/// An external event waiting for its run's fiber.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord {
+    /// The event's payload, as canonical JSON.
+    pub payload_json: String,
+    /// The sender's idempotency key, if it gave one.
+    pub idempotency_key: Option<String>,
+    /// When it was sent.
+    pub sent_at_ms: u64,
+}
+
+/// One wait of a fiber for an event: when it gives up, and what it got.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventWaitRecord {
+    /// When the wait times out, if it does.
+    pub timeout_at_ms: Option<u64>,
+    /// `None` while waiting; `Some(None)` when it timed out; `Some(Some(payload))` when an
+    /// event arrived.
+    pub result: Option<Option<String>>,
 }
 
 /// A durable sleep (`ctx.sleep_for`): its wake time is fixed when first asked for, so a

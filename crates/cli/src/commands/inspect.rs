@@ -96,6 +96,27 @@ pub async fn approve(
     }
 }
 
+/// `send-event`.
+pub async fn send_event(
+    target: &Target,
+    run_id: &str,
+    name: &str,
+    payload_json: &str,
+    key: Option<&str>,
+) -> anyhow::Result<Value> {
+    let payload: Value = serde_json::from_str(payload_json).context("--payload is not JSON")?;
+    match source(target).await? {
+        Source::Server(c) => {
+            let body = json!({"payload": payload, "idempotency_key": key});
+            c.post(&format!("/runs/{run_id}/events/{name}"), &body, None).await
+        }
+        Source::Direct(rt) => {
+            let outcome = rt.send_event_json(run_id, name, &payload.to_string(), key).await?;
+            to_json(json!({"run_id": run_id, "name": name, "outcome": outcome}))
+        }
+    }
+}
+
 /// `cancel`.
 pub async fn cancel(target: &Target, run_id: &str, reason: &str) -> anyhow::Result<Value> {
     match source(target).await? {

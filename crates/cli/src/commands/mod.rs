@@ -72,6 +72,9 @@ pub async fn run(command: Command) -> anyhow::Result<i32> {
             let decision = Decision { approved: !reject, comment };
             print_json(&inspect::approve(&target, &run_id, &approval_id, &hash, decision).await?)
         }
+        Command::SendEvent { run_id, name, payload, key, target } => {
+            print_json(&inspect::send_event(&target, &run_id, &name, &payload, key.as_deref()).await?)
+        }
         Command::Cancel { run_id, reason, target } => {
             print_json(&inspect::cancel(&target, &run_id, &reason).await?)
         }

@@ -165,6 +165,27 @@ async fn message(State(app): State<AppState>, Path(run_id): Path<String>, body: 
     ok(json!({"run_id": run_id, "handled": true}))
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventBody {
+    #[serde(default)]
+    payload: Value,
+    idempotency_key: Option<String>,
+}
+
+async fn send_event(
+    State(app): State<AppState>,
+    Path((run_id, name)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult {
+    let body: EventBody = parse(&body)?;
+    let outcome = app
+        .runtime
+        .send_event_json(&run_id, &name, &body.payload.to_string(), body.idempotency_key.as_deref())
+        .await?;
+    ok(json!({"run_id": run_id, "name": name, "outcome": outcome}))
+}
+
 async fn approvals(State(app): State<AppState>) -> ApiResult {
     ok(app.runtime.pending_approvals(None)?)
 }
@@ -277,6 +298,7 @@ pub fn router(state: AppState) -> Router {
         .route("/runs/{id}", get(show))
         .route("/runs/{id}/cancel", post(cancel))
         .route("/runs/{id}/messages", post(message))
+        .route("/runs/{id}/events/{name}", post(send_event))
         .route("/runs/{id}/approvals/{approval_id}", post(approve))
         .route("/runs/{id}/alarms", get(alarms))
         .route("/runs/{id}/alarms/{name}", put(set_alarm).delete(cancel_alarm))

@@ -13,7 +13,7 @@ use durafiber_store::{
 };
 
 use crate::{
-    AgentError, AlarmEvent, ExhaustedAction, RuntimeError, approval, fiber, limits, metrics::Metrics,
+    AgentError, AlarmEvent, ExhaustedAction, RuntimeError, approval, event, fiber, limits, metrics::Metrics,
     run::actor::RunMsg, runtime, shared::Shared, sleep,
 };
 
@@ -100,6 +100,12 @@ async fn deliver(
     match &alarm.system {
         Some(SystemAlarm::EscalateApproval { approval_id }) => {
             return approval::on_escalation_alarm(shared, run_id, approval_id).await;
+        }
+        Some(SystemAlarm::EventTimeout { name }) => {
+            if event::on_timeout_alarm(shared, run_id, name, alarm.due_at_ms).await? {
+                runtime::reactivate(shared, run_id).await;
+            }
+            return Ok(());
         }
         Some(SystemAlarm::WakeSleep { name }) => {
             if sleep::on_wake_alarm(shared, run_id, name, alarm.due_at_ms).await? {

@@ -302,6 +302,7 @@ pub(crate) async fn evict(shared: &Arc<Shared>, run_id: &str, why: &str) {
         fiber.abort();
     }
     live.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).take();
+    live.cell.event_waiter.lock().unwrap_or_else(|p| p.into_inner()).take();
     let _ = live.actor.kill_and_wait(None).await;
     shared.liveness.remove(run_id);
     Metrics::bump(&shared.metrics.evictions);

@@ -159,6 +159,38 @@ impl<A: Agent> Ctx<A> {
         crate::sleep::sleep(&mut self.raw, name, crate::AlarmAt::AtMs(at_ms)).await
     }
 
+    /// Waits durably for the external event `name` (sent with `Runtime::send_event`): the run
+    /// is `Waiting{event}` meanwhile and may be evicted. `None` when `timeout` passes first.
+    /// The result is journaled under `name`: re-entered, the call returns it again at once,
+    /// so give each wait of a run its own name (`"payment:2"`).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use durafiber_runtime::{Agent, AgentError, Ctx};
+    /// # struct Checkout;
+    /// # impl Agent for Checkout {
+    /// #     const KIND: &'static str = "checkout";
+    /// #     type Input = ();
+    /// #     type Stash = ();
+    /// #     type Output = bool;
+    /// #     type Message = ();
+    /// async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<bool, AgentError> {
+    ///     let paid: Option<String> = ctx.wait_for_event("paid", Some(Duration::from_secs(3600))).await?;
+    ///     Ok(paid.is_some())
+    /// }
+    /// # }
+    /// ```
+    pub async fn wait_for_event<T: DeserializeOwned>(
+        &mut self,
+        name: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Option<T>, AgentError> {
+        match crate::event::wait(&mut self.raw, name, timeout).await? {
+            Some(payload) => Ok(Some(json::parse(&payload).map_err(AgentError::Serialization)?)),
+            None => Ok(None),
+        }
+    }
+
     /// Sleeps on the runtime's clock. This is an in-memory wait: an interruption loses it,
     /// and recovery re-enters the last boundary. [`Ctx::sleep_for`] is the durable one.
     pub async fn sleep(&self, d: Duration) {

@@ -80,6 +80,16 @@ fn parked(shared: &Shared, run: &tables::RunRecord) -> Result<bool, RuntimeError
             return Ok(true);
         }
     }
+    if let RunStatus::WaitingEvent { name } = &run.status {
+        let key = tables::EVENT_WAITS.key(&[id, name.as_bytes()]);
+        let waiting = shared
+            .store
+            .get::<tables::EventWaitRecord>(tables::EVENT_WAITS, &key)?
+            .is_some_and(|w| w.result.is_none());
+        if waiting {
+            return Ok(true);
+        }
+    }
     let prefix = tables::ALARMS.prefix_of(&[id]);
     Ok(!shared.store.scan::<AlarmRecord>(tables::ALARMS, &prefix, None, 1)?.is_empty())
 }

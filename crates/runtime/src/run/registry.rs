@@ -107,6 +107,7 @@ impl Registry {
             seq: AtomicU64::new(stash.map(|s| s.seq).unwrap_or(0)),
             cancel: watch::Sender::new(run.cancel_reason.clone()),
             approval_waiter: Mutex::new(None),
+            event_waiter: Mutex::new(None),
             fiber: Mutex::new(None),
             recovering: AtomicBool::new(false),
             pending_exit: Mutex::new(None),

@@ -1,0 +1,315 @@
+//! Durable external events: `Runtime::send_event` from outside, `ctx.wait_for_event` in the
+//! fiber (a durable wait, `Waiting{event}`).
+//!
+//! An event is buffered durably first (FIFO per name, bounded), then handed to its waiter.
+//! A wait consumes the oldest buffered event of its name in the same boundary that journals
+//! the result under the wait's name, so a re-entered fiber gets the same answer without
+//! waiting again, and an event is seen once however often the run is interrupted. The same
+//! idempotency key twice is a `Duplicate`, delivered once. A timeout is a system alarm, so
+//! a wait whose fiber was lost still ends on time.
+//!
+//! Wait lifecycle: absent → `EventWaitRecord{result: None}` + `Waiting{event}` (+ its timeout
+//! alarm) → `result: Some(event or timed out)`, `Running`.
+
+use std::{sync::Arc, time::Duration};
+
+use durafiber_store::{
+    Batch,
+    tables::{self, AlarmRecord, EventRecord, EventWaitRecord, RunStatus, SystemAlarm, WakeReason},
+};
+use serde::Serialize;
+use tokio::sync::oneshot;
+
+use crate::{AgentError, AlarmAt, RuntimeError, alarm, fiber::ctx::RawCtx, json, limits, shared::Shared};
+
+/// What `send_event` did with an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SendOutcome {
+    /// A wait for it was pending: the run has it now (or will as soon as it is re-entered).
+    Delivered,
+    /// Nobody waits for it yet: kept, in order, until a wait of that name takes it.
+    Buffered,
+    /// Its idempotency key was seen before: nothing new was delivered.
+    Duplicate,
+}
+
+fn timeout_alarm_name(name: &str) -> String {
+    format!("event:{name}")
+}
+
+fn wait_key(run_id: &str, name: &str) -> Vec<u8> {
+    tables::EVENT_WAITS.key(&[run_id.as_bytes(), name.as_bytes()])
+}
+
+/// The oldest buffered event of `name`, with its key.
+fn oldest(shared: &Shared, run_id: &str, name: &str) -> Result<Option<(Vec<u8>, EventRecord)>, RuntimeError> {
+    let prefix = tables::EVENTS.prefix_of(&[run_id.as_bytes(), name.as_bytes()]);
+    match shared.store.scan::<EventRecord>(tables::EVENTS, &prefix, None, 1)?.into_iter().next() {
+        Some((key, record)) => Ok(Some((key, record?))),
+        None => Ok(None),
+    }
+}
+
+/// Every buffered event of a run: (count, bytes, the next sequence number for `name`).
+fn buffered(shared: &Shared, run_id: &str, name: &str) -> Result<(usize, usize, u64), RuntimeError> {
+    let prefix = tables::EVENTS.prefix_of(&[run_id.as_bytes()]);
+    let same_name = tables::EVENTS.prefix_of(&[run_id.as_bytes(), name.as_bytes()]);
+    let (mut count, mut bytes, mut next_seq) = (0, 0, 1u64);
+    for (key, value) in shared.store.keys_and_sizes(&prefix, limits::EVENT_BUFFER_MAX + 1)? {
+        count += 1;
+        bytes += value;
+        if key.starts_with(&same_name) && key.len() >= same_name.len() + 8 {
+            let tail: [u8; 8] = key[key.len() - 8..].try_into().unwrap_or([0; 8]);
+            next_seq = next_seq.max(u64::from_be_bytes(tail).saturating_add(1));
+        }
+    }
+    Ok((count, bytes, next_seq))
+}
+
+/// Sends an event to a run (see the module's lifecycle).
+pub(crate) async fn send(
+    shared: &Arc<Shared>,
+    run_id: &str,
+    name: &str,
+    payload_json: &str,
+    idempotency_key: Option<&str>,
+) -> Result<SendOutcome, RuntimeError> {
+    tables::check_id("event name", name).map_err(RuntimeError::InvalidInput)?;
+    if let Some(key) = idempotency_key {
+        tables::check_id("event idempotency key", key).map_err(RuntimeError::InvalidInput)?;
+    }
+    if payload_json.len() > limits::PAYLOAD_BYTES_MAX {
+        return Err(RuntimeError::InvalidInput(format!(
+            "event payload is over {} bytes",
+            limits::PAYLOAD_BYTES_MAX
+        )));
+    }
+    let payload_json = json::recanonicalize(payload_json).map_err(RuntimeError::InvalidInput)?;
+    // Events and decisions of one run are written one at a time.
+    let _one_at_a_time = shared.approve_lock(run_id).await;
+    let run = shared.load_run(run_id)?;
+    if run.status.is_terminal() {
+        return Err(RuntimeError::RunFinished { run_id: run_id.into(), state: run.status.name().into() });
+    }
+    let dedupe_key = idempotency_key.map(|k| tables::EVENT_KEYS.key(&[run_id.as_bytes(), k.as_bytes()]));
+    if let Some(key) = &dedupe_key
+        && shared.store.get::<()>(tables::EVENT_KEYS, key)?.is_some()
+    {
+        return Ok(SendOutcome::Duplicate);
+    }
+    let (count, bytes, seq) = buffered(shared, run_id, name)?;
+    if count >= limits::EVENT_BUFFER_MAX || bytes + payload_json.len() > limits::EVENT_BUFFER_BYTES_MAX {
+        return Err(RuntimeError::InvalidInput(format!(
+            "run {run_id} already holds {count} undelivered events ({bytes} bytes): the buffer is full"
+        )));
+    }
+    let record = EventRecord {
+        payload_json,
+        idempotency_key: idempotency_key.map(str::to_string),
+        sent_at_ms: shared.now_ms(),
+    };
+    let waiting = run.status == (RunStatus::WaitingEvent { name: name.to_string() });
+    let event_key = tables::EVENTS.key(&[run_id.as_bytes(), name.as_bytes(), &seq.to_be_bytes()]);
+    let written = shared
+        .update_run(run_id, |run, batch| {
+            batch.put(tables::EVENTS, event_key.clone(), &record)?;
+            if let Some(key) = &dedupe_key {
+                batch.put(tables::EVENT_KEYS, key.clone(), &())?;
+            }
+            if run.status == (RunStatus::WaitingEvent { name: name.to_string() }) {
+                run.status = RunStatus::Running;
+                run.wake_reason = Some(WakeReason::Resumed);
+            }
+            Ok(true)
+        })
+        .await?;
+    shared.event(run_id, "event_sent", format!("{name} #{seq}"));
+    if written.is_none() {
+        return Ok(SendOutcome::Buffered);
+    }
+    if let Some(live) = shared.registry.get(run_id) {
+        let mut slot = live.cell.event_waiter.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_some_and(|(waits_for, _)| waits_for == name)
+            && let Some((_, waiter)) = slot.take()
+            && waiter.send(shared.wake_token()).is_ok()
+        {
+            return Ok(SendOutcome::Delivered);
+        }
+    }
+    if waiting {
+        crate::runtime::reactivate(shared, run_id).await;
+        return Ok(SendOutcome::Delivered);
+    }
+    Ok(SendOutcome::Buffered)
+}
+
+/// Waits for event `name`; `None` when `timeout` passed first. See the module's lifecycle.
+pub(crate) async fn wait(
+    raw: &mut RawCtx,
+    name: &str,
+    timeout: Option<Duration>,
+) -> Result<Option<String>, AgentError> {
+    tables::check_id("event name", name).map_err(AgentError::fail)?;
+    let shared = raw.shared.clone();
+    let run_id = raw.cell.run_id.clone();
+    let wkey = wait_key(&run_id, name);
+    let journaled: Option<EventWaitRecord> = shared.store.get(tables::EVENT_WAITS, &wkey)?;
+    if let Some(EventWaitRecord { result: Some(result), .. }) = journaled {
+        return Ok(result);
+    }
+    let timeout_at_ms = match journaled.as_ref().map(|w| w.timeout_at_ms) {
+        Some(at) => at,
+        None => timeout.map(|d| alarm::due_at(shared.now_ms(), AlarmAt::In(d))).transpose()?,
+    };
+    let mut announced = journaled.is_some();
+    loop {
+        if let Some((event_key, event)) = oldest(&shared, &run_id, name)? {
+            let got = Some(event.payload_json);
+            finish(raw, name, timeout_at_ms, got.clone(), Some(event_key)).await?;
+            return Ok(got);
+        }
+        if timeout_at_ms.is_some_and(|at| at <= shared.now_ms()) {
+            finish(raw, name, timeout_at_ms, None, None).await?;
+            return Ok(None);
+        }
+        if !announced {
+            park(raw, name, timeout_at_ms).await?;
+            announced = true;
+        }
+        let (tx, rx) = oneshot::channel();
+        *raw.cell.event_waiter.lock().unwrap_or_else(|p| p.into_inner()) = Some((name.to_string(), tx));
+        // An event may have landed between the look and the waiter's registration.
+        if oldest(&shared, &run_id, name)?.is_some() {
+            raw.cell.event_waiter.lock().unwrap_or_else(|p| p.into_inner()).take();
+            continue;
+        }
+        shared.liveness.fiber_waiting(&run_id, true, shared.now_ms());
+        let deadline = timeout_at_ms.unwrap_or(u64::MAX);
+        let woken = shared
+            .parked(raw.in_fiber, async {
+                tokio::select! {
+                    token = rx => token.ok(),
+                    () = shared.clock.sleep_until(deadline) => None,
+                }
+            })
+            .await;
+        // The wake token drops here, after the fiber counts itself busy again.
+        drop(woken);
+        shared.liveness.fiber_waiting(&run_id, false, shared.now_ms());
+    }
+}
+
+fn timeout_alarm(run_id: &str, name: &str, at_ms: u64) -> AlarmRecord {
+    AlarmRecord {
+        run_id: run_id.to_string(),
+        name: timeout_alarm_name(name),
+        due_at_ms: at_ms,
+        scheduled_at_ms: at_ms,
+        payload_json: "null".into(),
+        every_ms: None,
+        attempts_started: 0,
+        generation: 1,
+        system: Some(SystemAlarm::EventTimeout { name: name.to_string() }),
+    }
+}
+
+/// The boundary that starts a wait: its journal entry, `Waiting{event}`, its timeout alarm.
+async fn park(raw: &mut RawCtx, name: &str, timeout_at_ms: Option<u64>) -> Result<(), AgentError> {
+    let shared = raw.shared.clone();
+    let run_id = raw.cell.run_id.clone();
+    let alarm = timeout_at_ms.map(|at| timeout_alarm(&run_id, name, at));
+    let record = EventWaitRecord { timeout_at_ms, result: None };
+    shared
+        .update_run(&run_id, |run, batch| {
+            batch.put(tables::EVENT_WAITS, wait_key(&run_id, name), &record)?;
+            if let Some(alarm) = &alarm {
+                alarm::stage(batch, alarm)?;
+            }
+            run.status = RunStatus::WaitingEvent { name: name.to_string() };
+            run.recover_attempts = 0;
+            run.next_recover_at_ms = 0;
+            Ok(true)
+        })
+        .await?;
+    raw.cell.recovering.store(false, std::sync::atomic::Ordering::SeqCst);
+    if let Some(alarm) = &alarm {
+        shared.scheduler.insert(alarm.due_at_ms, &run_id, &alarm.name);
+        shared.driver_wake.notify_one();
+    }
+    shared.event(&run_id, "event_wait", name.to_string());
+    crate::fiber::boundary(raw, &format!("after_event_wait:{name}")).await;
+    Ok(())
+}
+
+/// The boundary that ends a wait: the result journaled, the event consumed, `Running`.
+async fn finish(
+    raw: &mut RawCtx,
+    name: &str,
+    timeout_at_ms: Option<u64>,
+    result: Option<String>,
+    consumed: Option<Vec<u8>>,
+) -> Result<(), AgentError> {
+    let shared = raw.shared.clone();
+    let run_id = raw.cell.run_id.clone();
+    let record = EventWaitRecord { timeout_at_ms, result: Some(result.clone()) };
+    let mut extra = Batch::new();
+    if let Some(key) = consumed {
+        extra.delete(key);
+    }
+    if let Some(at) = timeout_at_ms {
+        alarm::unstage(&mut extra, &run_id, &timeout_alarm_name(name), at);
+    }
+    shared
+        .update_run(&run_id, |run, batch| {
+            batch.extend(extra);
+            batch.put(tables::EVENT_WAITS, wait_key(&run_id, name), &record)?;
+            if matches!(run.status, RunStatus::WaitingEvent { .. } | RunStatus::Running) {
+                run.status = RunStatus::Running;
+                run.wake_reason = None;
+            }
+            run.recover_attempts = 0;
+            run.next_recover_at_ms = 0;
+            Ok(true)
+        })
+        .await?;
+    raw.cell.recovering.store(false, std::sync::atomic::Ordering::SeqCst);
+    if let Some(at) = timeout_at_ms {
+        shared.scheduler.remove(at, &run_id, &timeout_alarm_name(name));
+    }
+    let what = if result.is_some() { "event_received" } else { "event_timed_out" };
+    shared.event(&run_id, what, name.to_string());
+    crate::fiber::boundary(raw, &format!("after_event:{name}")).await;
+    Ok(())
+}
+
+/// A wait's timeout alarm fired: a wait still pending ends as timed out. True when the run
+/// is to be re-entered (its fiber was lost); a live fiber ends the wait by itself.
+pub(crate) async fn on_timeout_alarm(
+    shared: &Arc<Shared>,
+    run_id: &str,
+    name: &str,
+    due_at_ms: u64,
+) -> Result<bool, RuntimeError> {
+    let wkey = wait_key(run_id, name);
+    let pending: Option<EventWaitRecord> = shared.store.get(tables::EVENT_WAITS, &wkey)?;
+    let resumed = shared
+        .update_run(run_id, |run, batch| {
+            alarm::unstage(batch, run_id, &timeout_alarm_name(name), due_at_ms);
+            if let Some(wait) = pending.filter(|w| w.result.is_none()) {
+                batch.put(
+                    tables::EVENT_WAITS,
+                    wkey.clone(),
+                    &EventWaitRecord { result: Some(None), ..wait },
+                )?;
+            }
+            if run.status == (RunStatus::WaitingEvent { name: name.to_string() }) {
+                run.status = RunStatus::Running;
+                run.wake_reason = Some(WakeReason::Resumed);
+            }
+            Ok(true)
+        })
+        .await?;
+    Ok(resumed
+        .is_some_and(|run| run.status == RunStatus::Running && run.wake_reason == Some(WakeReason::Resumed)))
+}
