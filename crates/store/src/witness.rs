@@ -39,7 +39,14 @@ struct Witness {
 pub fn stored_seq(backend: &dyn Backend) -> Result<u64, StoreError> {
     match backend.get(&seq_key())? {
         None => Ok(0),
-        Some(sealed) => crate::store::decode_sealed::<u64>(tables::META, &seq_key(), &sealed),
+        Some(sealed) => {
+            let body = envelope::open(tables::META.name, &seq_key(), &sealed)?;
+            codec::decode::<u64>(body).map_err(|reason| StoreError::Corrupt {
+                table: tables::META.name,
+                key: tables::printable(&seq_key()),
+                reason,
+            })
+        }
     }
 }
 
