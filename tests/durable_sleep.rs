@@ -106,3 +106,53 @@ async fn a_sleep_survives_a_crash_and_keeps_its_original_wake_time() {
     rt.advance(Duration::ZERO).await.expect("advance");
     assert_eq!(rt.output::<u64>(&run2).expect("output"), Some(clock.now_ms()));
 }
+
+/// Reports, from its alarm handler, the stash its fiber last committed.
+struct Reader {
+    seen: Arc<std::sync::Mutex<Vec<(u32, String, u64)>>>,
+}
+
+impl Agent for Reader {
+    const KIND: &'static str = "reader";
+    type Input = ();
+    type Stash = u32;
+    type Output = ();
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
+        assert!(ctx.last_stash()?.is_none(), "no stash before the first");
+        ctx.stash("one", &1).await?;
+        ctx.stash("two", &2).await?;
+        let spec = durafiber_runtime::AlarmSpec::after(Duration::from_secs(1), &())?;
+        ctx.set_alarm("look", spec).await?;
+        ctx.sleep_for("wait", Duration::from_secs(60)).await?;
+        Ok(())
+    }
+
+    async fn on_alarm(
+        &self,
+        ctx: &mut Ctx<Self>,
+        _: durafiber_runtime::AlarmEvent,
+    ) -> Result<(), AgentError> {
+        if let Some(last) = ctx.last_stash()? {
+            self.seen.lock().expect("seen").push(last);
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_reads_the_stash_the_fiber_last_committed() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let store = Store::with_backend(Arc::new(SimBackend::new()), StoreConfig::default()).expect("store");
+    let rt = Runtime::builder(store)
+        .virtual_clock(VirtualClock::new(EPOCH_MS))
+        .agent(Reader { seen: seen.clone() })
+        .open()
+        .await
+        .expect("runtime");
+    let run = rt.start::<Reader>("r", &()).await.expect("start").run_id;
+    rt.advance(Duration::from_secs(61)).await.expect("advance");
+    assert_eq!(*seen.lock().expect("seen"), vec![(2, "two".to_string(), 2)]);
+    assert!(matches!(rt.status(&run).expect("status"), RunStatus::Completed { .. }));
+}

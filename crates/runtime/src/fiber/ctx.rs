@@ -62,6 +62,23 @@ impl<A: Agent> Ctx<A> {
         stash::write(&mut self.raw, step, text).await
     }
 
+    /// The run's last durable stash, with its step and sequence number; `None` before the
+    /// first. Readable from the fiber and from handlers (`on_alarm`, `on_message`): the fiber
+    /// owns the stash, a handler reads what it last committed.
+    pub fn last_stash(&self) -> Result<Option<(A::Stash, String, u64)>, AgentError> {
+        let key = durafiber_store::tables::STASHES.key(&[self.raw.cell.run_id.as_bytes()]);
+        let Some(record) = self
+            .raw
+            .shared
+            .store
+            .get::<durafiber_store::tables::StashRecord>(durafiber_store::tables::STASHES, &key)?
+        else {
+            return Ok(None);
+        };
+        let stash = json::parse(&record.stash_json).map_err(AgentError::Serialization)?;
+        Ok(Some((stash, record.step, record.seq)))
+    }
+
     /// Performs one side effect exactly once per `(run, effect_id)` (§5). `f` gets the
     /// idempotency key, minted once and persisted before the first call, and the arguments.
     /// A committed effect returns its stored receipt without calling `f`.
