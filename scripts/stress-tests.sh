@@ -19,7 +19,8 @@ done
 for i in $(seq 1 "$runs"); do
     start=$(date +%s)
     if ! log=$(cargo test --workspace 2>&1); then
-        echo "$log" | grep -E "FAILED|panicked|failed" | head -40
+        echo "$log" | grep -E -A4 "panicked at" | head -40
+        echo "$log" | grep -E "FAILED" | head -20
         echo "stress run $i of $runs: FAILED"
         exit 1
     fi

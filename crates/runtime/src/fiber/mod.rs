@@ -10,7 +10,7 @@ pub(crate) mod stash;
 use std::{panic::AssertUnwindSafe, sync::Arc};
 
 use durafiber_store::{
-    Batch,
+    Batch, StoreError,
     tables::{self, RunStatus, StashRecord},
 };
 use futures::FutureExt;
@@ -53,8 +53,15 @@ pub(crate) async fn on_activate(shared: &Arc<Shared>, cell: &Arc<RunCell>, since
     }
     let run = match shared.load_run(&cell.run_id) {
         Ok(run) => run,
-        Err(e) => {
+        Err(e @ RuntimeError::Store(StoreError::Corrupt { .. } | StoreError::UnknownVersion { .. })) => {
+            // Unreadable bytes stay unreadable: the corruption path reports the run.
             tracing::error!(run_id = %cell.run_id, error = %e, "cannot read the run to activate it");
+            return;
+        }
+        Err(e) => {
+            // The store may answer in a second: never leave the run behind.
+            tracing::error!(run_id = %cell.run_id, error = %e, "cannot read the run to activate it; retrying in 1 s");
+            shared.wake_at(shared.now_ms().saturating_add(1_000), &cell.run_id);
             return;
         }
     };
