@@ -163,3 +163,15 @@ async fn an_event_crashed_at_every_write_is_seen_exactly_once() {
     // accept, registration, stash, wait, the send, the consume, stash, end.
     assert!(reached >= 6, "only {reached} crash points were reached");
 }
+
+/// §2.3: a run parked on an event wait is not executing: a cancellation ends it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_waiting_for_an_event_is_cancelled_at_once() {
+    let rt = runtime().await;
+    let run = rt.start::<Waiter>("c", &None).await.expect("start").run_id;
+    rt.advance(Duration::ZERO).await.expect("advance");
+    let status = rt.cancel(&run, "not needed").await.expect("cancel");
+    assert_eq!(status, RunStatus::Cancelled { reason: "not needed".into() });
+    rt.advance(Duration::from_secs(1)).await.expect("advance");
+    assert!(matches!(rt.send_event(&run, "go", &1, None).await, Err(RuntimeError::RunFinished { .. })));
+}

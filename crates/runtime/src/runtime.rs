@@ -451,9 +451,12 @@ impl Runtime {
     /// A run that is not executing (waiting, or not live) is cancelled at once.
     pub async fn cancel(&self, run_id: &str, reason: &str) -> Result<RunStatus, RuntimeError> {
         let live = self.shared.registry.get(run_id);
+        // A fiber parked on a durable wait (a human, an event, a durable sleep) is not
+        // executing: the run is cancelled at once instead of waiting for the wait to end.
         let fiber_live = live.as_ref().is_some_and(|l| {
             l.cell.fiber_running()
                 && l.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+                && l.cell.event_waiter.lock().unwrap_or_else(|p| p.into_inner()).is_none()
         });
         let written = self
             .shared
@@ -461,6 +464,7 @@ impl Runtime {
                 if run.status.is_terminal() {
                     return Ok(false);
                 }
+                let fiber_live = fiber_live && !matches!(run.status, RunStatus::WaitingAlarm { .. });
                 run.cancel_reason = Some(reason.to_string());
                 if !fiber_live {
                     run.status = RunStatus::Cancelled { reason: reason.to_string() };
@@ -469,11 +473,11 @@ impl Runtime {
                 Ok(true)
             })
             .await?;
-        if written.is_some() {
+        if let Some(run) = written {
             self.shared.event(run_id, "cancel_requested", reason.to_string());
             if let Some(live) = live {
                 live.cell.cancel.send_replace(Some(reason.to_string()));
-                if !fiber_live {
+                if run.status.is_terminal() {
                     if let Some(fiber) = live.cell.fiber.lock().unwrap_or_else(|p| p.into_inner()).take() {
                         fiber.abort();
                     }
