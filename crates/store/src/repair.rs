@@ -52,17 +52,6 @@ impl VerifyReport {
     }
 }
 
-/// The run a key belongs to, when its layout says.
-fn run_of(table: Table, key: &[u8]) -> Option<String> {
-    let rest = key.get(1..)?;
-    let rest = if table.prefix == tables::ALARM_DUE.prefix { rest.get(8..)? } else { rest };
-    if [tables::RUN_KEYS.prefix, tables::META.prefix].contains(&table.prefix) {
-        return None;
-    }
-    let id = rest.split(|b| *b == 0).next()?;
-    std::str::from_utf8(id).ok().filter(|s| !s.is_empty()).map(str::to_string)
-}
-
 /// Opens and decodes one record as its table's type.
 fn check(table: Table, key: &[u8], sealed: &[u8]) -> Result<(), StoreError> {
     use crate::store::decode_sealed as d;
@@ -120,7 +109,7 @@ pub fn verify(store: &Store) -> Result<VerifyReport, StoreError> {
             Err(e) => report.bad.push(BadRecord {
                 table: table.name,
                 key: tables::printable(key),
-                run_id: run_of(table, key),
+                run_id: tables::run_of_key(key).map(str::to_string),
                 error: e.to_string(),
             }),
         },
@@ -178,7 +167,7 @@ pub async fn salvage(
     let mut batch = Batch::new();
     for (table, key, sealed) in kept {
         // Records of a run whose own record is gone would be orphans: they go with it.
-        if run_of(table, &key).is_some_and(|id| !runs.contains_key(&id)) {
+        if tables::run_of_key(&key).is_some_and(|id| !runs.contains_key(id)) {
             continue;
         }
         if table.prefix == tables::ALARMS.prefix

@@ -56,6 +56,19 @@ pub const META: Table = Table { name: "meta", prefix: b'm' };
 /// Durable sleeps by run and name: the journal that makes a sleep wake once, at its time.
 pub const SLEEPS: Table = Table { name: "sleeps", prefix: b'w' };
 
+/// The run a record belongs to, read from its key: the first key part for every table but
+/// `run_keys` and `meta` (which belong to no run) and `alarm_due` (after its due time).
+pub fn run_of_key(key: &[u8]) -> Option<&str> {
+    let table = Table::of_key(key)?;
+    if [RUN_KEYS.prefix, META.prefix].contains(&table.prefix) {
+        return None;
+    }
+    let rest = key.get(1..)?;
+    let rest = if table.prefix == ALARM_DUE.prefix { rest.get(8..)? } else { rest };
+    let id = rest.split(|b| *b == 0).next()?;
+    std::str::from_utf8(id).ok().filter(|s| !s.is_empty())
+}
+
 /// Every table, for inspection and tests.
 pub const ALL: [Table; 14] = [
     RUNS,

@@ -50,22 +50,11 @@ pub fn stored_seq(backend: &dyn Backend) -> Result<u64, StoreError> {
     }
 }
 
-/// The run a key belongs to, for the digests.
-fn run_of(key: &[u8]) -> Option<&[u8]> {
-    let table = tables::Table::of_key(key)?;
-    let rest = key.get(1..)?;
-    let rest = if table.prefix == tables::ALARM_DUE.prefix { rest.get(8..)? } else { rest };
-    if [tables::RUN_KEYS.prefix, tables::META.prefix].contains(&table.prefix) {
-        return None;
-    }
-    rest.split(|b| *b == 0).next().filter(|id| !id.is_empty())
-}
-
 fn digests(backend: &dyn Backend) -> Result<BTreeMap<String, u32>, StoreError> {
     let mut hashers: BTreeMap<String, crc32fast::Hasher> = BTreeMap::new();
     for (key, value) in backend.range(&[], &[0xff; 16], usize::MAX)? {
-        if let Some(run) = run_of(&key) {
-            let h = hashers.entry(String::from_utf8_lossy(run).to_string()).or_default();
+        if let Some(run) = tables::run_of_key(&key) {
+            let h = hashers.entry(run.to_string()).or_default();
             h.update(&key);
             h.update(&value);
         }
