@@ -140,7 +140,7 @@ pub(crate) async fn approve(
     payload_hash: &str,
     decision: Decision,
 ) -> Result<ApproveOutcome, RuntimeError> {
-    let _one_at_a_time = shared.approve_lock(run_id).await;
+    let _one_at_a_time = shared.inbound_lock(run_id).await;
     let run = shared.load_run(run_id)?;
     let key = approval_key(run_id, approval_id);
     let not_pending =
@@ -215,7 +215,7 @@ pub(crate) async fn on_escalation_alarm(
     run_id: &str,
     approval_id: &str,
 ) -> Result<(), RuntimeError> {
-    let _one_at_a_time = shared.approve_lock(run_id).await;
+    let _one_at_a_time = shared.inbound_lock(run_id).await;
     let key = approval_key(run_id, approval_id);
     let Some(mut record) = shared.store.get::<ApprovalRecord>(tables::APPROVALS, &key)? else {
         return Ok(());

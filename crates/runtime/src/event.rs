@@ -87,7 +87,7 @@ pub(crate) async fn send(
     }
     let payload_json = json::recanonicalize(payload_json).map_err(RuntimeError::InvalidInput)?;
     // Events and decisions of one run are written one at a time.
-    let _one_at_a_time = shared.approve_lock(run_id).await;
+    let _one_at_a_time = shared.inbound_lock(run_id).await;
     let run = shared.load_run(run_id)?;
     if run.status.is_terminal() {
         return Err(RuntimeError::RunFinished { run_id: run_id.into(), state: run.status.name().into() });

@@ -119,7 +119,7 @@ impl RuntimeBuilder {
             tracked: Mutex::new(Vec::new()),
             start_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
             run_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
-            approve_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
+            inbound_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
             opened: Stopwatch::start(),
             alarm_runtime_failures: std::sync::atomic::AtomicU32::new(0),
             shutting_down: std::sync::atomic::AtomicBool::new(false),

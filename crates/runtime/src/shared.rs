@@ -107,8 +107,9 @@ pub(crate) struct Shared {
     pub start_locks: Vec<tokio::sync::Mutex<()>>,
     /// Serializes read-modify-write of run records per run id stripe.
     pub run_locks: Vec<tokio::sync::Mutex<()>>,
-    /// Serializes decisions per run id stripe, so two approvals of one run never both write.
-    pub approve_locks: Vec<tokio::sync::Mutex<()>>,
+    /// Serializes what arrives from outside (decisions, events) per run id stripe, so two
+    /// approvals or two sends of one run never both write.
+    pub inbound_locks: Vec<tokio::sync::Mutex<()>>,
     /// When the runtime opened: the recovery latency of runs found by the start-up scan.
     pub opened: crate::clock::Stopwatch,
     /// Consecutive failures of the runtime itself while delivering alarms (§8.4).
@@ -279,9 +280,9 @@ impl Shared {
         Ok(Some(run))
     }
 
-    /// The lock that serializes decisions of `run_id`.
-    pub async fn approve_lock(&self, run_id: &str) -> tokio::sync::MutexGuard<'_, ()> {
-        self.approve_locks[stripe(run_id, self.approve_locks.len())].lock().await
+    /// The lock that serializes decisions and events of `run_id`.
+    pub async fn inbound_lock(&self, run_id: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        self.inbound_locks[stripe(run_id, self.inbound_locks.len())].lock().await
     }
 
     /// Commits a boundary of a live run. The first boundary after a recovery is progress:
