@@ -13,12 +13,23 @@ use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig, tables};
 
 const EPOCH_MS: u64 = 1_000_000_000;
 
-/// Waits for event `go` (with the timeout its input gives, in seconds) and returns it.
+/// Waits for event `go` (with the timeout its input gives, in seconds) and returns it. With
+/// `pause` it first sleeps a durable second, so that an event sent right after the start
+/// arrives before the wait whatever the scheduler does.
 struct Waiter;
 
+/// (timeout in seconds, pause a second before the wait)
+type Plan = (Option<u64>, bool);
+
+const NOW: Plan = (None, false);
+const PAUSED: Plan = (None, true);
+
 impl Waiter {
-    async fn flow(&self, ctx: &mut Ctx<Self>, timeout_s: Option<u64>) -> Result<Option<String>, AgentError> {
+    async fn flow(&self, ctx: &mut Ctx<Self>, (timeout_s, pause): Plan) -> Result<Option<String>, AgentError> {
         ctx.stash("before", &0).await?;
+        if pause {
+            ctx.sleep_for("pause", Duration::from_secs(1)).await?;
+        }
         let got: Option<String> = ctx.wait_for_event("go", timeout_s.map(Duration::from_secs)).await?;
         ctx.stash("after", &1).await?;
         Ok(got)
@@ -27,7 +38,7 @@ impl Waiter {
 
 impl Agent for Waiter {
     const KIND: &'static str = "waiter";
-    type Input = Option<u64>;
+    type Input = Plan;
     type Stash = u32;
     type Output = Option<String>;
     type Message = ();
@@ -35,9 +46,9 @@ impl Agent for Waiter {
     async fn run_fiber(
         &self,
         ctx: &mut Ctx<Self>,
-        timeout_s: Option<u64>,
+        plan: Plan,
     ) -> Result<Option<String>, AgentError> {
-        self.flow(ctx, timeout_s).await
+        self.flow(ctx, plan).await
     }
 
     async fn on_fiber_recovered(
@@ -62,15 +73,15 @@ async fn runtime() -> Runtime {
 async fn an_event_is_buffered_delivered_in_place_or_re_enters_an_evicted_run() {
     let rt = runtime().await;
     // Sent before anyone waits: buffered, then taken by the wait.
-    let early = rt.start::<Waiter>("early", &None).await.expect("start").run_id;
+    let early = rt.start::<Waiter>("early", &PAUSED).await.expect("start").run_id;
     assert_eq!(rt.send_event(&early, "go", &"first", None).await.expect("send"), SendOutcome::Buffered);
     // A live wait: delivered in place.
-    let live = rt.start::<Waiter>("live", &None).await.expect("start").run_id;
+    let live = rt.start::<Waiter>("live", &NOW).await.expect("start").run_id;
     rt.advance(Duration::ZERO).await.expect("advance");
     assert_eq!(rt.status(&live).expect("status"), RunStatus::WaitingEvent { name: "go".into() });
     assert_eq!(rt.send_event(&live, "go", &"second", None).await.expect("send"), SendOutcome::Delivered);
     // An evicted wait: the event re-enters the run.
-    let evicted = rt.start::<Waiter>("evicted", &None).await.expect("start").run_id;
+    let evicted = rt.start::<Waiter>("evicted", &NOW).await.expect("start").run_id;
     rt.advance(Duration::ZERO).await.expect("advance");
     rt.evict(&evicted).await;
     rt.advance(Duration::from_secs(1)).await.expect("advance");
@@ -93,10 +104,10 @@ async fn an_event_is_buffered_delivered_in_place_or_re_enters_an_evicted_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_key_twice_is_delivered_once() {
     let rt = runtime().await;
-    let run = rt.start::<Waiter>("k", &None).await.expect("start").run_id;
+    let run = rt.start::<Waiter>("k", &PAUSED).await.expect("start").run_id;
     assert_eq!(rt.send_event(&run, "go", &"once", Some("k1")).await.expect("send"), SendOutcome::Buffered);
     assert_eq!(rt.send_event(&run, "go", &"once", Some("k1")).await.expect("send"), SendOutcome::Duplicate);
-    rt.advance(Duration::ZERO).await.expect("advance");
+    rt.advance(Duration::from_secs(1)).await.expect("advance");
     assert_eq!(rt.output::<Option<String>>(&run).expect("output"), Some(Some("once".into())));
     let leftover = rt.store().keys_and_sizes(&[tables::EVENTS.prefix], 10).expect("scan");
     assert!(leftover.is_empty(), "the one event was consumed, none left: {leftover:?}");
@@ -105,8 +116,8 @@ async fn the_same_key_twice_is_delivered_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timeout_ends_the_wait_with_or_without_a_fiber_in_memory() {
     let rt = runtime().await;
-    let live = rt.start::<Waiter>("live", &Some(3600)).await.expect("start").run_id;
-    let evicted = rt.start::<Waiter>("evicted", &Some(3600)).await.expect("start").run_id;
+    let live = rt.start::<Waiter>("live", &(Some(3600), false)).await.expect("start").run_id;
+    let evicted = rt.start::<Waiter>("evicted", &(Some(3600), false)).await.expect("start").run_id;
     rt.advance(Duration::ZERO).await.expect("advance");
     rt.evict(&evicted).await;
     rt.advance(Duration::from_secs(3599)).await.expect("advance");
@@ -122,7 +133,7 @@ async fn crash_once(point: CrashPoint) -> bool {
     let (sim, clock) = (SimBackend::new(), VirtualClock::new(EPOCH_MS));
     sim.crash_at(point);
     let rt = open(&sim, &clock).await;
-    let started = rt.start::<Waiter>("c", &None).await;
+    let started = rt.start::<Waiter>("c", &NOW).await;
     let mut sent = false;
     if let Ok(run) = &started {
         sent = rt.send_event(&run.run_id, "go", &"payload", Some("only")).await.is_ok();
@@ -133,7 +144,7 @@ async fn crash_once(point: CrashPoint) -> bool {
     sim.revive();
     let rt = open(&sim, &clock).await;
     // The caller retries what it was not sure of, with the same keys.
-    let run = rt.start::<Waiter>("c", &None).await.expect("start after the crash").run_id;
+    let run = rt.start::<Waiter>("c", &NOW).await.expect("start after the crash").run_id;
     if !sent {
         // A send that failed may still have been recorded (its barrier finished before the
         // crash): then the repeat is a `Duplicate`, and either way it is delivered once.
@@ -168,7 +179,7 @@ async fn an_event_crashed_at_every_write_is_seen_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_waiting_for_an_event_is_cancelled_at_once() {
     let rt = runtime().await;
-    let run = rt.start::<Waiter>("c", &None).await.expect("start").run_id;
+    let run = rt.start::<Waiter>("c", &NOW).await.expect("start").run_id;
     rt.advance(Duration::ZERO).await.expect("advance");
     let status = rt.cancel(&run, "not needed").await.expect("cancel");
     assert_eq!(status, RunStatus::Cancelled { reason: "not needed".into() });
