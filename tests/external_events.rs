@@ -25,7 +25,11 @@ const NOW: Plan = (None, false);
 const PAUSED: Plan = (None, true);
 
 impl Waiter {
-    async fn flow(&self, ctx: &mut Ctx<Self>, (timeout_s, pause): Plan) -> Result<Option<String>, AgentError> {
+    async fn flow(
+        &self,
+        ctx: &mut Ctx<Self>,
+        (timeout_s, pause): Plan,
+    ) -> Result<Option<String>, AgentError> {
         ctx.stash("before", &0).await?;
         if pause {
             ctx.sleep_for("pause", Duration::from_secs(1)).await?;
@@ -43,11 +47,7 @@ impl Agent for Waiter {
     type Output = Option<String>;
     type Message = ();
 
-    async fn run_fiber(
-        &self,
-        ctx: &mut Ctx<Self>,
-        plan: Plan,
-    ) -> Result<Option<String>, AgentError> {
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, plan: Plan) -> Result<Option<String>, AgentError> {
         self.flow(ctx, plan).await
     }
 

@@ -119,3 +119,46 @@ fn a_crash_right_after_a_barrier_keeps_what_it_covered() {
     let after = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
     assert_eq!(after.get::<String>(T, &key("covered")).expect("get"), Some("3".into()));
 }
+
+/// A read may see a group the writer applied before its barrier returned; `settle_reads`
+/// returns only once that group is durable, and costs no barrier when nothing is in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settle_reads_waits_until_what_a_read_saw_is_durable() {
+    let sim = SimBackend::new();
+    let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
+    put(&store, "settled", "1", Durability::Sync);
+    let barriers = store.writer_stats().barriers.load(std::sync::atomic::Ordering::Relaxed);
+    store.settle_reads().await.expect("settle");
+    assert_eq!(
+        store.writer_stats().barriers.load(std::sync::atomic::Ordering::Relaxed),
+        barriers,
+        "nothing in flight: no barrier"
+    );
+
+    sim.stall_barriers(true);
+    let writer = store.clone();
+    let commit = tokio::spawn(async move {
+        let mut b = Batch::new();
+        b.put(T, key("in flight"), &"2".to_string()).expect("encode");
+        writer.commit(b, Durability::Sync).await
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while store.get::<String>(T, &key("in flight")).expect("read").is_none() {
+        assert!(std::time::Instant::now() < deadline, "the write was never applied");
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    // Seen but not durable: settling waits for the barrier.
+    let settling = tokio::spawn({
+        let store = store.clone();
+        async move { store.settle_reads().await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(!settling.is_finished(), "settled before the barrier returned");
+    sim.stall_barriers(false);
+    settling.await.expect("join").expect("settle");
+    commit.await.expect("join").expect("commit");
+    sim.crash();
+    sim.revive();
+    let reopened = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("reopen");
+    assert_eq!(reopened.get::<String>(T, &key("in flight")).expect("read"), Some("2".to_string()));
+}

@@ -18,7 +18,10 @@
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+        atomic::{
+            AtomicBool, AtomicU64,
+            Ordering::{Relaxed, SeqCst},
+        },
         mpsc,
     },
     time::{Duration, Instant},
@@ -87,6 +90,10 @@ pub(crate) struct Health {
     pub closing: AtomicBool,
     /// Parked below the free-space floor.
     pub parked: AtomicBool,
+    /// Groups applied (or being applied) so far: what a read may have seen.
+    pub applied: AtomicU64,
+    /// Groups covered by a completed barrier.
+    pub durable: watch::Sender<u64>,
     /// When the engine call in progress started, ms since `epoch`; 0 when idle.
     working_since_ms: AtomicU64,
     epoch: Instant,
@@ -98,6 +105,8 @@ impl Health {
             failed: watch::Sender::new(None),
             closing: AtomicBool::new(false),
             parked: AtomicBool::new(false),
+            applied: AtomicU64::new(0),
+            durable: watch::Sender::new(0),
             working_since_ms: AtomicU64::new(0),
             epoch: Instant::now(),
         }
@@ -241,9 +250,13 @@ impl Group {
     }
 }
 
+fn below_floor(backend: &dyn Backend, config: &WriterConfig) -> bool {
+    backend.free_bytes().is_some_and(|free| free < config.disk_floor_bytes)
+}
+
 /// Parks while the disk is below the floor. False when the store closed meanwhile.
 fn wait_for_space(backend: &dyn Backend, config: &WriterConfig, health: &Health) -> bool {
-    let below = || backend.free_bytes().is_some_and(|free| free < config.disk_floor_bytes);
+    let below = || below_floor(backend, config);
     if !below() {
         return true;
     }
@@ -264,6 +277,29 @@ fn wait_for_space(backend: &dyn Backend, config: &WriterConfig, health: &Health)
     true
 }
 
+/// Runs one barrier; on success everything applied so far (`groups`) is durable.
+fn run_barrier(
+    backend: &dyn Backend,
+    stats: &WriterStats,
+    health: &Health,
+    groups: u64,
+) -> Result<(), StoreError> {
+    let result = health.working(|| backend.barrier());
+    stats.barriers.fetch_add(1, Relaxed);
+    match &result {
+        Ok(()) => {
+            health.durable.send_replace(groups);
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "durability barrier failed");
+            if e.is_engine_failure() {
+                health.fail(format!("a durability barrier failed: {e}"));
+            }
+        }
+    }
+    result
+}
+
 fn writer_loop(
     backend: &dyn Backend,
     rx: &mpsc::Receiver<Cmd>,
@@ -275,6 +311,8 @@ fn writer_loop(
     let mut flush_due: Option<Instant> = None;
     // Every group also writes its sequence number, atomically with it (see `witness`).
     let mut commit_seq = crate::witness::stored_seq(backend).unwrap_or(0);
+    // Groups applied, for `Health::applied` and `Health::durable`.
+    let mut groups = 0u64;
     loop {
         let Some(first) = next_command(rx, flush_due) else {
             if health.failure().is_none() {
@@ -286,6 +324,15 @@ fn writer_loop(
         if let Some(reason) = health.failure() {
             group.fail_all(&StoreError::Failed { reason });
             continue;
+        }
+        // Async writes applied earlier are covered before the writer parks, so that what
+        // readers saw is durable however long the disk stays full.
+        if flush_due.is_some()
+            && !group.merged.is_empty()
+            && below_floor(backend, &config)
+            && run_barrier(backend, stats, health, groups).is_ok()
+        {
+            flush_due = None;
         }
         if !group.merged.is_empty() && !wait_for_space(backend, &config, health) {
             let free_bytes = backend.free_bytes().unwrap_or(0);
@@ -299,6 +346,12 @@ fn writer_loop(
                 group.fail_all(&e);
                 continue;
             }
+        }
+        if !group.merged.is_empty() {
+            // Counted before the apply: a reader that sees the group's writes (sled's own
+            // synchronisation orders them after this store) also sees it counted.
+            groups += 1;
+            health.applied.store(groups, SeqCst);
         }
         let applied =
             if group.merged.is_empty() { Ok(()) } else { health.working(|| backend.apply(&group.merged)) };
@@ -324,16 +377,9 @@ fn writer_loop(
         if group.sync_acks.is_empty() && group.barrier_acks.is_empty() && !flush_now {
             continue;
         }
-        let result = health.working(|| backend.barrier());
-        stats.barriers.fetch_add(1, Relaxed);
-        match &result {
-            Ok(()) => flush_due = None,
-            Err(e) => {
-                tracing::error!(error = %e, "durability barrier failed");
-                if e.is_engine_failure() {
-                    health.fail(format!("a durability barrier failed: {e}"));
-                }
-            }
+        let result = run_barrier(backend, stats, health, groups);
+        if result.is_ok() {
+            flush_due = None;
         }
         for ack in group.sync_acks.into_iter().chain(group.barrier_acks) {
             let _ = ack.send(result.as_ref().map(|_| ()).map_err(StoreError::duplicate));

@@ -308,6 +308,22 @@ impl Store {
         self.answer(done).await
     }
 
+    /// Returns once everything applied so far is durable: what any read up to now may have
+    /// seen. Free when nothing is in flight; otherwise waits for the group commit under way
+    /// (or asks for one). Call it before acting on, or showing, what a read returned.
+    pub async fn settle_reads(&self) -> Result<(), StoreError> {
+        self.check_failed()?;
+        let target = self.inner.health.applied.load(std::sync::atomic::Ordering::SeqCst);
+        let mut durable = self.inner.health.durable.subscribe();
+        if *durable.borrow() >= target {
+            return Ok(());
+        }
+        tokio::select! {
+            covered = self.barrier() => covered,
+            _ = durable.wait_for(|groups| *groups >= target) => Ok(()),
+        }
+    }
+
     /// Every entry as it stands between two group commits: a consistent copy, taken while
     /// the store keeps serving (writes wait for the copy, reads do not).
     pub async fn snapshot(&self) -> Result<crate::backend::Entries, StoreError> {

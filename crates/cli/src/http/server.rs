@@ -7,8 +7,9 @@ use std::time::Duration;
 use axum::{
     Json, Router,
     body::Bytes,
-    extract::{Path, Query, State},
-    http::{HeaderMap, StatusCode},
+    extract::{Path, Query, Request, State},
+    http::{HeaderMap, Method, StatusCode},
+    middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::{get, post, put},
 };
@@ -286,6 +287,24 @@ async fn health(State(s): State<AppState>) -> Response {
     (status, Json(body)).into_response()
 }
 
+/// A read of runs, approvals or alarms answers only once what it read is durable: the
+/// runtime shows a boundary as soon as it is applied, before its group commit is on disk, and
+/// a client or a human must never act on a state that a crash right after the answer takes
+/// back (a pending approval that is gone after a restart, say). Free when no write is in
+/// flight; the process views (/health, /metrics, /events) and /backup do not wait.
+async fn durable_reads(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let reads_runs = req.method() == Method::GET
+        && (req.uri().path().starts_with("/runs") || req.uri().path() == "/approvals");
+    let response = next.run(req).await;
+    if reads_runs
+        && response.status().is_success()
+        && let Err(e) = app.runtime.store().settle_reads().await
+    {
+        return ApiError::from(RuntimeError::from(e)).into_response();
+    }
+    response
+}
+
 async fn not_found() -> ApiError {
     ApiError(StatusCode::NOT_FOUND, "no such endpoint".into(), "NotFound")
 }
@@ -310,5 +329,6 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here".into(), "MethodNotAllowed")
         })
+        .layer(middleware::from_fn_with_state(state.clone(), durable_reads))
         .with_state(state)
 }
