@@ -33,7 +33,7 @@ impl Agent for Modes {
         ctx.stash("one", &1).await?;
         ctx.effect("note", 1, |_key, n| async move { Ok::<u32, String>(n) }).await?;
         ctx.stash("two", &2).await?;
-        ctx.sleep(Duration::from_secs(10)).await;
+        ctx.sleep_in_memory(Duration::from_secs(10)).await;
         ctx.request_approval("go", &"finish?").await?;
         Ok(2)
     }

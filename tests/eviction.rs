@@ -27,14 +27,14 @@ impl Agent for Sleeper {
         for i in 1..=n {
             ctx.stash("step", &i).await?;
         }
-        ctx.sleep(Duration::from_secs(24 * 3600)).await;
+        ctx.sleep_in_memory(Duration::from_secs(24 * 3600)).await;
         Ok(n)
     }
 
     async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: Recovered<Self>) -> Result<u32, AgentError> {
         let seen = r.stash.unwrap_or(0);
         ctx.stash("recovered", &seen).await?;
-        ctx.sleep(Duration::from_secs(24 * 3600)).await;
+        ctx.sleep_in_memory(Duration::from_secs(24 * 3600)).await;
         Ok(seen)
     }
 }

@@ -38,14 +38,14 @@ impl Life {
                 Ok(format!("approved={}", d.approved))
             }
             "hold" => {
-                ctx.keep_alive_while(ctx.sleep(Duration::from_secs(400))).await;
+                ctx.keep_alive_while(ctx.sleep_in_memory(Duration::from_secs(400))).await;
                 Ok("held".into())
             }
             "guard" => {
                 let guard = ctx.keep_alive();
-                ctx.sleep(Duration::from_secs(400)).await;
+                ctx.sleep_in_memory(Duration::from_secs(400)).await;
                 drop(guard);
-                ctx.sleep(Duration::from_secs(400)).await;
+                ctx.sleep_in_memory(Duration::from_secs(400)).await;
                 Ok("guarded".into())
             }
             "fail-recovery" => Err(AgentError::fail("still broken")),
@@ -72,7 +72,7 @@ impl Agent for Life {
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, mode: String) -> Result<String, AgentError> {
         if mode == "fail-recovery" {
             ctx.stash("started", &0).await?;
-            ctx.sleep(Duration::from_secs(3600)).await;
+            ctx.sleep_in_memory(Duration::from_secs(3600)).await;
         }
         self.work(ctx, &mode).await
     }

@@ -39,7 +39,7 @@ impl Agent for Failing {
 
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
         ctx.stash("started", &1).await?;
-        ctx.sleep(Duration::from_secs(3600)).await;
+        ctx.sleep_in_memory(Duration::from_secs(3600)).await;
         Ok(())
     }
 
@@ -195,12 +195,12 @@ impl Agent for Sleeper {
 
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<u32, AgentError> {
         ctx.stash("started", &0).await?;
-        ctx.sleep(Duration::from_secs(3600)).await;
+        ctx.sleep_in_memory(Duration::from_secs(3600)).await;
         Ok(0)
     }
 
     async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: Recovered<Self>) -> Result<u32, AgentError> {
-        ctx.sleep(Duration::from_secs(3600)).await;
+        ctx.sleep_in_memory(Duration::from_secs(3600)).await;
         Ok(r.attempt)
     }
 }
@@ -277,7 +277,7 @@ impl Agent for Stubborn {
 
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<u32, AgentError> {
         ctx.stash("started", &()).await?;
-        ctx.sleep(Duration::from_secs(3600)).await;
+        ctx.sleep_in_memory(Duration::from_secs(3600)).await;
         Ok(0)
     }
 

@@ -19,7 +19,7 @@ impl Agent for Fragile {
 
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
         ctx.stash("started", &1).await?;
-        ctx.sleep(Duration::from_secs(3600)).await;
+        ctx.sleep_in_memory(Duration::from_secs(3600)).await;
         Ok(())
     }
 
@@ -39,7 +39,7 @@ impl Agent for NoHook {
     type Message = ();
 
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
-        ctx.sleep(Duration::from_secs(3600)).await;
+        ctx.sleep_in_memory(Duration::from_secs(3600)).await;
         Ok(())
     }
 }
@@ -102,7 +102,7 @@ impl Agent for Patient {
     type Message = ();
 
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
-        ctx.sleep(Duration::from_secs(48 * 3600)).await;
+        ctx.sleep_in_memory(Duration::from_secs(48 * 3600)).await;
         Ok(())
     }
 

@@ -28,10 +28,13 @@ impl Agent for Inbox {
     }
 
     async fn on_message(&self, ctx: &mut Ctx<Self>, msg: String) -> Result<(), AgentError> {
-        if msg == "big" {
-            return ctx.stash("big", &Seen(vec!["x".repeat(2 * 1024 * 1024)])).await;
+        if msg == "stash" {
+            return ctx.stash("seen", &Seen(vec![msg])).await;
         }
-        ctx.stash("seen", &Seen(vec![msg])).await
+        if msg == "big" {
+            return ctx.storage().put("big", &Seen(vec!["x".repeat(2 * 1024 * 1024)])).await;
+        }
+        ctx.storage().put("seen", &Seen(vec![msg])).await
     }
 }
 
@@ -114,11 +117,17 @@ async fn bad_input_gets_typed_errors_and_other_runs_carry_on() {
     let inbox = rt.start::<Inbox>("inbox", &()).await.expect("start inbox");
     rt.send::<Inbox>(&inbox.run_id, &"hello".to_string()).await.expect("message handled");
     match rt.send::<Inbox>(&inbox.run_id, &"big".to_string()).await {
-        Err(RuntimeError::Agent(AgentError::StashTooLarge { max, .. })) => assert_eq!(max, 1024 * 1024),
-        other => panic!("expected StashTooLarge, got {other:?}"),
+        Err(RuntimeError::Agent(AgentError::StorageLimit { max, .. })) => assert_eq!(max, 128 * 1024),
+        other => panic!("expected StorageLimit, got {other:?}"),
     }
+    assert!(matches!(
+        rt.send::<Inbox>(&inbox.run_id, &"stash".to_string()).await,
+        Err(RuntimeError::Agent(AgentError::StashFromHandler))
+    ));
     assert!(matches!(rt.send_json(&inbox.run_id, "42").await, Err(RuntimeError::InvalidInput(_))));
-    assert_eq!(rt.inspect(&inbox.run_id).expect("inspect").stash.expect("stash").stash_json, "[\"hello\"]");
+    let stored = rt.storage_list(&inbox.run_id, "", None, 10).expect("storage");
+    assert_eq!(stored, vec![("seen".to_string(), "[\"hello\"]".to_string())]);
+    assert!(rt.inspect(&inbox.run_id).expect("inspect").stash.is_none(), "a handler never stashes");
 
     assert!(rt.cancel(&inbox.run_id, "done with it").await.is_ok());
     assert!(matches!(rt.wait(&inbox.run_id).await.expect("wait"), RunStatus::Cancelled { .. }));

@@ -20,7 +20,7 @@ impl Agent for Doomed {
 
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
         ctx.stash("started", &1).await?;
-        ctx.sleep(Duration::from_secs(3600)).await;
+        ctx.sleep_in_memory(Duration::from_secs(3600)).await;
         Ok(())
     }
 

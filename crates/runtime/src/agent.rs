@@ -173,6 +173,19 @@ pub trait Agent: Send + Sync + Sized + 'static {
         let _ = (ctx, message);
         async { Err(AgentError::fail("this agent takes no messages")) }
     }
+
+    /// Answers a request from outside (`Runtime::request`): like `on_message` — one at a
+    /// time, beside the fiber, under the message wall limit — but the caller gets the reply.
+    /// A request is not durable: a caller that got no answer asks again. The default
+    /// refuses it.
+    fn on_request(
+        &self,
+        ctx: &mut Ctx<Self>,
+        message: Self::Message,
+    ) -> impl Future<Output = Result<serde_json::Value, AgentError>> + Send {
+        let _ = (ctx, message);
+        async { Err(AgentError::fail("this agent takes no requests")) }
+    }
 }
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -196,6 +209,7 @@ pub(crate) trait ErasedAgent: Send + Sync + 'static {
     fn recover(&self, ctx: RawCtx, recovered: RawRecovered) -> BoxFuture<Result<String, AgentError>>;
     fn on_alarm(&self, ctx: RawCtx, alarm: AlarmEvent) -> BoxFuture<Result<(), AgentError>>;
     fn on_message(&self, ctx: RawCtx, message_json: String) -> BoxFuture<Result<(), AgentError>>;
+    fn on_request(&self, ctx: RawCtx, message_json: String) -> BoxFuture<Result<String, AgentError>>;
     fn on_alarm_exhausted(&self, run_id: &str, alarm: &AlarmEvent) -> ExhaustedAction;
     fn on_escalate(&self, run_id: String, reason: String) -> BoxFuture<()>;
 }
@@ -267,6 +281,16 @@ impl<A: Agent> ErasedAgent for Typed<A> {
             let message: A::Message = decode("message", &message_json)?;
             let mut ctx = Ctx::<A>::new(raw);
             agent.on_message(&mut ctx, message).await
+        })
+    }
+
+    fn on_request(&self, raw: RawCtx, message_json: String) -> BoxFuture<Result<String, AgentError>> {
+        let agent = self.0.clone();
+        Box::pin(async move {
+            let message: A::Message = decode("request", &message_json)?;
+            let mut ctx = Ctx::<A>::new(raw);
+            let reply = agent.on_request(&mut ctx, message).await?;
+            encode("reply", &reply)
         })
     }
 

@@ -128,6 +128,20 @@ pub enum AgentError {
         /// The limit.
         max: usize,
     },
+    /// A storage call passed a limit: key bytes, value bytes, or keys in the run.
+    #[error("storage: {size} {what} is over the limit of {max}")]
+    StorageLimit {
+        /// Which limit.
+        what: &'static str,
+        /// What the call would have made it.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A handler (`on_message`, `on_request`, `on_alarm`) called `stash`: the fiber owns the
+    /// stash, so that neither silently overwrites the other; handlers write `ctx.storage()`.
+    #[error("a handler cannot stash: the fiber owns the stash; write ctx.storage() instead")]
+    StashFromHandler,
     /// A value could not be encoded or decoded.
     #[error("serialization: {0}")]
     Serialization(String),

@@ -7,7 +7,7 @@
 //!   `actor` (one inbound event at a time).
 //! - `fiber/`: `ctx` (what user code calls), `stash`, `recovery` (interrupted runs).
 //! - `effect`: the idempotency ledger. `approval`: durable human pauses. `sleep`: durable
-//!   sleeps. `event`: durable external events.
+//!   sleeps. `event`: durable external events. `storage`: each run's key-value storage.
 //! - `alarm/`: named durable alarms, the bounded scheduler window, delivery with retries.
 //! - `eviction/`: hibernation, eviction, keep-alive guards.
 //! - [`clock`]: the only source of time. `limits`: every default and maximum.
@@ -33,6 +33,7 @@ mod runtime;
 mod secret;
 mod shared;
 mod sleep;
+mod storage;
 
 pub use agent::{Agent, AlarmEvent, ExhaustedAction, Recovered, RecoveryReason};
 pub use alarm::{AlarmAt, AlarmSpec};
@@ -50,3 +51,4 @@ pub use run::{liveness::LivenessViolation, start::StartOutcome};
 pub use runtime::{ListFilter, RunInspection, RunPage, Runtime, RuntimeBuilder};
 pub use secret::{Secret, Secrets};
 pub use shared::CrashHook;
+pub use storage::{Storage, Transaction};

@@ -48,6 +48,14 @@ pub const STOP_GRACE: Duration = Duration::from_secs(2);
 pub const EVENT_BUFFER_MAX: usize = 1_000;
 /// Bytes of undelivered events one run may hold.
 pub const EVENT_BUFFER_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// A storage key is at most 2 KiB.
+pub const STORAGE_KEY_BYTES_MAX: usize = 2 * 1024;
+/// A storage value (as JSON) is at most 128 KiB, as in Durable Objects.
+pub const STORAGE_VALUE_BYTES_MAX: usize = 128 * 1024;
+/// Keys one run may hold in its storage, unless configured otherwise.
+pub const STORAGE_KEYS_MAX_DEFAULT: usize = 100_000;
+/// The most entries one storage `list` returns.
+pub const STORAGE_LIST_MAX: usize = 10_000;
 /// Lock stripes that serialize activation, hibernation and eviction per run.
 pub const ACTIVATION_STRIPES: usize = 64;
 /// Alarms the scheduler keeps in memory; the rest wait in the store's due index.

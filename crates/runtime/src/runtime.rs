@@ -496,6 +496,37 @@ impl Runtime {
 
     /// `send` with a JSON message.
     pub async fn send_json(&self, run_id: &str, message_json: &str) -> Result<(), RuntimeError> {
+        let live = self.inbound(run_id, message_json).await?;
+        let json = message_json.to_string();
+        match live.actor.call(|reply| RunMsg::Message { json, reply }, None).await {
+            Ok(CallResult::Success(result)) => Ok(result?),
+            _ => Err(RuntimeError::Agent(crate::AgentError::Runtime("the run's actor stopped".into()))),
+        }
+    }
+
+    /// Sends a typed request to a run and returns `on_request`'s reply, typed.
+    pub async fn request<A: Agent, R: DeserializeOwned>(
+        &self,
+        run_id: &str,
+        message: &A::Message,
+    ) -> Result<R, RuntimeError> {
+        let json = json::canonical(message).map_err(RuntimeError::InvalidInput)?;
+        let reply = self.request_json(run_id, &json).await?;
+        json::parse(&reply).map_err(|e| RuntimeError::Agent(crate::AgentError::Serialization(e)))
+    }
+
+    /// `request` with JSON in and out.
+    pub async fn request_json(&self, run_id: &str, message_json: &str) -> Result<String, RuntimeError> {
+        let live = self.inbound(run_id, message_json).await?;
+        let json = message_json.to_string();
+        match live.actor.call(|reply| RunMsg::Request { json, reply }, None).await {
+            Ok(CallResult::Success(result)) => Ok(result?),
+            _ => Err(RuntimeError::Agent(crate::AgentError::Runtime("the run's actor stopped".into()))),
+        }
+    }
+
+    /// Checks a message or request for a run and activates the run to take it.
+    async fn inbound(&self, run_id: &str, message_json: &str) -> Result<LiveRun, RuntimeError> {
         if self.shared.passive {
             return Err(RuntimeError::InvalidInput(
                 "messages need a serving runtime; this one only inspects".into(),
@@ -511,11 +542,20 @@ impl Runtime {
         self.shared.agent(&run.kind)?.check_message(message_json).map_err(RuntimeError::InvalidInput)?;
         let live = activate(&self.shared, run_id).await?;
         self.shared.liveness.activity(run_id, self.now_ms());
-        let json = message_json.to_string();
-        match live.actor.call(|reply| RunMsg::Message { json, reply }, None).await {
-            Ok(CallResult::Success(result)) => Ok(result?),
-            _ => Err(RuntimeError::Agent(crate::AgentError::Runtime("the run's actor stopped".into()))),
-        }
+        Ok(live)
+    }
+
+    /// One page of a run's storage under `prefix`, in key order, after `start_after`: keys
+    /// and values as JSON text. For inspection; the run itself reads `ctx.storage()`.
+    pub fn storage_list(
+        &self,
+        run_id: &str,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, String)>, RuntimeError> {
+        self.shared.load_run(run_id)?;
+        crate::storage::list_json(&self.shared.store, run_id, prefix, start_after, limit)
     }
 
     /// Sends the external event `name` to a run (durably buffered, FIFO per name); a repeat

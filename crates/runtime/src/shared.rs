@@ -51,6 +51,8 @@ pub(crate) struct RunCell {
     pub recovering: std::sync::atomic::AtomicBool,
     /// In `exit` durability, the stash that waits for the fiber to end or wait.
     pub pending_exit: Mutex<Option<durafiber_store::tables::StashRecord>>,
+    /// Serializes the run's storage writes; holds its key count once read.
+    pub storage_keys: tokio::sync::Mutex<Option<usize>>,
 }
 
 /// What a waiting `request_approval` is woken with.

@@ -15,6 +15,7 @@
 //! | alarms    | `a` run_id NUL name                   | [`AlarmRecord`]  |
 //! | alarm_due | `d` due_at_ms (u64 BE) run_id NUL name | `()`            |
 //! | dead      | `x` run_id NUL name NUL dead_at_ms     | [`DeadLetter`]   |
+//! | storage   | `g` run_id NUL key                    | JSON text        |
 
 use serde::{Deserialize, Serialize};
 
@@ -55,6 +56,8 @@ pub const EVENT_WAITS: Table = Table { name: "event_waits", prefix: b'v' };
 pub const META: Table = Table { name: "meta", prefix: b'm' };
 /// Durable sleeps by run and name: the journal that makes a sleep wake once, at its time.
 pub const SLEEPS: Table = Table { name: "sleeps", prefix: b'w' };
+/// Each run's own key-value storage (`ctx.storage()`): canonical JSON under the user's key.
+pub const STORAGE: Table = Table { name: "storage", prefix: b'g' };
 
 /// The run a record belongs to, read from its key: the first key part for every table but
 /// `run_keys` and `meta` (which belong to no run) and `alarm_due` (after its due time).
@@ -70,7 +73,7 @@ pub fn run_of_key(key: &[u8]) -> Option<&str> {
 }
 
 /// Every table, for inspection and tests.
-pub const ALL: [Table; 14] = [
+pub const ALL: [Table; 15] = [
     RUNS,
     RUN_KEYS,
     OPEN_RUNS,
@@ -85,6 +88,7 @@ pub const ALL: [Table; 14] = [
     EVENTS,
     EVENT_KEYS,
     EVENT_WAITS,
+    STORAGE,
 ];
 
 impl Table {

@@ -52,7 +52,7 @@ impl Steps {
     ) -> Result<StepsStash, AgentError> {
         while s.done < input.steps {
             if input.pause_ms > 0 {
-                ctx.sleep(std::time::Duration::from_millis(input.pause_ms)).await;
+                ctx.sleep_in_memory(std::time::Duration::from_millis(input.pause_ms)).await;
             }
             s.done += 1;
             ctx.stash("step", &s).await?;
@@ -294,7 +294,7 @@ impl Order {
                     }
                 }
             }
-            ctx.sleep(std::time::Duration::from_millis(10)).await;
+            ctx.sleep_in_memory(std::time::Duration::from_millis(10)).await;
         }
         ctx.stash("done", &3).await?;
         Ok(OrderOutput {

@@ -37,7 +37,7 @@ impl Agent for Lab {
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, mode: String) -> Result<String, AgentError> {
         if mode == "fiber" {
             ctx.stash("working", &"halfway".to_string()).await?;
-            ctx.sleep(Duration::from_secs(3600)).await;
+            ctx.sleep_in_memory(Duration::from_secs(3600)).await;
         }
         Ok(mode)
     }

@@ -11,6 +11,7 @@ use crate::{
     fiber::stash,
     json,
     shared::{RunCell, Shared},
+    storage::Storage,
 };
 
 /// The untyped context behind [`Ctx`].
@@ -57,7 +58,12 @@ impl<A: Agent> Ctx<A> {
 
     /// Persists the run's snapshot at a named step, replacing the last one. In `sync`
     /// durability it returns once the stash is on disk.
+    /// Only the fiber stashes: a handler gets [`AgentError::StashFromHandler`] and writes
+    /// [`Ctx::storage`] instead.
     pub async fn stash(&mut self, step: &str, value: &A::Stash) -> Result<(), AgentError> {
+        if !self.raw.in_fiber {
+            return Err(AgentError::StashFromHandler);
+        }
         let text = json::canonical(value).map_err(AgentError::Serialization)?;
         stash::write(&mut self.raw, step, text).await
     }
@@ -77,6 +83,12 @@ impl<A: Agent> Ctx<A> {
         };
         let stash = json::parse(&record.stash_json).map_err(AgentError::Serialization)?;
         Ok(Some((stash, record.step, record.seq)))
+    }
+
+    /// The run's own key-value storage, in the fiber and in handlers alike; see [`Storage`].
+    /// A write is durable with the run's next boundary, or at `storage().sync()`.
+    pub fn storage(&self) -> Storage<'_> {
+        Storage::new(&self.raw)
     }
 
     /// Performs one side effect exactly once per `(run, effect_id)` (§5). `f` gets the
@@ -208,9 +220,9 @@ impl<A: Agent> Ctx<A> {
         }
     }
 
-    /// Sleeps on the runtime's clock. This is an in-memory wait: an interruption loses it,
-    /// and recovery re-enters the last boundary. [`Ctx::sleep_for`] is the durable one.
-    pub async fn sleep(&self, d: Duration) {
+    /// Sleeps on the runtime's clock, in memory only: an interruption loses the wait, and
+    /// recovery re-enters the last boundary. [`Ctx::sleep_for`] is the durable one.
+    pub async fn sleep_in_memory(&self, d: Duration) {
         let sleep = clock::sleep(self.raw.shared.clock.as_ref(), d);
         self.raw.shared.parked(self.raw.in_fiber, sleep).await
     }

@@ -26,6 +26,8 @@ pub(crate) enum RunMsg {
     Activate { busy: BusyGuard, since: Stopwatch },
     /// A message from outside, for `on_message`.
     Message { json: String, reply: RpcReplyPort<Result<(), AgentError>> },
+    /// A request from outside, for `on_request`: the reply goes back as JSON text.
+    Request { json: String, reply: RpcReplyPort<Result<String, AgentError>> },
     /// A due alarm, for `on_alarm`.
     Alarm { event: AlarmEvent, reply: RpcReplyPort<Result<(), AgentError>> },
 }
@@ -79,6 +81,10 @@ impl Actor for RunActor {
                 let result = self.on_message(&state.cell, json).instrument(span).await;
                 let _ = reply.send(result);
             }
+            RunMsg::Request { json, reply } => {
+                let result = self.on_request(&state.cell, json).instrument(span).await;
+                let _ = reply.send(result);
+            }
             RunMsg::Alarm { event, reply } => {
                 let result = self.on_alarm(&state.cell, event).instrument(span).await;
                 let _ = reply.send(result);
@@ -92,11 +98,26 @@ impl RunActor {
     async fn on_message(&self, cell: &Arc<RunCell>, json: String) -> Result<(), AgentError> {
         let agent = self.shared.agent(&cell.kind).map_err(AgentError::from)?;
         let raw = RawCtx::new(self.shared.clone(), cell.clone(), 0);
-        let handler = AssertUnwindSafe(agent.on_message(raw, json)).catch_unwind();
+        self.under_wall_limit("on_message", agent.on_message(raw, json)).await
+    }
+
+    async fn on_request(&self, cell: &Arc<RunCell>, json: String) -> Result<String, AgentError> {
+        let agent = self.shared.agent(&cell.kind).map_err(AgentError::from)?;
+        let raw = RawCtx::new(self.shared.clone(), cell.clone(), 0);
+        self.under_wall_limit("on_request", agent.on_request(raw, json)).await
+    }
+
+    /// Runs a message or request handler: a panic or the message wall limit is its failure.
+    async fn under_wall_limit<T>(
+        &self,
+        hook: &str,
+        handler: impl std::future::Future<Output = Result<T, AgentError>>,
+    ) -> Result<T, AgentError> {
+        let handler = AssertUnwindSafe(handler).catch_unwind();
         match clock::timeout(self.shared.clock.as_ref(), self.shared.config.message_wall_limit, handler).await
         {
-            None => Err(AgentError::fail("on_message exceeded the message wall limit")),
-            Some(Err(panic)) => Err(AgentError::fail(format!("on_message panicked: {}", panic_text(panic)))),
+            None => Err(AgentError::fail(format!("{hook} exceeded the message wall limit"))),
+            Some(Err(panic)) => Err(AgentError::fail(format!("{hook} panicked: {}", panic_text(panic)))),
             Some(Ok(result)) => result,
         }
     }

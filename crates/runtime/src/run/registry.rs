@@ -111,6 +111,7 @@ impl Registry {
             fiber: Mutex::new(None),
             recovering: AtomicBool::new(false),
             pending_exit: Mutex::new(None),
+            storage_keys: tokio::sync::Mutex::new(None),
         });
         let (actor, _join) = Actor::spawn(None, RunActor { shared: shared.clone() }, cell.clone())
             .await

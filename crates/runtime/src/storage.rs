@@ -1,0 +1,257 @@
+//! Each run's own key-value storage, the Durable Object way (`ctx.storage()`): typed values
+//! under string keys, read back in key order, written in all-or-nothing transactions.
+//!
+//! A write is applied at once (every later read of the run sees it) and rides the store's
+//! group commit as an `Async` batch: the run's next boundary of any kind — or `sync()` —
+//! runs a barrier that covers it. A crash loses at most the writes since then, and always
+//! whole transactions, never part of one. Writes of one run are serialized by the run's
+//! storage lock, which also keeps its key count.
+
+use std::collections::BTreeMap;
+
+use durafiber_store::{Batch, Durability, Store, tables};
+use serde::{Serialize, de::DeserializeOwned};
+
+use crate::{AgentError, RuntimeError, fiber::ctx::RawCtx, json, limits};
+
+fn record_key(run_id: &str, key: &str) -> Vec<u8> {
+    tables::STORAGE.key(&[run_id.as_bytes(), key.as_bytes()])
+}
+
+fn check_key(key: &str) -> Result<(), AgentError> {
+    if key.is_empty() {
+        return Err(AgentError::fail("a storage key is empty"));
+    }
+    if key.len() > limits::STORAGE_KEY_BYTES_MAX {
+        return Err(AgentError::StorageLimit {
+            what: "key bytes",
+            size: key.len(),
+            max: limits::STORAGE_KEY_BYTES_MAX,
+        });
+    }
+    Ok(())
+}
+
+fn read_json(store: &Store, run_id: &str, key: &str) -> Result<Option<String>, AgentError> {
+    Ok(store.get::<String>(tables::STORAGE, &record_key(run_id, key))?)
+}
+
+/// One page of a run's storage under `prefix`, after `start_after`, in key order: the keys
+/// (without the run's part) and their values as JSON text. Shared with inspection.
+pub(crate) fn list_json(
+    store: &Store,
+    run_id: &str,
+    prefix: &str,
+    start_after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<(String, String)>, RuntimeError> {
+    let run_part = tables::STORAGE.prefix_of(&[run_id.as_bytes()]);
+    let mut scan_prefix = run_part.clone();
+    scan_prefix.extend_from_slice(prefix.as_bytes());
+    let after = start_after.map(|k| record_key(run_id, k));
+    let limit = limit.min(limits::STORAGE_LIST_MAX);
+    let rows = store.scan::<String>(tables::STORAGE, &scan_prefix, after.as_deref(), limit)?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (key, value) in rows {
+        let key = String::from_utf8_lossy(&key[run_part.len()..]).into_owned();
+        out.push((key, value?));
+    }
+    Ok(out)
+}
+
+/// A run's storage, from [`crate::Ctx::storage`].
+///
+/// ```
+/// # use durafiber_runtime::{Agent, AgentError, Ctx};
+/// # struct Tally;
+/// # impl Agent for Tally {
+/// #     const KIND: &'static str = "tally";
+/// #     type Input = ();
+/// #     type Stash = ();
+/// #     type Output = u64;
+/// #     type Message = String;
+/// async fn on_message(&self, ctx: &mut Ctx<Self>, vote: String) -> Result<(), AgentError> {
+///     let key = format!("votes/{vote}");
+///     ctx.storage()
+///         .transaction(|txn| {
+///             let n: u64 = txn.get(&key)?.unwrap_or(0);
+///             txn.put(&key, &(n + 1))
+///         })
+///         .await
+/// }
+/// #     async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<u64, AgentError> {
+/// #         Ok(ctx.storage().list::<u64>("votes/", None, 100)?.iter().map(|(_, n)| n).sum())
+/// #     }
+/// # }
+/// ```
+pub struct Storage<'a> {
+    raw: &'a RawCtx,
+}
+
+impl<'a> Storage<'a> {
+    pub(crate) fn new(raw: &'a RawCtx) -> Self {
+        Storage { raw }
+    }
+
+    fn run_id(&self) -> &str {
+        &self.raw.cell.run_id
+    }
+
+    /// The value under `key`, or `None`.
+    pub fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, AgentError> {
+        check_key(key)?;
+        read_json(&self.raw.shared.store, self.run_id(), key)?
+            .map(|text| json::parse(&text).map_err(AgentError::Serialization))
+            .transpose()
+    }
+
+    /// The values under `keys` that exist, by key.
+    pub fn get_many<T: DeserializeOwned>(&self, keys: &[&str]) -> Result<BTreeMap<String, T>, AgentError> {
+        let mut found = BTreeMap::new();
+        for key in keys {
+            if let Some(value) = self.get(key)? {
+                found.insert(key.to_string(), value);
+            }
+        }
+        Ok(found)
+    }
+
+    /// Up to `limit` entries (at most `limits::STORAGE_LIST_MAX`) whose keys start with
+    /// `prefix`, in key order, after `start_after` when given: page with the last key.
+    pub fn list<T: DeserializeOwned>(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, T)>, AgentError> {
+        list_json(&self.raw.shared.store, self.run_id(), prefix, start_after, limit)?
+            .into_iter()
+            .map(|(key, text)| Ok((key, json::parse(&text).map_err(AgentError::Serialization)?)))
+            .collect()
+    }
+
+    /// Writes `value` under `key`.
+    pub async fn put<T: Serialize>(&self, key: &str, value: &T) -> Result<(), AgentError> {
+        self.transaction(|txn| txn.put(key, value)).await
+    }
+
+    /// Deletes `key`; true when it was there.
+    pub async fn delete(&self, key: &str) -> Result<bool, AgentError> {
+        self.transaction(|txn| {
+            let had = txn.contains(key)?;
+            txn.delete(key)?;
+            Ok(had)
+        })
+        .await
+    }
+
+    /// Runs `f` over a transaction and writes what it staged as one batch: all of it or,
+    /// when `f` fails (or a limit is passed), none. Reads inside see the staged writes.
+    pub async fn transaction<R>(
+        &self,
+        f: impl FnOnce(&mut Transaction<'_>) -> Result<R, AgentError>,
+    ) -> Result<R, AgentError> {
+        let shared = &self.raw.shared;
+        let mut keys_cached = self.raw.cell.storage_keys.lock().await;
+        if shared.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(RuntimeError::ShuttingDown.into());
+        }
+        let mut txn = Transaction { store: &shared.store, run_id: self.run_id(), staged: BTreeMap::new() };
+        let out = f(&mut txn)?;
+        if txn.staged.is_empty() {
+            return Ok(out);
+        }
+        let keys = match *keys_cached {
+            Some(n) => n,
+            None => shared
+                .store
+                .keys_and_sizes(&tables::STORAGE.prefix_of(&[self.run_id().as_bytes()]), usize::MAX)?
+                .len(),
+        };
+        let mut batch = Batch::new();
+        let mut keys_after = keys;
+        for (key, value) in &txn.staged {
+            let existed = read_json(&shared.store, self.run_id(), key)?.is_some();
+            let full_key = record_key(self.run_id(), key);
+            match value {
+                Some(text) => {
+                    keys_after += usize::from(!existed);
+                    batch.put(tables::STORAGE, full_key, text)?;
+                }
+                None => {
+                    keys_after = keys_after.saturating_sub(usize::from(existed));
+                    batch.delete(full_key);
+                }
+            }
+        }
+        let max = shared.config.storage_keys_max;
+        if keys_after > keys && keys_after > max {
+            return Err(AgentError::StorageLimit { what: "keys in the run", size: keys_after, max });
+        }
+        shared.store.commit(batch, Durability::Async).await?;
+        *keys_cached = Some(keys_after);
+        tracing::debug!(
+            run_id = self.run_id(),
+            writes = txn.staged.len(),
+            keys = keys_after,
+            "storage written"
+        );
+        Ok(out)
+    }
+
+    /// Returns once every storage write of the run so far is durable.
+    pub async fn sync(&self) -> Result<(), AgentError> {
+        Ok(self.raw.shared.store.barrier().await?)
+    }
+}
+
+/// The writes of one [`Storage::transaction`], staged until it returns.
+pub struct Transaction<'a> {
+    store: &'a Store,
+    run_id: &'a str,
+    /// Key → new value as JSON text, or `None` for a delete.
+    staged: BTreeMap<String, Option<String>>,
+}
+
+impl Transaction<'_> {
+    /// The value under `key` as this transaction sees it.
+    pub fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, AgentError> {
+        check_key(key)?;
+        let text = match self.staged.get(key) {
+            Some(staged) => staged.clone(),
+            None => read_json(self.store, self.run_id, key)?,
+        };
+        text.map(|t| json::parse(&t).map_err(AgentError::Serialization)).transpose()
+    }
+
+    /// Whether `key` holds a value, as this transaction sees it.
+    pub fn contains(&self, key: &str) -> Result<bool, AgentError> {
+        check_key(key)?;
+        match self.staged.get(key) {
+            Some(staged) => Ok(staged.is_some()),
+            None => Ok(read_json(self.store, self.run_id, key)?.is_some()),
+        }
+    }
+
+    /// Stages `value` under `key`.
+    pub fn put<T: Serialize>(&mut self, key: &str, value: &T) -> Result<(), AgentError> {
+        check_key(key)?;
+        let text = json::canonical(value).map_err(AgentError::Serialization)?;
+        if text.len() > limits::STORAGE_VALUE_BYTES_MAX {
+            return Err(AgentError::StorageLimit {
+                what: "value bytes",
+                size: text.len(),
+                max: limits::STORAGE_VALUE_BYTES_MAX,
+            });
+        }
+        self.staged.insert(key.to_string(), Some(text));
+        Ok(())
+    }
+
+    /// Stages the deletion of `key`.
+    pub fn delete(&mut self, key: &str) -> Result<(), AgentError> {
+        check_key(key)?;
+        self.staged.insert(key.to_string(), None);
+        Ok(())
+    }
+}
