@@ -104,6 +104,45 @@ async fn every_endpoint_answers_and_every_refusal_is_a_json_error() {
     assert_eq!(s, 200);
     let (s, events) = send(http.get(server.url(&format!("/events?run_id={run_id}")))).await;
     assert!(s == 200 && events.as_array().is_some_and(|e| !e.is_empty()));
+    // An order: a request answers with what it stored, an event is taken, storage is listed.
+    let order = json!({"kind": "order", "input": {"order_id": "ord_h", "amount_cents": 9, "upstream": upstream.url(),
+        "alarm_delays_ms": [10], "wait_for_packing": true}});
+    let (_, started) = send(post("/runs").header("Idempotency-Key", "order-h").body(order.to_string())).await;
+    let order_id = started["run_id"].as_str().expect("id").to_string();
+    let (s, reply) = send(post(&format!("/runs/{order_id}/requests")).body("null")).await;
+    assert_eq!((s, &reply["reply"]), (200, &json!({})), "{reply}");
+    let (s, e) = send(post(&format!("/runs/{order_id}/requests")).body(r#"{"not": "unit"}"#)).await;
+    assert_eq!((s, e["kind"].as_str()), (400, Some("InvalidInput")));
+    let packed = json!({"payload": {"box": 7}, "idempotency_key": "p1"});
+    let (s, sent) = send(post(&format!("/runs/{order_id}/events/packed")).body(packed.to_string())).await;
+    assert_eq!((s, sent["outcome"].as_str()), (200, Some("buffered")), "{sent}");
+    let (_, again) = send(post(&format!("/runs/{order_id}/events/packed")).body(packed.to_string())).await;
+    assert_eq!(again["outcome"].as_str(), Some("duplicate"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let stored = loop {
+        let (_, list) = send(http.get(server.url("/approvals"))).await;
+        for p in
+            list.as_array().cloned().unwrap_or_default().iter().filter(|p| p["run_id"] == order_id.as_str())
+        {
+            let yes = json!({"payload_hash": p["payload_hash"], "approved": true});
+            send(post(&format!("/runs/{order_id}/approvals/ship")).body(yes.to_string())).await;
+        }
+        let (s, page) = send(http.get(server.url(&format!("/runs/{order_id}/storage")))).await;
+        assert_eq!(s, 200, "{page}");
+        if page["entries"].as_array().is_some_and(|e| e.len() == 2) {
+            break page;
+        }
+        assert!(std::time::Instant::now() < deadline, "the order never stored its charge and event: {page}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(stored["entries"][0]["key"], "charge_id");
+    assert_eq!(stored["entries"][1], json!({"key": "packed", "value": {"box": 7}}));
+    let (s, page) = send(http.get(server.url(&format!("/runs/{order_id}/storage?prefix=pa&limit=1")))).await;
+    assert_eq!((s, &page["next"]), (200, &json!("packed")), "a full page names the next one: {page}");
+    let (s, e) = send(http.get(server.url(&format!("/runs/{order_id}/storage?limit=x")))).await;
+    assert_eq!((s, e["kind"].as_str()), (400, Some("BadRequest")));
+    assert_eq!(send(http.get(server.url("/runs/run_nope/storage"))).await.0, 404);
+
     assert_eq!(send(http.get(server.url("/nowhere"))).await.0, 404);
     assert_eq!(send(http.delete(server.url("/approvals"))).await.0, 405);
     let (s, e) = send(http.get(server.url("/runs?limit=many"))).await;

@@ -205,8 +205,10 @@ impl Agent for Refund {
 }
 
 /// The torture's order job: stashes, two named alarms, a human approval, two effects through
-/// an idempotent upstream, and a wait until both alarms were delivered. Every step is a
-/// boundary or an effect, so re-entering from the top at any point is safe.
+/// an idempotent upstream, a durable sleep, a wait for the external event `packed`, storage
+/// written in transactions, and a wait until both alarms were delivered. Every step is a
+/// boundary, an effect or a guarded storage write, so re-entering from the top at any point
+/// is safe. What it stores, `on_request` answers (see [`ORDER_STORAGE`]).
 #[derive(Default, Clone)]
 pub struct Order {
     http: reqwest::Client,
@@ -223,6 +225,12 @@ pub struct OrderInput {
     pub upstream: String,
     /// Delays of the run's alarms, ms: one alarm per entry, named `alarm:<i>`.
     pub alarm_delays_ms: Vec<u64>,
+    /// A durable sleep `cool-off` this long after the email, ms (0: none).
+    #[serde(default)]
+    pub cool_off_ms: u64,
+    /// Wait for the external event `packed` after the cool-off, and store its payload.
+    #[serde(default)]
+    pub wait_for_packing: bool,
 }
 
 /// Output of [`Order`].
@@ -237,6 +245,11 @@ pub struct OrderOutput {
 /// The upstream collection where [`Order`]'s alarm handler reports each delivery, keyed
 /// `<run_id>:<alarm name>`.
 pub const ORDER_ALARMS: &str = "alarm_deliveries";
+
+/// The storage keys [`Order`] writes, each once: `charge_id` (the upstream charge's id),
+/// `cool_off` (`[slept_at_ms, woke_at_ms]`: the first time the fiber reached the sleep and
+/// the first time it came back from it), `packed` (the event's payload).
+pub const ORDER_STORAGE: [&str; 3] = ["charge_id", "cool_off", "packed"];
 
 impl Order {
     async fn flow(&self, ctx: &mut Ctx<Self>, input: OrderInput) -> Result<OrderOutput, AgentError> {
@@ -273,6 +286,40 @@ impl Order {
                 async move { post_idempotent(&http, &base, "emails", &key, None, &args).await }
             })
             .await?;
+        ctx.storage()
+            .transaction(|txn| match txn.contains("charge_id")? {
+                true => Ok(()),
+                false => txn.put("charge_id", &charge["id"]),
+            })
+            .await?;
+        if input.cool_off_ms > 0 {
+            let now = ctx.now_ms();
+            // The first arrival at the sleep is recorded once: a re-entry finds it there.
+            let slept_at: u64 = ctx
+                .storage()
+                .transaction(|txn| match txn.get::<u64>("slept_at")? {
+                    Some(at) => Ok(at),
+                    None => txn.put("slept_at", &now).map(|_| now),
+                })
+                .await?;
+            ctx.sleep_for("cool-off", std::time::Duration::from_millis(input.cool_off_ms)).await?;
+            let now = ctx.now_ms();
+            ctx.storage()
+                .transaction(|txn| match txn.contains("cool_off")? {
+                    true => Ok(()),
+                    false => txn.put("cool_off", &[slept_at, now]),
+                })
+                .await?;
+        }
+        if input.wait_for_packing {
+            let packed: Option<Value> = ctx.wait_for_event("packed", None).await?;
+            ctx.storage()
+                .transaction(|txn| match txn.contains("packed")? {
+                    true => Ok(()),
+                    false => txn.put("packed", &packed),
+                })
+                .await?;
+        }
         // The run stays open until every alarm was delivered: a finished run's alarms go.
         // An alarm abandoned before its handler ever reached the upstream (every attempt cut
         // by a kill) is set again, every 3 s, until it gets through.
@@ -353,6 +400,12 @@ impl Agent for Order {
         _alarm: &durafiber_runtime::AlarmEvent,
     ) -> durafiber_runtime::ExhaustedAction {
         durafiber_runtime::ExhaustedAction::Ignore
+    }
+
+    /// Answers with what the run has stored so far.
+    async fn on_request(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<Value, AgentError> {
+        let stored = ctx.storage().get_many::<Value>(&ORDER_STORAGE)?;
+        Ok(json!(stored))
     }
 
     async fn on_alarm(

@@ -1,8 +1,9 @@
 //! `durafiber torture`: the project's own random-kill torture, beside the drill.
 //!
 //! A real `durafiber serve` hosts the order agent (stashes, two named alarms, a human
-//! approval, two effects through the test kit's idempotent upstream). New runs keep being
-//! started and approved while the harness SIGKILLs the server at seeded random times — 30%
+//! approval, two effects through the test kit's idempotent upstream, a durable sleep, a wait
+//! for the external event `packed`, storage written in transactions). New runs keep being
+//! started, sent their event (once per run, with an idempotency key) and approved while the harness SIGKILLs the server at seeded random times — 30%
 //! of kills in the first 30 ms of a process's life (store open, recovery scan), the rest
 //! within 370 ms of the server answering — and restarts it. Then one last server runs until every run
 //! is finished, and every promise is checked against the upstream, which counts objects
@@ -14,6 +15,10 @@
 //! - every committed ledger receipt equals the upstream object of its key;
 //! - every run `Completed` (nothing escalated: no agent here asks for it);
 //! - every alarm delivered at least once;
+//! - each run's storage as its story says: the charge id of its upstream charge, a sleep
+//!   that woke no earlier than its duration after the run first reached it, the payload of
+//!   its one event; every event sent again at the end is a `duplicate` or finds the run
+//!   finished, never delivered twice;
 //! - the store opened on every start; no panic in any log; nothing stuck.
 //!
 //! The upstream lives in this process, so it outlives every server it kills.
@@ -70,6 +75,10 @@ pub struct TortureReport {
     pub ledger_mismatches: usize,
     /// Alarms of completed runs never delivered.
     pub alarms_lost: usize,
+    /// Completed runs whose storage is not what their story says (see the module doc).
+    pub storage_mismatches: usize,
+    /// Events sent again at the end that were delivered or buffered a second time.
+    pub events_twice: usize,
     /// Server starts that could not open the store.
     pub store_unopenable: usize,
     /// Panics found in the server logs.
@@ -160,6 +169,8 @@ struct Harness {
     unanswered: Vec<(String, Value)>,
     /// The input each key was started with.
     inputs: BTreeMap<String, Value>,
+    /// Runs whose `packed` event was not acknowledged yet, with their order key.
+    unsent: BTreeMap<String, String>,
     next_order: u64,
     runs_max: usize,
 }
@@ -172,6 +183,8 @@ impl Harness {
             "amount_cents": self.rng.between(100, 10_000),
             "upstream": self.upstream.url(),
             "alarm_delays_ms": delays,
+            "cool_off_ms": self.rng.between(10, 200),
+            "wait_for_packing": true,
         })
     }
 
@@ -180,6 +193,9 @@ impl Harness {
         match client.post("/runs", &json!({"kind": "order", "input": input}), Some(&key)).await {
             Ok(answer) => {
                 if let Some(id) = answer["run_id"].as_str() {
+                    if self.ids.get(&key).is_none_or(|ids| !ids.contains(id)) {
+                        self.unsent.insert(id.to_string(), key.clone());
+                    }
                     self.ids.entry(key).or_default().insert(id.to_string());
                 }
             }
@@ -187,7 +203,17 @@ impl Harness {
         }
     }
 
-    /// One round of a live server's work: retry unanswered starts, start new runs, approve.
+    /// Sends each run's `packed` event until the server acknowledges it once.
+    async fn send_events(&mut self, client: &Client) {
+        for (run_id, key) in self.unsent.clone() {
+            if send_packed(client, &run_id, &key).await.is_ok() {
+                self.unsent.remove(&run_id);
+            }
+        }
+    }
+
+    /// One round of a live server's work: retry unanswered starts, start new runs, send
+    /// events, approve.
     async fn round(&mut self, client: &Client, started_here: &mut usize) {
         for (key, input) in std::mem::take(&mut self.unanswered) {
             self.start(client, key, input).await;
@@ -199,8 +225,16 @@ impl Harness {
             self.start(client, format!("order-{order}"), input).await;
             *started_here += 1;
         }
+        self.send_events(client).await;
         approve_pending(client).await;
     }
+}
+
+/// The one `packed` event of the order started under `key`: the outcome the server gave.
+async fn send_packed(client: &Client, run_id: &str, key: &str) -> anyhow::Result<String> {
+    let body = json!({"payload": {"box": format!("box-{key}")}, "idempotency_key": format!("packed-{key}")});
+    let answer = client.post(&format!("/runs/{run_id}/events/packed"), &body, None).await?;
+    Ok(answer["outcome"].as_str().unwrap_or("?").to_string())
 }
 
 /// Approves every pending `ship` approval with the hash the view shows.
@@ -242,6 +276,7 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
         ids: BTreeMap::new(),
         unanswered: Vec::new(),
         inputs: BTreeMap::new(),
+        unsent: BTreeMap::new(),
         next_order: 0,
         runs_max: (plan.kills as usize).saturating_mul(2).max(10),
     };
@@ -308,6 +343,8 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
             report.missing_effects,
             report.ledger_mismatches,
             report.alarms_lost,
+            report.storage_mismatches,
+            report.events_twice,
             report.store_unopenable,
             report.panics,
             report.stuck,
@@ -327,6 +364,8 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
 /// What the last server showed of every run.
 struct Finished {
     runs: BTreeMap<String, Value>,
+    /// Each run's storage, by key.
+    storage: BTreeMap<String, BTreeMap<String, Value>>,
 }
 
 /// Lets the last server finish every run, approving as needed; re-sends every start.
@@ -358,6 +397,7 @@ async fn finish(
     let deadline = Instant::now() + FINISH_DEADLINE;
     let mut runs = BTreeMap::new();
     loop {
+        h.send_events(&client).await;
         approve_pending(&client).await;
         runs.clear();
         for id in &run_ids {
@@ -371,7 +411,28 @@ async fn finish(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Ok(Finished { runs })
+    // Every event once more: a duplicate for an open run, refused for a finished one.
+    for (key, ids) in &h.ids {
+        for run_id in ids {
+            match send_packed(&client, run_id, key).await {
+                Ok(outcome) if outcome != "duplicate" => report.events_twice += 1,
+                Err(e) if !e.to_string().contains("has finished") => report.events_twice += 1,
+                _ => {}
+            }
+        }
+    }
+    let mut storage = BTreeMap::new();
+    for id in &run_ids {
+        if let Ok(page) = client.get(&format!("/runs/{id}/storage")).await {
+            let entries = page["entries"].as_array().cloned().unwrap_or_default();
+            let by_key: BTreeMap<String, Value> = entries
+                .into_iter()
+                .filter_map(|e| Some((e["key"].as_str()?.to_string(), e["value"].clone())))
+                .collect();
+            storage.insert(id.clone(), by_key);
+        }
+    }
+    Ok(Finished { runs, storage })
 }
 
 fn is_terminal(run: &Value) -> bool {
@@ -438,6 +499,9 @@ fn score(h: &Harness, finished: &Finished, report: &mut TortureReport) {
             .as_str()
             .and_then(|i| serde_json::from_str(i).ok())
             .unwrap_or(Value::Null);
+        if !storage_as_told(run, &input, finished.storage.get(run_id), &charges) {
+            report.storage_mismatches += 1;
+        }
         let expected = input["alarm_delays_ms"].as_array().map(Vec::len).unwrap_or(0);
         for i in 0..expected {
             let key = format!("{run_id}:alarm:{i}");
@@ -446,6 +510,29 @@ fn score(h: &Harness, finished: &Finished, report: &mut TortureReport) {
             }
         }
     }
+}
+
+/// Whether a completed order's storage tells its story: the id of the upstream charge its
+/// ledger committed, a sleep that lasted at least its duration, the payload of its event.
+fn storage_as_told(
+    run: &Value,
+    input: &Value,
+    stored: Option<&BTreeMap<String, Value>>,
+    charges: &[Value],
+) -> bool {
+    let Some(stored) = stored else { return false };
+    let charge_key = run["ledger"]
+        .as_array()
+        .and_then(|l| l.iter().find(|e| e["effect_id"] == "charge"))
+        .map(|e| e["idempotency_key"].clone());
+    let charge = charges.iter().find(|o| Some(&o["idempotency_key"]) == charge_key.as_ref());
+    let charge_ok = charge.is_some_and(|c| stored.get("charge_id") == Some(&c["id"]));
+    let cool_off = input["cool_off_ms"].as_u64().unwrap_or(0);
+    let slept = stored.get("cool_off").and_then(|c| Some((c[0].as_u64()?, c[1].as_u64()?)));
+    let sleep_ok = slept.is_some_and(|(at, woke)| woke >= at.saturating_add(cool_off));
+    let order = input["order_id"].as_str().unwrap_or_default().trim_start_matches("ord_");
+    let packed_ok = stored.get("packed") == Some(&json!({"box": format!("box-order-{order}")}));
+    charge_ok && sleep_ok && packed_ok
 }
 
 /// `durafiber torture`: prints the counts; the last line is the JSON report with `--json`.
@@ -469,12 +556,14 @@ pub async fn run(json_line: bool, plan: Plan, out: Option<&Path>) -> anyhow::Res
     );
     println!(
         "ids per key (max) {}, duplicate effects {}, missing effects {}, ledger mismatches {}, alarms lost {}, \
-         store unopenable {}, panics {}, stuck {}, server exits {}: {}",
+         storage mismatches {}, events twice {}, store unopenable {}, panics {}, stuck {}, server exits {}: {}",
         r.ids_per_key_max,
         r.duplicate_effects,
         r.missing_effects,
         r.ledger_mismatches,
         r.alarms_lost,
+        r.storage_mismatches,
+        r.events_twice,
         r.store_unopenable,
         r.panics,
         r.stuck,

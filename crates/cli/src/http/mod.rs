@@ -9,6 +9,9 @@
 //! | GET    | `/runs/{id}`                           | state, stash, ledger, alarms, approvals (secrets redacted) |
 //! | POST   | `/runs/{id}/cancel`                    | `{reason}`                            |
 //! | POST   | `/runs/{id}/messages`                  | a message for `on_message`            |
+//! | POST   | `/runs/{id}/requests`                  | a request for `on_request`: `{reply}` |
+//! | POST   | `/runs/{id}/events/{name}`             | `{payload, idempotency_key?}`         |
+//! | GET    | `/runs/{id}/storage?prefix=&start_after=&limit=` | the run's storage, paged    |
 //! | GET    | `/approvals`                           | pending approvals: payload, hash, age |
 //! | POST   | `/runs/{id}/approvals/{approval_id}`   | `{payload_hash, approved, comment}`   |
 //! | GET    | `/runs/{id}/alarms`                    | the run's alarms                      |

@@ -166,6 +166,36 @@ async fn message(State(app): State<AppState>, Path(run_id): Path<String>, body: 
     ok(json!({"run_id": run_id, "handled": true}))
 }
 
+async fn request(State(app): State<AppState>, Path(run_id): Path<String>, body: Bytes) -> ApiResult {
+    let value: Value = parse(&body)?;
+    let reply = app.runtime.request_json(&run_id, &value.to_string()).await?;
+    let reply: Value = serde_json::from_str(&app.secrets.redact(&reply))
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "Internal"))?;
+    ok(json!({"run_id": run_id, "reply": reply}))
+}
+
+/// A page of the run's storage, secrets redacted; `next` is the `start_after` of the next
+/// page, present when this one is full.
+async fn storage(State(app): State<AppState>, Path(run_id): Path<String>, Query(q): Params) -> ApiResult {
+    let limit: usize = match q.get("limit") {
+        None => 100,
+        Some(text) => {
+            text.parse().map_err(|_| bad_request(format!("limit must be a number, not {text:?}")))?
+        }
+    };
+    let limit = limit.clamp(1, durafiber_runtime::limits::STORAGE_LIST_MAX);
+    let prefix = q.get("prefix").map(String::as_str).unwrap_or("");
+    let page = app.runtime.storage_list(&run_id, prefix, q.get("start_after").map(String::as_str), limit)?;
+    let next = if page.len() == limit { page.last().map(|(k, _)| k.clone()) } else { None };
+    let mut entries = Vec::with_capacity(page.len());
+    for (key, text) in page {
+        let value: Value = serde_json::from_str(&app.secrets.redact(&text))
+            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "Internal"))?;
+        entries.push(json!({"key": key, "value": value}));
+    }
+    ok(json!({"run_id": run_id, "entries": entries, "next": next}))
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct EventBody {
@@ -317,6 +347,8 @@ pub fn router(state: AppState) -> Router {
         .route("/runs/{id}", get(show))
         .route("/runs/{id}/cancel", post(cancel))
         .route("/runs/{id}/messages", post(message))
+        .route("/runs/{id}/requests", post(request))
+        .route("/runs/{id}/storage", get(storage))
         .route("/runs/{id}/events/{name}", post(send_event))
         .route("/runs/{id}/approvals/{approval_id}", post(approve))
         .route("/runs/{id}/alarms", get(alarms))
