@@ -12,7 +12,10 @@ use std::collections::BTreeMap;
 use durafiber_store::{Batch, Durability, Store, tables};
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::{AgentError, RuntimeError, fiber::ctx::RawCtx, json, limits};
+use crate::{
+    AgentError, RuntimeError, json, limits,
+    shared::{RunCell, Shared},
+};
 
 fn record_key(run_id: &str, key: &str) -> Vec<u8> {
     tables::STORAGE.key(&[run_id.as_bytes(), key.as_bytes()])
@@ -85,22 +88,23 @@ pub(crate) fn list_json(
 /// # }
 /// ```
 pub struct Storage<'a> {
-    raw: &'a RawCtx,
+    shared: &'a Shared,
+    cell: &'a RunCell,
 }
 
 impl<'a> Storage<'a> {
-    pub(crate) fn new(raw: &'a RawCtx) -> Self {
-        Storage { raw }
+    pub(crate) fn new(shared: &'a Shared, cell: &'a RunCell) -> Self {
+        Storage { shared, cell }
     }
 
     fn run_id(&self) -> &str {
-        &self.raw.cell.run_id
+        &self.cell.run_id
     }
 
     /// The value under `key`, or `None`.
     pub fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, AgentError> {
         check_key(key)?;
-        read_json(&self.raw.shared.store, self.run_id(), key)?
+        read_json(&self.shared.store, self.run_id(), key)?
             .map(|text| json::parse(&text).map_err(AgentError::Serialization))
             .transpose()
     }
@@ -124,7 +128,7 @@ impl<'a> Storage<'a> {
         start_after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<(String, T)>, AgentError> {
-        list_json(&self.raw.shared.store, self.run_id(), prefix, start_after, limit)?
+        list_json(&self.shared.store, self.run_id(), prefix, start_after, limit)?
             .into_iter()
             .map(|(key, text)| Ok((key, json::parse(&text).map_err(AgentError::Serialization)?)))
             .collect()
@@ -151,8 +155,8 @@ impl<'a> Storage<'a> {
         &self,
         f: impl FnOnce(&mut Transaction<'_>) -> Result<R, AgentError>,
     ) -> Result<R, AgentError> {
-        let shared = &self.raw.shared;
-        let mut keys_cached = self.raw.cell.storage_keys.lock().await;
+        let shared = self.shared;
+        let mut keys_cached = self.cell.storage_keys.lock().await;
         if shared.closed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(RuntimeError::ShuttingDown.into());
         }
@@ -201,7 +205,7 @@ impl<'a> Storage<'a> {
 
     /// Returns once every storage write of the run so far is durable.
     pub async fn sync(&self) -> Result<(), AgentError> {
-        Ok(self.raw.shared.store.barrier().await?)
+        Ok(self.shared.store.barrier().await?)
     }
 }
 

@@ -88,7 +88,7 @@ impl<A: Agent> Ctx<A> {
     /// The run's own key-value storage, in the fiber and in handlers alike; see [`Storage`].
     /// A write is durable with the run's next boundary, or at `storage().sync()`.
     pub fn storage(&self) -> Storage<'_> {
-        Storage::new(&self.raw)
+        Storage::new(&self.raw.shared, &self.raw.cell)
     }
 
     /// Performs one side effect exactly once per `(run, effect_id)` (§5). `f` gets the
