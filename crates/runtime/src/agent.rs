@@ -8,7 +8,7 @@ use std::{future::Future, marker::PhantomData, pin::Pin, sync::Arc};
 
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::{AgentError, Ctx, fiber::ctx::RawCtx, json};
+use crate::{error::AgentError, fiber::ctx::Ctx, fiber::ctx::RawCtx, json};
 
 /// Why a run is re-entered through `on_fiber_recovered`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

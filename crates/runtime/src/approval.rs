@@ -12,7 +12,9 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 
 use crate::{
-    AgentError, RuntimeError, alarm, fiber,
+    alarm,
+    error::{AgentError, RuntimeError},
+    fiber,
     fiber::ctx::RawCtx,
     limits,
     shared::{ApprovalOutcome, Shared},

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{RuntimeError, limits};
+use crate::{error::RuntimeError, limits};
 
 /// How durable a stash is when `stash` returns (§3.2). Effects and approvals are always `Sync`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -13,7 +13,7 @@ use durafiber_store::{
 };
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::{AgentError, clock, fiber::ctx::RawCtx, json, limits, metrics::Metrics, rng::fresh_u64};
+use crate::{clock, error::AgentError, fiber::ctx::RawCtx, json, limits, metrics::Metrics, rng::fresh_u64};
 
 /// Full-jitter backoff before call `attempt + 1`: uniform in `0..=min(max, min × 2^(attempt-1))`.
 fn retry_delay_ms(raw: &RawCtx, attempt: u32) -> u64 {

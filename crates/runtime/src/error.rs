@@ -81,7 +81,7 @@ pub enum RuntimeError {
     #[error("liveness: {}", violations.iter().map(|v| v.to_string()).collect::<Vec<_>>().join("; "))]
     LivenessViolation {
         /// Every run left behind.
-        violations: Vec<crate::LivenessViolation>,
+        violations: Vec<LivenessViolation>,
     },
 }
 
@@ -177,5 +177,28 @@ impl From<RuntimeError> for AgentError {
 impl From<StoreError> for AgentError {
     fn from(e: StoreError) -> Self {
         AgentError::Runtime(e.to_string())
+    }
+}
+
+/// An open run that nothing will move: no fiber, no durable wait, no wake.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LivenessViolation {
+    /// The run left behind.
+    pub run_id: String,
+    /// Its stored state.
+    pub status: durafiber_store::tables::RunStatus,
+    /// Whether it has a live actor (without a fiber).
+    pub live: bool,
+}
+
+impl std::fmt::Display for LivenessViolation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let live = if self.live { "live actor, no fiber" } else { "not live" };
+        write!(
+            f,
+            "run {} ({}, {live}) has no fiber, no durable wait and no wake",
+            self.run_id,
+            self.status.name()
+        )
     }
 }

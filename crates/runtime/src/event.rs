@@ -20,7 +20,14 @@ use durafiber_store::{
 use serde::Serialize;
 use tokio::sync::oneshot;
 
-use crate::{AgentError, AlarmAt, RuntimeError, alarm, fiber::ctx::RawCtx, json, limits, shared::Shared};
+use crate::{
+    alarm,
+    alarm::AlarmAt,
+    error::{AgentError, RuntimeError},
+    fiber::ctx::RawCtx,
+    json, limits,
+    shared::Shared,
+};
 
 /// What `send_event` did with an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

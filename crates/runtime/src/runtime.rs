@@ -23,23 +23,29 @@ use ractor::rpc::CallResult;
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
-    Agent, AlarmSpec, KeepAlive, RuntimeConfig, RuntimeError, Secrets,
+    agent::Agent,
     agent::{ErasedAgent, Typed},
-    alarm, approval,
+    alarm,
+    alarm::AlarmSpec,
+    approval,
     approval::{ApproveOutcome, PendingApproval},
     clock::{Clock, Stopwatch, SystemClock, VirtualClock},
+    config::RuntimeConfig,
+    error::{LivenessViolation, RuntimeError},
     events::{Event, EventLog},
     eviction::idle::{self, Action, Liveness},
+    eviction::keep_alive::KeepAlive,
     fiber::recovery,
     json, limits,
     metrics::{Metrics, MetricsSnapshot},
     rng::SeededRng,
     run::{
         actor::RunMsg,
-        liveness::{self, LivenessViolation},
+        liveness,
         registry::{LiveRun, Registry},
         start::{self, StartOutcome},
     },
+    secret::Secrets,
     shared::{CrashHook, Shared},
 };
 
@@ -500,7 +506,9 @@ impl Runtime {
         let json = message_json.to_string();
         match live.actor.call(|reply| RunMsg::Message { json, reply }, None).await {
             Ok(CallResult::Success(result)) => Ok(result?),
-            _ => Err(RuntimeError::Agent(crate::AgentError::Runtime("the run's actor stopped".into()))),
+            _ => {
+                Err(RuntimeError::Agent(crate::error::AgentError::Runtime("the run's actor stopped".into())))
+            }
         }
     }
 
@@ -512,7 +520,7 @@ impl Runtime {
     ) -> Result<R, RuntimeError> {
         let json = json::canonical(message).map_err(RuntimeError::InvalidInput)?;
         let reply = self.request_json(run_id, &json).await?;
-        json::parse(&reply).map_err(|e| RuntimeError::Agent(crate::AgentError::Serialization(e)))
+        json::parse(&reply).map_err(|e| RuntimeError::Agent(crate::error::AgentError::Serialization(e)))
     }
 
     /// `request` with JSON in and out.
@@ -521,7 +529,9 @@ impl Runtime {
         let json = message_json.to_string();
         match live.actor.call(|reply| RunMsg::Request { json, reply }, None).await {
             Ok(CallResult::Success(result)) => Ok(result?),
-            _ => Err(RuntimeError::Agent(crate::AgentError::Runtime("the run's actor stopped".into()))),
+            _ => {
+                Err(RuntimeError::Agent(crate::error::AgentError::Runtime("the run's actor stopped".into())))
+            }
         }
     }
 
@@ -566,7 +576,7 @@ impl Runtime {
         name: &str,
         payload: &T,
         idempotency_key: Option<&str>,
-    ) -> Result<crate::SendOutcome, RuntimeError> {
+    ) -> Result<crate::event::SendOutcome, RuntimeError> {
         let json = json::canonical(payload).map_err(RuntimeError::InvalidInput)?;
         self.send_event_json(run_id, name, &json, idempotency_key).await
     }
@@ -578,7 +588,7 @@ impl Runtime {
         name: &str,
         payload_json: &str,
         idempotency_key: Option<&str>,
-    ) -> Result<crate::SendOutcome, RuntimeError> {
+    ) -> Result<crate::event::SendOutcome, RuntimeError> {
         crate::event::send(&self.shared, run_id, name, payload_json, idempotency_key).await
     }
 

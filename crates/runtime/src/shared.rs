@@ -17,9 +17,9 @@ use durafiber_store::{Batch, Durability, Store, tables};
 use tokio::sync::{Notify, oneshot, watch};
 
 use crate::{
-    RuntimeConfig, RuntimeError, Secrets, agent::ErasedAgent, alarm::schedule::Scheduler, clock::Clock,
-    config::DurabilityMode, events::EventLog, eviction::idle::Liveness, metrics::Metrics, rng::SeededRng,
-    run::registry::Registry,
+    agent::ErasedAgent, alarm::schedule::Scheduler, clock::Clock, config::DurabilityMode,
+    config::RuntimeConfig, error::RuntimeError, events::EventLog, eviction::idle::Liveness, metrics::Metrics,
+    rng::SeededRng, run::registry::Registry, secret::Secrets,
 };
 
 /// Called at every boundary of a fiber with `(run_id, point)`, where point names the

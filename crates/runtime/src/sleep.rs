@@ -11,7 +11,12 @@ use std::sync::Arc;
 
 use durafiber_store::tables::{self, AlarmRecord, RunStatus, SleepRecord, SystemAlarm, WakeReason};
 
-use crate::{AgentError, RuntimeError, alarm, fiber::ctx::RawCtx, shared::Shared};
+use crate::{
+    alarm,
+    error::{AgentError, RuntimeError},
+    fiber::ctx::RawCtx,
+    shared::Shared,
+};
 
 /// The name of the system alarm that wakes sleep `name`.
 pub(crate) fn alarm_name(name: &str) -> String {

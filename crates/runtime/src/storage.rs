@@ -13,7 +13,8 @@ use durafiber_store::{Batch, Durability, Store, tables};
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
-    AgentError, RuntimeError, json, limits,
+    error::{AgentError, RuntimeError},
+    json, limits,
     shared::{RunCell, Shared},
 };
 

@@ -13,8 +13,15 @@ use durafiber_store::{
 };
 
 use crate::{
-    AgentError, AlarmEvent, ExhaustedAction, RuntimeError, approval, event, fiber, limits, metrics::Metrics,
-    run::actor::RunMsg, runtime, shared::Shared, sleep,
+    agent::{AlarmEvent, ExhaustedAction},
+    approval,
+    error::{AgentError, RuntimeError},
+    event, fiber, limits,
+    metrics::Metrics,
+    run::actor::RunMsg,
+    runtime,
+    shared::Shared,
+    sleep,
 };
 
 /// Delay before retry `n` (1-based): 2 s × 2^(n-1), plus up to 25% jitter.

@@ -14,7 +14,8 @@ use durafiber_store::{
 use serde::Serialize;
 
 use crate::{
-    RuntimeError, json, limits,
+    error::RuntimeError,
+    json, limits,
     shared::{RunCell, Shared},
 };
 

@@ -15,7 +15,7 @@ use std::{
 use durafiber_store::tables::{RunStatus, WakeReason};
 
 use crate::{
-    RuntimeConfig,
+    config::RuntimeConfig,
     metrics::Metrics,
     rng::SeededRng,
     shared::{RunCell, Shared},

@@ -7,9 +7,15 @@ use durafiber_store::tables::Decision;
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
-    Agent, AgentError, AlarmSpec, KeepAlive, Secret, alarm, approval, clock, effect,
+    agent::Agent,
+    alarm,
+    alarm::AlarmSpec,
+    approval, clock, effect,
+    error::AgentError,
+    eviction::keep_alive::KeepAlive,
     fiber::stash,
     json,
+    secret::Secret,
     shared::{RunCell, Shared},
     storage::Storage,
 };
@@ -180,12 +186,12 @@ impl<A: Agent> Ctx<A> {
     /// # }
     /// ```
     pub async fn sleep_for(&mut self, name: &str, d: Duration) -> Result<(), AgentError> {
-        crate::sleep::sleep(&mut self.raw, name, crate::AlarmAt::In(d)).await
+        crate::sleep::sleep(&mut self.raw, name, crate::alarm::AlarmAt::In(d)).await
     }
 
     /// Sleeps durably under `name` until the clock reads `at_ms`; see [`Ctx::sleep_for`].
     pub async fn sleep_until(&mut self, name: &str, at_ms: u64) -> Result<(), AgentError> {
-        crate::sleep::sleep(&mut self.raw, name, crate::AlarmAt::AtMs(at_ms)).await
+        crate::sleep::sleep(&mut self.raw, name, crate::alarm::AlarmAt::AtMs(at_ms)).await
     }
 
     /// Waits durably for the external event `name` (sent with `Runtime::send_event`): the run

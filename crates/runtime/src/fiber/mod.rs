@@ -17,10 +17,11 @@ use futures::FutureExt;
 use tracing::Instrument;
 
 use crate::{
-    AgentError, RecoveryReason, RuntimeError,
     agent::RawRecovered,
+    agent::RecoveryReason,
     alarm,
     clock::Stopwatch,
+    error::{AgentError, RuntimeError},
     fiber::{ctx::RawCtx, recovery::Plan},
     metrics::Metrics,
     run::actor::panic_text,

@@ -12,8 +12,9 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tracing::Instrument;
 
 use crate::{
-    AgentError, AlarmEvent,
+    agent::AlarmEvent,
     clock::{self, Stopwatch},
+    error::AgentError,
     fiber::{self, ctx::RawCtx},
     shared::{BusyGuard, RunCell, Shared},
 };

@@ -8,32 +8,11 @@
 use std::collections::HashSet;
 
 use durafiber_store::tables::{self, AlarmRecord, ApprovalRecord, RunStatus};
-use serde::Serialize;
 
-use crate::{RuntimeError, shared::Shared};
-
-/// An open run that nothing will move: no fiber, no durable wait, no wake.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LivenessViolation {
-    /// The run left behind.
-    pub run_id: String,
-    /// Its stored state.
-    pub status: RunStatus,
-    /// Whether it has a live actor (without a fiber).
-    pub live: bool,
-}
-
-impl std::fmt::Display for LivenessViolation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let live = if self.live { "live actor, no fiber" } else { "not live" };
-        write!(
-            f,
-            "run {} ({}, {live}) has no fiber, no durable wait and no wake",
-            self.run_id,
-            self.status.name()
-        )
-    }
-}
+use crate::{
+    error::{LivenessViolation, RuntimeError},
+    shared::Shared,
+};
 
 /// Every open run that breaks the rule. Runs whose record cannot be read are left to the
 /// corruption path (they are logged where they are read).

@@ -16,9 +16,9 @@ use ractor::{Actor, ActorRef};
 use tokio::sync::watch;
 
 use crate::{
-    RuntimeError,
     clock::Stopwatch,
     config::DurabilityMode,
+    error::RuntimeError,
     limits,
     metrics::Metrics,
     run::actor::{RunActor, RunMsg},
@@ -115,7 +115,7 @@ impl Registry {
         });
         let (actor, _join) = Actor::spawn(None, RunActor { shared: shared.clone() }, cell.clone())
             .await
-            .map_err(|e| RuntimeError::Agent(crate::AgentError::Runtime(format!("spawn: {e}"))))?;
+            .map_err(|e| RuntimeError::Agent(crate::error::AgentError::Runtime(format!("spawn: {e}"))))?;
         let entry = LiveRun { actor, cell };
         self.map().insert(run_id.to_string(), entry.clone());
         let stream = {

@@ -10,7 +10,8 @@ use durafiber_store::tables::{self, RunOptions, RunRecord, RunStatus};
 use serde::Serialize;
 
 use crate::{
-    RuntimeError, json, limits,
+    error::RuntimeError,
+    json, limits,
     metrics::Metrics,
     rng::fresh_u64,
     shared::{Shared, stripe},
