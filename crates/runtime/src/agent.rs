@@ -2,25 +2,19 @@
 //! typed stash, typed output, typed messages, and a handful of hooks with safe defaults.
 //!
 //! The runtime stores every user value as canonical JSON, so the erased side of this module
-//! ([`ErasedAgent`]) moves JSON text between the store and the typed hooks.
+//! (`Typed`, the kernel's `ErasedAgent`) moves JSON text between the store and the typed hooks.
 
-use std::{future::Future, marker::PhantomData, pin::Pin, sync::Arc};
+use std::{future::Future, marker::PhantomData, sync::Arc};
 
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::{error::AgentError, fiber::ctx::Ctx, fiber::ctx::RawCtx, json};
-
-/// Why a run is re-entered through `on_fiber_recovered`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RecoveryReason {
-    /// The process died while the fiber ran.
-    Crash,
-    /// The runtime evicted the run mid-fiber.
-    Evicted,
-    /// A decision or alarm arrived after the fiber was gone.
-    Resumed,
-}
+pub use crate::hooks::{AlarmEvent, ExhaustedAction, RecoveryReason};
+use crate::{
+    error::AgentError,
+    fiber::ctx::Ctx,
+    json,
+    kernel::shared::{BoxFuture, ErasedAgent, RawCtx, RawRecovered},
+};
 
 /// What `on_fiber_recovered` is told: everything needed to continue from the last boundary.
 #[derive(Debug, Clone)]
@@ -43,37 +37,6 @@ pub struct Recovered<A: Agent> {
     pub reason: RecoveryReason,
     /// When the run was accepted.
     pub created_at_ms: u64,
-}
-
-/// An alarm being delivered (§8.3).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct AlarmEvent {
-    /// The alarm's name.
-    pub name: String,
-    /// The payload it was set with, as JSON.
-    pub payload_json: String,
-    /// When it was scheduled for, before any retry.
-    pub scheduled_time_ms: u64,
-    /// Failed deliveries before this one.
-    pub retry_count: u32,
-    /// `retry_count > 0`.
-    pub is_retry: bool,
-}
-
-impl AlarmEvent {
-    /// The payload, typed.
-    pub fn payload<T: DeserializeOwned>(&self) -> Result<T, AgentError> {
-        json::parse(&self.payload_json).map_err(AgentError::Serialization)
-    }
-}
-
-/// What to do when an alarm is abandoned after its last retry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExhaustedAction {
-    /// The run goes to `Escalated{alarm_exhausted}`: a human must look.
-    Escalate,
-    /// The dead letter is enough; the run carries on.
-    Ignore,
 }
 
 /// A durable agent: one trait impl.
@@ -186,32 +149,6 @@ pub trait Agent: Send + Sync + Sized + 'static {
         let _ = (ctx, message);
         async { Err(AgentError::fail("this agent takes no requests")) }
     }
-}
-
-pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-
-/// What the runtime needs to recover a run, as stored.
-pub(crate) struct RawRecovered {
-    pub run_id: String,
-    pub kind: String,
-    pub stash: Option<(String, String, u64)>,
-    pub input_json: String,
-    pub attempt: u32,
-    pub reason: RecoveryReason,
-    pub created_at_ms: u64,
-}
-
-/// An agent with its types erased to JSON, so one runtime can host many kinds.
-pub(crate) trait ErasedAgent: Send + Sync + 'static {
-    fn check_input(&self, input_json: &str) -> Result<(), String>;
-    fn check_message(&self, message_json: &str) -> Result<(), String>;
-    fn run_fiber(&self, ctx: RawCtx, input_json: String) -> BoxFuture<Result<String, AgentError>>;
-    fn recover(&self, ctx: RawCtx, recovered: RawRecovered) -> BoxFuture<Result<String, AgentError>>;
-    fn on_alarm(&self, ctx: RawCtx, alarm: AlarmEvent) -> BoxFuture<Result<(), AgentError>>;
-    fn on_message(&self, ctx: RawCtx, message_json: String) -> BoxFuture<Result<(), AgentError>>;
-    fn on_request(&self, ctx: RawCtx, message_json: String) -> BoxFuture<Result<String, AgentError>>;
-    fn on_alarm_exhausted(&self, run_id: &str, alarm: &AlarmEvent) -> ExhaustedAction;
-    fn on_escalate(&self, run_id: String, reason: String) -> BoxFuture<()>;
 }
 
 pub(crate) struct Typed<A: Agent>(pub Arc<A>, pub PhantomData<fn() -> A>);

@@ -15,9 +15,9 @@ use crate::{
     alarm,
     error::{AgentError, RuntimeError},
     fiber,
-    fiber::ctx::RawCtx,
+    kernel::shared::RawCtx,
+    kernel::shared::{ApprovalOutcome, Shared},
     limits,
-    shared::{ApprovalOutcome, Shared},
 };
 
 /// The name of the alarm that escalates an approval nobody answered.

@@ -13,7 +13,9 @@ use durafiber_store::{
 };
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::{clock, error::AgentError, fiber::ctx::RawCtx, json, limits, metrics::Metrics, rng::fresh_u64};
+use crate::{
+    clock, error::AgentError, json, kernel::shared::RawCtx, limits, metrics::Metrics, rng::fresh_u64,
+};
 
 /// Full-jitter backoff before call `attempt + 1`: uniform in `0..=min(max, min × 2^(attempt-1))`.
 fn retry_delay_ms(raw: &RawCtx, attempt: u32) -> u64 {

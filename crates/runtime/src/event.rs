@@ -24,9 +24,10 @@ use crate::{
     alarm,
     alarm::AlarmAt,
     error::{AgentError, RuntimeError},
-    fiber::ctx::RawCtx,
-    json, limits,
-    shared::Shared,
+    json,
+    kernel::shared::RawCtx,
+    kernel::shared::Shared,
+    limits,
 };
 
 /// What `send_event` did with an event.

@@ -24,7 +24,7 @@ use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
     agent::Agent,
-    agent::{ErasedAgent, Typed},
+    agent::Typed,
     alarm,
     alarm::AlarmSpec,
     approval,
@@ -36,7 +36,10 @@ use crate::{
     eviction::idle::{self, Action, Liveness},
     eviction::keep_alive::KeepAlive,
     fiber::recovery,
-    json, limits,
+    json,
+    kernel::shared::ErasedAgent,
+    kernel::shared::{CrashHook, Shared},
+    limits,
     metrics::{Metrics, MetricsSnapshot},
     rng::SeededRng,
     run::{
@@ -46,7 +49,6 @@ use crate::{
         start::{self, StartOutcome},
     },
     secret::Secrets,
-    shared::{CrashHook, Shared},
 };
 
 /// Sets up a runtime: its store, clock, configuration, secrets and agent kinds.

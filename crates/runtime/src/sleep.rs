@@ -14,8 +14,8 @@ use durafiber_store::tables::{self, AlarmRecord, RunStatus, SleepRecord, SystemA
 use crate::{
     alarm,
     error::{AgentError, RuntimeError},
-    fiber::ctx::RawCtx,
-    shared::Shared,
+    kernel::shared::RawCtx,
+    kernel::shared::Shared,
 };
 
 /// The name of the system alarm that wakes sleep `name`.

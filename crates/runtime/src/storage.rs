@@ -14,8 +14,9 @@ use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
     error::{AgentError, RuntimeError},
-    json, limits,
-    shared::{RunCell, Shared},
+    json,
+    kernel::shared::{RunCell, Shared},
+    limits,
 };
 
 fn record_key(run_id: &str, key: &str) -> Vec<u8> {

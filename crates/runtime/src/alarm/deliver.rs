@@ -13,15 +13,15 @@ use durafiber_store::{
 };
 
 use crate::{
-    agent::{AlarmEvent, ExhaustedAction},
     approval,
     error::{AgentError, RuntimeError},
-    event, fiber, limits,
+    event, fiber,
+    hooks::{AlarmEvent, ExhaustedAction},
+    kernel::shared::Shared,
+    limits,
     metrics::Metrics,
     run::actor::RunMsg,
-    runtime,
-    shared::Shared,
-    sleep,
+    runtime, sleep,
 };
 
 /// Delay before retry `n` (1-based): 2 s × 2^(n-1), plus up to 25% jitter.

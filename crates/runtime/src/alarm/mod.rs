@@ -15,8 +15,9 @@ use serde::Serialize;
 
 use crate::{
     error::RuntimeError,
-    json, limits,
-    shared::{RunCell, Shared},
+    json,
+    kernel::shared::{RunCell, Shared},
+    limits,
 };
 
 /// When an alarm is due.

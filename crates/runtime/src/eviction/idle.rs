@@ -16,9 +16,9 @@ use durafiber_store::tables::{RunStatus, WakeReason};
 
 use crate::{
     config::RuntimeConfig,
+    kernel::shared::{RunCell, Shared},
     metrics::Metrics,
     rng::SeededRng,
-    shared::{RunCell, Shared},
 };
 
 #[derive(Debug, Clone)]

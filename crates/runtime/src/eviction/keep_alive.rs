@@ -5,7 +5,7 @@ use std::sync::{
     atomic::{AtomicBool, Ordering},
 };
 
-use crate::shared::Shared;
+use crate::kernel::shared::Shared;
 
 /// Holds a run live while it exists. Releasing it twice is harmless; dropping it releases.
 pub struct KeepAlive {

@@ -1,40 +1,16 @@
 //! The context an agent's code works through: stash, effects, approvals, alarms, keep-alive,
 //! cancellation, secrets. Every durable call goes back through the store's group commit.
 
-use std::{future::Future, marker::PhantomData, sync::Arc, time::Duration};
+use std::{future::Future, marker::PhantomData, time::Duration};
 
 use durafiber_store::tables::Decision;
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
-    agent::Agent,
-    alarm,
-    alarm::AlarmSpec,
-    approval, clock, effect,
-    error::AgentError,
-    eviction::keep_alive::KeepAlive,
-    fiber::stash,
-    json,
-    secret::Secret,
-    shared::{RunCell, Shared},
+    agent::Agent, alarm, alarm::AlarmSpec, approval, clock, effect, error::AgentError,
+    eviction::keep_alive::KeepAlive, fiber::stash, json, kernel::shared::RawCtx, secret::Secret,
     storage::Storage,
 };
-
-/// The untyped context behind [`Ctx`].
-pub(crate) struct RawCtx {
-    pub shared: Arc<Shared>,
-    pub cell: Arc<RunCell>,
-    /// The fiber attempt, or 0 for an event handler.
-    pub attempt: u32,
-    /// A fiber (as opposed to an event handler): its waits are parked work.
-    pub in_fiber: bool,
-}
-
-impl RawCtx {
-    pub fn new(shared: Arc<Shared>, cell: Arc<RunCell>, attempt: u32) -> Self {
-        RawCtx { shared, cell, attempt, in_fiber: false }
-    }
-}
 
 /// What an agent's hooks are handed. Typed by the agent, so `stash` takes its `Stash` type.
 pub struct Ctx<A: Agent> {

@@ -17,15 +17,16 @@ use futures::FutureExt;
 use tracing::Instrument;
 
 use crate::{
-    agent::RawRecovered,
-    agent::RecoveryReason,
     alarm,
     clock::Stopwatch,
     error::{AgentError, RuntimeError},
-    fiber::{ctx::RawCtx, recovery::Plan},
+    fiber::recovery::Plan,
+    hooks::RecoveryReason,
+    kernel::shared::RawCtx,
+    kernel::shared::RawRecovered,
+    kernel::shared::{ApprovalOutcome, BusyGuard, RunCell, Shared},
     metrics::Metrics,
     run::actor::panic_text,
-    shared::{ApprovalOutcome, BusyGuard, RunCell, Shared},
 };
 
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use durafiber_store::tables::{RunRecord, RunStatus, WakeReason};
 
-use crate::{agent::RecoveryReason, error::RuntimeError, limits, shared::Shared};
+use crate::{error::RuntimeError, hooks::RecoveryReason, kernel::shared::Shared, limits};
 
 /// The decision for a run that has no live fiber.
 #[derive(Debug, PartialEq)]

@@ -2,7 +2,7 @@
 
 use durafiber_store::{Batch, Durability, tables};
 
-use crate::{clock::Stopwatch, config::DurabilityMode, error::AgentError, fiber::ctx::RawCtx};
+use crate::{clock::Stopwatch, config::DurabilityMode, error::AgentError, kernel::shared::RawCtx};
 
 pub(crate) async fn write(raw: &mut RawCtx, step: &str, stash_json: String) -> Result<(), AgentError> {
     let shared = raw.shared.clone();

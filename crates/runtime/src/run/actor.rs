@@ -12,11 +12,12 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tracing::Instrument;
 
 use crate::{
-    agent::AlarmEvent,
     clock::{self, Stopwatch},
     error::AgentError,
-    fiber::{self, ctx::RawCtx},
-    shared::{BusyGuard, RunCell, Shared},
+    fiber,
+    hooks::AlarmEvent,
+    kernel::shared::RawCtx,
+    kernel::shared::{BusyGuard, RunCell, Shared},
 };
 
 /// One variant per inbound event.

@@ -11,7 +11,7 @@ use durafiber_store::tables::{self, AlarmRecord, ApprovalRecord, RunStatus};
 
 use crate::{
     error::{LivenessViolation, RuntimeError},
-    shared::Shared,
+    kernel::shared::Shared,
 };
 
 /// Every open run that breaks the rule. Runs whose record cannot be read are left to the

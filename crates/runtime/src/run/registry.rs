@@ -19,10 +19,10 @@ use crate::{
     clock::Stopwatch,
     config::DurabilityMode,
     error::RuntimeError,
+    kernel::shared::{RunCell, Shared, stripe},
     limits,
     metrics::Metrics,
     run::actor::{RunActor, RunMsg},
-    shared::{RunCell, Shared, stripe},
 };
 
 /// A live run: its actor and its in-memory cell.

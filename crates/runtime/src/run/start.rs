@@ -11,10 +11,11 @@ use serde::Serialize;
 
 use crate::{
     error::RuntimeError,
-    json, limits,
+    json,
+    kernel::shared::{Shared, stripe},
+    limits,
     metrics::Metrics,
     rng::fresh_u64,
-    shared::{Shared, stripe},
 };
 
 /// What `start` returns: the run's handle and whether this call created it.

@@ -17,9 +17,17 @@ use durafiber_store::{Batch, Durability, Store, tables};
 use tokio::sync::{Notify, oneshot, watch};
 
 use crate::{
-    agent::ErasedAgent, alarm::schedule::Scheduler, clock::Clock, config::DurabilityMode,
-    config::RuntimeConfig, error::RuntimeError, events::EventLog, eviction::idle::Liveness, metrics::Metrics,
-    rng::SeededRng, run::registry::Registry, secret::Secrets,
+    alarm::schedule::Scheduler,
+    clock::Clock,
+    config::{DurabilityMode, RuntimeConfig},
+    error::{AgentError, RuntimeError},
+    events::EventLog,
+    eviction::idle::Liveness,
+    hooks::{AlarmEvent, ExhaustedAction, RecoveryReason},
+    metrics::Metrics,
+    rng::SeededRng,
+    run::registry::Registry,
+    secret::Secrets,
 };
 
 /// Called at every boundary of a fiber with `(run_id, point)`, where point names the
@@ -343,4 +351,46 @@ pub(crate) fn stripe(key: &str, n: usize) -> usize {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     key.hash(&mut h);
     (h.finish() % n.max(1) as u64) as usize
+}
+
+/// The untyped context behind `Ctx`: what agent code reaches the runtime through.
+pub(crate) struct RawCtx {
+    pub shared: Arc<Shared>,
+    pub cell: Arc<RunCell>,
+    /// The fiber attempt, or 0 for an event handler.
+    pub attempt: u32,
+    /// A fiber (as opposed to an event handler): its waits are parked work.
+    pub in_fiber: bool,
+}
+
+impl RawCtx {
+    pub fn new(shared: Arc<Shared>, cell: Arc<RunCell>, attempt: u32) -> Self {
+        RawCtx { shared, cell, attempt, in_fiber: false }
+    }
+}
+
+pub(crate) type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// What the runtime needs to recover a run, as stored.
+pub(crate) struct RawRecovered {
+    pub run_id: String,
+    pub kind: String,
+    pub stash: Option<(String, String, u64)>,
+    pub input_json: String,
+    pub attempt: u32,
+    pub reason: RecoveryReason,
+    pub created_at_ms: u64,
+}
+
+/// An agent with its types erased to JSON, so one runtime can host many kinds.
+pub(crate) trait ErasedAgent: Send + Sync + 'static {
+    fn check_input(&self, input_json: &str) -> Result<(), String>;
+    fn check_message(&self, message_json: &str) -> Result<(), String>;
+    fn run_fiber(&self, ctx: RawCtx, input_json: String) -> BoxFuture<Result<String, AgentError>>;
+    fn recover(&self, ctx: RawCtx, recovered: RawRecovered) -> BoxFuture<Result<String, AgentError>>;
+    fn on_alarm(&self, ctx: RawCtx, alarm: AlarmEvent) -> BoxFuture<Result<(), AgentError>>;
+    fn on_message(&self, ctx: RawCtx, message_json: String) -> BoxFuture<Result<(), AgentError>>;
+    fn on_request(&self, ctx: RawCtx, message_json: String) -> BoxFuture<Result<String, AgentError>>;
+    fn on_alarm_exhausted(&self, run_id: &str, alarm: &AlarmEvent) -> ExhaustedAction;
+    fn on_escalate(&self, run_id: String, reason: String) -> BoxFuture<()>;
 }

@@ -1,0 +1,7 @@
+//! The kernel: what every feature works through and nothing above it defines — the shared
+//! runtime state, run cells, the registry of live runs, the actors' inbox, the alarm window,
+//! the activity tracker, and the interface through which agent code is called. It imports
+//! only the base modules (limits, clock, config, error, json, metrics, rng, secret, events,
+//! hooks); features and runs import it.
+
+pub(crate) mod shared;
