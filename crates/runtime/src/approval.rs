@@ -15,8 +15,8 @@ use crate::{
     alarm,
     error::{AgentError, RuntimeError},
     fiber,
-    kernel::shared::RawCtx,
-    kernel::shared::{ApprovalOutcome, Shared},
+    kernel::cell::ApprovalOutcome,
+    kernel::shared::{RawCtx, Shared},
     limits,
 };
 

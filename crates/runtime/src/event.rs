@@ -25,8 +25,7 @@ use crate::{
     alarm::AlarmAt,
     error::{AgentError, RuntimeError},
     json,
-    kernel::shared::RawCtx,
-    kernel::shared::Shared,
+    kernel::shared::{RawCtx, Shared},
     limits,
 };
 

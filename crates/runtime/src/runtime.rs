@@ -23,8 +23,7 @@ use ractor::rpc::CallResult;
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
-    agent::Agent,
-    agent::Typed,
+    agent::{Agent, Typed},
     alarm,
     alarm::AlarmSpec,
     approval,
@@ -37,17 +36,14 @@ use crate::{
     eviction::keep_alive::KeepAlive,
     fiber::recovery,
     json,
-    kernel::shared::ErasedAgent,
-    kernel::shared::{CrashHook, Shared},
+    kernel::shared::{CrashHook, ErasedAgent, Shared},
     limits,
     metrics::{Metrics, MetricsSnapshot},
     rng::SeededRng,
-    run::{
-        actor::RunMsg,
-        liveness,
-        registry::{LiveRun, Registry},
-        start::{self, StartOutcome},
-    },
+    run::actor::RunMsg,
+    run::liveness,
+    run::registry::{LiveRun, Registry},
+    run::start::{self, StartOutcome},
     secret::Secrets,
 };
 

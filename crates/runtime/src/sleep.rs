@@ -14,8 +14,7 @@ use durafiber_store::tables::{self, AlarmRecord, RunStatus, SleepRecord, SystemA
 use crate::{
     alarm,
     error::{AgentError, RuntimeError},
-    kernel::shared::RawCtx,
-    kernel::shared::Shared,
+    kernel::shared::{RawCtx, Shared},
 };
 
 /// The name of the system alarm that wakes sleep `name`.

@@ -15,7 +15,8 @@ use serde::{Serialize, de::DeserializeOwned};
 use crate::{
     error::{AgentError, RuntimeError},
     json,
-    kernel::shared::{RunCell, Shared},
+    kernel::cell::RunCell,
+    kernel::shared::Shared,
     limits,
 };
 

@@ -13,12 +13,7 @@ use durafiber_store::{
 };
 use serde::Serialize;
 
-use crate::{
-    error::RuntimeError,
-    json,
-    kernel::shared::{RunCell, Shared},
-    limits,
-};
+use crate::{error::RuntimeError, json, kernel::cell::RunCell, kernel::shared::Shared, limits};
 
 /// When an alarm is due.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,10 +15,7 @@ use std::{
 use durafiber_store::tables::{RunStatus, WakeReason};
 
 use crate::{
-    config::RuntimeConfig,
-    kernel::shared::{RunCell, Shared},
-    metrics::Metrics,
-    rng::SeededRng,
+    config::RuntimeConfig, kernel::cell::RunCell, kernel::shared::Shared, metrics::Metrics, rng::SeededRng,
 };
 
 #[derive(Debug, Clone)]

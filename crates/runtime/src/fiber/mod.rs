@@ -22,9 +22,9 @@ use crate::{
     error::{AgentError, RuntimeError},
     fiber::recovery::Plan,
     hooks::RecoveryReason,
-    kernel::shared::RawCtx,
-    kernel::shared::RawRecovered,
-    kernel::shared::{ApprovalOutcome, BusyGuard, RunCell, Shared},
+    kernel::busy::BusyGuard,
+    kernel::cell::{ApprovalOutcome, RunCell},
+    kernel::shared::{RawCtx, RawRecovered, Shared},
     metrics::Metrics,
     run::actor::panic_text,
 };

@@ -4,4 +4,6 @@
 //! only the base modules (limits, clock, config, error, json, metrics, rng, secret, events,
 //! hooks); features and runs import it.
 
+pub(crate) mod busy;
+pub(crate) mod cell;
 pub(crate) mod shared;

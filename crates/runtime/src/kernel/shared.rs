@@ -7,23 +7,22 @@
 use std::{
     collections::{BTreeSet, HashMap},
     future::Future,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::{Arc, Mutex, atomic::Ordering},
 };
 
 use durafiber_store::{Batch, Durability, Store, tables};
-use tokio::sync::{Notify, oneshot, watch};
+use tokio::sync::{Notify, watch};
 
 use crate::{
     alarm::schedule::Scheduler,
     clock::Clock,
-    config::{DurabilityMode, RuntimeConfig},
+    config::RuntimeConfig,
     error::{AgentError, RuntimeError},
     events::EventLog,
     eviction::idle::Liveness,
     hooks::{AlarmEvent, ExhaustedAction, RecoveryReason},
+    kernel::busy::{BusyGuard, Parked, WakeToken},
+    kernel::cell::{RunCell, stripe},
     metrics::Metrics,
     rng::SeededRng,
     run::registry::Registry,
@@ -36,58 +35,6 @@ use crate::{
 /// right there. Tests evict or crash at an exact boundary; the drill's server stops at one to
 /// be killed.
 pub type CrashHook = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
-
-/// One live run's in-memory side: dropped on hibernation or eviction.
-pub(crate) struct RunCell {
-    pub run_id: String,
-    pub kind: String,
-    pub durability: DurabilityMode,
-    pub fiber_keep_alive: bool,
-    /// Last stash sequence number, shared by the fiber and event handlers.
-    pub seq: AtomicU64,
-    /// The cancellation signal the fiber sees.
-    pub cancel: watch::Sender<Option<String>>,
-    /// A fiber waiting in `request_approval`: the approval id and where to send the decision.
-    pub approval_waiter: Mutex<Option<(String, oneshot::Sender<ApprovalOutcome>)>>,
-    /// A fiber waiting in `wait_for_event`: the event's name and where to say one came.
-    pub event_waiter: Mutex<Option<(String, oneshot::Sender<WakeToken>)>>,
-    /// The running fiber's task, aborted on eviction. The fiber's own task clears it as its
-    /// last step, before it schedules any wake, so a wake never finds a finished fiber here.
-    pub fiber: Mutex<Option<tokio::task::AbortHandle>>,
-    /// A recovery was counted at registration and the fiber has committed no boundary since:
-    /// an interruption the runtime itself causes now gives that count back (§3.6).
-    pub recovering: std::sync::atomic::AtomicBool,
-    /// In `exit` durability, the stash that waits for the fiber to end or wait.
-    pub pending_exit: Mutex<Option<durafiber_store::tables::StashRecord>>,
-    /// Serializes the run's storage writes; holds its key count once read.
-    pub storage_keys: tokio::sync::Mutex<Option<usize>>,
-}
-
-/// What a waiting `request_approval` is woken with.
-pub(crate) enum ApprovalOutcome {
-    /// The decision, and a token that keeps virtual time still until the fiber has resumed.
-    Decided(durafiber_store::tables::Decision, WakeToken),
-    Escalated,
-}
-
-/// Counts an event handed to a parked fiber that has not resumed yet. The fiber drops it
-/// after it counts itself busy again; a fiber dropped instead (eviction) drops it with the
-/// undelivered message. Either way the count balances.
-pub(crate) struct WakeToken {
-    woken: watch::Sender<u64>,
-}
-
-impl Drop for WakeToken {
-    fn drop(&mut self) {
-        self.woken.send_modify(|n| *n = n.saturating_sub(1));
-    }
-}
-
-impl RunCell {
-    pub fn fiber_running(&self) -> bool {
-        self.fiber.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|h| !h.is_finished())
-    }
-}
 
 pub(crate) struct Shared {
     pub store: Store,
@@ -138,61 +85,13 @@ pub(crate) struct Shared {
     pub passive: bool,
 }
 
-/// A parked wait. When it completes it counts the fiber busy again *before* dropping the
-/// inner future (a virtual sleeper stops counting as woken on drop); when it is dropped
-/// unfinished (eviction) it counts the fiber busy again so the fiber's own guard balances.
-struct Parked<F: Future> {
-    inner: Option<std::pin::Pin<Box<F>>>,
-    busy: watch::Sender<u64>,
-}
-
-impl<F: Future> Future for Parked<F> {
-    type Output = F::Output;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<F::Output> {
-        let Some(inner) = self.inner.as_mut() else { return std::task::Poll::Pending };
-        match inner.as_mut().poll(cx) {
-            std::task::Poll::Ready(out) => {
-                self.busy.send_modify(|n| *n += 1);
-                self.inner = None;
-                std::task::Poll::Ready(out)
-            }
-            std::task::Poll::Pending => std::task::Poll::Pending,
-        }
-    }
-}
-
-impl<F: Future> Drop for Parked<F> {
-    fn drop(&mut self) {
-        if self.inner.is_some() {
-            self.busy.send_modify(|n| *n += 1);
-        }
-    }
-}
-
-/// Counts one piece of work in progress for as long as it lives.
-pub(crate) struct BusyGuard {
-    busy: watch::Sender<u64>,
-}
-
-impl Drop for BusyGuard {
-    fn drop(&mut self) {
-        self.busy.send_modify(|n| *n = n.saturating_sub(1));
-    }
-}
-
 impl Shared {
     pub fn wake_token(&self) -> WakeToken {
-        self.woken.send_modify(|n| *n += 1);
-        WakeToken { woken: self.woken.clone() }
+        WakeToken::count(&self.woken)
     }
 
     pub fn busy(&self) -> BusyGuard {
-        self.busy.send_modify(|n| *n += 1);
-        BusyGuard { busy: self.busy.clone() }
+        BusyGuard::count(&self.busy)
     }
 
     /// Awaits `fut` as parked work: waiting on the clock or a human is not work in progress,
@@ -201,8 +100,7 @@ impl Shared {
         if !in_fiber {
             return fut.await;
         }
-        self.busy.send_modify(|n| *n = n.saturating_sub(1));
-        Parked { inner: Some(Box::pin(fut)), busy: self.busy.clone() }.await
+        Parked::new(fut, &self.busy).await
     }
 
     pub fn now_ms(&self) -> u64 {
@@ -343,14 +241,6 @@ impl Shared {
     pub fn next_seq(&self, cell: &RunCell) -> u64 {
         cell.seq.fetch_add(1, Ordering::SeqCst) + 1
     }
-}
-
-/// Which of `n` lock stripes `key` falls in.
-pub(crate) fn stripe(key: &str, n: usize) -> usize {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut h);
-    (h.finish() % n.max(1) as u64) as usize
 }
 
 /// The untyped context behind `Ctx`: what agent code reaches the runtime through.

@@ -16,8 +16,9 @@ use crate::{
     error::AgentError,
     fiber,
     hooks::AlarmEvent,
-    kernel::shared::RawCtx,
-    kernel::shared::{BusyGuard, RunCell, Shared},
+    kernel::busy::BusyGuard,
+    kernel::cell::RunCell,
+    kernel::shared::{RawCtx, Shared},
 };
 
 /// One variant per inbound event.

@@ -10,11 +10,7 @@ use durafiber_store::tables::{self, RunOptions, RunRecord, RunStatus};
 use serde::Serialize;
 
 use crate::{
-    error::RuntimeError,
-    json,
-    kernel::shared::{Shared, stripe},
-    limits,
-    metrics::Metrics,
+    error::RuntimeError, json, kernel::cell::stripe, kernel::shared::Shared, limits, metrics::Metrics,
     rng::fresh_u64,
 };
 

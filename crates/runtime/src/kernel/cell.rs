@@ -1,0 +1,54 @@
+//! One live run's in-memory side, and what its waits are woken with.
+
+use std::sync::{Mutex, atomic::AtomicU64};
+
+use tokio::sync::{oneshot, watch};
+
+use crate::{config::DurabilityMode, kernel::busy::WakeToken};
+
+/// One live run's in-memory side: dropped on hibernation or eviction.
+pub(crate) struct RunCell {
+    pub run_id: String,
+    pub kind: String,
+    pub durability: DurabilityMode,
+    pub fiber_keep_alive: bool,
+    /// Last stash sequence number, shared by the fiber and event handlers.
+    pub seq: AtomicU64,
+    /// The cancellation signal the fiber sees.
+    pub cancel: watch::Sender<Option<String>>,
+    /// A fiber waiting in `request_approval`: the approval id and where to send the decision.
+    pub approval_waiter: Mutex<Option<(String, oneshot::Sender<ApprovalOutcome>)>>,
+    /// A fiber waiting in `wait_for_event`: the event's name and where to say one came.
+    pub event_waiter: Mutex<Option<(String, oneshot::Sender<WakeToken>)>>,
+    /// The running fiber's task, aborted on eviction. The fiber's own task clears it as its
+    /// last step, before it schedules any wake, so a wake never finds a finished fiber here.
+    pub fiber: Mutex<Option<tokio::task::AbortHandle>>,
+    /// A recovery was counted at registration and the fiber has committed no boundary since:
+    /// an interruption the runtime itself causes now gives that count back (§3.6).
+    pub recovering: std::sync::atomic::AtomicBool,
+    /// In `exit` durability, the stash that waits for the fiber to end or wait.
+    pub pending_exit: Mutex<Option<durafiber_store::tables::StashRecord>>,
+    /// Serializes the run's storage writes; holds its key count once read.
+    pub storage_keys: tokio::sync::Mutex<Option<usize>>,
+}
+
+/// What a waiting `request_approval` is woken with.
+pub(crate) enum ApprovalOutcome {
+    /// The decision, and a token that keeps virtual time still until the fiber has resumed.
+    Decided(durafiber_store::tables::Decision, WakeToken),
+    Escalated,
+}
+
+impl RunCell {
+    pub fn fiber_running(&self) -> bool {
+        self.fiber.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|h| !h.is_finished())
+    }
+}
+
+/// Which of `n` lock stripes `key` falls in.
+pub(crate) fn stripe(key: &str, n: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    (h.finish() % n.max(1) as u64) as usize
+}
