@@ -208,7 +208,7 @@ async fn deliver(shared: &Arc<Shared>, run_id: &str, approval_id: &str, decision
             return;
         }
     }
-    crate::runtime::reactivate(shared, run_id).await;
+    shared.reactivate(run_id).await;
 }
 
 /// The escalation alarm fired: if nobody decided, the run goes to `Escalated{approval_timeout}`.

@@ -202,3 +202,12 @@ impl std::fmt::Display for LivenessViolation {
         )
     }
 }
+
+/// Turns a panic's payload into text.
+pub(crate) fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".to_string())
+}

@@ -145,7 +145,7 @@ pub(crate) async fn send(
         }
     }
     if waiting {
-        crate::runtime::reactivate(shared, run_id).await;
+        shared.reactivate(run_id).await;
         return Ok(SendOutcome::Delivered);
     }
     Ok(SendOutcome::Buffered)

@@ -36,13 +36,14 @@ use crate::{
     eviction::keep_alive::KeepAlive,
     fiber::recovery,
     json,
+    kernel::inbox::RunMsg,
+    kernel::registry::{LiveRun, Registry},
     kernel::shared::{CrashHook, ErasedAgent, Shared},
     limits,
     metrics::{Metrics, MetricsSnapshot},
     rng::SeededRng,
-    run::actor::RunMsg,
+    run::activate::{activate, reactivate, reactivate_boxed},
     run::liveness,
-    run::registry::{LiveRun, Registry},
     run::start::{self, StartOutcome},
     secret::Secrets,
 };
@@ -104,6 +105,7 @@ impl RuntimeBuilder {
         self.config.validate()?;
         let seed = self.config.seed;
         let shared = Arc::new(Shared {
+            reactivator: reactivate_boxed,
             store: self.store,
             clock: self.clock,
             liveness: Liveness::new(&self.config),
@@ -210,48 +212,6 @@ fn scan_all<T: DeserializeOwned>(
     Ok(out)
 }
 
-/// Activates `run_id` (a cold start when it has no actor). A cold start also asks the new
-/// actor to start or recover the fiber, whatever event caused it: an alarm, a message, a
-/// decision or a keep-alive finds an interrupted run and re-enters it (§3.4).
-pub(crate) async fn activate(shared: &Arc<Shared>, run_id: &str) -> Result<LiveRun, RuntimeError> {
-    let (live, cold) = shared.registry.activate(shared, run_id).await?;
-    if cold && !shared.passive {
-        send_activate(shared, &live, run_id, Stopwatch::start());
-    }
-    Ok(live)
-}
-
-fn send_activate(shared: &Arc<Shared>, live: &LiveRun, run_id: &str, since: Stopwatch) {
-    if live.actor.cast(RunMsg::Activate { busy: shared.busy(), since }).is_err() {
-        tracing::warn!(run_id, "actor stopped before activation; retrying");
-        shared.wake_at(shared.now_ms(), run_id);
-    }
-}
-
-/// Activates `run_id` and lets its actor start or recover the fiber.
-pub(crate) async fn reactivate(shared: &Arc<Shared>, run_id: &str) {
-    reactivate_since(shared, run_id, Stopwatch::start()).await
-}
-
-/// `reactivate`, with recovery latency counted from `since`.
-pub(crate) async fn reactivate_since(shared: &Arc<Shared>, run_id: &str, since: Stopwatch) {
-    if shared.passive {
-        return;
-    }
-    match shared.registry.activate(shared, run_id).await {
-        Ok((live, _)) => {
-            shared.liveness.activity(run_id, shared.now_ms());
-            send_activate(shared, &live, run_id, since);
-        }
-        Err(RuntimeError::ShuttingDown | RuntimeError::UnknownRun { .. }) => {}
-        Err(e) => {
-            // Never leave the run behind: a store that failed now may answer in a second.
-            tracing::error!(run_id, error = %e, "could not activate the run; retrying in 1 s");
-            shared.wake_at(shared.now_ms().saturating_add(1_000), run_id);
-        }
-    }
-}
-
 /// One pass over every deadline due now. Returns the next deadline.
 async fn tick(shared: &Arc<Shared>) -> Option<u64> {
     let now = shared.now_ms();
@@ -278,7 +238,7 @@ async fn tick(shared: &Arc<Shared>) -> Option<u64> {
     for run_id in due {
         reactivate(shared, &run_id).await;
     }
-    crate::alarm::deliver::start_due(shared);
+    crate::run::alarm_delivery::start_due(shared);
     next_deadline(shared)
 }
 

@@ -19,14 +19,13 @@ use tracing::Instrument;
 use crate::{
     alarm,
     clock::Stopwatch,
-    error::{AgentError, RuntimeError},
+    error::{AgentError, RuntimeError, panic_text},
     fiber::recovery::Plan,
     hooks::RecoveryReason,
     kernel::busy::BusyGuard,
     kernel::cell::{ApprovalOutcome, RunCell},
     kernel::shared::{RawCtx, RawRecovered, Shared},
     metrics::Metrics,
-    run::actor::panic_text,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -68,7 +68,7 @@ pub(crate) async fn scan_and_reactivate(shared: &Arc<Shared>) -> Result<usize, R
             match shared.load_run(&run_id) {
                 Ok(run) if matches!(run.status, RunStatus::Accepted | RunStatus::Running) => {
                     found += 1;
-                    crate::runtime::reactivate_since(shared, &run_id, shared.opened).await;
+                    shared.reactivate_since(&run_id, shared.opened).await;
                 }
                 Ok(_) => {}
                 Err(e) => {

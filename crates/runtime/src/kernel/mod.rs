@@ -6,4 +6,6 @@
 
 pub(crate) mod busy;
 pub(crate) mod cell;
+pub(crate) mod inbox;
+pub(crate) mod registry;
 pub(crate) mod shared;

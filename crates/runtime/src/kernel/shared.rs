@@ -15,7 +15,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::{
     alarm::schedule::Scheduler,
-    clock::Clock,
+    clock::{Clock, Stopwatch},
     config::RuntimeConfig,
     error::{AgentError, RuntimeError},
     events::EventLog,
@@ -23,9 +23,9 @@ use crate::{
     hooks::{AlarmEvent, ExhaustedAction, RecoveryReason},
     kernel::busy::{BusyGuard, Parked, WakeToken},
     kernel::cell::{RunCell, stripe},
+    kernel::registry::Registry,
     metrics::Metrics,
     rng::SeededRng,
-    run::registry::Registry,
     secret::Secrets,
 };
 
@@ -83,7 +83,14 @@ pub(crate) struct Shared {
     /// An inspection handle (the command line on a bare data directory): it reads and
     /// records decisions but never runs agent code; the next serving runtime does.
     pub passive: bool,
+    /// Re-enters a run: activates it and lets its actor start or recover the fiber. The
+    /// runtime points it at the runs layer (`run/activate.rs`) when it opens, so that a
+    /// feature below that layer can have a run re-entered without importing it.
+    pub reactivator: Reactivator,
 }
+
+/// See [`Shared::reactivator`].
+pub(crate) type Reactivator = fn(Arc<Shared>, String, Stopwatch) -> BoxFuture<()>;
 
 impl Shared {
     pub fn wake_token(&self) -> WakeToken {
@@ -101,6 +108,16 @@ impl Shared {
             return fut.await;
         }
         Parked::new(fut, &self.busy).await
+    }
+
+    /// Re-enters `run_id` (see [`Shared::reactivator`]).
+    pub async fn reactivate(self: &Arc<Self>, run_id: &str) {
+        self.reactivate_since(run_id, Stopwatch::start()).await
+    }
+
+    /// `reactivate`, with recovery latency counted from `since`.
+    pub async fn reactivate_since(self: &Arc<Self>, run_id: &str, since: Stopwatch) {
+        (self.reactivator)(self.clone(), run_id.to_string(), since).await
     }
 
     pub fn now_ms(&self) -> u64 {

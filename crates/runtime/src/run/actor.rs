@@ -2,38 +2,26 @@
 //!
 //! It holds read-only handles; `pre_start` reads the run back from the store. The fiber runs
 //! as its own task beside the actor (see `fiber/`), so messages and alarms are handled while
-//! a fiber awaits. Before: `registry.rs` spawns it. After: `fiber/mod.rs`, `alarm/deliver.rs`.
+//! a fiber awaits. Before: `activate.rs` spawns it. After: `fiber/mod.rs`, `alarm_delivery.rs`.
 
 use std::{panic::AssertUnwindSafe, sync::Arc};
 
 use durafiber_store::tables::RunRecord;
 use futures::FutureExt;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::Instrument;
 
 use crate::{
-    clock::{self, Stopwatch},
-    error::AgentError,
+    clock,
+    error::{AgentError, panic_text},
     fiber,
     hooks::AlarmEvent,
-    kernel::busy::BusyGuard,
-    kernel::cell::RunCell,
-    kernel::shared::{RawCtx, Shared},
+    kernel::{
+        cell::RunCell,
+        inbox::RunMsg,
+        shared::{RawCtx, Shared},
+    },
 };
-
-/// One variant per inbound event.
-pub(crate) enum RunMsg {
-    /// Start or recover the fiber if the run needs one. The guard keeps virtual time still
-    /// until the actor has handled it; `since` is when the runtime decided to re-enter the
-    /// run, where recovery latency starts.
-    Activate { busy: BusyGuard, since: Stopwatch },
-    /// A message from outside, for `on_message`.
-    Message { json: String, reply: RpcReplyPort<Result<(), AgentError>> },
-    /// A request from outside, for `on_request`: the reply goes back as JSON text.
-    Request { json: String, reply: RpcReplyPort<Result<String, AgentError>> },
-    /// A due alarm, for `on_alarm`.
-    Alarm { event: AlarmEvent, reply: RpcReplyPort<Result<(), AgentError>> },
-}
 
 pub(crate) struct RunActor {
     pub shared: Arc<Shared>,
@@ -43,15 +31,6 @@ pub(crate) struct RunActorState {
     cell: Arc<RunCell>,
     /// The run as it was when the actor started, for the span's fields.
     run: RunRecord,
-}
-
-/// Turns a panic's payload into text.
-pub(crate) fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "panic".to_string())
 }
 
 impl Actor for RunActor {

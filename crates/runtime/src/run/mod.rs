@@ -1,7 +1,9 @@
-//! Runs: accepting them durably ([`start`]), keeping at most one live actor per run id
-//! ([`registry`]), the actor itself ([`actor`]), and the liveness rule checked ([`liveness`]).
+//! Runs: accepting them durably ([`start`]), activating them ([`activate`], the only code
+//! that spawns an actor), the actor itself ([`actor`]), and the liveness rule checked
+//! ([`liveness`]).
 
+pub(crate) mod activate;
 pub(crate) mod actor;
+pub(crate) mod alarm_delivery;
 pub(crate) mod liveness;
-pub(crate) mod registry;
 pub(crate) mod start;
