@@ -1,19 +1,25 @@
-//! The trait users implement. Writing an agent reads like writing one actor: typed input,
-//! typed stash, typed output, typed messages, and a handful of hooks with safe defaults.
-//!
-//! The runtime stores every user value as canonical JSON, so the erased side of this module
-//! (`Typed`, the kernel's `ErasedAgent`) moves JSON text between the store and the typed hooks.
+//! What users write against: the `Agent` trait — typed input, stash, output and messages,
+//! and a handful of hooks with safe defaults — and the `Ctx` its hooks are handed: stash,
+//! storage, effects, approvals, durable sleeps and events, alarms, keep-alive, cancellation,
+//! secrets. Every durable call goes back through the store's group commit. The two refer to
+//! each other (`Ctx<A: Agent>`, hooks taking `&mut Ctx<Self>`), so they share this file.
 
-use std::{future::Future, marker::PhantomData, sync::Arc};
+use std::{future::Future, marker::PhantomData, time::Duration};
 
+use durafiber_store::tables::Decision;
 use serde::{Serialize, de::DeserializeOwned};
 
 pub use crate::hooks::{AlarmEvent, ExhaustedAction, RecoveryReason};
 use crate::{
+    alarm::{self, AlarmSpec},
+    approval, clock, effect,
     error::AgentError,
-    fiber::ctx::Ctx,
+    eviction::keep_alive::KeepAlive,
+    fiber::stash,
     json,
-    kernel::shared::{BoxFuture, ErasedAgent, RawCtx, RawRecovered},
+    kernel::shared::RawCtx,
+    secret::Secret,
+    storage::Storage,
 };
 
 /// What `on_fiber_recovered` is told: everything needed to continue from the last boundary.
@@ -151,92 +157,209 @@ pub trait Agent: Send + Sync + Sized + 'static {
     }
 }
 
-pub(crate) struct Typed<A: Agent>(pub Arc<A>, pub PhantomData<fn() -> A>);
-
-fn decode<T: DeserializeOwned>(what: &str, text: &str) -> Result<T, AgentError> {
-    json::parse(text).map_err(|e| AgentError::Serialization(format!("{what}: {e}")))
+/// What an agent's hooks are handed. Typed by the agent, so `stash` takes its `Stash` type.
+pub struct Ctx<A: Agent> {
+    pub(crate) raw: RawCtx,
+    _agent: PhantomData<fn() -> A>,
 }
 
-fn encode<T: Serialize>(what: &str, value: &T) -> Result<String, AgentError> {
-    json::canonical(value).map_err(|e| AgentError::Serialization(format!("{what}: {e}")))
-}
-
-impl<A: Agent> ErasedAgent for Typed<A> {
-    fn check_input(&self, input_json: &str) -> Result<(), String> {
-        json::parse::<A::Input>(input_json).map(|_| ())
+impl<A: Agent> Ctx<A> {
+    pub(crate) fn new(raw: RawCtx) -> Self {
+        Ctx { raw, _agent: PhantomData }
     }
 
-    fn check_message(&self, message_json: &str) -> Result<(), String> {
-        json::parse::<A::Message>(message_json).map(|_| ())
+    /// The run's id, the same before and after every crash.
+    pub fn run_id(&self) -> &str {
+        &self.raw.cell.run_id
     }
 
-    fn run_fiber(&self, raw: RawCtx, input_json: String) -> BoxFuture<Result<String, AgentError>> {
-        let agent = self.0.clone();
-        Box::pin(async move {
-            let input: A::Input = decode("input", &input_json)?;
-            let mut ctx = Ctx::<A>::new(raw);
-            let output = agent.run_fiber(&mut ctx, input).await?;
-            encode("output", &output)
-        })
+    /// This fiber attempt's number, from 1 (0 in `on_alarm` and `on_message`).
+    pub fn attempt(&self) -> u32 {
+        self.raw.attempt
     }
 
-    fn recover(&self, raw: RawCtx, r: RawRecovered) -> BoxFuture<Result<String, AgentError>> {
-        let agent = self.0.clone();
-        Box::pin(async move {
-            let (stash, step, seq) = match r.stash {
-                Some((json, step, seq)) => (Some(decode::<A::Stash>("stash", &json)?), Some(step), seq),
-                None => (None, None, 0),
-            };
-            let recovered = Recovered::<A> {
-                run_id: r.run_id,
-                kind: r.kind,
-                stash,
-                step,
-                seq,
-                input: decode("input", &r.input_json)?,
-                attempt: r.attempt,
-                reason: r.reason,
-                created_at_ms: r.created_at_ms,
-            };
-            let mut ctx = Ctx::<A>::new(raw);
-            let output = agent.on_fiber_recovered(&mut ctx, recovered).await?;
-            encode("output", &output)
-        })
+    /// The runtime clock's time, ms since the epoch.
+    pub fn now_ms(&self) -> u64 {
+        self.raw.shared.now_ms()
     }
 
-    fn on_alarm(&self, raw: RawCtx, alarm: AlarmEvent) -> BoxFuture<Result<(), AgentError>> {
-        let agent = self.0.clone();
-        Box::pin(async move {
-            let mut ctx = Ctx::<A>::new(raw);
-            agent.on_alarm(&mut ctx, alarm).await
-        })
+    /// Persists the run's snapshot at a named step, replacing the last one. In `sync`
+    /// durability it returns once the stash is on disk.
+    /// Only the fiber stashes: a handler gets [`AgentError::StashFromHandler`] and writes
+    /// [`Ctx::storage`] instead.
+    pub async fn stash(&mut self, step: &str, value: &A::Stash) -> Result<(), AgentError> {
+        if !self.raw.in_fiber {
+            return Err(AgentError::StashFromHandler);
+        }
+        let text = json::canonical(value).map_err(AgentError::Serialization)?;
+        stash::write(&mut self.raw, step, text).await
     }
 
-    fn on_message(&self, raw: RawCtx, message_json: String) -> BoxFuture<Result<(), AgentError>> {
-        let agent = self.0.clone();
-        Box::pin(async move {
-            let message: A::Message = decode("message", &message_json)?;
-            let mut ctx = Ctx::<A>::new(raw);
-            agent.on_message(&mut ctx, message).await
-        })
+    /// The run's last durable stash, with its step and sequence number; `None` before the
+    /// first. Readable from the fiber and from handlers (`on_alarm`, `on_message`): the fiber
+    /// owns the stash, a handler reads what it last committed.
+    pub fn last_stash(&self) -> Result<Option<(A::Stash, String, u64)>, AgentError> {
+        let key = durafiber_store::tables::STASHES.key(&[self.raw.cell.run_id.as_bytes()]);
+        let Some(record) = self
+            .raw
+            .shared
+            .store
+            .get::<durafiber_store::tables::StashRecord>(durafiber_store::tables::STASHES, &key)?
+        else {
+            return Ok(None);
+        };
+        let stash = json::parse(&record.stash_json).map_err(AgentError::Serialization)?;
+        Ok(Some((stash, record.step, record.seq)))
     }
 
-    fn on_request(&self, raw: RawCtx, message_json: String) -> BoxFuture<Result<String, AgentError>> {
-        let agent = self.0.clone();
-        Box::pin(async move {
-            let message: A::Message = decode("request", &message_json)?;
-            let mut ctx = Ctx::<A>::new(raw);
-            let reply = agent.on_request(&mut ctx, message).await?;
-            encode("reply", &reply)
-        })
+    /// The run's own key-value storage, in the fiber and in handlers alike; see [`Storage`].
+    /// A write is durable with the run's next boundary, or at `storage().sync()`.
+    pub fn storage(&self) -> Storage<'_> {
+        Storage::new(&self.raw.shared, &self.raw.cell)
     }
 
-    fn on_alarm_exhausted(&self, run_id: &str, alarm: &AlarmEvent) -> ExhaustedAction {
-        self.0.on_alarm_exhausted(run_id, alarm)
+    /// Performs one side effect exactly once per `(run, effect_id)` (§5). `f` gets the
+    /// idempotency key, minted once and persisted before the first call, and the arguments.
+    /// A committed effect returns its stored receipt without calling `f`.
+    pub async fn effect<Args, R, F, Fut, E>(
+        &mut self,
+        effect_id: &str,
+        args: Args,
+        f: F,
+    ) -> Result<R, AgentError>
+    where
+        Args: Serialize + Clone + Send,
+        R: Serialize + DeserializeOwned + Send,
+        F: FnMut(String, Args) -> Fut + Send,
+        Fut: Future<Output = Result<R, E>> + Send,
+        E: std::fmt::Display,
+    {
+        effect::perform(&mut self.raw, effect_id, args, f).await
     }
 
-    fn on_escalate(&self, run_id: String, reason: String) -> BoxFuture<()> {
-        let agent = self.0.clone();
-        Box::pin(async move { agent.on_escalate(&run_id, &reason).await })
+    /// Pauses for a human (§6): writes the pause bound to the payload's hash, then waits.
+    /// Re-entered after a crash with the same payload, it returns the recorded decision.
+    pub async fn request_approval<P: Serialize>(
+        &mut self,
+        approval_id: &str,
+        payload: &P,
+    ) -> Result<Decision, AgentError> {
+        let (payload_json, payload_hash) =
+            json::canonical_with_hash(payload).map_err(AgentError::Serialization)?;
+        approval::request(&mut self.raw, approval_id, payload_json, payload_hash).await
+    }
+
+    /// Sets (or replaces) the run's alarm called `name`.
+    pub async fn set_alarm(&self, name: &str, spec: AlarmSpec) -> Result<(), AgentError> {
+        let raw = &self.raw;
+        alarm::set(&raw.shared, &raw.cell.run_id, name, spec, None, Some(&raw.cell))
+            .await
+            .map_err(AgentError::from)
+    }
+
+    /// Cancels the run's alarm called `name`; true when there was one.
+    pub async fn cancel_alarm(&self, name: &str) -> Result<bool, AgentError> {
+        alarm::cancel(&self.raw.shared, &self.raw.cell.run_id, name).await.map_err(AgentError::from)
+    }
+
+    /// Keeps the run from hibernation and eviction while the guard lives.
+    pub fn keep_alive(&self) -> KeepAlive {
+        KeepAlive::acquire(self.raw.shared.clone(), &self.raw.cell.run_id)
+    }
+
+    /// Runs `fut` holding a keep-alive.
+    pub async fn keep_alive_while<F: Future>(&self, fut: F) -> F::Output {
+        let _guard = self.keep_alive();
+        fut.await
+    }
+
+    /// Whether the run was asked to stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.raw.cell.cancel.borrow().is_some()
+    }
+
+    /// Completes when the run is asked to stop.
+    pub async fn cancelled(&self) {
+        let mut rx = self.raw.cell.cancel.subscribe();
+        let _ = self.raw.shared.parked(self.raw.in_fiber, rx.wait_for(|c| c.is_some())).await;
+    }
+
+    /// Sleeps durably for `d` under `name` (§2.4): the wake time is committed as a boundary
+    /// and the run is `Waiting{alarm}` until then — it may be evicted or hibernated, and it
+    /// survives restarts. Names are journaled: re-entered after a recovery, a sleep whose
+    /// time has passed returns at once and a pending one keeps its original wake time. Use
+    /// a new name for each sleep of a run (`"poll:3"`, not `"poll"` in a loop).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use durafiber_runtime::{Agent, AgentError, Ctx};
+    /// # struct Reminder;
+    /// # impl Agent for Reminder {
+    /// #     const KIND: &'static str = "reminder";
+    /// #     type Input = ();
+    /// #     type Stash = ();
+    /// #     type Output = ();
+    /// #     type Message = ();
+    /// async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
+    ///     ctx.sleep_for("cool-off", Duration::from_secs(3 * 24 * 3600)).await?; // three days
+    ///     Ok(())
+    /// }
+    /// # }
+    /// ```
+    pub async fn sleep_for(&mut self, name: &str, d: Duration) -> Result<(), AgentError> {
+        crate::sleep::sleep(&mut self.raw, name, crate::alarm::AlarmAt::In(d)).await
+    }
+
+    /// Sleeps durably under `name` until the clock reads `at_ms`; see [`Ctx::sleep_for`].
+    pub async fn sleep_until(&mut self, name: &str, at_ms: u64) -> Result<(), AgentError> {
+        crate::sleep::sleep(&mut self.raw, name, crate::alarm::AlarmAt::AtMs(at_ms)).await
+    }
+
+    /// Waits durably for the external event `name` (sent with `Runtime::send_event`): the run
+    /// is `Waiting{event}` meanwhile and may be evicted. `None` when `timeout` passes first.
+    /// The result is journaled under `name`: re-entered, the call returns it again at once,
+    /// so give each wait of a run its own name (`"payment:2"`).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use durafiber_runtime::{Agent, AgentError, Ctx};
+    /// # struct Checkout;
+    /// # impl Agent for Checkout {
+    /// #     const KIND: &'static str = "checkout";
+    /// #     type Input = ();
+    /// #     type Stash = ();
+    /// #     type Output = bool;
+    /// #     type Message = ();
+    /// async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<bool, AgentError> {
+    ///     let paid: Option<String> = ctx.wait_for_event("paid", Some(Duration::from_secs(3600))).await?;
+    ///     Ok(paid.is_some())
+    /// }
+    /// # }
+    /// ```
+    pub async fn wait_for_event<T: DeserializeOwned>(
+        &mut self,
+        name: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Option<T>, AgentError> {
+        match crate::event::wait(&mut self.raw, name, timeout).await? {
+            Some(payload) => Ok(Some(json::parse(&payload).map_err(AgentError::Serialization)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Sleeps on the runtime's clock, in memory only: an interruption loses the wait, and
+    /// recovery re-enters the last boundary. [`Ctx::sleep_for`] is the durable one.
+    pub async fn sleep_in_memory(&self, d: Duration) {
+        let sleep = clock::sleep(self.raw.shared.clock.as_ref(), d);
+        self.raw.shared.parked(self.raw.in_fiber, sleep).await
+    }
+
+    /// The value behind a secret pointer, resolved now and never stored.
+    pub fn secret(&self, secret: &Secret) -> Result<String, AgentError> {
+        self.raw
+            .shared
+            .secrets
+            .resolve(secret)
+            .ok_or_else(|| AgentError::fail(format!("secret {} is not configured", secret.secret)))
     }
 }

@@ -35,7 +35,9 @@ mod runtime;
 mod secret;
 mod sleep;
 mod storage;
+mod typed;
 
+pub use agent::Ctx;
 pub use agent::{Agent, AlarmEvent, ExhaustedAction, Recovered, RecoveryReason};
 pub use alarm::{AlarmAt, AlarmSpec};
 pub use approval::{ApproveOutcome, PendingApproval};
@@ -45,7 +47,6 @@ pub use error::{AgentError, LivenessViolation, RuntimeError};
 pub use event::SendOutcome;
 pub use events::Event;
 pub use eviction::keep_alive::KeepAlive;
-pub use fiber::ctx::Ctx;
 pub use json::{canonical as canonical_json, sha256_hex};
 pub use kernel::shared::CrashHook;
 pub use metrics::{HistogramSummary, MetricsSnapshot};

@@ -23,7 +23,7 @@ use ractor::rpc::CallResult;
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
-    agent::{Agent, Typed},
+    agent::Agent,
     alarm,
     alarm::AlarmSpec,
     approval,
@@ -32,10 +32,11 @@ use crate::{
     config::RuntimeConfig,
     error::{LivenessViolation, RuntimeError},
     events::{Event, EventLog},
-    eviction::idle::{self, Action, Liveness},
+    eviction::idle,
     eviction::keep_alive::KeepAlive,
     fiber::recovery,
     json,
+    kernel::activity::{Action, Liveness},
     kernel::inbox::RunMsg,
     kernel::registry::{LiveRun, Registry},
     kernel::shared::{CrashHook, ErasedAgent, Shared},
@@ -46,6 +47,7 @@ use crate::{
     run::liveness,
     run::start::{self, StartOutcome},
     secret::Secrets,
+    typed::Typed,
 };
 
 /// Sets up a runtime: its store, clock, configuration, secrets and agent kinds.

@@ -2,8 +2,6 @@
 //! entry in the store's due-time index; the scheduler ([`schedule`]) keeps only a bounded
 //! window of the index in memory, and [`deliver`] runs handlers with retries.
 
-pub(crate) mod schedule;
-
 use std::{sync::Arc, time::Duration};
 
 use durafiber_store::{

@@ -3,7 +3,6 @@
 //!
 //! Before: the actor's `Activate`. After: `ctx.rs` for what user code calls.
 
-pub(crate) mod ctx;
 pub(crate) mod recovery;
 pub(crate) mod stash;
 

@@ -4,6 +4,8 @@
 //! only the base modules (limits, clock, config, error, json, metrics, rng, secret, events,
 //! hooks); features and runs import it.
 
+pub(crate) mod activity;
+pub(crate) mod alarm_window;
 pub(crate) mod busy;
 pub(crate) mod cell;
 pub(crate) mod inbox;

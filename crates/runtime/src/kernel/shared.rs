@@ -14,13 +14,13 @@ use durafiber_store::{Batch, Durability, Store, tables};
 use tokio::sync::{Notify, watch};
 
 use crate::{
-    alarm::schedule::Scheduler,
     clock::{Clock, Stopwatch},
     config::RuntimeConfig,
     error::{AgentError, RuntimeError},
     events::EventLog,
-    eviction::idle::Liveness,
     hooks::{AlarmEvent, ExhaustedAction, RecoveryReason},
+    kernel::activity::Liveness,
+    kernel::alarm_window::Scheduler,
     kernel::busy::{BusyGuard, Parked, WakeToken},
     kernel::cell::{RunCell, stripe},
     kernel::registry::Registry,

@@ -16,11 +16,9 @@ use crate::{
     error::{AgentError, panic_text},
     fiber,
     hooks::AlarmEvent,
-    kernel::{
-        cell::RunCell,
-        inbox::RunMsg,
-        shared::{RawCtx, Shared},
-    },
+    kernel::cell::RunCell,
+    kernel::inbox::RunMsg,
+    kernel::shared::{RawCtx, Shared},
 };
 
 pub(crate) struct RunActor {

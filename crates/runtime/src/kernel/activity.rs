@@ -1,0 +1,269 @@
+//! Who is idle since when (§7.2–§7.3): each live run's activity, keep-alive guards and
+//! fiber state, indexed by deadline, so the driver's tick decides which runs hibernate or are
+//! evicted and touches only the due ones. The decisions are carried out by `eviction/`.
+//!
+//! A live run is *held* while a keep-alive guard exists (a running fiber holds one by itself
+//! unless `fiber_keep_alive` is off, and lets it go while it waits for a human). A held run
+//! counts a heartbeat as activity every `keep_alive_heartbeat`. An unheld run is
+//! *hibernateable* when no fiber is in memory: idle for `hibernate_after`, it hibernates.
+//! Otherwise, idle for `evict_after` (drawn anew per idle period), it is evicted.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::{Mutex, atomic::Ordering},
+};
+
+use crate::{config::RuntimeConfig, metrics::Metrics, rng::SeededRng};
+
+#[derive(Debug, Clone)]
+struct LiveState {
+    last_activity_ms: u64,
+    evict_after_ms: u64,
+    guards: u32,
+    fiber_active: bool,
+    fiber_keep_alive: bool,
+    fiber_waiting: bool,
+    held_since_ms: Option<u64>,
+    /// An action was decided and is in progress.
+    closing: bool,
+    /// This run's own stream of eviction draws, so one run's draws never depend on the
+    /// order in which other runs happen to be handled.
+    rng: SeededRng,
+    /// The deadline under which the run sits in the index, if it does.
+    indexed_at_ms: Option<u64>,
+    /// Which activation this is: a guard taken in an earlier one releases nothing here.
+    epoch: u64,
+}
+
+/// Live runs and their deadlines, indexed by time so a tick touches only the due ones.
+#[derive(Default)]
+struct Table {
+    states: HashMap<String, LiveState>,
+    by_deadline: BTreeSet<(u64, String)>,
+}
+
+impl LiveState {
+    fn held(&self) -> bool {
+        self.guards > 0 || (self.fiber_active && self.fiber_keep_alive && !self.fiber_waiting)
+    }
+}
+
+/// What the supervisor does to a run whose deadline has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Action {
+    Hibernate,
+    Evict,
+}
+
+pub(crate) struct Liveness {
+    runs: Mutex<Table>,
+    /// Numbers activations, so guards know which one they were taken in.
+    epochs: std::sync::atomic::AtomicU64,
+    seed: u64,
+    hibernate_after_ms: u64,
+    evict_after_ms: (u64, u64),
+    heartbeat_ms: u64,
+}
+
+impl Liveness {
+    pub fn new(config: &RuntimeConfig) -> Self {
+        let (lo, hi) = config
+            .evict_after_range()
+            .unwrap_or((crate::limits::EVICT_AFTER_MIN_DEFAULT, crate::limits::EVICT_AFTER_MAX_DEFAULT));
+        Liveness {
+            runs: Mutex::new(Table::default()),
+            epochs: std::sync::atomic::AtomicU64::new(0),
+            seed: config.seed,
+            hibernate_after_ms: config.hibernate_after.as_millis() as u64,
+            evict_after_ms: (lo.as_millis() as u64, hi.as_millis() as u64),
+            heartbeat_ms: config.keep_alive_heartbeat.as_millis() as u64,
+        }
+    }
+
+    fn draw(&self, rng: &mut SeededRng) -> u64 {
+        rng.between(self.evict_after_ms.0, self.evict_after_ms.1)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.runs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Puts the run back in the deadline index under its current deadline.
+    fn reindex(&self, table: &mut Table, run_id: &str) {
+        let Some(state) = table.states.get_mut(run_id) else { return };
+        if let Some(old) = state.indexed_at_ms.take() {
+            table.by_deadline.remove(&(old, run_id.to_string()));
+        }
+        if !state.closing {
+            let at = self.deadline(state);
+            state.indexed_at_ms = Some(at);
+            table.by_deadline.insert((at, run_id.to_string()));
+        }
+    }
+
+    /// Runs `f` on the run's state (if the run is live), then re-evaluates whether it is held.
+    fn with<R>(&self, run_id: &str, now_ms: u64, f: impl FnOnce(&mut LiveState) -> R) -> Option<R> {
+        let mut table = self.lock();
+        let out = self.change(&mut table, run_id, now_ms, f);
+        self.reindex(&mut table, run_id);
+        out
+    }
+
+    fn change<R>(
+        &self,
+        table: &mut Table,
+        run_id: &str,
+        now_ms: u64,
+        f: impl FnOnce(&mut LiveState) -> R,
+    ) -> Option<R> {
+        let state = table.states.get_mut(run_id)?;
+        let was_held = state.held();
+        let out = f(state);
+        match (was_held, state.held()) {
+            (false, true) => state.held_since_ms = Some(now_ms),
+            (true, false) => {
+                // Letting go starts a new idle period and leaves no heartbeat behind.
+                state.held_since_ms = None;
+                state.last_activity_ms = now_ms;
+                state.evict_after_ms = self.draw(&mut state.rng);
+            }
+            _ => {}
+        }
+        Some(out)
+    }
+
+    /// A run was activated; `stream` names its draw stream (the run's kind, key and time).
+    pub fn activated(&self, run_id: &str, now_ms: u64, stream: u64) {
+        let mut rng = SeededRng::new(self.seed ^ stream);
+        let evict_after_ms = self.draw(&mut rng);
+        let mut table = self.lock();
+        if let Some(old) = table.states.get(run_id).and_then(|s| s.indexed_at_ms) {
+            table.by_deadline.remove(&(old, run_id.to_string()));
+        }
+        table.states.insert(
+            run_id.to_string(),
+            LiveState {
+                last_activity_ms: now_ms,
+                evict_after_ms,
+                guards: 0,
+                fiber_active: false,
+                fiber_keep_alive: true,
+                fiber_waiting: false,
+                held_since_ms: None,
+                closing: false,
+                rng,
+                indexed_at_ms: None,
+                epoch: self.epochs.fetch_add(1, Ordering::Relaxed) + 1,
+            },
+        );
+        self.reindex(&mut table, run_id);
+    }
+
+    /// An inbound event was handled: a new idle period starts.
+    pub fn activity(&self, run_id: &str, now_ms: u64) {
+        self.with(run_id, now_ms, |s| {
+            s.last_activity_ms = now_ms;
+            s.evict_after_ms = self.draw(&mut s.rng);
+        });
+    }
+
+    pub fn fiber_started(&self, run_id: &str, keep_alive: bool, now_ms: u64) {
+        self.with(run_id, now_ms, |s| {
+            s.fiber_active = true;
+            s.fiber_keep_alive = keep_alive;
+            s.fiber_waiting = false;
+        });
+    }
+
+    pub fn fiber_ended(&self, run_id: &str, now_ms: u64) {
+        self.with(run_id, now_ms, |s| {
+            s.fiber_active = false;
+            s.fiber_waiting = false;
+            s.last_activity_ms = s.last_activity_ms.max(now_ms);
+        });
+    }
+
+    pub fn fiber_waiting(&self, run_id: &str, waiting: bool, now_ms: u64) {
+        self.with(run_id, now_ms, |s| s.fiber_waiting = waiting);
+    }
+
+    /// A guard was taken: the activation it was taken in, or `None` when the run is not live.
+    pub fn guard_acquired(&self, run_id: &str, now_ms: u64) -> Option<u64> {
+        self.with(run_id, now_ms, |s| {
+            s.guards += 1;
+            s.epoch
+        })
+    }
+
+    /// A guard taken in activation `epoch` was released. A guard that outlived its
+    /// activation (the run was evicted and activated again) releases nothing.
+    pub fn guard_released(&self, run_id: &str, epoch: u64, now_ms: u64) {
+        self.with(run_id, now_ms, |s| {
+            if s.epoch == epoch {
+                s.guards = s.guards.saturating_sub(1);
+            }
+        });
+    }
+
+    pub fn remove(&self, run_id: &str) {
+        let mut table = self.lock();
+        if let Some(at) = table.states.remove(run_id).and_then(|s| s.indexed_at_ms) {
+            table.by_deadline.remove(&(at, run_id.to_string()));
+        }
+    }
+
+    pub fn is_hibernateable(&self, run_id: &str) -> bool {
+        self.lock().states.get(run_id).is_some_and(|s| !s.held() && !s.fiber_active)
+    }
+
+    fn deadline(&self, s: &LiveState) -> u64 {
+        if let Some(since) = s.held_since_ms {
+            let beats = (s.last_activity_ms.max(since) - since) / self.heartbeat_ms + 1;
+            since + beats * self.heartbeat_ms
+        } else if !s.fiber_active {
+            s.last_activity_ms + self.hibernate_after_ms
+        } else {
+            s.last_activity_ms + s.evict_after_ms
+        }
+    }
+
+    pub fn next_deadline_ms(&self) -> Option<u64> {
+        self.lock().by_deadline.first().map(|(at, _)| *at)
+    }
+
+    /// Counts due heartbeats (returned as `heartbeats`) and returns the runs to hibernate or
+    /// evict, marking them closing.
+    pub fn due_actions(
+        &self,
+        now_ms: u64,
+        metrics: &Metrics,
+        heartbeats: &mut Vec<String>,
+    ) -> Vec<(String, Action)> {
+        let mut table = self.lock();
+        let mut out = Vec::new();
+        let due: Vec<String> =
+            table.by_deadline.iter().take_while(|(at, _)| *at <= now_ms).map(|(_, id)| id.clone()).collect();
+        for run_id in due {
+            let Some(s) = table.states.get_mut(&run_id) else { continue };
+            if s.held_since_ms.is_some() {
+                s.last_activity_ms = now_ms;
+                Metrics::bump(&metrics.heartbeats);
+                heartbeats.push(run_id.clone());
+            } else {
+                s.closing = true;
+                out.push((run_id.clone(), if s.fiber_active { Action::Evict } else { Action::Hibernate }));
+            }
+            self.reindex(&mut table, &run_id);
+        }
+        out.sort();
+        out
+    }
+
+    pub fn reopen(&self, run_id: &str) {
+        let mut table = self.lock();
+        if let Some(s) = table.states.get_mut(run_id) {
+            s.closing = false;
+        }
+        self.reindex(&mut table, run_id);
+    }
+}

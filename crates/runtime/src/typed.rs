@@ -1,0 +1,105 @@
+//! An agent's typed hooks behind the kernel's erased interface: the runtime stores every
+//! user value as canonical JSON, and `Typed` moves JSON text between the store and the
+//! typed hooks of [`Agent`].
+
+use std::{marker::PhantomData, sync::Arc};
+
+use serde::{Serialize, de::DeserializeOwned};
+
+use crate::{
+    agent::{Agent, Ctx, Recovered},
+    error::AgentError,
+    hooks::{AlarmEvent, ExhaustedAction},
+    json,
+    kernel::shared::{BoxFuture, ErasedAgent, RawCtx, RawRecovered},
+};
+
+pub(crate) struct Typed<A: Agent>(pub Arc<A>, pub PhantomData<fn() -> A>);
+
+fn decode<T: DeserializeOwned>(what: &str, text: &str) -> Result<T, AgentError> {
+    json::parse(text).map_err(|e| AgentError::Serialization(format!("{what}: {e}")))
+}
+
+fn encode<T: Serialize>(what: &str, value: &T) -> Result<String, AgentError> {
+    json::canonical(value).map_err(|e| AgentError::Serialization(format!("{what}: {e}")))
+}
+
+impl<A: Agent> ErasedAgent for Typed<A> {
+    fn check_input(&self, input_json: &str) -> Result<(), String> {
+        json::parse::<A::Input>(input_json).map(|_| ())
+    }
+
+    fn check_message(&self, message_json: &str) -> Result<(), String> {
+        json::parse::<A::Message>(message_json).map(|_| ())
+    }
+
+    fn run_fiber(&self, raw: RawCtx, input_json: String) -> BoxFuture<Result<String, AgentError>> {
+        let agent = self.0.clone();
+        Box::pin(async move {
+            let input: A::Input = decode("input", &input_json)?;
+            let mut ctx = Ctx::<A>::new(raw);
+            let output = agent.run_fiber(&mut ctx, input).await?;
+            encode("output", &output)
+        })
+    }
+
+    fn recover(&self, raw: RawCtx, r: RawRecovered) -> BoxFuture<Result<String, AgentError>> {
+        let agent = self.0.clone();
+        Box::pin(async move {
+            let (stash, step, seq) = match r.stash {
+                Some((json, step, seq)) => (Some(decode::<A::Stash>("stash", &json)?), Some(step), seq),
+                None => (None, None, 0),
+            };
+            let recovered = Recovered::<A> {
+                run_id: r.run_id,
+                kind: r.kind,
+                stash,
+                step,
+                seq,
+                input: decode("input", &r.input_json)?,
+                attempt: r.attempt,
+                reason: r.reason,
+                created_at_ms: r.created_at_ms,
+            };
+            let mut ctx = Ctx::<A>::new(raw);
+            let output = agent.on_fiber_recovered(&mut ctx, recovered).await?;
+            encode("output", &output)
+        })
+    }
+
+    fn on_alarm(&self, raw: RawCtx, alarm: AlarmEvent) -> BoxFuture<Result<(), AgentError>> {
+        let agent = self.0.clone();
+        Box::pin(async move {
+            let mut ctx = Ctx::<A>::new(raw);
+            agent.on_alarm(&mut ctx, alarm).await
+        })
+    }
+
+    fn on_message(&self, raw: RawCtx, message_json: String) -> BoxFuture<Result<(), AgentError>> {
+        let agent = self.0.clone();
+        Box::pin(async move {
+            let message: A::Message = decode("message", &message_json)?;
+            let mut ctx = Ctx::<A>::new(raw);
+            agent.on_message(&mut ctx, message).await
+        })
+    }
+
+    fn on_request(&self, raw: RawCtx, message_json: String) -> BoxFuture<Result<String, AgentError>> {
+        let agent = self.0.clone();
+        Box::pin(async move {
+            let message: A::Message = decode("request", &message_json)?;
+            let mut ctx = Ctx::<A>::new(raw);
+            let reply = agent.on_request(&mut ctx, message).await?;
+            encode("reply", &reply)
+        })
+    }
+
+    fn on_alarm_exhausted(&self, run_id: &str, alarm: &AlarmEvent) -> ExhaustedAction {
+        self.0.on_alarm_exhausted(run_id, alarm)
+    }
+
+    fn on_escalate(&self, run_id: String, reason: String) -> BoxFuture<()> {
+        let agent = self.0.clone();
+        Box::pin(async move { agent.on_escalate(&run_id, &reason).await })
+    }
+}
