@@ -15,10 +15,10 @@ use crate::{
     approval, clock, effect,
     error::AgentError,
     eviction::keep_alive::KeepAlive,
-    fiber::stash,
     json,
     kernel::shared::RawCtx,
     secret::Secret,
+    stash,
     storage::Storage,
 };
 

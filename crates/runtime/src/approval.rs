@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use crate::{
     alarm,
     error::{AgentError, RuntimeError},
-    fiber,
+    escalation,
     kernel::cell::ApprovalOutcome,
     kernel::shared::{RawCtx, Shared},
     limits,
@@ -100,7 +100,7 @@ pub(crate) async fn request(
     shared.scheduler.insert(escalation.due_at_ms, &run_id, &escalation.name);
     shared.driver_wake.notify_one();
     shared.event(&run_id, "approval_requested", format!("{approval_id}: hash {}", record.payload_hash));
-    crate::fiber::boundary(raw, &format!("after_approval_request:{approval_id}")).await;
+    crate::eviction::idle::boundary(raw, &format!("after_approval_request:{approval_id}")).await;
     wait_for_decision(raw, approval_id, &key).await
 }
 
@@ -228,7 +228,7 @@ pub(crate) async fn on_escalation_alarm(
     record.escalated = true;
     let mut extra = Batch::new();
     extra.put(tables::APPROVALS, key, &record)?;
-    fiber::escalate(shared, run_id, "approval_timeout", extra).await
+    escalation::escalate(shared, run_id, "approval_timeout", extra).await
 }
 
 /// A pause waiting for a reviewer, as a reviewer's screen loads it.

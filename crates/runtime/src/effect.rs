@@ -78,15 +78,15 @@ where
             entry
         }
     };
-    crate::fiber::boundary(raw, &format!("after_effect_prepare:{effect_id}")).await;
+    crate::eviction::idle::boundary(raw, &format!("after_effect_prepare:{effect_id}")).await;
 
     let mut last_error = String::new();
     for attempt in 1..=limits::EFFECT_ATTEMPTS_MAX {
         match f(entry.idempotency_key.clone(), args.clone()).await {
             Ok(receipt) => {
-                crate::fiber::boundary(raw, &format!("after_effect_call:{effect_id}")).await;
+                crate::eviction::idle::boundary(raw, &format!("after_effect_call:{effect_id}")).await;
                 commit(raw, key, entry, &receipt).await?;
-                crate::fiber::boundary(raw, &format!("after_effect_commit:{effect_id}")).await;
+                crate::eviction::idle::boundary(raw, &format!("after_effect_commit:{effect_id}")).await;
                 return Ok(receipt);
             }
             Err(e) => {

@@ -245,7 +245,7 @@ async fn park(raw: &mut RawCtx, name: &str, timeout_at_ms: Option<u64>) -> Resul
         shared.driver_wake.notify_one();
     }
     shared.event(&run_id, "event_wait", name.to_string());
-    crate::fiber::boundary(raw, &format!("after_event_wait:{name}")).await;
+    crate::eviction::idle::boundary(raw, &format!("after_event_wait:{name}")).await;
     Ok(())
 }
 
@@ -286,7 +286,7 @@ async fn finish(
     }
     let what = if result.is_some() { "event_received" } else { "event_timed_out" };
     shared.event(&run_id, what, name.to_string());
-    crate::fiber::boundary(raw, &format!("after_event:{name}")).await;
+    crate::eviction::idle::boundary(raw, &format!("after_event:{name}")).await;
     Ok(())
 }
 

@@ -69,7 +69,7 @@ pub(crate) async fn sleep(raw: &mut RawCtx, name: &str, at: alarm::AlarmAt) -> R
         shared.scheduler.insert(wake_alarm.due_at_ms, &run_id, &wake_alarm.name);
         shared.driver_wake.notify_one();
         shared.event(&run_id, "sleep", format!("{name} until {}", record.wake_at_ms));
-        crate::fiber::boundary(raw, &format!("after_sleep:{name}")).await;
+        crate::eviction::idle::boundary(raw, &format!("after_sleep:{name}")).await;
         // Waiting here is not work: the run may be evicted meanwhile, like a pause.
         shared.liveness.fiber_waiting(&run_id, true, now);
         shared.parked(raw.in_fiber, shared.clock.sleep_until(record.wake_at_ms)).await;

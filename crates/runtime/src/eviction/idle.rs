@@ -7,7 +7,13 @@ use std::sync::{Arc, atomic::Ordering};
 
 use durafiber_store::tables::{RunStatus, WakeReason};
 
-use crate::{kernel::cell::RunCell, kernel::shared::Shared, metrics::Metrics};
+use crate::{
+    kernel::{
+        cell::RunCell,
+        shared::{RawCtx, Shared},
+    },
+    metrics::Metrics,
+};
 
 /// Hibernates an idle run: a graceful stop; durable state stays, memory goes.
 pub(crate) async fn hibernate(shared: &Arc<Shared>, run_id: &str) {
@@ -83,4 +89,16 @@ pub(crate) fn request_eviction(shared: &Arc<Shared>, run_id: &str, why: &'static
     let shared2 = shared.clone();
     let run_id = run_id.to_string();
     shared.spawn_tracked(async move { evict(&shared2, &run_id, why).await });
+}
+
+/// A boundary was committed: the crash hook or seeded chaos may evict the run right here,
+/// the same point a real eviction or crash could hit.
+pub(crate) async fn boundary(raw: &RawCtx, point: &str) {
+    let shared = &raw.shared;
+    let run_id = &raw.cell.run_id;
+    let hooked = shared.crash_hook.as_ref().is_some_and(|hook| hook(run_id, point));
+    if hooked || (raw.in_fiber && shared.chaos_strikes()) {
+        request_eviction(shared, run_id, if hooked { "crash point" } else { "chaos" });
+        shared.parked(raw.in_fiber, std::future::pending::<()>()).await;
+    }
 }

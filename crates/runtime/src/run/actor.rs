@@ -14,11 +14,11 @@ use tracing::Instrument;
 use crate::{
     clock,
     error::{AgentError, panic_text},
-    fiber,
     hooks::AlarmEvent,
     kernel::cell::RunCell,
     kernel::inbox::RunMsg,
     kernel::shared::{RawCtx, Shared},
+    run::fiber,
 };
 
 pub(crate) struct RunActor {

@@ -15,7 +15,7 @@ use durafiber_store::{
 use crate::{
     approval,
     error::{AgentError, RuntimeError},
-    event, fiber,
+    escalation, event,
     hooks::{AlarmEvent, ExhaustedAction},
     kernel::inbox::RunMsg,
     kernel::shared::Shared,
@@ -244,7 +244,8 @@ async fn dead_letter(
         .map(|a| a.on_alarm_exhausted(&run_id, &event))
         .unwrap_or(ExhaustedAction::Escalate);
     if action == ExhaustedAction::Escalate {
-        fiber::escalate(shared, &run_id, &format!("alarm_exhausted:{}", event.name), Batch::new()).await?;
+        escalation::escalate(shared, &run_id, &format!("alarm_exhausted:{}", event.name), Batch::new())
+            .await?;
     }
     Ok(())
 }

@@ -34,6 +34,6 @@ pub(crate) async fn write(raw: &mut RawCtx, step: &str, stash_json: String) -> R
     shared.commit_boundary(&raw.cell, batch, durability).await?;
     shared.metrics.stash_commit.record_us(watch.elapsed_us());
     tracing::debug!(run_id, step, seq = record.seq, "stash committed");
-    crate::fiber::boundary(raw, &format!("after_stash:{step}")).await;
+    crate::eviction::idle::boundary(raw, &format!("after_stash:{step}")).await;
     Ok(())
 }

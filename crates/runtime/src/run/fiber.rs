@@ -1,10 +1,7 @@
 //! Fibers: a run's unit of execution. A fiber is registered durably (state `Running`, attempt
 //! counted) before user code runs, and its end is one boundary (output, final stash, status).
 //!
-//! Before: the actor's `Activate`. After: `ctx.rs` for what user code calls.
-
-pub(crate) mod recovery;
-pub(crate) mod stash;
+//! Before: the actor's `Activate`. After: `agent.rs` (`Ctx`) for what user code calls.
 
 use std::{panic::AssertUnwindSafe, sync::Arc};
 
@@ -19,30 +16,19 @@ use crate::{
     alarm,
     clock::Stopwatch,
     error::{AgentError, RuntimeError, panic_text},
-    fiber::recovery::Plan,
+    escalation::{after_escalation, escalate},
     hooks::RecoveryReason,
     kernel::busy::BusyGuard,
-    kernel::cell::{ApprovalOutcome, RunCell},
+    kernel::cell::RunCell,
     kernel::shared::{RawCtx, RawRecovered, Shared},
     metrics::Metrics,
+    run::recovery::{self, Plan},
 };
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum FiberMode {
     Fresh,
     Recover(RecoveryReason),
-}
-
-/// A boundary was committed: the crash hook or seeded chaos may evict the run right here,
-/// the same point a real eviction or crash could hit.
-pub(crate) async fn boundary(raw: &RawCtx, point: &str) {
-    let shared = &raw.shared;
-    let run_id = &raw.cell.run_id;
-    let hooked = shared.crash_hook.as_ref().is_some_and(|hook| hook(run_id, point));
-    if hooked || (raw.in_fiber && shared.chaos_strikes()) {
-        crate::eviction::idle::request_eviction(shared, run_id, if hooked { "crash point" } else { "chaos" });
-        shared.parked(raw.in_fiber, std::future::pending::<()>()).await;
-    }
 }
 
 /// Starts or recovers the fiber if the run needs one. Runs inside the actor, so one at a time.
@@ -276,46 +262,4 @@ async fn finish(
         }
     }
     Ok(retry_at)
-}
-
-async fn after_escalation(shared: &Arc<Shared>, kind: &str, run_id: &str, reason: &str) {
-    Metrics::bump(&shared.metrics.escalations);
-    if let Ok(agent) = shared.agent(kind) {
-        agent.on_escalate(run_id.to_string(), reason.to_string()).await;
-    }
-}
-
-/// Moves a run to `Escalated{reason}`, stops its fiber and runs `on_escalate`. No-op on a
-/// finished run. `extra` joins the same boundary.
-pub(crate) async fn escalate(
-    shared: &Arc<Shared>,
-    run_id: &str,
-    reason: &str,
-    extra: Batch,
-) -> Result<(), RuntimeError> {
-    let written = shared
-        .update_run(run_id, |run, batch| {
-            if run.status.is_terminal() {
-                return Ok(false);
-            }
-            batch.extend(extra);
-            run.status = RunStatus::Escalated { reason: reason.to_string() };
-            alarm::delete_all_in(shared, run_id, batch)?;
-            Ok(true)
-        })
-        .await?;
-    let Some(run) = written else { return Ok(()) };
-    shared.event(run_id, "escalated", reason);
-    if let Some(live) = shared.registry.get(run_id) {
-        if let Some((_, waiter)) = live.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).take()
-        {
-            let _ = waiter.send(ApprovalOutcome::Escalated);
-        }
-        if let Some(fiber) = live.cell.fiber.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            fiber.abort();
-        }
-        shared.liveness.fiber_ended(run_id, shared.now_ms());
-    }
-    after_escalation(shared, &run.kind, run_id, reason).await;
-    Ok(())
 }

@@ -1,0 +1,56 @@
+//! Escalation (§3.6, §6.1, §8.4): a run that needs a human goes to `Escalated{reason}` in
+//! one boundary with its alarms removed, its fiber stops, a waiting approval is told, and
+//! the agent's `on_escalate` runs once.
+
+use std::sync::Arc;
+
+use durafiber_store::{Batch, tables::RunStatus};
+
+use crate::{
+    alarm,
+    error::RuntimeError,
+    kernel::{cell::ApprovalOutcome, shared::Shared},
+    metrics::Metrics,
+};
+
+pub(crate) async fn after_escalation(shared: &Arc<Shared>, kind: &str, run_id: &str, reason: &str) {
+    Metrics::bump(&shared.metrics.escalations);
+    if let Ok(agent) = shared.agent(kind) {
+        agent.on_escalate(run_id.to_string(), reason.to_string()).await;
+    }
+}
+
+/// Moves a run to `Escalated{reason}`, stops its fiber and runs `on_escalate`. No-op on a
+/// finished run. `extra` joins the same boundary.
+pub(crate) async fn escalate(
+    shared: &Arc<Shared>,
+    run_id: &str,
+    reason: &str,
+    extra: Batch,
+) -> Result<(), RuntimeError> {
+    let written = shared
+        .update_run(run_id, |run, batch| {
+            if run.status.is_terminal() {
+                return Ok(false);
+            }
+            batch.extend(extra);
+            run.status = RunStatus::Escalated { reason: reason.to_string() };
+            alarm::delete_all_in(shared, run_id, batch)?;
+            Ok(true)
+        })
+        .await?;
+    let Some(run) = written else { return Ok(()) };
+    shared.event(run_id, "escalated", reason);
+    if let Some(live) = shared.registry.get(run_id) {
+        if let Some((_, waiter)) = live.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).take()
+        {
+            let _ = waiter.send(ApprovalOutcome::Escalated);
+        }
+        if let Some(fiber) = live.cell.fiber.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            fiber.abort();
+        }
+        shared.liveness.fiber_ended(run_id, shared.now_ms());
+    }
+    after_escalation(shared, &run.kind, run_id, reason).await;
+    Ok(())
+}
