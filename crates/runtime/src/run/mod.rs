@@ -5,6 +5,7 @@
 pub(crate) mod activate;
 pub(crate) mod actor;
 pub(crate) mod alarm_delivery;
+pub(crate) mod driver;
 pub(crate) mod fiber;
 pub(crate) mod liveness;
 pub(crate) mod recovery;

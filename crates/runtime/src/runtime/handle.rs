@@ -1,0 +1,340 @@
+//! The runtime's handle: how it is built and opened, started runs, and its life on the clock.
+//!
+//! `Runtime::builder(store)` registers agent kinds and opens the runtime; opening scans for
+//! interrupted runs and re-activates them without waiting for a request. On the system clock
+//! a driver task wakes at the next deadline (hibernation, eviction, heartbeat, recovery
+//! backoff, alarm); on a virtual clock, `advance` walks the same deadlines in order.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    marker::PhantomData,
+    sync::{Arc, Mutex, atomic::Ordering},
+    time::Duration,
+};
+
+use durafiber_store::{
+    Store,
+    tables::{RunOptions, RunStatus},
+};
+
+use crate::{
+    agent::Agent,
+    clock::{Clock, Stopwatch, SystemClock, VirtualClock},
+    config::RuntimeConfig,
+    error::{LivenessViolation, RuntimeError},
+    events::{Event, EventLog},
+    eviction::idle,
+    json,
+    kernel::activity::Liveness,
+    kernel::registry::Registry,
+    kernel::shared::{CrashHook, ErasedAgent, Shared},
+    metrics::{Metrics, MetricsSnapshot},
+    rng::SeededRng,
+    run::activate::{reactivate, reactivate_boxed},
+    run::driver::{drive_system_clock, next_deadline, tick},
+    run::liveness,
+    run::recovery,
+    run::start::{self, StartOutcome},
+    secret::Secrets,
+    typed::Typed,
+};
+
+/// Sets up a runtime: its store, clock, configuration, secrets and agent kinds.
+pub struct RuntimeBuilder {
+    store: Store,
+    clock: Arc<dyn Clock>,
+    virtual_clock: Option<VirtualClock>,
+    config: RuntimeConfig,
+    kinds: HashMap<String, Arc<dyn ErasedAgent>>,
+    secrets: Secrets,
+    crash_hook: Option<CrashHook>,
+    passive: bool,
+}
+
+impl RuntimeBuilder {
+    /// Opens for inspection only: no recovery scan, no driver, no agent code runs. Reads,
+    /// decisions and cancellations are durable and picked up by the next serving runtime.
+    pub fn passive(mut self) -> Self {
+        self.passive = true;
+        self
+    }
+
+    /// Registers an agent kind under `A::KIND`.
+    pub fn agent<A: Agent>(mut self, agent: A) -> Self {
+        self.kinds.insert(A::KIND.to_string(), Arc::new(Typed::<A>(Arc::new(agent), PhantomData)));
+        self
+    }
+
+    /// Replaces the default configuration.
+    pub fn config(mut self, config: RuntimeConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Runs on a virtual clock that moves only through [`Runtime::advance`].
+    pub fn virtual_clock(mut self, clock: VirtualClock) -> Self {
+        self.clock = Arc::new(clock.clone());
+        self.virtual_clock = Some(clock);
+        self
+    }
+
+    /// Where `Secret` pointers are resolved.
+    pub fn secrets(mut self, secrets: Secrets) -> Self {
+        self.secrets = secrets;
+        self
+    }
+
+    /// Called at every named crash point; see [`CrashHook`].
+    pub fn crash_hook(mut self, hook: CrashHook) -> Self {
+        self.crash_hook = Some(hook);
+        self
+    }
+
+    /// Opens the runtime: loads the alarm window, re-activates interrupted runs, starts the
+    /// driver (system clock only).
+    pub async fn open(self) -> Result<Runtime, RuntimeError> {
+        self.config.validate()?;
+        let seed = self.config.seed;
+        let shared = Arc::new(Shared {
+            reactivator: reactivate_boxed,
+            store: self.store,
+            clock: self.clock,
+            liveness: Liveness::new(&self.config),
+            config: self.config,
+            kinds: self.kinds,
+            registry: Registry::default(),
+            scheduler: Default::default(),
+            metrics: Metrics::default(),
+            events: EventLog::default(),
+            rng_jitter: Mutex::new(SeededRng::new(seed ^ 0x6a69_7474_6572)),
+            rng_chaos: Mutex::new(SeededRng::new(seed ^ 0x0063_6861_6f73)),
+            secrets: self.secrets,
+            crash_hook: self.crash_hook,
+            status_version: tokio::sync::watch::Sender::new(0),
+            wakeups: Mutex::new(BTreeSet::new()),
+            driver_wake: tokio::sync::Notify::new(),
+            tracked: Mutex::new(Vec::new()),
+            start_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
+            run_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
+            inbound_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
+            opened: Stopwatch::start(),
+            alarm_runtime_failures: std::sync::atomic::AtomicU32::new(0),
+            shutting_down: std::sync::atomic::AtomicBool::new(false),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            busy: tokio::sync::watch::Sender::new(0),
+            woken: tokio::sync::watch::Sender::new(0),
+            passive: self.passive,
+        });
+        if self.passive {
+            return Ok(Runtime {
+                shared,
+                virtual_clock: self.virtual_clock,
+                driver: Arc::new(Mutex::new(None)),
+            });
+        }
+        shared.scheduler.refill(&shared.store)?;
+        let interrupted = recovery::scan_and_reactivate(&shared).await?;
+        tracing::info!(interrupted, "runtime open");
+        let driver = match self.virtual_clock {
+            Some(_) => None,
+            None => Some(tokio::spawn(drive_system_clock(shared.clone()))),
+        };
+        Ok(Runtime { shared, virtual_clock: self.virtual_clock, driver: Arc::new(Mutex::new(driver)) })
+    }
+}
+
+/// A durable runtime. Cheap to clone; every clone is the same runtime.
+#[derive(Clone)]
+pub struct Runtime {
+    pub(super) shared: Arc<Shared>,
+    virtual_clock: Option<VirtualClock>,
+    driver: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Runtime {
+    /// Starts building a runtime over `store`, on the system clock, with default settings.
+    pub fn builder(store: Store) -> RuntimeBuilder {
+        RuntimeBuilder {
+            store,
+            clock: Arc::new(SystemClock),
+            virtual_clock: None,
+            config: RuntimeConfig::default(),
+            kinds: HashMap::new(),
+            secrets: Secrets::default(),
+            crash_hook: None,
+            passive: false,
+        }
+    }
+
+    /// The store underneath.
+    pub fn store(&self) -> &Store {
+        &self.shared.store
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.shared.config
+    }
+
+    /// The clock's time, ms.
+    pub fn now_ms(&self) -> u64 {
+        self.shared.now_ms()
+    }
+
+    /// Starts a run of agent `A` (§2): durable before anything runs; the same key and input
+    /// return the same handle; the same key with another input is `KeyConflict`.
+    pub async fn start<A: Agent>(&self, key: &str, input: &A::Input) -> Result<StartOutcome, RuntimeError> {
+        let input_json = json::canonical(input).map_err(RuntimeError::InvalidInput)?;
+        self.start_json(A::KIND, key, &input_json, RunOptions::default()).await
+    }
+
+    /// `start` with an untyped kind and JSON input, and per-run options.
+    pub async fn start_json(
+        &self,
+        kind: &str,
+        key: &str,
+        input_json: &str,
+        options: RunOptions,
+    ) -> Result<StartOutcome, RuntimeError> {
+        let outcome = start::start(&self.shared, kind, key, input_json, options).await?;
+        if outcome.accepted || matches!(outcome.status, RunStatus::Accepted) {
+            reactivate(&self.shared, &outcome.run_id).await;
+        }
+        Ok(outcome)
+    }
+
+    /// Hibernates a run now, if it is hibernateable.
+    pub async fn hibernate(&self, run_id: &str) {
+        idle::hibernate(&self.shared, run_id).await
+    }
+
+    /// Evicts a run now, wherever it is.
+    pub async fn evict(&self, run_id: &str) {
+        idle::evict(&self.shared, run_id, "forced").await
+    }
+
+    /// Whether the run has a live actor.
+    pub async fn is_live(&self, run_id: &str) -> bool {
+        self.shared.registry.get(run_id).is_some()
+    }
+
+    /// Number of live actors.
+    pub async fn live_count(&self) -> usize {
+        self.shared.registry.len()
+    }
+
+    /// Counters and histograms.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.shared.metrics.snapshot()
+    }
+
+    /// The in-memory event log, oldest first.
+    pub fn events(&self) -> Vec<Event> {
+        self.shared.events.snapshot()
+    }
+
+    /// Alarms the scheduler holds in memory (bounded whatever the number pending).
+    pub fn alarm_window_len(&self) -> usize {
+        self.shared.scheduler.window_len()
+    }
+
+    /// Waits until the runtime is quiet: the work the supervisor and scheduler started is
+    /// done, and every fiber is parked (on the clock, a human, or cancellation) or finished.
+    /// On a virtual clock, a fiber must wait only through its `Ctx`, or this waits for it.
+    pub async fn settle(&self) {
+        let mut busy = self.shared.busy.subscribe();
+        let mut handed = self.shared.woken.subscribe();
+        loop {
+            if let Some(clock) = &self.virtual_clock {
+                clock.woken_resumed().await;
+            }
+            if handed.wait_for(|n| *n == 0).await.is_err() {
+                return;
+            }
+            let handles: Vec<_> =
+                std::mem::take(&mut *self.shared.tracked.lock().unwrap_or_else(|p| p.into_inner()));
+            for h in handles {
+                let _ = h.await;
+            }
+            if busy.wait_for(|n| *n == 0).await.is_err() {
+                return;
+            }
+            tokio::task::yield_now().await;
+            let quiet = *busy.borrow() == 0
+                && self.shared.tracked.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+            if quiet {
+                return;
+            }
+        }
+    }
+
+    /// Moves the virtual clock forward by `d`, handling every deadline on the way in order.
+    pub async fn advance(&self, d: Duration) -> Result<(), RuntimeError> {
+        let clock = self.virtual_clock.as_ref().ok_or(RuntimeError::NotVirtual)?;
+        let target = clock.now_ms() + d.as_millis() as u64;
+        self.settle().await;
+        // Bounded: each step handles at least one deadline, and deadlines are finite.
+        for _ in 0..1_000_000 {
+            let runtime_next = next_deadline(&self.shared).filter(|at| *at > clock.now_ms());
+            let due_now = next_deadline(&self.shared).is_some_and(|at| at <= clock.now_ms());
+            if due_now {
+                tick(&self.shared).await;
+                self.settle().await;
+                continue;
+            }
+            let next = [runtime_next, clock.next_wake_ms()].into_iter().flatten().min();
+            match next {
+                Some(at) if at <= target => {
+                    clock.set(at);
+                    tick(&self.shared).await;
+                    self.settle().await;
+                }
+                _ => break,
+            }
+        }
+        clock.set(target);
+        tick(&self.shared).await;
+        self.settle().await;
+        let violations = self.check_liveness()?;
+        if !violations.is_empty() {
+            return Err(RuntimeError::LivenessViolation { violations });
+        }
+        Ok(())
+    }
+
+    /// Every open run that breaks the liveness rule (§3.7): neither live with a fiber, nor
+    /// parked on a durable wait (an approval, an alarm), nor holding a wake at a known time.
+    /// Cheap: one pass over the open runs. On a virtual clock, [`Runtime::advance`] checks it
+    /// after every call and fails with [`RuntimeError::LivenessViolation`].
+    pub fn check_liveness(&self) -> Result<Vec<LivenessViolation>, RuntimeError> {
+        liveness::check(&self.shared)
+    }
+
+    /// Stops the driver and every actor, then makes the store durable. Runs stay as stored:
+    /// a run that was executing is recovered by the next runtime, as after a deploy.
+    pub async fn shutdown(&self) {
+        self.shared.shutting_down.store(true, Ordering::SeqCst);
+        self.shared.driver_wake.notify_one();
+        if let Some(driver) = self.driver.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            driver.abort();
+        }
+        for run_id in self.shared.registry.run_ids() {
+            if let Some(live) = self.shared.registry.remove(&run_id) {
+                if let Some(fiber) = live.cell.fiber.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    fiber.abort();
+                }
+                let _ = live.actor.kill_and_wait(None).await;
+                // A deploy is an interruption the runtime chose: a recovery it cut short is
+                // not a failed one (§3.6).
+                idle::give_back_recovery(&self.shared, &live.cell, None).await;
+            }
+        }
+        let _ = self.shared.store.barrier().await;
+        self.shared.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Runs re-activated at open, for recovery benchmarks: the time since open, µs.
+    pub fn since_open_us(&self) -> u64 {
+        self.shared.opened.elapsed_us()
+    }
+}

@@ -1,0 +1,171 @@
+//! What reaches a run from outside: cancellation, messages, requests, events, decisions,
+//! alarms set or cancelled, keep-alive.
+
+use durafiber_store::tables::{Decision, RunStatus};
+use ractor::rpc::CallResult;
+use serde::{Serialize, de::DeserializeOwned};
+
+use super::handle::Runtime;
+use crate::{
+    agent::Agent, alarm, alarm::AlarmSpec, approval, approval::ApproveOutcome, error::RuntimeError,
+    eviction::keep_alive::KeepAlive, json, kernel::inbox::RunMsg, kernel::registry::LiveRun, limits,
+    run::activate::activate,
+};
+
+impl Runtime {
+    /// Asks a run to stop (§2.3). The fiber sees the signal; no new effect starts after it.
+    /// A run that is not executing (waiting, or not live) is cancelled at once.
+    pub async fn cancel(&self, run_id: &str, reason: &str) -> Result<RunStatus, RuntimeError> {
+        let live = self.shared.registry.get(run_id);
+        // A fiber parked on a durable wait (a human, an event, a durable sleep) is not
+        // executing: the run is cancelled at once instead of waiting for the wait to end.
+        let fiber_live = live.as_ref().is_some_and(|l| {
+            l.cell.fiber_running()
+                && l.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+                && l.cell.event_waiter.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+        });
+        let written = self
+            .shared
+            .update_run(run_id, |run, batch| {
+                if run.status.is_terminal() {
+                    return Ok(false);
+                }
+                let fiber_live = fiber_live && !matches!(run.status, RunStatus::WaitingAlarm { .. });
+                run.cancel_reason = Some(reason.to_string());
+                if !fiber_live {
+                    run.status = RunStatus::Cancelled { reason: reason.to_string() };
+                    alarm::delete_all_in(&self.shared, run_id, batch)?;
+                }
+                Ok(true)
+            })
+            .await?;
+        if let Some(run) = written {
+            self.shared.event(run_id, "cancel_requested", reason.to_string());
+            if let Some(live) = live {
+                live.cell.cancel.send_replace(Some(reason.to_string()));
+                if run.status.is_terminal() {
+                    if let Some(fiber) = live.cell.fiber.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                        fiber.abort();
+                    }
+                    self.shared.liveness.fiber_ended(run_id, self.now_ms());
+                }
+            }
+        }
+        self.status(run_id)
+    }
+
+    /// Sends a typed message to a run; handled by `on_message`, one at a time.
+    pub async fn send<A: Agent>(&self, run_id: &str, message: &A::Message) -> Result<(), RuntimeError> {
+        let json = json::canonical(message).map_err(RuntimeError::InvalidInput)?;
+        self.send_json(run_id, &json).await
+    }
+
+    /// `send` with a JSON message.
+    pub async fn send_json(&self, run_id: &str, message_json: &str) -> Result<(), RuntimeError> {
+        let live = self.inbound(run_id, message_json).await?;
+        let json = message_json.to_string();
+        match live.actor.call(|reply| RunMsg::Message { json, reply }, None).await {
+            Ok(CallResult::Success(result)) => Ok(result?),
+            _ => {
+                Err(RuntimeError::Agent(crate::error::AgentError::Runtime("the run's actor stopped".into())))
+            }
+        }
+    }
+
+    /// Sends a typed request to a run and returns `on_request`'s reply, typed.
+    pub async fn request<A: Agent, R: DeserializeOwned>(
+        &self,
+        run_id: &str,
+        message: &A::Message,
+    ) -> Result<R, RuntimeError> {
+        let json = json::canonical(message).map_err(RuntimeError::InvalidInput)?;
+        let reply = self.request_json(run_id, &json).await?;
+        json::parse(&reply).map_err(|e| RuntimeError::Agent(crate::error::AgentError::Serialization(e)))
+    }
+
+    /// `request` with JSON in and out.
+    pub async fn request_json(&self, run_id: &str, message_json: &str) -> Result<String, RuntimeError> {
+        let live = self.inbound(run_id, message_json).await?;
+        let json = message_json.to_string();
+        match live.actor.call(|reply| RunMsg::Request { json, reply }, None).await {
+            Ok(CallResult::Success(result)) => Ok(result?),
+            _ => {
+                Err(RuntimeError::Agent(crate::error::AgentError::Runtime("the run's actor stopped".into())))
+            }
+        }
+    }
+
+    /// Checks a message or request for a run and activates the run to take it.
+    async fn inbound(&self, run_id: &str, message_json: &str) -> Result<LiveRun, RuntimeError> {
+        if self.shared.passive {
+            return Err(RuntimeError::InvalidInput(
+                "messages need a serving runtime; this one only inspects".into(),
+            ));
+        }
+        let run = self.shared.load_run(run_id)?;
+        if run.status.is_terminal() {
+            return Err(RuntimeError::RunFinished { run_id: run_id.into(), state: run.status.name().into() });
+        }
+        if message_json.len() > limits::PAYLOAD_BYTES_MAX {
+            return Err(RuntimeError::InvalidInput("message is over the payload limit".into()));
+        }
+        self.shared.agent(&run.kind)?.check_message(message_json).map_err(RuntimeError::InvalidInput)?;
+        let live = activate(&self.shared, run_id).await?;
+        self.shared.liveness.activity(run_id, self.now_ms());
+        Ok(live)
+    }
+
+    /// Sends the external event `name` to a run (durably buffered, FIFO per name); a repeat
+    /// with the same `idempotency_key` is a `Duplicate`, delivered once.
+    pub async fn send_event<T: Serialize>(
+        &self,
+        run_id: &str,
+        name: &str,
+        payload: &T,
+        idempotency_key: Option<&str>,
+    ) -> Result<crate::event::SendOutcome, RuntimeError> {
+        let json = json::canonical(payload).map_err(RuntimeError::InvalidInput)?;
+        self.send_event_json(run_id, name, &json, idempotency_key).await
+    }
+
+    /// `send_event` with a JSON payload.
+    pub async fn send_event_json(
+        &self,
+        run_id: &str,
+        name: &str,
+        payload_json: &str,
+        idempotency_key: Option<&str>,
+    ) -> Result<crate::event::SendOutcome, RuntimeError> {
+        crate::event::send(&self.shared, run_id, name, payload_json, idempotency_key).await
+    }
+
+    /// Records a human's decision (§6.2). Accepted only for a pending pause with exactly this
+    /// payload hash; the same decision twice is a no-op, a different one `AlreadyDecided`.
+    pub async fn approve(
+        &self,
+        run_id: &str,
+        approval_id: &str,
+        payload_hash: &str,
+        decision: Decision,
+    ) -> Result<ApproveOutcome, RuntimeError> {
+        approval::approve(&self.shared, run_id, approval_id, payload_hash, decision).await
+    }
+
+    /// Sets (or replaces) a run's alarm from outside. Refused with `StorageFull` while the
+    /// disk is below its reserve.
+    pub async fn set_alarm(&self, run_id: &str, name: &str, spec: AlarmSpec) -> Result<(), RuntimeError> {
+        self.shared.store.check_room()?;
+        alarm::set(&self.shared, run_id, name, spec, None, None).await
+    }
+
+    /// Cancels a run's alarm; true when it existed.
+    pub async fn cancel_alarm(&self, run_id: &str, name: &str) -> Result<bool, RuntimeError> {
+        alarm::cancel(&self.shared, run_id, name).await
+    }
+
+    /// Holds `run_id` live (activating it) until the guard is released or dropped.
+    pub async fn keep_alive(&self, run_id: &str) -> Result<KeepAlive, RuntimeError> {
+        activate(&self.shared, run_id).await?;
+        Ok(KeepAlive::acquire(self.shared.clone(), run_id))
+    }
+}

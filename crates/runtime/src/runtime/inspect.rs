@@ -1,0 +1,194 @@
+//! Reading runs: status, waiting, listing, inspection, storage, alarms, approvals.
+
+use durafiber_store::{
+    Store,
+    tables::{self, AlarmRecord, ApprovalRecord, DeadLetter, LedgerEntry, RunRecord, RunStatus, StashRecord},
+};
+use serde::{Serialize, de::DeserializeOwned};
+
+use super::handle::Runtime;
+use crate::{alarm, approval, approval::PendingApproval, error::RuntimeError, json, limits};
+
+/// Everything stored about a run, for inspection. Secrets are pointers by construction.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunInspection {
+    /// The run record.
+    pub run: RunRecord,
+    /// Its last stash.
+    pub stash: Option<StashRecord>,
+    /// Its ledger.
+    pub ledger: Vec<LedgerEntry>,
+    /// Its pending alarms.
+    pub alarms: Vec<AlarmRecord>,
+    /// Its approvals, pending and decided.
+    pub approvals: Vec<ApprovalRecord>,
+    /// Its abandoned alarms.
+    pub dead_letters: Vec<DeadLetter>,
+}
+
+/// Which runs `list` returns.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    /// Only runs in this state (`running`, `completed`, ...).
+    pub state: Option<String>,
+    /// Only runs of this kind.
+    pub kind: Option<String>,
+    /// Start after this run id (the previous page's `next`).
+    pub after: Option<String>,
+    /// Page size, at most [`limits::LIST_PAGE_MAX`].
+    pub limit: usize,
+}
+
+/// One page of runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunPage {
+    /// The runs.
+    pub runs: Vec<RunRecord>,
+    /// Pass as `after` for the next page; `None` on the last one.
+    pub next: Option<String>,
+}
+
+/// Every record of `table` that belongs to run `id`.
+fn scan_all<T: DeserializeOwned>(
+    store: &Store,
+    table: tables::Table,
+    id: &[u8],
+) -> Result<Vec<T>, RuntimeError> {
+    let mut out = Vec::new();
+    for (_, record) in store.scan(table, &table.prefix_of(&[id]), None, usize::MAX)? {
+        out.push(record?);
+    }
+    Ok(out)
+}
+
+impl Runtime {
+    /// The run's current state.
+    pub fn status(&self, run_id: &str) -> Result<RunStatus, RuntimeError> {
+        Ok(self.shared.load_run(run_id)?.status)
+    }
+
+    /// The run record.
+    pub fn run(&self, run_id: &str) -> Result<RunRecord, RuntimeError> {
+        self.shared.load_run(run_id)
+    }
+
+    /// Waits until the run is terminal and returns its final state.
+    pub async fn wait(&self, run_id: &str) -> Result<RunStatus, RuntimeError> {
+        let mut changes = self.shared.status_version.subscribe();
+        loop {
+            let status = self.status(run_id)?;
+            if status.is_terminal() {
+                return Ok(status);
+            }
+            if changes.changed().await.is_err() {
+                return Err(RuntimeError::ShuttingDown);
+            }
+        }
+    }
+
+    /// Waits until `pred` holds for the run's state (tests and tools; no polling by time).
+    pub async fn wait_for(
+        &self,
+        run_id: &str,
+        pred: impl Fn(&RunStatus) -> bool,
+    ) -> Result<RunStatus, RuntimeError> {
+        let mut changes = self.shared.status_version.subscribe();
+        loop {
+            let status = self.status(run_id)?;
+            if pred(&status) {
+                return Ok(status);
+            }
+            if changes.changed().await.is_err() {
+                return Err(RuntimeError::ShuttingDown);
+            }
+        }
+    }
+
+    /// Lists runs, filtered and paged, in run-id order.
+    pub fn list(&self, filter: &ListFilter) -> Result<RunPage, RuntimeError> {
+        let limit = filter.limit.clamp(1, limits::LIST_PAGE_MAX);
+        let after_key = filter.after.as_ref().map(|a| tables::RUNS.key(&[a.as_bytes()]));
+        let mut after = after_key;
+        let mut runs = Vec::new();
+        loop {
+            let page = self.shared.store.scan::<RunRecord>(
+                tables::RUNS,
+                &[tables::RUNS.prefix],
+                after.as_deref(),
+                limit,
+            )?;
+            let exhausted = page.len() < limit;
+            for (key, run) in page {
+                after = Some(key);
+                let run = match run {
+                    Ok(run) => run,
+                    Err(e) => {
+                        tracing::error!(error = %e, "unreadable run record skipped in list");
+                        continue;
+                    }
+                };
+                let state_ok = filter.state.as_deref().is_none_or(|s| s == run.status.name());
+                let kind_ok = filter.kind.as_deref().is_none_or(|k| k == run.kind);
+                if state_ok && kind_ok {
+                    runs.push(run);
+                    if runs.len() == limit {
+                        let next = runs.last().map(|r| r.run_id.clone());
+                        return Ok(RunPage { runs, next });
+                    }
+                }
+            }
+            if exhausted {
+                return Ok(RunPage { runs, next: None });
+            }
+        }
+    }
+
+    /// Everything stored about a run.
+    pub fn inspect(&self, run_id: &str) -> Result<RunInspection, RuntimeError> {
+        let store = &self.shared.store;
+        let run = self.shared.load_run(run_id)?;
+        let id = run_id.as_bytes();
+        Ok(RunInspection {
+            stash: store.get(tables::STASHES, &tables::STASHES.key(&[id]))?,
+            ledger: scan_all(store, tables::LEDGER, id)?,
+            alarms: scan_all(store, tables::ALARMS, id)?,
+            approvals: scan_all(store, tables::APPROVALS, id)?,
+            dead_letters: scan_all(store, tables::DEAD_LETTERS, id)?,
+            run,
+        })
+    }
+
+    /// Decodes a run's output once it is `Completed`.
+    pub fn output<T: DeserializeOwned>(&self, run_id: &str) -> Result<Option<T>, RuntimeError> {
+        match self.status(run_id)? {
+            RunStatus::Completed { output_json } => {
+                Ok(Some(json::parse(&output_json).map_err(RuntimeError::InvalidInput)?))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// One page of a run's storage under `prefix`, in key order, after `start_after`: keys
+    /// and values as JSON text. For inspection; the run itself reads `ctx.storage()`.
+    pub fn storage_list(
+        &self,
+        run_id: &str,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, String)>, RuntimeError> {
+        self.shared.load_run(run_id)?;
+        crate::storage::list_json(&self.shared.store, run_id, prefix, start_after, limit)
+    }
+
+    /// A run's pending alarms.
+    pub fn alarms(&self, run_id: &str) -> Result<Vec<AlarmRecord>, RuntimeError> {
+        self.shared.load_run(run_id)?;
+        alarm::list(&self.shared, run_id)
+    }
+
+    /// Pending approvals, with the payload the run showed and its hash; of one run or all.
+    pub fn pending_approvals(&self, run_id: Option<&str>) -> Result<Vec<PendingApproval>, RuntimeError> {
+        approval::pending(&self.shared, run_id)
+    }
+}

@@ -1,0 +1,15 @@
+//! The runtime: the public face of everything in this crate.
+//!
+//! `Runtime::builder(store)` registers agent kinds and opens the runtime; opening scans for
+//! interrupted runs and re-activates them without waiting for a request. On the system clock
+//! a driver task (`run/driver.rs`) wakes at the next deadline (hibernation, eviction,
+//! heartbeat, recovery backoff, alarm); on a virtual clock, `advance` walks the same
+//! deadlines in order. The handle's methods are split by what they do: `handle` (open, start,
+//! time, shutdown), `inspect` (reading runs), `inbound` (what reaches a run from outside).
+
+mod handle;
+mod inbound;
+mod inspect;
+
+pub use handle::{Runtime, RuntimeBuilder};
+pub use inspect::{ListFilter, RunInspection, RunPage};
