@@ -1,16 +1,19 @@
 //! Durable runs for long-running agents: after the host dies, the same run continues from
 //! its last safe boundary, without a second side effect.
 //!
-//! # Module map
-//! - [`agent`]: the trait users implement.
-//! - `run/`: `start` (durable accept, dedupe by key), `registry` (one live actor per run id),
-//!   `actor` (one inbound event at a time).
-//! - `fiber/`: `ctx` (what user code calls), `stash`, `recovery` (interrupted runs).
-//! - `effect`: the idempotency ledger. `approval`: durable human pauses. `sleep`: durable
-//!   sleeps. `event`: durable external events. `storage`: each run's key-value storage.
-//! - `alarm/`: named durable alarms, the bounded scheduler window, delivery with retries.
-//! - `eviction/`: hibernation, eviction, keep-alive guards.
-//! - [`clock`]: the only source of time. `limits`: every default and maximum.
+//! # Module map, top layer first (each imports only its own layer and those below)
+//! - `runtime/`: the public [`Runtime`] (`handle`, `inspect`, `inbound`); `typed`: an
+//!   agent's typed hooks behind the kernel's erased interface.
+//! - `run/`: `start` (durable accept), `activate` (the only code that spawns an actor),
+//!   `actor`, `fiber` (registration and end), `recovery`, `alarm_delivery`, `driver` (the
+//!   loop that moves runs on time), `liveness` (the rule, checked).
+//! - [`agent`]: the trait users implement and the [`Ctx`] its hooks are handed.
+//! - features: `approval`, `event`, `sleep`, `effect`, `stash`, `escalation`, `storage`,
+//!   `alarm/` (set and cancel), `eviction/` (hibernation, eviction, keep-alive).
+//! - `kernel/`: shared state, the registry of live runs, the actors' inbox, run cells, the
+//!   busy count, the activity tracker, the alarm window.
+//! - base: [`clock`] (the only source of time), [`limits`], `config`, `error`, `json`,
+//!   `metrics`, [`rng`], `secret`, `events`, `hooks`.
 #![deny(missing_docs)]
 
 pub mod agent;

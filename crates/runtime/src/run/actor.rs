@@ -1,8 +1,8 @@
 //! The run's actor: one per live run, one inbound event at a time.
 //!
 //! It holds read-only handles; `pre_start` reads the run back from the store. The fiber runs
-//! as its own task beside the actor (see `fiber/`), so messages and alarms are handled while
-//! a fiber awaits. Before: `activate.rs` spawns it. After: `fiber/mod.rs`, `alarm_delivery.rs`.
+//! as its own task beside the actor (see `fiber.rs`), so messages and alarms are handled while
+//! a fiber awaits. Before: `activate.rs` spawns it. After: `fiber.rs`, `alarm_delivery.rs`.
 
 use std::{panic::AssertUnwindSafe, sync::Arc};
 
