@@ -114,33 +114,33 @@ pub struct Metrics {
 /// A copy of the counters, for output.
 #[derive(Debug, Clone, Serialize)]
 pub struct MetricsSnapshot {
-    /// See [`Metrics`].
+    /// Runs accepted by `start`.
     pub starts: u64,
-    /// See [`Metrics`].
+    /// Actors activated (cold starts included).
     pub activations: u64,
-    /// See [`Metrics`].
+    /// Idle runs hibernated.
     pub hibernations: u64,
-    /// See [`Metrics`].
+    /// Runs evicted.
     pub evictions: u64,
-    /// See [`Metrics`].
+    /// Recovery hooks called.
     pub recoveries: u64,
-    /// See [`Metrics`].
+    /// Keep-alive heartbeats counted as activity.
     pub heartbeats: u64,
-    /// See [`Metrics`].
+    /// Alarm retries scheduled.
     pub alarm_retries: u64,
-    /// See [`Metrics`].
+    /// Alarms dead-lettered.
     pub dead_letters: u64,
-    /// See [`Metrics`].
+    /// Effects whose committed receipt was returned instead of calling the outside world again.
     pub effects_prevented: u64,
-    /// See [`Metrics`].
+    /// Runs escalated to a human.
     pub escalations: u64,
-    /// See [`Metrics`].
+    /// Time from activation to the actor being ready.
     pub cold_start: HistogramSummary,
-    /// See [`Metrics`].
+    /// Time from the runtime's start (or an eviction) to a run's recovery hook being called.
     pub recover_latency: HistogramSummary,
-    /// See [`Metrics`].
+    /// Time for a stash to be committed.
     pub stash_commit: HistogramSummary,
-    /// See [`Metrics`].
+    /// How late alarms fire, against their due time.
     pub alarm_lateness: HistogramSummary,
 }
 
