@@ -1,0 +1,104 @@
+//! The harness's side of a server's life: it starts runs, sends each its event once,
+//! approves, and remembers what it asked for and what it was told.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use durafiber_runtime::rng::SeededRng;
+use durafiber_testkit::upstream::Upstream;
+use serde_json::{Value, json};
+
+use crate::http::client::Client;
+
+/// New runs started per server life, at most.
+const STARTS_PER_LIFE_MAX: usize = 3;
+
+/// The harness's memory of what it asked for and what it was told.
+pub(super) struct Harness {
+    pub(super) upstream: Upstream,
+    pub(super) rng: SeededRng,
+    /// Every run id each key was answered with.
+    pub(super) ids: BTreeMap<String, BTreeSet<String>>,
+    /// Keys whose start was never answered (the server died under the call).
+    pub(super) unanswered: Vec<(String, Value)>,
+    /// The input each key was started with.
+    pub(super) inputs: BTreeMap<String, Value>,
+    /// Runs whose `packed` event was not acknowledged yet, with their order key.
+    pub(super) unsent: BTreeMap<String, String>,
+    pub(super) next_order: u64,
+    pub(super) runs_max: usize,
+}
+
+impl Harness {
+    pub(super) fn input(&mut self, order: u64) -> Value {
+        let delays = [self.rng.between(5, 60), self.rng.between(60, 250)];
+        json!({
+            "order_id": format!("ord_{order}"),
+            "amount_cents": self.rng.between(100, 10_000),
+            "upstream": self.upstream.url(),
+            "alarm_delays_ms": delays,
+            "cool_off_ms": self.rng.between(10, 200),
+            "wait_for_packing": true,
+        })
+    }
+
+    pub(super) async fn start(&mut self, client: &Client, key: String, input: Value) {
+        self.inputs.insert(key.clone(), input.clone());
+        match client.post("/runs", &json!({"kind": "order", "input": input}), Some(&key)).await {
+            Ok(answer) => {
+                if let Some(id) = answer["run_id"].as_str() {
+                    if self.ids.get(&key).is_none_or(|ids| !ids.contains(id)) {
+                        self.unsent.insert(id.to_string(), key.clone());
+                    }
+                    self.ids.entry(key).or_default().insert(id.to_string());
+                }
+            }
+            Err(_) => self.unanswered.push((key, input)),
+        }
+    }
+
+    /// Sends each run's `packed` event until the server acknowledges it once.
+    pub(super) async fn send_events(&mut self, client: &Client) {
+        for (run_id, key) in self.unsent.clone() {
+            if send_packed(client, &run_id, &key).await.is_ok() {
+                self.unsent.remove(&run_id);
+            }
+        }
+    }
+
+    /// One round of a live server's work: retry unanswered starts, start new runs, send
+    /// events, approve.
+    pub(super) async fn round(&mut self, client: &Client, started_here: &mut usize) {
+        for (key, input) in std::mem::take(&mut self.unanswered) {
+            self.start(client, key, input).await;
+        }
+        if *started_here < STARTS_PER_LIFE_MAX && self.inputs.len() < self.runs_max {
+            self.next_order += 1;
+            let order = self.next_order;
+            let input = self.input(order);
+            self.start(client, format!("order-{order}"), input).await;
+            *started_here += 1;
+        }
+        self.send_events(client).await;
+        approve_pending(client).await;
+    }
+}
+
+/// The one `packed` event of the order started under `key`: the outcome the server gave.
+pub(super) async fn send_packed(client: &Client, run_id: &str, key: &str) -> anyhow::Result<String> {
+    let body = json!({"payload": {"box": format!("box-{key}")}, "idempotency_key": format!("packed-{key}")});
+    let answer = client.post(&format!("/runs/{run_id}/events/packed"), &body, None).await?;
+    Ok(answer["outcome"].as_str().unwrap_or("?").to_string())
+}
+
+/// Approves every pending `ship` approval with the hash the view shows.
+pub(super) async fn approve_pending(client: &Client) {
+    let Ok(view) = client.get("/approvals").await else { return };
+    for pending in view.as_array().cloned().unwrap_or_default() {
+        let (Some(run_id), Some(hash)) = (pending["run_id"].as_str(), pending["payload_hash"].as_str())
+        else {
+            continue;
+        };
+        let body = json!({"payload_hash": hash, "approved": true, "comment": "torture"});
+        let _ = client.post(&format!("/runs/{run_id}/approvals/ship"), &body, None).await;
+    }
+}

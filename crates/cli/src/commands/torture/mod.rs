@@ -1,0 +1,271 @@
+//! `durafiber torture`: the project's own random-kill torture, beside the drill.
+//!
+//! A real `durafiber serve` hosts the order agent (stashes, two named alarms, a human
+//! approval, two effects through the test kit's idempotent upstream, a durable sleep, a wait
+//! for the external event `packed`, storage written in transactions). New runs keep being
+//! started, sent their event (once per run, with an idempotency key) and approved while the harness SIGKILLs the server at seeded random times — 30%
+//! of kills in the first 30 ms of a process's life (store open, recovery scan), the rest
+//! within 370 ms of the server answering — and restarts it. Then one last server runs until every run
+//! is finished, and every promise is checked against the upstream, which counts objects
+//! itself:
+//!
+//! - one run id per idempotency key, over every start call (each key is started again at
+//!   the end);
+//! - upstream objects exactly as expected: one charge and one email per order;
+//! - every committed ledger receipt equals the upstream object of its key;
+//! - every run `Completed` (nothing escalated: no agent here asks for it);
+//! - every alarm delivered at least once;
+//! - each run's storage as its story says: the charge id of its upstream charge, a sleep
+//!   that woke no earlier than its duration after the run first reached it, the payload of
+//!   its one event; every event sent again at the end is a `duplicate` or finds the run
+//!   finished, never delivered twice;
+//! - the store opened on every start; no panic in any log; nothing stuck.
+//!
+//! The upstream lives in this process, so it outlives every server it kills.
+
+mod harness;
+mod report;
+mod score;
+mod server;
+
+use harness::{Harness, approve_pending, send_packed};
+pub use report::{Plan, TortureReport};
+use score::{Finished, is_terminal, score};
+use server::Server;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use durafiber_runtime::rng::SeededRng;
+use durafiber_testkit::upstream::Upstream;
+use serde_json::{Value, json};
+
+use crate::http::client::Client;
+
+/// How long the last server may take to finish every run.
+const FINISH_DEADLINE: Duration = Duration::from_secs(90);
+/// How long a server may take to start listening before it counts as not opening.
+const LISTEN_DEADLINE: Duration = Duration::from_secs(60);
+
+fn server_config(out: &Path, plan: Plan) -> anyhow::Result<PathBuf> {
+    let path = out.join("config.json");
+    let config = json!({"chaos_evict_rate": plan.chaos, "seed": plan.seed});
+    std::fs::write(&path, config.to_string()).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// Runs the torture with the `durafiber` binary at `exe`; logs and the report go to `out`.
+pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<TortureReport> {
+    let started = Instant::now();
+    if !(0.0..=1.0).contains(&plan.chaos) {
+        bail!("--chaos must be within 0..=1");
+    }
+    let data = out.join("data");
+    if data.exists() {
+        std::fs::remove_dir_all(&data).with_context(|| format!("clearing {}", data.display()))?;
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let config = server_config(out, plan)?;
+    let upstream = Upstream::start().await.context("starting the upstream")?;
+    let mut h = Harness {
+        upstream,
+        rng: SeededRng::new(plan.seed),
+        ids: BTreeMap::new(),
+        unanswered: Vec::new(),
+        inputs: BTreeMap::new(),
+        unsent: BTreeMap::new(),
+        next_order: 0,
+        runs_max: (plan.kills as usize).saturating_mul(2).max(10),
+    };
+    let mut report = TortureReport { seed: plan.seed, ..Default::default() };
+    let mut logs = Vec::new();
+    for life in 1..=plan.kills {
+        // Early kills count from the spawn; the others from the moment the server answers,
+        // so a slow start on a loaded machine does not turn every kill into an early one.
+        let early = h.rng.chance(0.3);
+        let kill_after =
+            Duration::from_millis(if early { h.rng.between(0, 30) } else { h.rng.between(0, 370) });
+        let log = out.join(format!("server-{life}.log"));
+        let mut server = Server::spawn(exe, &data, &config, &log)?;
+        let mut kill_at = if early { Some(server.born + kill_after) } else { None };
+        let listen_by = server.born + LISTEN_DEADLINE;
+        let mut started_here = 0;
+        let mut client = None;
+        while kill_at.is_none_or(|at| Instant::now() < at) && Instant::now() < listen_by {
+            if server.exited() {
+                break;
+            }
+            if client.is_none()
+                && let Some(addr) = server.poll_addr()
+            {
+                client = Some(Client::with_timeout(addr, Duration::from_secs(2)));
+                kill_at.get_or_insert(Instant::now() + kill_after);
+            }
+            if let (Some(client), Some(at)) = (&client, kill_at) {
+                let remaining = at.saturating_duration_since(Instant::now());
+                let _ = tokio::time::timeout(remaining, h.round(client, &mut started_here)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        if server.exited() {
+            report.server_exits += 1;
+            if server.log_text().contains("opening") {
+                report.store_unopenable += 1;
+            }
+        }
+        server.kill();
+        report.kills += 1;
+        logs.push(server.log.clone());
+        if life % 25 == 0 {
+            eprintln!("torture: {life} of {} kills, {} runs started", plan.kills, h.ids.len());
+        }
+    }
+    eprintln!("torture: last server, until every run finishes");
+    let log = out.join("server-final.log");
+    let mut server = Server::spawn(exe, &data, &config, &log)?;
+    logs.push(log);
+    let finished = finish(&mut h, &mut server, &mut report).await;
+    server.kill();
+    let finished = finished?;
+    score(&h, &finished, &mut report);
+    report.panics =
+        logs.iter().map(|l| std::fs::read_to_string(l).unwrap_or_default().matches("panicked").count()).sum();
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    report.pass = report.completed == report.runs
+        && report.runs > 0
+        && report.ids_per_key_max == 1
+        && [
+            report.escalated,
+            report.duplicate_effects,
+            report.missing_effects,
+            report.ledger_mismatches,
+            report.alarms_lost,
+            report.storage_mismatches,
+            report.events_twice,
+            report.store_unopenable,
+            report.panics,
+            report.stuck,
+            report.server_exits,
+        ]
+        .iter()
+        .all(|n| *n == 0);
+    let recording = json!({
+        "report": report,
+        "upstream": {"charges": h.upstream.objects("charges"), "emails": h.upstream.objects("emails")},
+        "runs": finished.runs,
+    });
+    std::fs::write(out.join("report.json"), serde_json::to_string_pretty(&recording)?)?;
+    Ok(report)
+}
+
+/// Lets the last server finish every run, approving as needed; re-sends every start.
+async fn finish(
+    h: &mut Harness,
+    server: &mut Server,
+    report: &mut TortureReport,
+) -> anyhow::Result<Finished> {
+    let listen_by = Instant::now() + LISTEN_DEADLINE;
+    let addr = loop {
+        if let Some(addr) = server.poll_addr() {
+            break addr;
+        }
+        if server.exited() || Instant::now() > listen_by {
+            report.store_unopenable += 1;
+            bail!("the last server did not start: {}", server.log_text().lines().last().unwrap_or(""));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let client = Client::with_timeout(addr, Duration::from_secs(10));
+    for (key, input) in std::mem::take(&mut h.unanswered) {
+        h.start(&client, key, input).await;
+    }
+    // Every key once more, with its input: the answer must be the run it already has.
+    for (key, input) in h.inputs.clone() {
+        h.start(&client, key, input).await;
+    }
+    let run_ids: BTreeSet<String> = h.ids.values().flatten().cloned().collect();
+    let deadline = Instant::now() + FINISH_DEADLINE;
+    let mut runs = BTreeMap::new();
+    loop {
+        h.send_events(&client).await;
+        approve_pending(&client).await;
+        runs.clear();
+        for id in &run_ids {
+            if let Ok(run) = client.get(&format!("/runs/{id}")).await {
+                runs.insert(id.clone(), run);
+            }
+        }
+        let open = run_ids.iter().filter(|id| runs.get(*id).is_none_or(|r| !is_terminal(r))).count();
+        if open == 0 || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Every event once more: a duplicate for an open run, refused for a finished one.
+    for (key, ids) in &h.ids {
+        for run_id in ids {
+            match send_packed(&client, run_id, key).await {
+                Ok(outcome) if outcome != "duplicate" => report.events_twice += 1,
+                Err(e) if !e.to_string().contains("has finished") => report.events_twice += 1,
+                _ => {}
+            }
+        }
+    }
+    let mut storage = BTreeMap::new();
+    for id in &run_ids {
+        if let Ok(page) = client.get(&format!("/runs/{id}/storage")).await {
+            let entries = page["entries"].as_array().cloned().unwrap_or_default();
+            let by_key: BTreeMap<String, Value> = entries
+                .into_iter()
+                .filter_map(|e| Some((e["key"].as_str()?.to_string(), e["value"].clone())))
+                .collect();
+            storage.insert(id.clone(), by_key);
+        }
+    }
+    Ok(Finished { runs, storage })
+}
+
+/// `durafiber torture`: prints the counts; the last line is the JSON report with `--json`.
+/// Exit 0 only if it passes.
+pub async fn run(json_line: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result<i32> {
+    let exe = std::env::current_exe().context("locating the durafiber binary")?;
+    let out = match out {
+        Some(dir) => dir.to_path_buf(),
+        None => std::env::temp_dir().join(format!("durafiber-torture-{}-{}", plan.seed, std::process::id())),
+    };
+    let r = torture(&exe, plan, &out).await?;
+    println!(
+        "torture seed {}: {} kills, {} runs, {} completed, {} escalated in {} ms; recording in {}",
+        r.seed,
+        r.kills,
+        r.runs,
+        r.completed,
+        r.escalated,
+        r.elapsed_ms,
+        out.display()
+    );
+    println!(
+        "ids per key (max) {}, duplicate effects {}, missing effects {}, ledger mismatches {}, alarms lost {}, \
+         storage mismatches {}, events twice {}, store unopenable {}, panics {}, stuck {}, server exits {}: {}",
+        r.ids_per_key_max,
+        r.duplicate_effects,
+        r.missing_effects,
+        r.ledger_mismatches,
+        r.alarms_lost,
+        r.storage_mismatches,
+        r.events_twice,
+        r.store_unopenable,
+        r.panics,
+        r.stuck,
+        r.server_exits,
+        if r.pass { "PASS" } else { "FAIL" }
+    );
+    if json_line {
+        println!("{}", serde_json::to_string(&r)?);
+    }
+    Ok(if r.pass { 0 } else { 1 })
+}

@@ -1,0 +1,56 @@
+//! What the torture is asked to do, and its score.
+
+use serde::Serialize;
+
+/// What the torture is asked to do.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    /// Seed of every random choice.
+    pub seed: u64,
+    /// SIGKILLs to deliver.
+    pub kills: u32,
+    /// The server's chaos eviction rate.
+    pub chaos: f64,
+}
+
+/// The torture's score: every failure count must be 0.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TortureReport {
+    /// The seed.
+    pub seed: u64,
+    /// SIGKILLs delivered.
+    pub kills: u32,
+    /// Runs started (distinct run ids).
+    pub runs: usize,
+    /// Runs that ended `Completed`.
+    pub completed: usize,
+    /// Runs that ended `Escalated`.
+    pub escalated: usize,
+    /// The most run ids any one idempotency key was answered with (must be 1).
+    pub ids_per_key_max: usize,
+    /// Upstream objects beyond one per order and effect.
+    pub duplicate_effects: usize,
+    /// Orders missing an upstream object.
+    pub missing_effects: usize,
+    /// Committed ledger receipts that differ from (or lack) their upstream object.
+    pub ledger_mismatches: usize,
+    /// Alarms of completed runs never delivered.
+    pub alarms_lost: usize,
+    /// Completed runs whose storage is not what their story says (see the module doc).
+    pub storage_mismatches: usize,
+    /// Events sent again at the end that were delivered or buffered a second time.
+    pub events_twice: usize,
+    /// Server starts that could not open the store.
+    pub store_unopenable: usize,
+    /// Panics found in the server logs.
+    pub panics: usize,
+    /// Runs not finished when the last server gave up waiting, or finished otherwise than
+    /// `Completed` or `Escalated`.
+    pub stuck: usize,
+    /// Servers that exited by themselves, before their kill.
+    pub server_exits: usize,
+    /// Wall time, ms.
+    pub elapsed_ms: u64,
+    /// All failure counts are 0 and every run completed.
+    pub pass: bool,
+}

@@ -1,0 +1,116 @@
+//! The score: every promise checked against the upstream, which counts objects itself.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use durafiber_runtime::{canonical_json, sha256_hex};
+use durafiber_testkit::agents::ORDER_ALARMS;
+use serde_json::{Value, json};
+
+use super::{harness::Harness, report::TortureReport};
+
+/// What the last server showed of every run.
+pub(super) struct Finished {
+    pub(super) runs: BTreeMap<String, Value>,
+    /// Each run's storage, by key.
+    pub(super) storage: BTreeMap<String, BTreeMap<String, Value>>,
+}
+
+pub(super) fn is_terminal(run: &Value) -> bool {
+    let status = &run["run"]["status"];
+    ["completed", "failed", "cancelled", "escalated"].iter().any(|s| status.get(*s).is_some())
+}
+
+pub(super) fn hash_of(value: &Value) -> String {
+    sha256_hex(canonical_json(value).unwrap_or_default().as_bytes())
+}
+
+/// Fills in every count of the report from what the harness and the upstream saw.
+pub(super) fn score(h: &Harness, finished: &Finished, report: &mut TortureReport) {
+    report.runs = finished.runs.len().max(h.ids.values().flatten().count());
+    report.ids_per_key_max = h.ids.values().map(BTreeSet::len).max().unwrap_or(0);
+    let upstream = |collection: &str| h.upstream.objects(collection);
+    let (charges, emails, alarms) = (upstream("charges"), upstream("emails"), upstream(ORDER_ALARMS));
+    for run in finished.runs.values() {
+        let status = &run["run"]["status"];
+        if status.get("completed").is_some() {
+            report.completed += 1;
+        } else if status.get("escalated").is_some() {
+            report.escalated += 1;
+        } else {
+            report.stuck += 1;
+        }
+    }
+    report.stuck += h.ids.values().flatten().filter(|id| !finished.runs.contains_key(*id)).count();
+    for objects in [&charges, &emails] {
+        let mut per_order: BTreeMap<String, usize> = BTreeMap::new();
+        for o in objects.iter() {
+            let order = o["request"]["order_id"].as_str().unwrap_or("?").to_string();
+            *per_order.entry(order).or_default() += 1;
+        }
+        report.duplicate_effects += per_order.values().map(|n| n.saturating_sub(1)).sum::<usize>();
+        for run in finished.runs.values() {
+            let order = run["run"]["input_json"]
+                .as_str()
+                .and_then(|i| serde_json::from_str::<Value>(i).ok())
+                .and_then(|i| i["order_id"].as_str().map(str::to_string))
+                .unwrap_or_default();
+            if run["run"]["status"].get("completed").is_some() && !per_order.contains_key(&order) {
+                report.missing_effects += 1;
+            }
+        }
+    }
+    for run in finished.runs.values() {
+        for entry in run["ledger"].as_array().cloned().unwrap_or_default() {
+            if entry["committed"].is_null() {
+                continue;
+            }
+            let collection = if entry["effect_id"] == "charge" { &charges } else { &emails };
+            let object = collection.iter().find(|o| o["idempotency_key"] == entry["idempotency_key"]);
+            let matches = object.is_some_and(|o| entry["committed"]["receipt_hash"] == hash_of(o).as_str());
+            if !matches {
+                report.ledger_mismatches += 1;
+            }
+        }
+        if run["run"]["status"].get("completed").is_none() {
+            continue;
+        }
+        let run_id = run["run"]["run_id"].as_str().unwrap_or_default();
+        let input: Value = run["run"]["input_json"]
+            .as_str()
+            .and_then(|i| serde_json::from_str(i).ok())
+            .unwrap_or(Value::Null);
+        if !storage_as_told(run, &input, finished.storage.get(run_id), &charges) {
+            report.storage_mismatches += 1;
+        }
+        let expected = input["alarm_delays_ms"].as_array().map(Vec::len).unwrap_or(0);
+        for i in 0..expected {
+            let key = format!("{run_id}:alarm:{i}");
+            if !alarms.iter().any(|o| o["idempotency_key"] == key.as_str()) {
+                report.alarms_lost += 1;
+            }
+        }
+    }
+}
+
+/// Whether a completed order's storage tells its story: the id of the upstream charge its
+/// ledger committed, a sleep that lasted at least its duration, the payload of its event.
+pub(super) fn storage_as_told(
+    run: &Value,
+    input: &Value,
+    stored: Option<&BTreeMap<String, Value>>,
+    charges: &[Value],
+) -> bool {
+    let Some(stored) = stored else { return false };
+    let charge_key = run["ledger"]
+        .as_array()
+        .and_then(|l| l.iter().find(|e| e["effect_id"] == "charge"))
+        .map(|e| e["idempotency_key"].clone());
+    let charge = charges.iter().find(|o| Some(&o["idempotency_key"]) == charge_key.as_ref());
+    let charge_ok = charge.is_some_and(|c| stored.get("charge_id") == Some(&c["id"]));
+    let cool_off = input["cool_off_ms"].as_u64().unwrap_or(0);
+    let slept = stored.get("cool_off").and_then(|c| Some((c[0].as_u64()?, c[1].as_u64()?)));
+    let sleep_ok = slept.is_some_and(|(at, woke)| woke >= at.saturating_add(cool_off));
+    let order = input["order_id"].as_str().unwrap_or_default().trim_start_matches("ord_");
+    let packed_ok = stored.get("packed") == Some(&json!({"box": format!("box-order-{order}")}));
+    charge_ok && sleep_ok && packed_ok
+}
