@@ -25,7 +25,7 @@ use durafiber_store::{Batch, Durability, Store, StoreConfig, tables::Table};
 use durafiber_testkit::agents::{Steps, StepsInput};
 use serde_json::{Value, json};
 
-use crate::{args::Bench, commands::print_report};
+use crate::{args::Bench, commands::output::print_report};
 
 const BENCH: Table = Table { name: "bench", prefix: b'b' };
 

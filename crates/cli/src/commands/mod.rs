@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod drill;
 pub mod inspect;
+mod output;
 pub mod repair;
 pub mod serve;
 pub mod sim;
@@ -11,19 +12,7 @@ pub mod torture;
 use durafiber_runtime::{Decision, ListFilter};
 
 use crate::args::{AlarmsAction, ApprovalsAction, Command, RunsAction, Sim, StoreAction};
-
-/// Prints `lines`, then `report`: as one JSON line when `json` is set, else pretty.
-pub fn print_report<T: serde::Serialize>(lines: &[String], report: &T, json: bool) -> anyhow::Result<()> {
-    for line in lines {
-        println!("{line}");
-    }
-    if json {
-        println!("{}", serde_json::to_string(report)?);
-    } else {
-        println!("{}", serde_json::to_string_pretty(report)?);
-    }
-    Ok(())
-}
+use output::print_report;
 
 fn print_json(value: &serde_json::Value) -> anyhow::Result<i32> {
     println!("{}", serde_json::to_string_pretty(value)?);
