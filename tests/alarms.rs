@@ -8,11 +8,11 @@ use std::{
     time::Duration,
 };
 
-use durafiber_cli::commands::sim;
 use durafiber_runtime::{
     Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered, Runtime, clock::VirtualClock, limits,
 };
 use durafiber_store::{SimBackend, Store, StoreConfig};
+use durafiber_testkit::sim;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_alarm_is_retried_at_2_4_8_16_32_64_seconds_then_dead_lettered() {

@@ -15,11 +15,11 @@ use std::{
     time::Duration,
 };
 
-use durafiber_cli::commands::sim::SIM_EPOCH_MS;
 use durafiber_runtime::{
     CrashHook, Decision, RunStatus, Runtime, RuntimeConfig, canonical_json, clock::VirtualClock, sha256_hex,
 };
 use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig};
+use durafiber_testkit::sim::SIM_EPOCH_MS;
 use durafiber_testkit::{
     agents::{Refund, RefundInput, RefundOutput},
     upstream::Upstream,

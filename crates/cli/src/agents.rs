@@ -2,8 +2,8 @@
 //! torture and the `steps` agent of the benchmarks, all from the test kit, so the server, the drill and the tests run the
 //! same code.
 
+use durafiber_demo::agents::{Order, Refund, Steps};
 use durafiber_runtime::RuntimeBuilder;
-use durafiber_testkit::agents::{Order, Refund, Steps};
 
 /// Registers every hosted agent kind.
 pub fn register(builder: RuntimeBuilder) -> RuntimeBuilder {

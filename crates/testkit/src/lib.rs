@@ -1,15 +1,12 @@
 //! The test kit: what every durafiber test and example leans on.
 //!
 //! - [`conformance`]: the store conformance suite; every backend runs it.
-//! - [`upstream`]: a real HTTP server on 127.0.0.1 that deduplicates by `Idempotency-Key`
-//!   as payment APIs do, so "side effects once" is counted upstream, not by our own flag.
-//! - [`agents`]: small agents the tests, the drill and the benchmarks share.
-//! - [`bulk`]: many pending alarms written straight into a store.
+//! - [`upstream`], [`agents`], [`bulk`]: from `durafiber-demo` — the idempotent upstream,
+//!   the agents the server hosts, bulk alarm data, the eviction and alarm simulations.
 
-pub mod agents;
-pub mod bulk;
 pub mod conformance;
-pub mod upstream;
+
+pub use durafiber_demo::{agents, bulk, sim, upstream};
 
 pub use durafiber_runtime::rng::SeededRng;
 

@@ -20,9 +20,9 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use durafiber_demo::agents::{Steps, StepsInput};
 use durafiber_runtime::{Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered, Runtime, RuntimeConfig};
 use durafiber_store::{Batch, Durability, Store, StoreConfig, tables::Table};
-use durafiber_testkit::agents::{Steps, StepsInput};
 use serde_json::{Value, json};
 
 use crate::{args::Bench, commands::output::print_report};
@@ -375,7 +375,7 @@ async fn bench_alarms(json: bool, alarms: usize, pending: usize, out: Option<&Pa
         drop(rt);
         let store = Store::open_dir(dir.path(), StoreConfig::default())?;
         let far = epoch_ms() + 86_400_000;
-        durafiber_testkit::bulk::write_pending_alarms(&store, &runs, "later", pending, far, 1).await?;
+        durafiber_demo::bulk::write_pending_alarms(&store, &runs, "later", pending, far, 1).await?;
         store.close();
         drop(store);
         let before = rss_bytes();

@@ -18,8 +18,8 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use durafiber_demo::{agents::RefundDraft, upstream::Upstream};
 use durafiber_runtime::{canonical_json, sha256_hex};
-use durafiber_testkit::{agents::RefundDraft, upstream::Upstream};
 use serde::Serialize;
 use serde_json::{Value, json};
 

@@ -6,12 +6,12 @@ pub mod inspect;
 mod output;
 pub mod repair;
 pub mod serve;
-pub mod sim;
 pub mod torture;
 
 use durafiber_runtime::{Decision, ListFilter};
 
 use crate::args::{AlarmsAction, ApprovalsAction, Command, RunsAction, Sim, StoreAction};
+use durafiber_demo::sim;
 use output::print_report;
 
 fn print_json(value: &serde_json::Value) -> anyhow::Result<i32> {

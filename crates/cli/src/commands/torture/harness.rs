@@ -3,8 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use durafiber_demo::upstream::Upstream;
 use durafiber_runtime::rng::SeededRng;
-use durafiber_testkit::upstream::Upstream;
 use serde_json::{Value, json};
 
 use crate::http::client::Client;

@@ -40,8 +40,8 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use durafiber_demo::upstream::Upstream;
 use durafiber_runtime::rng::SeededRng;
-use durafiber_testkit::upstream::Upstream;
 use serde_json::{Value, json};
 
 use crate::http::client::Client;

@@ -2,8 +2,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use durafiber_demo::agents::ORDER_ALARMS;
 use durafiber_runtime::{canonical_json, sha256_hex};
-use durafiber_testkit::agents::ORDER_ALARMS;
 use serde_json::{Value, json};
 
 use super::{harness::Harness, report::TortureReport};
