@@ -83,7 +83,7 @@ pub(crate) async fn request(
     let pending_stash = raw.cell.pending_exit.lock().unwrap_or_else(|p| p.into_inner()).take();
     // One boundary: the pause, the waiting state, the escalation alarm, an exit-mode stash.
     shared
-        .update_run(&run_id, |run, batch| {
+        .update_run_from(&raw.cell, |run, batch| {
             batch.put(tables::APPROVALS, key.clone(), &record)?;
             alarm::stage(batch, &escalation)?;
             if let Some(stash) = &pending_stash {

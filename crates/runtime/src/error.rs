@@ -75,6 +75,12 @@ pub enum RuntimeError {
     /// The runtime is shutting down.
     #[error("the runtime is shutting down")]
     ShuttingDown,
+    /// The run's fiber was evicted: what it still does writes nothing.
+    #[error("run {run_id} was evicted from memory; its next activation owns it")]
+    Evicted {
+        /// The run.
+        run_id: String,
+    },
 
     /// Open runs that nothing will move (§3.7); [`crate::Runtime::advance`] checks after
     /// every call on a virtual clock.

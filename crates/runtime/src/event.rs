@@ -228,7 +228,7 @@ async fn park(raw: &mut RawCtx, name: &str, timeout_at_ms: Option<u64>) -> Resul
     let alarm = timeout_at_ms.map(|at| timeout_alarm(&run_id, name, at));
     let record = EventWaitRecord { timeout_at_ms, result: None };
     shared
-        .update_run(&run_id, |run, batch| {
+        .update_run_from(&raw.cell, |run, batch| {
             batch.put(tables::EVENT_WAITS, wait_key(&run_id, name), &record)?;
             if let Some(alarm) = &alarm {
                 alarm::stage(batch, alarm)?;
@@ -268,7 +268,7 @@ async fn finish(
         alarm::unstage(&mut extra, &run_id, &timeout_alarm_name(name), at);
     }
     shared
-        .update_run(&run_id, |run, batch| {
+        .update_run_from(&raw.cell, |run, batch| {
             batch.extend(extra);
             batch.put(tables::EVENT_WAITS, wait_key(&run_id, name), &record)?;
             if matches!(run.status, RunStatus::WaitingEvent { .. } | RunStatus::Running) {

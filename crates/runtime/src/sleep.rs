@@ -56,7 +56,7 @@ pub(crate) async fn sleep(raw: &mut RawCtx, name: &str, at: alarm::AlarmAt) -> R
     };
     if record.wake_at_ms > now {
         shared
-            .update_run(&run_id, |run, batch| {
+            .update_run_from(&raw.cell, |run, batch| {
                 batch.put(tables::SLEEPS, key.clone(), &record)?;
                 alarm::stage(batch, &wake_alarm)?;
                 run.status = RunStatus::WaitingAlarm { name: name.to_string() };

@@ -163,6 +163,7 @@ impl<'a> Storage<'a> {
         if shared.closed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(RuntimeError::ShuttingDown.into());
         }
+        shared.check_not_evicted(self.cell)?;
         let mut txn = Transaction { store: &shared.store, run_id: self.run_id(), staged: BTreeMap::new() };
         let out = f(&mut txn)?;
         if txn.staged.is_empty() {

@@ -51,6 +51,7 @@ impl From<RuntimeError> for ApiError {
             InvalidInput(_) | Config(_) => (StatusCode::BAD_REQUEST, "InvalidInput"),
             Agent(_) => (StatusCode::UNPROCESSABLE_ENTITY, "Agent"),
             ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "ShuttingDown"),
+            Evicted { .. } => (StatusCode::SERVICE_UNAVAILABLE, "Evicted"),
             Store(durafiber_store::StoreError::StorageFull { .. }) => {
                 (StatusCode::INSUFFICIENT_STORAGE, "StorageFull")
             }

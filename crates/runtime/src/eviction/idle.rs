@@ -39,6 +39,7 @@ pub(crate) async fn evict(shared: &Arc<Shared>, run_id: &str, why: &str) {
         shared.liveness.remove(run_id);
         return;
     };
+    live.cell.evicted.store(true, Ordering::SeqCst);
     if let Some(fiber) = live.cell.fiber.lock().unwrap_or_else(|p| p.into_inner()).take() {
         fiber.abort();
     }

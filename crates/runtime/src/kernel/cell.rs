@@ -26,6 +26,10 @@ pub(crate) struct RunCell {
     /// A recovery was counted at registration and the fiber has committed no boundary since:
     /// an interruption the runtime itself causes now gives that count back (§3.6).
     pub recovering: std::sync::atomic::AtomicBool,
+    /// Set when the runtime evicts this cell. Its fiber's task is aborted, but an abort takes
+    /// effect only at the task's next yield (and the task may be running right now): from
+    /// here on anything that fiber still does writes nothing — the next cell owns the run.
+    pub evicted: std::sync::atomic::AtomicBool,
     /// In `exit` durability, the stash that waits for the fiber to end or wait.
     pub pending_exit: Mutex<Option<durafiber_store::tables::StashRecord>>,
     /// Serializes the run's storage writes; holds its key count once read.

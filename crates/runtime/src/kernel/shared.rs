@@ -205,6 +205,28 @@ impl Shared {
         Ok(Some(run))
     }
 
+    /// `update_run` for a write of the run's own fiber: refused once the runtime evicted the
+    /// fiber's cell, so a fiber whose abort has not taken effect yet changes nothing.
+    pub async fn update_run_from<F>(
+        &self,
+        cell: &RunCell,
+        change: F,
+    ) -> Result<Option<tables::RunRecord>, RuntimeError>
+    where
+        F: FnOnce(&mut tables::RunRecord, &mut Batch) -> Result<bool, RuntimeError>,
+    {
+        self.check_not_evicted(cell)?;
+        self.update_run(&cell.run_id, change).await
+    }
+
+    /// Refuses a write of an evicted cell's fiber.
+    pub fn check_not_evicted(&self, cell: &RunCell) -> Result<(), RuntimeError> {
+        if cell.evicted.load(Ordering::SeqCst) {
+            return Err(RuntimeError::Evicted { run_id: cell.run_id.clone() });
+        }
+        Ok(())
+    }
+
     /// The lock that serializes decisions and events of `run_id`.
     pub async fn inbound_lock(&self, run_id: &str) -> tokio::sync::MutexGuard<'_, ()> {
         self.inbound_locks[stripe(run_id, self.inbound_locks.len())].lock().await
@@ -221,6 +243,7 @@ impl Shared {
         if self.closed.load(Ordering::SeqCst) {
             return Err(RuntimeError::ShuttingDown);
         }
+        self.check_not_evicted(cell)?;
         if !cell.recovering.load(Ordering::SeqCst) {
             self.store.commit(batch, durability).await?;
             return Ok(());

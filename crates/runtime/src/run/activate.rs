@@ -59,6 +59,7 @@ async fn live_or_spawn(shared: &Arc<Shared>, run_id: &str) -> Result<(LiveRun, b
         event_waiter: Mutex::new(None),
         fiber: Mutex::new(None),
         recovering: AtomicBool::new(false),
+        evicted: AtomicBool::new(false),
         pending_exit: Mutex::new(None),
         storage_keys: tokio::sync::Mutex::new(None),
     });

@@ -96,6 +96,13 @@ async fn drive(shared: Arc<Shared>, cell: Arc<RunCell>, mode: FiberMode, since: 
                 Some(shared.now_ms().saturating_add(1_000))
             }
         };
+        // An evicted cell's fiber whose abort came too late: the next cell owns the run and
+        // its liveness, so it touches neither.
+        if cell.evicted.load(std::sync::atomic::Ordering::SeqCst) {
+            tracing::debug!("the fiber of an evicted cell ended; it wrote nothing");
+            drop(busy);
+            return;
+        }
         // The fiber is over: clear its slot before anything can wake the run again, so the
         // activation that wake causes sees no fiber and starts one. Then, still counted
         // busy, hand over the wake: virtual time cannot pass it meanwhile.
@@ -118,7 +125,7 @@ async fn register(
 ) -> Result<Option<tables::RunRecord>, RuntimeError> {
     let now = shared.now_ms();
     shared
-        .update_run(&cell.run_id, |run, _| {
+        .update_run_from(cell, |run, _| {
             if run.status.is_terminal() {
                 return Ok(false);
             }
@@ -195,7 +202,7 @@ async fn finish(
     let max_attempts = shared.config.max_recover_attempts;
     let mut retry_at = None;
     let written = shared
-        .update_run(&cell.run_id, |run, batch| {
+        .update_run_from(cell, |run, batch| {
             if run.status.is_terminal() {
                 return Ok(false);
             }
