@@ -54,6 +54,11 @@ async fn a_started_run_completes_under_the_handle_start_returned() {
     let rt = runtime(dir.path()).await;
     let out = rt.start::<Steps>("order-1", &steps(5)).await.expect("start");
     assert!(out.accepted);
+    // Creation time (12 hex digits), then 128 bits from the OS's cryptographic generator.
+    let random = out.run_id.strip_prefix("run_").map(|rest| &rest[12..]).expect("run id shape");
+    assert!(random.len() == 32 && random.chars().all(|c| c.is_ascii_hexdigit()), "{}", out.run_id);
+    let other = rt.start::<Steps>("order-2", &steps(0)).await.expect("start");
+    assert_ne!(&other.run_id[16..], random, "two runs never share their random part");
     assert!(matches!(rt.wait(&out.run_id).await.expect("wait"), RunStatus::Completed { .. }));
     let output: StepsOutput = rt.output(&out.run_id).expect("output").expect("completed");
     assert_eq!(output.done, 5);

@@ -14,7 +14,7 @@ use durafiber_store::{
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
-    clock, error::AgentError, json, kernel::shared::RawCtx, limits, metrics::Metrics, rng::fresh_u64,
+    clock, error::AgentError, json, kernel::shared::RawCtx, limits, metrics::Metrics, rng::unguessable_hex,
 };
 
 /// Full-jitter backoff before call `attempt + 1`: uniform in `0..=min(max, min × 2^(attempt-1))`.
@@ -63,10 +63,12 @@ where
                     "effect {effect_id} not started: the run was cancelled"
                 )));
             }
+            let token = unguessable_hex()
+                .map_err(|e| AgentError::Runtime(format!("no randomness for an idempotency key: {e}")))?;
             let entry = LedgerEntry {
                 run_id: run_id.clone(),
                 effect_id: effect_id.to_string(),
-                idempotency_key: format!("{run_id}:{effect_id}:{:016x}", fresh_u64()),
+                idempotency_key: format!("{run_id}:{effect_id}:{token}"),
                 args_hash,
                 prepared_at_ms: shared.now_ms(),
                 committed: None,

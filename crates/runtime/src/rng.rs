@@ -1,6 +1,6 @@
 //! A small seeded generator (SplitMix64) for jitter, eviction draws and chaos. Every random
 //! choice in the runtime takes its seed from configuration, so a run of a simulation can be
-//! repeated exactly. Not for keys that must be unguessable: those come from [`fresh_u64`].
+//! repeated exactly. Not for keys that must be unguessable: those come from [`unguessable_hex`].
 
 /// SplitMix64: tiny, fast, and good enough for timing draws.
 #[derive(Debug, Clone)]
@@ -35,16 +35,10 @@ impl SeededRng {
     }
 }
 
-/// 64 bits that differ between processes and calls: for run ids and idempotency keys.
-pub fn fresh_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    // RandomState is seeded from the operating system's randomness once per process.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    h.write_u128(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0),
-    );
-    h.finish()
+/// 128 bits from the operating system's cryptographic generator, as 32 hex digits: for run
+/// ids and the idempotency keys sent to payment APIs, which must not be guessable.
+pub fn unguessable_hex() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }

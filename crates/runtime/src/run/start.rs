@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::{
     error::RuntimeError, json, kernel::cell::stripe, kernel::shared::Shared, limits, metrics::Metrics,
-    rng::fresh_u64,
+    rng::unguessable_hex,
 };
 
 /// What `start` returns: the run's handle and whether this call created it.
@@ -25,9 +25,13 @@ pub struct StartOutcome {
     pub status: RunStatus,
 }
 
-/// A new run id: creation time first, so ids sort roughly by age, then 64 random bits.
-fn mint_run_id(now_ms: u64) -> String {
-    format!("run_{now_ms:012x}{:016x}", fresh_u64())
+/// A new run id: creation time first, so ids sort roughly by age, then 128 bits from the
+/// operating system's cryptographic generator.
+fn mint_run_id(now_ms: u64) -> Result<String, RuntimeError> {
+    let token = unguessable_hex().map_err(|e| {
+        RuntimeError::Config(format!("the operating system gave no randomness for a run id: {e}"))
+    })?;
+    Ok(format!("run_{now_ms:012x}{token}"))
 }
 
 pub(crate) async fn start(
@@ -69,7 +73,7 @@ pub(crate) async fn start(
     shared.store.check_room()?;
     let now = shared.now_ms();
     let run = RunRecord {
-        run_id: mint_run_id(now),
+        run_id: mint_run_id(now)?,
         kind: kind.to_string(),
         key: key.to_string(),
         input_json,
