@@ -61,7 +61,7 @@ fn one_hundred_runs_killed_mid_flight_all_complete_under_their_ids() {
             _ => {}
         }
     }
-    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.kill(); // SIGKILL
     let _ = child.wait();
     for line in lines.try_iter() {
         if let ["ack", id, done] = line.split_whitespace().collect::<Vec<_>>().as_slice() {

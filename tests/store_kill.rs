@@ -72,7 +72,7 @@ fn every_acknowledged_batch_survives_sigkill_whole() {
                 Err(e) => panic!("round {round}: child stopped acknowledging: {e}"),
             }
         }
-        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+        let _ = child.kill(); // SIGKILL
         let _ = child.wait();
         // Lines already printed before the kill were acknowledged too.
         let _ = reader.join();

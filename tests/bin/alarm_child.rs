@@ -41,7 +41,7 @@ impl Agent for KillAlarm {
         let _ = writeln!(out, "attempt {} {}", alarm.retry_count, alarm.is_retry);
         let _ = out.flush();
         if self.always || !alarm.is_retry {
-            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
         }
         self.handled.notify_one();
         Ok(())

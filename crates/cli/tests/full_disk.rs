@@ -174,8 +174,10 @@ async fn a_full_disk_refuses_new_work_parks_boundaries_and_resumes_when_space_re
     let _filler = fs.fill_to("filler-3", 1024 * 1024);
     let mut server = server;
     let stopping = Instant::now();
-    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-    unsafe { libc::kill(server.served.child.id() as i32, libc::SIGTERM) };
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_child(&server.served.child),
+        rustix::process::Signal::TERM,
+    );
     let _ = server.served.child.wait();
     assert!(stopping.elapsed() < Duration::from_secs(5), "SIGTERM took {:?}", stopping.elapsed());
     drop(server);

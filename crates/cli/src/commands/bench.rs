@@ -248,8 +248,7 @@ async fn recover(json: bool, runs: usize, out: Option<&Path>) -> anyhow::Result<
         bail!("the run-starting process did not get ready");
     }
     progress("SIGKILL with every run in flight, then restart");
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.kill(); // SIGKILL
     let _ = child.wait();
     let output = Command::new(&exe)
         .args(["bench", "recover-child"])

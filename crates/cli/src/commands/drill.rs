@@ -91,14 +91,15 @@ fn spawn_server(exe: &Path, data: &Path, log: &Path, stop_at: Option<&str>) -> a
 }
 
 fn sigkill(server: &mut Server) {
-    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-    unsafe { libc::kill(server.child.id() as i32, libc::SIGKILL) };
+    let _ = server.child.kill(); // SIGKILL
     let _ = server.child.wait();
 }
 
 fn sigterm(server: &mut Server) {
-    // SAFETY: as above.
-    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_child(&server.child),
+        rustix::process::Signal::TERM,
+    );
     let _ = server.child.wait();
 }
 

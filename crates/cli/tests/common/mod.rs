@@ -50,12 +50,15 @@ impl Served {
     }
 
     pub fn sigkill(&mut self) {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+        let _ = self.child.kill(); // SIGKILL
         let _ = self.child.wait();
     }
 
     pub fn sigterm(&mut self) -> Option<i32> {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.child),
+            rustix::process::Signal::TERM,
+        );
         self.child.wait().ok().and_then(|s| s.code())
     }
 }
