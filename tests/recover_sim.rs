@@ -58,7 +58,7 @@ async fn crash_and_recover(point: CrashPoint) -> bool {
                 .done
         })
         .unwrap_or(0);
-    let last_acked = acks.lock().expect("acks").iter().map(|(_, d)| *d).max().unwrap_or(0);
+    let last_acked = acks.lock().iter().map(|(_, d)| *d).max().unwrap_or(0);
 
     let rt = open(&sim, &acks).await;
     let existing = rt.list(&ListFilter { limit: 10, ..Default::default() }).expect("list").runs;

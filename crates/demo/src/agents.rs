@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::upstream::post_idempotent;
 
 /// Acknowledged stashes, `(run_id, done)`, in order.
-pub type AckLog = std::sync::Arc<std::sync::Mutex<Vec<(String, u32)>>>;
+pub type AckLog = std::sync::Arc<parking_lot::Mutex<Vec<(String, u32)>>>;
 
 /// Stashes `done = 1..=steps`, sleeping `pause_ms` (clock time) between stashes.
 #[derive(Default)]
@@ -60,7 +60,7 @@ impl Steps {
                 println!("ack {} {}", ctx.run_id(), s.done);
             }
             if let Some(log) = &self.ack_log {
-                log.lock().unwrap_or_else(|p| p.into_inner()).push((ctx.run_id().to_string(), s.done));
+                log.lock().push((ctx.run_id().to_string(), s.done));
             }
         }
         Ok(s)

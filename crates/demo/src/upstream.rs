@@ -5,11 +5,8 @@
 //! key or a malformed body is `400`. `GET /v1/{collection}` lists every object created, so a
 //! test counts side effects where they happened, not by our own "done" flag.
 
-use std::{
-    collections::HashMap,
-    net::SocketAddr,
-    sync::{Arc, Mutex},
-};
+use parking_lot::Mutex;
+use std::{collections::HashMap, net::SocketAddr, sync::Arc};
 
 use axum::{
     Json, Router,
@@ -43,8 +40,8 @@ impl Drop for Upstream {
     }
 }
 
-fn lock(objects: &Shared) -> std::sync::MutexGuard<'_, Objects> {
-    objects.lock().unwrap_or_else(|p| p.into_inner())
+fn lock(objects: &Shared) -> parking_lot::MutexGuard<'_, Objects> {
+    objects.lock()
 }
 
 async fn create(

@@ -80,7 +80,7 @@ pub(crate) async fn request(
         generation: 1,
         system: Some(SystemAlarm::EscalateApproval { approval_id: approval_id.to_string() }),
     };
-    let pending_stash = raw.cell.pending_exit.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let pending_stash = raw.cell.pending_exit.lock().take();
     // One boundary: the pause, the waiting state, the escalation alarm, an exit-mode stash.
     shared
         .update_run_from(&raw.cell, |run, batch| {
@@ -107,10 +107,10 @@ pub(crate) async fn request(
 async fn wait_for_decision(raw: &RawCtx, approval_id: &str, key: &[u8]) -> Result<Decision, AgentError> {
     let shared = &raw.shared;
     let (tx, rx) = oneshot::channel();
-    *raw.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()) = Some((approval_id.to_string(), tx));
+    *raw.cell.approval_waiter.lock() = Some((approval_id.to_string(), tx));
     // A decision may have landed between the pause's write and the waiter's registration.
     if let Some(ApprovalRecord { decision: Some(d), .. }) = shared.store.get(tables::APPROVALS, key)? {
-        raw.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).take();
+        raw.cell.approval_waiter.lock().take();
         return Ok(d);
     }
     shared.liveness.fiber_waiting(&raw.cell.run_id, true, shared.now_ms());
@@ -200,7 +200,7 @@ pub(crate) async fn approve(
 /// Hands the decision to the waiting fiber, or re-enters the run when its fiber is gone.
 async fn deliver(shared: &Arc<Shared>, run_id: &str, approval_id: &str, decision: Decision) {
     if let Some(live) = shared.registry.get(run_id) {
-        let mut slot = live.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = live.cell.approval_waiter.lock();
         if slot.as_ref().is_some_and(|(id, _)| id == approval_id)
             && let Some((_, waiter)) = slot.take()
             && waiter.send(ApprovalOutcome::Decided(decision, shared.wake_token())).is_ok()

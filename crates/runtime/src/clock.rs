@@ -3,11 +3,12 @@
 //!
 //! This is the only module that reads the machine's time or sleeps on it.
 
+use parking_lot::Mutex;
 use std::{
     collections::BTreeMap,
     future::Future,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -84,8 +85,8 @@ impl VirtualClock {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VirtualState> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, VirtualState> {
+        self.inner.lock()
     }
 
     /// Moves time to `at_ms` (never backwards) and wakes every sleeper due by then.

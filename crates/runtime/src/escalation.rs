@@ -42,11 +42,10 @@ pub(crate) async fn escalate(
     let Some(run) = written else { return Ok(()) };
     shared.event(run_id, "escalated", reason);
     if let Some(live) = shared.registry.get(run_id) {
-        if let Some((_, waiter)) = live.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).take()
-        {
+        if let Some((_, waiter)) = live.cell.approval_waiter.lock().take() {
             let _ = waiter.send(ApprovalOutcome::Escalated);
         }
-        if let Some(fiber) = live.cell.fiber.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(fiber) = live.cell.fiber.lock().take() {
             fiber.abort();
         }
         shared.liveness.fiber_ended(run_id, shared.now_ms());

@@ -136,7 +136,7 @@ pub(crate) async fn send(
         return Ok(SendOutcome::Buffered);
     }
     if let Some(live) = shared.registry.get(run_id) {
-        let mut slot = live.cell.event_waiter.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = live.cell.event_waiter.lock();
         if slot.as_ref().is_some_and(|(waits_for, _)| waits_for == name)
             && let Some((_, waiter)) = slot.take()
             && waiter.send(shared.wake_token()).is_ok()
@@ -185,10 +185,10 @@ pub(crate) async fn wait(
             announced = true;
         }
         let (tx, rx) = oneshot::channel();
-        *raw.cell.event_waiter.lock().unwrap_or_else(|p| p.into_inner()) = Some((name.to_string(), tx));
+        *raw.cell.event_waiter.lock() = Some((name.to_string(), tx));
         // An event may have landed between the look and the waiter's registration.
         if oldest(&shared, &run_id, name)?.is_some() {
-            raw.cell.event_waiter.lock().unwrap_or_else(|p| p.into_inner()).take();
+            raw.cell.event_waiter.lock().take();
             continue;
         }
         shared.liveness.fiber_waiting(&run_id, true, shared.now_ms());

@@ -1,7 +1,9 @@
 //! A bounded in-memory log of what the runtime did, for timelines, simulations and tests.
 //! Every event is also traced with its run id.
 
-use std::{collections::VecDeque, sync::Mutex};
+use std::collections::VecDeque;
+
+use parking_lot::Mutex;
 
 use serde::Serialize;
 
@@ -29,7 +31,7 @@ pub(crate) struct EventLog {
 impl EventLog {
     pub fn push(&self, at_ms: u64, run_id: &str, kind: &str, detail: String) {
         tracing::info!(run_id, event = kind, %detail, at_ms, "run event");
-        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let mut events = self.events.lock();
         if events.len() == EVENT_LOG_MAX {
             events.pop_front();
         }
@@ -37,6 +39,6 @@ impl EventLog {
     }
 
     pub fn snapshot(&self) -> Vec<Event> {
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
+        self.events.lock().iter().cloned().collect()
     }
 }

@@ -1,10 +1,8 @@
 //! Counters and latency histograms (§9.2). Histograms keep log-scale buckets, so memory stays
 //! fixed however many samples arrive.
 
-use std::sync::{
-    Mutex,
-    atomic::{AtomicU64, Ordering},
-};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
@@ -46,7 +44,7 @@ impl Default for HistogramInner {
 impl Histogram {
     /// Records one sample.
     pub fn record_us(&self, us: u64) {
-        let mut h = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut h = self.inner.lock();
         let bucket = (64 - us.leading_zeros()) as usize;
         h.buckets[bucket.min(63)] += 1;
         h.count += 1;
@@ -56,7 +54,7 @@ impl Histogram {
 
     /// The current summary.
     pub fn summary(&self) -> HistogramSummary {
-        let h = self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let h = self.inner.lock().clone();
         let quantile = |q: f64| -> u64 {
             let target = ((h.count as f64) * q).ceil() as u64;
             let mut seen = 0;

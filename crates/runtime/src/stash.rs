@@ -22,7 +22,7 @@ pub(crate) async fn write(raw: &mut RawCtx, step: &str, stash_json: String) -> R
     };
     let durability = match raw.cell.durability {
         DurabilityMode::Exit => {
-            *raw.cell.pending_exit.lock().unwrap_or_else(|p| p.into_inner()) = Some(record);
+            *raw.cell.pending_exit.lock() = Some(record);
             return Ok(());
         }
         DurabilityMode::Sync => Durability::Sync,

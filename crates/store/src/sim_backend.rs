@@ -3,10 +3,8 @@
 //! exact write or barrier, so tests can crash a run at every boundary, before and after its
 //! barrier, deterministically.
 
-use std::{
-    collections::BTreeMap,
-    sync::{Arc, Mutex, MutexGuard},
-};
+use parking_lot::{Mutex, MutexGuard};
+use std::{collections::BTreeMap, sync::Arc};
 
 use crate::{Backend, Batch, StoreError, backend::Entries, batch::Op};
 
@@ -62,7 +60,7 @@ impl SimBackend {
 
     fn lock(&self) -> MutexGuard<'_, SimState> {
         // A panic while holding the lock leaves plain maps behind, still consistent.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     fn live(&self) -> Result<MutexGuard<'_, SimState>, StoreError> {

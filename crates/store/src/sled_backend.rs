@@ -9,8 +9,9 @@ use std::{
     collections::HashSet,
     fs::{File, OpenOptions},
     path::{Path, PathBuf},
-    sync::Mutex,
 };
+
+use parking_lot::Mutex;
 
 use crate::{Backend, Batch, StoreError, backend::Entries, batch::Op};
 
@@ -256,7 +257,7 @@ impl SledBackend {
     fn sync_new_blobs(&self) -> Result<(), StoreError> {
         let blob_dir = self.dir.join(SLED_DIR).join("blobs");
         let Ok(entries) = std::fs::read_dir(&blob_dir) else { return Ok(()) };
-        let mut synced = self.synced_blobs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut synced = self.synced_blobs.lock();
         let mut any = false;
         let mut present = HashSet::new();
         for entry in entries {

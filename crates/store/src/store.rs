@@ -1,9 +1,10 @@
 //! The typed front door of the store: reads that open envelopes, and commits that go through
 //! the group-commit writer.
 
+use parking_lot::Mutex;
 use std::{
     path::Path,
-    sync::{Arc, Mutex, mpsc},
+    sync::{Arc, mpsc},
     time::Duration,
 };
 
@@ -103,8 +104,8 @@ impl Inner {
         // A parked writer stops waiting for space; dropping the sender ends the writer after
         // a last barrier.
         self.health.closing.store(true, std::sync::atomic::Ordering::Relaxed);
-        drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
-        if let Some(h) = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        drop(self.tx.lock().take());
+        if let Some(h) = self.writer.lock().take() {
             // A failed store's writer may be stuck inside the engine for good: leave it.
             if self.health.failure().is_none() && h.join().is_ok() {
                 self.write_witness();
@@ -216,7 +217,7 @@ impl Store {
     }
 
     fn send(&self, cmd: Cmd) -> Result<(), StoreError> {
-        let tx = self.inner.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = self.inner.tx.lock();
         tx.as_ref().ok_or(StoreError::Closed)?.send(cmd).map_err(|_| StoreError::Closed)
     }
 

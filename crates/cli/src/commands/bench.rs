@@ -8,12 +8,13 @@
 //! - `alarms`: lateness of N alarms due within one second, optionally with many more pending,
 //!   scheduling throughput, and resident memory per pending alarm.
 
+use parking_lot::Mutex;
 use std::{
     io::{BufRead, BufReader, Write},
     path::Path,
     process::{Command, Stdio},
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicU64, Ordering},
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -140,7 +141,7 @@ async fn commit_rate(store: &Store, writers: usize, seconds: f64) -> anyhow::Res
                 count.fetch_add(1, Ordering::Relaxed);
                 seq += 1;
             }
-            samples.lock().unwrap_or_else(|p| p.into_inner()).extend(mine);
+            samples.lock().extend(mine);
             Ok::<_, anyhow::Error>(())
         }));
     }
@@ -148,7 +149,7 @@ async fn commit_rate(store: &Store, writers: usize, seconds: f64) -> anyhow::Res
         t.await??;
     }
     let rate = count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
-    let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|p| p.into_inner()));
+    let samples = std::mem::take(&mut *samples.lock());
     Ok((rate, Samples(samples)))
 }
 
@@ -299,7 +300,7 @@ impl Agent for Ticker {
     async fn on_alarm(&self, _: &mut Ctx<Self>, alarm: AlarmEvent) -> Result<(), AgentError> {
         let now_us = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
         let late = now_us.saturating_sub(alarm.scheduled_time_ms * 1_000);
-        self.lateness_us.lock().unwrap_or_else(|p| p.into_inner()).push(late);
+        self.lateness_us.lock().push(late);
         Ok(())
     }
 }
@@ -393,10 +394,10 @@ async fn bench_alarms(json: bool, alarms: usize, pending: usize, out: Option<&Pa
         progress("warning: scheduling took longer than the 3 s lead; lateness includes it");
     }
     let deadline = Instant::now() + Duration::from_secs(120);
-    while lateness.lock().unwrap_or_else(|p| p.into_inner()).len() < alarms && Instant::now() < deadline {
+    while lateness.lock().len() < alarms && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut samples = Samples(std::mem::take(&mut *lateness.lock().unwrap_or_else(|p| p.into_inner())));
+    let mut samples = Samples(std::mem::take(&mut *lateness.lock()));
     let fired = samples.0.len();
     if let Some(out) = out {
         samples.write(out, "alarm-lateness", "us")?;

@@ -40,11 +40,11 @@ pub(crate) async fn evict(shared: &Arc<Shared>, run_id: &str, why: &str) {
         return;
     };
     live.cell.evicted.store(true, Ordering::SeqCst);
-    if let Some(fiber) = live.cell.fiber.lock().unwrap_or_else(|p| p.into_inner()).take() {
+    if let Some(fiber) = live.cell.fiber.lock().take() {
         fiber.abort();
     }
-    live.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).take();
-    live.cell.event_waiter.lock().unwrap_or_else(|p| p.into_inner()).take();
+    live.cell.approval_waiter.lock().take();
+    live.cell.event_waiter.lock().take();
     let _ = live.actor.kill_and_wait(None).await;
     shared.liveness.remove(run_id);
     Metrics::bump(&shared.metrics.evictions);

@@ -8,9 +8,10 @@
 //! *hibernateable* when no fiber is in memory: idle for `hibernate_after`, it hibernates.
 //! Otherwise, idle for `evict_after` (drawn anew per idle period), it is evicted.
 
+use parking_lot::Mutex;
 use std::{
     collections::{BTreeSet, HashMap},
-    sync::{Mutex, atomic::Ordering},
+    sync::atomic::Ordering,
 };
 
 use crate::{config::RuntimeConfig, metrics::Metrics, rng::SeededRng};
@@ -84,8 +85,8 @@ impl Liveness {
         rng.between(self.evict_after_ms.0, self.evict_after_ms.1)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.runs.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Table> {
+        self.runs.lock()
     }
 
     /// Puts the run back in the deadline index under its current deadline.

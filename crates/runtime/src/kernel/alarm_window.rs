@@ -4,12 +4,10 @@
 //! not `complete`, alarms due after its `horizon` live only in the store and are read back
 //! when the window drains. One timer (the driver's) serves them all.
 
-use std::{
-    collections::{BTreeSet, HashSet},
-    sync::Mutex,
-};
+use std::collections::{BTreeSet, HashSet};
 
 use durafiber_store::{Store, StoreError, tables};
+use parking_lot::Mutex;
 
 use crate::limits::ALARM_WINDOW_MAX;
 
@@ -48,8 +46,8 @@ impl Scheduler {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Window> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Window> {
+        self.inner.lock()
     }
 
     /// Reads the earliest alarms from the store's index into the window.

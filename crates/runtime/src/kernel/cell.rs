@@ -1,6 +1,7 @@
 //! One live run's in-memory side, and what its waits are woken with.
 
-use std::sync::{Mutex, atomic::AtomicU64};
+use parking_lot::Mutex;
+use std::sync::atomic::AtomicU64;
 
 use tokio::sync::{oneshot, watch};
 
@@ -45,7 +46,7 @@ pub(crate) enum ApprovalOutcome {
 
 impl RunCell {
     pub fn fiber_running(&self) -> bool {
-        self.fiber.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|h| !h.is_finished())
+        self.fiber.lock().as_ref().is_some_and(|h| !h.is_finished())
     }
 }
 

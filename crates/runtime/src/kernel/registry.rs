@@ -2,10 +2,8 @@
 //! serialize activation, hibernation and eviction. `run/activate.rs` spawns into it;
 //! hibernation and eviction remove from it.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-};
+use parking_lot::Mutex;
+use std::{collections::HashMap, sync::Arc};
 
 use ractor::ActorRef;
 
@@ -40,8 +38,8 @@ impl Default for Registry {
 }
 
 impl Registry {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, LiveRun>> {
-        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    fn map(&self) -> parking_lot::MutexGuard<'_, HashMap<String, LiveRun>> {
+        self.live.lock()
     }
 
     pub fn get(&self, run_id: &str) -> Option<LiveRun> {

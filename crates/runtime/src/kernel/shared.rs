@@ -4,10 +4,11 @@
 //! RAM here is never the source of truth: everything in it is rebuilt from the store at
 //! start-up, and losing it (a crash) only costs re-activations.
 
+use parking_lot::Mutex;
 use std::{
     collections::{BTreeSet, HashMap},
     future::Future,
-    sync::{Arc, Mutex, atomic::Ordering},
+    sync::{Arc, atomic::Ordering},
 };
 
 use durafiber_store::{Batch, Durability, Store, tables};
@@ -137,25 +138,25 @@ impl Shared {
     }
 
     pub fn jitter_between(&self, lo: u64, hi: u64) -> u64 {
-        self.rng_jitter.lock().unwrap_or_else(|p| p.into_inner()).between(lo, hi)
+        self.rng_jitter.lock().between(lo, hi)
     }
 
     pub fn chaos_strikes(&self) -> bool {
         let rate = self.config.chaos_evict_rate;
-        rate > 0.0 && self.rng_chaos.lock().unwrap_or_else(|p| p.into_inner()).chance(rate)
+        rate > 0.0 && self.rng_chaos.lock().chance(rate)
     }
 
     /// Re-activates `run_id` at `at_ms`.
     pub fn wake_at(&self, at_ms: u64, run_id: &str) {
         tracing::debug!(run_id, at_ms, "wake scheduled");
-        self.wakeups.lock().unwrap_or_else(|p| p.into_inner()).insert((at_ms, run_id.to_string()));
+        self.wakeups.lock().insert((at_ms, run_id.to_string()));
         self.driver_wake.notify_one();
     }
 
     /// Spawns work that `settle` waits for.
     pub fn spawn_tracked<F: Future<Output = ()> + Send + 'static>(&self, fut: F) {
         let handle = tokio::spawn(fut);
-        let mut tracked = self.tracked.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tracked = self.tracked.lock();
         tracked.retain(|h| !h.is_finished());
         tracked.push(handle);
     }

@@ -6,8 +6,9 @@
 //! Before: `start`, an alarm, an approval, an event or a recovery asks for a run. After:
 //! `actor.rs`.
 
+use parking_lot::Mutex;
 use std::sync::{
-    Arc, Mutex,
+    Arc,
     atomic::{AtomicBool, AtomicU64},
 };
 

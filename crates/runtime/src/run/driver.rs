@@ -26,7 +26,7 @@ pub(crate) async fn tick(shared: &Arc<Shared>) -> Option<u64> {
         });
     }
     let due: Vec<String> = {
-        let mut wakeups = shared.wakeups.lock().unwrap_or_else(|p| p.into_inner());
+        let mut wakeups = shared.wakeups.lock();
         let later = wakeups.split_off(&(now + 1, String::new()));
         std::mem::replace(&mut *wakeups, later).into_iter().map(|(_, id)| id).collect()
     };
@@ -38,7 +38,7 @@ pub(crate) async fn tick(shared: &Arc<Shared>) -> Option<u64> {
 }
 
 pub(crate) fn next_deadline(shared: &Shared) -> Option<u64> {
-    let wake = shared.wakeups.lock().unwrap_or_else(|p| p.into_inner()).first().map(|(at, _)| *at);
+    let wake = shared.wakeups.lock().first().map(|(at, _)| *at);
     [shared.liveness.next_deadline_ms(), wake, shared.scheduler.next_due_ms()].into_iter().flatten().min()
 }
 

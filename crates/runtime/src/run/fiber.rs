@@ -68,7 +68,7 @@ pub(crate) async fn on_activate(shared: &Arc<Shared>, cell: &Arc<RunCell>, since
 fn spawn(shared: &Arc<Shared>, cell: &Arc<RunCell>, mode: FiberMode, since: Stopwatch) {
     // The slot stays locked until it holds the task, so the task's own clearing (its last
     // step) can never run before the slot is filled.
-    let mut slot = cell.fiber.lock().unwrap_or_else(|p| p.into_inner());
+    let mut slot = cell.fiber.lock();
     shared.liveness.fiber_started(&cell.run_id, cell.fiber_keep_alive, shared.now_ms());
     let task = tokio::spawn(drive(shared.clone(), cell.clone(), mode, since, shared.busy()));
     *slot = Some(task.abort_handle());
@@ -106,7 +106,7 @@ async fn drive(shared: Arc<Shared>, cell: Arc<RunCell>, mode: FiberMode, since: 
         // The fiber is over: clear its slot before anything can wake the run again, so the
         // activation that wake causes sees no fiber and starts one. Then, still counted
         // busy, hand over the wake: virtual time cannot pass it meanwhile.
-        cell.fiber.lock().unwrap_or_else(|p| p.into_inner()).take();
+        cell.fiber.lock().take();
         shared.liveness.fiber_ended(&cell.run_id, shared.now_ms());
         if let Some(at_ms) = retry_at {
             shared.wake_at(at_ms, &cell.run_id);
@@ -198,7 +198,7 @@ async fn finish(
     mode: FiberMode,
     result: FiberResult,
 ) -> Result<Option<u64>, RuntimeError> {
-    let pending = cell.pending_exit.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let pending = cell.pending_exit.lock().take();
     let max_attempts = shared.config.max_recover_attempts;
     let mut retry_at = None;
     let written = shared

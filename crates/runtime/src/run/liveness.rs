@@ -20,8 +20,7 @@ pub(crate) fn check(shared: &Shared) -> Result<Vec<LivenessViolation>, RuntimeEr
     if shared.passive {
         return Ok(Vec::new());
     }
-    let woken: HashSet<String> =
-        shared.wakeups.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(_, id)| id.clone()).collect();
+    let woken: HashSet<String> = shared.wakeups.lock().iter().map(|(_, id)| id.clone()).collect();
     let mut violations = Vec::new();
     let mut after: Option<Vec<u8>> = None;
     loop {

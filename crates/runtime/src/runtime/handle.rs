@@ -5,10 +5,11 @@
 //! a driver task wakes at the next deadline (hibernation, eviction, heartbeat, recovery
 //! backoff, alarm); on a virtual clock, `advance` walks the same deadlines in order.
 
+use parking_lot::Mutex;
 use std::{
     collections::{BTreeSet, HashMap},
     marker::PhantomData,
-    sync::{Arc, Mutex, atomic::Ordering},
+    sync::{Arc, atomic::Ordering},
     time::Duration,
 };
 
@@ -251,8 +252,7 @@ impl Runtime {
             if handed.wait_for(|n| *n == 0).await.is_err() {
                 return;
             }
-            let handles: Vec<_> =
-                std::mem::take(&mut *self.shared.tracked.lock().unwrap_or_else(|p| p.into_inner()));
+            let handles: Vec<_> = std::mem::take(&mut *self.shared.tracked.lock());
             for h in handles {
                 let _ = h.await;
             }
@@ -260,8 +260,7 @@ impl Runtime {
                 return;
             }
             tokio::task::yield_now().await;
-            let quiet = *busy.borrow() == 0
-                && self.shared.tracked.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+            let quiet = *busy.borrow() == 0 && self.shared.tracked.lock().is_empty();
             if quiet {
                 return;
             }
@@ -315,12 +314,12 @@ impl Runtime {
     pub async fn shutdown(&self) {
         self.shared.shutting_down.store(true, Ordering::SeqCst);
         self.shared.driver_wake.notify_one();
-        if let Some(driver) = self.driver.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(driver) = self.driver.lock().take() {
             driver.abort();
         }
         for run_id in self.shared.registry.run_ids() {
             if let Some(live) = self.shared.registry.remove(&run_id) {
-                if let Some(fiber) = live.cell.fiber.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                if let Some(fiber) = live.cell.fiber.lock().take() {
                     fiber.abort();
                 }
                 let _ = live.actor.kill_and_wait(None).await;

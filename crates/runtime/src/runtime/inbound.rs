@@ -21,8 +21,8 @@ impl Runtime {
         // executing: the run is cancelled at once instead of waiting for the wait to end.
         let fiber_live = live.as_ref().is_some_and(|l| {
             l.cell.fiber_running()
-                && l.cell.approval_waiter.lock().unwrap_or_else(|p| p.into_inner()).is_none()
-                && l.cell.event_waiter.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+                && l.cell.approval_waiter.lock().is_none()
+                && l.cell.event_waiter.lock().is_none()
         });
         let written = self
             .shared
@@ -44,7 +44,7 @@ impl Runtime {
             if let Some(live) = live {
                 live.cell.cancel.send_replace(Some(reason.to_string()));
                 if run.status.is_terminal() {
-                    if let Some(fiber) = live.cell.fiber.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    if let Some(fiber) = live.cell.fiber.lock().take() {
                         fiber.abort();
                     }
                     self.shared.liveness.fiber_ended(run_id, self.now_ms());
