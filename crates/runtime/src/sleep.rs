@@ -14,7 +14,10 @@ use durafiber_store::tables::{self, AlarmRecord, RunStatus, SleepRecord, SystemA
 use crate::{
     alarm,
     error::{AgentError, RuntimeError},
-    kernel::shared::{RawCtx, Shared},
+    kernel::{
+        cell::RunCell,
+        shared::{RawCtx, Shared},
+    },
 };
 
 /// The name of the system alarm that wakes sleep `name`.
@@ -75,21 +78,22 @@ pub(crate) async fn sleep(raw: &mut RawCtx, name: &str, at: alarm::AlarmAt) -> R
         shared.parked(raw.in_fiber, shared.clock.sleep_until(record.wake_at_ms)).await;
         shared.liveness.fiber_waiting(&run_id, false, shared.now_ms());
     }
-    woke(&shared, &run_id, record, &wake_alarm).await?;
+    woke(&shared, &raw.cell, record, &wake_alarm).await?;
     Ok(())
 }
 
 /// The boundary that ends a sleep: done, `Running`, its alarm removed.
 async fn woke(
     shared: &Arc<Shared>,
-    run_id: &str,
+    cell: &RunCell,
     mut record: SleepRecord,
     wake: &AlarmRecord,
 ) -> Result<(), RuntimeError> {
     record.done = true;
+    let run_id = cell.run_id.as_str();
     let key = sleep_key(run_id, &record.name);
     shared
-        .update_run(run_id, |run, batch| {
+        .update_run_from(cell, |run, batch| {
             batch.put(tables::SLEEPS, key, &record)?;
             alarm::unstage(batch, run_id, &wake.name, wake.due_at_ms);
             if run.status == (RunStatus::WaitingAlarm { name: record.name.clone() }) {

@@ -216,8 +216,13 @@ impl Shared {
     where
         F: FnOnce(&mut tables::RunRecord, &mut Batch) -> Result<bool, RuntimeError>,
     {
-        self.check_not_evicted(cell)?;
-        self.update_run(&cell.run_id, change).await
+        // Checked under the run's lock, so an eviction is either before the write (refused)
+        // or after it (as if the fiber had written just before it was evicted).
+        self.update_run(&cell.run_id, |run, batch| {
+            self.check_not_evicted(cell)?;
+            change(run, batch)
+        })
+        .await
     }
 
     /// Refuses a write of an evicted cell's fiber.
