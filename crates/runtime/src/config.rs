@@ -50,7 +50,7 @@ pub struct RuntimeConfig {
     /// Default durability of stashes.
     pub durability: DurabilityMode,
     /// Async stashes are durable within this window.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub flush_every: Duration,
     /// Largest stash accepted, in bytes.
     pub stash_bytes_max: usize,
@@ -59,27 +59,27 @@ pub struct RuntimeConfig {
     /// Recovery attempts before escalation.
     pub max_recover_attempts: u32,
     /// Runs older than this when found interrupted are escalated.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub max_age: Duration,
     /// Silence after an approval request escalates after this long.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub escalate_after: Duration,
     /// An alarm handler running longer than this has failed.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub alarm_wall_limit: Duration,
     /// An `on_message` handler running longer than this has failed; its caller gets the error.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub message_wall_limit: Duration,
     /// Retry n of a failed alarm waits this × 2^(n-1), plus up to 25% jitter.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub alarm_retry_base: Duration,
     /// Idle hibernateable runs hibernate after this long.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub hibernate_after: Duration,
     /// Idle non-hibernateable runs are evicted after a draw from this range: "70s..140s".
     pub evict_after: String,
     /// A held keep-alive counts as activity this often.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub keep_alive_heartbeat: Duration,
     /// Whether a running fiber holds a keep-alive by itself.
     pub fiber_keep_alive: bool,
@@ -88,7 +88,7 @@ pub struct RuntimeConfig {
     /// quarter of it, then wait for space.
     pub disk_reserve: String,
     /// A durability barrier that has not returned after this long fails the store.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub barrier_timeout: Duration,
     /// Seed of every random draw (eviction times, jitter, chaos).
     pub seed: u64,
@@ -216,21 +216,6 @@ pub fn parse_range(text: &str) -> Result<(Duration, Duration), RuntimeError> {
 }
 
 /// Serde glue: durations as humantime strings ("10s").
-mod humantime_serde_compat {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&humantime::format_duration(*d).to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

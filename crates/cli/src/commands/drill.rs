@@ -215,7 +215,7 @@ pub async fn drill(exe: &Path, seed: u64, out: &Path, stop_at: &str) -> anyhow::
     let after_kill_2 = s3.client.get(&format!("/runs/{run_id}")).await?;
     let done =
         wait_run(&s3.client, &run_id, "complete", |r| r["run"]["status"].get("completed").is_some()).await?;
-    let runs = s3.client.get("/runs?kind=refund&limit=100").await?;
+    let runs = s3.client.get_query("/runs", &[("kind", "refund".into()), ("limit", "100".into())]).await?;
     sigterm(&mut s3);
 
     eprintln!("drill: [5/5] score against the upstream");

@@ -50,13 +50,13 @@ fn to_json<T: serde::Serialize>(value: T) -> anyhow::Result<Value> {
 pub async fn runs_list(target: &Target, filter: ListFilter) -> anyhow::Result<Value> {
     match source(target).await? {
         Source::Server(c) => {
-            let mut q = vec![format!("limit={}", filter.limit)];
+            let mut q = vec![("limit", filter.limit.to_string())];
             for (k, v) in [("state", &filter.state), ("kind", &filter.kind), ("after", &filter.after)] {
                 if let Some(v) = v {
-                    q.push(format!("{k}={v}"));
+                    q.push((k, v.clone()));
                 }
             }
-            c.get(&format!("/runs?{}", q.join("&"))).await
+            c.get_query("/runs", &q).await
         }
         Source::Direct(rt) => to_json(rt.list(&filter)?),
     }

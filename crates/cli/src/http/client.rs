@@ -44,6 +44,18 @@ impl Client {
         Self::answer(r).await
     }
 
+    /// GET `path` with `query` pairs, encoded by reqwest.
+    pub async fn get_query(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<Value> {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .query(query)
+            .send()
+            .await
+            .context("server unreachable")?;
+        Self::answer(r).await
+    }
+
     /// GET `path` as raw bytes (a backup).
     pub async fn get_bytes(&self, path: &str) -> anyhow::Result<Vec<u8>> {
         let r = self.http.get(format!("{}{path}", self.base)).send().await.context("server unreachable")?;
