@@ -46,7 +46,10 @@ pub use agent::{Agent, AlarmEvent, ExhaustedAction, Recovered, RecoveryReason};
 pub use alarm::{AlarmAt, AlarmSpec};
 pub use approval::{ApproveOutcome, PendingApproval};
 pub use config::{DurabilityMode, RuntimeConfig, parse_bytes, parse_range};
-pub use durafiber_store::tables::{Decision, RunOptions, RunRecord, RunStatus};
+pub use durafiber_store::tables::{
+    AlarmRecord, ApprovalRecord, DeadLetter, Decision, LedgerEntry, Receipt, RunOptions, RunRecord,
+    RunStatus, StashRecord,
+};
 pub use error::{AgentError, LivenessViolation, RuntimeError};
 pub use event::SendOutcome;
 pub use events::Event;

@@ -181,7 +181,9 @@ impl Runtime {
         crate::storage::list_json(&self.shared.store, run_id, prefix, start_after, limit)
     }
 
-    /// A run's pending alarms.
+    /// A run's pending alarms, the runtime's own among them: an approval's escalation, a
+    /// durable sleep's wake, an event wait's timeout are marked by `AlarmRecord::system`
+    /// (and named `escalate:<id>`, `sleep:<name>`, `event:<name>`).
     pub fn alarms(&self, run_id: &str) -> Result<Vec<AlarmRecord>, RuntimeError> {
         self.shared.load_run(run_id)?;
         alarm::list(&self.shared, run_id)
