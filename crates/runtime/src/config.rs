@@ -92,7 +92,8 @@ pub struct RuntimeConfig {
     pub barrier_timeout: Duration,
     /// Seed of every random draw (eviction times, jitter, chaos).
     pub seed: u64,
-    /// Probability per supervisor tick that chaos evicts a live fiber; 0 switches it off.
+    /// Probability, drawn at each boundary a fiber commits, that chaos evicts the run right
+    /// there; 0 switches it off.
     pub chaos_evict_rate: f64,
 }
 
