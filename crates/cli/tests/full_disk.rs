@@ -174,11 +174,7 @@ async fn a_full_disk_refuses_new_work_parks_boundaries_and_resumes_when_space_re
     let _filler = fs.fill_to("filler-3", 1024 * 1024);
     let mut server = server;
     let stopping = Instant::now();
-    let _ = rustix::process::kill_process(
-        rustix::process::Pid::from_child(&server.served.child),
-        rustix::process::Signal::TERM,
-    );
-    let _ = server.served.child.wait();
+    server.served.sigterm();
     assert!(stopping.elapsed() < Duration::from_secs(5), "SIGTERM took {:?}", stopping.elapsed());
     drop(server);
     std::fs::remove_file(fs.path().join("filler-3")).expect("free");

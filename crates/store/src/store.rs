@@ -310,8 +310,10 @@ impl Store {
     }
 
     /// Returns once everything applied so far is durable: what any read up to now may have
-    /// seen. Free when nothing is in flight; otherwise waits for the group commit under way
-    /// (or asks for one). Call it before acting on, or showing, what a read returned.
+    /// seen. Free when nothing is in flight; otherwise waits for the barrier the writer runs
+    /// anyway (at once for a sync group, within `flush_every` for async writes, before it
+    /// parks on a full disk), so a read never costs a barrier of its own. Call it before
+    /// acting on, or showing, what a read returned.
     pub async fn settle_reads(&self) -> Result<(), StoreError> {
         self.check_failed()?;
         let target = self.inner.health.applied.load(std::sync::atomic::Ordering::SeqCst);
@@ -319,9 +321,10 @@ impl Store {
         if *durable.borrow() >= target {
             return Ok(());
         }
+        let mut failed = self.inner.health.failed.subscribe();
         tokio::select! {
-            covered = self.barrier() => covered,
             _ = durable.wait_for(|groups| *groups >= target) => Ok(()),
+            _ = failed.wait_for(|f| f.is_some()) => self.check_failed(),
         }
     }
 

@@ -254,7 +254,7 @@ impl Shared {
             self.store.commit(batch, durability).await?;
             return Ok(());
         }
-        self.update_run(&cell.run_id, |run, b| {
+        self.update_run_from(cell, |run, b| {
             run.recover_attempts = 0;
             run.next_recover_at_ms = 0;
             b.extend(batch);
