@@ -13,6 +13,8 @@ pub(crate) struct RunCell {
     pub kind: String,
     pub durability: DurabilityMode,
     pub fiber_keep_alive: bool,
+    /// The fiber attempt the run is on, for the spans of its events.
+    pub attempt: std::sync::atomic::AtomicU32,
     /// Last stash sequence number, shared by the fiber and event handlers.
     pub seq: AtomicU64,
     /// The cancellation signal the fiber sees.

@@ -90,6 +90,12 @@ pub(crate) struct Shared {
     pub reactivator: Reactivator,
 }
 
+/// A run record read under its stripe lock (see [`Shared::lock_run`]).
+pub(crate) struct LockedRun<'a> {
+    _guard: tokio::sync::MutexGuard<'a, ()>,
+    pub run: tables::RunRecord,
+}
+
 /// See [`Shared::reactivator`].
 pub(crate) type Reactivator = fn(Arc<Shared>, String, Stopwatch) -> BoxFuture<()>;
 
@@ -192,18 +198,30 @@ impl Shared {
     where
         F: FnOnce(&mut tables::RunRecord, &mut Batch) -> Result<bool, RuntimeError>,
     {
-        let _guard = self.run_locks[stripe(run_id, self.run_locks.len())].lock().await;
+        let mut locked = self.lock_run(run_id).await?;
+        let mut batch = Batch::new();
+        if !change(&mut locked.run, &mut batch)? {
+            return Ok(None);
+        }
+        self.write_locked(&mut locked, batch).await?;
+        Ok(Some(locked.run))
+    }
+
+    /// Reads a run record under its stripe lock, which is held until the [`LockedRun`] is
+    /// dropped: activation reads a run once and writes its registration from that read.
+    pub async fn lock_run(&self, run_id: &str) -> Result<LockedRun<'_>, RuntimeError> {
+        let guard = self.run_locks[stripe(run_id, self.run_locks.len())].lock().await;
         if self.closed.load(Ordering::SeqCst) {
             return Err(RuntimeError::ShuttingDown);
         }
-        let mut run = self.load_run(run_id)?;
-        let mut batch = Batch::new();
-        if !change(&mut run, &mut batch)? {
-            return Ok(None);
-        }
-        run.updated_at_ms = self.now_ms();
-        self.commit_run(&run, batch).await?;
-        Ok(Some(run))
+        let run = self.load_run(run_id)?;
+        Ok(LockedRun { _guard: guard, run })
+    }
+
+    /// Writes a locked run record, changed in place, with `batch` as one sync boundary.
+    pub async fn write_locked(&self, locked: &mut LockedRun<'_>, batch: Batch) -> Result<(), RuntimeError> {
+        locked.run.updated_at_ms = self.now_ms();
+        self.commit_run(&locked.run, batch).await
     }
 
     /// `update_run` for a write of the run's own fiber: refused once the runtime evicted the

@@ -1,12 +1,12 @@
 //! The run's actor: one per live run, one inbound event at a time.
 //!
-//! It holds read-only handles; `pre_start` reads the run back from the store. The fiber runs
-//! as its own task beside the actor (see `fiber.rs`), so messages and alarms are handled while
-//! a fiber awaits. Before: `activate.rs` spawns it. After: `fiber.rs`, `alarm_delivery.rs`.
+//! Its state is the run's cell, built by activation from the one read of the run it makes.
+//! The actor owns its fiber's lifecycle: it spawns the fiber as a task of its own (see
+//! `fiber.rs`), so messages and alarms are handled while the fiber awaits, and the eviction
+//! that kills the actor aborts that task. Before: `activate.rs` spawns it. After: `fiber.rs`, `alarm_delivery.rs`.
 
 use std::{panic::AssertUnwindSafe, sync::Arc};
 
-use durafiber_store::tables::RunRecord;
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::Instrument;
@@ -25,48 +25,42 @@ pub(crate) struct RunActor {
     pub shared: Arc<Shared>,
 }
 
-pub(crate) struct RunActorState {
-    cell: Arc<RunCell>,
-    /// The run as it was when the actor started, for the span's fields.
-    run: RunRecord,
-}
-
 impl Actor for RunActor {
     type Msg = RunMsg;
-    type State = RunActorState;
+    type State = Arc<RunCell>;
     type Arguments = Arc<RunCell>;
 
     async fn pre_start(
         &self,
         _me: ActorRef<RunMsg>,
         cell: Arc<RunCell>,
-    ) -> Result<RunActorState, ActorProcessingErr> {
-        let run = self.shared.load_run(&cell.run_id)?;
-        Ok(RunActorState { cell, run })
+    ) -> Result<Arc<RunCell>, ActorProcessingErr> {
+        Ok(cell)
     }
 
     async fn handle(
         &self,
         _me: ActorRef<RunMsg>,
         msg: RunMsg,
-        state: &mut RunActorState,
+        cell: &mut Arc<RunCell>,
     ) -> Result<(), ActorProcessingErr> {
-        let span = tracing::info_span!("run_event", run_id = %state.cell.run_id, kind = %state.run.kind, attempt = state.run.attempt);
+        let attempt = cell.attempt.load(std::sync::atomic::Ordering::SeqCst);
+        let span = tracing::info_span!("run_event", run_id = %cell.run_id, kind = %cell.kind, attempt);
         match msg {
-            RunMsg::Activate { busy, since } => {
-                fiber::on_activate(&self.shared, &state.cell, since).instrument(span).await;
+            RunMsg::Activate { busy, since, decided } => {
+                fiber::on_activate(&self.shared, cell, since, decided).instrument(span).await;
                 drop(busy);
             }
             RunMsg::Message { json, reply } => {
-                let result = self.on_message(&state.cell, json).instrument(span).await;
+                let result = self.on_message(cell, json).instrument(span).await;
                 let _ = reply.send(result);
             }
             RunMsg::Request { json, reply } => {
-                let result = self.on_request(&state.cell, json).instrument(span).await;
+                let result = self.on_request(cell, json).instrument(span).await;
                 let _ = reply.send(result);
             }
             RunMsg::Alarm { event, reply } => {
-                let result = self.on_alarm(&state.cell, event).instrument(span).await;
+                let result = self.on_alarm(cell, event).instrument(span).await;
                 let _ = reply.send(result);
             }
         }

@@ -1,9 +1,15 @@
-//! Fibers: a run's unit of execution. A fiber is registered durably (state `Running`, attempt
-//! counted) before user code runs, and its end is one boundary (output, final stash, status).
+//! Fibers: a run's unit of execution. Activation decides whether a run needs one and
+//! registers it durably (state `Running`, attempt counted) before user code runs, from the
+//! one read of the run it makes; the fiber's end is one boundary (output, final stash,
+//! status).
 //!
-//! Before: the actor's `Activate`. After: `agent.rs` (`Ctx`) for what user code calls.
+//! Before: `activate.rs` (a cold start decides here) or the actor's `Activate`. After:
+//! `agent.rs` (`Ctx`) for what user code calls.
 
-use std::{panic::AssertUnwindSafe, sync::Arc};
+use std::{
+    panic::AssertUnwindSafe,
+    sync::{Arc, atomic::Ordering},
+};
 
 use durafiber_store::{
     Batch, StoreError,
@@ -20,85 +26,145 @@ use crate::{
     hooks::RecoveryReason,
     kernel::busy::BusyGuard,
     kernel::cell::RunCell,
-    kernel::shared::{RawCtx, RawRecovered, Shared},
+    kernel::inbox::{Activation, FiberMode, Registered},
+    kernel::shared::{LockedRun, RawCtx, RawRecovered, Shared},
     metrics::Metrics,
     run::recovery::{self, Plan},
 };
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum FiberMode {
-    Fresh,
-    Recover(RecoveryReason),
-}
-
 /// Starts or recovers the fiber if the run needs one. Runs inside the actor, so one at a time.
 /// `since` is when the runtime decided to re-enter the run: the start of recovery latency.
-pub(crate) async fn on_activate(shared: &Arc<Shared>, cell: &Arc<RunCell>, since: Stopwatch) {
+/// `decided` is what a cold activation decided from its read of the run; without it the
+/// run is read here.
+pub(crate) async fn on_activate(
+    shared: &Arc<Shared>,
+    cell: &Arc<RunCell>,
+    since: Stopwatch,
+    decided: Option<Activation>,
+) {
     if cell.fiber_running() {
         return;
     }
-    let run = match shared.load_run(&cell.run_id) {
-        Ok(run) => run,
-        Err(e @ RuntimeError::Store(StoreError::Corrupt { .. } | StoreError::UnknownVersion { .. })) => {
-            // Unreadable bytes stay unreadable: the corruption path reports the run.
-            tracing::error!(run_id = %cell.run_id, error = %e, "cannot read the run to activate it");
-            return;
-        }
-        Err(e) => {
-            // The store may answer in a second: never leave the run behind.
-            tracing::error!(run_id = %cell.run_id, error = %e, "cannot read the run to activate it; retrying in 1 s");
-            shared.wake_at(shared.now_ms().saturating_add(1_000), &cell.run_id);
-            return;
-        }
+    let decided = match decided {
+        Some(decided) => decided,
+        None => decide_now(shared, cell).await,
     };
-    match recovery::plan(shared, &run) {
-        Plan::Fresh => spawn(shared, cell, FiberMode::Fresh, since),
-        Plan::Recover(reason) => spawn(shared, cell, FiberMode::Recover(reason), since),
-        Plan::Later(at_ms) => shared.wake_at(at_ms, &cell.run_id),
-        Plan::Escalate(reason) => {
+    match decided {
+        Activation::Start(registered) => spawn(shared, cell, registered, since),
+        Activation::Later(at_ms) => shared.wake_at(at_ms, &cell.run_id),
+        Activation::Escalate(reason) => {
             if let Err(e) = escalate(shared, &cell.run_id, &reason, Batch::new()).await {
                 tracing::error!(run_id = %cell.run_id, error = %e, "could not escalate; retrying in 1 s");
                 shared.wake_at(shared.now_ms().saturating_add(1_000), &cell.run_id);
             }
         }
-        Plan::Nothing => {}
+        Activation::Nothing => {}
     }
 }
 
-fn spawn(shared: &Arc<Shared>, cell: &Arc<RunCell>, mode: FiberMode, since: Stopwatch) {
+/// Reads the run under its lock and decides (see [`decide`]).
+async fn decide_now(shared: &Arc<Shared>, cell: &RunCell) -> Activation {
+    match shared.lock_run(&cell.run_id).await {
+        Ok(mut locked) => {
+            let stash = match locked.run.status {
+                RunStatus::Running => read_stash(shared, &cell.run_id),
+                _ => Ok(None),
+            };
+            decide(shared, cell, &mut locked, stash).await
+        }
+        Err(RuntimeError::ShuttingDown) => Activation::Nothing,
+        Err(e @ RuntimeError::Store(StoreError::Corrupt { .. } | StoreError::UnknownVersion { .. })) => {
+            // Unreadable bytes stay unreadable: the corruption path reports the run.
+            tracing::error!(run_id = %cell.run_id, error = %e, "cannot read the run to activate it");
+            Activation::Nothing
+        }
+        Err(e) => {
+            // The store may answer in a second: never leave the run behind.
+            tracing::error!(run_id = %cell.run_id, error = %e, "cannot read the run to activate it; retrying in 1 s");
+            Activation::Later(shared.now_ms().saturating_add(1_000))
+        }
+    }
+}
+
+/// The run's last stash; an error (a corrupt record) is kept for the recovery to escalate.
+pub(crate) fn read_stash(shared: &Shared, run_id: &str) -> Result<Option<StashRecord>, String> {
+    shared.store.get(tables::STASHES, &tables::STASHES.key(&[run_id.as_bytes()])).map_err(|e| e.to_string())
+}
+
+/// Decides what a run without a live fiber needs (`recovery::plan`) and, when a fiber is to
+/// run, writes its registration boundary from the record `locked` already holds: `Running`,
+/// attempt counted, a recovery counted and backed off — before any user code runs (§1, §3.6).
+pub(crate) async fn decide(
+    shared: &Shared,
+    cell: &RunCell,
+    locked: &mut LockedRun<'_>,
+    stash: Result<Option<StashRecord>, String>,
+) -> Activation {
+    let mode = match recovery::plan(shared, &locked.run) {
+        Plan::Fresh => FiberMode::Fresh,
+        Plan::Recover(reason) => FiberMode::Recover(reason),
+        Plan::Later(at_ms) => return Activation::Later(at_ms),
+        Plan::Escalate(reason) => return Activation::Escalate(reason),
+        Plan::Nothing => return Activation::Nothing,
+    };
+    if shared.check_not_evicted(cell).is_err() {
+        return Activation::Nothing;
+    }
+    let now = shared.now_ms();
+    let run = &mut locked.run;
+    run.attempt = run.attempt.saturating_add(1);
+    run.status = RunStatus::Running;
+    run.wake_reason = None;
+    if let FiberMode::Recover(_) = mode {
+        // Counted before the hook runs, so a hook that kills the process is counted too;
+        // progress or an interruption the runtime causes gives it back.
+        run.recover_attempts = run.recover_attempts.saturating_add(1);
+        run.next_recover_at_ms = now.saturating_add(recovery::backoff_ms(run.recover_attempts));
+    }
+    match shared.write_locked(locked, Batch::new()).await {
+        Ok(()) => {
+            cell.recovering.store(matches!(mode, FiberMode::Recover(_)), Ordering::SeqCst);
+            cell.attempt.store(locked.run.attempt, Ordering::SeqCst);
+            Activation::Start(Registered { run: locked.run.clone(), mode, stash })
+        }
+        Err(RuntimeError::ShuttingDown | RuntimeError::Evicted { .. }) => Activation::Nothing,
+        Err(e) => {
+            tracing::error!(run_id = %cell.run_id, error = %e, "could not register the fiber; retrying in 1 s");
+            Activation::Later(now.saturating_add(1_000))
+        }
+    }
+}
+
+fn spawn(shared: &Arc<Shared>, cell: &Arc<RunCell>, registered: Registered, since: Stopwatch) {
     // The slot stays locked until it holds the task, so the task's own clearing (its last
     // step) can never run before the slot is filled.
     let mut slot = cell.fiber.lock();
     shared.liveness.fiber_started(&cell.run_id, cell.fiber_keep_alive, shared.now_ms());
-    let task = tokio::spawn(drive(shared.clone(), cell.clone(), mode, since, shared.busy()));
+    let task = tokio::spawn(drive(shared.clone(), cell.clone(), registered, since, shared.busy()));
     *slot = Some(task.abort_handle());
 }
 
-async fn drive(shared: Arc<Shared>, cell: Arc<RunCell>, mode: FiberMode, since: Stopwatch, busy: BusyGuard) {
-    let span = tracing::info_span!("fiber", run_id = %cell.run_id, kind = %cell.kind, attempt = tracing::field::Empty);
-    let inner = span.clone();
+async fn drive(
+    shared: Arc<Shared>,
+    cell: Arc<RunCell>,
+    registered: Registered,
+    since: Stopwatch,
+    busy: BusyGuard,
+) {
+    let span = tracing::info_span!("fiber", run_id = %cell.run_id, kind = %cell.kind, attempt = registered.run.attempt);
     async move {
-        let retry_at = match register(&shared, &cell, mode).await {
-            Ok(Some(run)) => {
-                inner.record("attempt", run.attempt);
-                let result = call_agent(&shared, &cell, mode, run, since).await;
-                match finish(&shared, &cell, mode, result).await {
-                    Ok(retry_at) => retry_at,
-                    Err(e) => {
-                        tracing::error!(error = %e, "could not write the fiber's end; it will be recovered");
-                        Some(shared.now_ms().saturating_add(1_000))
-                    }
-                }
-            }
-            Ok(None) => None,
+        let mode = registered.mode;
+        let result = call_agent(&shared, &cell, registered, since).await;
+        let retry_at = match finish(&shared, &cell, mode, result).await {
+            Ok(retry_at) => retry_at,
             Err(e) => {
-                tracing::error!(error = %e, "could not register the fiber; retrying in 1 s");
+                tracing::error!(error = %e, "could not write the fiber's end; it will be recovered");
                 Some(shared.now_ms().saturating_add(1_000))
             }
         };
         // An evicted cell's fiber whose abort came too late: the next cell owns the run and
         // its liveness, so it touches neither.
-        if cell.evicted.load(std::sync::atomic::Ordering::SeqCst) {
+        if cell.evicted.load(Ordering::SeqCst) {
             tracing::debug!("the fiber of an evicted cell ended; it wrote nothing");
             drop(busy);
             return;
@@ -117,45 +183,15 @@ async fn drive(shared: Arc<Shared>, cell: Arc<RunCell>, mode: FiberMode, since: 
     .await
 }
 
-/// The registration boundary: `Running`, attempt counted, recovery counted and backed off.
-async fn register(
-    shared: &Arc<Shared>,
-    cell: &RunCell,
-    mode: FiberMode,
-) -> Result<Option<tables::RunRecord>, RuntimeError> {
-    let now = shared.now_ms();
-    shared
-        .update_run_from(cell, |run, _| {
-            if run.status.is_terminal() {
-                return Ok(false);
-            }
-            run.attempt += 1;
-            run.status = RunStatus::Running;
-            run.wake_reason = None;
-            if let FiberMode::Recover(_) = mode {
-                // Counted before the hook runs, so a hook that kills the process is counted
-                // too; progress or an interruption the runtime causes gives it back.
-                run.recover_attempts = run.recover_attempts.saturating_add(1);
-                run.next_recover_at_ms = now.saturating_add(recovery::backoff_ms(run.recover_attempts));
-            }
-            Ok(true)
-        })
-        .await
-        .inspect(|written| {
-            let recovering = written.is_some() && matches!(mode, FiberMode::Recover(_));
-            cell.recovering.store(recovering, std::sync::atomic::Ordering::SeqCst);
-        })
-}
-
 type FiberResult = Result<Result<String, AgentError>, String>;
 
 async fn call_agent(
     shared: &Arc<Shared>,
     cell: &Arc<RunCell>,
-    mode: FiberMode,
-    run: tables::RunRecord,
+    registered: Registered,
     since: Stopwatch,
 ) -> FiberResult {
+    let Registered { run, mode, stash } = registered;
     let agent = match shared.agent(&run.kind) {
         Ok(agent) => agent,
         Err(e) => return Ok(Err(AgentError::escalate(e.to_string()))),
@@ -165,11 +201,10 @@ async fn call_agent(
     let future = match mode {
         FiberMode::Fresh => agent.run_fiber(raw, run.input_json),
         FiberMode::Recover(reason) => {
-            let stash: Option<StashRecord> =
-                match shared.store.get(tables::STASHES, &tables::STASHES.key(&[run.run_id.as_bytes()])) {
-                    Ok(stash) => stash,
-                    Err(e) => return Ok(Err(AgentError::escalate(format!("corrupt: {e}")))),
-                };
+            let stash = match stash {
+                Ok(stash) => stash,
+                Err(e) => return Ok(Err(AgentError::escalate(format!("corrupt: {e}")))),
+            };
             Metrics::bump(&shared.metrics.recoveries);
             shared.metrics.recover_latency.record_us(since.elapsed_us());
             shared.event(&run.run_id, "recovered", format!("reason {reason:?}, attempt {}", run.attempt));
@@ -234,7 +269,7 @@ async fn finish(
                 } else if runtime_fault {
                     // The store failed under the fiber: the run is interrupted, not failed,
                     // and a recovery it interrupted is not counted (§3.6).
-                    if cell.recovering.load(std::sync::atomic::Ordering::SeqCst) {
+                    if cell.recovering.load(Ordering::SeqCst) {
                         run.recover_attempts = run.recover_attempts.saturating_sub(1);
                         run.next_recover_at_ms = 0;
                     }

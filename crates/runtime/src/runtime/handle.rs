@@ -199,7 +199,15 @@ impl Runtime {
     ) -> Result<StartOutcome, RuntimeError> {
         let outcome = start::start(&self.shared, kind, key, input_json, options).await?;
         if outcome.accepted || matches!(outcome.status, RunStatus::Accepted) {
-            reactivate(&self.shared, &outcome.run_id).await;
+            // The handle is durable: return it now, and let the activation (its registration
+            // write, the fiber) go on beside the caller. Virtual time and `settle` wait for it.
+            let shared = self.shared.clone();
+            let run_id = outcome.run_id.clone();
+            let busy = shared.busy();
+            self.shared.spawn_tracked(async move {
+                reactivate(&shared, &run_id).await;
+                drop(busy);
+            });
         }
         Ok(outcome)
     }
