@@ -29,7 +29,7 @@ pub(crate) enum RunMsg {
 /// What activation decided for a run that has no live fiber.
 pub(crate) enum Activation {
     /// The fiber is registered (a boundary): run it.
-    Start(Registered),
+    Start(Box<Registered>),
     /// Interrupted, but its recovery backoff runs until then.
     Later(u64),
     /// A human must look, for this reason.

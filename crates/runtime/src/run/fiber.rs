@@ -50,7 +50,7 @@ pub(crate) async fn on_activate(
         None => decide_now(shared, cell).await,
     };
     match decided {
-        Activation::Start(registered) => spawn(shared, cell, registered, since),
+        Activation::Start(registered) => spawn(shared, cell, *registered, since),
         Activation::Later(at_ms) => shared.wake_at(at_ms, &cell.run_id),
         Activation::Escalate(reason) => {
             if let Err(e) = escalate(shared, &cell.run_id, &reason, Batch::new()).await {
@@ -125,7 +125,7 @@ pub(crate) async fn decide(
         Ok(()) => {
             cell.recovering.store(matches!(mode, FiberMode::Recover(_)), Ordering::SeqCst);
             cell.attempt.store(locked.run.attempt, Ordering::SeqCst);
-            Activation::Start(Registered { run: locked.run.clone(), mode, stash })
+            Activation::Start(Box::new(Registered { run: locked.run.clone(), mode, stash }))
         }
         Err(RuntimeError::ShuttingDown | RuntimeError::Evicted { .. }) => Activation::Nothing,
         Err(e) => {
