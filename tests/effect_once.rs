@@ -16,7 +16,7 @@ use std::{
 };
 
 use durafiber_runtime::{
-    CrashHook, Decision, RunStatus, Runtime, RuntimeConfig, canonical_json, clock::VirtualClock, sha256_hex,
+    CrashHook, Decision, RunStatus, Runtime, RuntimeConfig, clock::VirtualClock, payload_hash,
 };
 use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig};
 use durafiber_testkit::sim::SIM_EPOCH_MS;
@@ -85,7 +85,7 @@ fn assert_once_upstream(rt: &Runtime, upstream: &Upstream, run_id: &str, case: &
     for (effect, object) in [("refund", &refunds[0]), ("email:confirmation", &emails[0])] {
         let entry = ledger.iter().find(|e| e.effect_id == effect).expect("ledger entry");
         let receipt = entry.committed.as_ref().expect("committed");
-        let upstream_hash = sha256_hex(canonical_json(object).expect("json").as_bytes());
+        let upstream_hash = payload_hash(object).expect("json");
         assert_eq!(receipt.receipt_hash, upstream_hash, "{case}: {effect} receipt matches upstream");
         assert_eq!(object["idempotency_key"], entry.idempotency_key.as_str(), "{case}: one key per effect");
     }

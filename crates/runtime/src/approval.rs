@@ -14,11 +14,17 @@ use tokio::sync::oneshot;
 use crate::{
     alarm,
     error::{AgentError, RuntimeError},
-    escalation,
+    escalation, json,
     kernel::cell::ApprovalOutcome,
     kernel::shared::{RawCtx, Shared},
     limits,
 };
+
+/// Whether a stored payload hash (of any version) is the hash of `payload_json`.
+fn same_payload(stored: &str, payload_json: &str) -> Result<bool, AgentError> {
+    let value: serde_json::Value = json::parse(payload_json).map_err(AgentError::Serialization)?;
+    json::hash_matches(stored, &value).map_err(AgentError::Serialization)
+}
 
 /// The name of the alarm that escalates an approval nobody answered.
 pub(crate) fn escalation_alarm_name(approval_id: &str) -> String {
@@ -47,7 +53,7 @@ pub(crate) async fn request(
     let key = approval_key(&run_id, approval_id);
     let existing: Option<ApprovalRecord> = shared.store.get(tables::APPROVALS, &key)?;
     match &existing {
-        Some(r) if r.payload_hash != payload_hash => {
+        Some(r) if !same_payload(&r.payload_hash, &payload_json)? => {
             return Err(AgentError::ApprovalConflict { approval_id: approval_id.to_string() });
         }
         Some(r) if r.escalated => return Err(AgentError::escalate("approval_timeout")),

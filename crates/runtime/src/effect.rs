@@ -42,11 +42,12 @@ where
     let shared = raw.shared.clone();
     let run_id = raw.cell.run_id.clone();
     let (_, args_hash) = json::canonical_with_hash(&args).map_err(AgentError::Serialization)?;
+    let same_args = |stored: &str| json::hash_matches(stored, &args).map_err(AgentError::Serialization);
     let key = tables::LEDGER.key(&[run_id.as_bytes(), effect_id.as_bytes()]);
     let conflict = || AgentError::EffectConflict { effect_id: effect_id.to_string() };
 
     let entry = match shared.store.get::<LedgerEntry>(tables::LEDGER, &key)? {
-        Some(entry) if entry.args_hash != args_hash => return Err(conflict()),
+        Some(entry) if !same_args(&entry.args_hash)? => return Err(conflict()),
         Some(LedgerEntry { committed: Some(receipt), .. }) => {
             Metrics::bump(&shared.metrics.effects_prevented);
             shared.event(

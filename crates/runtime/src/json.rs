@@ -1,5 +1,7 @@
-//! Canonical JSON and its SHA-256: how user values (inputs, stashes, args, payloads,
-//! receipts) are stored and hashed. Object keys are sorted, so equal values hash equally.
+//! Canonical JSON and its hashes: how user values (inputs, stashes, args, payloads,
+//! receipts) are stored and hashed. Stored text keeps every number exactly, object keys
+//! sorted; hashes are RFC 8785 (JCS) SHA-256 with their format version in the text (see
+//! [`payload_hash`]), so equal values hash equally and any JCS library agrees.
 
 use serde::{Serialize, de::DeserializeOwned};
 use sha2::{Digest, Sha256};
@@ -41,10 +43,65 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     s
 }
 
-/// Canonical JSON of `value` and its hash.
+/// The prefix of a version 2 hash: SHA-256 over the RFC 8785 (JCS) text of the value.
+pub const HASH_V2_PREFIX: &str = "jcs-sha256:";
+
+/// The hash of a value as durafiber stores it beside payloads, inputs, effect arguments and
+/// receipts. The format version travels in the text, so hashes stored by older builds keep
+/// their meaning:
+/// - version 2, `jcs-sha256:<hex>`: SHA-256 over the value's RFC 8785 canonical JSON, which
+///   any JCS library reproduces (a reviewer's client can check what it was shown);
+/// - version 1, bare `<hex>`: SHA-256 over durafiber's own canonical text (keys sorted by
+///   bytes). Written by builds before version 2, and still for a value RFC 8785 cannot
+///   represent exactly — an integer beyond ±2^53, which JCS would round to a double.
+pub fn payload_hash<T: Serialize + ?Sized>(value: &T) -> Result<String, String> {
+    let v = serde_json::to_value(value).map_err(|e| e.to_string())?;
+    hash_value(&v)
+}
+
+fn hash_value(v: &serde_json::Value) -> Result<String, String> {
+    if exact_in_jcs(v) {
+        let text = serde_jcs::to_string(v).map_err(|e| e.to_string())?;
+        Ok(format!("{HASH_V2_PREFIX}{}", sha256_hex(text.as_bytes())))
+    } else {
+        hash_v1(v)
+    }
+}
+
+fn hash_v1(v: &serde_json::Value) -> Result<String, String> {
+    let text = serde_json::to_string(&sorted(v.clone())).map_err(|e| e.to_string())?;
+    Ok(sha256_hex(text.as_bytes()))
+}
+
+/// Whether `stored` (a hash of either version) is the hash of `value`, recomputed in the
+/// version `stored` was made with.
+pub fn hash_matches<T: Serialize + ?Sized>(stored: &str, value: &T) -> Result<bool, String> {
+    let v = serde_json::to_value(value).map_err(|e| e.to_string())?;
+    let again = if stored.starts_with(HASH_V2_PREFIX) { hash_value(&v)? } else { hash_v1(&v)? };
+    Ok(again == stored)
+}
+
+/// Whether every number in `v` survives RFC 8785's IEEE 754 doubles unchanged.
+fn exact_in_jcs(v: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    const EXACT: u64 = 1 << 53;
+    match v {
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => u <= EXACT,
+            (None, Some(i)) => i.unsigned_abs() <= EXACT,
+            (None, None) => true,
+        },
+        Value::Array(items) => items.iter().all(exact_in_jcs),
+        Value::Object(map) => map.values().all(exact_in_jcs),
+        _ => true,
+    }
+}
+
+/// Canonical JSON of `value` and its hash ([`payload_hash`]).
 pub fn canonical_with_hash<T: Serialize + ?Sized>(value: &T) -> Result<(String, String), String> {
-    let text = canonical(value)?;
-    let hash = sha256_hex(text.as_bytes());
+    let v = serde_json::to_value(value).map_err(|e| e.to_string())?;
+    let hash = hash_value(&v)?;
+    let text = serde_json::to_string(&sorted(v)).map_err(|e| e.to_string())?;
     Ok((text, hash))
 }
 
@@ -58,10 +115,42 @@ pub fn recanonicalize(text: &str) -> Result<String, String> {
 mod tests {
     use super::*;
 
+    fn value(text: &str) -> serde_json::Value {
+        serde_json::from_str(text).unwrap()
+    }
+
     #[test]
     fn key_order_does_not_change_the_hash() {
         let a = recanonicalize(r#"{"b":1,"a":[1,2]}"#).unwrap();
         let b = recanonicalize(r#"{ "a": [1,2], "b": 1 }"#).unwrap();
-        assert_eq!(sha256_hex(a.as_bytes()), sha256_hex(b.as_bytes()));
+        assert_eq!(a, b);
+        assert_eq!(payload_hash(&value(&a)).unwrap(), payload_hash(&value(&b)).unwrap());
+    }
+
+    #[test]
+    fn version_2_hashes_the_rfc_8785_text() {
+        // RFC 8785 §3.2.2/§3.2.3: keys by UTF-16 code units, numbers as ECMAScript prints them.
+        let v = value(r#"{"b":1.0,"a":1e21,"\u20ac":"x","\ud83d\ude00":"y"}"#);
+        let jcs = r#"{"a":1e+21,"b":1,"😀":"y","€":"x"}"#;
+        assert_eq!(payload_hash(&v).unwrap(), format!("{HASH_V2_PREFIX}{}", sha256_hex(jcs.as_bytes())));
+    }
+
+    #[test]
+    fn an_integer_jcs_would_round_keeps_an_exact_version_1_hash() {
+        let a = value(r#"{"n":9007199254740993}"#);
+        let b = value(r#"{"n":9007199254740992}"#);
+        let (ha, hb) = (payload_hash(&a).unwrap(), payload_hash(&b).unwrap());
+        assert!(!ha.starts_with(HASH_V2_PREFIX) && hb.starts_with(HASH_V2_PREFIX));
+        assert_ne!(ha, hb);
+        assert!(hash_matches(&ha, &a).unwrap() && !hash_matches(&ha, &b).unwrap());
+    }
+
+    #[test]
+    fn a_hash_stored_by_an_older_build_still_matches() {
+        let v = value(r#"{"z":[1,2.5],"a":"é"}"#);
+        let old = sha256_hex(canonical(&v).unwrap().as_bytes());
+        assert!(hash_matches(&old, &v).unwrap());
+        assert!(!hash_matches(&old, &value(r#"{"z":[1,2.5],"a":"e"}"#)).unwrap());
+        assert!(hash_matches(&payload_hash(&v).unwrap(), &v).unwrap());
     }
 }

@@ -54,7 +54,7 @@ pub use error::{AgentError, LivenessViolation, RuntimeError};
 pub use event::SendOutcome;
 pub use events::Event;
 pub use eviction::keep_alive::KeepAlive;
-pub use json::{canonical as canonical_json, sha256_hex};
+pub use json::{HASH_V2_PREFIX, canonical as canonical_json, hash_matches, payload_hash, sha256_hex};
 pub use kernel::shared::CrashHook;
 pub use metrics::{HistogramSummary, MetricsSnapshot};
 pub use run::start::StartOutcome;

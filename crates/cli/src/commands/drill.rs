@@ -19,7 +19,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use durafiber_demo::{agents::RefundDraft, upstream::Upstream};
-use durafiber_runtime::{canonical_json, sha256_hex};
+use durafiber_runtime::payload_hash;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -144,7 +144,7 @@ fn ledger_entry<'a>(run: &'a Value, effect: &str) -> Option<&'a Value> {
 }
 
 fn hash_of(value: &Value) -> String {
-    sha256_hex(canonical_json(value).unwrap_or_default().as_bytes())
+    payload_hash(value).unwrap_or_default()
 }
 
 /// Runs the drill with the `durafiber` binary at `exe`; the recording goes to `out`.

@@ -1,5 +1,5 @@
 //! At most one live actor per run id: the map of live runs, and the per-run locks that
-//! serialize activation, hibernation and eviction. `run/activate.rs` spawns into it;
+//! serialize activation, hibernation and eviction. `run/actor.rs` spawns into it;
 //! hibernation and eviction remove from it.
 
 use parking_lot::Mutex;

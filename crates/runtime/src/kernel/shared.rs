@@ -85,7 +85,7 @@ pub(crate) struct Shared {
     /// records decisions but never runs agent code; the next serving runtime does.
     pub passive: bool,
     /// Re-enters a run: activates it and lets its actor start or recover the fiber. The
-    /// runtime points it at the runs layer (`run/activate.rs`) when it opens, so that a
+    /// runtime points it at the runs layer (`run/actor.rs`) when it opens, so that a
     /// feature below that layer can have a run re-entered without importing it.
     pub reactivator: Reactivator,
 }

@@ -21,7 +21,7 @@ use crate::{
     kernel::shared::Shared,
     limits,
     metrics::Metrics,
-    run::activate,
+    run::actor,
     sleep,
 };
 
@@ -111,13 +111,13 @@ async fn deliver(
         }
         Some(SystemAlarm::EventTimeout { name }) => {
             if event::on_timeout_alarm(shared, run_id, name, alarm.due_at_ms).await? {
-                activate::reactivate(shared, run_id).await;
+                actor::reactivate(shared, run_id).await;
             }
             return Ok(());
         }
         Some(SystemAlarm::WakeSleep { name }) => {
             if sleep::on_wake_alarm(shared, run_id, name, alarm.due_at_ms).await? {
-                activate::reactivate(shared, run_id).await;
+                actor::reactivate(shared, run_id).await;
             }
             return Ok(());
         }
@@ -179,7 +179,7 @@ async fn deliver(
 }
 
 async fn call_handler(shared: &Arc<Shared>, run_id: &str, event: AlarmEvent) -> Result<(), AgentError> {
-    let live = activate::activate(shared, run_id).await.map_err(AgentError::from)?;
+    let live = actor::activate(shared, run_id).await.map_err(AgentError::from)?;
     match live.actor.call(|reply| RunMsg::Alarm { event, reply }, None).await {
         Ok(ractor::rpc::CallResult::Success(result)) => result,
         Ok(_) | Err(_) => Err(AgentError::fail("the run's actor stopped during the handler")),

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, atomic::Ordering};
 
-use crate::{eviction::idle, kernel::activity::Action, kernel::shared::Shared, run::activate::reactivate};
+use crate::{eviction::idle, kernel::activity::Action, kernel::shared::Shared, run::actor::reactivate};
 
 /// One pass over every deadline due now. Returns the next deadline.
 pub(crate) async fn tick(shared: &Arc<Shared>) -> Option<u64> {

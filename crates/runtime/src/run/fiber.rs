@@ -3,7 +3,7 @@
 //! one read of the run it makes; the fiber's end is one boundary (output, final stash,
 //! status).
 //!
-//! Before: `activate.rs` (a cold start decides here) or the actor's `Activate`. After:
+//! Before: `actor.rs` (a cold start decides here) or the actor's `Activate`. After:
 //! `agent.rs` (`Ctx`) for what user code calls.
 
 use std::{

@@ -1,8 +1,8 @@
-//! Runs: accepting them durably ([`start`]), activating them ([`activate`], the only code
-//! that spawns an actor), the actor itself ([`actor`]), and the liveness rule checked
-//! ([`liveness`]).
+//! Runs: accepting them durably ([`start`]), activating them and their actor ([`actor`],
+//! the only code that spawns one), their fibers ([`fiber`]), recovery ([`recovery`]), alarm
+//! delivery ([`alarm_delivery`]), the loop that moves them on time ([`driver`]), and the
+//! liveness rule checked ([`liveness`]).
 
-pub(crate) mod activate;
 pub(crate) mod actor;
 pub(crate) mod alarm_delivery;
 pub(crate) mod driver;

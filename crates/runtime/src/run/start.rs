@@ -56,14 +56,14 @@ pub(crate) async fn start(
     if let Some(mode) = &options.durability {
         crate::config::DurabilityMode::parse(mode)?;
     }
-    let input_json = json::recanonicalize(input_json).map_err(RuntimeError::InvalidInput)?;
-    let input_hash = json::sha256_hex(input_json.as_bytes());
+    let input: serde_json::Value = json::parse(input_json).map_err(RuntimeError::InvalidInput)?;
+    let (input_json, input_hash) = json::canonical_with_hash(&input).map_err(RuntimeError::InvalidInput)?;
     let key_record = tables::RUN_KEYS.key(&[kind.as_bytes(), key.as_bytes()]);
 
     let _guard = shared.start_locks[stripe(key, shared.start_locks.len())].lock().await;
     if let Some(run_id) = shared.store.get::<String>(tables::RUN_KEYS, &key_record)? {
         let run = shared.load_run(&run_id)?;
-        if run.input_hash != input_hash {
+        if !json::hash_matches(&run.input_hash, &input).map_err(RuntimeError::InvalidInput)? {
             return Err(RuntimeError::KeyConflict { key: key.to_string(), run_id });
         }
         tracing::info!(run_id, key, "duplicate start returns the existing handle");

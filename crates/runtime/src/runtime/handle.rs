@@ -31,7 +31,7 @@ use crate::{
     kernel::shared::{CrashHook, ErasedAgent, Shared},
     metrics::{Metrics, MetricsSnapshot},
     rng::SeededRng,
-    run::activate::{reactivate, reactivate_boxed},
+    run::actor::{reactivate, reactivate_boxed},
     run::driver::{drive_system_clock, next_deadline, tick},
     run::liveness,
     run::recovery,

@@ -9,7 +9,7 @@ use super::handle::Runtime;
 use crate::{
     agent::Agent, alarm, alarm::AlarmSpec, approval, approval::ApproveOutcome, error::RuntimeError,
     eviction::keep_alive::KeepAlive, json, kernel::inbox::RunMsg, kernel::registry::LiveRun, limits,
-    run::activate::activate,
+    run::actor::activate,
 };
 
 impl Runtime {

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use durafiber_demo::agents::ORDER_ALARMS;
-use durafiber_runtime::{canonical_json, sha256_hex};
+use durafiber_runtime::payload_hash;
 use serde_json::{Value, json};
 
 use super::{harness::Harness, report::TortureReport};
@@ -21,7 +21,7 @@ pub(super) fn is_terminal(run: &Value) -> bool {
 }
 
 pub(super) fn hash_of(value: &Value) -> String {
-    sha256_hex(canonical_json(value).unwrap_or_default().as_bytes())
+    payload_hash(value).unwrap_or_default()
 }
 
 /// Fills in every count of the report from what the harness and the upstream saw.
