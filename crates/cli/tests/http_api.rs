@@ -100,8 +100,14 @@ async fn every_endpoint_answers_and_every_refusal_is_a_json_error() {
     assert_eq!((s, e["kind"].as_str()), (400, Some("InvalidInput")), "steps takes `()` messages only");
     let (s, c) = send(post(&format!("/runs/{long_id}/cancel")).body(r#"{"reason":"test"}"#)).await;
     assert_eq!(s, 200, "{c}");
-    let (s, _) = send(http.get(server.url("/metrics"))).await;
-    assert_eq!(s, 200);
+    let (s, m) = send(http.get(server.url("/metrics/json"))).await;
+    assert!(s == 200 && m["starts"].as_u64().is_some_and(|n| n >= 1), "{m}");
+    let scraped = http.get(server.url("/metrics")).send().await.expect("scrape");
+    let kind = scraped.headers().get("content-type").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let text = scraped.text().await.expect("text");
+    assert_eq!(kind.as_deref(), Some("text/plain; version=0.0.4"));
+    assert!(text.lines().any(|l| l.starts_with("durafiber_runs_started_total ")), "{text}");
+    assert!(text.contains("durafiber_stash_commit_seconds{quantile=\"0.99\"}"), "{text}");
     let (s, events) = send(http.get(server.url(&format!("/events?run_id={run_id}")))).await;
     assert!(s == 200 && events.as_array().is_some_and(|e| !e.is_empty()));
     // An order: a request answers with what it stored, an event is taken, storage is listed.

@@ -130,8 +130,9 @@ mod tests {
     #[test]
     fn version_2_hashes_the_rfc_8785_text() {
         // RFC 8785 §3.2.2/§3.2.3: keys by UTF-16 code units, numbers as ECMAScript prints them.
-        let v = value(r#"{"b":1.0,"a":1e21,"\u20ac":"x","\ud83d\ude00":"y"}"#);
-        let jcs = r#"{"a":1e+21,"b":1,"😀":"y","€":"x"}"#;
+        // U+FF5E sorts after U+1F600 in UTF-16 (0xFF5E > 0xD83D), before it in UTF-8 bytes.
+        let v = value(r#"{"b":1.0,"a":1e21,"\uff5e":"x","\ud83d\ude00":"y"}"#);
+        let jcs = "{\"a\":1e+21,\"b\":1,\"\u{1f600}\":\"y\",\"\u{ff5e}\":\"x\"}";
         assert_eq!(payload_hash(&v).unwrap(), format!("{HASH_V2_PREFIX}{}", sha256_hex(jcs.as_bytes())));
     }
 

@@ -1,23 +1,37 @@
-//! Counters and latency histograms (§9.2). Histograms keep log-scale buckets, so memory stays
-//! fixed however many samples arrive.
+//! Counters and latency histograms (§9.2). Each runtime keeps its own, for
+//! [`crate::Runtime::metrics`]; every sample also goes to the `metrics` facade, so a process
+//! that installs a recorder (the server installs the Prometheus one) exports them under
+//! `durafiber_*` names. Histograms are HDR histograms with 2 significant digits: fixed
+//! memory, and a p99 within 1 % of the true value at any scale.
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
-/// A latency histogram over microseconds with power-of-two buckets.
-#[derive(Default)]
-pub struct Histogram {
-    inner: Mutex<HistogramInner>,
+/// A counter: this runtime's count, also sent to the `metrics` facade under its name.
+pub struct Counter {
+    name: &'static str,
+    value: AtomicU64,
 }
 
-#[derive(Clone)]
-struct HistogramInner {
-    buckets: [u64; 64],
-    count: u64,
-    sum_us: u64,
-    max_us: u64,
+impl Counter {
+    const fn new(name: &'static str) -> Self {
+        Counter { name, value: AtomicU64::new(0) }
+    }
+
+    fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
+    }
+}
+
+/// The largest latency a histogram tracks exactly, µs (an hour); longer samples count as it.
+const HISTOGRAM_MAX_US: u64 = 3_600_000_000;
+
+/// A latency histogram over microseconds.
+pub struct Histogram {
+    name: &'static str,
+    inner: Mutex<Option<hdrhistogram::Histogram<u64>>>,
 }
 
 /// A histogram's summary.
@@ -27,78 +41,73 @@ pub struct HistogramSummary {
     pub count: u64,
     /// Mean, µs.
     pub mean_us: u64,
-    /// Median upper bound, µs.
+    /// Median, µs (within 1 %).
     pub p50_us: u64,
-    /// 99th percentile upper bound, µs.
+    /// 99th percentile, µs (within 1 %).
     pub p99_us: u64,
-    /// Largest sample, µs.
+    /// 99.9th percentile, µs (within 1 %).
+    pub p999_us: u64,
+    /// Largest sample, µs (within 1 %).
     pub max_us: u64,
 }
 
-impl Default for HistogramInner {
-    fn default() -> Self {
-        HistogramInner { buckets: [0; 64], count: 0, sum_us: 0, max_us: 0 }
-    }
-}
-
 impl Histogram {
+    const fn new(name: &'static str) -> Self {
+        Histogram { name, inner: Mutex::new(None) }
+    }
+
     /// Records one sample.
     pub fn record_us(&self, us: u64) {
-        let mut h = self.inner.lock();
-        let bucket = (64 - us.leading_zeros()) as usize;
-        h.buckets[bucket.min(63)] += 1;
-        h.count += 1;
-        h.sum_us = h.sum_us.saturating_add(us);
-        h.max_us = h.max_us.max(us);
+        metrics::histogram!(self.name).record(us as f64 / 1e6);
+        let mut inner = self.inner.lock();
+        if inner.is_none() {
+            // Created at the first sample: a runtime that never records one pays nothing.
+            *inner = hdrhistogram::Histogram::new_with_bounds(1, HISTOGRAM_MAX_US, 2).ok();
+        }
+        if let Some(h) = inner.as_mut() {
+            h.saturating_record(us.max(1));
+        }
     }
 
     /// The current summary.
     pub fn summary(&self) -> HistogramSummary {
-        let h = self.inner.lock().clone();
-        let quantile = |q: f64| -> u64 {
-            let target = ((h.count as f64) * q).ceil() as u64;
-            let mut seen = 0;
-            for (i, n) in h.buckets.iter().enumerate() {
-                seen += n;
-                if seen >= target.max(1) {
-                    return if i == 0 { 0 } else { (1u64 << i).saturating_sub(1).min(h.max_us) };
-                }
-            }
-            h.max_us
+        let inner = self.inner.lock();
+        let Some(h) = inner.as_ref().filter(|h| !h.is_empty()) else {
+            return HistogramSummary::default();
         };
         HistogramSummary {
-            count: h.count,
-            mean_us: h.sum_us.checked_div(h.count).unwrap_or(0),
-            p50_us: quantile(0.5),
-            p99_us: quantile(0.99),
-            max_us: h.max_us,
+            count: h.len(),
+            mean_us: h.mean().round() as u64,
+            p50_us: h.value_at_quantile(0.5),
+            p99_us: h.value_at_quantile(0.99),
+            p999_us: h.value_at_quantile(0.999),
+            max_us: h.max(),
         }
     }
 }
 
 /// Every counter and histogram of a runtime.
-#[derive(Default)]
 pub struct Metrics {
     /// Runs accepted by `start`.
-    pub starts: AtomicU64,
+    pub starts: Counter,
     /// Actors activated (cold starts included).
-    pub activations: AtomicU64,
+    pub activations: Counter,
     /// Idle runs hibernated.
-    pub hibernations: AtomicU64,
+    pub hibernations: Counter,
     /// Runs evicted.
-    pub evictions: AtomicU64,
+    pub evictions: Counter,
     /// Recovery hooks called.
-    pub recoveries: AtomicU64,
+    pub recoveries: Counter,
     /// Keep-alive heartbeats counted as activity.
-    pub heartbeats: AtomicU64,
+    pub heartbeats: Counter,
     /// Alarm retries scheduled.
-    pub alarm_retries: AtomicU64,
+    pub alarm_retries: Counter,
     /// Alarms dead-lettered.
-    pub dead_letters: AtomicU64,
+    pub dead_letters: Counter,
     /// Effects whose committed receipt was returned instead of calling the outside world again.
-    pub effects_prevented: AtomicU64,
+    pub effects_prevented: Counter,
     /// Runs escalated to a human.
-    pub escalations: AtomicU64,
+    pub escalations: Counter,
     /// Time from activation to the actor being ready.
     pub cold_start: Histogram,
     /// Time from the runtime's start (or an eviction) to a run's recovery hook being called.
@@ -142,29 +151,76 @@ pub struct MetricsSnapshot {
     pub alarm_lateness: HistogramSummary,
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            starts: Counter::new("durafiber_runs_started_total"),
+            activations: Counter::new("durafiber_activations_total"),
+            hibernations: Counter::new("durafiber_hibernations_total"),
+            evictions: Counter::new("durafiber_evictions_total"),
+            recoveries: Counter::new("durafiber_recoveries_total"),
+            heartbeats: Counter::new("durafiber_heartbeats_total"),
+            alarm_retries: Counter::new("durafiber_alarm_retries_total"),
+            dead_letters: Counter::new("durafiber_dead_letters_total"),
+            effects_prevented: Counter::new("durafiber_effects_prevented_total"),
+            escalations: Counter::new("durafiber_escalations_total"),
+            cold_start: Histogram::new("durafiber_cold_start_seconds"),
+            recover_latency: Histogram::new("durafiber_recover_latency_seconds"),
+            stash_commit: Histogram::new("durafiber_stash_commit_seconds"),
+            alarm_lateness: Histogram::new("durafiber_alarm_lateness_seconds"),
+        }
+    }
+}
+
 impl Metrics {
-    pub(crate) fn bump(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn bump(counter: &Counter) {
+        counter.value.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(counter.name).increment(1);
     }
 
     /// A copy of every counter.
     pub fn snapshot(&self) -> MetricsSnapshot {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         MetricsSnapshot {
-            starts: get(&self.starts),
-            activations: get(&self.activations),
-            hibernations: get(&self.hibernations),
-            evictions: get(&self.evictions),
-            recoveries: get(&self.recoveries),
-            heartbeats: get(&self.heartbeats),
-            alarm_retries: get(&self.alarm_retries),
-            dead_letters: get(&self.dead_letters),
-            effects_prevented: get(&self.effects_prevented),
-            escalations: get(&self.escalations),
+            starts: self.starts.get(),
+            activations: self.activations.get(),
+            hibernations: self.hibernations.get(),
+            evictions: self.evictions.get(),
+            recoveries: self.recoveries.get(),
+            heartbeats: self.heartbeats.get(),
+            alarm_retries: self.alarm_retries.get(),
+            dead_letters: self.dead_letters.get(),
+            effects_prevented: self.effects_prevented.get(),
+            escalations: self.escalations.get(),
             cold_start: self.cold_start.summary(),
             recover_latency: self.recover_latency.summary(),
             stash_commit: self.stash_commit.summary(),
             alarm_lateness: self.alarm_lateness.summary(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_p99_is_within_one_percent_where_log2_buckets_were_off_by_two() {
+        let h = Histogram::new("test_seconds");
+        // 98 fast samples, 2 at 1,100 µs: the p99 is 1,100 µs. Log2 buckets said 2,047.
+        (0..98).for_each(|_| h.record_us(100));
+        (0..2).for_each(|_| h.record_us(1_100));
+        let s = h.summary();
+        assert_eq!(s.count, 100);
+        assert!(s.p99_us.abs_diff(1_100) <= 11, "p99 {}", s.p99_us);
+        assert!(s.p50_us.abs_diff(100) <= 1, "p50 {}", s.p50_us);
+        assert!(s.max_us.abs_diff(1_100) <= 11, "max {}", s.max_us);
+    }
+
+    #[test]
+    fn an_empty_histogram_summarizes_to_zero_and_a_huge_sample_is_capped() {
+        let h = Histogram::new("test_seconds");
+        assert_eq!(h.summary(), HistogramSummary::default());
+        h.record_us(u64::MAX);
+        assert!(h.summary().max_us >= HISTOGRAM_MAX_US / 100 * 99);
     }
 }

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use durafiber_runtime::{CrashHook, Runtime, RuntimeConfig, Secrets, limits};
 use durafiber_store::Store;
 
-use crate::http::server::{AppState, router};
+use crate::http::server::{AppState, prometheus, router};
 
 /// Reads a JSON configuration file; defaults when there is none.
 pub fn load_config(path: Option<&Path>) -> anyhow::Result<RuntimeConfig> {
@@ -57,12 +57,14 @@ pub async fn open_runtime(data: &Path, config: RuntimeConfig) -> anyhow::Result<
 
 /// Serves until SIGTERM or Ctrl-C.
 pub async fn serve(data: &Path, listen: SocketAddr, config: Option<&Path>) -> anyhow::Result<()> {
+    // Installed before the runtime opens, so the recoveries at open are counted too.
+    let prometheus = prometheus();
     let config = load_config(config)?;
     let runtime = open_runtime(data, config).await?;
     let listener =
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr()?;
-    let app = router(AppState { runtime: runtime.clone(), secrets: Secrets::default() });
+    let app = router(AppState { runtime: runtime.clone(), secrets: Secrets::default(), prometheus });
     println!("listening on {addr}");
     let _ = std::io::stdout().flush();
     tracing::info!(%addr, data = %data.display(), "serving");

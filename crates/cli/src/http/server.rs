@@ -26,6 +26,25 @@ pub struct AppState {
     pub runtime: Runtime,
     /// Used to redact secret values from inspection output.
     pub secrets: Secrets,
+    /// The process's Prometheus recorder, rendered by `GET /metrics`.
+    pub prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+}
+
+/// The process's Prometheus recorder: installed as the `metrics` facade's global recorder
+/// the first time it is asked for, so every runtime in the process reports through it.
+/// `None` when another recorder was installed first.
+pub fn prometheus() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
+    static HANDLE: std::sync::OnceLock<Option<metrics_exporter_prometheus::PrometheusHandle>> =
+        std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                tracing::warn!(error = %e, "no Prometheus recorder: another one is installed");
+                None
+            }
+        })
+        .clone()
 }
 
 /// An API error: a status and a JSON body.
@@ -282,7 +301,21 @@ async fn cancel_alarm(
     ok(json!({"run_id": run_id, "name": name, "cancelled": app.runtime.cancel_alarm(&run_id, &name).await?}))
 }
 
+/// Prometheus' text exposition format, for scrapers.
 async fn metrics(State(app): State<AppState>) -> ApiResult {
+    let Some(handle) = &app.prometheus else {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            "no Prometheus recorder in this process".into(),
+            "NotFound",
+        ));
+    };
+    let text = handle.render();
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+/// This runtime's counters and histogram summaries as JSON.
+async fn metrics_json(State(app): State<AppState>) -> ApiResult {
     ok(app.runtime.metrics())
 }
 
@@ -356,6 +389,7 @@ pub fn router(state: AppState) -> Router {
         .route("/runs/{id}/alarms/{name}", put(set_alarm).delete(cancel_alarm))
         .route("/approvals", get(approvals))
         .route("/metrics", get(metrics))
+        .route("/metrics/json", get(metrics_json))
         .route("/backup", get(backup))
         .route("/events", get(events))
         .fallback(not_found)
