@@ -65,7 +65,7 @@ impl Histogram {
             *inner = hdrhistogram::Histogram::new_with_bounds(1, HISTOGRAM_MAX_US, 2).ok();
         }
         if let Some(h) = inner.as_mut() {
-            h.saturating_record(us.max(1));
+            h.saturating_record(us);
         }
     }
 
