@@ -130,7 +130,7 @@ async fn a_million_pending_alarms_keep_memory_bounded_and_the_earliest_fires_on_
     let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
     durafiber_testkit::bulk::write_pending_alarms(
         &store,
-        std::slice::from_ref(&run),
+        &[run.to_string()],
         "later",
         1_000_000,
         T0 + 3_600_000,

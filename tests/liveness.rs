@@ -124,7 +124,7 @@ fn interrupted_run(run_id: &str, kind: &str, now_ms: u64) -> tables::RunRecord {
         next_recover_at_ms: 0,
         wake_reason: None,
         cancel_reason: None,
-        options: RunOptions::default(),
+        options: tables::RunOptions::default(),
     }
 }
 

@@ -4,7 +4,10 @@
 
 use std::sync::Arc;
 
-use durafiber_runtime::{Agent, AgentError, Ctx, ListFilter, RunOptions, RunStatus, Runtime, RuntimeError};
+use durafiber_runtime::{
+    Agent, AgentError, Ctx, DurabilityMode, ListFilter, RunOptions, RunState, RunStatus, Runtime,
+    RuntimeError,
+};
 use durafiber_store::{Store, StoreConfig};
 use durafiber_testkit::agents::{Steps, StepsInput, StepsOutput};
 use serde::{Deserialize, Serialize};
@@ -160,7 +163,7 @@ async fn list_filters_by_state_and_kind_and_pages() {
         .expect("list");
     assert_eq!(rest.runs.len(), 3);
     let completed = rt
-        .list(&ListFilter { limit: 10, state: Some("completed".into()), ..Default::default() })
+        .list(&ListFilter { limit: 10, state: Some(RunState::Completed), ..Default::default() })
         .expect("list");
     assert_eq!(completed.runs.len(), 5);
 }
@@ -170,7 +173,10 @@ async fn every_durability_mode_completes_and_keeps_the_last_stash() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rt = runtime(dir.path()).await;
     for mode in ["sync", "async", "exit"] {
-        let options = RunOptions { durability: Some(mode.into()), fiber_keep_alive: None };
+        let options = RunOptions {
+            durability: Some(DurabilityMode::parse(mode).expect("mode")),
+            fiber_keep_alive: None,
+        };
         let out = rt
             .start_json("steps", &format!("mode-{mode}"), "{\"steps\":4,\"pause_ms\":0}", options)
             .await
@@ -178,11 +184,10 @@ async fn every_durability_mode_completes_and_keeps_the_last_stash() {
         assert!(matches!(rt.wait(&out.run_id).await.expect("wait"), RunStatus::Completed { .. }), "{mode}");
         assert_eq!(rt.inspect(&out.run_id).expect("inspect").stash.expect("stash").seq, 4, "{mode}");
     }
-    let bad = RunOptions { durability: Some("eventually".into()), fiber_keep_alive: None };
-    assert!(matches!(
-        rt.start_json("steps", "m", "{\"steps\":1,\"pause_ms\":0}", bad).await,
-        Err(RuntimeError::Config(_))
-    ));
+    // A mode is typed; text from outside (a config file, an HTTP body) is parsed first.
+    assert!(
+        matches!(DurabilityMode::parse("eventually"), Err(RuntimeError::Config(m)) if m.contains("sync, async, exit"))
+    );
 }
 
 /// Sets an alarm whose name the runtime refuses.

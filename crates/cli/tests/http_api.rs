@@ -100,6 +100,13 @@ async fn every_endpoint_answers_and_every_refusal_is_a_json_error() {
     assert_eq!((s, e["kind"].as_str()), (400, Some("InvalidInput")), "steps takes `()` messages only");
     let (s, c) = send(post(&format!("/runs/{long_id}/cancel")).body(r#"{"reason":"test"}"#)).await;
     assert_eq!(s, 200, "{c}");
+    let (s, e) = send(http.get(server.url("/runs?state=bogus"))).await;
+    assert_eq!((s, e["kind"].as_str()), (400, Some("InvalidInput")), "{e}");
+    let (s, page) = send(http.get(server.url("/runs?state=waiting_approval"))).await;
+    assert!(s == 200 && page["runs"].as_array().is_some(), "{page}");
+    let eventually = json!({"kind": "steps", "input": {"steps": 1, "pause_ms": 0}, "options": {"durability": "eventually"}});
+    let (s, e) = send(post("/runs").header("Idempotency-Key", "mode-bad").body(eventually.to_string())).await;
+    assert_eq!((s, e["kind"].as_str()), (400, Some("InvalidInput")), "{e}");
     let (s, m) = send(http.get(server.url("/metrics/json"))).await;
     assert!(s == 200 && m["starts"].as_u64().is_some_and(|n| n >= 1), "{m}");
     let scraped = http.get(server.url("/metrics")).send().await.expect("scrape");

@@ -13,7 +13,7 @@
 //! - `kernel/`: shared state, the registry of live runs, the actors' inbox, run cells, the
 //!   busy count, the activity tracker, the alarm window.
 //! - base: [`clock`] (the only source of time), [`limits`], `config`, `error`, `json`,
-//!   `metrics`, [`rng`], `secret`, `events`, `hooks`.
+//!   `metrics`, [`rng`], `secret`, `events`, `hooks`, `types` (the run id, options, states).
 #![deny(missing_docs)]
 
 pub mod agent;
@@ -40,6 +40,7 @@ mod sleep;
 mod stash;
 mod storage;
 mod typed;
+mod types;
 
 pub use agent::Ctx;
 pub use agent::{Agent, AlarmEvent, ExhaustedAction, Recovered, RecoveryReason};
@@ -47,8 +48,8 @@ pub use alarm::{AlarmAt, AlarmSpec};
 pub use approval::{ApproveOutcome, PendingApproval};
 pub use config::{DurabilityMode, RuntimeConfig, parse_bytes, parse_range};
 pub use durafiber_store::tables::{
-    AlarmRecord, ApprovalRecord, DeadLetter, Decision, LedgerEntry, Receipt, RunOptions, RunRecord,
-    RunStatus, StashRecord,
+    AlarmRecord, ApprovalRecord, DeadLetter, Decision, LedgerEntry, Receipt, RunRecord, RunStatus,
+    StashRecord,
 };
 pub use error::{AgentError, LivenessViolation, RuntimeError};
 pub use event::SendOutcome;
@@ -61,3 +62,4 @@ pub use run::start::StartOutcome;
 pub use runtime::{ListFilter, RunInspection, RunPage, Runtime, RuntimeBuilder};
 pub use secret::{Secret, Secrets};
 pub use storage::{Storage, Transaction};
+pub use types::{RunId, RunOptions, RunState};

@@ -358,7 +358,7 @@ async fn bench_alarms(json: bool, alarms: usize, pending: usize, out: Option<&Pa
         starts.push(tokio::spawn(async move {
             let mut ids = Vec::new();
             for i in chunk * 500..((chunk + 1) * 500).min(runs_n) {
-                ids.push(rt.start::<Ticker>(&format!("ticker-{i}"), &()).await?.run_id);
+                ids.push(rt.start::<Ticker>(&format!("ticker-{i}"), &()).await?.run_id.into_string());
             }
             Ok::<_, durafiber_runtime::RuntimeError>(ids)
         }));

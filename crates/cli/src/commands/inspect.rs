@@ -51,9 +51,10 @@ pub async fn runs_list(target: &Target, filter: ListFilter) -> anyhow::Result<Va
     match source(target).await? {
         Source::Server(c) => {
             let mut q = vec![("limit", filter.limit.to_string())];
-            for (k, v) in [("state", &filter.state), ("kind", &filter.kind), ("after", &filter.after)] {
+            let state = filter.state.map(|s| s.name().to_string());
+            for (k, v) in [("state", state), ("kind", filter.kind), ("after", filter.after)] {
                 if let Some(v) = v {
-                    q.push((k, v.clone()));
+                    q.push((k, v));
                 }
             }
             c.get_query("/runs", &q).await

@@ -49,6 +49,7 @@ pub async fn run(command: Command) -> anyhow::Result<i32> {
         }
         Command::Bench { which } => bench::run(which).await,
         Command::Runs { action: RunsAction::List { state, kind, limit, after, target } } => {
+            let state = state.map(|s| s.parse()).transpose()?;
             print_json(&inspect::runs_list(&target, ListFilter { state, kind, after, limit }).await?)
         }
         Command::Runs { action: RunsAction::Show { run_id, target } } => {

@@ -14,7 +14,8 @@ use axum::{
     routing::{get, post, put},
 };
 use durafiber_runtime::{
-    AlarmAt, AlarmSpec, Decision, ListFilter, RunOptions, Runtime, RuntimeError, Secrets, canonical_json,
+    AlarmAt, AlarmSpec, Decision, DurabilityMode, ListFilter, RunOptions, RunState, Runtime, RuntimeError,
+    Secrets, canonical_json,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -128,13 +129,14 @@ async fn start(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> 
     let body: StartBody = parse(&body)?;
     let options = body.options.unwrap_or_default();
     let input = canonical_json(&body.input).map_err(bad_request)?;
+    let durability = options.durability.as_deref().map(DurabilityMode::parse).transpose()?;
     let out = app
         .runtime
         .start_json(
             &body.kind,
             &key,
             &input,
-            RunOptions { durability: options.durability, fiber_keep_alive: options.fiber_keep_alive },
+            RunOptions { durability, fiber_keep_alive: options.fiber_keep_alive },
         )
         .await?;
     let status = if out.accepted { StatusCode::CREATED } else { StatusCode::OK };
@@ -152,7 +154,7 @@ async fn list(State(app): State<AppState>, Query(q): Params) -> ApiResult {
         }
     };
     let filter = ListFilter {
-        state: q.get("state").cloned(),
+        state: q.get("state").map(|s| s.parse::<RunState>()).transpose()?,
         kind: q.get("kind").cloned(),
         after: q.get("after").cloned(),
         limit,

@@ -6,19 +6,25 @@
 
 use std::sync::Arc;
 
-use durafiber_store::tables::{self, RunOptions, RunRecord, RunStatus};
+use durafiber_store::tables::{self, RunRecord, RunStatus};
 use serde::Serialize;
 
 use crate::{
-    error::RuntimeError, json, kernel::cell::stripe, kernel::shared::Shared, limits, metrics::Metrics,
+    error::RuntimeError,
+    json,
+    kernel::cell::stripe,
+    kernel::shared::Shared,
+    limits,
+    metrics::Metrics,
     rng::unguessable_hex,
+    types::{RunId, RunOptions},
 };
 
 /// What `start` returns: the run's handle and whether this call created it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StartOutcome {
     /// The run's id: the handle to keep.
-    pub run_id: String,
+    pub run_id: RunId,
     /// True when this call accepted the run; false when the key was already known.
     pub accepted: bool,
     /// The run's current state.
@@ -53,9 +59,6 @@ pub(crate) async fn start(
     agent
         .check_input(input_json)
         .map_err(|e| RuntimeError::InvalidInput(format!("input for {kind}: {e}")))?;
-    if let Some(mode) = &options.durability {
-        crate::config::DurabilityMode::parse(mode)?;
-    }
     let input: serde_json::Value = json::parse(input_json).map_err(RuntimeError::InvalidInput)?;
     let (input_json, input_hash) = json::canonical_with_hash(&input).map_err(RuntimeError::InvalidInput)?;
     let key_record = tables::RUN_KEYS.key(&[kind.as_bytes(), key.as_bytes()]);
@@ -67,7 +70,7 @@ pub(crate) async fn start(
             return Err(RuntimeError::KeyConflict { key: key.to_string(), run_id });
         }
         tracing::info!(run_id, key, "duplicate start returns the existing handle");
-        return Ok(StartOutcome { run_id, accepted: false, status: run.status });
+        return Ok(StartOutcome { run_id: RunId::new(run_id), accepted: false, status: run.status });
     }
     // A new run is new work: refused while the disk is below its reserve (§ store faults).
     shared.store.check_room()?;
@@ -86,7 +89,7 @@ pub(crate) async fn start(
         next_recover_at_ms: 0,
         wake_reason: None,
         cancel_reason: None,
-        options,
+        options: options.stored(),
     };
     let mut batch = durafiber_store::Batch::new();
     batch.put(tables::RUN_KEYS, key_record, &run.run_id)?;
@@ -94,5 +97,5 @@ pub(crate) async fn start(
     drop(_guard);
     Metrics::bump(&shared.metrics.starts);
     shared.event(&run.run_id, "accepted", format!("kind {kind}, key {key}"));
-    Ok(StartOutcome { run_id: run.run_id, accepted: true, status: RunStatus::Accepted })
+    Ok(StartOutcome { run_id: RunId::new(run.run_id), accepted: true, status: RunStatus::Accepted })
 }

@@ -13,10 +13,7 @@ use std::{
     time::Duration,
 };
 
-use durafiber_store::{
-    Store,
-    tables::{RunOptions, RunStatus},
-};
+use durafiber_store::{Store, tables::RunStatus};
 
 use crate::{
     agent::Agent,
@@ -38,6 +35,7 @@ use crate::{
     run::start::{self, StartOutcome},
     secret::Secrets,
     typed::Typed,
+    types::RunOptions,
 };
 
 /// Sets up a runtime: its store, clock, configuration, secrets and agent kinds.
@@ -185,8 +183,28 @@ impl Runtime {
     /// Starts a run of agent `A` (§2): durable before anything runs; the same key and input
     /// return the same handle; the same key with another input is `KeyConflict`.
     pub async fn start<A: Agent>(&self, key: &str, input: &A::Input) -> Result<StartOutcome, RuntimeError> {
+        self.start_with::<A>(key, input, RunOptions::default()).await
+    }
+
+    /// `start` with per-run options: its durability mode, whether its fiber holds a
+    /// keep-alive.
+    ///
+    /// ```no_run
+    /// # use durafiber_runtime::{Agent, DurabilityMode, RunOptions, Runtime, RuntimeError};
+    /// # async fn example<A: Agent>(rt: &Runtime, input: &A::Input) -> Result<(), RuntimeError> {
+    /// let options = RunOptions { durability: Some(DurabilityMode::Async), ..RunOptions::default() };
+    /// let run = rt.start_with::<A>("order-17", input, options).await?;
+    /// rt.wait(&run.run_id).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn start_with<A: Agent>(
+        &self,
+        key: &str,
+        input: &A::Input,
+        options: RunOptions,
+    ) -> Result<StartOutcome, RuntimeError> {
         let input_json = json::canonical(input).map_err(RuntimeError::InvalidInput)?;
-        self.start_json(A::KIND, key, &input_json, RunOptions::default()).await
+        self.start_json(A::KIND, key, &input_json, options).await
     }
 
     /// `start` with an untyped kind and JSON input, and per-run options.

@@ -7,7 +7,7 @@ use durafiber_store::{
 use serde::{Serialize, de::DeserializeOwned};
 
 use super::handle::Runtime;
-use crate::{alarm, approval, approval::PendingApproval, error::RuntimeError, json, limits};
+use crate::{alarm, approval, approval::PendingApproval, error::RuntimeError, json, limits, types::RunState};
 
 /// Everything stored about a run, for inspection. Secrets are pointers by construction.
 #[derive(Debug, Clone, Serialize)]
@@ -29,8 +29,8 @@ pub struct RunInspection {
 /// Which runs `list` returns.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
-    /// Only runs in this state (`running`, `completed`, ...).
-    pub state: Option<String>,
+    /// Only runs in this state.
+    pub state: Option<RunState>,
     /// Only runs of this kind.
     pub kind: Option<String>,
     /// Start after this run id (the previous page's `next`).
@@ -127,7 +127,7 @@ impl Runtime {
                         continue;
                     }
                 };
-                let state_ok = filter.state.as_deref().is_none_or(|s| s == run.status.name());
+                let state_ok = filter.state.is_none_or(|s| s == RunState::of(&run.status));
                 let kind_ok = filter.kind.as_deref().is_none_or(|k| k == run.kind);
                 if state_ok && kind_ok {
                     runs.push(run);
