@@ -38,8 +38,10 @@ impl Agent for Payout {
         self.run_fiber(ctx, r.input).await
     }
 
-    async fn on_escalate(&self, _: &str, reason: &str) {
-        if reason == "approval_timeout" {
+    async fn on_escalate(&self, ctx: &mut Ctx<Self>, reason: &str) {
+        // The hook reaches the run: what it stores is there after the escalation.
+        let noted = ctx.storage().put("escalated_because", &reason.to_string()).await;
+        if reason == "approval_timeout" && noted.is_ok() {
             self.escalated.store(true, Ordering::SeqCst);
         }
     }
@@ -128,6 +130,8 @@ async fn silence_for_escalate_after_escalates_and_a_late_decision_is_not_pending
     rt.advance(Duration::from_secs(1)).await.expect("advance");
     assert_eq!(rt.status(&run).expect("status"), RunStatus::Escalated { reason: "approval_timeout".into() });
     assert!(escalated.load(Ordering::SeqCst), "on_escalate ran");
+    let noted = rt.storage_list(&run, "", None, 10).expect("storage");
+    assert_eq!(noted, vec![("escalated_because".to_string(), "\"approval_timeout\"".to_string())]);
     let hash = rt.inspect(&run).expect("inspect").approvals[0].payload_hash.clone();
     assert!(matches!(rt.approve(&run, "payout", &hash, yes()).await, Err(RuntimeError::NotPending { .. })));
     assert_eq!(

@@ -94,6 +94,8 @@ impl Agent for Life {
             ctx.now_ms(),
             alarm.retry_count
         ));
+        let own = ctx.alarms()?.iter().filter(|a| a.system.is_none()).count();
+        self.note(format!("delivery {} {} own alarms {own}", alarm.name, alarm.delivery_id));
         match alarm.name.as_str() {
             "panics" => panic!("handler bug"),
             "hangs" => std::future::pending().await,
@@ -263,6 +265,8 @@ async fn absolute_alarms_fire_at_their_time_in_due_order_and_activate_sleeping_r
     let expected: Vec<String> =
         dues[1..].iter().map(|(run, at)| format!("alarm {run} wake at {at} retry 0")).collect();
     assert_eq!(delivered, expected, "due order, at the exact times; the cancelled run's alarm went with it");
+    let ids: std::collections::BTreeSet<String> = lines(&log, "delivery").into_iter().collect();
+    assert_eq!(ids.len(), 3, "each run's occurrence has its own delivery id: {ids:?}");
 }
 
 /// §8.4: a panicking handler is a failed attempt, retried like an error.
@@ -279,6 +283,10 @@ async fn a_panicking_handler_counts_as_a_failed_attempt() {
     assert!(attempts[1].ends_with("retry 1"));
     assert_eq!(rt.alarms(&run).expect("alarms")[0].attempts_started, 2);
     assert_eq!(rt.metrics().alarm_retries, 2);
+    let deliveries = lines(&log, "delivery");
+    assert_eq!(deliveries.len(), 2);
+    assert_eq!(deliveries[0], deliveries[1], "a retry keeps the occurrence's delivery id");
+    assert!(deliveries[0].starts_with("delivery panics dlv_") && deliveries[0].ends_with("own alarms 1"));
 }
 
 /// §8.4: a handler past `alarm_wall_limit` has failed and is retried. On the system clock,

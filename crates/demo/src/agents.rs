@@ -396,7 +396,7 @@ impl Agent for Order {
     /// itself, so an abandoned alarm is no reason to escalate.
     fn on_alarm_exhausted(
         &self,
-        _run_id: &str,
+        _ctx: &Ctx<Self>,
         _alarm: &durafiber_runtime::AlarmEvent,
     ) -> durafiber_runtime::ExhaustedAction {
         durafiber_runtime::ExhaustedAction::Ignore

@@ -159,7 +159,7 @@ impl Agent for Flaky {
         }
     }
 
-    fn on_alarm_exhausted(&self, _: &str, _: &AlarmEvent) -> ExhaustedAction {
+    fn on_alarm_exhausted(&self, _: &Ctx<Self>, _: &AlarmEvent) -> ExhaustedAction {
         self.exhausted.store(true, Ordering::SeqCst);
         ExhaustedAction::Escalate
     }

@@ -6,7 +6,7 @@
 
 use std::{future::Future, marker::PhantomData, time::Duration};
 
-use durafiber_store::tables::Decision;
+use durafiber_store::tables::{AlarmRecord, Decision};
 use serde::{Serialize, de::DeserializeOwned};
 
 pub use crate::hooks::{AlarmEvent, ExhaustedAction, RecoveryReason};
@@ -121,15 +121,18 @@ pub trait Agent: Send + Sync + Sized + 'static {
         async { Ok(()) }
     }
 
-    /// Decides what an abandoned alarm does to the run. Default: escalate.
-    fn on_alarm_exhausted(&self, run_id: &str, alarm: &AlarmEvent) -> ExhaustedAction {
-        let _ = (run_id, alarm);
+    /// Decides what an abandoned alarm does to the run. Default: escalate. `ctx` reads the
+    /// run (its id, storage, alarms) to decide.
+    fn on_alarm_exhausted(&self, ctx: &Ctx<Self>, alarm: &AlarmEvent) -> ExhaustedAction {
+        let _ = (ctx, alarm);
         ExhaustedAction::Escalate
     }
 
-    /// Runs once when the run enters `Escalated` (approval timeout, exhausted alarm, ...).
-    fn on_escalate(&self, run_id: &str, reason: &str) -> impl Future<Output = ()> + Send {
-        let _ = (run_id, reason);
+    /// Runs once when the run enters `Escalated` (approval timeout, exhausted alarm, ...),
+    /// outside the fiber: tell a human through `ctx.effect`, whose idempotency key keeps the
+    /// notice single however often the hook is re-entered, or note it in `ctx.storage()`.
+    fn on_escalate(&self, ctx: &mut Ctx<Self>, reason: &str) -> impl Future<Output = ()> + Send {
+        let _ = (ctx, reason);
         async {}
     }
 
@@ -260,6 +263,13 @@ impl<A: Agent> Ctx<A> {
     /// Cancels the run's alarm called `name`; true when there was one.
     pub async fn cancel_alarm(&self, name: &str) -> Result<bool, AgentError> {
         alarm::cancel(&self.raw.shared, &self.raw.cell.run_id, name).await.map_err(AgentError::from)
+    }
+
+    /// The run's pending alarms, in due order. The runtime's own (an approval's escalation,
+    /// a durable sleep's wake, an event wait's timeout) are among them, marked by
+    /// `AlarmRecord::system`; only the others are the agent's to cancel.
+    pub fn alarms(&self) -> Result<Vec<AlarmRecord>, AgentError> {
+        alarm::list(&self.raw.shared, &self.raw.cell.run_id).map_err(AgentError::from)
     }
 
     /// Keeps the run from hibernation and eviction while the guard lives.

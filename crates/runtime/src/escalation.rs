@@ -16,7 +16,7 @@ use crate::{
 pub(crate) async fn after_escalation(shared: &Arc<Shared>, kind: &str, run_id: &str, reason: &str) {
     Metrics::bump(&shared.metrics.escalations);
     if let Ok(agent) = shared.agent(kind) {
-        agent.on_escalate(run_id.to_string(), reason.to_string()).await;
+        agent.on_escalate(shared.hook_ctx(run_id, kind), reason.to_string()).await;
     }
 }
 

@@ -31,9 +31,20 @@ pub struct AlarmEvent {
     pub retry_count: u32,
     /// `retry_count > 0`.
     pub is_retry: bool,
+    /// The same for every delivery of this occurrence — its retries, and a re-delivery after
+    /// a crash — and different for the next one (a periodic alarm's next period, the alarm
+    /// set again): an idempotency key for what the handler does outside.
+    pub delivery_id: String,
 }
 
 impl AlarmEvent {
+    /// The delivery id of the occurrence of alarm `name` of `run_id` scheduled for
+    /// `scheduled_ms` by set number `generation`.
+    pub(crate) fn delivery_id(run_id: &str, name: &str, scheduled_ms: u64, generation: u64) -> String {
+        let occurrence = format!("{run_id}\0{name}\0{scheduled_ms}\0{generation}");
+        format!("dlv_{}", &json::sha256_hex(occurrence.as_bytes())[..32])
+    }
+
     /// The payload, typed.
     pub fn payload<T: DeserializeOwned>(&self) -> Result<T, AgentError> {
         json::parse(&self.payload_json).map_err(AgentError::Serialization)

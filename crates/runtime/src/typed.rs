@@ -94,12 +94,12 @@ impl<A: Agent> ErasedAgent for Typed<A> {
         })
     }
 
-    fn on_alarm_exhausted(&self, run_id: &str, alarm: &AlarmEvent) -> ExhaustedAction {
-        self.0.on_alarm_exhausted(run_id, alarm)
+    fn on_alarm_exhausted(&self, raw: RawCtx, alarm: &AlarmEvent) -> ExhaustedAction {
+        self.0.on_alarm_exhausted(&Ctx::<A>::new(raw), alarm)
     }
 
-    fn on_escalate(&self, run_id: String, reason: String) -> BoxFuture<()> {
+    fn on_escalate(&self, raw: RawCtx, reason: String) -> BoxFuture<()> {
         let agent = self.0.clone();
-        Box::pin(async move { agent.on_escalate(&run_id, &reason).await })
+        Box::pin(async move { agent.on_escalate(&mut Ctx::<A>::new(raw), &reason).await })
     }
 }

@@ -47,6 +47,34 @@ pub(crate) enum ApprovalOutcome {
 }
 
 impl RunCell {
+    /// A cell with nothing waiting and no fiber.
+    pub fn new(
+        run_id: &str,
+        kind: &str,
+        durability: DurabilityMode,
+        fiber_keep_alive: bool,
+        attempt: u32,
+        seq: u64,
+        cancel_reason: Option<String>,
+    ) -> Self {
+        RunCell {
+            run_id: run_id.to_string(),
+            kind: kind.to_string(),
+            durability,
+            fiber_keep_alive,
+            attempt: std::sync::atomic::AtomicU32::new(attempt),
+            seq: AtomicU64::new(seq),
+            cancel: watch::Sender::new(cancel_reason),
+            approval_waiter: Mutex::new(None),
+            event_waiter: Mutex::new(None),
+            fiber: Mutex::new(None),
+            recovering: std::sync::atomic::AtomicBool::new(false),
+            evicted: std::sync::atomic::AtomicBool::new(false),
+            pending_exit: Mutex::new(None),
+            storage_keys: tokio::sync::Mutex::new(None),
+        }
+    }
+
     pub fn fiber_running(&self) -> bool {
         self.fiber.lock().as_ref().is_some_and(|h| !h.is_finished())
     }

@@ -302,6 +302,25 @@ impl Shared {
         Ok((ids, next))
     }
 
+    /// The context of a hook that runs outside the fiber (`on_escalate`,
+    /// `on_alarm_exhausted`): the live run's cell, or, for a run with no live actor — an
+    /// escalated run is finished and is not activated again for its hook — a cell of its own.
+    pub fn hook_ctx(self: &Arc<Self>, run_id: &str, kind: &str) -> RawCtx {
+        let cell = match self.registry.get(run_id) {
+            Some(live) => live.cell,
+            None => Arc::new(RunCell::new(
+                run_id,
+                kind,
+                self.config.durability,
+                self.config.fiber_keep_alive,
+                0,
+                0,
+                None,
+            )),
+        };
+        RawCtx::new(self.clone(), cell, 0)
+    }
+
     pub fn next_seq(&self, cell: &RunCell) -> u64 {
         cell.seq.fetch_add(1, Ordering::SeqCst) + 1
     }
@@ -345,6 +364,6 @@ pub(crate) trait ErasedAgent: Send + Sync + 'static {
     fn on_alarm(&self, ctx: RawCtx, alarm: AlarmEvent) -> BoxFuture<Result<(), AgentError>>;
     fn on_message(&self, ctx: RawCtx, message_json: String) -> BoxFuture<Result<(), AgentError>>;
     fn on_request(&self, ctx: RawCtx, message_json: String) -> BoxFuture<Result<String, AgentError>>;
-    fn on_alarm_exhausted(&self, run_id: &str, alarm: &AlarmEvent) -> ExhaustedAction;
-    fn on_escalate(&self, run_id: String, reason: String) -> BoxFuture<()>;
+    fn on_alarm_exhausted(&self, ctx: RawCtx, alarm: &AlarmEvent) -> ExhaustedAction;
+    fn on_escalate(&self, ctx: RawCtx, reason: String) -> BoxFuture<()>;
 }

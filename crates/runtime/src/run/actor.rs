@@ -12,18 +12,10 @@
 //! that task. Before: `start`, an alarm, a decision, an event or a recovery asks for a run.
 //! After: `fiber.rs`, `alarm_delivery.rs`.
 
-use parking_lot::Mutex;
-use std::{
-    panic::AssertUnwindSafe,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU32, AtomicU64},
-    },
-};
+use std::{panic::AssertUnwindSafe, sync::Arc};
 
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::{
@@ -68,22 +60,15 @@ async fn live_or_spawn(
         None => shared.config.durability,
     };
     let seq = stash.as_ref().ok().and_then(|s| s.as_ref()).map(|s| s.seq).unwrap_or(0);
-    let cell = Arc::new(RunCell {
-        run_id: run_id.to_string(),
-        kind: run.kind.clone(),
+    let cell = Arc::new(RunCell::new(
+        run_id,
+        &run.kind,
         durability,
-        fiber_keep_alive: run.options.fiber_keep_alive.unwrap_or(shared.config.fiber_keep_alive),
-        attempt: AtomicU32::new(run.attempt),
-        seq: AtomicU64::new(seq),
-        cancel: watch::Sender::new(run.cancel_reason.clone()),
-        approval_waiter: Mutex::new(None),
-        event_waiter: Mutex::new(None),
-        fiber: Mutex::new(None),
-        recovering: AtomicBool::new(false),
-        evicted: AtomicBool::new(false),
-        pending_exit: Mutex::new(None),
-        storage_keys: tokio::sync::Mutex::new(None),
-    });
+        run.options.fiber_keep_alive.unwrap_or(shared.config.fiber_keep_alive),
+        run.attempt,
+        seq,
+        run.cancel_reason.clone(),
+    ));
     let stream = {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();

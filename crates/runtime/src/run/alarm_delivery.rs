@@ -143,6 +143,7 @@ async fn deliver(
         scheduled_time_ms: alarm.scheduled_at_ms,
         retry_count: attempt - 1,
         is_retry: attempt > 1,
+        delivery_id: AlarmEvent::delivery_id(run_id, name, alarm.scheduled_at_ms, alarm.generation),
     };
     shared.event(run_id, "alarm_attempt", format!("{name} attempt {attempt}"));
     shared.liveness.activity(run_id, now);
@@ -229,6 +230,12 @@ async fn dead_letter(
         scheduled_time_ms: alarm.scheduled_at_ms,
         retry_count: alarm.attempts_started.saturating_sub(1),
         is_retry: true,
+        delivery_id: AlarmEvent::delivery_id(
+            &alarm.run_id,
+            &alarm.name,
+            alarm.scheduled_at_ms,
+            alarm.generation,
+        ),
     };
     let run_id = alarm.run_id.clone();
     batch.put(
@@ -241,7 +248,7 @@ async fn dead_letter(
     shared.event(&run_id, "alarm_dead_lettered", format!("{}: {last_error}", event.name));
     let action = shared
         .agent(kind)
-        .map(|a| a.on_alarm_exhausted(&run_id, &event))
+        .map(|a| a.on_alarm_exhausted(shared.hook_ctx(&run_id, kind), &event))
         .unwrap_or(ExhaustedAction::Escalate);
     if action == ExhaustedAction::Escalate {
         escalation::escalate(shared, &run_id, &format!("alarm_exhausted:{}", event.name), Batch::new())
