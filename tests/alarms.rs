@@ -8,6 +8,7 @@ use std::{
     time::Duration,
 };
 
+use durafiber_runtime::testing::RuntimeTestExt;
 use durafiber_runtime::{
     Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered, Runtime, clock::VirtualClock, limits,
 };

@@ -15,6 +15,7 @@ use std::{
     time::Duration,
 };
 
+use durafiber_runtime::testing::BuilderTestExt;
 use durafiber_runtime::{
     CrashHook, Decision, RunStatus, Runtime, RuntimeConfig, clock::VirtualClock, payload_hash,
 };

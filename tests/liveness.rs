@@ -14,6 +14,7 @@ use std::{
     time::Duration,
 };
 
+use durafiber_runtime::testing::RuntimeTestExt;
 use durafiber_runtime::{
     Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered, RunOptions, RunStatus, Runtime, RuntimeConfig,
     RuntimeError, clock::VirtualClock,

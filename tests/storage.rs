@@ -14,6 +14,7 @@ use std::{
     time::Duration,
 };
 
+use durafiber_runtime::testing::BuilderTestExt;
 use durafiber_runtime::{
     Agent, AgentError, CrashHook, Ctx, Recovered, RunStatus, Runtime, RuntimeConfig, RuntimeError,
     clock::VirtualClock,

@@ -82,6 +82,10 @@ async fn every_endpoint_answers_and_every_refusal_is_a_json_error() {
     assert_eq!((s, page["runs"].as_array().map(Vec::len)), (200, Some(1)));
     let (s, shown) = send(http.get(server.url(&format!("/runs/{run_id}")))).await;
     assert_eq!((s, shown["run"]["run_id"].as_str()), (200, Some(run_id.as_str())));
+    // Stored JSON is embedded as JSON, not as strings holding JSON.
+    assert!(shown["run"]["input"].is_object() && shown["run"].get("input_json").is_none(), "{shown}");
+    let payload = &shown["approvals"][0]["payload"];
+    assert!(payload.is_object() || payload.is_array() || payload.is_number(), "{shown}");
 
     let steps = json!({"kind": "steps", "input": {"steps": 100000, "pause_ms": 1000}});
     let (_, long) = send(post("/runs").header("Idempotency-Key", "long").body(steps.to_string())).await;

@@ -59,7 +59,7 @@ pub use json::{HASH_V2_PREFIX, canonical as canonical_json, hash_matches, payloa
 pub use kernel::shared::CrashHook;
 pub use metrics::{HistogramSummary, MetricsSnapshot};
 pub use run::start::StartOutcome;
-pub use runtime::{ListFilter, RunInspection, RunPage, Runtime, RuntimeBuilder};
+pub use runtime::{ListFilter, RunInspection, RunPage, Runtime, RuntimeBuilder, testing};
 pub use secret::{Secret, Secrets};
 pub use storage::{Storage, Transaction};
 pub use types::{RunId, RunOptions, RunState};

@@ -22,6 +22,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use durafiber_demo::agents::{Steps, StepsInput};
+use durafiber_runtime::testing::RuntimeTestExt;
 use durafiber_runtime::{Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered, Runtime, RuntimeConfig};
 use durafiber_store::{Batch, Durability, Store, StoreConfig, tables::Table};
 use serde_json::{Value, json};

@@ -8,6 +8,7 @@
 use std::{io::Write, net::SocketAddr, path::Path, sync::Arc};
 
 use anyhow::Context as _;
+use durafiber_runtime::testing::BuilderTestExt;
 use durafiber_runtime::{CrashHook, Runtime, RuntimeConfig, Secrets, limits};
 use durafiber_store::Store;
 

@@ -46,7 +46,7 @@ pub struct RuntimeBuilder {
     config: RuntimeConfig,
     kinds: HashMap<String, Arc<dyn ErasedAgent>>,
     secrets: Secrets,
-    crash_hook: Option<CrashHook>,
+    pub(super) crash_hook: Option<CrashHook>,
     passive: bool,
 }
 
@@ -80,12 +80,6 @@ impl RuntimeBuilder {
     /// Where `Secret` pointers are resolved.
     pub fn secrets(mut self, secrets: Secrets) -> Self {
         self.secrets = secrets;
-        self
-    }
-
-    /// Called at every named crash point; see [`CrashHook`].
-    pub fn crash_hook(mut self, hook: CrashHook) -> Self {
-        self.crash_hook = Some(hook);
         self
     }
 
@@ -260,11 +254,6 @@ impl Runtime {
         self.shared.events.snapshot()
     }
 
-    /// Alarms the scheduler holds in memory (bounded whatever the number pending).
-    pub fn alarm_window_len(&self) -> usize {
-        self.shared.scheduler.window_len()
-    }
-
     /// Waits until the runtime is quiet: the work the supervisor and scheduler started is
     /// done, and every fiber is parked (on the clock, a human, or cancellation) or finished.
     /// On a virtual clock, a fiber must wait only through its `Ctx`, or this waits for it.
@@ -356,10 +345,5 @@ impl Runtime {
         }
         let _ = self.shared.store.barrier().await;
         self.shared.closed.store(true, Ordering::SeqCst);
-    }
-
-    /// Runs re-activated at open, for recovery benchmarks: the time since open, µs.
-    pub fn since_open_us(&self) -> u64 {
-        self.shared.opened.elapsed_us()
     }
 }

@@ -10,7 +10,11 @@ use super::handle::Runtime;
 use crate::{alarm, approval, approval::PendingApproval, error::RuntimeError, json, limits, types::RunState};
 
 /// Everything stored about a run, for inspection. Secrets are pointers by construction.
-#[derive(Debug, Clone, Serialize)]
+///
+/// Serialized, every stored JSON text is embedded as JSON under the field's name without
+/// `_json`: the run's `input`, a completed run's `output`, the stash's `stash`, each
+/// receipt's `receipt`, each payload's `payload` — objects to read, not strings holding JSON.
+#[derive(Debug, Clone)]
 pub struct RunInspection {
     /// The run record.
     pub run: RunRecord,
@@ -24,6 +28,37 @@ pub struct RunInspection {
     pub approvals: Vec<ApprovalRecord>,
     /// Its abandoned alarms.
     pub dead_letters: Vec<DeadLetter>,
+}
+
+impl Serialize for RunInspection {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let fields = serde_json::json!({
+            "run": self.run, "stash": self.stash, "ledger": self.ledger, "alarms": self.alarms,
+            "approvals": self.approvals, "dead_letters": self.dead_letters,
+        });
+        embed_json_texts(fields).serialize(serializer)
+    }
+}
+
+/// Replaces each `<name>_json` field holding JSON text with `<name>` holding that JSON.
+/// What is embedded is user data and is left as it is, whatever its own keys are called.
+fn embed_json_texts(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(key, field)| match (key.strip_suffix("_json"), &field) {
+                    (Some(name), Value::String(text)) => match serde_json::from_str::<Value>(text) {
+                        Ok(embedded) => (name.to_string(), embedded),
+                        Err(_) => (key, field),
+                    },
+                    _ => (key, embed_json_texts(field)),
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(embed_json_texts).collect()),
+        other => other,
+    }
 }
 
 /// Which runs `list` returns.

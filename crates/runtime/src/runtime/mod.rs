@@ -5,11 +5,13 @@
 //! a driver task (`run/driver.rs`) wakes at the next deadline (hibernation, eviction,
 //! heartbeat, recovery backoff, alarm); on a virtual clock, `advance` walks the same
 //! deadlines in order. The handle's methods are split by what they do: `handle` (open, start,
-//! time, shutdown), `inspect` (reading runs), `inbound` (what reaches a run from outside).
+//! time, shutdown), `inspect` (reading runs), `inbound` (what reaches a run from outside),
+//! `testing` (crash hooks and internal views, as extension traits).
 
 mod handle;
 mod inbound;
 mod inspect;
+pub mod testing;
 
 pub use handle::{Runtime, RuntimeBuilder};
 pub use inspect::{ListFilter, RunInspection, RunPage};

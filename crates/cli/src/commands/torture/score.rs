@@ -49,11 +49,7 @@ pub(super) fn score(h: &Harness, finished: &Finished, report: &mut TortureReport
         }
         report.duplicate_effects += per_order.values().map(|n| n.saturating_sub(1)).sum::<usize>();
         for run in finished.runs.values() {
-            let order = run["run"]["input_json"]
-                .as_str()
-                .and_then(|i| serde_json::from_str::<Value>(i).ok())
-                .and_then(|i| i["order_id"].as_str().map(str::to_string))
-                .unwrap_or_default();
+            let order = run["run"]["input"]["order_id"].as_str().map(str::to_string).unwrap_or_default();
             if run["run"]["status"].get("completed").is_some() && !per_order.contains_key(&order) {
                 report.missing_effects += 1;
             }
@@ -75,10 +71,7 @@ pub(super) fn score(h: &Harness, finished: &Finished, report: &mut TortureReport
             continue;
         }
         let run_id = run["run"]["run_id"].as_str().unwrap_or_default();
-        let input: Value = run["run"]["input_json"]
-            .as_str()
-            .and_then(|i| serde_json::from_str(i).ok())
-            .unwrap_or(Value::Null);
+        let input = run["run"]["input"].clone();
         if !storage_as_told(run, &input, finished.storage.get(run_id), &charges) {
             report.storage_mismatches += 1;
         }
