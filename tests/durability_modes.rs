@@ -113,3 +113,33 @@ async fn fifty_runs_stashing_at_once_share_barriers() {
     assert!(barriers * 2 < boundaries, "{barriers} barriers for {boundaries} boundaries: no group commit");
     rt.shutdown().await;
 }
+
+/// The runtime's `flush_every` holds for a store its user opened with another setting: an
+/// async write is covered by a barrier within the runtime's window, not the store's hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runtimes_flush_every_holds_for_a_store_opened_with_another() {
+    use durafiber_store::{Batch, Durability, tables};
+    let sim = SimBackend::new();
+    let hour = StoreConfig { flush_every: Duration::from_secs(3600), ..StoreConfig::default() };
+    let store = Store::with_backend(Arc::new(sim.clone()), hour).expect("store");
+    let config = RuntimeConfig { flush_every: Duration::from_millis(5), ..RuntimeConfig::default() };
+    let rt =
+        Runtime::builder(store.clone()).config(config).agent(Steps::default()).open().await.expect("open");
+    let barriers = || store.writer_stats().barriers.load(std::sync::atomic::Ordering::SeqCst);
+    let before = barriers();
+    let mut batch = Batch::new();
+    batch.put(tables::STORAGE, tables::STORAGE.key(&[b"run_x", b"k"]), &"v".to_string()).expect("put");
+    store.commit(batch, Durability::Async).await.expect("async write");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while barriers() == before {
+        assert!(std::time::Instant::now() < deadline, "no barrier within 10 s: flush_every not applied");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    sim.crash();
+    rt.shutdown().await;
+    sim.revive();
+    let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("reopen");
+    let survived: Option<String> =
+        store.get(tables::STORAGE, &tables::STORAGE.key(&[b"run_x", b"k"])).expect("read");
+    assert_eq!(survived.as_deref(), Some("v"), "covered by the barrier before the crash");
+}

@@ -59,11 +59,9 @@ pub(crate) enum Cmd {
     },
 }
 
-/// Settings of the writer thread.
+/// Settings of the writer thread (`flush_every` lives in [`Health`], where it can change).
 #[derive(Debug, Clone, Copy)]
 pub struct WriterConfig {
-    /// Upper bound on how long an `Async` batch stays uncovered.
-    pub flush_every: Duration,
     /// Most batches gathered into one group.
     pub group_batches_max: usize,
     /// Below this many free bytes the writer parks until space returns.
@@ -94,14 +92,19 @@ pub(crate) struct Health {
     pub applied: AtomicU64,
     /// Groups covered by a completed barrier.
     pub durable: watch::Sender<u64>,
+    /// Upper bound on how long an `Async` batch stays uncovered, µs: set at open and
+    /// changeable later (`Store::set_flush_every`), so the runtime's setting applies to a
+    /// store its user opened.
+    pub flush_every_us: AtomicU64,
     /// When the engine call in progress started, ms since `epoch`; 0 when idle.
     working_since_ms: AtomicU64,
     epoch: Instant,
 }
 
 impl Health {
-    pub fn new() -> Self {
+    pub fn new(flush_every: Duration) -> Self {
         Health {
+            flush_every_us: AtomicU64::new(u64::try_from(flush_every.as_micros()).unwrap_or(u64::MAX)),
             failed: watch::Sender::new(None),
             closing: AtomicBool::new(false),
             parked: AtomicBool::new(false),
@@ -370,7 +373,9 @@ fn writer_loop(
             for ack in group.async_acks.drain(..) {
                 let _ = ack.send(Ok(()));
             }
-            flush_due.get_or_insert_with(|| Instant::now() + config.flush_every);
+            let flush_every =
+                Duration::from_micros(health.flush_every_us.load(std::sync::atomic::Ordering::Relaxed));
+            flush_due.get_or_insert_with(|| Instant::now() + flush_every);
         }
         group.answer_snapshots(backend);
         let flush_now = flush_due.is_some_and(|due| Instant::now() >= due);

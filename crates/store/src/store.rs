@@ -184,13 +184,12 @@ impl Store {
     /// A store over any backend.
     pub fn with_backend(backend: Arc<dyn Backend>, config: StoreConfig) -> Result<Store, StoreError> {
         let writer_config = WriterConfig {
-            flush_every: config.flush_every,
             group_batches_max: config.group_batches_max.max(1),
             disk_floor_bytes: config.disk_reserve_bytes / 4,
             barrier_timeout: config.barrier_timeout,
         };
         let stats = Arc::new(WriterStats::default());
-        let health = Arc::new(Health::new());
+        let health = Arc::new(Health::new(config.flush_every));
         let (tx, handle) = spawn_writer(backend.clone(), writer_config, stats.clone(), health.clone())?;
         Ok(Store {
             inner: Arc::new(Inner {
@@ -204,6 +203,13 @@ impl Store {
                 writer: Mutex::new(Some(handle)),
             }),
         })
+    }
+
+    /// Changes how long an `Async` write may stay uncovered by a barrier, from the next
+    /// async group on.
+    pub fn set_flush_every(&self, flush_every: Duration) {
+        let us = u64::try_from(flush_every.as_micros()).unwrap_or(u64::MAX);
+        self.inner.health.flush_every_us.store(us, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Batches applied and barriers run so far by this store's writer.

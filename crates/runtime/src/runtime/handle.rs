@@ -87,6 +87,8 @@ impl RuntimeBuilder {
     /// driver (system clock only).
     pub async fn open(self) -> Result<Runtime, RuntimeError> {
         self.config.validate()?;
+        // The runtime's setting holds whoever opened the store.
+        self.store.set_flush_every(self.config.flush_every);
         let seed = self.config.seed;
         let shared = Arc::new(Shared {
             reactivator: reactivate_boxed,
