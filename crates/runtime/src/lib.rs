@@ -2,11 +2,13 @@
 //! its last safe boundary, without a second side effect.
 //!
 //! # Module map, top layer first (each imports only its own layer and those below)
-//! - `runtime/`: the public [`Runtime`] (`handle`, `inspect`, `inbound`); `typed`: an
-//!   agent's typed hooks behind the kernel's erased interface.
-//! - `run/`: `start` (durable accept), `activate` (the only code that spawns an actor),
-//!   `actor`, `fiber` (registration and end), `recovery`, `alarm_delivery`, `driver` (the
-//!   loop that moves runs on time), `liveness` (the rule, checked).
+//! - `runtime/`: the public [`Runtime`] (`handle`, `inspect`, `inbound`), [`testing`]
+//!   (crash hooks and internal views as extension traits); `typed`: an agent's typed hooks
+//!   behind the kernel's erased interface.
+//! - `run/`: `start` (durable accept), `actor` (activation, the only code that spawns an
+//!   actor, and the actor), `fiber` (decision, registration and end), `recovery`,
+//!   `alarm_delivery`, `driver` (the loop that moves runs on time), `liveness` (the rule,
+//!   checked).
 //! - [`agent`]: the trait users implement and the [`Ctx`] its hooks are handed.
 //! - features: `approval`, `event`, `sleep`, `effect`, `stash`, `escalation`, `storage`,
 //!   `alarm/` (set and cancel), `eviction/` (hibernation, eviction, keep-alive).
