@@ -59,7 +59,8 @@ pub(crate) enum Cmd {
     },
 }
 
-/// Settings of the writer thread (`flush_every` lives in the writer's health, where `Store::set_flush_every` changes it).
+/// Settings of the writer thread. `flush_every` lives in the writer's health, where
+/// `Store::set_flush_every` changes it.
 #[derive(Debug, Clone, Copy)]
 pub struct WriterConfig {
     /// Most batches gathered into one group.
