@@ -31,20 +31,24 @@ use crate::{
     run::fiber,
 };
 
-/// The live run, activating it (a cold start) when it has none. A cold start reads the run
-/// once, under its lock, and from that read builds the cell and — unless the runtime is
-/// passive — decides and registers the fiber; the decision comes back for the actor.
+/// The live run, activating it (a cold start) when it has none; `true` for a cold start. A
+/// cold start reads the run once, under its lock, and from that read builds the cell and —
+/// unless the runtime is passive — decides and registers the fiber and sends the actor that
+/// decision. Only then does the run appear in the registry, so the decision is the first
+/// message the actor handles: no `Activate` of another caller can reach it before, see a
+/// registered run without a fiber, and take it for an interrupted one.
 async fn live_or_spawn(
     shared: &Arc<Shared>,
     run_id: &str,
-) -> Result<(LiveRun, Option<Activation>), RuntimeError> {
+    since: Stopwatch,
+) -> Result<(LiveRun, bool), RuntimeError> {
     let registry = &shared.registry;
     if let Some(run) = registry.get(run_id) {
-        return Ok((run, None));
+        return Ok((run, false));
     }
     let _one_at_a_time = registry.transition(run_id).await;
     if let Some(run) = registry.get(run_id) {
-        return Ok((run, None));
+        return Ok((run, false));
     }
     if shared.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(RuntimeError::ShuttingDown);
@@ -79,27 +83,24 @@ async fn live_or_spawn(
         .await
         .map_err(|e| RuntimeError::Agent(AgentError::Runtime(format!("spawn: {e}"))))?;
     let entry = LiveRun { actor, cell };
-    registry.insert(run_id, entry.clone());
     shared.liveness.activated(run_id, shared.now_ms(), stream);
-    let decided = match shared.passive {
-        true => None,
-        false => Some(fiber::decide(shared, &entry.cell, &mut locked, stash).await),
-    };
+    if !shared.passive {
+        let decided = fiber::decide(shared, &entry.cell, &mut locked, stash).await;
+        send_activate(shared, &entry, run_id, since, Some(decided));
+    }
     drop(locked);
+    registry.insert(run_id, entry.clone());
     Metrics::bump(&shared.metrics.activations);
     shared.metrics.cold_start.record_us(watch.elapsed_us());
     shared.event(run_id, "activated", format!("cold start {} µs", watch.elapsed_us()));
-    Ok((entry, decided))
+    Ok((entry, true))
 }
 
 /// Activates `run_id` (a cold start when it has no actor). A cold start also has the new
 /// actor start or recover the fiber, whatever event caused it: an alarm, a message, a
 /// decision or a keep-alive finds an interrupted run and re-enters it (§3.4).
 pub(crate) async fn activate(shared: &Arc<Shared>, run_id: &str) -> Result<LiveRun, RuntimeError> {
-    let (live, decided) = live_or_spawn(shared, run_id).await?;
-    if let Some(decided) = decided {
-        send_activate(shared, &live, run_id, Stopwatch::start(), Some(decided));
-    }
+    let (live, _cold) = live_or_spawn(shared, run_id, Stopwatch::start()).await?;
     Ok(live)
 }
 
@@ -126,10 +127,12 @@ pub(crate) async fn reactivate_since(shared: &Arc<Shared>, run_id: &str, since: 
     if shared.passive {
         return;
     }
-    match live_or_spawn(shared, run_id).await {
-        Ok((live, decided)) => {
+    match live_or_spawn(shared, run_id, since).await {
+        Ok((live, cold)) => {
             shared.liveness.activity(run_id, shared.now_ms());
-            send_activate(shared, &live, run_id, since, decided);
+            if !cold {
+                send_activate(shared, &live, run_id, since, None);
+            }
         }
         Err(RuntimeError::ShuttingDown | RuntimeError::UnknownRun { .. }) => {}
         Err(e) => {
