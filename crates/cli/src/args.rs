@@ -22,6 +22,17 @@ pub struct Target {
     /// The data directory, opened directly when no server answers.
     #[arg(long, env = "DURAFIBER_DATA")]
     pub data: Option<PathBuf>,
+    /// The API token for the server; without it, `DATA/admin.token` when readable.
+    #[arg(long, env = "DURAFIBER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+impl Target {
+    /// The token to present: the one given, else the admin token the server wrote into the
+    /// data directory, when this user can read it.
+    pub fn token(&self) -> Option<String> {
+        self.token.clone().or_else(|| self.data.as_deref().and_then(crate::auth::read_admin_token))
+    }
 }
 
 /// Every command.
@@ -38,6 +49,17 @@ pub enum Command {
         /// A JSON configuration file (durations as "10s", "72h").
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Another name clients may reach the server by (`host` or `host:port`), beyond the
+        /// listen address and localhost. Repeatable.
+        #[arg(long = "allowed-host")]
+        allowed_hosts: Vec<String>,
+        /// Serve `GET /metrics` without a token, for a Prometheus scraper.
+        #[arg(long)]
+        open_metrics: bool,
+        /// Listen off loopback over plain HTTP (tokens cross the network in clear text: only
+        /// behind a proxy that terminates TLS).
+        #[arg(long)]
+        insecure_plain_http: bool,
     },
     /// The kill-and-resume drill, end to end, with real processes.
     Drill {
@@ -89,6 +111,9 @@ pub enum Command {
         /// The data directory, when no server runs on it.
         #[arg(long)]
         data: Option<PathBuf>,
+        /// An admin token for the server; without it, `DATA/admin.token` when readable.
+        #[arg(long, env = "DURAFIBER_TOKEN", hide_env_values = true)]
+        token: Option<String>,
         /// The backup file to write.
         #[arg(long)]
         out: PathBuf,
@@ -118,6 +143,12 @@ pub enum Command {
         /// What to do.
         #[command(subcommand)]
         action: RunsAction,
+    },
+    /// API tokens: create, list, revoke (on a server, or a bare data directory).
+    Tokens {
+        /// What to do.
+        #[command(subcommand)]
+        action: TokensAction,
     },
     /// Pending approvals.
     Approvals {
@@ -314,6 +345,37 @@ pub enum RunsAction {
         /// The run's handle.
         run_id: String,
         /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+/// `tokens` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum TokensAction {
+    /// Creates a token and prints it (the only time it is shown).
+    Create {
+        /// `reader`, `reviewer`, `operator` or `admin`.
+        #[arg(long)]
+        role: String,
+        /// A unique name, shown in the audit trail.
+        #[arg(long)]
+        name: String,
+        /// Where the store is.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Every token's name, role and creation time.
+    List {
+        /// Where the store is.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Revokes a token at once.
+    Revoke {
+        /// The token's name.
+        name: String,
+        /// Where the store is.
         #[command(flatten)]
         target: Target,
     },

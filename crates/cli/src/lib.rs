@@ -8,5 +8,6 @@
 
 pub mod agents;
 pub mod args;
+pub mod auth;
 pub mod commands;
 pub mod http;

@@ -30,7 +30,7 @@ async fn inspection_works_on_a_server_and_on_a_bare_directory() {
     let addr = server.addr.to_string();
     let body = serde_json::json!({"kind": "refund", "input": {"order_id": "o9", "amount_cents": 9,
         "customer_email": "c@d.e", "upstream": upstream.url(), "api_key": null}});
-    let http = reqwest::Client::new();
+    let http = server.client();
     let started: Value = http
         .post(server.url("/runs"))
         .header("Idempotency-Key", "o9")
@@ -44,7 +44,7 @@ async fn inspection_works_on_a_server_and_on_a_bare_directory() {
     let run_id = started["run_id"].as_str().expect("id").to_string();
 
     let pending = loop {
-        let (code, out, _) = durafiber(&["approvals", "list", "--server", &addr]);
+        let (code, out, _) = durafiber(&["approvals", "list", "--server", &addr, "--data", &data]);
         assert_eq!(code, 0);
         let list = json(&out);
         if let Some(p) = list.as_array().and_then(|a| a.first()).cloned() {
@@ -52,9 +52,9 @@ async fn inspection_works_on_a_server_and_on_a_bare_directory() {
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     };
-    let (code, out, _) = durafiber(&["runs", "list", "--server", &addr]);
+    let (code, out, _) = durafiber(&["runs", "list", "--server", &addr, "--token", &server.token]);
     assert_eq!((code, json(&out)["runs"][0]["run_id"].as_str()), (0, Some(run_id.as_str())));
-    let (code, out, _) = durafiber(&["alarms", "list", &run_id, "--server", &addr]);
+    let (code, out, _) = durafiber(&["alarms", "list", &run_id, "--server", &addr, "--token", &server.token]);
     assert_eq!(code, 0);
     assert_eq!(json(&out)[0]["name"], "escalate:refund", "the escalation alarm is armed");
 
@@ -87,7 +87,7 @@ async fn inspection_works_on_a_server_and_on_a_bare_directory() {
     let server = Served::start(dir.path());
     let addr = server.addr.to_string();
     let done = loop {
-        let (_, out, _) = durafiber(&["runs", "show", &run_id, "--server", &addr]);
+        let (_, out, _) = durafiber(&["runs", "show", &run_id, "--server", &addr, "--data", &data]);
         let run = json(&out);
         if run["run"]["status"].get("completed").is_some() {
             break run;
@@ -96,6 +96,6 @@ async fn inspection_works_on_a_server_and_on_a_bare_directory() {
     };
     assert_eq!(done["ledger"].as_array().map(Vec::len), Some(2));
     assert_eq!(upstream.objects("refunds").len(), 1);
-    let (code, _, _) = durafiber(&["cancel", &run_id, "--server", &addr]);
+    let (code, _, _) = durafiber(&["cancel", &run_id, "--server", &addr, "--data", &data]);
     assert_eq!(code, 0, "cancelling a finished run is a no-op answer");
 }

@@ -73,7 +73,7 @@ struct Server {
 impl Server {
     fn start(data: &Path, config: &Path) -> Server {
         let served = common::Served::start_with(data, &["--config".as_ref(), config.as_os_str()]);
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("client");
+        let http = served.client();
         Server { served, http }
     }
 

@@ -20,7 +20,7 @@ async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
 async fn every_endpoint_answers_and_every_refusal_is_a_json_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Served::start(dir.path());
-    let http = reqwest::Client::new();
+    let http = server.client();
     let upstream = Upstream::start().await.expect("upstream");
     let post = |path: &str| http.post(server.url(path)).header("content-type", "application/json");
 
@@ -170,7 +170,7 @@ async fn every_endpoint_answers_and_every_refusal_is_a_json_error() {
 async fn a_sigkill_mid_request_loses_nothing_that_was_acknowledged() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut server = Served::start(dir.path());
-    let http = reqwest::Client::new();
+    let http = server.client();
     let url = server.url("/runs");
     let (acks, mut acked) = tokio::sync::mpsc::unbounded_channel::<String>();
     for i in 0..300 {

@@ -34,7 +34,7 @@ async fn verify_backup_restore_and_a_typo_in_data() {
     // Online: a backup while the server takes new runs.
     let live = dir.path().join("live");
     let served = common::Served::start(&live);
-    let http = reqwest::Client::new();
+    let http = served.client();
     let start = |i: u32| {
         http.post(served.url("/runs"))
             .header("Idempotency-Key", format!("b{i}"))
@@ -46,7 +46,15 @@ async fn verify_backup_restore_and_a_typo_in_data() {
     }
     let file = dir.path().join("live.backup");
     let addr = served.addr.to_string();
-    let (ok, text) = durafiber(&["backup", "--server", &addr, "--out", file.to_str().expect("path")]);
+    let (ok, text) = durafiber(&[
+        "backup",
+        "--server",
+        &addr,
+        "--token",
+        &served.token,
+        "--out",
+        file.to_str().expect("path"),
+    ]);
     assert!(ok, "{text}");
     for i in 20..30 {
         assert!(start(i).await.expect("start").status().is_success());

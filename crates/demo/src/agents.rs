@@ -155,8 +155,10 @@ impl Refund {
         if !decision.approved {
             return Ok(RefundOutput { approved: false, refund_id: None, email_id: None });
         }
+        // The key goes only where it is bound to (DURAFIBER_SECRET_<NAME>_HOSTS): a run whose
+        // input names another upstream fails here, before anything is sent.
         let token = match &input.api_key {
-            Some(secret) => Some(ctx.secret(secret)?),
+            Some(secret) => Some(ctx.secret_for(secret, &input.upstream)?),
             None => None,
         };
         let (http, base) = (self.http.clone(), input.upstream.clone());

@@ -17,7 +17,7 @@ use crate::{
     eviction::keep_alive::KeepAlive,
     json,
     kernel::shared::RawCtx,
-    secret::Secret,
+    secret::{Secret, SecretRefusal},
     stash,
     storage::Storage,
 };
@@ -247,8 +247,12 @@ impl<A: Agent> Ctx<A> {
         approval_id: &str,
         payload: &P,
     ) -> Result<Decision, AgentError> {
+        // What a reviewer is shown never holds a secret value.
+        let text = json::canonical(payload).map_err(AgentError::Serialization)?;
+        let payload: serde_json::Value =
+            json::parse(&self.raw.shared.redact(text)).map_err(AgentError::Serialization)?;
         let (payload_json, payload_hash) =
-            json::canonical_with_hash(payload).map_err(AgentError::Serialization)?;
+            json::canonical_with_hash(&payload).map_err(AgentError::Serialization)?;
         approval::request(&mut self.raw, approval_id, payload_json, payload_hash).await
     }
 
@@ -364,7 +368,34 @@ impl<A: Agent> Ctx<A> {
         self.raw.shared.parked(self.raw.in_fiber, sleep).await
     }
 
-    /// The value behind a secret pointer, resolved now and never stored.
+    /// The value behind a secret pointer, to be sent to `url`: handed over only when `url`'s
+    /// scheme, host and port are among the secret's destinations
+    /// (`DURAFIBER_SECRET_<NAME>_HOSTS`, or [`crate::Secrets::bind`]). Anything else is
+    /// `AgentError::SecretRefused`, and the run's event log says where it would have gone:
+    /// a run whose input names the URL cannot send the key to a server of its caller's.
+    ///
+    /// ```no_run
+    /// # use durafiber_runtime::{Agent, AgentError, Ctx, Secret};
+    /// # async fn pay<A: Agent>(ctx: &Ctx<A>, url: &str) -> Result<(), AgentError> {
+    /// let key = ctx.secret_for(&Secret::named("stripe_key"), url)?; // only to api.stripe.com
+    /// # Ok(()) }
+    /// ```
+    pub fn secret_for(&self, secret: &Secret, url: &str) -> Result<String, AgentError> {
+        let shared = &self.raw.shared;
+        shared.secrets.resolve_for(secret, url).map_err(|refusal| {
+            let destination = match refusal {
+                SecretRefusal::Unknown => "(not configured)".to_string(),
+                SecretRefusal::Destination(d) => d,
+            };
+            let run_id = &self.raw.cell.run_id;
+            tracing::warn!(run_id, secret = %secret.secret, destination, "a secret was refused for a destination it is not bound to");
+            shared.event(run_id, "secret_refused", format!("{} to {destination}", secret.secret));
+            AgentError::SecretRefused { name: secret.secret.clone(), destination }
+        })
+    }
+
+    /// The value behind a secret pointer, resolved now and never stored — for a use inside
+    /// the process (signing, say). A value sent anywhere goes through [`Ctx::secret_for`].
     pub fn secret(&self, secret: &Secret) -> Result<String, AgentError> {
         self.raw
             .shared

@@ -98,6 +98,14 @@ pub enum AgentError {
     /// The step failed; a fresh fiber's run goes to `Failed`, a recovery counts an attempt.
     #[error("{0}")]
     Fail(String),
+    /// A secret was asked for a destination it is not bound to (see `Ctx::secret_for`).
+    #[error("secret {name} may not be sent to {destination}")]
+    SecretRefused {
+        /// The secret's name.
+        name: String,
+        /// Where it would have gone: `scheme://host:port`.
+        destination: String,
+    },
     /// A human must look.
     #[error("escalated: {0}")]
     Escalate(String),

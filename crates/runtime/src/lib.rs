@@ -62,6 +62,6 @@ pub use kernel::shared::CrashHook;
 pub use metrics::{HistogramSummary, MetricsSnapshot};
 pub use run::start::StartOutcome;
 pub use runtime::{ListFilter, RunInspection, RunPage, Runtime, RuntimeBuilder, testing};
-pub use secret::{Secret, Secrets};
+pub use secret::{Destination, Secret, SecretRefusal, Secrets};
 pub use storage::{Storage, Transaction};
 pub use types::{RunId, RunOptions, RunState};

@@ -79,3 +79,15 @@ const _: () = assert!(EVICT_AFTER_MIN_DEFAULT.as_millis() <= EVICT_AFTER_MAX_DEF
 // A heartbeat must come before the earliest eviction, or a held keep-alive would not protect.
 const _: () = assert!(KEEP_ALIVE_HEARTBEAT_DEFAULT.as_millis() < EVICT_AFTER_MIN_DEFAULT.as_millis());
 const _: () = assert!(STASH_BYTES_MAX_DEFAULT <= PAYLOAD_BYTES_MAX);
+
+/// Largest HTTP request body the server reads; a larger one is 413.
+pub const HTTP_BODY_BYTES_MAX: usize = 2 * 1024 * 1024;
+/// Longest request target (path and query); a longer one is 414.
+pub const HTTP_URI_BYTES_MAX: usize = 8 * 1024;
+/// Most bytes of request headers; more is 431.
+pub const HTTP_HEADER_BYTES_MAX: usize = 16 * 1024;
+/// A client must send a request's headers within this time, and an idle connection is
+/// closed after it: a slow or silent client holds nothing for long.
+pub const HTTP_HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Most connections the server holds open at once; more are closed on accept.
+pub const HTTP_CONNECTIONS_MAX: usize = 256;

@@ -7,6 +7,7 @@ use crate::{clock::Stopwatch, config::DurabilityMode, error::AgentError, kernel:
 pub(crate) async fn write(raw: &mut RawCtx, step: &str, stash_json: String) -> Result<(), AgentError> {
     let shared = raw.shared.clone();
     let run_id = raw.cell.run_id.clone();
+    let stash_json = shared.redact(stash_json);
     let max = shared.config.stash_bytes_max;
     if stash_json.len() > max {
         return Err(AgentError::StashTooLarge { bytes: stash_json.len(), max });

@@ -184,7 +184,7 @@ impl<'a> Storage<'a> {
             match value {
                 Some(text) => {
                     keys_after += usize::from(!existed);
-                    batch.put(tables::STORAGE, full_key, text)?;
+                    batch.put(tables::STORAGE, full_key, &shared.redact(text.clone()))?;
                 }
                 None => {
                     keys_after = keys_after.saturating_sub(usize::from(existed));

@@ -28,6 +28,7 @@
 //! - [`witness`]: catches a log that went back in time (sled drops a damaged tail silently).
 #![deny(missing_docs)]
 
+pub mod access;
 pub mod backend;
 pub mod barrier;
 pub mod batch;

@@ -69,6 +69,10 @@ fn check(table: Table, key: &[u8], sealed: &[u8]) -> Result<(), StoreError> {
         b'e' => d::<tables::EventRecord>(table, key, sealed).map(drop),
         b'i' => d::<()>(table, key, sealed),
         b'v' => d::<tables::EventWaitRecord>(table, key, sealed).map(drop),
+        b'g' => d::<String>(table, key, sealed).map(drop),
+        b't' => d::<crate::access::TokenRecord>(table, key, sealed).map(drop),
+        b'u' => d::<crate::access::AuditRecord>(table, key, sealed).map(drop),
+        b'y' => d::<()>(table, key, sealed),
         _ => Err(StoreError::Corrupt {
             table: table.name,
             key: tables::printable(key),
@@ -331,4 +335,20 @@ pub async fn restore(file: &Path, to: &Store) -> Result<u64, StoreError> {
     }
     to.commit(batch, Durability::Sync).await?;
     Ok(count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_table_has_a_decoder() {
+        for table in tables::ALL {
+            let key = table.key(&[b"run_x", b"k"]);
+            let sealed = crate::envelope::seal(&key, b"\xff\xff\xff");
+            if let Err(StoreError::Corrupt { reason, .. }) = check(table, &key, &sealed) {
+                assert_ne!(reason, "no such table", "{} has no decoder in verify", table.name);
+            }
+        }
+    }
 }

@@ -58,12 +58,19 @@ pub const META: Table = Table { name: "meta", prefix: b'm' };
 pub const SLEEPS: Table = Table { name: "sleeps", prefix: b'w' };
 /// Each run's own key-value storage (`ctx.storage()`): canonical JSON under the user's key.
 pub const STORAGE: Table = Table { name: "storage", prefix: b'g' };
+/// API tokens by name: `t` name → `access::TokenRecord` (the token's hash, never the token).
+pub const TOKENS: Table = Table { name: "tokens", prefix: b't' };
+/// The audit trail, append-only: `u` seq (u64 big-endian) → `access::AuditRecord`.
+pub const AUDIT: Table = Table { name: "audit", prefix: b'u' };
+/// The audit entries of one run: `y` run_id NUL seq → `()`.
+pub const AUDIT_BY_RUN: Table = Table { name: "audit_by_run", prefix: b'y' };
 
 /// The run a record belongs to, read from its key: the first key part for every table but
-/// `run_keys` and `meta` (which belong to no run) and `alarm_due` (after its due time).
+/// `run_keys`, `meta`, `tokens` and `audit` (which belong to no run) and `alarm_due` (after
+/// its due time).
 pub fn run_of_key(key: &[u8]) -> Option<&str> {
     let table = Table::of_key(key)?;
-    if [RUN_KEYS.prefix, META.prefix].contains(&table.prefix) {
+    if [RUN_KEYS.prefix, META.prefix, TOKENS.prefix, AUDIT.prefix].contains(&table.prefix) {
         return None;
     }
     let rest = key.get(1..)?;
@@ -73,7 +80,7 @@ pub fn run_of_key(key: &[u8]) -> Option<&str> {
 }
 
 /// Every table, for inspection and tests.
-pub const ALL: [Table; 15] = [
+pub const ALL: [Table; 18] = [
     RUNS,
     RUN_KEYS,
     OPEN_RUNS,
@@ -89,6 +96,9 @@ pub const ALL: [Table; 15] = [
     EVENT_KEYS,
     EVENT_WAITS,
     STORAGE,
+    TOKENS,
+    AUDIT,
+    AUDIT_BY_RUN,
 ];
 
 impl Table {

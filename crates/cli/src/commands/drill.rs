@@ -87,7 +87,8 @@ fn spawn_server(exe: &Path, data: &Path, log: &Path, stop_at: Option<&str>) -> a
         .strip_prefix("listening on ")
         .and_then(|a| a.parse().ok())
         .with_context(|| format!("unexpected first line from the server: {line}"))?;
-    Ok(Server { child, client: Client::new(addr), log: log.to_path_buf() })
+    let client = Client::new(addr).with_token(crate::auth::read_admin_token(data));
+    Ok(Server { child, client, log: log.to_path_buf() })
 }
 
 fn sigkill(server: &mut Server) {

@@ -8,7 +8,7 @@ use durafiber_runtime::{Decision, ListFilter, Runtime};
 use durafiber_store::{Store, StoreConfig, StoreError};
 use serde_json::{Value, json};
 
-use crate::{args::Target, http::client::Client};
+use crate::{args::Target, auth, http::client::Client};
 
 /// Where a command's answer comes from.
 pub enum Source {
@@ -21,7 +21,7 @@ pub enum Source {
 /// Picks the server when it answers, else the data directory.
 pub async fn source(target: &Target) -> anyhow::Result<Source> {
     if let Some(addr) = target.server {
-        let client = Client::new(addr);
+        let client = Client::new(addr).with_token(target.token());
         if client.is_up().await {
             return Ok(Source::Server(client));
         }
@@ -134,4 +134,76 @@ pub async fn alarms_list(target: &Target, run_id: &str) -> anyhow::Result<Value>
         Source::Server(c) => c.get(&format!("/runs/{run_id}/alarms")).await,
         Source::Direct(rt) => to_json(rt.alarms(run_id)?),
     }
+}
+
+/// The store of a bare data directory, for `tokens` when no server runs on it.
+async fn bare_store(target: &Target) -> anyhow::Result<Store> {
+    let Some(dir) = &target.data else { bail!("give --server ADDR or --data DIR") };
+    match Store::open_existing_dir(dir, StoreConfig::default()) {
+        Ok(s) => Ok(s),
+        Err(StoreError::DirLocked { path }) => {
+            bail!("{} is in use by a running server; pass --server ADDR to talk to it", path.display())
+        }
+        Err(e) => Err(e).with_context(|| format!("opening {}", dir.display())),
+    }
+}
+
+/// The server's client when one answers on `target`, else `None`.
+async fn server_of(target: &Target) -> Option<Client> {
+    let client = Client::new(target.server?).with_token(target.token());
+    client.is_up().await.then_some(client)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// `tokens create`.
+pub async fn tokens_create(target: &Target, name: &str, role: &str) -> anyhow::Result<Value> {
+    if let Some(c) = server_of(target).await {
+        return c.post("/tokens", &json!({"name": name, "role": role}), None).await;
+    }
+    let store = bare_store(target).await?;
+    let role: auth::Role = role.parse()?;
+    let token = auth::create(&store, name, role, now_ms()).await?;
+    auth::record(
+        &store,
+        "durafiber-cli",
+        "token_create",
+        None,
+        &format!("name={name:?} role={role}"),
+        now_ms(),
+    )
+    .await?;
+    store.close();
+    Ok(json!({"name": name, "role": role, "token": token}))
+}
+
+/// `tokens list`.
+pub async fn tokens_list(target: &Target) -> anyhow::Result<Value> {
+    if let Some(c) = server_of(target).await {
+        return c.get("/tokens").await;
+    }
+    let store = bare_store(target).await?;
+    let tokens: Vec<_> = auth::list(&store)?
+        .into_iter()
+        .map(|t| json!({"name": t.name, "role": t.role, "created_at_ms": t.created_at_ms}))
+        .collect();
+    store.close();
+    Ok(json!(tokens))
+}
+
+/// `tokens revoke`.
+pub async fn tokens_revoke(target: &Target, name: &str) -> anyhow::Result<Value> {
+    if let Some(c) = server_of(target).await {
+        return c.delete(&format!("/tokens/{name}")).await;
+    }
+    let store = bare_store(target).await?;
+    let revoked = auth::revoke(&store, name).await?;
+    auth::record(&store, "durafiber-cli", "token_revoke", None, &format!("name={name:?}"), now_ms()).await?;
+    store.close();
+    Ok(json!({"name": name, "revoked": revoked}))
 }

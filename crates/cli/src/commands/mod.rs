@@ -10,7 +10,7 @@ pub mod torture;
 
 use durafiber_runtime::{Decision, ListFilter};
 
-use crate::args::{AlarmsAction, ApprovalsAction, Command, RunsAction, Sim, StoreAction};
+use crate::args::{AlarmsAction, ApprovalsAction, Command, RunsAction, Sim, StoreAction, TokensAction};
 use durafiber_demo::sim;
 use output::print_report;
 
@@ -22,9 +22,10 @@ fn print_json(value: &serde_json::Value) -> anyhow::Result<i32> {
 /// Runs one command; the exit code on success.
 pub async fn run(command: Command) -> anyhow::Result<i32> {
     match command {
-        Command::Serve { data, listen, config } => {
+        Command::Serve { data, listen, config, allowed_hosts, open_metrics, insecure_plain_http } => {
             init_tracing("info");
-            serve::serve(&data, listen, config.as_deref()).await?;
+            let exposure = serve::Exposure { allowed_hosts, open_metrics, insecure_plain_http };
+            serve::serve(&data, listen, config.as_deref(), exposure).await?;
             Ok(0)
         }
         Command::Drill { json, seed, out, stop_at } => drill::run(json, seed, out.as_deref(), &stop_at).await,
@@ -32,7 +33,19 @@ pub async fn run(command: Command) -> anyhow::Result<i32> {
         Command::Store { action: StoreAction::Salvage { data, out, json } } => {
             repair::salvage(&data, &out, json).await
         }
-        Command::Backup { server, data, out } => repair::backup(server, data.as_deref(), &out).await,
+        Command::Backup { server, data, token, out } => {
+            let token = token.or_else(|| data.as_deref().and_then(crate::auth::read_admin_token));
+            repair::backup(server, data.as_deref(), token, &out).await
+        }
+        Command::Tokens { action: TokensAction::Create { role, name, target } } => {
+            print_json(&inspect::tokens_create(&target, &name, &role).await?)
+        }
+        Command::Tokens { action: TokensAction::List { target } } => {
+            print_json(&inspect::tokens_list(&target).await?)
+        }
+        Command::Tokens { action: TokensAction::Revoke { name, target } } => {
+            print_json(&inspect::tokens_revoke(&target, &name).await?)
+        }
         Command::Restore { file, data } => repair::restore(&file, &data).await,
         Command::Torture { json, seed, kills, chaos, out } => {
             torture::run(json, torture::Plan { seed, kills, chaos }, out.as_deref()).await

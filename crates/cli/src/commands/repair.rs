@@ -116,11 +116,18 @@ pub async fn salvage(data: &Path, out: &Path, json: bool) -> anyhow::Result<i32>
 }
 
 /// `backup`: from a running server when one answers, else from the bare directory.
-pub async fn backup(server: Option<SocketAddr>, data: Option<&Path>, out: &Path) -> anyhow::Result<i32> {
+pub async fn backup(
+    server: Option<SocketAddr>,
+    data: Option<&Path>,
+    token: Option<String>,
+    out: &Path,
+) -> anyhow::Result<i32> {
     let bytes = match (server, data) {
-        (Some(addr), _) if Client::new(addr).is_up().await => {
-            Client::new(addr).get_bytes("/backup").await.with_context(|| format!("backup from {addr}"))?
-        }
+        (Some(addr), _) if Client::new(addr).is_up().await => Client::new(addr)
+            .with_token(token)
+            .get_bytes("/backup")
+            .await
+            .with_context(|| format!("backup from {addr}"))?,
         (_, Some(dir)) => {
             let store = open_existing(dir)?;
             let bytes = repair::backup_bytes(&store).await?;

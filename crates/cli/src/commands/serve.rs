@@ -12,7 +12,13 @@ use durafiber_runtime::testing::BuilderTestExt;
 use durafiber_runtime::{CrashHook, Runtime, RuntimeConfig, Secrets, limits};
 use durafiber_store::Store;
 
-use crate::http::server::{AppState, prometheus, router};
+use crate::{
+    auth,
+    http::{
+        guard::Access,
+        server::{AppState, prometheus, router},
+    },
+};
 
 /// Reads a JSON configuration file; defaults when there is none.
 pub fn load_config(path: Option<&Path>) -> anyhow::Result<RuntimeConfig> {
@@ -46,26 +52,57 @@ fn stop_at_hook(point: String) -> CrashHook {
 }
 
 /// Opens the store and the runtime for serving.
-pub async fn open_runtime(data: &Path, config: RuntimeConfig) -> anyhow::Result<Runtime> {
+pub async fn open_runtime(data: &Path, config: RuntimeConfig, secrets: Secrets) -> anyhow::Result<Runtime> {
     let store = Store::open_dir(data, config.store_config()?)
         .with_context(|| format!("opening {}", data.display()))?;
-    let mut builder = crate::agents::register(Runtime::builder(store).config(config));
+    let mut builder = crate::agents::register(Runtime::builder(store).config(config).secrets(secrets));
     if let Ok(point) = std::env::var("DURAFIBER_STOP_AT") {
         builder = builder.crash_hook(stop_at_hook(point));
     }
     Ok(builder.open().await?)
 }
 
+/// Who the server is exposed to, from the command line.
+#[derive(Debug, Clone, Default)]
+pub struct Exposure {
+    /// Names clients may reach it by, beyond the listen address and localhost.
+    pub allowed_hosts: Vec<String>,
+    /// `GET /metrics` without a token.
+    pub open_metrics: bool,
+    /// Off loopback without TLS, on purpose.
+    pub insecure_plain_http: bool,
+}
+
 /// Serves until SIGTERM or Ctrl-C.
-pub async fn serve(data: &Path, listen: SocketAddr, config: Option<&Path>) -> anyhow::Result<()> {
+pub async fn serve(
+    data: &Path,
+    listen: SocketAddr,
+    config: Option<&Path>,
+    exposure: Exposure,
+) -> anyhow::Result<()> {
+    if !listen.ip().is_loopback() {
+        if !exposure.insecure_plain_http {
+            anyhow::bail!(
+                "{listen} is off loopback: tokens would cross the network in clear text; listen on 127.0.0.1 behind a TLS proxy, or pass --insecure-plain-http to accept that"
+            );
+        }
+        eprintln!(
+            "durafiber: WARNING: serving plain HTTP on {listen}; tokens and payloads cross the network unencrypted"
+        );
+    }
     // Installed before the runtime opens, so the recoveries at open are counted too.
     let prometheus = prometheus();
     let config = load_config(config)?;
-    let runtime = open_runtime(data, config).await?;
+    let secrets = Secrets::from_env().map_err(|e| anyhow::anyhow!("DURAFIBER_SECRET_*: {e}"))?;
+    let runtime = open_runtime(data, config, secrets.clone()).await?;
+    if let Some(path) = auth::bootstrap(runtime.store(), data, runtime.now_ms()).await? {
+        eprintln!("durafiber: created the admin token; it is in {} (readable by you only)", path.display());
+    }
     let listener =
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr()?;
-    let app = router(AppState { runtime: runtime.clone(), secrets: Secrets::default(), prometheus });
+    let access = Access::new(addr, &exposure.allowed_hosts, exposure.open_metrics);
+    let app = router(AppState { runtime: runtime.clone(), secrets, prometheus, access });
     println!("listening on {addr}");
     let _ = std::io::stdout().flush();
     tracing::info!(%addr, data = %data.display(), "serving");

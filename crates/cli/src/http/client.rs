@@ -10,18 +10,33 @@ use serde_json::Value;
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    token: Option<String>,
 }
 
 impl Client {
     /// A client of the server at `addr`.
     pub fn new(addr: SocketAddr) -> Self {
-        Client { base: format!("http://{addr}"), http: reqwest::Client::new() }
+        Client { base: format!("http://{addr}"), http: reqwest::Client::new(), token: None }
+    }
+
+    /// The same client, sending `token` as `Authorization: Bearer`.
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token;
+        self
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let req = self.http.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => req.bearer_auth(token),
+            None => req,
+        }
     }
 
     /// A client whose every request gives up after `timeout`.
     pub fn with_timeout(addr: SocketAddr, timeout: std::time::Duration) -> Self {
         let http = reqwest::Client::builder().timeout(timeout).build().unwrap_or_default();
-        Client { base: format!("http://{addr}"), http }
+        Client { base: format!("http://{addr}"), http, token: None }
     }
 
     /// Whether the server answers `/health`.
@@ -40,15 +55,14 @@ impl Client {
 
     /// GET `path`.
     pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
-        let r = self.http.get(format!("{}{path}", self.base)).send().await.context("server unreachable")?;
+        let r = self.request(reqwest::Method::GET, path).send().await.context("server unreachable")?;
         Self::answer(r).await
     }
 
     /// GET `path` with `query` pairs, encoded by reqwest.
     pub async fn get_query(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<Value> {
         let r = self
-            .http
-            .get(format!("{}{path}", self.base))
+            .request(reqwest::Method::GET, path)
             .query(query)
             .send()
             .await
@@ -58,7 +72,7 @@ impl Client {
 
     /// GET `path` as raw bytes (a backup).
     pub async fn get_bytes(&self, path: &str) -> anyhow::Result<Vec<u8>> {
-        let r = self.http.get(format!("{}{path}", self.base)).send().await.context("server unreachable")?;
+        let r = self.request(reqwest::Method::GET, path).send().await.context("server unreachable")?;
         if !r.status().is_success() {
             let body: Value = r.json().await.unwrap_or(Value::Null);
             bail!("{}", body["error"].as_str().unwrap_or("request failed"));
@@ -68,10 +82,16 @@ impl Client {
 
     /// POST `body` to `path`, with an optional idempotency key.
     pub async fn post(&self, path: &str, body: &Value, key: Option<&str>) -> anyhow::Result<Value> {
-        let mut req = self.http.post(format!("{}{path}", self.base)).json(body);
+        let mut req = self.request(reqwest::Method::POST, path).json(body);
         if let Some(key) = key {
             req = req.header("Idempotency-Key", key);
         }
         Self::answer(req.send().await.context("server unreachable")?).await
+    }
+
+    /// DELETE `path`.
+    pub async fn delete(&self, path: &str) -> anyhow::Result<Value> {
+        Self::answer(self.request(reqwest::Method::DELETE, path).send().await.context("server unreachable")?)
+            .await
     }
 }

@@ -22,5 +22,7 @@
 //! Every error is a JSON object `{"error": "...", "kind": "..."}` with a 4xx status for bad
 //! requests and a 5xx status for the runtime's own failures.
 
+mod admin;
 pub mod client;
+pub mod guard;
 pub mod server;

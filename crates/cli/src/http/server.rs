@@ -11,13 +11,15 @@ use axum::{
     http::{HeaderMap, Method, StatusCode},
     middleware::{self, Next},
     response::{IntoResponse, Response},
-    routing::{get, post, put},
+    routing::{delete, get, post, put},
 };
 use durafiber_runtime::{
     AlarmAt, AlarmSpec, Decision, DurabilityMode, ListFilter, RunOptions, RunState, Runtime, RuntimeError,
     Secrets, canonical_json,
 };
 use serde::Deserialize;
+
+use super::{admin, guard, guard::Access};
 use serde_json::{Value, json};
 
 /// What every handler shares.
@@ -29,6 +31,8 @@ pub struct AppState {
     pub secrets: Secrets,
     /// The process's Prometheus recorder, rendered by `GET /metrics`.
     pub prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// Which hosts and origins the server answers, and whether `/metrics` is open.
+    pub access: Access,
 }
 
 /// The process's Prometheus recorder: installed as the `metrics` facade's global recorder
@@ -49,7 +53,7 @@ pub fn prometheus() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
 }
 
 /// An API error: a status and a JSON body.
-pub struct ApiError(StatusCode, String, &'static str);
+pub struct ApiError(pub StatusCode, pub String, pub &'static str);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -86,17 +90,17 @@ impl From<RuntimeError> for ApiError {
     }
 }
 
-fn bad_request(msg: impl Into<String>) -> ApiError {
+pub(super) fn bad_request(msg: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, msg.into(), "BadRequest")
 }
 
-fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+pub(super) fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| bad_request(format!("malformed JSON body: {e}")))
 }
 
-type ApiResult = Result<Response, ApiError>;
+pub(super) type ApiResult = Result<Response, ApiError>;
 
-fn ok(value: impl serde::Serialize) -> ApiResult {
+pub(super) fn ok(value: impl serde::Serialize) -> ApiResult {
     Ok(Json(
         serde_json::to_value(value)
             .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "Internal"))?,
@@ -144,7 +148,7 @@ async fn start(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> 
 }
 
 /// Query strings are read as plain pairs, so a malformed one gets the same JSON error shape.
-type Params = Query<std::collections::HashMap<String, String>>;
+pub(super) type Params = Query<std::collections::HashMap<String, String>>;
 
 async fn list(State(app): State<AppState>, Query(q): Params) -> ApiResult {
     let limit = match q.get("limit") {
@@ -162,9 +166,13 @@ async fn list(State(app): State<AppState>, Query(q): Params) -> ApiResult {
     ok(app.runtime.list(&filter)?)
 }
 
+/// Everything about a run, with the audit entries about it (who decided, cancelled, set an
+/// alarm), secrets redacted.
 async fn show(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiResult {
     let inspection = app.runtime.inspect(&run_id)?;
-    let text = serde_json::to_string(&inspection).map_err(|e| bad_request(e.to_string()))?;
+    let mut shown = serde_json::to_value(&inspection).map_err(|e| bad_request(e.to_string()))?;
+    shown["audit"] = json!(crate::auth::of_run(app.runtime.store(), &run_id)?);
+    let text = serde_json::to_string(&shown).map_err(|e| bad_request(e.to_string()))?;
     let redacted: Value =
         serde_json::from_str(&app.secrets.redact(&text)).map_err(|e| bad_request(e.to_string()))?;
     Ok(Json(redacted).into_response())
@@ -394,10 +402,18 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics/json", get(metrics_json))
         .route("/backup", get(backup))
         .route("/events", get(events))
+        .route("/tokens", post(admin::create_token).get(admin::list_tokens))
+        .route("/tokens/{name}", delete(admin::revoke_token))
+        .route("/audit", get(admin::audit))
         .fallback(not_found)
         .method_not_allowed_fallback(|| async {
             ApiError(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here".into(), "MethodNotAllowed")
         })
         .layer(middleware::from_fn_with_state(state.clone(), durable_reads))
+        .layer(middleware::from_fn_with_state(state.clone(), guard::authorize))
+        .layer(middleware::from_fn_with_state(state.clone(), guard::browser_safe))
+        .layer(middleware::from_fn(guard::size_limits))
+        .layer(axum::extract::DefaultBodyLimit::max(durafiber_runtime::limits::HTTP_BODY_BYTES_MAX))
+        .layer(middleware::from_fn(guard::json_errors))
         .with_state(state)
 }

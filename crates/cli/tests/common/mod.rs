@@ -15,6 +15,8 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_durafiber");
 pub struct Served {
     pub child: Child,
     pub addr: SocketAddr,
+    /// The admin token the server wrote into its data directory.
+    pub token: String,
 }
 
 impl Served {
@@ -42,7 +44,27 @@ impl Served {
         });
         let line = rx.recv_timeout(Duration::from_secs(60)).expect("the server announces its address");
         let addr = line.strip_prefix("listening on ").expect("listening line").parse().expect("address");
-        Served { child, addr }
+        let token =
+            std::fs::read_to_string(data.join("admin.token")).expect("admin.token").trim().to_string();
+        Served { child, addr, token }
+    }
+
+    /// An HTTP client that presents the admin token and speaks JSON.
+    pub fn client(&self) -> reqwest::Client {
+        self.client_with(&self.token)
+    }
+
+    /// An HTTP client that presents `token` and speaks JSON.
+    pub fn client_with(&self, token: &str) -> reqwest::Client {
+        let mut headers = reqwest::header::HeaderMap::new();
+        let bearer = format!("Bearer {token}").parse().expect("header");
+        headers.insert(reqwest::header::AUTHORIZATION, bearer);
+        headers.insert(reqwest::header::CONTENT_TYPE, "application/json".parse().expect("header"));
+        reqwest::Client::builder()
+            .default_headers(headers)
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("client")
     }
 
     pub fn url(&self, path: &str) -> String {

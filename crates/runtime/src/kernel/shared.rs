@@ -136,7 +136,13 @@ impl Shared {
     }
 
     pub fn event(&self, run_id: &str, kind: &str, detail: impl Into<String>) {
-        self.events.push(self.now_ms(), run_id, kind, detail.into());
+        self.events.push(self.now_ms(), run_id, kind, self.redact(detail.into()));
+    }
+
+    /// `text` with every configured secret value replaced: what the runtime stores, logs
+    /// and shows never holds one, even when an upstream echoes it back.
+    pub fn redact(&self, text: String) -> String {
+        if self.secrets.is_empty() { text } else { self.secrets.redact(&text) }
     }
 
     pub fn status_changed(&self) {

@@ -84,15 +84,17 @@ async fn live_or_spawn(
         .map_err(|e| RuntimeError::Agent(AgentError::Runtime(format!("spawn: {e}"))))?;
     let entry = LiveRun { actor, cell };
     shared.liveness.activated(run_id, shared.now_ms(), stream);
+    // Logged before the fiber can start, so the event log's order does not depend on
+    // which task the scheduler runs first.
+    Metrics::bump(&shared.metrics.activations);
+    shared.metrics.cold_start.record_us(watch.elapsed_us());
+    shared.event(run_id, "activated", format!("cold start {} µs", watch.elapsed_us()));
     if !shared.passive {
         let decided = fiber::decide(shared, &entry.cell, &mut locked, stash).await;
         send_activate(shared, &entry, run_id, since, Some(decided));
     }
     drop(locked);
     registry.insert(run_id, entry.clone());
-    Metrics::bump(&shared.metrics.activations);
-    shared.metrics.cold_start.record_us(watch.elapsed_us());
-    shared.event(run_id, "activated", format!("cold start {} µs", watch.elapsed_us()));
     Ok((entry, true))
 }
 

@@ -246,11 +246,11 @@ async fn finish(
             }
             let error = match &result {
                 Ok(Ok(output_json)) => {
-                    run.status = RunStatus::Completed { output_json: output_json.clone() };
+                    run.status = RunStatus::Completed { output_json: shared.redact(output_json.clone()) };
                     None
                 }
                 Ok(Err(AgentError::Escalate(reason))) => {
-                    run.status = RunStatus::Escalated { reason: reason.clone() };
+                    run.status = RunStatus::Escalated { reason: shared.redact(reason.clone()) };
                     None
                 }
                 Ok(Err(AgentError::Cancelled(reason))) => {
@@ -259,8 +259,8 @@ async fn finish(
                     run.status = RunStatus::Cancelled { reason };
                     None
                 }
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(panic) => Some(format!("panic: {panic}")),
+                Ok(Err(e)) => Some(shared.redact(e.to_string())),
+                Err(panic) => Some(shared.redact(format!("panic: {panic}"))),
             };
             if let Some(error) = error {
                 let runtime_fault = matches!(result, Ok(Err(AgentError::Runtime(_))));

@@ -102,7 +102,8 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
             if client.is_none()
                 && let Some(addr) = server.poll_addr()
             {
-                client = Some(Client::with_timeout(addr, Duration::from_secs(2)));
+                let token = crate::auth::read_admin_token(&data);
+                client = Some(Client::with_timeout(addr, Duration::from_secs(2)).with_token(token));
                 kill_at.get_or_insert(Instant::now() + kill_after);
             }
             if let (Some(client), Some(at)) = (&client, kill_at) {
@@ -128,7 +129,7 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
     let log = out.join("server-final.log");
     let mut server = Server::spawn(exe, &data, &config, &log)?;
     logs.push(log);
-    let finished = finish(&mut h, &mut server, &mut report).await;
+    let finished = finish(&mut h, &mut server, &data, &mut report).await;
     server.kill();
     let finished = finished?;
     score(&h, &finished, &mut report);
@@ -166,6 +167,7 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
 async fn finish(
     h: &mut Harness,
     server: &mut Server,
+    data: &std::path::Path,
     report: &mut TortureReport,
 ) -> anyhow::Result<Finished> {
     let listen_by = Instant::now() + LISTEN_DEADLINE;
@@ -179,7 +181,8 @@ async fn finish(
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    let client = Client::with_timeout(addr, Duration::from_secs(10));
+    let client =
+        Client::with_timeout(addr, Duration::from_secs(10)).with_token(crate::auth::read_admin_token(data));
     for (key, input) in std::mem::take(&mut h.unanswered) {
         h.start(&client, key, input).await;
     }

@@ -1,0 +1,327 @@
+//! Who may do what, and who did (§ security in the README): API tokens with roles, kept in
+//! the store as hashes, and the append-only audit trail.
+//!
+//! A token is 256 bits from the operating system's generator, shown once when created; the
+//! store keeps its SHA-256. A presented token is hashed and compared with every stored hash
+//! in constant time, so neither a lookup nor a comparison tells an attacker how close a guess
+//! came. Every token is read from the store on each request: a revocation holds at once.
+
+use std::{
+    fmt,
+    path::{Path, PathBuf},
+    str::FromStr,
+    sync::atomic::{AtomicU64, Ordering},
+};
+
+use durafiber_runtime::sha256_hex;
+use durafiber_store::{
+    Batch, Durability, Store, StoreError,
+    access::{AuditRecord, TokenRecord},
+    tables,
+};
+use serde::Serialize;
+use subtle::ConstantTimeEq;
+
+/// What a token may do; each role may do everything the ones before it may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Reads: runs, approvals, alarms, storage, metrics, events.
+    Reader,
+    /// A reader who also decides approvals.
+    Reviewer,
+    /// A reviewer who also starts and cancels runs, sends messages, requests and events,
+    /// and sets and cancels alarms.
+    Operator,
+    /// Everything: tokens, the audit trail, backups.
+    Admin,
+}
+
+impl Role {
+    /// The role's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Reader => "reader",
+            Role::Reviewer => "reviewer",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+impl FromStr for Role {
+    type Err = AccessError;
+    fn from_str(s: &str) -> Result<Self, AccessError> {
+        match s {
+            "reader" => Ok(Role::Reader),
+            "reviewer" => Ok(Role::Reviewer),
+            "operator" => Ok(Role::Operator),
+            "admin" => Ok(Role::Admin),
+            other => Err(AccessError::Invalid(format!(
+                "unknown role {other:?} (reader, reviewer, operator, admin)"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Who is asking: the name and role of the token presented.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The token's name.
+    pub name: String,
+    /// Its role.
+    pub role: Role,
+}
+
+/// Why a token or audit operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AccessError {
+    /// A bad name or role.
+    #[error("{0}")]
+    Invalid(String),
+    /// A token of that name exists.
+    #[error("a token named {0:?} exists; revoke it first or pick another name")]
+    NameTaken(String),
+    /// The operating system gave no randomness.
+    #[error("no randomness for a token: {0}")]
+    Random(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The admin token file could not be written.
+    #[error("writing {path}: {source}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Where `serve` writes the first admin token, inside the data directory.
+pub const ADMIN_TOKEN_FILE: &str = "admin.token";
+
+/// Longest token name.
+const TOKEN_NAME_MAX: usize = 64;
+
+fn check_name(name: &str) -> Result<(), AccessError> {
+    let ok = !name.is_empty()
+        && name.len() <= TOKEN_NAME_MAX
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(AccessError::Invalid(format!(
+            "a token name is 1–{TOKEN_NAME_MAX} letters, digits, '-', '_' or '.', not {name:?}"
+        )))
+    }
+}
+
+/// A new token: `dft_` and 256 bits as 64 hex digits.
+fn new_token() -> Result<String, AccessError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| AccessError::Random(e.to_string()))?;
+    Ok(format!("dft_{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()))
+}
+
+/// Creates a token; returns it (the only time it is shown).
+pub async fn create(store: &Store, name: &str, role: Role, now_ms: u64) -> Result<String, AccessError> {
+    check_name(name)?;
+    let key = tables::TOKENS.key(&[name.as_bytes()]);
+    if store.get::<TokenRecord>(tables::TOKENS, &key)?.is_some() {
+        return Err(AccessError::NameTaken(name.to_string()));
+    }
+    let token = new_token()?;
+    let record = TokenRecord {
+        name: name.to_string(),
+        role: role.name().into(),
+        hash: sha256_hex(token.as_bytes()),
+        created_at_ms: now_ms,
+    };
+    let mut batch = Batch::new();
+    batch.put(tables::TOKENS, key, &record)?;
+    store.commit(batch, Durability::Sync).await?;
+    Ok(token)
+}
+
+/// Every token's record (hashes, never tokens), by name.
+pub fn list(store: &Store) -> Result<Vec<TokenRecord>, AccessError> {
+    let mut out = Vec::new();
+    for (_, record) in
+        store.scan::<TokenRecord>(tables::TOKENS, &[tables::TOKENS.prefix], None, usize::MAX)?
+    {
+        out.push(record?);
+    }
+    Ok(out)
+}
+
+/// Revokes the token called `name`; false when there was none.
+pub async fn revoke(store: &Store, name: &str) -> Result<bool, AccessError> {
+    let key = tables::TOKENS.key(&[name.as_bytes()]);
+    if store.get::<TokenRecord>(tables::TOKENS, &key)?.is_none() {
+        return Ok(false);
+    }
+    let mut batch = Batch::new();
+    batch.delete(key);
+    store.commit(batch, Durability::Sync).await?;
+    Ok(true)
+}
+
+/// The caller a presented token stands for, or `None` for no valid token.
+pub fn verify(store: &Store, token: &str) -> Result<Option<Caller>, AccessError> {
+    let presented = sha256_hex(token.as_bytes());
+    let mut found = None;
+    for record in list(store)? {
+        // Every record is compared, and in constant time: the time taken says nothing.
+        if bool::from(presented.as_bytes().ct_eq(record.hash.as_bytes())) {
+            found = Some(record);
+        }
+    }
+    Ok(match found {
+        Some(record) => Some(Caller { name: record.name, role: record.role.parse()? }),
+        None => None,
+    })
+}
+
+/// On a store with no token at all: creates the `admin` token and writes it to
+/// `DATA/admin.token`, readable by its owner only. Returns the file when it did.
+pub async fn bootstrap(store: &Store, data: &Path, now_ms: u64) -> Result<Option<PathBuf>, AccessError> {
+    if !list(store)?.is_empty() {
+        return Ok(None);
+    }
+    let token = create(store, "admin", Role::Admin, now_ms).await?;
+    let path = data.join(ADMIN_TOKEN_FILE);
+    write_private(&path, &token).map_err(|source| AccessError::File { path: path.clone(), source })?;
+    record(store, "durafiber", "token_create", None, "admin (admin), written to admin.token", now_ms).await?;
+    Ok(Some(path))
+}
+
+fn write_private(path: &Path, token: &str) -> std::io::Result<()> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    let tmp = path.with_extension("token.tmp");
+    let mut file =
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    file.write_all(format!("{token}\n").as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The admin token `serve` wrote into `data`, when this user can read it.
+pub fn read_admin_token(data: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(data.join(ADMIN_TOKEN_FILE)).ok()?;
+    Some(text.trim().to_string()).filter(|t| !t.is_empty())
+}
+
+/// The last sequence number handed out by this process.
+static LAST_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The next audit sequence number: the clock in microseconds, and always above the last,
+/// so entries sort in the order they were made, across restarts too.
+fn next_seq(now_ms: u64) -> u64 {
+    let floor = now_ms.saturating_mul(1_000);
+    let mut last = LAST_SEQ.load(Ordering::SeqCst);
+    loop {
+        let next = floor.max(last.saturating_add(1));
+        match LAST_SEQ.compare_exchange(last, next, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => return next,
+            Err(seen) => last = seen,
+        }
+    }
+}
+
+/// Appends one entry to the audit trail, durably.
+pub async fn record(
+    store: &Store,
+    actor: &str,
+    action: &str,
+    run_id: Option<&str>,
+    detail: &str,
+    now_ms: u64,
+) -> Result<(), AccessError> {
+    let seq = next_seq(now_ms);
+    let entry = AuditRecord {
+        seq,
+        at_ms: now_ms,
+        actor: actor.to_string(),
+        action: action.to_string(),
+        run_id: run_id.map(str::to_string),
+        detail: detail.to_string(),
+    };
+    let mut batch = Batch::new();
+    batch.put(tables::AUDIT, tables::AUDIT.key(&[&seq.to_be_bytes()]), &entry)?;
+    if let Some(run_id) = run_id {
+        batch.put(
+            tables::AUDIT_BY_RUN,
+            tables::AUDIT_BY_RUN.key(&[run_id.as_bytes(), &seq.to_be_bytes()]),
+            &(),
+        )?;
+    }
+    store.commit(batch, Durability::Sync).await?;
+    Ok(())
+}
+
+/// Up to `limit` audit entries after sequence number `after`, oldest first.
+pub fn page(store: &Store, after: Option<u64>, limit: usize) -> Result<Vec<AuditRecord>, AccessError> {
+    let after_key = after.map(|seq| tables::AUDIT.key(&[&seq.to_be_bytes()]));
+    let mut out = Vec::new();
+    for (_, entry) in
+        store.scan::<AuditRecord>(tables::AUDIT, &[tables::AUDIT.prefix], after_key.as_deref(), limit)?
+    {
+        out.push(entry?);
+    }
+    Ok(out)
+}
+
+/// Every audit entry about `run_id`, oldest first.
+pub fn of_run(store: &Store, run_id: &str) -> Result<Vec<AuditRecord>, AccessError> {
+    let prefix = tables::AUDIT_BY_RUN.prefix_of(&[run_id.as_bytes()]);
+    let mut out = Vec::new();
+    for (key, _) in store.scan::<()>(tables::AUDIT_BY_RUN, &prefix, None, usize::MAX)? {
+        let Some(seq) = key.get(prefix.len()..).and_then(|b| <[u8; 8]>::try_from(b).ok()) else { continue };
+        if let Some(entry) = store.get::<AuditRecord>(tables::AUDIT, &tables::AUDIT.key(&[&seq]))? {
+            out.push(entry);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_are_ordered_and_parse_back() {
+        assert!(
+            Role::Reader < Role::Reviewer && Role::Reviewer < Role::Operator && Role::Operator < Role::Admin
+        );
+        for role in [Role::Reader, Role::Reviewer, Role::Operator, Role::Admin] {
+            assert_eq!(role.name().parse::<Role>().expect("parses"), role);
+        }
+        assert!("root".parse::<Role>().is_err());
+    }
+
+    #[test]
+    fn names_are_checked_and_tokens_carry_256_bits() {
+        assert!(check_name("ci-bot.1").is_ok());
+        assert!(
+            check_name("").is_err() && check_name("a b").is_err() && check_name(&"x".repeat(65)).is_err()
+        );
+        let token = new_token().expect("token");
+        assert!(token.len() == 4 + 64 && token[4..].chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(token, new_token().expect("another"));
+    }
+
+    #[test]
+    fn audit_sequence_numbers_always_rise() {
+        let a = next_seq(5);
+        let b = next_seq(5);
+        let c = next_seq(1);
+        assert!(a < b && b < c);
+    }
+}

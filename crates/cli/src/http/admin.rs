@@ -1,0 +1,68 @@
+//! The admin endpoints: API tokens (`/tokens`) and the audit trail (`/audit`).
+
+use axum::{
+    Json,
+    body::Bytes,
+    extract::{Path, Query, State},
+    http::StatusCode,
+    response::IntoResponse,
+};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::server::{ApiError, ApiResult, AppState, Params, bad_request, ok, parse};
+use crate::auth::{self, AccessError, Role};
+
+impl From<AccessError> for ApiError {
+    fn from(e: AccessError) -> Self {
+        match e {
+            AccessError::Invalid(m) => ApiError(StatusCode::BAD_REQUEST, m, "InvalidInput"),
+            e @ AccessError::NameTaken(_) => ApiError(StatusCode::CONFLICT, e.to_string(), "NameTaken"),
+            e => ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), "StoreFailed"),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenBody {
+    name: String,
+    role: String,
+}
+
+/// Creates a token; the answer is the only place it is ever shown.
+pub async fn create_token(State(app): State<AppState>, body: Bytes) -> ApiResult {
+    let body: TokenBody = parse(&body)?;
+    let role: Role = body.role.parse()?;
+    let token = auth::create(app.runtime.store(), &body.name, role, app.runtime.now_ms()).await?;
+    Ok((StatusCode::CREATED, Json(json!({"name": body.name, "role": role, "token": token}))).into_response())
+}
+
+/// Every token: name, role, creation time (never the token or its hash).
+pub async fn list_tokens(State(app): State<AppState>) -> ApiResult {
+    let tokens: Vec<_> = auth::list(app.runtime.store())?
+        .into_iter()
+        .map(|t| json!({"name": t.name, "role": t.role, "created_at_ms": t.created_at_ms}))
+        .collect();
+    ok(tokens)
+}
+
+/// Revokes a token at once: its next request is refused.
+pub async fn revoke_token(State(app): State<AppState>, Path(name): Path<String>) -> ApiResult {
+    let revoked = auth::revoke(app.runtime.store(), &name).await?;
+    ok(json!({"name": name, "revoked": revoked}))
+}
+
+/// A page of the audit trail, oldest first: `?after=SEQ&limit=N`; `next` is the `after` of
+/// the next page, present when this one is full.
+pub async fn audit(State(app): State<AppState>, Query(q): Params) -> ApiResult {
+    let number = |name: &str| -> Result<Option<u64>, ApiError> {
+        q.get(name)
+            .map(|t| t.parse::<u64>().map_err(|_| bad_request(format!("{name} must be a number, not {t:?}"))))
+            .transpose()
+    };
+    let limit = number("limit")?.unwrap_or(100).clamp(1, 1_000) as usize;
+    let entries = auth::page(app.runtime.store(), number("after")?, limit)?;
+    let next = if entries.len() == limit { entries.last().map(|e| e.seq) } else { None };
+    ok(json!({"entries": entries, "next": next}))
+}

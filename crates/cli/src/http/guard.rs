@@ -1,0 +1,292 @@
+//! What every request passes before a handler sees it: a browser-safe `Host`, `Origin` and
+//! content type, a token whose role allows the request, an audit entry for anything that
+//! changes state, and limits on its size. Every refusal is JSON, including the ones axum
+//! writes itself (a body too large, a path that is not UTF-8).
+
+use std::net::SocketAddr;
+
+use axum::{
+    body::{Body, to_bytes},
+    extract::{Request, State},
+    http::{HeaderMap, Method, StatusCode, header},
+    middleware::Next,
+    response::{IntoResponse, Response},
+};
+use durafiber_runtime::limits;
+use serde_json::{Value, json};
+
+use super::server::{ApiError, AppState};
+use crate::auth::{self, Role};
+
+/// Who may reach the server, decided at start-up.
+#[derive(Debug, Clone)]
+pub struct Access {
+    /// `host:port` and bare host names a request's `Host` (and `Origin`) may name.
+    allowed_hosts: Vec<String>,
+    /// Whether `GET /metrics` is open without a token (for a scraper on the same host).
+    open_metrics: bool,
+}
+
+impl Access {
+    /// The listen address, `localhost`, `127.0.0.1` and `[::1]` on its port, and `extra`
+    /// (each `host` or `host:port`).
+    pub fn new(listen: SocketAddr, extra: &[String], open_metrics: bool) -> Self {
+        let port = listen.port();
+        let mut allowed_hosts = vec![
+            listen.to_string(),
+            format!("localhost:{port}"),
+            format!("127.0.0.1:{port}"),
+            format!("[::1]:{port}"),
+        ];
+        allowed_hosts.extend(extra.iter().map(|h| h.to_ascii_lowercase()));
+        Access { allowed_hosts, open_metrics }
+    }
+
+    fn allows_host(&self, authority: &str) -> bool {
+        let authority = authority.to_ascii_lowercase();
+        let bare = authority.rsplit_once(':').map(|(h, _)| h).unwrap_or(&authority).to_string();
+        self.allowed_hosts.iter().any(|h| *h == authority || *h == bare)
+    }
+}
+
+fn refuse(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Response {
+    ApiError(status, message.into(), kind).into_response()
+}
+
+/// `Host` must be one the server answers to (no DNS rebinding); a state-changing request
+/// must be JSON (a cross-site form or `text/plain` POST is 415) and, when it has an
+/// `Origin`, come from one of those hosts. No CORS headers are ever sent.
+pub async fn browser_safe(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_string);
+    let host = host.or_else(|| req.uri().authority().map(|a| a.to_string()));
+    match host {
+        Some(host) if app.access.allows_host(&host) => {}
+        Some(host) => {
+            return refuse(
+                StatusCode::MISDIRECTED_REQUEST,
+                "HostNotAllowed",
+                format!("this server does not answer to Host {host:?}; see --allowed-host"),
+            );
+        }
+        None => return refuse(StatusCode::BAD_REQUEST, "HostNotAllowed", "a Host header is required"),
+    }
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        let authority = origin.to_str().ok().and_then(|o| o.split_once("://")).map(|(_, a)| a.to_string());
+        if !authority.is_some_and(|a| app.access.allows_host(&a)) {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "OriginNotAllowed",
+                "a request from another site is refused",
+            );
+        }
+    }
+    let changes_state = matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH);
+    if changes_state && !is_json(req.headers()) {
+        return refuse(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            "a request that changes state must be Content-Type: application/json",
+        );
+    }
+    next.run(req).await
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// The role a request needs; `None` for what is open to anyone.
+fn required_role(method: &Method, path: &str, open_metrics: bool) -> Option<Role> {
+    let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    match (method, first) {
+        (_, "health") => None,
+        (&Method::GET, "metrics") if open_metrics && path == "/metrics" => None,
+        (_, "tokens" | "audit" | "backup") => Some(Role::Admin),
+        (&Method::GET | &Method::HEAD, _) => Some(Role::Reader),
+        (&Method::POST, "runs") if path.contains("/approvals/") => Some(Role::Reviewer),
+        _ => Some(Role::Operator),
+    }
+}
+
+/// The caller's token must be valid (401) and its role enough for the request (403). A
+/// request that changes state is recorded in the audit trail, under the token's name,
+/// before it is carried out: nothing changes without a record of who asked.
+pub async fn authorize(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let Some(needed) = required_role(req.method(), &path, app.access.open_metrics) else {
+        return next.run(req).await;
+    };
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|t| t.trim().to_string());
+    let Some(token) = presented else {
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "an Authorization: Bearer <token> header is required",
+        );
+    };
+    let store = app.runtime.store();
+    let caller = match auth::verify(store, &token) {
+        Ok(Some(caller)) => caller,
+        Ok(None) => return refuse(StatusCode::UNAUTHORIZED, "Unauthorized", "the token is not valid"),
+        Err(e) => return refuse(StatusCode::SERVICE_UNAVAILABLE, "StoreFailed", e.to_string()),
+    };
+    if caller.role < needed {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!("token {:?} is a {}; this needs {}", caller.name, caller.role, needed),
+        );
+    }
+    if *req.method() == Method::GET || *req.method() == Method::HEAD {
+        let mut req = req;
+        req.extensions_mut().insert(caller);
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match to_bytes(body, limits::HTTP_BODY_BYTES_MAX).await {
+        Ok(bytes) => bytes,
+        Err(_) => return refuse(StatusCode::PAYLOAD_TOO_LARGE, "PayloadTooLarge", "the body is too large"),
+    };
+    let (action, run_id, detail) = describe(&parts.method, &path, &parts.headers, &bytes);
+    if let Err(e) =
+        auth::record(store, &caller.name, &action, run_id.as_deref(), &detail, app.runtime.now_ms()).await
+    {
+        return refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "StoreFailed",
+            format!("the audit trail cannot be written: {e}"),
+        );
+    }
+    tracing::info!(actor = %caller.name, action, run_id = run_id.as_deref().unwrap_or(""), "audited");
+    let mut req = Request::from_parts(parts, Body::from(bytes));
+    req.extensions_mut().insert(caller);
+    next.run(req).await
+}
+
+/// The audit entry of a state-changing request: its action, its run, its particulars.
+fn describe(
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> (String, Option<String>, String) {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let pick = |keys: &[&str]| -> String {
+        keys.iter().filter_map(|k| body.get(*k).map(|v| format!("{k}={v}"))).collect::<Vec<_>>().join(" ")
+    };
+    match (method, parts.as_slice()) {
+        (&Method::POST, ["runs"]) => {
+            let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or("");
+            ("start".into(), None, format!("{} key={key:?}", pick(&["kind"])))
+        }
+        (&Method::POST, ["runs", id, "approvals", approval]) => (
+            "approve".into(),
+            Some(id.to_string()),
+            format!("approval={approval} {}", pick(&["approved", "comment", "payload_hash"])),
+        ),
+        (&Method::POST, ["runs", id, "cancel"]) => ("cancel".into(), Some(id.to_string()), pick(&["reason"])),
+        (&Method::POST, ["runs", id, "messages"]) => ("message".into(), Some(id.to_string()), String::new()),
+        (&Method::POST, ["runs", id, "requests"]) => ("request".into(), Some(id.to_string()), String::new()),
+        (&Method::POST, ["runs", id, "events", name]) => {
+            ("event".into(), Some(id.to_string()), format!("name={name} {}", pick(&["idempotency_key"])))
+        }
+        (&Method::PUT, ["runs", id, "alarms", name]) => (
+            "set_alarm".into(),
+            Some(id.to_string()),
+            format!("name={name} {}", pick(&["delay_ms", "at_ms", "every_ms"])),
+        ),
+        (&Method::DELETE, ["runs", id, "alarms", name]) => {
+            ("cancel_alarm".into(), Some(id.to_string()), format!("name={name}"))
+        }
+        (&Method::POST, ["tokens"]) => ("token_create".into(), None, pick(&["name", "role"])),
+        (&Method::DELETE, ["tokens", name]) => ("token_revoke".into(), None, format!("name={name}")),
+        _ => (format!("{method} {path}"), None, String::new()),
+    }
+}
+
+/// Refuses a request target or headers larger than the limits, as JSON (414, 431).
+pub async fn size_limits(req: Request, next: Next) -> Response {
+    let target = req.uri().path_and_query().map(|p| p.as_str().len()).unwrap_or(0);
+    if target > limits::HTTP_URI_BYTES_MAX {
+        return refuse(
+            StatusCode::URI_TOO_LONG,
+            "UriTooLong",
+            format!("the request target is over {} bytes", limits::HTTP_URI_BYTES_MAX),
+        );
+    }
+    let header_bytes: usize = req.headers().iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum();
+    if header_bytes > limits::HTTP_HEADER_BYTES_MAX {
+        return refuse(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "HeadersTooLarge",
+            format!("the request headers are over {} bytes", limits::HTTP_HEADER_BYTES_MAX),
+        );
+    }
+    next.run(req).await
+}
+
+/// Turns a refusal that is not JSON (axum's own: a body over the limit, a path that does not
+/// decode) into the API's `{"error", "kind"}` shape.
+pub async fn json_errors(req: Request, next: Next) -> Response {
+    let response = next.run(req).await;
+    let status = response.status();
+    let is_json = is_json(response.headers());
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let text = to_bytes(response.into_body(), 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let kind = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => "PayloadTooLarge",
+        StatusCode::URI_TOO_LONG => "UriTooLong",
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "HeadersTooLarge",
+        StatusCode::NOT_FOUND => "NotFound",
+        StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowed",
+        s if s.is_server_error() => "Internal",
+        _ => "BadRequest",
+    };
+    let message =
+        if text.is_empty() { status.canonical_reason().unwrap_or("refused").to_string() } else { text };
+    (status, axum::Json(json!({"error": message, "kind": kind}))).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_by_route() {
+        let get = Method::GET;
+        let post = Method::POST;
+        assert_eq!(required_role(&get, "/health", false), None);
+        assert_eq!(required_role(&get, "/metrics", true), None);
+        assert_eq!(required_role(&get, "/metrics", false), Some(Role::Reader));
+        assert_eq!(required_role(&get, "/runs/r1", false), Some(Role::Reader));
+        assert_eq!(required_role(&post, "/runs/r1/approvals/a", false), Some(Role::Reviewer));
+        assert_eq!(required_role(&post, "/runs", false), Some(Role::Operator));
+        assert_eq!(required_role(&Method::DELETE, "/runs/r1/alarms/x", false), Some(Role::Operator));
+        assert_eq!(required_role(&get, "/audit", false), Some(Role::Admin));
+        assert_eq!(required_role(&get, "/backup", false), Some(Role::Admin));
+        assert_eq!(required_role(&post, "/tokens", false), Some(Role::Admin));
+    }
+
+    #[test]
+    fn hosts_by_name_and_port() {
+        let access = Access::new("127.0.0.1:7878".parse().unwrap(), &["agents.example".into()], false);
+        assert!(access.allows_host("127.0.0.1:7878") && access.allows_host("localhost:7878"));
+        assert!(access.allows_host("agents.example") && access.allows_host("AGENTS.example:443"));
+        assert!(!access.allows_host("evil.example:7878") && !access.allows_host("localhost:9999"));
+    }
+}
