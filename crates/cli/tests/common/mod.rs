@@ -26,11 +26,17 @@ impl Served {
 
     /// `serve` with more arguments (`--config FILE`).
     pub fn start_with(data: &Path, extra: &[&std::ffi::OsStr]) -> Served {
+        Served::start_env(data, extra, &[])
+    }
+
+    /// `serve` with more arguments and environment variables (`DURAFIBER_SECRET_*`).
+    pub fn start_env(data: &Path, extra: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> Served {
         let mut child = Command::new(BIN)
             .args(["serve", "--data"])
             .arg(data)
             .args(["--listen", "127.0.0.1:0"])
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
