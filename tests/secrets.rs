@@ -9,7 +9,7 @@ use axum::{Json, Router, http::HeaderMap, routing::post};
 use durafiber_runtime::{AgentError, Decision, RunStatus, Runtime, RuntimeError, Secret, Secrets};
 use durafiber_store::{Store, StoreConfig};
 use durafiber_testkit::agents::{Refund, RefundInput};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const SECRET: &str = "sk_live_TOPSECRET_4242_never_on_disk";
 
