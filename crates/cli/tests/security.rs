@@ -257,3 +257,69 @@ async fn a_caller_cannot_have_the_servers_secret_sent_to_its_own_server() {
         assert!(!shown.to_string().contains(KEY));
     }
 }
+
+/// Reads from `stream` until the server closes it; the time that took.
+async fn closed_within(mut stream: tokio::net::TcpStream, limit: std::time::Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    let read_to_end = async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(limit, read_to_end).await.is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_closed_and_every_refusal_is_json() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Served::start(dir.path());
+    let limit = durafiber_runtime::limits::HTTP_HEADER_READ_TIMEOUT + std::time::Duration::from_secs(10);
+    // Half-sent headers, and a connection left idle after its request: both are closed.
+    let mut half = tokio::net::TcpStream::connect(server.addr).await.expect("connect");
+    half.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1").await.expect("write");
+    let mut idle = tokio::net::TcpStream::connect(server.addr).await.expect("connect");
+    idle.write_all(format!("GET /health HTTP/1.1\r\nHost: {}\r\n\r\n", server.addr).as_bytes())
+        .await
+        .expect("write");
+    let (half, idle) = tokio::join!(closed_within(half, limit), closed_within(idle, limit));
+    assert!(half, "a client that never finishes its headers is closed");
+    assert!(idle, "an idle keep-alive connection is closed");
+
+    let http = server.client();
+    let json_refusal = |r: reqwest::Response| async move {
+        let status = r.status().as_u16();
+        (
+            status,
+            r.json::<Value>().await.map(|v| v["kind"].as_str().unwrap_or("").to_string()).unwrap_or_default(),
+        )
+    };
+    let long = format!("/runs/{}", "x".repeat(9 * 1024));
+    assert_eq!(
+        json_refusal(http.get(server.url(&long)).send().await.expect("answer")).await,
+        (414, "UriTooLong".into())
+    );
+    let fat = "y".repeat(20 * 1024);
+    let r = http.get(server.url("/runs")).header("x-fat", fat).send().await.expect("answer");
+    assert_eq!(json_refusal(r).await, (431, "HeadersTooLarge".into()));
+    let big = format!("{{\"kind\":\"steps\",\"input\":\"{}\"}}", "z".repeat(3 * 1024 * 1024));
+    let r = http
+        .post(server.url("/runs"))
+        .header("Idempotency-Key", "big")
+        .body(big)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(json_refusal(r).await, (413, "PayloadTooLarge".into()));
+    let r = http.get(server.url("/runs/%FF")).send().await.expect("answer");
+    let (status, kind) = json_refusal(r).await;
+    assert!(status == 400 && !kind.is_empty(), "a path that is not UTF-8: {status} {kind}");
+    let r = http.delete(server.url("/runs/r/alarms/%00")).send().await.expect("answer");
+    let (status, _) = json_refusal(r).await;
+    let r = http.put(server.url("/runs/r/alarms/%00")).body("{\"delay_ms\":1}").send().await.expect("answer");
+    assert_eq!(json_refusal(r).await.0, status, "a name is refused the same way on every method");
+}

@@ -117,13 +117,13 @@ pub async fn serve(
         }
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let server = crate::http::listen::serve(listener, app, async move {
         shutdown.await;
         let _ = stop_tx.send(());
     });
     let mut failed = runtime.store().failed_signal();
     tokio::select! {
-        served = server => served.context("serving HTTP")?,
+        () = server => {}
         // Requests waiting for disk space must not hold a stop forever.
         () = async {
             let _ = stop_rx.await;

@@ -25,4 +25,5 @@
 mod admin;
 pub mod client;
 pub mod guard;
+pub mod listen;
 pub mod server;

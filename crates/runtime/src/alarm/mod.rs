@@ -216,6 +216,8 @@ pub(crate) async fn set(
 
 /// Cancels alarm `name` of `run_id`; true when it existed.
 pub(crate) async fn cancel(shared: &Arc<Shared>, run_id: &str, name: &str) -> Result<bool, RuntimeError> {
+    // Checked as `set` checks it, so a name is refused the same way whatever is asked.
+    tables::check_id("alarm name", name).map_err(RuntimeError::InvalidInput)?;
     let Some(old) = shared.store.get::<AlarmRecord>(tables::ALARMS, &alarm_key(run_id, name))? else {
         return Ok(false);
     };
