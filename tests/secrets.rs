@@ -98,6 +98,12 @@ async fn a_secret_goes_only_where_it_is_bound_and_is_never_stored_nor_shown() {
     }
     assert!(seen_elsewhere.lock().expect("seen").is_empty(), "nothing reached the other upstream");
     assert!(rt.events().iter().any(|e| e.run_id == exfil && e.kind == "secret_refused"));
+    rt.settle().await;
+    let audit = durafiber_store::access::of_run(rt.store(), &exfil).expect("audit");
+    assert!(
+        audit.iter().any(|e| e.action == "secret_refused" && e.actor == format!("run:{exfil}")),
+        "{audit:?}"
+    );
     assert!(!format!("{:?}", Secret::named("upstream_key")).contains(SECRET));
 
     rt.shutdown().await;

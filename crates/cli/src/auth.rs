@@ -10,13 +10,12 @@ use std::{
     fmt,
     path::{Path, PathBuf},
     str::FromStr,
-    sync::atomic::{AtomicU64, Ordering},
 };
 
 use durafiber_runtime::sha256_hex;
 use durafiber_store::{
     Batch, Durability, Store, StoreError,
-    access::{AuditRecord, TokenRecord},
+    access::{self, AuditRecord, TokenRecord},
     tables,
 };
 use serde::Serialize;
@@ -218,24 +217,7 @@ pub fn read_admin_token(data: &Path) -> Option<String> {
     Some(text.trim().to_string()).filter(|t| !t.is_empty())
 }
 
-/// The last sequence number handed out by this process.
-static LAST_SEQ: AtomicU64 = AtomicU64::new(0);
-
-/// The next audit sequence number: the clock in microseconds, and always above the last,
-/// so entries sort in the order they were made, across restarts too.
-fn next_seq(now_ms: u64) -> u64 {
-    let floor = now_ms.saturating_mul(1_000);
-    let mut last = LAST_SEQ.load(Ordering::SeqCst);
-    loop {
-        let next = floor.max(last.saturating_add(1));
-        match LAST_SEQ.compare_exchange(last, next, Ordering::SeqCst, Ordering::SeqCst) {
-            Ok(_) => return next,
-            Err(seen) => last = seen,
-        }
-    }
-}
-
-/// Appends one entry to the audit trail, durably.
+/// Appends one entry to the audit trail, durably (see `durafiber_store::access::append`).
 pub async fn record(
     store: &Store,
     actor: &str,
@@ -244,51 +226,17 @@ pub async fn record(
     detail: &str,
     now_ms: u64,
 ) -> Result<(), AccessError> {
-    let seq = next_seq(now_ms);
-    let entry = AuditRecord {
-        seq,
-        at_ms: now_ms,
-        actor: actor.to_string(),
-        action: action.to_string(),
-        run_id: run_id.map(str::to_string),
-        detail: detail.to_string(),
-    };
-    let mut batch = Batch::new();
-    batch.put(tables::AUDIT, tables::AUDIT.key(&[&seq.to_be_bytes()]), &entry)?;
-    if let Some(run_id) = run_id {
-        batch.put(
-            tables::AUDIT_BY_RUN,
-            tables::AUDIT_BY_RUN.key(&[run_id.as_bytes(), &seq.to_be_bytes()]),
-            &(),
-        )?;
-    }
-    store.commit(batch, Durability::Sync).await?;
-    Ok(())
+    Ok(access::append(store, actor, action, run_id, detail, now_ms).await?)
 }
 
 /// Up to `limit` audit entries after sequence number `after`, oldest first.
 pub fn page(store: &Store, after: Option<u64>, limit: usize) -> Result<Vec<AuditRecord>, AccessError> {
-    let after_key = after.map(|seq| tables::AUDIT.key(&[&seq.to_be_bytes()]));
-    let mut out = Vec::new();
-    for (_, entry) in
-        store.scan::<AuditRecord>(tables::AUDIT, &[tables::AUDIT.prefix], after_key.as_deref(), limit)?
-    {
-        out.push(entry?);
-    }
-    Ok(out)
+    Ok(access::page(store, after, limit)?)
 }
 
 /// Every audit entry about `run_id`, oldest first.
 pub fn of_run(store: &Store, run_id: &str) -> Result<Vec<AuditRecord>, AccessError> {
-    let prefix = tables::AUDIT_BY_RUN.prefix_of(&[run_id.as_bytes()]);
-    let mut out = Vec::new();
-    for (key, _) in store.scan::<()>(tables::AUDIT_BY_RUN, &prefix, None, usize::MAX)? {
-        let Some(seq) = key.get(prefix.len()..).and_then(|b| <[u8; 8]>::try_from(b).ok()) else { continue };
-        if let Some(entry) = store.get::<AuditRecord>(tables::AUDIT, &tables::AUDIT.key(&[&seq]))? {
-            out.push(entry);
-        }
-    }
-    Ok(out)
+    Ok(access::of_run(store, run_id)?)
 }
 
 #[cfg(test)]
@@ -315,13 +263,5 @@ mod tests {
         let token = new_token().expect("token");
         assert!(token.len() == 4 + 64 && token[4..].chars().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(token, new_token().expect("another"));
-    }
-
-    #[test]
-    fn audit_sequence_numbers_always_rise() {
-        let a = next_seq(5);
-        let b = next_seq(5);
-        let c = next_seq(1);
-        assert!(a < b && b < c);
     }
 }

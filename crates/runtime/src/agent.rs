@@ -6,7 +6,10 @@
 
 use std::{future::Future, marker::PhantomData, time::Duration};
 
-use durafiber_store::tables::{AlarmRecord, Decision};
+use durafiber_store::{
+    access,
+    tables::{AlarmRecord, Decision},
+};
 use serde::{Serialize, de::DeserializeOwned};
 
 pub use crate::hooks::{AlarmEvent, ExhaustedAction, RecoveryReason};
@@ -389,7 +392,16 @@ impl<A: Agent> Ctx<A> {
             };
             let run_id = &self.raw.cell.run_id;
             tracing::warn!(run_id, secret = %secret.secret, destination, "a secret was refused for a destination it is not bound to");
-            shared.event(run_id, "secret_refused", format!("{} to {destination}", secret.secret));
+            let detail = format!("{} to {destination}", secret.secret);
+            shared.event(run_id, "secret_refused", detail.clone());
+            // Into the audit trail too, beside what callers asked for: by the run itself.
+            let (store, run, now) = (shared.store.clone(), run_id.clone(), shared.now_ms());
+            shared.spawn_tracked(async move {
+                let actor = format!("run:{run}");
+                if let Err(e) = access::append(&store, &actor, "secret_refused", Some(&run), &detail, now).await {
+                    tracing::error!(run_id = %run, error = %e, "could not audit a refused secret");
+                }
+            });
             AgentError::SecretRefused { name: secret.secret.clone(), destination }
         })
     }
