@@ -56,6 +56,12 @@ pub enum Command {
         /// Serve `GET /metrics` without a token, for a Prometheus scraper.
         #[arg(long)]
         open_metrics: bool,
+        /// Serve HTTPS with this certificate chain (PEM); with `--tls-key`.
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The certificate's private key (PEM).
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
         /// Listen off loopback over plain HTTP (tokens cross the network in clear text: only
         /// behind a proxy that terminates TLS).
         #[arg(long)]

@@ -323,3 +323,64 @@ async fn slow_clients_are_closed_and_every_refusal_is_json() {
     let r = http.put(server.url("/runs/r/alarms/%00")).body("{\"delay_ms\":1}").send().await.expect("answer");
     assert_eq!(json_refusal(r).await.0, status, "a name is refused the same way on every method");
 }
+
+/// A GET of `/health` over TLS to `addr`, trusting only `cert`: the status line.
+async fn https_health(addr: std::net::SocketAddr, cert: &rcgen::CertifiedKey) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls::{self, pki_types::ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.cert.der().clone()).expect("root");
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", addr.port())).await.expect("connect");
+    let mut tls = connector
+        .connect(ServerName::try_from("localhost").expect("name"), tcp)
+        .await
+        .expect("TLS handshake");
+    let request =
+        format!("GET /health HTTP/1.1\r\nHost: localhost:{}\r\nConnection: close\r\n\r\n", addr.port());
+    tls.write_all(request.as_bytes()).await.expect("write");
+    let mut answer = String::new();
+    let _ = tls.read_to_string(&mut answer).await;
+    answer.lines().next().unwrap_or_default().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn off_loopback_the_server_speaks_tls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).expect("certificate");
+    let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_file, cert.cert.pem()).expect("cert");
+    std::fs::write(&key_file, cert.key_pair.serialize_pem()).expect("key");
+    let mut child = std::process::Command::new(BIN)
+        .args(["serve", "--data"])
+        .arg(dir.path().join("data"))
+        .args(["--listen", "0.0.0.0:0", "--tls-cert"])
+        .arg(&cert_file)
+        .arg("--tls-key")
+        .arg(&key_file)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("serve");
+    let stdout = child.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout).lines().next().and_then(Result::ok).unwrap_or_default()
+    })
+    .await
+    .expect("line");
+    let addr: std::net::SocketAddr =
+        line.strip_prefix("listening on ").expect(&line).parse().expect("address");
+    assert_eq!(https_health(addr, &cert).await, "HTTP/1.1 200 OK");
+    // Plain HTTP to the TLS port gets no answer.
+    let plain = reqwest::Client::new().get(format!("http://127.0.0.1:{}/health", addr.port())).send().await;
+    assert!(plain.is_err() || plain.is_ok_and(|r| !r.status().is_success()));
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -22,9 +22,19 @@ fn print_json(value: &serde_json::Value) -> anyhow::Result<i32> {
 /// Runs one command; the exit code on success.
 pub async fn run(command: Command) -> anyhow::Result<i32> {
     match command {
-        Command::Serve { data, listen, config, allowed_hosts, open_metrics, insecure_plain_http } => {
+        Command::Serve {
+            data,
+            listen,
+            config,
+            allowed_hosts,
+            open_metrics,
+            tls_cert,
+            tls_key,
+            insecure_plain_http,
+        } => {
             init_tracing("info");
-            let exposure = serve::Exposure { allowed_hosts, open_metrics, insecure_plain_http };
+            let tls = tls_cert.zip(tls_key);
+            let exposure = serve::Exposure { allowed_hosts, open_metrics, tls, insecure_plain_http };
             serve::serve(&data, listen, config.as_deref(), exposure).await?;
             Ok(0)
         }

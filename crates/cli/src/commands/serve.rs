@@ -69,6 +69,8 @@ pub struct Exposure {
     pub allowed_hosts: Vec<String>,
     /// `GET /metrics` without a token.
     pub open_metrics: bool,
+    /// HTTPS: the certificate chain and key files (PEM).
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
     /// Off loopback without TLS, on purpose.
     pub insecure_plain_http: bool,
 }
@@ -80,10 +82,14 @@ pub async fn serve(
     config: Option<&Path>,
     exposure: Exposure,
 ) -> anyhow::Result<()> {
-    if !listen.ip().is_loopback() {
+    let tls = match &exposure.tls {
+        Some((cert, key)) => Some(crate::http::listen::tls_acceptor(cert, key)?),
+        None => None,
+    };
+    if !listen.ip().is_loopback() && tls.is_none() {
         if !exposure.insecure_plain_http {
             anyhow::bail!(
-                "{listen} is off loopback: tokens would cross the network in clear text; listen on 127.0.0.1 behind a TLS proxy, or pass --insecure-plain-http to accept that"
+                "{listen} is off loopback: tokens would cross the network in clear text; give --tls-cert and --tls-key, or pass --insecure-plain-http behind a proxy that terminates TLS"
             );
         }
         eprintln!(
@@ -117,7 +123,8 @@ pub async fn serve(
         }
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = crate::http::listen::serve(listener, app, async move {
+    tracing::info!(tls = tls.is_some(), "accepting connections");
+    let server = crate::http::listen::serve(listener, app, tls, async move {
         shutdown.await;
         let _ = stop_tx.send(());
     });

@@ -1,9 +1,10 @@
 //! Accepting connections, with limits a slow or hostile client cannot outlast: at most
 //! `HTTP_CONNECTIONS_MAX` open at once (more are closed as they are accepted), request
 //! headers within `HTTP_HEADER_READ_TIMEOUT`, and a connection idle that long closed. On
-//! shutdown every connection finishes the request it is serving and closes.
+//! shutdown every connection finishes the request it is serving and closes. With a TLS
+//! acceptor every connection is TLS (rustls), the handshake within the same timeout.
 
-use std::{future::Future, pin::pin, sync::Arc};
+use std::{future::Future, path::Path, pin::pin, sync::Arc};
 
 use axum::Router;
 use durafiber_runtime::limits;
@@ -17,10 +18,16 @@ use tokio::{
     sync::{Semaphore, watch},
     task::JoinSet,
 };
+use tokio_rustls::TlsAcceptor;
 
 /// Serves `app` on `listener` until `shutdown` completes, then lets open connections finish
-/// their request.
-pub async fn serve(listener: TcpListener, app: Router, shutdown: impl Future<Output = ()>) {
+/// their request. With `tls`, every connection is TLS.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    tls: Option<TlsAcceptor>,
+    shutdown: impl Future<Output = ()>,
+) {
     let permits = Arc::new(Semaphore::new(limits::HTTP_CONNECTIONS_MAX));
     let (stopping, stop) = watch::channel(false);
     let mut connections = JoinSet::new();
@@ -45,24 +52,67 @@ pub async fn serve(listener: TcpListener, app: Router, shutdown: impl Future<Out
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let (app, mut stop) = (app.clone(), stop.clone());
+        let (app, stop, tls) = (app.clone(), stop.clone(), tls.clone());
         connections.spawn(async move {
-            let connection = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits::HTTP_HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
-            let mut connection = pin!(connection);
-            let stopped = tokio::select! {
-                _ = connection.as_mut() => false,
-                stopping = stop.wait_for(|s| *s) => stopping.is_ok(),
-            };
-            if stopped {
-                connection.as_mut().graceful_shutdown();
-                let _ = connection.await;
+            match tls {
+                None => serve_one(TokioIo::new(stream), app, stop).await,
+                Some(acceptor) => {
+                    let handshake = acceptor.accept(stream);
+                    match tokio::time::timeout(limits::HTTP_HEADER_READ_TIMEOUT, handshake).await {
+                        Ok(Ok(stream)) => serve_one(TokioIo::new(stream), app, stop).await,
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
             }
             drop(permit);
         });
     }
     let _ = stopping.send(true);
     while connections.join_next().await.is_some() {}
+}
+
+async fn serve_one<I>(io: TokioIo<I>, app: Router, mut stop: watch::Receiver<bool>)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let connection = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits::HTTP_HEADER_READ_TIMEOUT)
+        .serve_connection(io, TowerToHyperService::new(app));
+    let mut connection = pin!(connection);
+    let stopped = tokio::select! {
+        _ = connection.as_mut() => false,
+        stopping = stop.wait_for(|s| *s) => stopping.is_ok(),
+    };
+    if stopped {
+        connection.as_mut().graceful_shutdown();
+        let _ = connection.await;
+    }
+}
+
+/// A TLS acceptor from PEM files: the certificate chain and its private key.
+pub fn tls_acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
+    use anyhow::Context as _;
+    use tokio_rustls::rustls::{
+        self,
+        pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
+    };
+    let certs = CertificateDer::pem_file_iter(cert)
+        .with_context(|| format!("reading {}", cert.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("a certificate in {}", cert.display()))?;
+    if certs.is_empty() {
+        anyhow::bail!("{} holds no certificate", cert.display());
+    }
+    let key =
+        PrivateKeyDer::from_pem_file(key).with_context(|| format!("the private key in {}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .context("the certificate and key do not make a TLS configuration")?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
 }
