@@ -99,3 +99,41 @@ async fn inspection_works_on_a_server_and_on_a_bare_directory() {
     let (code, _, _) = durafiber(&["cancel", &run_id, "--server", &addr, "--data", &data]);
     assert_eq!(code, 0, "cancelling a finished run is a no-op answer");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_made_used_and_revoked_from_the_command_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_str().expect("utf-8").to_string();
+    let mut server = Served::start(dir.path());
+    let addr = server.addr.to_string();
+    // The admin token is read from DATA/admin.token when --data is given.
+    let (code, out, err) = durafiber(&[
+        "tokens", "create", "--role", "reader", "--name", "dash", "--server", &addr, "--data", &data,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let token = json(&out)["token"].as_str().expect("token").to_string();
+    let (code, _, err) = durafiber(&["runs", "list", "--server", &addr, "--token", &token]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = durafiber(&["cancel", "run_x", "--server", &addr, "--token", &token]);
+    assert_ne!(code, 0);
+    assert!(err.contains("is a reader") && err.trim().lines().count() == 1, "{err}");
+    let (code, _, err) = durafiber(&["runs", "list", "--server", &addr]);
+    assert_ne!(code, 0, "no token, no answer");
+    assert!(err.contains("Authorization"), "{err}");
+    let (code, out, _) = durafiber(&["tokens", "revoke", "dash", "--server", &addr, "--data", &data]);
+    assert_eq!((code, json(&out)["revoked"].as_bool()), (0, Some(true)));
+    let (code, _, _) = durafiber(&["runs", "list", "--server", &addr, "--token", &token]);
+    assert_ne!(code, 0, "revoked at once");
+    assert_eq!(server.sigterm(), Some(0));
+    // On the bare directory the same commands work on the store itself.
+    let (code, out, _) = durafiber(&["tokens", "list", "--data", &data]);
+    let names: Vec<String> = json(&out)
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|t| t["name"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!((code, names), (0, vec!["admin".to_string()]));
+    let (code, _, err) = durafiber(&["tokens", "create", "--role", "root", "--name", "x", "--data", &data]);
+    assert!(code != 0 && err.contains("unknown role"), "{err}");
+}

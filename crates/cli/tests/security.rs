@@ -256,6 +256,29 @@ async fn a_caller_cannot_have_the_servers_secret_sent_to_its_own_server() {
     for shown in done.values() {
         assert!(!shown.to_string().contains(KEY));
     }
+    // Nowhere else either: not the event stream, not the server's log, not the store's bytes.
+    let events = http.get(server.url("/events")).send().await.expect("events").text().await.expect("text");
+    assert!(events.contains("secret_refused") && !events.contains(KEY));
+    let mut server = server;
+    assert_eq!(server.sigterm(), Some(0));
+    let log = server.log();
+    assert!(log.contains("refused") && !log.contains(KEY), "the server's log");
+    let mut stack = vec![dir.path().to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let bytes = std::fs::read(&path).expect("read");
+                assert!(
+                    !bytes.windows(KEY.len()).any(|w| w == KEY.as_bytes()),
+                    "{} holds the key",
+                    path.display()
+                );
+            }
+        }
+    }
 }
 
 /// Reads from `stream` until the server closes it; the time that took.

@@ -17,6 +17,8 @@ pub struct Served {
     pub addr: SocketAddr,
     /// The admin token the server wrote into its data directory.
     pub token: String,
+    /// Where the server's stderr goes.
+    log: tempfile::NamedTempFile,
 }
 
 impl Served {
@@ -31,14 +33,15 @@ impl Served {
 
     /// `serve` with more arguments and environment variables (`DURAFIBER_SECRET_*`).
     pub fn start_env(data: &Path, extra: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> Served {
+        let log = tempfile::NamedTempFile::new().expect("log file");
         let mut child = Command::new(BIN)
             .args(["serve", "--data"])
             .arg(data)
             .args(["--listen", "127.0.0.1:0"])
             .args(extra)
             .envs(env.iter().copied())
+            .stderr(log.reopen().expect("server log"))
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
             .spawn()
             .expect("spawn durafiber serve");
         let stdout = child.stdout.take().expect("stdout");
@@ -52,7 +55,7 @@ impl Served {
         let addr = line.strip_prefix("listening on ").expect("listening line").parse().expect("address");
         let token =
             std::fs::read_to_string(data.join("admin.token")).expect("admin.token").trim().to_string();
-        Served { child, addr, token }
+        Served { child, addr, token, log }
     }
 
     /// An HTTP client that presents the admin token and speaks JSON.
@@ -71,6 +74,11 @@ impl Served {
             .timeout(Duration::from_secs(30))
             .build()
             .expect("client")
+    }
+
+    /// What the server has written to stderr.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
     }
 
     pub fn url(&self, path: &str) -> String {
