@@ -186,3 +186,23 @@ async fn a_run_waiting_for_an_event_is_cancelled_at_once() {
     rt.advance(Duration::from_secs(1)).await.expect("advance");
     assert!(matches!(rt.send_event(&run, "go", &1, None).await, Err(RuntimeError::RunFinished { .. })));
 }
+
+/// A retried send is answered as a repeat even after the run consumed it and finished: the
+/// caller learns it arrived, not that the run is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_send_after_the_run_finished_is_still_a_duplicate() {
+    let rt = runtime().await;
+    let run = rt.start::<Waiter>("done", &NOW).await.expect("start").run_id;
+    rt.advance(Duration::ZERO).await.expect("advance");
+    rt.send_event(&run, "go", &"payload", Some("k1")).await.expect("send");
+    rt.advance(Duration::from_secs(1)).await.expect("advance");
+    assert!(rt.status(&run).expect("status").is_terminal());
+    assert_eq!(
+        rt.send_event(&run, "go", &"payload", Some("k1")).await.expect("repeat"),
+        SendOutcome::Duplicate
+    );
+    assert!(matches!(
+        rt.send_event(&run, "go", &"x", Some("k2")).await,
+        Err(RuntimeError::RunFinished { .. })
+    ));
+}

@@ -96,14 +96,17 @@ pub(crate) async fn send(
     // Events and decisions of one run are written one at a time.
     let _one_at_a_time = shared.inbound_lock(run_id).await;
     let run = shared.load_run(run_id)?;
-    if run.status.is_terminal() {
-        return Err(RuntimeError::RunFinished { run_id: run_id.into(), state: run.status.name().into() });
-    }
+    // A repeat is answered as a repeat whatever became of the run since: a caller retrying
+    // a send it was not sure of must learn it arrived, even if the run has consumed it and
+    // finished meanwhile.
     let dedupe_key = idempotency_key.map(|k| tables::EVENT_KEYS.key(&[run_id.as_bytes(), k.as_bytes()]));
     if let Some(key) = &dedupe_key
         && shared.store.get::<()>(tables::EVENT_KEYS, key)?.is_some()
     {
         return Ok(SendOutcome::Duplicate);
+    }
+    if run.status.is_terminal() {
+        return Err(RuntimeError::RunFinished { run_id: run_id.into(), state: run.status.name().into() });
     }
     let (count, bytes, seq) = buffered(shared, run_id, name)?;
     if count >= limits::EVENT_BUFFER_MAX || bytes + payload_json.len() > limits::EVENT_BUFFER_BYTES_MAX {
