@@ -313,7 +313,16 @@ async fn slow_clients_are_closed_and_every_refusal_is_json() {
     assert!(half, "a client that never finishes its headers is closed");
     assert!(idle, "an idle keep-alive connection is closed");
 
-    let http = server.client();
+    // A connection per request: the server closes one whose body it refused unread.
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers
+        .insert(reqwest::header::AUTHORIZATION, format!("Bearer {}", server.token).parse().expect("header"));
+    headers.insert(reqwest::header::CONTENT_TYPE, "application/json".parse().expect("header"));
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .default_headers(headers)
+        .build()
+        .expect("client");
     let json_refusal = |r: reqwest::Response| async move {
         let status = r.status().as_u16();
         (
@@ -337,6 +346,7 @@ async fn slow_clients_are_closed_and_every_refusal_is_json() {
         .send()
         .await
         .expect("answer");
+    assert_eq!(r.headers().get("connection").and_then(|v| v.to_str().ok()), Some("close"));
     assert_eq!(json_refusal(r).await, (413, "PayloadTooLarge".into()));
     let r = http.get(server.url("/runs/%FF")).send().await.expect("answer");
     let (status, kind) = json_refusal(r).await;

@@ -238,8 +238,12 @@ pub async fn size_limits(req: Request, next: Next) -> Response {
 /// Turns a refusal that is not JSON (axum's own: a body over the limit, a path that does not
 /// decode) into the API's `{"error", "kind"}` shape.
 pub async fn json_errors(req: Request, next: Next) -> Response {
-    let response = next.run(req).await;
+    let mut response = next.run(req).await;
     let status = response.status();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        // The rest of the body was never read: the connection cannot carry another request.
+        response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    }
     let is_json = is_json(response.headers());
     if !(status.is_client_error() || status.is_server_error()) || is_json {
         return response;
@@ -259,7 +263,13 @@ pub async fn json_errors(req: Request, next: Next) -> Response {
     };
     let message =
         if text.is_empty() { status.canonical_reason().unwrap_or("refused").to_string() } else { text };
-    (status, axum::Json(json!({"error": message, "kind": kind}))).into_response()
+    let close = [(header::CONNECTION, "close")];
+    match status {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            (status, close, axum::Json(json!({"error": message, "kind": kind}))).into_response()
+        }
+        _ => (status, axum::Json(json!({"error": message, "kind": kind}))).into_response(),
+    }
 }
 
 #[cfg(test)]
