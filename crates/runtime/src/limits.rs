@@ -91,3 +91,7 @@ pub const HTTP_HEADER_BYTES_MAX: usize = 16 * 1024;
 pub const HTTP_HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Most connections the server holds open at once; more are closed on accept.
 pub const HTTP_CONNECTIONS_MAX: usize = 256;
+
+/// Interrupted runs re-activated side by side at start-up: enough for their registration
+/// writes to share group commits, few enough to bound the memory of a large recovery.
+pub const RECOVERY_ACTIVATIONS_MAX: usize = 512;

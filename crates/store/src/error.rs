@@ -66,7 +66,7 @@ pub enum StoreError {
         reason: String,
     },
     /// The store holds less than it did at its last clean close: sled's log lost its tail.
-    #[error("{path}: the store went back in time (commit {found_seq} of {expected_seq}); {} runs changed: run `durafiber store salvage`, or restore a backup", runs.len())]
+    #[error("{path}: the store is not as its last clean close left it (commit {found_seq} of {expected_seq}); {} runs changed: run `durafiber store salvage`, or restore a backup", runs.len())]
     RolledBack {
         /// The data directory.
         path: PathBuf,

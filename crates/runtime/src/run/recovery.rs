@@ -58,17 +58,24 @@ pub(crate) fn backoff_ms(failed: u32) -> u64 {
     (base << shift).min(limits::RECOVER_BACKOFF_MAX.as_millis() as u64)
 }
 
-/// Finds every interrupted run and re-activates it. Returns how many were found.
+/// Finds every interrupted run and re-activates it, up to `RECOVERY_ACTIVATIONS_MAX` at a
+/// time: each activation writes its fiber's registration, and side by side those writes
+/// share group commits instead of waiting for a barrier each. Returns how many were found.
 pub(crate) async fn scan_and_reactivate(shared: &Arc<Shared>) -> Result<usize, RuntimeError> {
     let mut after: Option<Vec<u8>> = None;
     let mut found = 0;
+    let mut activations = tokio::task::JoinSet::new();
     loop {
         let (ids, next) = shared.open_runs_page(after.as_deref())?;
         for run_id in ids {
             match shared.load_run(&run_id) {
                 Ok(run) if matches!(run.status, RunStatus::Accepted | RunStatus::Running) => {
                     found += 1;
-                    shared.reactivate_since(&run_id, shared.opened).await;
+                    if activations.len() >= limits::RECOVERY_ACTIVATIONS_MAX {
+                        let _ = activations.join_next().await;
+                    }
+                    let shared = shared.clone();
+                    activations.spawn(async move { shared.reactivate_since(&run_id, shared.opened).await });
                 }
                 Ok(_) => {}
                 Err(e) => {
@@ -82,6 +89,7 @@ pub(crate) async fn scan_and_reactivate(shared: &Arc<Shared>) -> Result<usize, R
             None => break,
         }
     }
+    while activations.join_next().await.is_some() {}
     Ok(found)
 }
 
