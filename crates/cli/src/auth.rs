@@ -15,7 +15,7 @@ use std::{
 use durafiber_runtime::sha256_hex;
 use durafiber_store::{
     Batch, Durability, Store, StoreError,
-    access::{self, AuditRecord, TokenRecord},
+    access::{self, TokenRecord},
     tables,
 };
 use serde::Serialize;
@@ -197,7 +197,8 @@ pub async fn bootstrap(store: &Store, data: &Path, now_ms: u64) -> Result<Option
     let token = create(store, "admin", Role::Admin, now_ms).await?;
     let path = data.join(ADMIN_TOKEN_FILE);
     write_private(&path, &token).map_err(|source| AccessError::File { path: path.clone(), source })?;
-    record(store, "durafiber", "token_create", None, "admin (admin), written to admin.token", now_ms).await?;
+    access::append(store, "durafiber", "token_create", None, "admin (admin), written to admin.token", now_ms)
+        .await?;
     Ok(Some(path))
 }
 
@@ -215,28 +216,6 @@ fn write_private(path: &Path, token: &str) -> std::io::Result<()> {
 pub fn read_admin_token(data: &Path) -> Option<String> {
     let text = std::fs::read_to_string(data.join(ADMIN_TOKEN_FILE)).ok()?;
     Some(text.trim().to_string()).filter(|t| !t.is_empty())
-}
-
-/// Appends one entry to the audit trail, durably (see `durafiber_store::access::append`).
-pub async fn record(
-    store: &Store,
-    actor: &str,
-    action: &str,
-    run_id: Option<&str>,
-    detail: &str,
-    now_ms: u64,
-) -> Result<(), AccessError> {
-    Ok(access::append(store, actor, action, run_id, detail, now_ms).await?)
-}
-
-/// Up to `limit` audit entries after sequence number `after`, oldest first.
-pub fn page(store: &Store, after: Option<u64>, limit: usize) -> Result<Vec<AuditRecord>, AccessError> {
-    Ok(access::page(store, after, limit)?)
-}
-
-/// Every audit entry about `run_id`, oldest first.
-pub fn of_run(store: &Store, run_id: &str) -> Result<Vec<AuditRecord>, AccessError> {
-    Ok(access::of_run(store, run_id)?)
 }
 
 #[cfg(test)]

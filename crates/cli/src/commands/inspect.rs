@@ -5,7 +5,7 @@
 
 use anyhow::{Context as _, bail};
 use durafiber_runtime::{Decision, ListFilter, Runtime};
-use durafiber_store::{Store, StoreConfig, StoreError};
+use durafiber_store::{Store, StoreConfig, StoreError, access};
 use serde_json::{Value, json};
 
 use crate::{args::Target, auth, http::client::Client};
@@ -169,7 +169,7 @@ pub async fn tokens_create(target: &Target, name: &str, role: &str) -> anyhow::R
     let store = bare_store(target).await?;
     let role: auth::Role = role.parse()?;
     let token = auth::create(&store, name, role, now_ms()).await?;
-    auth::record(
+    access::append(
         &store,
         "durafiber-cli",
         "token_create",
@@ -203,7 +203,8 @@ pub async fn tokens_revoke(target: &Target, name: &str) -> anyhow::Result<Value>
     }
     let store = bare_store(target).await?;
     let revoked = auth::revoke(&store, name).await?;
-    auth::record(&store, "durafiber-cli", "token_revoke", None, &format!("name={name:?}"), now_ms()).await?;
+    access::append(&store, "durafiber-cli", "token_revoke", None, &format!("name={name:?}"), now_ms())
+        .await?;
     store.close();
     Ok(json!({"name": name, "revoked": revoked}))
 }

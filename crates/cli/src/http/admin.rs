@@ -7,6 +7,7 @@ use axum::{
     http::StatusCode,
     response::IntoResponse,
 };
+use durafiber_store::access;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -62,7 +63,7 @@ pub async fn audit(State(app): State<AppState>, Query(q): Params) -> ApiResult {
             .transpose()
     };
     let limit = number("limit")?.unwrap_or(100).clamp(1, 1_000) as usize;
-    let entries = auth::page(app.runtime.store(), number("after")?, limit)?;
+    let entries = access::page(app.runtime.store(), number("after")?, limit).map_err(AccessError::from)?;
     let next = if entries.len() == limit { entries.last().map(|e| e.seq) } else { None };
     ok(json!({"entries": entries, "next": next}))
 }

@@ -13,6 +13,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use durafiber_runtime::limits;
+use durafiber_store::access;
 use serde_json::{Value, json};
 
 use super::server::{ApiError, AppState};
@@ -158,7 +159,7 @@ pub async fn authorize(State(app): State<AppState>, req: Request, next: Next) ->
     };
     let (action, run_id, detail) = describe(&parts.method, &path, &parts.headers, &bytes);
     if let Err(e) =
-        auth::record(store, &caller.name, &action, run_id.as_deref(), &detail, app.runtime.now_ms()).await
+        access::append(store, &caller.name, &action, run_id.as_deref(), &detail, app.runtime.now_ms()).await
     {
         return refuse(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -171,7 +171,8 @@ async fn list(State(app): State<AppState>, Query(q): Params) -> ApiResult {
 async fn show(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiResult {
     let inspection = app.runtime.inspect(&run_id)?;
     let mut shown = serde_json::to_value(&inspection).map_err(|e| bad_request(e.to_string()))?;
-    shown["audit"] = json!(crate::auth::of_run(app.runtime.store(), &run_id)?);
+    let audit = durafiber_store::access::of_run(app.runtime.store(), &run_id).map_err(RuntimeError::from)?;
+    shown["audit"] = json!(audit);
     let text = serde_json::to_string(&shown).map_err(|e| bad_request(e.to_string()))?;
     let redacted: Value =
         serde_json::from_str(&app.secrets.redact(&text)).map_err(|e| bad_request(e.to_string()))?;
