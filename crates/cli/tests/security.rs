@@ -108,6 +108,28 @@ async fn every_endpoint_needs_a_token_whose_role_allows_it() {
         "{shown}"
     );
 
+    // A decision shows who made it.
+    let refund = json!({"kind": "refund", "input": {"order_id": "o1", "amount_cents": 5, "customer_email": "a@b.c",
+        "upstream": "http://127.0.0.1:9", "api_key": null}});
+    let (_, started) = call(&server.client(), &server, Method::POST, "/runs", refund).await;
+    let refund_id = started["run_id"].as_str().expect("run id").to_string();
+    let pending = loop {
+        let (_, list) = call(&server.client(), &server, Method::GET, "/approvals", Value::Null).await;
+        if let Some(p) =
+            list.as_array().and_then(|a| a.iter().find(|p| p["run_id"] == refund_id.as_str()).cloned())
+        {
+            break p;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    let path = format!("/runs/{refund_id}/approvals/refund");
+    let no = json!({"payload_hash": pending["payload_hash"], "approved": false, "comment": "not this one"});
+    let (s, _) = call(&server.client_with(&tokens["reviewer"]), &server, Method::POST, &path, no).await;
+    assert_eq!(s, 200);
+    let (_, shown) =
+        call(&server.client(), &server, Method::GET, &format!("/runs/{refund_id}"), Value::Null).await;
+    assert_eq!(shown["approvals"][0]["decided_by"], "reviewer-1", "{shown}");
+
     // A revocation holds at once.
     let (s, _) = call(&server.client(), &server, Method::DELETE, "/tokens/reader-1", Value::Null).await;
     assert_eq!(s, 200);

@@ -172,11 +172,34 @@ async fn show(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiRes
     let inspection = app.runtime.inspect(&run_id)?;
     let mut shown = serde_json::to_value(&inspection).map_err(|e| bad_request(e.to_string()))?;
     let audit = durafiber_store::access::of_run(app.runtime.store(), &run_id).map_err(RuntimeError::from)?;
+    for approval in shown["approvals"].as_array_mut().into_iter().flatten() {
+        if let Some(name) = decided_by(&audit, approval) {
+            approval["decided_by"] = json!(name);
+        }
+    }
     shown["audit"] = json!(audit);
     let text = serde_json::to_string(&shown).map_err(|e| bad_request(e.to_string()))?;
     let redacted: Value =
         serde_json::from_str(&app.secrets.redact(&text)).map_err(|e| bad_request(e.to_string()))?;
     Ok(Json(redacted).into_response())
+}
+
+/// The token that recorded `approval`'s decision: the first audited request for it with
+/// the same payload hash and answer (a repeat of it changes nothing; another answer is
+/// refused as already decided).
+fn decided_by<'a>(audit: &'a [durafiber_store::access::AuditRecord], approval: &Value) -> Option<&'a str> {
+    let id = approval["approval_id"].as_str()?;
+    let approved = approval["decision"]["approved"].as_bool()?;
+    let hash = approval["payload_hash"].as_str()?;
+    audit
+        .iter()
+        .find(|e| {
+            e.action == "approve"
+                && e.detail.starts_with(&format!("approval={id} "))
+                && e.detail.contains(&format!("approved={approved}"))
+                && e.detail.contains(&format!("payload_hash={}", json!(hash)))
+        })
+        .map(|e| e.actor.as_str())
 }
 
 #[derive(Deserialize, Default)]
