@@ -160,6 +160,14 @@ pub fn list(store: &Store) -> Result<Vec<TokenRecord>, AccessError> {
     Ok(out)
 }
 
+/// Every token as shown to an admin: name, role, creation time — never its hash.
+pub fn shown(store: &Store) -> Result<Vec<serde_json::Value>, AccessError> {
+    Ok(list(store)?
+        .into_iter()
+        .map(|t| serde_json::json!({"name": t.name, "role": t.role, "created_at_ms": t.created_at_ms}))
+        .collect())
+}
+
 /// Revokes the token called `name`; false when there was none.
 pub async fn revoke(store: &Store, name: &str) -> Result<bool, AccessError> {
     let key = tables::TOKENS.key(&[name.as_bytes()]);

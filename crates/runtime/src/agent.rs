@@ -251,11 +251,8 @@ impl<A: Agent> Ctx<A> {
         payload: &P,
     ) -> Result<Decision, AgentError> {
         // What a reviewer is shown never holds a secret value.
-        let text = json::canonical(payload).map_err(AgentError::Serialization)?;
-        let payload: serde_json::Value =
-            json::parse(&self.raw.shared.redact(text)).map_err(AgentError::Serialization)?;
         let (payload_json, payload_hash) =
-            json::canonical_with_hash(&payload).map_err(AgentError::Serialization)?;
+            self.raw.shared.redacted_with_hash(payload).map_err(AgentError::Serialization)?;
         approval::request(&mut self.raw, approval_id, payload_json, payload_hash).await
     }
 

@@ -118,11 +118,8 @@ async fn commit<R: Serialize>(
 ) -> Result<(), AgentError> {
     assert!(entry.committed.is_none(), "only a prepared effect is committed");
     // An upstream that echoes what it was sent must not put a secret into the ledger.
-    let text = json::canonical(receipt).map_err(AgentError::Serialization)?;
-    let receipt: serde_json::Value =
-        json::parse(&raw.shared.redact(text)).map_err(AgentError::Serialization)?;
     let (receipt_json, receipt_hash) =
-        json::canonical_with_hash(&receipt).map_err(AgentError::Serialization)?;
+        raw.shared.redacted_with_hash(receipt).map_err(AgentError::Serialization)?;
     entry.committed = Some(Receipt { receipt_json, receipt_hash, committed_at_ms: raw.shared.now_ms() });
     let mut batch = Batch::new();
     batch.put(tables::LEDGER, key, &entry)?;

@@ -188,10 +188,7 @@ pub async fn tokens_list(target: &Target) -> anyhow::Result<Value> {
         return c.get("/tokens").await;
     }
     let store = bare_store(target).await?;
-    let tokens: Vec<_> = auth::list(&store)?
-        .into_iter()
-        .map(|t| json!({"name": t.name, "role": t.role, "created_at_ms": t.created_at_ms}))
-        .collect();
+    let tokens = auth::shown(&store)?;
     store.close();
     Ok(json!(tokens))
 }

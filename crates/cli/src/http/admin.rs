@@ -41,11 +41,7 @@ pub async fn create_token(State(app): State<AppState>, body: Bytes) -> ApiResult
 
 /// Every token: name, role, creation time (never the token or its hash).
 pub async fn list_tokens(State(app): State<AppState>) -> ApiResult {
-    let tokens: Vec<_> = auth::list(app.runtime.store())?
-        .into_iter()
-        .map(|t| json!({"name": t.name, "role": t.role, "created_at_ms": t.created_at_ms}))
-        .collect();
-    ok(tokens)
+    ok(auth::shown(app.runtime.store())?)
 }
 
 /// Revokes a token at once: its next request is refused.

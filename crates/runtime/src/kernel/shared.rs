@@ -12,6 +12,7 @@ use std::{
 };
 
 use durafiber_store::{Batch, Durability, Store, tables};
+use serde::Serialize;
 use tokio::sync::{Notify, watch};
 
 use crate::{
@@ -20,6 +21,7 @@ use crate::{
     error::{AgentError, RuntimeError},
     events::EventLog,
     hooks::{AlarmEvent, ExhaustedAction, RecoveryReason},
+    json,
     kernel::activity::Liveness,
     kernel::alarm_window::Scheduler,
     kernel::busy::{BusyGuard, Parked, WakeToken},
@@ -143,6 +145,21 @@ impl Shared {
     /// and shows never holds one, even when an upstream echoes it back.
     pub fn redact(&self, text: String) -> String {
         if self.secrets.is_empty() { text } else { self.secrets.redact(&text) }
+    }
+
+    /// The canonical JSON of `value`, secrets redacted, and its hash: what a receipt or an
+    /// approval payload is stored as. Serialized once when no secret is in it.
+    pub fn redacted_with_hash<T: Serialize + ?Sized>(&self, value: &T) -> Result<(String, String), String> {
+        let value = serde_json::to_value(value).map_err(|e| e.to_string())?;
+        if !self.secrets.is_empty() {
+            let text = serde_json::to_string(&value).map_err(|e| e.to_string())?;
+            let redacted = self.secrets.redact(&text);
+            if redacted != text {
+                let value: serde_json::Value = json::parse(&redacted)?;
+                return json::canonical_with_hash(&value);
+            }
+        }
+        json::canonical_with_hash(&value)
     }
 
     pub fn status_changed(&self) {
