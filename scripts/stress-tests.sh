@@ -11,7 +11,7 @@ stop_hogs() {
     for pid in "${hogs[@]}"; do kill "$pid" 2>/dev/null || true; done
 }
 trap stop_hogs EXIT
-cargo test --workspace --no-run --quiet
+scripts/test.sh --no-run --quiet
 for _ in 1 2; do
     ( while :; do :; done ) &
     hogs+=("$!")

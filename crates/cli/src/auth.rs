@@ -122,11 +122,16 @@ fn check_name(name: &str) -> Result<(), AccessError> {
     }
 }
 
-/// A new token: `dft_` and 256 bits as 64 hex digits.
-fn new_token() -> Result<String, AccessError> {
+/// 256 bits from the operating system's generator, as 64 hex digits.
+pub fn random_hex() -> Result<String, AccessError> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).map_err(|e| AccessError::Random(e.to_string()))?;
-    Ok(format!("dft_{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()))
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A new token: `dft_` and 256 bits as 64 hex digits.
+fn new_token() -> Result<String, AccessError> {
+    Ok(format!("dft_{}", random_hex()?))
 }
 
 /// Creates a token; returns it (the only time it is shown).
@@ -194,6 +199,18 @@ pub fn verify(store: &Store, token: &str) -> Result<Option<Caller>, AccessError>
         Some(record) => Some(Caller { name: record.name, role: record.role.parse()? }),
         None => None,
     })
+}
+
+/// The caller of the token called `name` while its hash is still `hash`; `None` once it was
+/// revoked (or revoked and created again: a new token under the old name is another token).
+pub fn still_valid(store: &Store, name: &str, hash: &str) -> Result<Option<Caller>, AccessError> {
+    let key = tables::TOKENS.key(&[name.as_bytes()]);
+    match store.get::<TokenRecord>(tables::TOKENS, &key)? {
+        Some(record) if bool::from(record.hash.as_bytes().ct_eq(hash.as_bytes())) => {
+            Ok(Some(Caller { name: record.name, role: record.role.parse()? }))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// On a store with no token at all: creates the `admin` token and writes it to

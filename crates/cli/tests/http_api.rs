@@ -111,7 +111,7 @@ async fn every_endpoint_answers_and_every_refusal_is_a_json_error() {
     let eventually = json!({"kind": "steps", "input": {"steps": 1, "pause_ms": 0}, "options": {"durability": "eventually"}});
     let (s, e) = send(post("/runs").header("Idempotency-Key", "mode-bad").body(eventually.to_string())).await;
     assert_eq!((s, e["kind"].as_str()), (400, Some("InvalidInput")), "{e}");
-    let (s, m) = send(http.get(server.url("/metrics/json"))).await;
+    let (s, m) = send(http.get(server.url("/metrics.json"))).await;
     assert!(s == 200 && m["starts"].as_u64().is_some_and(|n| n >= 1), "{m}");
     let scraped = http.get(server.url("/metrics")).send().await.expect("scrape");
     let kind = scraped.headers().get("content-type").and_then(|v| v.to_str().ok()).map(str::to_string);

@@ -125,5 +125,6 @@ async fn commit<R: Serialize>(
     batch.put(tables::LEDGER, key, &entry)?;
     raw.shared.commit_boundary(&raw.cell, batch, Durability::Sync).await?;
     raw.shared.event(&entry.run_id, "effect_committed", entry.effect_id.clone());
+    Metrics::bump(&raw.shared.metrics.effects);
     Ok(())
 }

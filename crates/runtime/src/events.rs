@@ -12,6 +12,9 @@ use crate::limits::EVENT_LOG_MAX;
 /// One thing that happened to a run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Event {
+    /// Its place in the log: strictly increasing from 1, never reused while the process
+    /// lives (follow the log with `events_since`).
+    pub seq: u64,
     /// Clock time, ms.
     pub at_ms: u64,
     /// The run.
@@ -25,20 +28,68 @@ pub struct Event {
 /// The last [`EVENT_LOG_MAX`] events.
 #[derive(Default)]
 pub(crate) struct EventLog {
-    events: Mutex<VecDeque<Event>>,
+    inner: Mutex<Log>,
+}
+
+#[derive(Default)]
+struct Log {
+    events: VecDeque<Event>,
+    last_seq: u64,
 }
 
 impl EventLog {
     pub fn push(&self, at_ms: u64, run_id: &str, kind: &str, detail: String) {
         tracing::info!(run_id, event = kind, %detail, at_ms, "run event");
-        let mut events = self.events.lock();
-        if events.len() == EVENT_LOG_MAX {
-            events.pop_front();
+        let mut log = self.inner.lock();
+        if log.events.len() == EVENT_LOG_MAX {
+            log.events.pop_front();
         }
-        events.push_back(Event { at_ms, run_id: run_id.to_string(), kind: kind.to_string(), detail });
+        log.last_seq += 1;
+        let seq = log.last_seq;
+        log.events.push_back(Event {
+            seq,
+            at_ms,
+            run_id: run_id.to_string(),
+            kind: kind.to_string(),
+            detail,
+        });
     }
 
     pub fn snapshot(&self) -> Vec<Event> {
-        self.events.lock().iter().cloned().collect()
+        self.inner.lock().events.iter().cloned().collect()
+    }
+
+    /// The events after `after_seq`, of one run or all, at most `limit`, oldest first.
+    pub fn since(&self, after_seq: u64, run_id: Option<&str>, limit: usize) -> Vec<Event> {
+        let log = self.inner.lock();
+        // Sequence numbers are consecutive within the log: skip straight to the first one.
+        let first = log.events.front().map_or(0, |e| e.seq);
+        let skip = usize::try_from(after_seq.saturating_add(1).saturating_sub(first)).unwrap_or(usize::MAX);
+        log.events
+            .iter()
+            .skip(skip)
+            .filter(|e| run_id.is_none_or(|r| r == e.run_id))
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn following_the_log_sees_each_event_once_in_order() {
+        let log = EventLog::default();
+        log.push(1, "a", "accepted", String::new());
+        log.push(2, "b", "accepted", String::new());
+        log.push(3, "a", "activated", String::new());
+        let all = log.since(0, None, 10);
+        assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3]);
+        let of_a = log.since(1, Some("a"), 10);
+        assert_eq!(of_a.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(), ["activated"]);
+        assert!(log.since(3, None, 10).is_empty());
+        assert_eq!(log.since(0, None, 2).len(), 2);
     }
 }

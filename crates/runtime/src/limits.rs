@@ -95,3 +95,8 @@ pub const HTTP_CONNECTIONS_MAX: usize = 256;
 /// Interrupted runs re-activated side by side at start-up: enough for their registration
 /// writes to share group commits, few enough to bound the memory of a large recovery.
 pub const RECOVERY_ACTIVATIONS_MAX: usize = 512;
+
+/// Most console sessions signed in at once; the oldest is signed out to make room.
+pub const CONSOLE_SESSIONS_MAX: usize = 4_096;
+/// How long a console session lasts after sign-in.
+pub const CONSOLE_SESSION_TTL: std::time::Duration = std::time::Duration::from_secs(12 * 3600);

@@ -108,6 +108,8 @@ pub struct Metrics {
     pub effects_prevented: Counter,
     /// Runs escalated to a human.
     pub escalations: Counter,
+    /// Effects performed: receipts committed.
+    pub effects: Counter,
     /// Time from activation to the actor being ready.
     pub cold_start: Histogram,
     /// Time from the runtime's start (or an eviction) to a run's recovery hook being called.
@@ -141,6 +143,8 @@ pub struct MetricsSnapshot {
     pub effects_prevented: u64,
     /// Runs escalated to a human.
     pub escalations: u64,
+    /// Effects performed: receipts committed.
+    pub effects: u64,
     /// Time from activation to the actor being ready.
     pub cold_start: HistogramSummary,
     /// Time from the runtime's start (or an eviction) to a run's recovery hook being called.
@@ -164,12 +168,49 @@ impl Default for Metrics {
             dead_letters: Counter::new("durafiber_dead_letters_total"),
             effects_prevented: Counter::new("durafiber_effects_prevented_total"),
             escalations: Counter::new("durafiber_escalations_total"),
+            effects: Counter::new("durafiber_effects_total"),
             cold_start: Histogram::new("durafiber_cold_start_seconds"),
             recover_latency: Histogram::new("durafiber_recover_latency_seconds"),
             stash_commit: Histogram::new("durafiber_stash_commit_seconds"),
             alarm_lateness: Histogram::new("durafiber_alarm_lateness_seconds"),
         }
     }
+}
+
+/// Tells the installed `metrics` recorder each metric's help text and unit, for the
+/// exporter's `# HELP` lines. Gauges are the server's: it reads them at each scrape.
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    let m = Metrics::default();
+    let counters = [
+        (&m.starts, "Runs accepted by start."),
+        (&m.activations, "Actors activated, cold starts included."),
+        (&m.hibernations, "Idle runs hibernated."),
+        (&m.evictions, "Runs evicted."),
+        (&m.recoveries, "Recovery hooks called."),
+        (&m.heartbeats, "Keep-alive heartbeats counted as activity."),
+        (&m.alarm_retries, "Alarm retries scheduled."),
+        (&m.dead_letters, "Alarms dead-lettered."),
+        (&m.effects_prevented, "Effects answered from their committed receipt instead of called again."),
+        (&m.escalations, "Runs escalated to a human."),
+        (&m.effects, "Effects performed: receipts committed."),
+    ];
+    for (counter, help) in counters {
+        describe_counter!(counter.name, Unit::Count, help);
+    }
+    let histograms = [
+        (&m.cold_start, "Time from activation to the actor being ready."),
+        (&m.recover_latency, "Time from the runtime's start or an eviction to a run's recovery hook."),
+        (&m.stash_commit, "Time for a stash to be committed."),
+        (&m.alarm_lateness, "How late alarms fire, against their due time."),
+    ];
+    for (histogram, help) in histograms {
+        describe_histogram!(histogram.name, Unit::Seconds, help);
+    }
+    describe_gauge!("durafiber_runs", Unit::Count, "Runs in each state (label state).");
+    describe_gauge!("durafiber_live_actors", Unit::Count, "Runs with a live actor in this process.");
+    describe_gauge!("durafiber_hibernated_runs", Unit::Count, "Open runs with no live actor.");
+    describe_gauge!("durafiber_pending_alarms", Unit::Count, "Alarms not yet delivered.");
 }
 
 impl Metrics {
@@ -191,6 +232,7 @@ impl Metrics {
             dead_letters: self.dead_letters.get(),
             effects_prevented: self.effects_prevented.get(),
             escalations: self.escalations.get(),
+            effects: self.effects.get(),
             cold_start: self.cold_start.summary(),
             recover_latency: self.recover_latency.summary(),
             stash_commit: self.stash_commit.summary(),

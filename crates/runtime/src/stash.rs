@@ -34,7 +34,7 @@ pub(crate) async fn write(raw: &mut RawCtx, step: &str, stash_json: String) -> R
     batch.put(tables::STASHES, tables::STASHES.key(&[run_id.as_bytes()]), &record)?;
     shared.commit_boundary(&raw.cell, batch, durability).await?;
     shared.metrics.stash_commit.record_us(watch.elapsed_us());
-    tracing::debug!(run_id, step, seq = record.seq, "stash committed");
+    shared.event(&run_id, "stashed", format!("step {step}, seq {}", record.seq));
     crate::eviction::idle::boundary(raw, &format!("after_stash:{step}")).await;
     Ok(())
 }

@@ -17,6 +17,7 @@ use crate::{
     http::{
         guard::Access,
         server::{AppState, prometheus, router},
+        session::Sessions,
     },
 };
 
@@ -108,7 +109,9 @@ pub async fn serve(
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr()?;
     let access = Access::new(addr, &exposure.allowed_hosts, exposure.open_metrics);
-    let app = router(AppState { runtime: runtime.clone(), secrets, prometheus, access });
+    let (stop_streams, stopping) = tokio::sync::watch::channel(false);
+    let sessions = Arc::new(Sessions::new(tls.is_some()));
+    let app = router(AppState { runtime: runtime.clone(), secrets, prometheus, access, sessions, stopping });
     println!("listening on {addr}");
     let _ = std::io::stdout().flush();
     tracing::info!(%addr, data = %data.display(), "serving");
@@ -126,6 +129,8 @@ pub async fn serve(
     tracing::info!(tls = tls.is_some(), "accepting connections");
     let server = crate::http::listen::serve(listener, app, tls, async move {
         shutdown.await;
+        // Event streams never finish on their own: end them so their connections close.
+        let _ = stop_streams.send(true);
         let _ = stop_tx.send(());
     });
     let mut failed = runtime.store().failed_signal();

@@ -16,7 +16,7 @@ use durafiber_runtime::limits;
 use durafiber_store::access;
 use serde_json::{Value, json};
 
-use super::server::{ApiError, AppState};
+use super::state::{ApiError, AppState};
 use crate::auth::{self, Role};
 
 /// Who may reach the server, decided at start-up.
@@ -82,7 +82,9 @@ pub async fn browser_safe(State(app): State<AppState>, req: Request, next: Next)
         }
     }
     let changes_state = matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH);
-    if changes_state && !is_json(req.headers()) {
+    // The console's forms are not JSON: they carry a CSRF token, and its cookie is
+    // SameSite=Strict, so another site can neither read nor send it.
+    if changes_state && !is_console(req.uri().path()) && !is_json(req.headers()) {
         return refuse(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "UnsupportedMediaType",
@@ -90,6 +92,12 @@ pub async fn browser_safe(State(app): State<AppState>, req: Request, next: Next)
         );
     }
     next.run(req).await
+}
+
+/// Whether `path` is the console's (`/ui` and below): it answers in HTML and checks its own
+/// session.
+pub fn is_console(path: &str) -> bool {
+    path == "/ui" || path.starts_with("/ui/")
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
@@ -104,7 +112,9 @@ fn is_json(headers: &HeaderMap) -> bool {
 fn required_role(method: &Method, path: &str, open_metrics: bool) -> Option<Role> {
     let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
     match (method, first) {
-        (_, "health") => None,
+        (_, "health" | "openapi.json") => None,
+        // The console signs its users in itself (session cookie and CSRF token).
+        (_, "ui") => None,
         (&Method::GET, "metrics") if open_metrics && path == "/metrics" => None,
         (_, "tokens" | "audit" | "backup") => Some(Role::Admin),
         (&Method::GET | &Method::HEAD, _) => Some(Role::Reader),
@@ -116,28 +126,46 @@ fn required_role(method: &Method, path: &str, open_metrics: bool) -> Option<Role
 /// The caller's token must be valid (401) and its role enough for the request (403). A
 /// request that changes state is recorded in the audit trail, under the token's name,
 /// before it is carried out: nothing changes without a record of who asked.
+///
+/// A read may also present the console's session cookie instead of a token (the console's
+/// live views read `/events`); a request that changes state never may, so a cookie a
+/// browser sends on its own can change nothing outside the console's CSRF-checked forms.
 pub async fn authorize(State(app): State<AppState>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let Some(needed) = required_role(req.method(), &path, app.access.open_metrics) else {
         return next.run(req).await;
     };
+    let is_read = *req.method() == Method::GET || *req.method() == Method::HEAD;
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(|t| t.trim().to_string());
-    let Some(token) = presented else {
-        return refuse(
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized",
-            "an Authorization: Bearer <token> header is required",
-        );
-    };
     let store = app.runtime.store();
-    let caller = match auth::verify(store, &token) {
+    let verified = match presented {
+        Some(token) => auth::verify(store, &token),
+        None if is_read => app
+            .sessions
+            .current(store, req.headers(), app.runtime.now_ms())
+            .map(|session| session.map(|s| s.caller)),
+        None => {
+            return refuse(
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized",
+                "an Authorization: Bearer <token> header is required",
+            );
+        }
+    };
+    let caller = match verified {
         Ok(Some(caller)) => caller,
-        Ok(None) => return refuse(StatusCode::UNAUTHORIZED, "Unauthorized", "the token is not valid"),
+        Ok(None) => {
+            return refuse(
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized",
+                "an Authorization: Bearer <token> header with a valid token is required",
+            );
+        }
         Err(e) => return refuse(StatusCode::SERVICE_UNAVAILABLE, "StoreFailed", e.to_string()),
     };
     if caller.role < needed {
@@ -147,7 +175,7 @@ pub async fn authorize(State(app): State<AppState>, req: Request, next: Next) ->
             format!("token {:?} is a {}; this needs {}", caller.name, caller.role, needed),
         );
     }
-    if *req.method() == Method::GET || *req.method() == Method::HEAD {
+    if is_read {
         let mut req = req;
         req.extensions_mut().insert(caller);
         return next.run(req).await;
@@ -157,20 +185,43 @@ pub async fn authorize(State(app): State<AppState>, req: Request, next: Next) ->
         Ok(bytes) => bytes,
         Err(_) => return refuse(StatusCode::PAYLOAD_TOO_LARGE, "PayloadTooLarge", "the body is too large"),
     };
-    let (action, run_id, detail) = describe(&parts.method, &path, &parts.headers, &bytes);
-    if let Err(e) =
-        access::append(store, &caller.name, &action, run_id.as_deref(), &detail, app.runtime.now_ms()).await
-    {
-        return refuse(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "StoreFailed",
-            format!("the audit trail cannot be written: {e}"),
-        );
+    if let Err(refusal) = record(&app, &caller, &parts.method, &path, &parts.headers, &bytes).await {
+        return refusal;
     }
-    tracing::info!(actor = %caller.name, action, run_id = run_id.as_deref().unwrap_or(""), "audited");
     let mut req = Request::from_parts(parts, Body::from(bytes));
     req.extensions_mut().insert(caller);
     next.run(req).await
+}
+
+/// Records a state-changing request in the audit trail under `caller`, before it is carried
+/// out: the API's requests, and the console's forms in the API request they stand for.
+pub async fn record(
+    app: &AppState,
+    caller: &auth::Caller,
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(), Response> {
+    let (action, run_id, detail) = describe(method, path, headers, body);
+    access::append(
+        app.runtime.store(),
+        &caller.name,
+        &action,
+        run_id.as_deref(),
+        &detail,
+        app.runtime.now_ms(),
+    )
+    .await
+    .map_err(|e| {
+        refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "StoreFailed",
+            format!("the audit trail cannot be written: {e}"),
+        )
+    })?;
+    tracing::info!(actor = %caller.name, action, run_id = run_id.as_deref().unwrap_or(""), "audited");
+    Ok(())
 }
 
 /// The audit entry of a state-changing request: its action, its run, its particulars.
@@ -239,7 +290,11 @@ pub async fn size_limits(req: Request, next: Next) -> Response {
 /// Turns a refusal that is not JSON (axum's own: a body over the limit, a path that does not
 /// decode) into the API's `{"error", "kind"}` shape.
 pub async fn json_errors(req: Request, next: Next) -> Response {
+    let console = is_console(req.uri().path());
     let mut response = next.run(req).await;
+    if console {
+        return response;
+    }
     let status = response.status();
     if status == StatusCode::PAYLOAD_TOO_LARGE {
         // The rest of the body was never read: the connection cannot carry another request.
@@ -291,6 +346,9 @@ mod tests {
         assert_eq!(required_role(&get, "/audit", false), Some(Role::Admin));
         assert_eq!(required_role(&get, "/backup", false), Some(Role::Admin));
         assert_eq!(required_role(&post, "/tokens", false), Some(Role::Admin));
+        assert_eq!(required_role(&post, "/ui/runs/r1/cancel", false), None);
+        assert_eq!(required_role(&get, "/openapi.json", false), None);
+        assert_eq!(required_role(&get, "/uix", false), Some(Role::Reader));
     }
 
     #[test]

@@ -17,13 +17,17 @@
 //! | GET    | `/runs/{id}/alarms`                    | the run's alarms                      |
 //! | PUT    | `/runs/{id}/alarms/{name}`             | `{delay_ms | at_ms, payload, every_ms}` |
 //! | DELETE | `/runs/{id}/alarms/{name}`             | cancel an alarm                       |
-//! | GET    | `/metrics`, `/metrics/json`, `/events?run_id=` | Prometheus text; counters and histograms as JSON; the event log |
+//! | GET    | `/metrics`, `/metrics.json`, `/events?run_id=` | Prometheus text; counters and histograms as JSON; the event log |
 //!
 //! Every error is a JSON object `{"error": "...", "kind": "..."}` with a 4xx status for bad
 //! requests and a 5xx status for the runtime's own failures.
 
 mod admin;
 pub mod client;
+mod console;
 pub mod guard;
 pub mod listen;
 pub mod server;
+pub mod session;
+pub mod state;
+mod view;

@@ -14,81 +14,15 @@ use axum::{
     routing::{delete, get, post, put},
 };
 use durafiber_runtime::{
-    AlarmAt, AlarmSpec, Decision, DurabilityMode, ListFilter, RunOptions, RunState, Runtime, RuntimeError,
-    Secrets, canonical_json,
+    AlarmAt, AlarmSpec, Decision, DurabilityMode, ListFilter, RunOptions, RunState, RuntimeError,
+    canonical_json,
 };
+use futures::StreamExt as _;
 use serde::Deserialize;
 
-use super::{admin, guard, guard::Access};
+pub use super::state::{ApiError, AppState, prometheus};
+use super::{admin, console, guard, view};
 use serde_json::{Value, json};
-
-/// What every handler shares.
-#[derive(Clone)]
-pub struct AppState {
-    /// The runtime served.
-    pub runtime: Runtime,
-    /// Used to redact secret values from inspection output.
-    pub secrets: Secrets,
-    /// The process's Prometheus recorder, rendered by `GET /metrics`.
-    pub prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
-    /// Which hosts and origins the server answers, and whether `/metrics` is open.
-    pub access: Access,
-}
-
-/// The process's Prometheus recorder: installed as the `metrics` facade's global recorder
-/// the first time it is asked for, so every runtime in the process reports through it.
-/// `None` when another recorder was installed first.
-pub fn prometheus() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
-    static HANDLE: std::sync::OnceLock<Option<metrics_exporter_prometheus::PrometheusHandle>> =
-        std::sync::OnceLock::new();
-    HANDLE
-        .get_or_init(|| match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
-            Ok(handle) => Some(handle),
-            Err(e) => {
-                tracing::warn!(error = %e, "no Prometheus recorder: another one is installed");
-                None
-            }
-        })
-        .clone()
-}
-
-/// An API error: a status and a JSON body.
-pub struct ApiError(pub StatusCode, pub String, pub &'static str);
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.0, Json(json!({"error": self.1, "kind": self.2}))).into_response()
-    }
-}
-
-impl From<RuntimeError> for ApiError {
-    fn from(e: RuntimeError) -> Self {
-        use RuntimeError::*;
-        let (status, kind) = match &e {
-            UnknownRun { .. } => (StatusCode::NOT_FOUND, "UnknownRun"),
-            UnknownKind { .. } => (StatusCode::BAD_REQUEST, "UnknownKind"),
-            KeyConflict { .. } => (StatusCode::CONFLICT, "KeyConflict"),
-            StaleApproval { .. } => (StatusCode::CONFLICT, "StaleApproval"),
-            NotPending { .. } => (StatusCode::CONFLICT, "NotPending"),
-            AlreadyDecided { .. } => (StatusCode::CONFLICT, "AlreadyDecided"),
-            RunFinished { .. } => (StatusCode::CONFLICT, "RunFinished"),
-            InvalidInput(_) | Config(_) => (StatusCode::BAD_REQUEST, "InvalidInput"),
-            Agent(_) => (StatusCode::UNPROCESSABLE_ENTITY, "Agent"),
-            ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "ShuttingDown"),
-            Evicted { .. } => (StatusCode::SERVICE_UNAVAILABLE, "Evicted"),
-            Store(durafiber_store::StoreError::StorageFull { .. }) => {
-                (StatusCode::INSUFFICIENT_STORAGE, "StorageFull")
-            }
-            Store(durafiber_store::StoreError::Failed { .. }) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "StoreFailed")
-            }
-            NotVirtual | Store(_) | LivenessViolation { .. } => {
-                (StatusCode::INTERNAL_SERVER_ERROR, "Internal")
-            }
-        };
-        ApiError(status, e.to_string(), kind)
-    }
-}
 
 pub(super) fn bad_request(msg: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, msg.into(), "BadRequest")
@@ -169,37 +103,7 @@ async fn list(State(app): State<AppState>, Query(q): Params) -> ApiResult {
 /// Everything about a run, with the audit entries about it (who decided, cancelled, set an
 /// alarm), secrets redacted.
 async fn show(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiResult {
-    let inspection = app.runtime.inspect(&run_id)?;
-    let mut shown = serde_json::to_value(&inspection).map_err(|e| bad_request(e.to_string()))?;
-    let audit = durafiber_store::access::of_run(app.runtime.store(), &run_id).map_err(RuntimeError::from)?;
-    for approval in shown["approvals"].as_array_mut().into_iter().flatten() {
-        if let Some(name) = decided_by(&audit, approval) {
-            approval["decided_by"] = json!(name);
-        }
-    }
-    shown["audit"] = json!(audit);
-    let text = serde_json::to_string(&shown).map_err(|e| bad_request(e.to_string()))?;
-    let redacted: Value =
-        serde_json::from_str(&app.secrets.redact(&text)).map_err(|e| bad_request(e.to_string()))?;
-    Ok(Json(redacted).into_response())
-}
-
-/// The token that recorded `approval`'s decision: the first audited request for it with
-/// the same payload hash and answer (a repeat of it changes nothing; another answer is
-/// refused as already decided).
-fn decided_by<'a>(audit: &'a [durafiber_store::access::AuditRecord], approval: &Value) -> Option<&'a str> {
-    let id = approval["approval_id"].as_str()?;
-    let approved = approval["decision"]["approved"].as_bool()?;
-    let hash = approval["payload_hash"].as_str()?;
-    audit
-        .iter()
-        .find(|e| {
-            e.action == "approve"
-                && e.detail.starts_with(&format!("approval={id} "))
-                && e.detail.contains(&format!("approved={approved}"))
-                && e.detail.contains(&format!("payload_hash={}", json!(hash)))
-        })
-        .map(|e| e.actor.as_str())
+    Ok(Json(view::run(&app, &run_id)?).into_response())
 }
 
 #[derive(Deserialize, Default)]
@@ -335,7 +239,9 @@ async fn cancel_alarm(
     ok(json!({"run_id": run_id, "name": name, "cancelled": app.runtime.cancel_alarm(&run_id, &name).await?}))
 }
 
-/// Prometheus' text exposition format, for scrapers.
+/// Prometheus' text exposition format, for scrapers: the counters and histograms the
+/// runtime records as it goes, and gauges read from the store now (runs by state, live and
+/// hibernated actors, pending alarms).
 async fn metrics(State(app): State<AppState>) -> ApiResult {
     let Some(handle) = &app.prometheus else {
         return Err(ApiError(
@@ -344,8 +250,17 @@ async fn metrics(State(app): State<AppState>) -> ApiResult {
             "NotFound",
         ));
     };
+    let gauges = app.runtime.gauges()?;
+    for state in RunState::ALL {
+        let count = gauges.runs_by_state.get(state.name()).copied().unwrap_or(0);
+        ::metrics::gauge!("durafiber_runs", "state" => state.name()).set(count as f64);
+    }
+    ::metrics::gauge!("durafiber_live_actors").set(gauges.live_actors as f64);
+    ::metrics::gauge!("durafiber_hibernated_runs").set(gauges.hibernated_runs as f64);
+    ::metrics::gauge!("durafiber_pending_alarms").set(gauges.pending_alarms as f64);
     let text = handle.render();
-    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text)
+        .into_response())
 }
 
 /// This runtime's counters and histogram summaries as JSON.
@@ -353,19 +268,59 @@ async fn metrics_json(State(app): State<AppState>) -> ApiResult {
     ok(app.runtime.metrics())
 }
 
-#[derive(Deserialize)]
-struct EventsQuery {
-    run_id: Option<String>,
-}
+/// How often an event stream looks for new events.
+const EVENT_POLL: Duration = Duration::from_millis(200);
+/// Most events one read of the log hands an event stream.
+const EVENT_BATCH: usize = 256;
 
-async fn events(State(app): State<AppState>, Query(q): Query<EventsQuery>) -> ApiResult {
-    let events: Vec<_> = app
-        .runtime
-        .events()
-        .into_iter()
-        .filter(|e| q.run_id.as_ref().is_none_or(|r| *r == e.run_id))
-        .collect();
-    ok(events)
+/// The event log after `after` (or `Last-Event-ID`), of one run or all. As JSON, or, when
+/// the client accepts `text/event-stream`, as server-sent events that follow the log until
+/// the client leaves or the server stops: each an `event: run` with its `id` (its `seq`)
+/// and the event as JSON.
+async fn events(State(app): State<AppState>, headers: HeaderMap, Query(q): Params) -> ApiResult {
+    let run_id = q.get("run_id").cloned();
+    let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let after = match q.get("after").or(resume.as_ref()) {
+        None => 0,
+        Some(text) => {
+            text.parse::<u64>().map_err(|_| bad_request(format!("after must be a number, not {text:?}")))?
+        }
+    };
+    let streams = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"));
+    if !streams {
+        return ok(app.runtime.events_since(after, run_id.as_deref(), usize::MAX));
+    }
+    let stream = futures::stream::unfold((app, run_id, after), |(app, run_id, mut after)| async move {
+        let mut stopping = app.stopping.clone();
+        loop {
+            if *stopping.borrow() {
+                return None;
+            }
+            let batch = app.runtime.events_since(after, run_id.as_deref(), EVENT_BATCH);
+            if let Some(last) = batch.last() {
+                after = last.seq;
+                return Some((batch, (app, run_id, after)));
+            }
+            tokio::select! {
+                () = tokio::time::sleep(EVENT_POLL) => {}
+                _ = stopping.changed() => {}
+            }
+        }
+    })
+    .flat_map(|batch| {
+        futures::stream::iter(batch.into_iter().map(|e| {
+            let json = serde_json::to_string(&e).unwrap_or_default();
+            Ok::<_, std::convert::Infallible>(
+                axum::response::sse::Event::default().event("run").id(e.seq.to_string()).data(json),
+            )
+        }))
+    });
+    Ok(axum::response::sse::Sse::new(stream)
+        .keep_alive(axum::response::sse::KeepAlive::default())
+        .into_response())
 }
 
 /// A consistent backup of the store, taken while it serves (`durafiber backup --server`).
@@ -389,10 +344,13 @@ async fn health(State(s): State<AppState>) -> Response {
 /// runtime shows a boundary as soon as it is applied, before its group commit is on disk, and
 /// a client or a human must never act on a state that a crash right after the answer takes
 /// back (a pending approval that is gone after a restart, say). Free when no write is in
-/// flight; the process views (/health, /metrics, /events) and /backup do not wait.
+/// flight; the process views (/health, /metrics, /events) and /backup do not wait. The
+/// console's pages wait too: a reviewer decides on what they show.
 async fn durable_reads(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    let reads_runs = req.method() == Method::GET
-        && (req.uri().path().starts_with("/runs") || req.uri().path() == "/approvals");
+    let path = req.uri().path();
+    let console_page = guard::is_console(path) && !path.starts_with("/ui/static/");
+    let reads_runs =
+        req.method() == Method::GET && (path.starts_with("/runs") || path == "/approvals" || console_page);
     let response = next.run(req).await;
     if reads_runs
         && response.status().is_success()
@@ -423,12 +381,13 @@ pub fn router(state: AppState) -> Router {
         .route("/runs/{id}/alarms/{name}", put(set_alarm).delete(cancel_alarm))
         .route("/approvals", get(approvals))
         .route("/metrics", get(metrics))
-        .route("/metrics/json", get(metrics_json))
+        .route("/metrics.json", get(metrics_json))
         .route("/backup", get(backup))
         .route("/events", get(events))
         .route("/tokens", post(admin::create_token).get(admin::list_tokens))
         .route("/tokens/{name}", delete(admin::revoke_token))
         .route("/audit", get(admin::audit))
+        .merge(console::router())
         .fallback(not_found)
         .method_not_allowed_fallback(|| async {
             ApiError(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here".into(), "MethodNotAllowed")

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod browser;
+
 use std::{
     io::{BufRead, BufReader},
     net::SocketAddr,

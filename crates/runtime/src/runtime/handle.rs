@@ -256,6 +256,12 @@ impl Runtime {
         self.shared.events.snapshot()
     }
 
+    /// The events after `after_seq` (0: from the oldest kept), of one run or all, at most
+    /// `limit`, oldest first: how a live view follows the log.
+    pub fn events_since(&self, after_seq: u64, run_id: Option<&str>, limit: usize) -> Vec<Event> {
+        self.shared.events.since(after_seq, run_id, limit)
+    }
+
     /// Waits until the runtime is quiet: the work the supervisor and scheduler started is
     /// done, and every fiber is parked (on the clock, a human, or cancellation) or finished.
     /// On a virtual clock, a fiber must wait only through its `Ctx`, or this waits for it.

@@ -83,6 +83,20 @@ pub struct RunPage {
     pub next: Option<String>,
 }
 
+/// What the runtime holds right now, for gauges: read from the store at each call, so its
+/// cost grows with the number of runs (a scrape every few seconds, not a hot path).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Gauges {
+    /// Runs in each state, by the state's name (`running`, `waiting_approval`, ...).
+    pub runs_by_state: std::collections::BTreeMap<&'static str, u64>,
+    /// Runs with a live actor in this process.
+    pub live_actors: u64,
+    /// Open runs with no live actor: hibernated, evicted or waiting for a wake.
+    pub hibernated_runs: u64,
+    /// Alarms not yet delivered, the runtime's own among them.
+    pub pending_alarms: u64,
+}
+
 /// Every record of `table` that belongs to run `id`.
 fn scan_all<T: DeserializeOwned>(
     store: &Store,
@@ -222,6 +236,48 @@ impl Runtime {
     pub fn alarms(&self, run_id: &str) -> Result<Vec<AlarmRecord>, RuntimeError> {
         self.shared.load_run(run_id)?;
         alarm::list(&self.shared, run_id)
+    }
+
+    /// Counts of runs by state, live and hibernated actors, and pending alarms.
+    pub fn gauges(&self) -> Result<Gauges, RuntimeError> {
+        let store = &self.shared.store;
+        let mut gauges = Gauges::default();
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let page = store.scan::<RunRecord>(
+                tables::RUNS,
+                &[tables::RUNS.prefix],
+                after.as_deref(),
+                limits::LIST_PAGE_MAX,
+            )?;
+            let exhausted = page.len() < limits::LIST_PAGE_MAX;
+            for (key, run) in page {
+                after = Some(key);
+                if let Ok(run) = run {
+                    *gauges.runs_by_state.entry(run.status.name()).or_default() += 1;
+                }
+            }
+            if exhausted {
+                break;
+            }
+        }
+        let open = store.keys_and_sizes(&[tables::OPEN_RUNS.prefix], usize::MAX)?.len() as u64;
+        gauges.live_actors = self.shared.registry.len() as u64;
+        gauges.hibernated_runs = open.saturating_sub(gauges.live_actors);
+        gauges.pending_alarms = store.keys_and_sizes(&[tables::ALARMS.prefix], usize::MAX)?.len() as u64;
+        Ok(gauges)
+    }
+
+    /// Abandoned alarms across runs, in run order, at most `limit` (up to
+    /// [`limits::LIST_PAGE_MAX`]).
+    pub fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, RuntimeError> {
+        let page = self.shared.store.scan::<DeadLetter>(
+            tables::DEAD_LETTERS,
+            &[tables::DEAD_LETTERS.prefix],
+            None,
+            limit.clamp(1, limits::LIST_PAGE_MAX),
+        )?;
+        page.into_iter().map(|(_, d)| d.map_err(RuntimeError::from)).collect()
     }
 
     /// Pending approvals, with the payload the run showed and its hash; of one run or all.

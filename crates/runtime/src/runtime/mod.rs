@@ -14,4 +14,4 @@ mod inspect;
 pub mod testing;
 
 pub use handle::{Runtime, RuntimeBuilder};
-pub use inspect::{ListFilter, RunInspection, RunPage};
+pub use inspect::{Gauges, ListFilter, RunInspection, RunPage};

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Every test, on a fresh machine: installs what the tests need beyond Rust, then runs
+# `cargo test --workspace` (extra arguments are passed to it).
+#
+# - Debian's chromium and chromium-driver, for the console's browser tests
+#   (crates/cli/tests/console.rs), with apt-get when missing.
+#
+# Nothing is skipped: a test whose tool is missing fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    echo "test.sh: installing chromium and chromium-driver for the browser tests" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    if ! as_root apt-get install -y -qq chromium chromium-driver >/dev/null; then
+        as_root apt-get update -qq
+        as_root apt-get install -y -qq chromium chromium-driver >/dev/null
+    fi
+fi
+
+exec cargo test --workspace "$@"
