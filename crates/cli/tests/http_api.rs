@@ -116,9 +116,23 @@ async fn every_endpoint_answers_and_every_refusal_is_a_json_error() {
     let scraped = http.get(server.url("/metrics")).send().await.expect("scrape");
     let kind = scraped.headers().get("content-type").and_then(|v| v.to_str().ok()).map(str::to_string);
     let text = scraped.text().await.expect("text");
-    assert_eq!(kind.as_deref(), Some("text/plain; version=0.0.4"));
+    assert_eq!(kind.as_deref(), Some("text/plain; version=0.0.4; charset=utf-8"));
     assert!(text.lines().any(|l| l.starts_with("durafiber_runs_started_total ")), "{text}");
-    assert!(text.contains("durafiber_stash_commit_seconds{quantile=\"0.99\"}"), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("durafiber_effects_total ")), "{text}");
+    // Histograms with buckets, gauges read from the store, help with units.
+    assert!(text.contains("durafiber_stash_commit_seconds_bucket{le=\"0.001\"}"), "{text}");
+    assert!(text.contains("durafiber_stash_commit_seconds_count "), "{text}");
+    let by_state: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("durafiber_runs{state="))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(by_state, 2.0, "both runs, each in one state: {text}");
+    assert!(text.contains("durafiber_runs{state=\"waiting_event\"} 0"), "every state is listed: {text}");
+    assert!(text.lines().any(|l| l.starts_with("durafiber_pending_alarms ")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("durafiber_live_actors ")), "{text}");
+    assert!(text.contains("# HELP durafiber_stash_commit_seconds"), "{text}");
+    assert!(text.contains("# TYPE durafiber_runs gauge"), "{text}");
     let (s, events) = send(http.get(server.url(&format!("/events?run_id={run_id}")))).await;
     assert!(s == 200 && events.as_array().is_some_and(|e| !e.is_empty()));
     // An order: a request answers with what it stored, an event is taken, storage is listed.
