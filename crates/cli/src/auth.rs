@@ -22,7 +22,7 @@ use serde::Serialize;
 use subtle::ConstantTimeEq;
 
 /// What a token may do; each role may do everything the ones before it may.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Reads: runs, approvals, alarms, storage, metrics, events.

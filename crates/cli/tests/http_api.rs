@@ -135,6 +135,24 @@ async fn every_endpoint_answers_and_every_refusal_is_a_json_error() {
     assert!(text.contains("# TYPE durafiber_runs gauge"), "{text}");
     let (s, events) = send(http.get(server.url(&format!("/events?run_id={run_id}")))).await;
     assert!(s == 200 && events.as_array().is_some_and(|e| !e.is_empty()));
+    // As server-sent events: each event once, with its seq as the id, following the log.
+    let mut stream = http
+        .get(server.url(&format!("/events?run_id={run_id}")))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(stream.headers()["content-type"], "text/event-stream");
+    let mut text = String::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !text.contains("event: run") {
+        assert!(std::time::Instant::now() < deadline, "no event streamed: {text}");
+        let chunk = tokio::time::timeout(std::time::Duration::from_secs(30), stream.chunk()).await;
+        text.push_str(&String::from_utf8_lossy(&chunk.expect("in time").expect("chunk").expect("open")));
+    }
+    assert!(text.contains("id: "), "{text}");
+    assert!(text.contains(&format!("\"run_id\":\"{run_id}\"")), "{text}");
+    drop(stream);
     // An order: a request answers with what it stored, an event is taken, storage is listed.
     let order = json!({"kind": "order", "input": {"order_id": "ord_h", "amount_cents": 9, "upstream": upstream.url(),
         "alarm_delays_ms": [10], "wait_for_packing": true}});

@@ -131,6 +131,7 @@ async fn wait_for_decision(raw: &RawCtx, approval_id: &str, key: &[u8]) -> Resul
 }
 
 /// What `approve` did.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ApproveOutcome {
     /// The run.
@@ -238,6 +239,7 @@ pub(crate) async fn on_escalation_alarm(
 }
 
 /// A pause waiting for a reviewer, as a reviewer's screen loads it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize)]
 pub struct PendingApproval {
     /// The run's handle.

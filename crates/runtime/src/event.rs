@@ -30,6 +30,7 @@ use crate::{
 };
 
 /// What `send_event` did with an event.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SendOutcome {

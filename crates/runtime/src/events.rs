@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::limits::EVENT_LOG_MAX;
 
 /// One thing that happened to a run.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Event {
     /// Its place in the log: strictly increasing from 1, never reused while the process

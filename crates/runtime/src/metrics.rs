@@ -35,6 +35,7 @@ pub struct Histogram {
 }
 
 /// A histogram's summary.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct HistogramSummary {
     /// Samples.
@@ -121,6 +122,7 @@ pub struct Metrics {
 }
 
 /// A copy of the counters, for output.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize)]
 pub struct MetricsSnapshot {
     /// Runs accepted by `start`.

@@ -11,6 +11,7 @@ use crate::{config::DurabilityMode, error::RuntimeError};
 /// A run's id: the handle `start` mints once and every later call names the run by.
 ///
 /// It dereferences to `&str`, so it passes wherever a run id is asked for.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(value_type = String))]
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct RunId(String);

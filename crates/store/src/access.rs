@@ -22,6 +22,7 @@ pub struct TokenRecord {
 }
 
 /// One entry of the append-only audit trail.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditRecord {
     /// Its place in the trail: strictly increasing.

@@ -182,6 +182,7 @@ pub fn printable(key: &[u8]) -> String {
 }
 
 /// The durable record of a run: its handle, its input and where it stands.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
     /// Never changes.
@@ -215,6 +216,7 @@ pub struct RunRecord {
 }
 
 /// Per-run overrides of the runtime's defaults.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunOptions {
     /// Durability mode of stashes: `sync`, `async` or `exit`; `None` is the runtime's default.
@@ -224,6 +226,7 @@ pub struct RunOptions {
 }
 
 /// Why an interrupted run is re-entered, when it is not a plain crash.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WakeReason {
     /// The runtime evicted the run mid-fiber.
@@ -233,6 +236,7 @@ pub enum WakeReason {
 }
 
 /// A run's position in its lifecycle. Every change is a boundary.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
@@ -372,6 +376,7 @@ pub struct ApprovalRecord {
 }
 
 /// A reviewer's answer.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decision {
     /// Approved or rejected.
@@ -382,6 +387,7 @@ pub struct Decision {
 }
 
 /// A named, durable wake-up of a run.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AlarmRecord {
     /// The run to wake.
@@ -405,6 +411,7 @@ pub struct AlarmRecord {
 }
 
 /// Alarms the runtime owns.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SystemAlarm {
     /// Escalate the approval if it is still pending.

@@ -1,5 +1,10 @@
 //! The admin endpoints: API tokens (`/tokens`) and the audit trail (`/audit`).
 
+use super::{
+    schema::{AuditPage, ErrorBody, TokenBody, TokenCreated, TokenRevoked, TokenShown},
+    server::{ApiError, ApiResult, AppState, Params, bad_request, ok, parse},
+};
+use crate::auth::{self, AccessError, Role};
 use axum::{
     Json,
     body::Bytes,
@@ -8,11 +13,6 @@ use axum::{
     response::IntoResponse,
 };
 use durafiber_store::access;
-use serde::Deserialize;
-use serde_json::json;
-
-use super::server::{ApiError, ApiResult, AppState, Params, bad_request, ok, parse};
-use crate::auth::{self, AccessError, Role};
 
 impl From<AccessError> for ApiError {
     fn from(e: AccessError) -> Self {
@@ -24,34 +24,38 @@ impl From<AccessError> for ApiError {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TokenBody {
-    name: String,
-    role: String,
-}
-
 /// Creates a token; the answer is the only place it is ever shown.
+#[utoipa::path(post, path = "/tokens", tag = "admin", request_body = TokenBody,
+    responses((status = 201, description = "the token, shown this once", body = TokenCreated), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub async fn create_token(State(app): State<AppState>, body: Bytes) -> ApiResult {
     let body: TokenBody = parse(&body)?;
     let role: Role = body.role.parse()?;
     let token = auth::create(app.runtime.store(), &body.name, role, app.runtime.now_ms()).await?;
-    Ok((StatusCode::CREATED, Json(json!({"name": body.name, "role": role, "token": token}))).into_response())
+    Ok((StatusCode::CREATED, Json(TokenCreated { name: body.name, role, token })).into_response())
 }
 
 /// Every token: name, role, creation time (never the token or its hash).
+#[utoipa::path(get, path = "/tokens", tag = "admin",
+    responses((status = 200, description = "every token, by name", body = Vec<TokenShown>), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub async fn list_tokens(State(app): State<AppState>) -> ApiResult {
     ok(auth::shown(app.runtime.store())?)
 }
 
 /// Revokes a token at once: its next request is refused.
+#[utoipa::path(delete, path = "/tokens/{name}", tag = "admin",
+    params(("name" = String, Path, description = "the token's name")),
+    responses((status = 200, description = "revoked, or there was none", body = TokenRevoked), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub async fn revoke_token(State(app): State<AppState>, Path(name): Path<String>) -> ApiResult {
     let revoked = auth::revoke(app.runtime.store(), &name).await?;
-    ok(json!({"name": name, "revoked": revoked}))
+    ok(TokenRevoked { name, revoked })
 }
 
 /// A page of the audit trail, oldest first: `?after=SEQ&limit=N`; `next` is the `after` of
 /// the next page, present when this one is full.
+#[utoipa::path(get, path = "/audit", tag = "admin",
+    params(("after" = Option<u64>, Query, description = "the previous page's `next`"),
+        ("limit" = Option<u32>, Query, description = "page size, 1 to 1,000 (default 100)")),
+    responses((status = 200, description = "a page of the audit trail", body = AuditPage), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub async fn audit(State(app): State<AppState>, Query(q): Params) -> ApiResult {
     let number = |name: &str| -> Result<Option<u64>, ApiError> {
         q.get(name)
@@ -61,5 +65,5 @@ pub async fn audit(State(app): State<AppState>, Query(q): Params) -> ApiResult {
     let limit = number("limit")?.unwrap_or(100).clamp(1, 1_000) as usize;
     let entries = access::page(app.runtime.store(), number("after")?, limit).map_err(AccessError::from)?;
     let next = if entries.len() == limit { entries.last().map(|e| e.seq) } else { None };
-    ok(json!({"entries": entries, "next": next}))
+    ok(AuditPage { entries, next })
 }

@@ -27,6 +27,8 @@ pub mod client;
 mod console;
 pub mod guard;
 pub mod listen;
+mod openapi;
+pub mod schema;
 pub mod server;
 pub mod session;
 pub mod state;

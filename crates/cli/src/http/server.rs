@@ -11,17 +11,21 @@ use axum::{
     http::{HeaderMap, Method, StatusCode},
     middleware::{self, Next},
     response::{IntoResponse, Response},
-    routing::{delete, get, post, put},
 };
 use durafiber_runtime::{
-    AlarmAt, AlarmSpec, Decision, DurabilityMode, ListFilter, RunOptions, RunState, RuntimeError,
+    AlarmAt, AlarmRecord, AlarmSpec, ApproveOutcome, Decision, DurabilityMode, Event, ListFilter,
+    MetricsSnapshot, PendingApproval, RunOptions, RunPage, RunState, RuntimeError, StartOutcome,
     canonical_json,
 };
 use futures::StreamExt as _;
-use serde::Deserialize;
+
+use super::schema::{
+    AlarmBody, AlarmCancelled, AlarmSet, ApproveBody, CancelBody, Cancelled, ErrorBody, EventBody, EventSent,
+    Handled, Health, Reply, RunView, StartBody, StorageEntry, StoragePage,
+};
 
 pub use super::state::{ApiError, AppState, prometheus};
-use super::{admin, console, guard, view};
+use super::{admin, console, guard, openapi, view};
 use serde_json::{Value, json};
 
 pub(super) fn bad_request(msg: impl Into<String>) -> ApiError {
@@ -42,22 +46,11 @@ pub(super) fn ok(value: impl serde::Serialize) -> ApiResult {
     .into_response())
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StartBody {
-    kind: String,
-    input: Value,
-    #[serde(default)]
-    options: Option<StartOptions>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct StartOptions {
-    durability: Option<String>,
-    fiber_keep_alive: Option<bool>,
-}
-
+#[utoipa::path(post, path = "/runs", tag = "runs",
+    params(("Idempotency-Key" = String, Header, description = "a repeat with the same key returns the same run")),
+    request_body = StartBody,
+    responses((status = 201, description = "accepted: the run is durable", body = StartOutcome),
+        (status = 200, description = "the key was known: the same run", body = StartOutcome), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 async fn start(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult {
     let key = headers
         .get("idempotency-key")
@@ -84,6 +77,12 @@ async fn start(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> 
 /// Query strings are read as plain pairs, so a malformed one gets the same JSON error shape.
 pub(super) type Params = Query<std::collections::HashMap<String, String>>;
 
+#[utoipa::path(get, path = "/runs", tag = "runs",
+    params(("state" = Option<String>, Query, description = "only runs in this state"),
+        ("kind" = Option<String>, Query, description = "only runs of this kind"),
+        ("after" = Option<String>, Query, description = "the previous page's `next`"),
+        ("limit" = Option<u32>, Query, description = "page size (default 50)")),
+    responses((status = 200, description = "a page of runs, in run-id order", body = RunPage), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 async fn list(State(app): State<AppState>, Query(q): Params) -> ApiResult {
     let limit = match q.get("limit") {
         None => 50,
@@ -102,38 +101,48 @@ async fn list(State(app): State<AppState>, Query(q): Params) -> ApiResult {
 
 /// Everything about a run, with the audit entries about it (who decided, cancelled, set an
 /// alarm), secrets redacted.
+#[utoipa::path(get, path = "/runs/{id}", tag = "runs", params(("id" = String, Path, description = "the run id")),
+    responses((status = 200, description = "everything stored about the run", body = RunView), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 async fn show(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiResult {
     Ok(Json(view::run(&app, &run_id)?).into_response())
 }
 
-#[derive(Deserialize, Default)]
-struct CancelBody {
-    #[serde(default)]
-    reason: Option<String>,
-}
-
+#[utoipa::path(post, path = "/runs/{id}/cancel", tag = "runs", params(("id" = String, Path, description = "the run id")),
+    request_body(content = Option<CancelBody>, description = "optional: the reason"),
+    responses((status = 200, description = "cancellation recorded", body = Cancelled), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 async fn cancel(State(app): State<AppState>, Path(run_id): Path<String>, body: Bytes) -> ApiResult {
     let body: CancelBody = if body.is_empty() { CancelBody::default() } else { parse(&body)? };
     let reason = body.reason.unwrap_or_else(|| "cancelled through the API".into());
-    ok(json!({"run_id": run_id, "status": app.runtime.cancel(&run_id, &reason).await?}))
+    ok(Cancelled { status: app.runtime.cancel(&run_id, &reason).await?, run_id })
 }
 
+#[utoipa::path(post, path = "/runs/{id}/messages", tag = "runs", params(("id" = String, Path, description = "the run id")),
+    request_body(content = Value, description = "the agent's message type, as JSON"),
+    responses((status = 200, description = "handled by `on_message`", body = Handled), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 async fn message(State(app): State<AppState>, Path(run_id): Path<String>, body: Bytes) -> ApiResult {
     let value: Value = parse(&body)?;
     app.runtime.send_json(&run_id, &value.to_string()).await?;
-    ok(json!({"run_id": run_id, "handled": true}))
+    ok(Handled { run_id, handled: true })
 }
 
+#[utoipa::path(post, path = "/runs/{id}/requests", tag = "runs", params(("id" = String, Path, description = "the run id")),
+    request_body(content = Value, description = "the agent's message type, as JSON"),
+    responses((status = 200, description = "`on_request`'s reply", body = Reply), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 async fn request(State(app): State<AppState>, Path(run_id): Path<String>, body: Bytes) -> ApiResult {
     let value: Value = parse(&body)?;
     let reply = app.runtime.request_json(&run_id, &value.to_string()).await?;
     let reply: Value = serde_json::from_str(&app.secrets.redact(&reply))
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "Internal"))?;
-    ok(json!({"run_id": run_id, "reply": reply}))
+    ok(Reply { run_id, reply })
 }
 
 /// A page of the run's storage, secrets redacted; `next` is the `start_after` of the next
 /// page, present when this one is full.
+#[utoipa::path(get, path = "/runs/{id}/storage", tag = "runs",
+    params(("id" = String, Path, description = "the run id"), ("prefix" = Option<String>, Query, description = "only keys with this prefix"),
+        ("start_after" = Option<String>, Query, description = "the previous page's `next`"),
+        ("limit" = Option<u32>, Query, description = "page size (default 100)")),
+    responses((status = 200, description = "a page of the run's storage", body = StoragePage), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 async fn storage(State(app): State<AppState>, Path(run_id): Path<String>, Query(q): Params) -> ApiResult {
     let limit: usize = match q.get("limit") {
         None => 100,
@@ -149,19 +158,15 @@ async fn storage(State(app): State<AppState>, Path(run_id): Path<String>, Query(
     for (key, text) in page {
         let value: Value = serde_json::from_str(&app.secrets.redact(&text))
             .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "Internal"))?;
-        entries.push(json!({"key": key, "value": value}));
+        entries.push(StorageEntry { key, value });
     }
-    ok(json!({"run_id": run_id, "entries": entries, "next": next}))
+    ok(StoragePage { run_id, entries, next })
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct EventBody {
-    #[serde(default)]
-    payload: Value,
-    idempotency_key: Option<String>,
-}
-
+#[utoipa::path(post, path = "/runs/{id}/events/{name}", tag = "runs",
+    params(("id" = String, Path, description = "the run id"), ("name" = String, Path, description = "the event's name")),
+    request_body = EventBody,
+    responses((status = 200, description = "delivered, buffered or a duplicate", body = EventSent), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 async fn send_event(
     State(app): State<AppState>,
     Path((run_id, name)): Path<(String, String)>,
@@ -172,22 +177,19 @@ async fn send_event(
         .runtime
         .send_event_json(&run_id, &name, &body.payload.to_string(), body.idempotency_key.as_deref())
         .await?;
-    ok(json!({"run_id": run_id, "name": name, "outcome": outcome}))
+    ok(EventSent { run_id, name, outcome })
 }
 
+#[utoipa::path(get, path = "/approvals", tag = "approvals",
+    responses((status = 200, description = "pending approvals across runs", body = Vec<PendingApproval>), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 async fn approvals(State(app): State<AppState>) -> ApiResult {
     ok(app.runtime.pending_approvals(None)?)
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ApproveBody {
-    payload_hash: String,
-    approved: bool,
-    #[serde(default)]
-    comment: String,
-}
-
+#[utoipa::path(post, path = "/runs/{id}/approvals/{approval_id}", tag = "approvals",
+    params(("id" = String, Path, description = "the run id"), ("approval_id" = String, Path, description = "the pause within the run")),
+    request_body = ApproveBody,
+    responses((status = 200, description = "the decision is recorded (or was, the same)", body = ApproveOutcome), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 async fn approve(
     State(app): State<AppState>,
     Path((run_id, approval_id)): Path<(String, String)>,
@@ -198,20 +200,16 @@ async fn approve(
     ok(app.runtime.approve(&run_id, &approval_id, &body.payload_hash, decision).await?)
 }
 
+#[utoipa::path(get, path = "/runs/{id}/alarms", tag = "alarms", params(("id" = String, Path, description = "the run id")),
+    responses((status = 200, description = "the run's pending alarms, the runtime's own marked", body = Vec<AlarmRecord>), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 async fn alarms(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiResult {
     ok(app.runtime.alarms(&run_id)?)
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AlarmBody {
-    delay_ms: Option<u64>,
-    at_ms: Option<u64>,
-    #[serde(default)]
-    payload: Value,
-    every_ms: Option<u64>,
-}
-
+#[utoipa::path(put, path = "/runs/{id}/alarms/{name}", tag = "alarms",
+    params(("id" = String, Path, description = "the run id"), ("name" = String, Path, description = "the alarm's name")),
+    request_body = AlarmBody,
+    responses((status = 200, description = "set (or replaced)", body = AlarmSet), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 async fn set_alarm(
     State(app): State<AppState>,
     Path((run_id, name)): Path<(String, String)>,
@@ -229,19 +227,25 @@ async fn set_alarm(
         every: body.every_ms.map(Duration::from_millis),
     };
     app.runtime.set_alarm(&run_id, &name, spec).await?;
-    ok(json!({"run_id": run_id, "name": name, "set": true}))
+    ok(AlarmSet { run_id, name, set: true })
 }
 
+#[utoipa::path(delete, path = "/runs/{id}/alarms/{name}", tag = "alarms",
+    params(("id" = String, Path, description = "the run id"), ("name" = String, Path, description = "the alarm's name")),
+    responses((status = 200, description = "cancelled, or there was none", body = AlarmCancelled), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 async fn cancel_alarm(
     State(app): State<AppState>,
     Path((run_id, name)): Path<(String, String)>,
 ) -> ApiResult {
-    ok(json!({"run_id": run_id, "name": name, "cancelled": app.runtime.cancel_alarm(&run_id, &name).await?}))
+    let cancelled = app.runtime.cancel_alarm(&run_id, &name).await?;
+    ok(AlarmCancelled { run_id, name, cancelled })
 }
 
 /// Prometheus' text exposition format, for scrapers: the counters and histograms the
 /// runtime records as it goes, and gauges read from the store now (runs by state, live and
 /// hibernated actors, pending alarms).
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus text exposition format", body = String, content_type = "text/plain"), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 async fn metrics(State(app): State<AppState>) -> ApiResult {
     let Some(handle) = &app.prometheus else {
         return Err(ApiError(
@@ -264,6 +268,8 @@ async fn metrics(State(app): State<AppState>) -> ApiResult {
 }
 
 /// This runtime's counters and histogram summaries as JSON.
+#[utoipa::path(get, path = "/metrics.json", tag = "operations",
+    responses((status = 200, description = "this runtime's counters and latency summaries", body = MetricsSnapshot), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 async fn metrics_json(State(app): State<AppState>) -> ApiResult {
     ok(app.runtime.metrics())
 }
@@ -277,6 +283,11 @@ const EVENT_BATCH: usize = 256;
 /// the client accepts `text/event-stream`, as server-sent events that follow the log until
 /// the client leaves or the server stops: each an `event: run` with its `id` (its `seq`)
 /// and the event as JSON.
+#[utoipa::path(get, path = "/events", tag = "operations",
+    params(("run_id" = Option<String>, Query, description = "only this run's events"),
+        ("after" = Option<u64>, Query, description = "only events after this `seq` (or `Last-Event-ID`)")),
+    responses((status = 200, description = "the event log, oldest first; with `Accept: text/event-stream`, server-sent events (`event: run`, `id: seq`) that follow it",
+        content((Vec<Event> = "application/json"), (String = "text/event-stream"))), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 async fn events(State(app): State<AppState>, headers: HeaderMap, Query(q): Params) -> ApiResult {
     let run_id = q.get("run_id").cloned();
     let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).map(str::to_string);
@@ -324,19 +335,27 @@ async fn events(State(app): State<AppState>, headers: HeaderMap, Query(q): Param
 }
 
 /// A consistent backup of the store, taken while it serves (`durafiber backup --server`).
+#[utoipa::path(get, path = "/backup", tag = "operations",
+    responses((status = 200, description = "a consistent backup of the store", body = Vec<u8>, content_type = "application/octet-stream"), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 async fn backup(State(s): State<AppState>) -> ApiResult {
     let bytes = durafiber_store::repair::backup_bytes(s.runtime.store()).await.map_err(RuntimeError::from)?;
     Ok(([(axum::http::header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
 /// 200 while the store takes writes (saying when space is low); 503 once it has failed.
+#[utoipa::path(get, path = "/health", tag = "operations", security(()),
+    responses((status = 200, description = "the store takes writes", body = Health),
+        (status = 503, description = "the store has failed", body = Health)))]
 async fn health(State(s): State<AppState>) -> Response {
     let h = s.runtime.store().health();
-    let body = json!({
-        "ok": h.failed.is_none(), "failed": h.failed, "parked": h.parked,
-        "low_on_space": h.low_on_space, "free_bytes": h.free_bytes,
-    });
-    let status = if h.failed.is_none() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let body = Health {
+        ok: h.failed.is_none(),
+        failed: h.failed,
+        parked: h.parked,
+        low_on_space: h.low_on_space,
+        free_bytes: h.free_bytes,
+    };
+    let status = if body.ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body)).into_response()
 }
 
@@ -365,28 +384,39 @@ async fn not_found() -> ApiError {
     ApiError(StatusCode::NOT_FOUND, "no such endpoint".into(), "NotFound")
 }
 
-/// The API's routes.
+/// The API's routes, each registered through its `#[utoipa::path]` annotation, and the
+/// OpenAPI document they make.
+pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    use utoipa::OpenApi as _;
+    use utoipa_axum::{router::OpenApiRouter, routes};
+    OpenApiRouter::with_openapi(openapi::Base::openapi())
+        .routes(routes!(health))
+        .routes(routes!(start, list))
+        .routes(routes!(show))
+        .routes(routes!(cancel))
+        .routes(routes!(message))
+        .routes(routes!(request))
+        .routes(routes!(storage))
+        .routes(routes!(send_event))
+        .routes(routes!(approve))
+        .routes(routes!(alarms))
+        .routes(routes!(set_alarm, cancel_alarm))
+        .routes(routes!(approvals))
+        .routes(routes!(metrics))
+        .routes(routes!(metrics_json))
+        .routes(routes!(backup))
+        .routes(routes!(events))
+        .routes(routes!(admin::create_token, admin::list_tokens))
+        .routes(routes!(admin::revoke_token))
+        .routes(routes!(admin::audit))
+        .routes(routes!(openapi::document))
+        .split_for_parts()
+}
+
+/// The server's routes: the API, the console, and the layers every request passes.
 pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/health", get(health))
-        .route("/runs", post(start).get(list))
-        .route("/runs/{id}", get(show))
-        .route("/runs/{id}/cancel", post(cancel))
-        .route("/runs/{id}/messages", post(message))
-        .route("/runs/{id}/requests", post(request))
-        .route("/runs/{id}/storage", get(storage))
-        .route("/runs/{id}/events/{name}", post(send_event))
-        .route("/runs/{id}/approvals/{approval_id}", post(approve))
-        .route("/runs/{id}/alarms", get(alarms))
-        .route("/runs/{id}/alarms/{name}", put(set_alarm).delete(cancel_alarm))
-        .route("/approvals", get(approvals))
-        .route("/metrics", get(metrics))
-        .route("/metrics.json", get(metrics_json))
-        .route("/backup", get(backup))
-        .route("/events", get(events))
-        .route("/tokens", post(admin::create_token).get(admin::list_tokens))
-        .route("/tokens/{name}", delete(admin::revoke_token))
-        .route("/audit", get(admin::audit))
+    api()
+        .0
         .merge(console::router())
         .fallback(not_found)
         .method_not_allowed_fallback(|| async {

@@ -75,6 +75,7 @@ pub struct ListFilter {
 }
 
 /// One page of runs.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize)]
 pub struct RunPage {
     /// The runs.
