@@ -17,7 +17,11 @@
 //! | GET    | `/runs/{id}/alarms`                    | the run's alarms                      |
 //! | PUT    | `/runs/{id}/alarms/{name}`             | `{delay_ms | at_ms, payload, every_ms}` |
 //! | DELETE | `/runs/{id}/alarms/{name}`             | cancel an alarm                       |
-//! | GET    | `/metrics`, `/metrics.json`, `/events?run_id=` | Prometheus text; counters and histograms as JSON; the event log |
+//! | GET    | `/metrics`, `/metrics.json`            | Prometheus text; this runtime's counters and histograms as JSON |
+//! | GET    | `/events?run_id=&after=`               | the event log; server-sent events with `Accept: text/event-stream` |
+//! | POST, GET, DELETE | `/tokens`, `/tokens/{name}`, GET `/audit` | tokens and the audit trail (admin) |
+//! | GET    | `/openapi.json`                        | this API as an OpenAPI 3.1 document   |
+//! | GET, POST | `/ui/...`                           | the reviewer console (HTML; `console/`) |
 //!
 //! Every error is a JSON object `{"error": "...", "kind": "..."}` with a 4xx status for bad
 //! requests and a 5xx status for the runtime's own failures.
