@@ -15,9 +15,9 @@ use durafiber_store::Store;
 use crate::{
     auth,
     http::{
-        guard::Access,
-        server::{AppState, prometheus, router},
+        routes::router,
         session::Sessions,
+        state::{Access, AppState, prometheus},
     },
 };
 

@@ -2,7 +2,7 @@
 
 use super::{
     schema::{AuditPage, ErrorBody, TokenBody, TokenCreated, TokenRevoked, TokenShown},
-    server::{ApiError, ApiResult, AppState, Params, bad_request, ok, parse},
+    state::{ApiError, ApiResult, AppState, Params, bad_request, ok, parse},
 };
 use crate::auth::{self, AccessError, Role};
 use axum::{

@@ -3,8 +3,6 @@
 //! changes state, and limits on its size. Every refusal is JSON, including the ones axum
 //! writes itself (a body too large, a path that is not UTF-8).
 
-use std::net::SocketAddr;
-
 use axum::{
     body::{Body, to_bytes},
     extract::{Request, State},
@@ -16,39 +14,10 @@ use durafiber_runtime::limits;
 use durafiber_store::access;
 use serde_json::{Value, json};
 
+#[cfg(test)]
+use super::state::Access;
 use super::state::{ApiError, AppState};
 use crate::auth::{self, Role};
-
-/// Who may reach the server, decided at start-up.
-#[derive(Debug, Clone)]
-pub struct Access {
-    /// `host:port` and bare host names a request's `Host` (and `Origin`) may name.
-    allowed_hosts: Vec<String>,
-    /// Whether `GET /metrics` is open without a token (for a scraper on the same host).
-    open_metrics: bool,
-}
-
-impl Access {
-    /// The listen address, `localhost`, `127.0.0.1` and `[::1]` on its port, and `extra`
-    /// (each `host` or `host:port`).
-    pub fn new(listen: SocketAddr, extra: &[String], open_metrics: bool) -> Self {
-        let port = listen.port();
-        let mut allowed_hosts = vec![
-            listen.to_string(),
-            format!("localhost:{port}"),
-            format!("127.0.0.1:{port}"),
-            format!("[::1]:{port}"),
-        ];
-        allowed_hosts.extend(extra.iter().map(|h| h.to_ascii_lowercase()));
-        Access { allowed_hosts, open_metrics }
-    }
-
-    fn allows_host(&self, authority: &str) -> bool {
-        let authority = authority.to_ascii_lowercase();
-        let bare = authority.rsplit_once(':').map(|(h, _)| h).unwrap_or(&authority).to_string();
-        self.allowed_hosts.iter().any(|h| *h == authority || *h == bare)
-    }
-}
 
 fn refuse(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Response {
     ApiError(status, message.into(), kind).into_response()

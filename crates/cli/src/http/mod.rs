@@ -32,6 +32,7 @@ mod console;
 pub mod guard;
 pub mod listen;
 mod openapi;
+pub mod routes;
 pub mod schema;
 pub mod server;
 pub mod session;

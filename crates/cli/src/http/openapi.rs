@@ -1,9 +1,9 @@
 //! The API's OpenAPI 3.1 document, served at `GET /openapi.json`. It is generated from the
 //! handlers: each route is registered through its `#[utoipa::path]` annotation
-//! (`server::api`), so a route cannot exist without its entry, and the bodies' schemas are
+//! (`routes::api`), so a route cannot exist without its entry, and the bodies' schemas are
 //! derived from the types the handlers serialize. A test checks real answers against it.
 
-use std::sync::LazyLock;
+use std::sync::OnceLock;
 
 use axum::{
     http::header,
@@ -63,13 +63,21 @@ impl Modify for Security {
     }
 }
 
-/// The whole document as JSON text, built once.
-static DOCUMENT: LazyLock<String> =
-    LazyLock::new(|| serde_json::to_string(&super::server::api().1).unwrap_or_else(|_| "{}".into()));
+/// The whole document as JSON text, published by `routes::router` from the routes it
+/// registers.
+static DOCUMENT: OnceLock<String> = OnceLock::new();
+
+/// Serves `document` from now on (the first one published: every router makes the same).
+pub fn publish(document: &utoipa::openapi::OpenApi) {
+    if let Ok(text) = serde_json::to_string(document) {
+        let _ = DOCUMENT.set(text);
+    }
+}
 
 /// This document.
 #[utoipa::path(get, path = "/openapi.json", tag = "operations", security(()),
     responses((status = 200, description = "this API's OpenAPI 3.1 document", body = Object)))]
 pub async fn document() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], DOCUMENT.as_str()).into_response()
+    let text = DOCUMENT.get().map_or("{}", String::as_str);
+    ([(header::CONTENT_TYPE, "application/json")], text).into_response()
 }

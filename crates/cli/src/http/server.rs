@@ -1,15 +1,14 @@
-//! The HTTP JSON API over a [`Runtime`]. Bodies are parsed by hand so that malformed JSON
+//! The HTTP JSON API's handlers over a [`durafiber_runtime::Runtime`]; `routes.rs` wires them. Bodies are parsed by hand so that malformed JSON
 //! gets the same JSON error shape as every other refusal; nothing a client sends can crash
 //! the server.
 
 use std::time::Duration;
 
 use axum::{
-    Json, Router,
+    Json,
     body::Bytes,
-    extract::{Path, Query, Request, State},
-    http::{HeaderMap, Method, StatusCode},
-    middleware::{self, Next},
+    extract::{Path, Query, State},
+    http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
 };
 use durafiber_runtime::{
@@ -24,34 +23,18 @@ use super::schema::{
     Handled, Health, Reply, RunView, StartBody, StorageEntry, StoragePage,
 };
 
-pub use super::state::{ApiError, AppState, prometheus};
-use super::{admin, console, guard, openapi, view};
+use super::{
+    state::{ApiError, ApiResult, AppState, Params, bad_request, ok, parse},
+    view,
+};
 use serde_json::{Value, json};
-
-pub(super) fn bad_request(msg: impl Into<String>) -> ApiError {
-    ApiError(StatusCode::BAD_REQUEST, msg.into(), "BadRequest")
-}
-
-pub(super) fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| bad_request(format!("malformed JSON body: {e}")))
-}
-
-pub(super) type ApiResult = Result<Response, ApiError>;
-
-pub(super) fn ok(value: impl serde::Serialize) -> ApiResult {
-    Ok(Json(
-        serde_json::to_value(value)
-            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "Internal"))?,
-    )
-    .into_response())
-}
 
 #[utoipa::path(post, path = "/runs", tag = "runs",
     params(("Idempotency-Key" = String, Header, description = "a repeat with the same key returns the same run")),
     request_body = StartBody,
     responses((status = 201, description = "accepted: the run is durable", body = StartOutcome),
         (status = 200, description = "the key was known: the same run", body = StartOutcome), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-async fn start(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult {
+pub(super) async fn start(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult {
     let key = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
@@ -74,16 +57,13 @@ async fn start(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> 
     Ok((status, Json(json!(out))).into_response())
 }
 
-/// Query strings are read as plain pairs, so a malformed one gets the same JSON error shape.
-pub(super) type Params = Query<std::collections::HashMap<String, String>>;
-
 #[utoipa::path(get, path = "/runs", tag = "runs",
     params(("state" = Option<String>, Query, description = "only runs in this state"),
         ("kind" = Option<String>, Query, description = "only runs of this kind"),
         ("after" = Option<String>, Query, description = "the previous page's `next`"),
         ("limit" = Option<u32>, Query, description = "page size (default 50)")),
     responses((status = 200, description = "a page of runs, in run-id order", body = RunPage), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-async fn list(State(app): State<AppState>, Query(q): Params) -> ApiResult {
+pub(super) async fn list(State(app): State<AppState>, Query(q): Params) -> ApiResult {
     let limit = match q.get("limit") {
         None => 50,
         Some(text) => {
@@ -103,14 +83,18 @@ async fn list(State(app): State<AppState>, Query(q): Params) -> ApiResult {
 /// alarm), secrets redacted.
 #[utoipa::path(get, path = "/runs/{id}", tag = "runs", params(("id" = String, Path, description = "the run id")),
     responses((status = 200, description = "everything stored about the run", body = RunView), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-async fn show(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiResult {
+pub(super) async fn show(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiResult {
     Ok(Json(view::run(&app, &run_id)?).into_response())
 }
 
 #[utoipa::path(post, path = "/runs/{id}/cancel", tag = "runs", params(("id" = String, Path, description = "the run id")),
     request_body(content = Option<CancelBody>, description = "optional: the reason"),
     responses((status = 200, description = "cancellation recorded", body = Cancelled), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-async fn cancel(State(app): State<AppState>, Path(run_id): Path<String>, body: Bytes) -> ApiResult {
+pub(super) async fn cancel(
+    State(app): State<AppState>,
+    Path(run_id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
     let body: CancelBody = if body.is_empty() { CancelBody::default() } else { parse(&body)? };
     let reason = body.reason.unwrap_or_else(|| "cancelled through the API".into());
     ok(Cancelled { status: app.runtime.cancel(&run_id, &reason).await?, run_id })
@@ -119,7 +103,11 @@ async fn cancel(State(app): State<AppState>, Path(run_id): Path<String>, body: B
 #[utoipa::path(post, path = "/runs/{id}/messages", tag = "runs", params(("id" = String, Path, description = "the run id")),
     request_body(content = Value, description = "the agent's message type, as JSON"),
     responses((status = 200, description = "handled by `on_message`", body = Handled), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-async fn message(State(app): State<AppState>, Path(run_id): Path<String>, body: Bytes) -> ApiResult {
+pub(super) async fn message(
+    State(app): State<AppState>,
+    Path(run_id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
     let value: Value = parse(&body)?;
     app.runtime.send_json(&run_id, &value.to_string()).await?;
     ok(Handled { run_id, handled: true })
@@ -128,7 +116,11 @@ async fn message(State(app): State<AppState>, Path(run_id): Path<String>, body: 
 #[utoipa::path(post, path = "/runs/{id}/requests", tag = "runs", params(("id" = String, Path, description = "the run id")),
     request_body(content = Value, description = "the agent's message type, as JSON"),
     responses((status = 200, description = "`on_request`'s reply", body = Reply), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-async fn request(State(app): State<AppState>, Path(run_id): Path<String>, body: Bytes) -> ApiResult {
+pub(super) async fn request(
+    State(app): State<AppState>,
+    Path(run_id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
     let value: Value = parse(&body)?;
     let reply = app.runtime.request_json(&run_id, &value.to_string()).await?;
     let reply: Value = serde_json::from_str(&app.secrets.redact(&reply))
@@ -143,7 +135,11 @@ async fn request(State(app): State<AppState>, Path(run_id): Path<String>, body: 
         ("start_after" = Option<String>, Query, description = "the previous page's `next`"),
         ("limit" = Option<u32>, Query, description = "page size (default 100)")),
     responses((status = 200, description = "a page of the run's storage", body = StoragePage), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-async fn storage(State(app): State<AppState>, Path(run_id): Path<String>, Query(q): Params) -> ApiResult {
+pub(super) async fn storage(
+    State(app): State<AppState>,
+    Path(run_id): Path<String>,
+    Query(q): Params,
+) -> ApiResult {
     let limit: usize = match q.get("limit") {
         None => 100,
         Some(text) => {
@@ -167,7 +163,7 @@ async fn storage(State(app): State<AppState>, Path(run_id): Path<String>, Query(
     params(("id" = String, Path, description = "the run id"), ("name" = String, Path, description = "the event's name")),
     request_body = EventBody,
     responses((status = 200, description = "delivered, buffered or a duplicate", body = EventSent), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-async fn send_event(
+pub(super) async fn send_event(
     State(app): State<AppState>,
     Path((run_id, name)): Path<(String, String)>,
     body: Bytes,
@@ -182,7 +178,7 @@ async fn send_event(
 
 #[utoipa::path(get, path = "/approvals", tag = "approvals",
     responses((status = 200, description = "pending approvals across runs", body = Vec<PendingApproval>), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-async fn approvals(State(app): State<AppState>) -> ApiResult {
+pub(super) async fn approvals(State(app): State<AppState>) -> ApiResult {
     ok(app.runtime.pending_approvals(None)?)
 }
 
@@ -190,7 +186,7 @@ async fn approvals(State(app): State<AppState>) -> ApiResult {
     params(("id" = String, Path, description = "the run id"), ("approval_id" = String, Path, description = "the pause within the run")),
     request_body = ApproveBody,
     responses((status = 200, description = "the decision is recorded (or was, the same)", body = ApproveOutcome), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-async fn approve(
+pub(super) async fn approve(
     State(app): State<AppState>,
     Path((run_id, approval_id)): Path<(String, String)>,
     body: Bytes,
@@ -202,7 +198,7 @@ async fn approve(
 
 #[utoipa::path(get, path = "/runs/{id}/alarms", tag = "alarms", params(("id" = String, Path, description = "the run id")),
     responses((status = 200, description = "the run's pending alarms, the runtime's own marked", body = Vec<AlarmRecord>), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-async fn alarms(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiResult {
+pub(super) async fn alarms(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiResult {
     ok(app.runtime.alarms(&run_id)?)
 }
 
@@ -210,7 +206,7 @@ async fn alarms(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiR
     params(("id" = String, Path, description = "the run id"), ("name" = String, Path, description = "the alarm's name")),
     request_body = AlarmBody,
     responses((status = 200, description = "set (or replaced)", body = AlarmSet), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-async fn set_alarm(
+pub(super) async fn set_alarm(
     State(app): State<AppState>,
     Path((run_id, name)): Path<(String, String)>,
     body: Bytes,
@@ -233,7 +229,7 @@ async fn set_alarm(
 #[utoipa::path(delete, path = "/runs/{id}/alarms/{name}", tag = "alarms",
     params(("id" = String, Path, description = "the run id"), ("name" = String, Path, description = "the alarm's name")),
     responses((status = 200, description = "cancelled, or there was none", body = AlarmCancelled), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-async fn cancel_alarm(
+pub(super) async fn cancel_alarm(
     State(app): State<AppState>,
     Path((run_id, name)): Path<(String, String)>,
 ) -> ApiResult {
@@ -246,7 +242,7 @@ async fn cancel_alarm(
 /// hibernated actors, pending alarms).
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text exposition format", body = String, content_type = "text/plain"), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-async fn metrics(State(app): State<AppState>) -> ApiResult {
+pub(super) async fn metrics(State(app): State<AppState>) -> ApiResult {
     let Some(handle) = &app.prometheus else {
         return Err(ApiError(
             StatusCode::NOT_FOUND,
@@ -270,7 +266,7 @@ async fn metrics(State(app): State<AppState>) -> ApiResult {
 /// This runtime's counters and histogram summaries as JSON.
 #[utoipa::path(get, path = "/metrics.json", tag = "operations",
     responses((status = 200, description = "this runtime's counters and latency summaries", body = MetricsSnapshot), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-async fn metrics_json(State(app): State<AppState>) -> ApiResult {
+pub(super) async fn metrics_json(State(app): State<AppState>) -> ApiResult {
     ok(app.runtime.metrics())
 }
 
@@ -288,7 +284,7 @@ const EVENT_BATCH: usize = 256;
         ("after" = Option<u64>, Query, description = "only events after this `seq` (or `Last-Event-ID`)")),
     responses((status = 200, description = "the event log, oldest first; with `Accept: text/event-stream`, server-sent events (`event: run`, `id: seq`) that follow it",
         content((Vec<Event> = "application/json"), (String = "text/event-stream"))), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-async fn events(State(app): State<AppState>, headers: HeaderMap, Query(q): Params) -> ApiResult {
+pub(super) async fn events(State(app): State<AppState>, headers: HeaderMap, Query(q): Params) -> ApiResult {
     let run_id = q.get("run_id").cloned();
     let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).map(str::to_string);
     let after = match q.get("after").or(resume.as_ref()) {
@@ -337,7 +333,7 @@ async fn events(State(app): State<AppState>, headers: HeaderMap, Query(q): Param
 /// A consistent backup of the store, taken while it serves (`durafiber backup --server`).
 #[utoipa::path(get, path = "/backup", tag = "operations",
     responses((status = 200, description = "a consistent backup of the store", body = Vec<u8>, content_type = "application/octet-stream"), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-async fn backup(State(s): State<AppState>) -> ApiResult {
+pub(super) async fn backup(State(s): State<AppState>) -> ApiResult {
     let bytes = durafiber_store::repair::backup_bytes(s.runtime.store()).await.map_err(RuntimeError::from)?;
     Ok(([(axum::http::header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
@@ -346,7 +342,7 @@ async fn backup(State(s): State<AppState>) -> ApiResult {
 #[utoipa::path(get, path = "/health", tag = "operations", security(()),
     responses((status = 200, description = "the store takes writes", body = Health),
         (status = 503, description = "the store has failed", body = Health)))]
-async fn health(State(s): State<AppState>) -> Response {
+pub(super) async fn health(State(s): State<AppState>) -> Response {
     let h = s.runtime.store().health();
     let body = Health {
         ok: h.failed.is_none(),
@@ -357,76 +353,4 @@ async fn health(State(s): State<AppState>) -> Response {
     };
     let status = if body.ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body)).into_response()
-}
-
-/// A read of runs, approvals or alarms answers only once what it read is durable: the
-/// runtime shows a boundary as soon as it is applied, before its group commit is on disk, and
-/// a client or a human must never act on a state that a crash right after the answer takes
-/// back (a pending approval that is gone after a restart, say). Free when no write is in
-/// flight; the process views (/health, /metrics, /events) and /backup do not wait. The
-/// console's pages wait too: a reviewer decides on what they show.
-async fn durable_reads(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    let path = req.uri().path();
-    let console_page = guard::is_console(path) && !path.starts_with("/ui/static/");
-    let reads_runs =
-        req.method() == Method::GET && (path.starts_with("/runs") || path == "/approvals" || console_page);
-    let response = next.run(req).await;
-    if reads_runs
-        && response.status().is_success()
-        && let Err(e) = app.runtime.store().settle_reads().await
-    {
-        return ApiError::from(RuntimeError::from(e)).into_response();
-    }
-    response
-}
-
-async fn not_found() -> ApiError {
-    ApiError(StatusCode::NOT_FOUND, "no such endpoint".into(), "NotFound")
-}
-
-/// The API's routes, each registered through its `#[utoipa::path]` annotation, and the
-/// OpenAPI document they make.
-pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    use utoipa::OpenApi as _;
-    use utoipa_axum::{router::OpenApiRouter, routes};
-    OpenApiRouter::with_openapi(openapi::Base::openapi())
-        .routes(routes!(health))
-        .routes(routes!(start, list))
-        .routes(routes!(show))
-        .routes(routes!(cancel))
-        .routes(routes!(message))
-        .routes(routes!(request))
-        .routes(routes!(storage))
-        .routes(routes!(send_event))
-        .routes(routes!(approve))
-        .routes(routes!(alarms))
-        .routes(routes!(set_alarm, cancel_alarm))
-        .routes(routes!(approvals))
-        .routes(routes!(metrics))
-        .routes(routes!(metrics_json))
-        .routes(routes!(backup))
-        .routes(routes!(events))
-        .routes(routes!(admin::create_token, admin::list_tokens))
-        .routes(routes!(admin::revoke_token))
-        .routes(routes!(admin::audit))
-        .routes(routes!(openapi::document))
-        .split_for_parts()
-}
-
-/// The server's routes: the API, the console, and the layers every request passes.
-pub fn router(state: AppState) -> Router {
-    api()
-        .0
-        .merge(console::router())
-        .fallback(not_found)
-        .method_not_allowed_fallback(|| async {
-            ApiError(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here".into(), "MethodNotAllowed")
-        })
-        .layer(middleware::from_fn_with_state(state.clone(), durable_reads))
-        .layer(middleware::from_fn_with_state(state.clone(), guard::authorize))
-        .layer(middleware::from_fn_with_state(state.clone(), guard::browser_safe))
-        .layer(middleware::from_fn(guard::size_limits))
-        .layer(axum::extract::DefaultBodyLimit::max(durafiber_runtime::limits::HTTP_BODY_BYTES_MAX))
-        .layer(middleware::from_fn(guard::json_errors))
-        .with_state(state)
 }

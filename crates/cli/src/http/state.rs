@@ -1,14 +1,19 @@
-//! What every handler shares ([`AppState`]) and the API's error shape ([`ApiError`]).
+//! What every handler shares ([`AppState`], who may reach the server ([`Access`])), the
+//! API's error shape ([`ApiError`]), and the small helpers every JSON handler uses.
+
+use std::net::SocketAddr;
 
 use axum::{
     Json,
+    body::Bytes,
+    extract::Query,
     http::StatusCode,
     response::{IntoResponse, Response},
 };
 use durafiber_runtime::{Runtime, RuntimeError, Secrets};
 use serde_json::json;
 
-use super::{guard::Access, session::Sessions};
+use super::session::Sessions;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -98,3 +103,55 @@ impl From<RuntimeError> for ApiError {
         ApiError(status, e.to_string(), kind)
     }
 }
+
+/// Who may reach the server, decided at start-up.
+#[derive(Debug, Clone)]
+pub struct Access {
+    /// `host:port` and bare host names a request's `Host` (and `Origin`) may name.
+    allowed_hosts: Vec<String>,
+    /// Whether `GET /metrics` is open without a token (for a scraper on the same host).
+    pub(super) open_metrics: bool,
+}
+
+impl Access {
+    /// The listen address, `localhost`, `127.0.0.1` and `[::1]` on its port, and `extra`
+    /// (each `host` or `host:port`).
+    pub fn new(listen: SocketAddr, extra: &[String], open_metrics: bool) -> Self {
+        let port = listen.port();
+        let mut allowed_hosts = vec![
+            listen.to_string(),
+            format!("localhost:{port}"),
+            format!("127.0.0.1:{port}"),
+            format!("[::1]:{port}"),
+        ];
+        allowed_hosts.extend(extra.iter().map(|h| h.to_ascii_lowercase()));
+        Access { allowed_hosts, open_metrics }
+    }
+
+    pub(super) fn allows_host(&self, authority: &str) -> bool {
+        let authority = authority.to_ascii_lowercase();
+        let bare = authority.rsplit_once(':').map(|(h, _)| h).unwrap_or(&authority).to_string();
+        self.allowed_hosts.iter().any(|h| *h == authority || *h == bare)
+    }
+}
+
+pub fn bad_request(msg: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, msg.into(), "BadRequest")
+}
+
+pub fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| bad_request(format!("malformed JSON body: {e}")))
+}
+
+pub type ApiResult = Result<Response, ApiError>;
+
+pub fn ok(value: impl serde::Serialize) -> ApiResult {
+    Ok(Json(
+        serde_json::to_value(value)
+            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "Internal"))?,
+    )
+    .into_response())
+}
+
+/// Query strings are read as plain pairs, so a malformed one gets the same JSON error shape.
+pub type Params = Query<std::collections::HashMap<String, String>>;

@@ -30,9 +30,8 @@ use serde_json::{Value, json};
 use self::pages::{Frame, Notice};
 use super::{
     guard,
-    server::Params,
     session::{self, SESSION_COOKIE, SIGN_IN_COOKIE, Session},
-    state::AppState,
+    state::{AppState, Params},
     view,
 };
 use crate::auth::{self, Role};

@@ -1,0 +1,89 @@
+//! The server's routes: every API route registered through its `#[utoipa::path]`
+//! annotation (so the OpenAPI document cannot miss one), the console, and the layers every
+//! request passes, outermost last.
+
+use axum::{
+    Router,
+    extract::{Request, State},
+    http::{Method, StatusCode},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+};
+use durafiber_runtime::RuntimeError;
+
+use super::{
+    admin, console, guard, openapi, server,
+    state::{ApiError, AppState},
+};
+
+/// A read of runs, approvals or alarms answers only once what it read is durable: the
+/// runtime shows a boundary as soon as it is applied, before its group commit is on disk, and
+/// a client or a human must never act on a state that a crash right after the answer takes
+/// back (a pending approval that is gone after a restart, say). Free when no write is in
+/// flight; the process views (/health, /metrics, /events) and /backup do not wait. The
+/// console's pages wait too: a reviewer decides on what they show.
+async fn durable_reads(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let console_page = guard::is_console(path) && !path.starts_with("/ui/static/");
+    let reads_runs =
+        req.method() == Method::GET && (path.starts_with("/runs") || path == "/approvals" || console_page);
+    let response = next.run(req).await;
+    if reads_runs
+        && response.status().is_success()
+        && let Err(e) = app.runtime.store().settle_reads().await
+    {
+        return ApiError::from(RuntimeError::from(e)).into_response();
+    }
+    response
+}
+
+async fn not_found() -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, "no such endpoint".into(), "NotFound")
+}
+
+/// The API's routes, each registered through its `#[utoipa::path]` annotation, and the
+/// OpenAPI document they make.
+pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    use utoipa::OpenApi as _;
+    use utoipa_axum::{router::OpenApiRouter, routes};
+    OpenApiRouter::with_openapi(openapi::Base::openapi())
+        .routes(routes!(server::health))
+        .routes(routes!(server::start, server::list))
+        .routes(routes!(server::show))
+        .routes(routes!(server::cancel))
+        .routes(routes!(server::message))
+        .routes(routes!(server::request))
+        .routes(routes!(server::storage))
+        .routes(routes!(server::send_event))
+        .routes(routes!(server::approve))
+        .routes(routes!(server::alarms))
+        .routes(routes!(server::set_alarm, server::cancel_alarm))
+        .routes(routes!(server::approvals))
+        .routes(routes!(server::metrics))
+        .routes(routes!(server::metrics_json))
+        .routes(routes!(server::backup))
+        .routes(routes!(server::events))
+        .routes(routes!(admin::create_token, admin::list_tokens))
+        .routes(routes!(admin::revoke_token))
+        .routes(routes!(admin::audit))
+        .routes(routes!(openapi::document))
+        .split_for_parts()
+}
+
+/// The server's routes: the API, the console, and the layers every request passes.
+pub fn router(state: AppState) -> Router {
+    let (api, document) = api();
+    openapi::publish(&document);
+    api.merge(console::router())
+        .fallback(not_found)
+        .method_not_allowed_fallback(|| async {
+            ApiError(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here".into(), "MethodNotAllowed")
+        })
+        .layer(middleware::from_fn_with_state(state.clone(), durable_reads))
+        .layer(middleware::from_fn_with_state(state.clone(), guard::authorize))
+        .layer(middleware::from_fn_with_state(state.clone(), guard::browser_safe))
+        .layer(middleware::from_fn(guard::size_limits))
+        .layer(axum::extract::DefaultBodyLimit::max(durafiber_runtime::limits::HTTP_BODY_BYTES_MAX))
+        .layer(middleware::from_fn(guard::json_errors))
+        .with_state(state)
+}
