@@ -278,6 +278,33 @@ async fn an_operator_cancels_a_run_from_its_page_in_a_real_browser() {
     let _ = a.close().await;
 }
 
+/// An approval nobody answers escalates; the attention page lists the run with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_escalated_run_shows_on_the_attention_page_with_its_reason() {
+    let upstream = Upstream::start().await.expect("upstream");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.json");
+    std::fs::write(&config, r#"{"escalate_after": "300ms"}"#).expect("config");
+    let server = Served::start_with(&dir.path().join("data"), &["--config".as_ref(), config.as_os_str()]);
+    let (run_id, _) = refund_waiting(&server, "order-11", 100, &upstream.url()).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !run_view(&server, &run_id).await["run"]["status"]["escalated"].is_object() {
+        assert!(Instant::now() < deadline, "the unanswered approval never escalated");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut driver = Driver::start();
+    let a = driver.browser().await;
+    sign_in(&a, &server, &server.token).await;
+    a.goto(&server.url("/ui/attention")).await.expect("attention");
+    let escalated = text_of(&a, "#escalated").await;
+    assert!(escalated.contains(&run_id) && escalated.contains("approval_timeout"), "{escalated}");
+    screenshot(&a, "attention-escalated").await;
+    // Its decision page says it can no longer be decided.
+    a.goto(&server.url(&format!("/ui/runs/{run_id}/approvals/refund"))).await.expect("decision page");
+    assert!(!has(&a, "#approve").await);
+    let _ = a.close().await;
+}
+
 /// Without a browser: a form without the session's CSRF token changes nothing, and the
 /// cookie is HttpOnly and SameSite=Strict.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
