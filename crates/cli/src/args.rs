@@ -342,6 +342,10 @@ pub enum RunsAction {
         /// Start after this run id.
         #[arg(long)]
         after: Option<String>,
+        /// Only open runs whose last stash is older than this STASH_VERSION: what a deploy
+        /// of that version still has to upgrade.
+        #[arg(long)]
+        stash_version_below: Option<u32>,
         /// Where the runs are.
         #[command(flatten)]
         target: Target,

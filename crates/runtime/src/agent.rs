@@ -96,6 +96,41 @@ pub trait Agent: Send + Sync + Sized + 'static {
     /// Messages sent to a run from outside, handled one at a time.
     type Message: Serialize + DeserializeOwned + Send + 'static;
 
+    /// The shape of [`Agent::Stash`], stored with every stash. Bump it when a deploy changes
+    /// the type in a way old stashes do not decode as (a field without a serde default, a
+    /// renamed or retyped field), and teach [`Agent::upgrade_stash`] the old shape.
+    const STASH_VERSION: u32 = 1;
+
+    /// Turns a stash stored by an older version of this agent (`from_version`, as JSON) into
+    /// this version's `Stash`. Called when a run is recovered (and by `Ctx::last_stash`)
+    /// with a stash older than [`Agent::STASH_VERSION`]; the stored stash itself is replaced
+    /// at the run's next stash. The default has no upgrade: the run escalates with a reason
+    /// that names both versions, so a human decides — never a panic, never a silent default.
+    ///
+    /// ```
+    /// # use durafiber_runtime::AgentError;
+    /// # #[derive(serde::Deserialize)] struct V1 { done: u32 }
+    /// # struct Progress { done: u32, retries: u32 }
+    /// // Version 2 added `retries`: a version 1 stash starts it at 0.
+    /// fn upgrade_stash(from_version: u32, old: serde_json::Value) -> Result<Progress, AgentError> {
+    ///     match from_version {
+    ///         1 => {
+    ///             let v1: V1 = serde_json::from_value(old).map_err(|e| AgentError::fail(e.to_string()))?;
+    ///             Ok(Progress { done: v1.done, retries: 0 })
+    ///         }
+    ///         v => Err(AgentError::escalate(format!("stash_version: no upgrade from {v}"))),
+    ///     }
+    /// }
+    /// # assert_eq!(upgrade_stash(1, serde_json::json!({"done": 3})).map(|p| (p.done, p.retries)).ok(), Some((3, 0)));
+    /// ```
+    fn upgrade_stash(from_version: u32, old: serde_json::Value) -> Result<Self::Stash, AgentError> {
+        let _ = old;
+        Err(AgentError::escalate(format!(
+            "stash_version: the stored stash is version {from_version}, this code is version {} and has no upgrade from it",
+            Self::STASH_VERSION
+        )))
+    }
+
     /// The job's entry point; runs once per run unless the run is interrupted.
     fn run_fiber(
         &self,
@@ -198,24 +233,19 @@ impl<A: Agent> Ctx<A> {
             return Err(AgentError::StashFromHandler);
         }
         let text = json::canonical(value).map_err(AgentError::Serialization)?;
-        stash::write(&mut self.raw, step, text).await
+        stash::write(&mut self.raw, step, text, A::STASH_VERSION).await
     }
 
     /// The run's last durable stash, with its step and sequence number; `None` before the
     /// first. Readable from the fiber and from handlers (`on_alarm`, `on_message`): the fiber
     /// owns the stash, a handler reads what it last committed.
+    /// A stash of an older [`Agent::STASH_VERSION`] is upgraded as recovery upgrades it.
     pub fn last_stash(&self) -> Result<Option<(A::Stash, String, u64)>, AgentError> {
-        let key = durafiber_store::tables::STASHES.key(&[self.raw.cell.run_id.as_bytes()]);
-        let Some(record) = self
-            .raw
-            .shared
-            .store
-            .get::<durafiber_store::tables::StashRecord>(durafiber_store::tables::STASHES, &key)?
-        else {
+        let Some(stored) = stash::read(&self.raw.shared.store, &self.raw.cell.run_id)? else {
             return Ok(None);
         };
-        let stash = json::parse(&record.stash_json).map_err(AgentError::Serialization)?;
-        Ok(Some((stash, record.step, record.seq)))
+        let stash = stash::typed::<A>(&stored)?;
+        Ok(Some((stash, stored.record.step, stored.record.seq)))
     }
 
     /// The run's own key-value storage, in the fiber and in handlers alike; see [`Storage`].

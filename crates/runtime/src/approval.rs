@@ -93,7 +93,7 @@ pub(crate) async fn request(
             batch.put(tables::APPROVALS, key.clone(), &record)?;
             alarm::stage(batch, &escalation)?;
             if let Some(stash) = &pending_stash {
-                batch.put(tables::STASHES, tables::STASHES.key(&[run_id.as_bytes()]), stash)?;
+                stash.stage(batch)?;
             }
             run.status = RunStatus::WaitingApproval { approval_id: approval_id.to_string() };
             run.recover_attempts = 0;

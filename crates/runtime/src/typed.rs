@@ -46,17 +46,27 @@ impl<A: Agent> ErasedAgent for Typed<A> {
     fn recover(&self, raw: RawCtx, r: RawRecovered) -> BoxFuture<Result<String, AgentError>> {
         let agent = self.0.clone();
         Box::pin(async move {
-            let (stash, step, seq) = match r.stash {
-                Some((json, step, seq)) => (Some(decode::<A::Stash>("stash", &json)?), Some(step), seq),
+            let (stash, step, seq) = match &r.stash {
+                Some(stored) => (
+                    Some(crate::stash::typed::<A>(stored)?),
+                    Some(stored.record.step.clone()),
+                    stored.record.seq,
+                ),
                 None => (None, None, 0),
             };
+            // Retrying cannot make an input decode: a human must look at once.
+            let input = json::parse(&r.input_json).map_err(|e| {
+                AgentError::escalate(format!(
+                    "input: the stored input does not decode as this code's Input: {e}"
+                ))
+            })?;
             let recovered = Recovered::<A> {
                 run_id: r.run_id,
                 kind: r.kind,
                 stash,
                 step,
                 seq,
-                input: decode("input", &r.input_json)?,
+                input,
                 attempt: r.attempt,
                 reason: r.reason,
                 created_at_ms: r.created_at_ms,

@@ -60,6 +60,7 @@ fn check(table: Table, key: &[u8], sealed: &[u8]) -> Result<(), StoreError> {
         b'k' => d::<String>(table, key, sealed).map(drop),
         b'o' | b'd' => d::<()>(table, key, sealed),
         b's' => d::<tables::StashRecord>(table, key, sealed).map(drop),
+        b'n' => d::<u32>(table, key, sealed).map(drop),
         b'l' => d::<tables::LedgerEntry>(table, key, sealed).map(drop),
         b'p' => d::<tables::ApprovalRecord>(table, key, sealed).map(drop),
         b'a' => d::<tables::AlarmRecord>(table, key, sealed).map(drop),

@@ -15,6 +15,28 @@ use parking_lot::Mutex;
 
 use crate::{Backend, Batch, StoreError, backend::Entries, batch::Op};
 
+/// How long an opener waits for the lock a closing store still holds.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Takes the directory's lock, waiting up to [`LOCK_WAIT`] for it. A store closed a moment
+/// ago can still hold it: a child process forked by another thread at that moment shares
+/// the lock file's descriptor until it execs, and the lock lasts as long as any copy.
+fn lock_briefly(lock: &File, dir: &Path, lock_path: &Path) -> Result<(), StoreError> {
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match lock.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::DirLocked { path: dir.to_path_buf() });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(lock_path)(e)),
+        }
+    }
+}
+
 /// sled in a locked data directory.
 pub struct SledBackend {
     db: sled::Db,
@@ -214,13 +236,7 @@ impl SledBackend {
             .write(true)
             .open(&lock_path)
             .map_err(io(&lock_path))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(StoreError::DirLocked { path: dir.to_path_buf() });
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(io(&lock_path)(e)),
-        }
+        lock_briefly(&lock, dir, &lock_path)?;
         let sled_dir = dir.join(SLED_DIR);
         let marker = dir.join(MARKER_FILE);
         if marker.exists() && !sled_dir.exists() {

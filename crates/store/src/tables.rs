@@ -36,6 +36,9 @@ pub const RUN_KEYS: Table = Table { name: "run_keys", prefix: b'k' };
 pub const OPEN_RUNS: Table = Table { name: "open_runs", prefix: b'o' };
 /// The last stash of each run.
 pub const STASHES: Table = Table { name: "stashes", prefix: b's' };
+/// The agent's stash version of each run's last stash: `n` run_id → `u32`, present only when
+/// it is not 1, so the stores of agents that never bump it hold nothing more.
+pub const STASH_VERSIONS: Table = Table { name: "stash_versions", prefix: b'n' };
 /// The effect ledger.
 pub const LEDGER: Table = Table { name: "ledger", prefix: b'l' };
 /// Human approvals, pending and decided.
@@ -80,11 +83,12 @@ pub fn run_of_key(key: &[u8]) -> Option<&str> {
 }
 
 /// Every table, for inspection and tests.
-pub const ALL: [Table; 18] = [
+pub const ALL: [Table; 19] = [
     RUNS,
     RUN_KEYS,
     OPEN_RUNS,
     STASHES,
+    STASH_VERSIONS,
     LEDGER,
     APPROVALS,
     ALARMS,

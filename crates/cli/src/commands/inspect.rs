@@ -51,6 +51,9 @@ pub async fn runs_list(target: &Target, filter: ListFilter) -> anyhow::Result<Va
     match source(target).await? {
         Source::Server(c) => {
             let mut q = vec![("limit", filter.limit.to_string())];
+            if let Some(below) = filter.stash_version_below {
+                q.push(("stash_version_below", below.to_string()));
+            }
             let state = filter.state.map(|s| s.name().to_string());
             for (k, v) in [("state", state), ("kind", filter.kind), ("after", filter.after)] {
                 if let Some(v) = v {

@@ -71,9 +71,12 @@ pub async fn run(command: Command) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Bench { which } => bench::run(which).await,
-        Command::Runs { action: RunsAction::List { state, kind, limit, after, target } } => {
+        Command::Runs {
+            action: RunsAction::List { state, kind, limit, after, stash_version_below, target },
+        } => {
             let state = state.map(|s| s.parse()).transpose()?;
-            print_json(&inspect::runs_list(&target, ListFilter { state, kind, after, limit }).await?)
+            let filter = ListFilter { state, kind, after, limit, stash_version_below };
+            print_json(&inspect::runs_list(&target, filter).await?)
         }
         Command::Runs { action: RunsAction::Show { run_id, target } } => {
             print_json(&inspect::runs_show(&target, &run_id).await?)

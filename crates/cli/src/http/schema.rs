@@ -248,6 +248,8 @@ pub struct RunView {
     pub run: RunShown,
     /// Its last stash.
     pub stash: Option<StashShown>,
+    /// The agent's `STASH_VERSION` that wrote it; null before the first stash.
+    pub stash_version: Option<u32>,
     /// Its effects.
     pub ledger: Vec<LedgerShown>,
     /// Its pending alarms.

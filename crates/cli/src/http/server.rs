@@ -61,7 +61,8 @@ pub(super) async fn start(State(app): State<AppState>, headers: HeaderMap, body:
     params(("state" = Option<String>, Query, description = "only runs in this state"),
         ("kind" = Option<String>, Query, description = "only runs of this kind"),
         ("after" = Option<String>, Query, description = "the previous page's `next`"),
-        ("limit" = Option<u32>, Query, description = "page size (default 50)")),
+        ("limit" = Option<u32>, Query, description = "page size (default 50)"),
+        ("stash_version_below" = Option<u32>, Query, description = "only open runs whose last stash is older than this STASH_VERSION")),
     responses((status = 200, description = "a page of runs, in run-id order", body = RunPage), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn list(State(app): State<AppState>, Query(q): Params) -> ApiResult {
     let limit = match q.get("limit") {
@@ -75,6 +76,12 @@ pub(super) async fn list(State(app): State<AppState>, Query(q): Params) -> ApiRe
         kind: q.get("kind").cloned(),
         after: q.get("after").cloned(),
         limit,
+        stash_version_below: q
+            .get("stash_version_below")
+            .map(|t| {
+                t.parse().map_err(|_| bad_request(format!("stash_version_below must be a number, not {t:?}")))
+            })
+            .transpose()?,
     };
     ok(app.runtime.list(&filter)?)
 }

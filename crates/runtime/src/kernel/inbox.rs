@@ -1,6 +1,6 @@
 //! What a run's actor is sent: one variant per inbound event.
 
-use durafiber_store::tables::{RunRecord, StashRecord};
+use durafiber_store::tables::RunRecord;
 use ractor::RpcReplyPort;
 
 use crate::{
@@ -44,7 +44,7 @@ pub(crate) struct Registered {
     pub run: RunRecord,
     pub mode: FiberMode,
     /// The run's last stash, read with the record; an error is a corrupt stash.
-    pub stash: Result<Option<StashRecord>, String>,
+    pub stash: Result<Option<crate::stash::Stored>, String>,
 }
 
 /// A fresh fiber (`run_fiber`) or a recovery (`on_fiber_recovered`).

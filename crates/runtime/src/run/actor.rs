@@ -63,7 +63,7 @@ async fn live_or_spawn(
         Some(mode) => DurabilityMode::parse(mode)?,
         None => shared.config.durability,
     };
-    let seq = stash.as_ref().ok().and_then(|s| s.as_ref()).map(|s| s.seq).unwrap_or(0);
+    let seq = stash.as_ref().ok().and_then(|s| s.as_ref()).map(|s| s.record.seq).unwrap_or(0);
     let cell = Arc::new(RunCell::new(
         run_id,
         &run.kind,

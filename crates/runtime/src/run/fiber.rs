@@ -13,7 +13,7 @@ use std::{
 
 use durafiber_store::{
     Batch, StoreError,
-    tables::{self, RunStatus, StashRecord},
+    tables::{self, RunStatus},
 };
 use futures::FutureExt;
 use tracing::Instrument;
@@ -30,6 +30,7 @@ use crate::{
     kernel::shared::{LockedRun, RawCtx, RawRecovered, Shared},
     metrics::Metrics,
     run::recovery::{self, Plan},
+    stash::Stored,
 };
 
 /// Starts or recovers the fiber if the run needs one. Runs inside the actor, so one at a time.
@@ -87,8 +88,8 @@ async fn decide_now(shared: &Arc<Shared>, cell: &RunCell) -> Activation {
 }
 
 /// The run's last stash; an error (a corrupt record) is kept for the recovery to escalate.
-pub(crate) fn read_stash(shared: &Shared, run_id: &str) -> Result<Option<StashRecord>, String> {
-    shared.store.get(tables::STASHES, &tables::STASHES.key(&[run_id.as_bytes()])).map_err(|e| e.to_string())
+pub(crate) fn read_stash(shared: &Shared, run_id: &str) -> Result<Option<Stored>, String> {
+    crate::stash::read(&shared.store, run_id).map_err(|e| e.to_string())
 }
 
 /// Decides what a run without a live fiber needs (`recovery::plan`) and, when a fiber is to
@@ -98,7 +99,7 @@ pub(crate) async fn decide(
     shared: &Shared,
     cell: &RunCell,
     locked: &mut LockedRun<'_>,
-    stash: Result<Option<StashRecord>, String>,
+    stash: Result<Option<Stored>, String>,
 ) -> Activation {
     let mode = match recovery::plan(shared, &locked.run) {
         Plan::Fresh => FiberMode::Fresh,
@@ -213,7 +214,7 @@ async fn call_agent(
                 RawRecovered {
                     run_id: run.run_id,
                     kind: run.kind,
-                    stash: stash.map(|s| (s.stash_json, s.step, s.seq)),
+                    stash,
                     input_json: run.input_json,
                     attempt: run.attempt,
                     reason,
@@ -242,7 +243,7 @@ async fn finish(
                 return Ok(false);
             }
             if let Some(stash) = &pending {
-                batch.put(tables::STASHES, tables::STASHES.key(&[run.run_id.as_bytes()]), stash)?;
+                stash.stage(batch)?;
             }
             let error = match &result {
                 Ok(Ok(output_json)) => {

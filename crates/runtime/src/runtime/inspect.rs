@@ -20,6 +20,8 @@ pub struct RunInspection {
     pub run: RunRecord,
     /// Its last stash.
     pub stash: Option<StashRecord>,
+    /// The agent's `STASH_VERSION` that wrote it.
+    pub stash_version: Option<u32>,
     /// Its ledger.
     pub ledger: Vec<LedgerEntry>,
     /// Its pending alarms.
@@ -33,7 +35,8 @@ pub struct RunInspection {
 impl Serialize for RunInspection {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let fields = serde_json::json!({
-            "run": self.run, "stash": self.stash, "ledger": self.ledger, "alarms": self.alarms,
+            "run": self.run, "stash": self.stash, "stash_version": self.stash_version, "ledger": self.ledger,
+            "alarms": self.alarms,
             "approvals": self.approvals, "dead_letters": self.dead_letters,
         });
         embed_json_texts(fields).serialize(serializer)
@@ -72,6 +75,9 @@ pub struct ListFilter {
     pub after: Option<String>,
     /// Page size, at most [`limits::LIST_PAGE_MAX`].
     pub limit: usize,
+    /// Only open runs whose last stash is older than this `STASH_VERSION`: the runs a deploy
+    /// of that version still has to carry (`Agent::upgrade_stash`).
+    pub stash_version_below: Option<u32>,
 }
 
 /// One page of runs.
@@ -179,7 +185,14 @@ impl Runtime {
                 };
                 let state_ok = filter.state.is_none_or(|s| s == RunState::of(&run.status));
                 let kind_ok = filter.kind.as_deref().is_none_or(|k| k == run.kind);
-                if state_ok && kind_ok {
+                let version_ok = match filter.stash_version_below {
+                    None => true,
+                    Some(below) => {
+                        !run.status.is_terminal()
+                            && self.stash_version(&run.run_id)?.is_some_and(|v| v < below)
+                    }
+                };
+                if state_ok && kind_ok && version_ok {
                     runs.push(run);
                     if runs.len() == limit {
                         let next = runs.last().map(|r| r.run_id.clone());
@@ -193,13 +206,20 @@ impl Runtime {
         }
     }
 
+    /// The `STASH_VERSION` of the run's last stash; `None` before its first stash.
+    pub fn stash_version(&self, run_id: &str) -> Result<Option<u32>, RuntimeError> {
+        Ok(crate::stash::read(&self.shared.store, run_id)?.map(|s| s.version))
+    }
+
     /// Everything stored about a run.
     pub fn inspect(&self, run_id: &str) -> Result<RunInspection, RuntimeError> {
         let store = &self.shared.store;
         let run = self.shared.load_run(run_id)?;
         let id = run_id.as_bytes();
+        let stored = crate::stash::read(store, run_id)?;
         Ok(RunInspection {
-            stash: store.get(tables::STASHES, &tables::STASHES.key(&[id]))?,
+            stash_version: stored.as_ref().map(|s| s.version),
+            stash: stored.map(|s| s.record),
             ledger: scan_all(store, tables::LEDGER, id)?,
             alarms: scan_all(store, tables::ALARMS, id)?,
             approvals: scan_all(store, tables::APPROVALS, id)?,

@@ -391,6 +391,7 @@ async fn runs(State(app): State<AppState>, headers: HeaderMap, Query(q): Params)
         kind: Some(kind.clone()).filter(|k| !k.is_empty()),
         after: q.get("after").cloned().filter(|a| !a.is_empty()),
         limit: RUNS_PER_PAGE,
+        stash_version_below: None,
     };
     let page_of_runs = match app.runtime.list(&filter) {
         Ok(p) => p,
@@ -504,7 +505,7 @@ async fn cancel(
 async fn attention(State(app): State<AppState>, headers: HeaderMap) -> PageResult {
     let session = signed_in(&app, &headers, "/ui/attention")?;
     let filter =
-        ListFilter { state: Some(RunState::Escalated), kind: None, after: None, limit: ATTENTION_MAX };
+        ListFilter { state: Some(RunState::Escalated), limit: ATTENTION_MAX, ..ListFilter::default() };
     let escalated = app.runtime.list(&filter).map(|p| p.runs);
     let letters = app.runtime.dead_letters(ATTENTION_MAX);
     Ok(match (escalated, letters) {
