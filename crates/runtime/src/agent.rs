@@ -15,7 +15,8 @@ use serde::{Serialize, de::DeserializeOwned};
 pub use crate::hooks::{AlarmEvent, ExhaustedAction, RecoveryReason};
 use crate::{
     alarm::{self, AlarmSpec},
-    approval, clock, effect,
+    approval, clock,
+    effect::{self, EffectError, EffectOptions},
     error::AgentError,
     eviction::keep_alive::KeepAlive,
     json,
@@ -270,7 +271,57 @@ impl<A: Agent> Ctx<A> {
         Fut: Future<Output = Result<R, E>> + Send,
         E: std::fmt::Display,
     {
-        effect::perform(&mut self.raw, effect_id, args, f).await
+        let mut f = f;
+        let call = move |key, args| {
+            let answer = f(key, args);
+            async move { answer.await.map_err(|e| EffectError::Retryable(e.to_string())) }
+        };
+        effect::perform(&mut self.raw, effect_id, args, EffectOptions::default(), call).await
+    }
+
+    /// [`Ctx::effect`] with its own retry policy, and errors that say whether to retry:
+    /// `f` answers [`EffectError::Permanent`] for a refusal (it reaches the fiber at once as
+    /// [`AgentError::EffectRejected`]) and [`EffectError::Retryable`] for the rest (tried
+    /// again per `options`, then [`AgentError::EffectFailed`]). `?` on any error is retryable.
+    ///
+    /// What a fiber does with an effect that failed is its choice, made in code:
+    /// - return the error: a rejected effect fails the run; an exhausted one re-enters the run
+    ///   through recovery, like an interruption, with the same key (counted against
+    ///   `max_recover_attempts`, then escalated);
+    /// - `AgentError::escalate(..)`: a human looks at once;
+    /// - park and try later: `ctx.sleep_for("retry-charge", Duration::from_secs(600))`, then
+    ///   call the effect again; its key is the same, its attempts start over.
+    ///
+    /// ```no_run
+    /// # use durafiber_runtime::{Agent, AgentError, Ctx, EffectError, EffectOptions};
+    /// # use std::time::Duration;
+    /// # async fn post(key: &str, cents: u64) -> std::io::Result<(u16, String)> { Ok((200, String::new())) }
+    /// # async fn charge<A: Agent>(ctx: &mut Ctx<A>) -> Result<String, AgentError> {
+    /// let policy = EffectOptions { attempts: 5, timeout: Some(Duration::from_secs(10)), ..Default::default() };
+    /// ctx.effect_with("charge", 1250u64, policy, |key, cents| async move {
+    ///     let (status, body) = post(&key, cents).await?; // an I/O error: retryable
+    ///     if status >= 400 {
+    ///         return Err(EffectError::from_status(status, body)); // a 4xx: permanent
+    ///     }
+    ///     Ok(body)
+    /// })
+    /// .await
+    /// # }
+    /// ```
+    pub async fn effect_with<Args, R, F, Fut>(
+        &mut self,
+        effect_id: &str,
+        args: Args,
+        options: EffectOptions,
+        f: F,
+    ) -> Result<R, AgentError>
+    where
+        Args: Serialize + Clone + Send,
+        R: Serialize + DeserializeOwned + Send,
+        F: FnMut(String, Args) -> Fut + Send,
+        Fut: Future<Output = Result<R, EffectError>> + Send,
+    {
+        effect::perform(&mut self.raw, effect_id, args, options, f).await
     }
 
     /// Pauses for a human (§6): writes the pause bound to the payload's hash, then waits.

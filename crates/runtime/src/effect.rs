@@ -5,7 +5,7 @@
 //! re-entry, so an upstream that deduplicates on it sees one request however often the
 //! run is resumed. A committed entry returns its receipt without calling the outside world.
 
-use std::future::Future;
+use std::{future::Future, time::Duration};
 
 use durafiber_store::{
     Batch, Durability,
@@ -17,27 +17,114 @@ use crate::{
     clock, error::AgentError, json, kernel::shared::RawCtx, limits, metrics::Metrics, rng::unguessable_hex,
 };
 
-/// Full-jitter backoff before call `attempt + 1`: uniform in `0..=min(max, min × 2^(attempt-1))`.
-fn retry_delay_ms(raw: &RawCtx, attempt: u32) -> u64 {
-    let base = limits::EFFECT_BACKOFF_MIN.as_millis() as u64;
-    let cap =
-        (base << (attempt.saturating_sub(1)).min(16)).min(limits::EFFECT_BACKOFF_MAX.as_millis() as u64);
+/// How an effect's calls are retried within one entry of the fiber (`Ctx::effect_with`).
+/// The same policy holds for the first attempt and for a recovered one: a recovery re-enters
+/// the effect with the same idempotency key and a fresh count of attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EffectOptions {
+    /// Calls at most, the first included (at least 1).
+    pub attempts: u32,
+    /// The backoff cap before the second call; it doubles per call, full jitter.
+    pub backoff_initial: Duration,
+    /// The largest backoff cap.
+    pub backoff_max: Duration,
+    /// How long one call may take before it counts as a retryable failure; `None`: no limit.
+    pub timeout: Option<Duration>,
+}
+
+impl Default for EffectOptions {
+    /// `Ctx::effect`'s policy: 3 calls, backoff from 100 ms up to 3 s, no timeout.
+    fn default() -> Self {
+        EffectOptions {
+            attempts: limits::EFFECT_ATTEMPTS_MAX,
+            backoff_initial: limits::EFFECT_BACKOFF_MIN,
+            backoff_max: limits::EFFECT_BACKOFF_MAX,
+            timeout: None,
+        }
+    }
+}
+
+/// Why an effect's call failed, and whether calling again may help.
+///
+/// Any `std::error::Error` converts into `Retryable` with `?`; say `Permanent` for an answer
+/// that will not change (a 4xx), or use [`EffectError::from_status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EffectError {
+    /// An outage, a timeout, a 5xx: tried again while the policy allows.
+    Retryable(String),
+    /// A refusal: reaches the fiber at once as `AgentError::EffectRejected`.
+    Permanent(String),
+}
+
+impl EffectError {
+    /// A failure worth another call.
+    pub fn retryable(e: impl std::fmt::Display) -> Self {
+        EffectError::Retryable(e.to_string())
+    }
+
+    /// A refusal no retry will change.
+    pub fn permanent(e: impl std::fmt::Display) -> Self {
+        EffectError::Permanent(e.to_string())
+    }
+
+    /// An HTTP answer's class: a 4xx is permanent, but for 408 (timeout), 425 (too early) and
+    /// 429 (too many requests), which are worth another call, as is everything else.
+    pub fn from_status(status: u16, body: impl std::fmt::Display) -> Self {
+        let text = format!("HTTP {status}: {body}");
+        match status {
+            408 | 425 | 429 => EffectError::Retryable(text),
+            400..=499 => EffectError::Permanent(text),
+            _ => EffectError::Retryable(text),
+        }
+    }
+}
+
+impl std::fmt::Display for EffectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EffectError::Retryable(e) => write!(f, "{e}"),
+            EffectError::Permanent(e) => write!(f, "permanent: {e}"),
+        }
+    }
+}
+
+// No `std::error::Error` for `EffectError` itself: that keeps this blanket conversion
+// coherent, so `?` turns any error into a retryable one.
+impl<E: std::error::Error> From<E> for EffectError {
+    fn from(e: E) -> Self {
+        EffectError::Retryable(e.to_string())
+    }
+}
+
+/// Full-jitter backoff before call `attempt + 1`: uniform in
+/// `0..=min(backoff_max, backoff_initial × 2^(attempt-1))`.
+fn retry_delay_ms(raw: &RawCtx, options: &EffectOptions, attempt: u32) -> u64 {
+    let base = options.backoff_initial.as_millis() as u64;
+    let cap = base
+        .checked_shl(attempt.saturating_sub(1).min(16))
+        .unwrap_or(u64::MAX)
+        .min(options.backoff_max.as_millis() as u64);
     raw.shared.jitter_between(0, cap)
 }
 
-pub(crate) async fn perform<Args, R, F, Fut, E>(
+pub(crate) async fn perform<Args, R, F, Fut>(
     raw: &mut RawCtx,
     effect_id: &str,
     args: Args,
+    options: EffectOptions,
     mut f: F,
 ) -> Result<R, AgentError>
 where
     Args: Serialize + Clone + Send,
     R: Serialize + DeserializeOwned + Send,
     F: FnMut(String, Args) -> Fut + Send,
-    Fut: Future<Output = Result<R, E>> + Send,
-    E: std::fmt::Display,
+    Fut: Future<Output = Result<R, EffectError>> + Send,
 {
+    if options.attempts == 0 || options.backoff_initial > options.backoff_max {
+        return Err(AgentError::fail(format!(
+            "effect {effect_id}: attempts must be at least 1 and backoff_initial at most backoff_max"
+        )));
+    }
     tables::check_id("effect id", effect_id).map_err(AgentError::fail)?;
     let shared = raw.shared.clone();
     let run_id = raw.cell.run_id.clone();
@@ -84,28 +171,58 @@ where
     crate::eviction::idle::boundary(raw, &format!("after_effect_prepare:{effect_id}")).await;
 
     let mut last_error = String::new();
-    for attempt in 1..=limits::EFFECT_ATTEMPTS_MAX {
-        match f(entry.idempotency_key.clone(), args.clone()).await {
+    for attempt in 1..=options.attempts {
+        let call = f(entry.idempotency_key.clone(), args.clone());
+        let answer = match options.timeout {
+            None => call.await,
+            Some(limit) => {
+                // Waiting for an answer with a deadline is waiting on the clock: on a virtual
+                // clock, time may move to the deadline meanwhile.
+                // The deadline is set before the wait is parked, so a virtual clock sees it.
+                // It is dropped only after the wait counts as work again (see `VirtualSleep`).
+                let mut deadline = clock::sleep(shared.clock.as_ref(), limit);
+                let bounded = async {
+                    tokio::select! {
+                        answer = call => answer,
+                        () = &mut deadline => Err(EffectError::Retryable(
+                            format!("no answer within {}", humantime::format_duration(limit)),
+                        )),
+                    }
+                };
+                shared.parked(raw.in_fiber, bounded).await
+            }
+        };
+        match answer {
             Ok(receipt) => {
                 crate::eviction::idle::boundary(raw, &format!("after_effect_call:{effect_id}")).await;
                 commit(raw, key, entry, &receipt).await?;
                 crate::eviction::idle::boundary(raw, &format!("after_effect_commit:{effect_id}")).await;
                 return Ok(receipt);
             }
-            Err(e) => {
-                last_error = e.to_string();
+            Err(EffectError::Permanent(error)) => {
+                tracing::warn!(run_id, effect_id, attempt, error, "effect call refused; not retried");
+                shared.event(&run_id, "effect_rejected", format!("{effect_id}: {error}"));
+                return Err(AgentError::EffectRejected { effect_id: effect_id.to_string(), error });
+            }
+            Err(EffectError::Retryable(error)) => {
+                last_error = error;
                 tracing::warn!(run_id, effect_id, attempt, error = %last_error, "effect call failed");
-                if attempt < limits::EFFECT_ATTEMPTS_MAX {
-                    let delay = retry_delay_ms(raw, attempt);
+                if attempt < options.attempts {
+                    let delay = retry_delay_ms(raw, &options, attempt);
                     let sleep = clock::sleep(shared.clock.as_ref(), std::time::Duration::from_millis(delay));
                     shared.parked(raw.in_fiber, sleep).await;
                 }
             }
         }
     }
+    shared.event(
+        &run_id,
+        "effect_exhausted",
+        format!("{effect_id}: {} calls, last: {last_error}", options.attempts),
+    );
     Err(AgentError::EffectFailed {
         effect_id: effect_id.to_string(),
-        attempts: limits::EFFECT_ATTEMPTS_MAX,
+        attempts: options.attempts,
         error: last_error,
     })
 }
@@ -127,4 +244,27 @@ async fn commit<R: Serialize>(
     raw.shared.event(&entry.run_id, "effect_committed", entry.effect_id.clone());
     Metrics::bump(&raw.shared.metrics.effects);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_4xx_is_permanent_but_for_timeouts_and_rate_limits() {
+        assert!(matches!(EffectError::from_status(422, "declined"), EffectError::Permanent(_)));
+        assert!(matches!(EffectError::from_status(404, ""), EffectError::Permanent(_)));
+        for retry in [408, 425, 429, 500, 503] {
+            assert!(matches!(EffectError::from_status(retry, ""), EffectError::Retryable(_)), "{retry}");
+        }
+    }
+
+    #[test]
+    fn any_error_converts_to_a_retryable_one_with_the_question_mark() {
+        fn call() -> Result<(), EffectError> {
+            Err(std::io::Error::other("connection reset"))?;
+            Ok(())
+        }
+        assert_eq!(call(), Err(EffectError::Retryable("connection reset".into())));
+    }
 }

@@ -134,6 +134,15 @@ pub enum AgentError {
         /// The last failure.
         error: String,
     },
+    /// An effect's call answered with a permanent refusal (`EffectError::Permanent`, a 4xx
+    /// say): not retried, and recovering the run will not change the answer.
+    #[error("effect {effect_id} was refused: {error}")]
+    EffectRejected {
+        /// The effect.
+        effect_id: String,
+        /// The refusal.
+        error: String,
+    },
     /// The stash is larger than `stash_bytes_max`.
     #[error("stash of {bytes} bytes is over the limit of {max} bytes")]
     StashTooLarge {

@@ -53,6 +53,7 @@ pub use durafiber_store::tables::{
     AlarmRecord, ApprovalRecord, DeadLetter, Decision, LedgerEntry, Receipt, RunRecord, RunStatus,
     StashRecord,
 };
+pub use effect::{EffectError, EffectOptions};
 pub use error::{AgentError, LivenessViolation, RuntimeError};
 pub use event::SendOutcome;
 pub use events::Event;

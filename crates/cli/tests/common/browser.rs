@@ -73,6 +73,11 @@ impl Drop for Driver {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A test that failed before closing its browser leaves chromium running without its
+        // driver: end every process started with one of our profiles.
+        for profile in &self.profiles {
+            let _ = Command::new("pkill").arg("-KILL").arg("-f").arg(profile.path()).status();
+        }
     }
 }
 

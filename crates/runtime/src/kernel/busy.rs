@@ -30,9 +30,13 @@ impl Drop for WakeToken {
 /// A parked wait. When it completes it counts the fiber busy again *before* dropping the
 /// inner future (a virtual sleeper stops counting as woken on drop); when it is dropped
 /// unfinished (eviction) it counts the fiber busy again so the fiber's own guard balances.
+/// It stops counting the fiber busy only once its future is pending: a wait that is ready at
+/// once (an effect's answer inside a deadline, say) never shows virtual time a quiet moment.
 pub(crate) struct Parked<F: Future> {
     inner: Option<std::pin::Pin<Box<F>>>,
     busy: watch::Sender<u64>,
+    /// Whether the fiber is counted parked (not busy) now.
+    parked: bool,
 }
 
 impl<F: Future> Future for Parked<F> {
@@ -45,18 +49,27 @@ impl<F: Future> Future for Parked<F> {
         let Some(inner) = self.inner.as_mut() else { return std::task::Poll::Pending };
         match inner.as_mut().poll(cx) {
             std::task::Poll::Ready(out) => {
-                self.busy.send_modify(|n| *n += 1);
+                if self.parked {
+                    self.busy.send_modify(|n| *n += 1);
+                    self.parked = false;
+                }
                 self.inner = None;
                 std::task::Poll::Ready(out)
             }
-            std::task::Poll::Pending => std::task::Poll::Pending,
+            std::task::Poll::Pending => {
+                if !self.parked {
+                    self.busy.send_modify(|n| *n = n.saturating_sub(1));
+                    self.parked = true;
+                }
+                std::task::Poll::Pending
+            }
         }
     }
 }
 
 impl<F: Future> Drop for Parked<F> {
     fn drop(&mut self) {
-        if self.inner.is_some() {
+        if self.parked {
             self.busy.send_modify(|n| *n += 1);
         }
     }
@@ -84,7 +97,6 @@ impl Drop for BusyGuard {
 impl<F: Future> Parked<F> {
     /// Awaits `fut` as parked work: the caller stops counting as busy until it completes.
     pub fn new(fut: F, busy: &watch::Sender<u64>) -> Self {
-        busy.send_modify(|n| *n = n.saturating_sub(1));
-        Parked { inner: Some(Box::pin(fut)), busy: busy.clone() }
+        Parked { inner: Some(Box::pin(fut)), busy: busy.clone(), parked: false }
     }
 }

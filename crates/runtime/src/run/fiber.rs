@@ -28,6 +28,7 @@ use crate::{
     kernel::cell::RunCell,
     kernel::inbox::{Activation, FiberMode, Registered},
     kernel::shared::{LockedRun, RawCtx, RawRecovered, Shared},
+    limits,
     metrics::Metrics,
     run::recovery::{self, Plan},
     stash::Stored,
@@ -275,6 +276,16 @@ async fn finish(
                         run.next_recover_at_ms = 0;
                     }
                     retry_at = Some(shared.now_ms().saturating_add(1_000));
+                } else if matches!(result, Ok(Err(AgentError::EffectRejected { .. }))) {
+                    // A refusal: re-entering the run would only hear it again.
+                    run.status = RunStatus::Failed { error };
+                } else if mode == FiberMode::Fresh && matches!(result, Ok(Err(AgentError::EffectFailed { .. }))) {
+                    // An effect that ran out of calls is an outage, not an answer: the run is
+                    // re-entered through recovery with the same key, exactly as it would be had
+                    // the outage come after a recovery (then counted, then escalated).
+                    tracing::warn!(run_id = %run.run_id, error, "effect exhausted; the run will be recovered");
+                    run.wake_reason = Some(tables::WakeReason::Resumed);
+                    retry_at = Some(shared.now_ms().saturating_add(limits::EFFECT_BACKOFF_MAX.as_millis() as u64));
                 } else if mode == FiberMode::Fresh {
                     run.status = RunStatus::Failed { error };
                 } else if run.recover_attempts >= max_attempts {
