@@ -245,7 +245,7 @@ impl<A: Agent> Ctx<A> {
         let Some(stored) = stash::read(&self.raw.shared.store, &self.raw.cell.run_id)? else {
             return Ok(None);
         };
-        let stash = stash::typed::<A>(&stored)?;
+        let stash = stash::decode_versioned(&stored, A::STASH_VERSION, A::upgrade_stash)?;
         Ok(Some((stash, stored.record.step, stored.record.seq)))
     }
 

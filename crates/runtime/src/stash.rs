@@ -1,59 +1,27 @@
 //! `stash`: the run's typed snapshot, replaced whole, in the run's durability mode (§3.2).
 //!
-//! Each stash is stored with the agent's `STASH_VERSION`, so that code deployed later knows
-//! which shape it holds (`Agent::upgrade_stash`). The version lives beside the stash in
-//! `stash_versions`, written only when it is not 1: stores of agents that never bump it
-//! hold exactly what they held before versions existed, and read as version 1.
+//! Each stash is stored with the agent's `STASH_VERSION` (`kernel/stash_record.rs`), so that
+//! code deployed later knows which shape it holds (`Agent::upgrade_stash`).
 
 use durafiber_store::{
-    Batch, Durability, Store, StoreError,
+    Batch, Durability,
     tables::{self, StashRecord},
 };
 
-use crate::{
-    agent::Agent, clock::Stopwatch, config::DurabilityMode, error::AgentError, json, kernel::shared::RawCtx,
-};
+use serde::de::DeserializeOwned;
 
-/// A stash as stored: the record and the agent's stash version that wrote it.
-#[derive(Debug, Clone)]
-pub(crate) struct Stored {
-    pub record: StashRecord,
-    pub version: u32,
-}
+pub(crate) use crate::kernel::stash_record::{Stored, read};
+use crate::{clock::Stopwatch, config::DurabilityMode, error::AgentError, json, kernel::shared::RawCtx};
 
-impl Stored {
-    /// Puts the stash, and its version when it is not 1, into `batch`.
-    pub fn stage(&self, batch: &mut Batch) -> Result<(), StoreError> {
-        let run = self.record.run_id.as_bytes();
-        batch.put(tables::STASHES, tables::STASHES.key(&[run]), &self.record)?;
-        if self.version != 1 {
-            batch.put(tables::STASH_VERSIONS, tables::STASH_VERSIONS.key(&[run]), &self.version)?;
-        }
-        Ok(())
-    }
-}
-
-/// The run's last stash with its version (1 when none is recorded); `None` before the first.
-pub(crate) fn read(store: &Store, run_id: &str) -> Result<Option<Stored>, StoreError> {
-    let Some(record) =
-        store.get::<StashRecord>(tables::STASHES, &tables::STASHES.key(&[run_id.as_bytes()]))?
-    else {
-        return Ok(None);
-    };
-    Ok(Some(Stored { record, version: version_of(store, run_id)? }))
-}
-
-/// The stash version of the run's last stash (1 when none is recorded).
-pub(crate) fn version_of(store: &Store, run_id: &str) -> Result<u32, StoreError> {
-    let key = tables::STASH_VERSIONS.key(&[run_id.as_bytes()]);
-    Ok(store.get::<u32>(tables::STASH_VERSIONS, &key)?.unwrap_or(1))
-}
-
-/// A stored stash as this code's `Stash`: decoded when its version is this code's,
-/// upgraded when older; escalating, with both versions named, when newer, when there is no
-/// upgrade, or when it does not decode as the version it claims.
-pub(crate) fn typed<A: Agent>(stored: &Stored) -> Result<A::Stash, AgentError> {
-    let (from, to) = (stored.version, A::STASH_VERSION);
+/// A stored stash as the code's `Stash` (version `code_version`): decoded when its version
+/// is the code's, upgraded by `upgrade` when older; escalating, with both versions named,
+/// when newer, when there is no upgrade, or when it does not decode as the version it claims.
+pub(crate) fn decode_versioned<T: DeserializeOwned>(
+    stored: &Stored,
+    code_version: u32,
+    upgrade: impl FnOnce(u32, serde_json::Value) -> Result<T, AgentError>,
+) -> Result<T, AgentError> {
+    let (from, to) = (stored.version, code_version);
     let text = &stored.record.stash_json;
     match from.cmp(&to) {
         std::cmp::Ordering::Equal => json::parse(text).map_err(|e| {
@@ -64,7 +32,7 @@ pub(crate) fn typed<A: Agent>(stored: &Stored) -> Result<A::Stash, AgentError> {
         }),
         std::cmp::Ordering::Less => {
             let old = json::parse::<serde_json::Value>(text).map_err(AgentError::Serialization)?;
-            A::upgrade_stash(from, old)
+            upgrade(from, old)
         }
         std::cmp::Ordering::Greater => Err(AgentError::escalate(format!(
             "stash_version: the stored stash is version {from}, newer than this code's version {to}: \

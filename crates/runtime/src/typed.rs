@@ -48,7 +48,7 @@ impl<A: Agent> ErasedAgent for Typed<A> {
         Box::pin(async move {
             let (stash, step, seq) = match &r.stash {
                 Some(stored) => (
-                    Some(crate::stash::typed::<A>(stored)?),
+                    Some(crate::stash::decode_versioned(stored, A::STASH_VERSION, A::upgrade_stash)?),
                     Some(stored.record.step.clone()),
                     stored.record.seq,
                 ),

@@ -34,7 +34,7 @@ pub(crate) struct RunCell {
     /// here on anything that fiber still does writes nothing — the next cell owns the run.
     pub evicted: std::sync::atomic::AtomicBool,
     /// In `exit` durability, the stash that waits for the fiber to end or wait.
-    pub pending_exit: Mutex<Option<crate::stash::Stored>>,
+    pub pending_exit: Mutex<Option<super::stash_record::Stored>>,
     /// Serializes the run's storage writes; holds its key count once read.
     pub storage_keys: tokio::sync::Mutex<Option<usize>>,
 }

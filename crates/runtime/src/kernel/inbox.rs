@@ -44,7 +44,7 @@ pub(crate) struct Registered {
     pub run: RunRecord,
     pub mode: FiberMode,
     /// The run's last stash, read with the record; an error is a corrupt stash.
-    pub stash: Result<Option<crate::stash::Stored>, String>,
+    pub stash: Result<Option<super::stash_record::Stored>, String>,
 }
 
 /// A fresh fiber (`run_fiber`) or a recovery (`on_fiber_recovered`).

@@ -371,7 +371,7 @@ pub(crate) type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send +
 pub(crate) struct RawRecovered {
     pub run_id: String,
     pub kind: String,
-    pub stash: Option<crate::stash::Stored>,
+    pub stash: Option<super::stash_record::Stored>,
     pub input_json: String,
     pub attempt: u32,
     pub reason: RecoveryReason,

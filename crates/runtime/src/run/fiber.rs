@@ -28,10 +28,10 @@ use crate::{
     kernel::cell::RunCell,
     kernel::inbox::{Activation, FiberMode, Registered},
     kernel::shared::{LockedRun, RawCtx, RawRecovered, Shared},
+    kernel::stash_record::Stored,
     limits,
     metrics::Metrics,
     run::recovery::{self, Plan},
-    stash::Stored,
 };
 
 /// Starts or recovers the fiber if the run needs one. Runs inside the actor, so one at a time.
@@ -90,7 +90,7 @@ async fn decide_now(shared: &Arc<Shared>, cell: &RunCell) -> Activation {
 
 /// The run's last stash; an error (a corrupt record) is kept for the recovery to escalate.
 pub(crate) fn read_stash(shared: &Shared, run_id: &str) -> Result<Option<Stored>, String> {
-    crate::stash::read(&shared.store, run_id).map_err(|e| e.to_string())
+    crate::kernel::stash_record::read(&shared.store, run_id).map_err(|e| e.to_string())
 }
 
 /// Decides what a run without a live fiber needs (`recovery::plan`) and, when a fiber is to

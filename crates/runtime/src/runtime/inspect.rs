@@ -208,7 +208,7 @@ impl Runtime {
 
     /// The `STASH_VERSION` of the run's last stash; `None` before its first stash.
     pub fn stash_version(&self, run_id: &str) -> Result<Option<u32>, RuntimeError> {
-        Ok(crate::stash::read(&self.shared.store, run_id)?.map(|s| s.version))
+        Ok(crate::kernel::stash_record::read(&self.shared.store, run_id)?.map(|s| s.version))
     }
 
     /// Everything stored about a run.
@@ -216,7 +216,7 @@ impl Runtime {
         let store = &self.shared.store;
         let run = self.shared.load_run(run_id)?;
         let id = run_id.as_bytes();
-        let stored = crate::stash::read(store, run_id)?;
+        let stored = crate::kernel::stash_record::read(store, run_id)?;
         Ok(RunInspection {
             stash_version: stored.as_ref().map(|s| s.version),
             stash: stored.map(|s| s.record),

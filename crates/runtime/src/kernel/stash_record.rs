@@ -1,0 +1,44 @@
+//! A run's last stash as stored: the record and the `STASH_VERSION` of the agent that
+//! wrote it. The version lives beside the stash in `stash_versions`, written only when it
+//! is not 1: stores of agents that never bump it hold exactly what they held before versions
+//! existed, and read as version 1.
+
+use durafiber_store::{
+    Batch, Store, StoreError,
+    tables::{self, StashRecord},
+};
+
+/// A stash as stored: the record and the agent's stash version that wrote it.
+#[derive(Debug, Clone)]
+pub(crate) struct Stored {
+    pub record: StashRecord,
+    pub version: u32,
+}
+
+impl Stored {
+    /// Puts the stash, and its version when it is not 1, into `batch`.
+    pub fn stage(&self, batch: &mut Batch) -> Result<(), StoreError> {
+        let run = self.record.run_id.as_bytes();
+        batch.put(tables::STASHES, tables::STASHES.key(&[run]), &self.record)?;
+        if self.version != 1 {
+            batch.put(tables::STASH_VERSIONS, tables::STASH_VERSIONS.key(&[run]), &self.version)?;
+        }
+        Ok(())
+    }
+}
+
+/// The run's last stash with its version (1 when none is recorded); `None` before the first.
+pub(crate) fn read(store: &Store, run_id: &str) -> Result<Option<Stored>, StoreError> {
+    let Some(record) =
+        store.get::<StashRecord>(tables::STASHES, &tables::STASHES.key(&[run_id.as_bytes()]))?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(Stored { record, version: version_of(store, run_id)? }))
+}
+
+/// The stash version of the run's last stash (1 when none is recorded).
+pub(crate) fn version_of(store: &Store, run_id: &str) -> Result<u32, StoreError> {
+    let key = tables::STASH_VERSIONS.key(&[run_id.as_bytes()]);
+    Ok(store.get::<u32>(tables::STASH_VERSIONS, &key)?.unwrap_or(1))
+}
