@@ -356,7 +356,8 @@ async fn decide(
             show_decision(&app, &session, &run_id, &approval_id, Some(notice), StatusCode::CONFLICT)
         }
         Err(e) => {
-            refusal(&app, &session, super::state::ApiError::from(e).0, "The decision was refused.", &here)
+            let refused = super::state::ApiError::from(e);
+            refusal(&app, &session, refused.0, &format!("The decision was refused: {}", refused.1), &here)
         }
     })
 }
