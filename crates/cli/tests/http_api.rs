@@ -96,6 +96,10 @@ async fn every_endpoint_answers_and_every_refusal_is_a_json_error() {
         200
     );
     assert_eq!(send(http.put(server.url(&alarm)).body(r#"{"payload": 1}"#)).await.0, 400, "no time given");
+    let bad_zone = r#"{"cron": "0 9 * * *", "time_zone": "Mars/Olympus"}"#;
+    let (s, e) = send(http.put(server.url(&alarm)).body(bad_zone)).await;
+    assert_eq!((s, e["kind"].as_str()), (400, Some("InvalidInput")), "{e}");
+    assert!(e["error"].as_str().is_some_and(|m| m.contains("Mars/Olympus")), "{e}");
     let (s, alarms) = send(http.get(server.url(&format!("/runs/{long_id}/alarms")))).await;
     assert_eq!((s, alarms.as_array().map(Vec::len)), (200, Some(1)));
     let (s, gone) = send(http.delete(server.url(&alarm))).await;

@@ -177,6 +177,15 @@ async fn every_operation_is_documented_and_every_answer_matches_its_schema() {
     let set = json!({"delay_ms": 600000, "payload": {"n": 1}}).to_string();
     let (s, _) = c.call(Method::PUT, "/runs/{id}/alarms/{name}", http.put(url(&alarm)).body(set)).await;
     assert_eq!(s, 200);
+    let cron =
+        json!({"cron": "0 9 * * MON-FRI", "time_zone": "Europe/Berlin", "payload": "standup"}).to_string();
+    let (s, _) = c.call(Method::PUT, "/runs/{id}/alarms/{name}", http.put(url(&alarm)).body(cron)).await;
+    assert_eq!(s, 200);
+    let (_, listed) =
+        c.call(Method::GET, "/runs/{id}/alarms", http.get(url(&format!("{order_run}/alarms")))).await;
+    let extra =
+        listed.as_array().and_then(|a| a.iter().find(|a| a["name"] == "extra")).cloned().unwrap_or_default();
+    assert_eq!(extra["cron"]["expr"], "0 9 * * MON-FRI", "{listed}");
     let (s, _) = c.call(Method::PUT, "/runs/{id}/alarms/{name}", http.put(url(&alarm)).body("{}")).await;
     assert_eq!(s, 400, "neither delay nor time");
     c.call(Method::DELETE, "/runs/{id}/alarms/{name}", http.delete(url(&alarm))).await;

@@ -6,10 +6,7 @@
 
 use std::{future::Future, marker::PhantomData, time::Duration};
 
-use durafiber_store::{
-    access,
-    tables::{AlarmRecord, Decision},
-};
+use durafiber_store::{access, tables::Decision};
 use serde::{Serialize, de::DeserializeOwned};
 
 pub use crate::hooks::{AlarmEvent, ExhaustedAction, RecoveryReason};
@@ -160,11 +157,13 @@ pub trait Agent: Send + Sync + Sized + 'static {
         async { Ok(()) }
     }
 
-    /// Decides what an abandoned alarm does to the run. Default: escalate. `ctx` reads the
-    /// run (its id, storage, alarms) to decide.
+    /// Decides what an abandoned alarm does to the run. Default: a one-off alarm escalates
+    /// the run; an occurrence of a periodic or cron alarm (`alarm.recurring`) is dead-lettered
+    /// by itself and the run and the schedule go on. `ctx` reads the run (its id, storage,
+    /// alarms) to decide.
     fn on_alarm_exhausted(&self, ctx: &Ctx<Self>, alarm: &AlarmEvent) -> ExhaustedAction {
-        let _ = (ctx, alarm);
-        ExhaustedAction::Escalate
+        let _ = ctx;
+        if alarm.recurring { ExhaustedAction::Ignore } else { ExhaustedAction::Escalate }
     }
 
     /// Runs once when the run enters `Escalated` (approval timeout, exhausted alarm, ...),
@@ -350,10 +349,11 @@ impl<A: Agent> Ctx<A> {
         alarm::cancel(&self.raw.shared, &self.raw.cell.run_id, name).await.map_err(AgentError::from)
     }
 
-    /// The run's pending alarms, in due order. The runtime's own (an approval's escalation,
-    /// a durable sleep's wake, an event wait's timeout) are among them, marked by
+    /// The run's pending alarms, by name, each with its next due time, its cron schedule and
+    /// its failed occurrences being retried. The runtime's own (an approval's escalation, a
+    /// durable sleep's wake, an event wait's timeout) are among them, marked by
     /// `AlarmRecord::system`; only the others are the agent's to cancel.
-    pub fn alarms(&self) -> Result<Vec<AlarmRecord>, AgentError> {
+    pub fn alarms(&self) -> Result<Vec<alarm::Alarm>, AgentError> {
         alarm::list(&self.raw.shared, &self.raw.cell.run_id).map_err(AgentError::from)
     }
 

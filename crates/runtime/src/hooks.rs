@@ -31,6 +31,8 @@ pub struct AlarmEvent {
     pub retry_count: u32,
     /// `retry_count > 0`.
     pub is_retry: bool,
+    /// A periodic or cron alarm: its schedule goes on whatever this occurrence does.
+    pub recurring: bool,
     /// The same for every delivery of this occurrence — its retries, and a re-delivery after
     /// a crash — and different for the next one (a periodic alarm's next period, the alarm
     /// set again): an idempotency key for what the handler does outside.

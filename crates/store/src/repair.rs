@@ -64,6 +64,10 @@ fn check(table: Table, key: &[u8], sealed: &[u8]) -> Result<(), StoreError> {
         b'l' => d::<tables::LedgerEntry>(table, key, sealed).map(drop),
         b'p' => d::<tables::ApprovalRecord>(table, key, sealed).map(drop),
         b'a' => d::<tables::AlarmRecord>(table, key, sealed).map(drop),
+        b'c' => d::<tables::CronRecord>(table, key, sealed).map(drop),
+        b'q' => d::<tables::AlarmRecord>(table, key, sealed).map(drop),
+        b'b' => d::<tables::StreamChunkRecord>(table, key, sealed).map(drop),
+        b'h' => d::<tables::StreamHead>(table, key, sealed).map(drop),
         b'x' => d::<tables::DeadLetter>(table, key, sealed).map(drop),
         b'w' => d::<tables::SleepRecord>(table, key, sealed).map(drop),
         b'm' => d::<u64>(table, key, sealed).map(drop),
@@ -181,6 +185,16 @@ pub async fn salvage(
             batch.put(
                 tables::ALARM_DUE,
                 tables::alarm_due_key(alarm.due_at_ms, &alarm.run_id, &alarm.name),
+                &(),
+            )?;
+        }
+        if table.prefix == tables::ALARM_RETRIES.prefix
+            && let Ok(retry) = crate::store::decode_sealed::<tables::AlarmRecord>(table, &key, &sealed)
+        {
+            let due_name = tables::retry_due_name(&retry.name, retry.scheduled_at_ms);
+            batch.put(
+                tables::ALARM_DUE,
+                tables::alarm_due_key(retry.due_at_ms, &retry.run_id, &due_name),
                 &(),
             )?;
         }

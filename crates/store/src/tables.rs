@@ -14,6 +14,10 @@
 //! | approvals | `p` run_id NUL approval_id            | [`ApprovalRecord`] |
 //! | alarms    | `a` run_id NUL name                   | [`AlarmRecord`]  |
 //! | alarm_due | `d` due_at_ms (u64 BE) run_id NUL name | `()`            |
+//! | alarm_crons | `c` run_id NUL name                 | [`CronRecord`]   |
+//! | alarm_retries | `q` run_id NUL name NUL scheduled_at_ms (u64 BE) | [`AlarmRecord`] |
+//! | stream    | `b` run_id NUL seq (u64 BE)           | [`StreamChunkRecord`] |
+//! | stream_heads | `h` run_id                         | [`StreamHead`]   |
 //! | dead      | `x` run_id NUL name NUL dead_at_ms     | [`DeadLetter`]   |
 //! | storage   | `g` run_id NUL key                    | JSON text        |
 
@@ -47,6 +51,16 @@ pub const APPROVALS: Table = Table { name: "approvals", prefix: b'p' };
 pub const ALARMS: Table = Table { name: "alarms", prefix: b'a' };
 /// Alarms by due time: the scheduler's index.
 pub const ALARM_DUE: Table = Table { name: "alarm_due", prefix: b'd' };
+/// The cron expression of each cron alarm (its record in `alarms` holds the next due time).
+pub const ALARM_CRONS: Table = Table { name: "alarm_crons", prefix: b'c' };
+/// Failed occurrences of periodic and cron alarms, retried beside the schedule, which goes on:
+/// `q` run_id NUL name NUL scheduled_at_ms (u64 BE) → [`AlarmRecord`] of that occurrence. Their
+/// `alarm_due` entries name them `name NUL scheduled_at_ms` ([`retry_due_name`]).
+pub const ALARM_RETRIES: Table = Table { name: "alarm_retries", prefix: b'q' };
+/// Each run's durable output stream, one chunk per key, in sequence order.
+pub const STREAM: Table = Table { name: "stream", prefix: b'b' };
+/// Each run's stream length and size, written with its chunks.
+pub const STREAM_HEADS: Table = Table { name: "stream_heads", prefix: b'h' };
 /// Abandoned alarms.
 pub const DEAD_LETTERS: Table = Table { name: "dead_letters", prefix: b'x' };
 /// External events sent to a run and not consumed yet, FIFO per name.
@@ -83,7 +97,7 @@ pub fn run_of_key(key: &[u8]) -> Option<&str> {
 }
 
 /// Every table, for inspection and tests.
-pub const ALL: [Table; 19] = [
+pub const ALL: [Table; 23] = [
     RUNS,
     RUN_KEYS,
     OPEN_RUNS,
@@ -93,6 +107,10 @@ pub const ALL: [Table; 19] = [
     APPROVALS,
     ALARMS,
     ALARM_DUE,
+    ALARM_CRONS,
+    ALARM_RETRIES,
+    STREAM,
+    STREAM_HEADS,
     DEAD_LETTERS,
     SLEEPS,
     META,
@@ -153,6 +171,34 @@ pub fn parse_alarm_due_key(key: &[u8]) -> Option<(u64, String, String)> {
     let run = String::from_utf8(rest[..sep].to_vec()).ok()?;
     let name = String::from_utf8(rest[sep + 1..].to_vec()).ok()?;
     Some((due, run, name))
+}
+
+/// The name under which a retried occurrence of alarm `name` sits in the due index: a NUL
+/// cannot occur in a name, so it cannot collide with an alarm's own entry.
+pub fn retry_due_name(name: &str, scheduled_at_ms: u64) -> String {
+    format!("{name}\0{scheduled_at_ms}")
+}
+
+/// Splits a due-index name back into the alarm's name and, for a retried occurrence, the time
+/// it was scheduled for.
+pub fn parse_due_name(due_name: &str) -> (&str, Option<u64>) {
+    match due_name.split_once('\0') {
+        Some((name, at)) => match at.parse() {
+            Ok(at) => (name, Some(at)),
+            Err(_) => (due_name, None),
+        },
+        None => (due_name, None),
+    }
+}
+
+/// The key of a retried occurrence in [`ALARM_RETRIES`].
+pub fn alarm_retry_key(run_id: &str, name: &str, scheduled_at_ms: u64) -> Vec<u8> {
+    ALARM_RETRIES.key(&[run_id.as_bytes(), name.as_bytes(), &scheduled_at_ms.to_be_bytes()])
+}
+
+/// The key of chunk `seq` of a run's output stream.
+pub fn stream_key(run_id: &str, seq: u64) -> Vec<u8> {
+    STREAM.key(&[run_id.as_bytes(), &seq.to_be_bytes()])
 }
 
 /// Why an id cannot be used as part of a key.
@@ -435,6 +481,34 @@ pub enum SystemAlarm {
     },
 }
 
+/// A cron alarm's schedule.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CronRecord {
+    /// The cron expression, as given (five fields, or six with seconds first).
+    pub expr: String,
+    /// The IANA time zone it is read in; `None` is UTC.
+    pub time_zone: Option<String>,
+}
+
+/// One chunk of a run's output stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamChunkRecord {
+    /// The chunk, as canonical JSON.
+    pub data_json: String,
+    /// When the fiber emitted it, ms.
+    pub emitted_at_ms: u64,
+}
+
+/// How far a run's output stream has come.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamHead {
+    /// The sequence number the next chunk gets.
+    pub next_seq: u64,
+    /// Bytes of chunk data written so far.
+    pub bytes: u64,
+}
+
 /// An external event waiting for its run's fiber.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EventRecord {
@@ -491,6 +565,18 @@ mod tests {
         let b = alarm_due_key(300, "run", "a");
         assert!(a < b);
         assert_eq!(parse_alarm_due_key(&b), Some((300, "run".into(), "a".into())));
+    }
+
+    #[test]
+    fn a_retried_occurrence_has_its_own_due_name() {
+        let due = retry_due_name("tick", 42);
+        assert_eq!(parse_due_name(&due), ("tick", Some(42)));
+        assert_eq!(parse_due_name("tick"), ("tick", None));
+        let key = alarm_due_key(5, "run", &due);
+        assert_eq!(parse_alarm_due_key(&key), Some((5, "run".into(), due)));
+        assert_eq!(run_of_key(&key), Some("run"));
+        assert_eq!(run_of_key(&alarm_retry_key("run", "tick", 42)), Some("run"));
+        assert_eq!(run_of_key(&stream_key("run", 7)), Some("run"));
     }
 
     #[test]

@@ -150,7 +150,7 @@ pub struct ApproveBody {
     pub comment: String,
 }
 
-/// `PUT /runs/{id}/alarms/{name}`: exactly one of `delay_ms` and `at_ms`.
+/// `PUT /runs/{id}/alarms/{name}`: exactly one of `delay_ms`, `at_ms` and `cron`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AlarmBody {
@@ -163,6 +163,10 @@ pub struct AlarmBody {
     pub payload: Value,
     /// Repeats this often, ms.
     pub every_ms: Option<u64>,
+    /// Fires on this cron schedule (`0 9 * * MON-FRI`), first at its next time.
+    pub cron: Option<String>,
+    /// The IANA time zone `cron` is read in (`Europe/Berlin`); UTC when absent.
+    pub time_zone: Option<String>,
 }
 
 /// The answer to setting an alarm.

@@ -12,7 +12,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use durafiber_runtime::{
-    AlarmAt, AlarmRecord, AlarmSpec, ApproveOutcome, Decision, DurabilityMode, Event, ListFilter,
+    Alarm, AlarmAt, AlarmSpec, ApproveOutcome, CronSchedule, Decision, DurabilityMode, Event, ListFilter,
     MetricsSnapshot, PendingApproval, RunOptions, RunPage, RunState, RuntimeError, StartOutcome,
     canonical_json,
 };
@@ -204,7 +204,7 @@ pub(super) async fn approve(
 }
 
 #[utoipa::path(get, path = "/runs/{id}/alarms", tag = "alarms", params(("id" = String, Path, description = "the run id")),
-    responses((status = 200, description = "the run's pending alarms, the runtime's own marked", body = Vec<AlarmRecord>), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
+    responses((status = 200, description = "the run's pending alarms, the runtime's own marked", body = Vec<Alarm>), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn alarms(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiResult {
     ok(app.runtime.alarms(&run_id)?)
 }
@@ -219,15 +219,32 @@ pub(super) async fn set_alarm(
     body: Bytes,
 ) -> ApiResult {
     let body: AlarmBody = parse(&body)?;
-    let at = match (body.delay_ms, body.at_ms) {
-        (Some(d), None) => AlarmAt::In(Duration::from_millis(d)),
-        (None, Some(t)) => AlarmAt::AtMs(t),
-        _ => return Err(bad_request("give exactly one of delay_ms and at_ms")),
+    let at = match (body.delay_ms, body.at_ms, &body.cron) {
+        (Some(d), None, None) => AlarmAt::In(Duration::from_millis(d)),
+        (None, Some(t), None) => AlarmAt::AtMs(t),
+        (None, None, Some(_)) if body.every_ms.is_none() => AlarmAt::In(Duration::ZERO),
+        _ => {
+            return Err(bad_request(
+                "give exactly one of delay_ms, at_ms and cron (and no every_ms with cron)",
+            ));
+        }
+    };
+    let cron = match (&body.cron, &body.time_zone) {
+        (Some(expr), zone) => {
+            let cron = CronSchedule::parse(expr)?;
+            Some(match zone {
+                Some(zone) => cron.in_time_zone(zone)?,
+                None => cron,
+            })
+        }
+        (None, Some(_)) => return Err(bad_request("time_zone is for a cron alarm")),
+        (None, None) => None,
     };
     let spec = AlarmSpec {
         at,
         payload_json: body.payload.to_string(),
         every: body.every_ms.map(Duration::from_millis),
+        cron,
     };
     app.runtime.set_alarm(&run_id, &name, spec).await?;
     ok(AlarmSet { run_id, name, set: true })

@@ -1,14 +1,21 @@
 //! Durable, named alarms per run (§8): set, cancel, list. Each alarm is one record plus one
-//! entry in the store's due-time index; the scheduler ([`schedule`]) keeps only a bounded
-//! window of the index in memory, and [`deliver`] runs handlers with retries.
+//! entry in the store's due-time index; the scheduler (`kernel/alarm_window.rs`) keeps only a
+//! bounded window of the index in memory, and `run/alarm_delivery.rs` runs handlers with
+//! retries. A periodic or cron alarm keeps its schedule when an occurrence fails: the failed
+//! occurrence is retried as a record of its own (`alarm_retries`) beside the schedule.
 
-use std::{sync::Arc, time::Duration};
+mod cron;
+
+use std::{ops::Deref, sync::Arc, time::Duration};
 
 use durafiber_store::{
     Batch,
-    tables::{self, AlarmRecord},
+    tables::{self, AlarmRecord, CronRecord},
 };
 use serde::Serialize;
+
+pub use cron::CronSchedule;
+pub(crate) use cron::next_after as next_cron;
 
 use crate::{error::RuntimeError, json, kernel::cell::RunCell, kernel::shared::Shared, limits};
 
@@ -61,6 +68,9 @@ pub struct AlarmSpec {
     pub payload_json: String,
     /// A periodic alarm repeats this often; setting it again with the same period is a no-op.
     pub every: Option<Duration>,
+    /// A cron alarm fires on this schedule (and `at` is not used); setting it again with the
+    /// same schedule is a no-op.
+    pub cron: Option<CronSchedule>,
 }
 
 impl AlarmSpec {
@@ -70,6 +80,7 @@ impl AlarmSpec {
             at: AlarmAt::In(delay),
             payload_json: json::canonical(payload).map_err(RuntimeError::InvalidInput)?,
             every: None,
+            cron: None,
         })
     }
 
@@ -79,12 +90,60 @@ impl AlarmSpec {
             at: AlarmAt::AtMs(at_ms),
             payload_json: json::canonical(payload).map_err(RuntimeError::InvalidInput)?,
             every: None,
+            cron: None,
         })
     }
 
     /// Due every `period`, first after one period.
     pub fn every<P: Serialize>(period: Duration, payload: &P) -> Result<Self, RuntimeError> {
         Ok(AlarmSpec { every: Some(period), ..AlarmSpec::after(period, payload)? })
+    }
+
+    /// Due whenever cron expression `expr` fires, in UTC: `"0 9 * * MON-FRI"` is nine o'clock
+    /// on weekdays. Five fields (minute hour day-of-month month day-of-week), or six with
+    /// seconds first. An expression that does not parse, or never fires, is refused here.
+    ///
+    /// ```
+    /// use durafiber_runtime::AlarmSpec;
+    ///
+    /// let standup = AlarmSpec::cron("0 9 * * MON-FRI", &"standup")?.in_time_zone("Europe/Berlin")?;
+    /// assert_eq!(standup.cron.as_ref().map(|c| c.expr()), Some("0 9 * * MON-FRI"));
+    /// assert!(AlarmSpec::cron("0 9 * * SOMEDAY", &()).is_err());
+    /// # Ok::<(), durafiber_runtime::RuntimeError>(())
+    /// ```
+    pub fn cron<P: Serialize>(expr: &str, payload: &P) -> Result<Self, RuntimeError> {
+        Ok(AlarmSpec { cron: Some(CronSchedule::parse(expr)?), ..AlarmSpec::after(Duration::ZERO, payload)? })
+    }
+
+    /// A cron alarm read in IANA time zone `zone` instead of UTC, so that local time is kept
+    /// across daylight saving. Refused for an alarm that is not a cron alarm.
+    pub fn in_time_zone(self, zone: &str) -> Result<Self, RuntimeError> {
+        let Some(cron) = self.cron else {
+            return Err(RuntimeError::InvalidInput("only a cron alarm has a time zone".into()));
+        };
+        Ok(AlarmSpec { cron: Some(cron.in_time_zone(zone)?), ..self })
+    }
+}
+
+/// A pending alarm as listed: its record (the next due time, attempts), its cron schedule if
+/// it has one, and the failed occurrences of a periodic or cron alarm still being retried.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Alarm {
+    /// The alarm's record; its fields read through (`alarm.due_at_ms`).
+    #[serde(flatten)]
+    pub record: AlarmRecord,
+    /// The cron schedule of a cron alarm.
+    pub cron: Option<CronRecord>,
+    /// Failed occurrences being retried, each with its own next attempt time.
+    pub retrying: Vec<AlarmRecord>,
+}
+
+impl Deref for Alarm {
+    type Target = AlarmRecord;
+
+    fn deref(&self) -> &AlarmRecord {
+        &self.record
     }
 }
 
@@ -117,8 +176,91 @@ fn check_period(every: Duration) -> Result<u64, RuntimeError> {
     Ok(ms)
 }
 
-fn alarm_key(run_id: &str, name: &str) -> Vec<u8> {
+pub(crate) fn alarm_key(run_id: &str, name: &str) -> Vec<u8> {
     tables::ALARMS.key(&[run_id.as_bytes(), name.as_bytes()])
+}
+
+fn cron_key(run_id: &str, name: &str) -> Vec<u8> {
+    tables::ALARM_CRONS.key(&[run_id.as_bytes(), name.as_bytes()])
+}
+
+/// A cron alarm's schedule; `None` for every other alarm.
+pub(crate) fn cron_of(shared: &Shared, run_id: &str, name: &str) -> Result<Option<CronRecord>, RuntimeError> {
+    Ok(shared.store.get(tables::ALARM_CRONS, &cron_key(run_id, name))?)
+}
+
+/// When a periodic or cron alarm whose occurrence at `scheduled_at_ms` is done fires next, seen
+/// at `now_ms`: occurrences missed while the process was down are skipped, not made up.
+/// `None` for a one-off alarm.
+pub(crate) fn next_occurrence(
+    alarm: &AlarmRecord,
+    cron: Option<&CronRecord>,
+    now_ms: u64,
+) -> Result<Option<u64>, RuntimeError> {
+    if let Some(cron) = cron {
+        return next_cron(cron, alarm.scheduled_at_ms.max(now_ms)).map(Some);
+    }
+    let Some(every) = alarm.every_ms.filter(|e| *e > 0) else { return Ok(None) };
+    let mut due = alarm.scheduled_at_ms.saturating_add(every);
+    if due <= now_ms {
+        let missed = (now_ms - due) / every + 1;
+        due = due.saturating_add(missed.saturating_mul(every));
+    }
+    Ok(Some(due))
+}
+
+/// Adds a failed occurrence's retry record and its due-index entry to `batch`.
+pub(crate) fn stage_retry(batch: &mut Batch, occurrence: &AlarmRecord) -> Result<(), RuntimeError> {
+    let (run_id, name, at) = (&occurrence.run_id, &occurrence.name, occurrence.scheduled_at_ms);
+    batch.put(tables::ALARM_RETRIES, tables::alarm_retry_key(run_id, name, at), occurrence)?;
+    let due_name = tables::retry_due_name(name, at);
+    batch.put(tables::ALARM_DUE, tables::alarm_due_key(occurrence.due_at_ms, run_id, &due_name), &())?;
+    Ok(())
+}
+
+/// Adds the removal of a retried occurrence to `batch`.
+pub(crate) fn unstage_retry(batch: &mut Batch, occurrence: &AlarmRecord) {
+    let (run_id, name, at) = (&occurrence.run_id, &occurrence.name, occurrence.scheduled_at_ms);
+    batch.delete(tables::alarm_retry_key(run_id, name, at));
+    batch.delete(tables::alarm_due_key(occurrence.due_at_ms, run_id, &tables::retry_due_name(name, at)));
+}
+
+/// The failed occurrences of alarm `name` still being retried; every alarm's with `None`.
+fn retries(shared: &Shared, run_id: &str, name: Option<&str>) -> Result<Vec<AlarmRecord>, RuntimeError> {
+    let prefix = match name {
+        Some(name) => tables::ALARM_RETRIES.prefix_of(&[run_id.as_bytes(), name.as_bytes()]),
+        None => tables::ALARM_RETRIES.prefix_of(&[run_id.as_bytes()]),
+    };
+    let mut out = Vec::new();
+    for (_, retry) in shared.store.scan::<AlarmRecord>(tables::ALARM_RETRIES, &prefix, None, usize::MAX)? {
+        out.push(retry?);
+    }
+    Ok(out)
+}
+
+/// Adds to `batch` the end of alarm `name`'s schedule and of its retried occurrences; returns
+/// what to take out of the scheduler's window once the batch is durable.
+fn forget(
+    shared: &Shared,
+    batch: &mut Batch,
+    run_id: &str,
+    name: &str,
+    due_at_ms: u64,
+) -> Result<Vec<(u64, String)>, RuntimeError> {
+    unstage(batch, run_id, name, due_at_ms);
+    batch.delete(cron_key(run_id, name));
+    let mut unscheduled = vec![(due_at_ms, name.to_string())];
+    for retry in retries(shared, run_id, Some(name))? {
+        unstage_retry(batch, &retry);
+        unscheduled.push((retry.due_at_ms, tables::retry_due_name(name, retry.scheduled_at_ms)));
+    }
+    Ok(unscheduled)
+}
+
+fn unschedule(shared: &Shared, run_id: &str, entries: Vec<(u64, String)>) {
+    for (due_at_ms, due_name) in entries {
+        shared.scheduler.remove(due_at_ms, run_id, &due_name);
+    }
 }
 
 /// Adds an alarm's record and its due-index entry to `batch`.
@@ -136,19 +278,36 @@ pub(crate) fn unstage(batch: &mut Batch, run_id: &str, name: &str, due_at_ms: u6
 
 /// Removes every alarm of a finishing run, in the finishing boundary.
 pub(crate) fn delete_all_in(shared: &Shared, run_id: &str, batch: &mut Batch) -> Result<(), RuntimeError> {
-    for alarm in list(shared, run_id)? {
-        unstage(batch, run_id, &alarm.name, alarm.due_at_ms);
-        shared.scheduler.remove(alarm.due_at_ms, run_id, &alarm.name);
+    for alarm in records(shared, run_id)? {
+        let unscheduled = forget(shared, batch, run_id, &alarm.name, alarm.due_at_ms)?;
+        unschedule(shared, run_id, unscheduled);
+    }
+    // Retries whose alarm is gone already (its record was replaced by a one-off's end).
+    for retry in retries(shared, run_id, None)? {
+        unstage_retry(batch, &retry);
     }
     Ok(())
 }
 
-/// Every alarm of a run.
-pub(crate) fn list(shared: &Shared, run_id: &str) -> Result<Vec<AlarmRecord>, RuntimeError> {
+/// The alarm records of a run.
+fn records(shared: &Shared, run_id: &str) -> Result<Vec<AlarmRecord>, RuntimeError> {
     let prefix = tables::ALARMS.prefix_of(&[run_id.as_bytes()]);
     let mut out = Vec::new();
     for (_, alarm) in shared.store.scan::<AlarmRecord>(tables::ALARMS, &prefix, None, usize::MAX)? {
         out.push(alarm?);
+    }
+    Ok(out)
+}
+
+/// Every alarm of a run, with its cron schedule and its occurrences being retried.
+pub(crate) fn list(shared: &Shared, run_id: &str) -> Result<Vec<Alarm>, RuntimeError> {
+    let mut retrying = retries(shared, run_id, None)?;
+    let mut out = Vec::new();
+    for record in records(shared, run_id)? {
+        let cron = cron_of(shared, run_id, &record.name)?;
+        let (own, others): (Vec<_>, Vec<_>) = retrying.into_iter().partition(|r| r.name == record.name);
+        retrying = others;
+        out.push(Alarm { record, cron, retrying: own });
     }
     Ok(out)
 }
@@ -176,15 +335,23 @@ pub(crate) async fn set(
         return Err(RuntimeError::RunFinished { run_id: run_id.into(), state: run.status.name().into() });
     }
     let existing: Option<AlarmRecord> = shared.store.get(tables::ALARMS, &alarm_key(run_id, name))?;
-    let every_ms = spec.every.map(check_period).transpose()?;
+    let cron = spec.cron.as_ref().map(CronSchedule::record);
+    let every_ms = if cron.is_some() { None } else { spec.every.map(check_period).transpose()? };
     if let Some(old) = &existing
-        && every_ms.is_some()
+        && (every_ms.is_some() || cron.is_some())
         && old.every_ms == every_ms
         && old.payload_json == payload_json
+        && cron_of(shared, run_id, name)? == cron
     {
         return Ok(());
     }
-    let due_at_ms = due_at(shared.now_ms(), spec.at)?;
+    let now_ms = shared.now_ms();
+    let due_at_ms = match &cron {
+        Some(cron) => next_cron(cron, now_ms)?,
+        None => due_at(now_ms, spec.at)?,
+    };
+    // Checked as every other due time is, so no arithmetic on it can wrap.
+    due_at(now_ms, AlarmAt::AtMs(due_at_ms))?;
     let alarm = AlarmRecord {
         run_id: run_id.to_string(),
         name: name.to_string(),
@@ -197,17 +364,19 @@ pub(crate) async fn set(
         system,
     };
     let mut batch = Batch::new();
-    if let Some(old) = &existing {
-        unstage(&mut batch, run_id, name, old.due_at_ms);
-    }
+    let unscheduled = match &existing {
+        Some(old) => forget(shared, &mut batch, run_id, name, old.due_at_ms)?,
+        None => Vec::new(),
+    };
     stage(&mut batch, &alarm)?;
+    if let Some(cron) = &cron {
+        batch.put(tables::ALARM_CRONS, cron_key(run_id, name), cron)?;
+    }
     match cell {
         Some(cell) => shared.commit_boundary(cell, batch, durafiber_store::Durability::Sync).await?,
         None => shared.store.commit(batch, durafiber_store::Durability::Sync).await?,
     }
-    if let Some(old) = &existing {
-        shared.scheduler.remove(old.due_at_ms, run_id, name);
-    }
+    unschedule(shared, run_id, unscheduled);
     shared.scheduler.insert(due_at_ms, run_id, name);
     shared.driver_wake.notify_one();
     shared.event(run_id, "alarm_set", format!("{name} due at {due_at_ms}"));
@@ -222,9 +391,9 @@ pub(crate) async fn cancel(shared: &Arc<Shared>, run_id: &str, name: &str) -> Re
         return Ok(false);
     };
     let mut batch = Batch::new();
-    unstage(&mut batch, run_id, name, old.due_at_ms);
+    let unscheduled = forget(shared, &mut batch, run_id, name, old.due_at_ms)?;
     shared.store.commit(batch, durafiber_store::Durability::Sync).await?;
-    shared.scheduler.remove(old.due_at_ms, run_id, name);
+    unschedule(shared, run_id, unscheduled);
     shared.event(run_id, "alarm_cancelled", name.to_string());
     Ok(true)
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, atomic::Ordering};
 
 use durafiber_store::{
     Batch, Durability,
-    tables::{self, AlarmRecord, DeadLetter, SystemAlarm},
+    tables::{self, AlarmRecord, CronRecord, DeadLetter, SystemAlarm},
 };
 
 use crate::{
@@ -82,18 +82,65 @@ fn runtime_failure(shared: &Shared, run_id: &str, name: &str, e: &RuntimeError) 
     shared.driver_wake.notify_one();
 }
 
+/// Where the alarm being delivered lives: its own record, or a failed occurrence of a
+/// periodic or cron alarm retried beside the schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Schedule,
+    Retry { scheduled_at_ms: u64 },
+}
+
+impl Slot {
+    fn of(due_name: &str) -> (&str, Slot) {
+        match tables::parse_due_name(due_name) {
+            (name, Some(scheduled_at_ms)) => (name, Slot::Retry { scheduled_at_ms }),
+            (name, None) => (name, Slot::Schedule),
+        }
+    }
+
+    fn read(self, shared: &Shared, run_id: &str, name: &str) -> Result<Option<AlarmRecord>, RuntimeError> {
+        Ok(match self {
+            Slot::Schedule => shared.store.get(tables::ALARMS, &crate::alarm::alarm_key(run_id, name))?,
+            Slot::Retry { scheduled_at_ms } => shared
+                .store
+                .get(tables::ALARM_RETRIES, &tables::alarm_retry_key(run_id, name, scheduled_at_ms))?,
+        })
+    }
+
+    fn stage(self, batch: &mut Batch, alarm: &AlarmRecord) -> Result<(), RuntimeError> {
+        match self {
+            Slot::Schedule => crate::alarm::stage(batch, alarm),
+            Slot::Retry { .. } => crate::alarm::stage_retry(batch, alarm),
+        }
+    }
+
+    fn unstage(self, batch: &mut Batch, alarm: &AlarmRecord) {
+        match self {
+            Slot::Schedule => crate::alarm::unstage(batch, &alarm.run_id, &alarm.name, alarm.due_at_ms),
+            Slot::Retry { .. } => crate::alarm::unstage_retry(batch, alarm),
+        }
+    }
+
+    fn due_name(self, name: &str) -> String {
+        match self {
+            Slot::Schedule => name.to_string(),
+            Slot::Retry { scheduled_at_ms } => tables::retry_due_name(name, scheduled_at_ms),
+        }
+    }
+}
+
 async fn deliver(
     shared: &Arc<Shared>,
     run_id: &str,
-    name: &str,
+    due_name: &str,
     due_key_ms: u64,
 ) -> Result<(), RuntimeError> {
-    let key = tables::ALARMS.key(&[run_id.as_bytes(), name.as_bytes()]);
-    let Some(mut alarm) = shared.store.get::<AlarmRecord>(tables::ALARMS, &key)? else { return Ok(()) };
+    let (name, slot) = Slot::of(due_name);
+    let Some(mut alarm) = slot.read(shared, run_id, name)? else { return Ok(()) };
     let now = shared.now_ms();
     if alarm.due_at_ms > now {
         if alarm.due_at_ms != due_key_ms {
-            shared.scheduler.insert(alarm.due_at_ms, run_id, name);
+            shared.scheduler.insert(alarm.due_at_ms, run_id, due_name);
         }
         return Ok(());
     }
@@ -101,7 +148,7 @@ async fn deliver(
     let run = shared.load_run(run_id)?;
     if run.status.is_terminal() {
         let mut batch = Batch::new();
-        crate::alarm::unstage(&mut batch, run_id, name, alarm.due_at_ms);
+        slot.unstage(&mut batch, &alarm);
         shared.store.commit(batch, Durability::Sync).await?;
         return Ok(());
     }
@@ -123,18 +170,29 @@ async fn deliver(
         }
         None => {}
     }
+    let cron = crate::alarm::cron_of(shared, run_id, name)?;
+    if let Slot::Retry { .. } = slot {
+        // A retried occurrence outlives neither its alarm nor a re-set of it.
+        let schedule = Slot::Schedule.read(shared, run_id, name)?;
+        if schedule.is_none_or(|s| s.generation != alarm.generation) {
+            let mut batch = Batch::new();
+            slot.unstage(&mut batch, &alarm);
+            return shared.store.commit(batch, Durability::Sync).await.map_err(Into::into);
+        }
+    }
+    let recurring = alarm.every_ms.is_some() || cron.is_some();
     let attempt = alarm.attempts_started + 1;
     if attempt > limits::ALARM_ATTEMPTS_MAX {
-        return dead_letter(shared, &run.kind, alarm, "the process died during the last attempt".into())
-            .await;
+        let why = "the process died during the last attempt".to_string();
+        return exhausted(shared, &run.kind, slot, alarm, cron.as_ref(), why).await;
     }
     // Persist the attempt, and the retry's due time should this attempt never report back.
     let old_due = alarm.due_at_ms;
     alarm.attempts_started = attempt;
     alarm.due_at_ms = now.saturating_add(retry_delay_ms(shared, attempt));
     let mut batch = Batch::new();
-    batch.delete(tables::alarm_due_key(old_due, run_id, name));
-    crate::alarm::stage(&mut batch, &alarm)?;
+    batch.delete(tables::alarm_due_key(old_due, run_id, due_name));
+    slot.stage(&mut batch, &alarm)?;
     shared.store.commit(batch, Durability::Sync).await?;
 
     let event = AlarmEvent {
@@ -143,40 +201,79 @@ async fn deliver(
         scheduled_time_ms: alarm.scheduled_at_ms,
         retry_count: attempt - 1,
         is_retry: attempt > 1,
+        recurring,
         delivery_id: AlarmEvent::delivery_id(run_id, name, alarm.scheduled_at_ms, alarm.generation),
     };
     shared.event(run_id, "alarm_attempt", format!("{name} attempt {attempt}"));
     shared.liveness.activity(run_id, now);
     let result = call_handler(shared, run_id, event.clone()).await;
-    let current: Option<AlarmRecord> = shared.store.get(tables::ALARMS, &key)?;
-    let Some(current) = current.filter(|c| c.generation == alarm.generation) else {
+    let current = slot.read(shared, run_id, name)?;
+    let Some(mut current) = current.filter(|c| c.generation == alarm.generation) else {
         // The handler re-set (or cancelled) its own alarm: the new time stands.
         shared.event(run_id, "alarm_reset", format!("{name}: re-set by its handler"));
         return Ok(());
     };
-    match result {
-        Ok(()) => succeeded(shared, current).await,
+    let e = match result {
+        Ok(()) => return succeeded(shared, slot, current, cron.as_ref()).await,
         Err(e) if attempt >= limits::ALARM_ATTEMPTS_MAX => {
-            dead_letter(shared, &run.kind, current, e.to_string()).await
+            return exhausted(shared, &run.kind, slot, current, cron.as_ref(), e.to_string()).await;
         }
-        Err(e) => {
-            Metrics::bump(&shared.metrics.alarm_retries);
-            shared.event(run_id, "alarm_failed", format!("{name} attempt {attempt}: {e}"));
-            let mut current = current;
-            let failed_at = shared.now_ms();
-            if failed_at > now {
-                // A slow handler: the retry's delay counts from its failure.
-                let mut batch = Batch::new();
-                batch.delete(tables::alarm_due_key(current.due_at_ms, run_id, name));
-                current.due_at_ms = failed_at.saturating_add(current.due_at_ms.saturating_sub(now));
-                crate::alarm::stage(&mut batch, &current)?;
-                shared.store.commit(batch, Durability::Sync).await?;
-            }
-            shared.scheduler.insert(current.due_at_ms, run_id, name);
-            shared.driver_wake.notify_one();
-            Ok(())
-        }
+        Err(e) => e,
+    };
+    Metrics::bump(&shared.metrics.alarm_retries);
+    shared.event(run_id, "alarm_failed", format!("{name} attempt {attempt}: {e}"));
+    let failed_at = shared.now_ms();
+    let mut batch = Batch::new();
+    let mut moved = false;
+    if failed_at > now {
+        // A slow handler: the retry's delay counts from its failure.
+        slot.unstage(&mut batch, &current);
+        current.due_at_ms = failed_at.saturating_add(current.due_at_ms.saturating_sub(now));
+        moved = true;
     }
+    let mut next_schedule = None;
+    if slot == Slot::Schedule && recurring {
+        // The schedule goes on; the failed occurrence is retried beside it.
+        if !moved {
+            slot.unstage(&mut batch, &current);
+        }
+        crate::alarm::stage_retry(&mut batch, &current)?;
+        let next = advance(shared, &mut batch, &current, cron.as_ref())?;
+        next_schedule = next;
+        shared.scheduler.remove(old_due, run_id, name);
+        shared.scheduler.insert(
+            current.due_at_ms,
+            run_id,
+            &Slot::Retry { scheduled_at_ms: current.scheduled_at_ms }.due_name(name),
+        );
+    } else if moved {
+        slot.stage(&mut batch, &current)?;
+        shared.scheduler.insert(current.due_at_ms, run_id, due_name);
+    } else {
+        shared.scheduler.insert(current.due_at_ms, run_id, due_name);
+    }
+    if !batch.is_empty() {
+        shared.store.commit(batch, Durability::Sync).await?;
+    }
+    if let Some(due) = next_schedule {
+        shared.scheduler.insert(due, run_id, name);
+    }
+    shared.driver_wake.notify_one();
+    Ok(())
+}
+
+/// Stages the next occurrence of a periodic or cron alarm whose current one is done (or is
+/// being retried apart); returns its due time, `None` for a one-off alarm.
+fn advance(
+    shared: &Shared,
+    batch: &mut Batch,
+    done: &AlarmRecord,
+    cron: Option<&CronRecord>,
+) -> Result<Option<u64>, RuntimeError> {
+    let Some(due) = crate::alarm::next_occurrence(done, cron, shared.now_ms())? else { return Ok(None) };
+    let next = AlarmRecord { due_at_ms: due, scheduled_at_ms: due, attempts_started: 0, ..done.clone() };
+    crate::alarm::stage(batch, &next)?;
+    Ok(Some(due))
 }
 
 async fn call_handler(shared: &Arc<Shared>, run_id: &str, event: AlarmEvent) -> Result<(), AgentError> {
@@ -187,23 +284,18 @@ async fn call_handler(shared: &Arc<Shared>, run_id: &str, event: AlarmEvent) -> 
     }
 }
 
-async fn succeeded(shared: &Arc<Shared>, alarm: AlarmRecord) -> Result<(), RuntimeError> {
+async fn succeeded(
+    shared: &Arc<Shared>,
+    slot: Slot,
+    alarm: AlarmRecord,
+    cron: Option<&CronRecord>,
+) -> Result<(), RuntimeError> {
     let mut batch = Batch::new();
-    crate::alarm::unstage(&mut batch, &alarm.run_id, &alarm.name, alarm.due_at_ms);
-    let mut next = None;
-    if let Some(every) = alarm.every_ms.filter(|e| *e > 0) {
-        // Periodic: the next period after now, skipping periods missed while down.
-        let now = shared.now_ms();
-        let mut due = alarm.scheduled_at_ms.saturating_add(every);
-        if due <= now {
-            let missed = (now - due) / every + 1;
-            due = due.saturating_add(missed.saturating_mul(every));
-        }
-        let next_alarm =
-            AlarmRecord { due_at_ms: due, scheduled_at_ms: due, attempts_started: 0, ..alarm.clone() };
-        crate::alarm::stage(&mut batch, &next_alarm)?;
-        next = Some(due);
-    }
+    slot.unstage(&mut batch, &alarm);
+    let next = match slot {
+        Slot::Schedule => advance(shared, &mut batch, &alarm, cron)?,
+        Slot::Retry { .. } => None,
+    };
     shared.store.commit(batch, Durability::Sync).await?;
     if let Some(due) = next {
         shared.scheduler.insert(due, &alarm.run_id, &alarm.name);
@@ -214,15 +306,42 @@ async fn succeeded(shared: &Arc<Shared>, alarm: AlarmRecord) -> Result<(), Runti
     Ok(())
 }
 
+/// An occurrence whose attempts ran out: dead-lettered by itself. A periodic or cron alarm's
+/// schedule goes on; what the run does is `on_alarm_exhausted`'s to say.
+async fn exhausted(
+    shared: &Arc<Shared>,
+    kind: &str,
+    slot: Slot,
+    alarm: AlarmRecord,
+    cron: Option<&CronRecord>,
+    last_error: String,
+) -> Result<(), RuntimeError> {
+    let mut batch = Batch::new();
+    slot.unstage(&mut batch, &alarm);
+    let recurring = alarm.every_ms.is_some() || cron.is_some();
+    let next = match slot {
+        Slot::Schedule if recurring => advance(shared, &mut batch, &alarm, cron)?,
+        Slot::Schedule | Slot::Retry { .. } => None,
+    };
+    let (run_id, name) = (alarm.run_id.clone(), alarm.name.clone());
+    dead_letter(shared, kind, batch, alarm, recurring, last_error).await?;
+    if let Some(due) = next {
+        shared.scheduler.insert(due, &run_id, &name);
+        shared.driver_wake.notify_one();
+    }
+    Ok(())
+}
+
+/// Commits `batch` with the dead letter of `alarm`, then asks the agent what the run does.
 async fn dead_letter(
     shared: &Arc<Shared>,
     kind: &str,
+    mut batch: Batch,
     alarm: AlarmRecord,
+    recurring: bool,
     last_error: String,
 ) -> Result<(), RuntimeError> {
     let now = shared.now_ms();
-    let mut batch = Batch::new();
-    crate::alarm::unstage(&mut batch, &alarm.run_id, &alarm.name, alarm.due_at_ms);
     let key = tables::DEAD_LETTERS.key(&[alarm.run_id.as_bytes(), alarm.name.as_bytes(), &now.to_be_bytes()]);
     let event = AlarmEvent {
         name: alarm.name.clone(),
@@ -230,6 +349,7 @@ async fn dead_letter(
         scheduled_time_ms: alarm.scheduled_at_ms,
         retry_count: alarm.attempts_started.saturating_sub(1),
         is_retry: true,
+        recurring,
         delivery_id: AlarmEvent::delivery_id(
             &alarm.run_id,
             &alarm.name,

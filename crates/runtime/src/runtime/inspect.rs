@@ -2,7 +2,7 @@
 
 use durafiber_store::{
     Store,
-    tables::{self, AlarmRecord, ApprovalRecord, DeadLetter, LedgerEntry, RunRecord, RunStatus, StashRecord},
+    tables::{self, ApprovalRecord, DeadLetter, LedgerEntry, RunRecord, RunStatus, StashRecord},
 };
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -24,8 +24,8 @@ pub struct RunInspection {
     pub stash_version: Option<u32>,
     /// Its ledger.
     pub ledger: Vec<LedgerEntry>,
-    /// Its pending alarms.
-    pub alarms: Vec<AlarmRecord>,
+    /// Its pending alarms, with their cron schedules and occurrences being retried.
+    pub alarms: Vec<alarm::Alarm>,
     /// Its approvals, pending and decided.
     pub approvals: Vec<ApprovalRecord>,
     /// Its abandoned alarms.
@@ -221,7 +221,7 @@ impl Runtime {
             stash_version: stored.as_ref().map(|s| s.version),
             stash: stored.map(|s| s.record),
             ledger: scan_all(store, tables::LEDGER, id)?,
-            alarms: scan_all(store, tables::ALARMS, id)?,
+            alarms: alarm::list(&self.shared, run_id)?,
             approvals: scan_all(store, tables::APPROVALS, id)?,
             dead_letters: scan_all(store, tables::DEAD_LETTERS, id)?,
             run,
@@ -254,7 +254,9 @@ impl Runtime {
     /// A run's pending alarms, the runtime's own among them: an approval's escalation, a
     /// durable sleep's wake, an event wait's timeout are marked by `AlarmRecord::system`
     /// (and named `escalate:<id>`, `sleep:<name>`, `event:<name>`).
-    pub fn alarms(&self, run_id: &str) -> Result<Vec<AlarmRecord>, RuntimeError> {
+    /// Each comes with its next due time, its cron schedule if it has one, and its failed
+    /// occurrences being retried.
+    pub fn alarms(&self, run_id: &str) -> Result<Vec<alarm::Alarm>, RuntimeError> {
         self.shared.load_run(run_id)?;
         alarm::list(&self.shared, run_id)
     }

@@ -421,20 +421,30 @@ fn alarms(alarms: &Value) -> Markup {
             p.empty { "No alarm pending." }
         } @else {
             table {
-                thead { tr { th { "Name" } th { "Due" } th { "Every" } th { "Attempts" } } }
+                thead { tr { th { "Name" } th { "Next due" } th { "Repeats" } th { "Attempts" } th { "Retrying" } } }
                 tbody {
                     @for a in &list {
                         tr {
                             td { (text(&a["name"])) @if !a["system"].is_null() { " " span.tag { "runtime" } } }
                             td { (clock(a["due_at_ms"].as_u64().unwrap_or(0))) }
-                            td { (a["every_ms"].as_u64().map(age).unwrap_or_default()) }
+                            td { (repeats(a)) }
                             td { (text(&a["attempts_started"])) }
+                            td { (a["retrying"].as_array().map_or(0, Vec::len)) }
                         }
                     }
                 }
             }
         }
     }
+}
+
+/// How an alarm repeats: its cron schedule and zone, its period, or nothing.
+fn repeats(alarm: &Value) -> String {
+    if let Some(expr) = alarm["cron"]["expr"].as_str() {
+        let zone = alarm["cron"]["time_zone"].as_str().unwrap_or("UTC");
+        return format!("cron {expr} ({zone})");
+    }
+    alarm["every_ms"].as_u64().map(age).unwrap_or_default()
 }
 
 fn dead_letters(letters: &Value) -> Markup {
