@@ -89,6 +89,57 @@ impl Agent for Steps {
     }
 }
 
+/// Writes `token 0`, `token 1`, … to its durable output stream, a stash every `per_stash`
+/// chunks: what a model's streamed answer looks like to the runtime. A chunk is durable with
+/// the stash that counts it, so a re-entered run continues its stream without a gap or a
+/// repeat (the stream tests check a client's transcript through kills).
+#[derive(Default, Clone)]
+pub struct Writer;
+
+/// Input of [`Writer`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WriterInput {
+    /// Chunks in all.
+    pub chunks: u32,
+    /// Chunks per stash.
+    pub per_stash: u32,
+    /// Clock time before each chunk.
+    pub pause_ms: u64,
+}
+
+impl Writer {
+    async fn write(&self, ctx: &mut Ctx<Self>, input: WriterInput, from: u32) -> Result<u32, AgentError> {
+        let per_stash = input.per_stash.max(1);
+        for n in from..input.chunks {
+            if input.pause_ms > 0 {
+                ctx.sleep_in_memory(std::time::Duration::from_millis(input.pause_ms)).await;
+            }
+            ctx.emit(&format!("token {n}"))?;
+            let done = n + 1;
+            if done % per_stash == 0 || done == input.chunks {
+                ctx.stash("written", &done).await?;
+            }
+        }
+        Ok(input.chunks)
+    }
+}
+
+impl Agent for Writer {
+    const KIND: &'static str = "writer";
+    type Input = WriterInput;
+    type Stash = u32;
+    type Output = u32;
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, input: WriterInput) -> Result<u32, AgentError> {
+        self.write(ctx, input, 0).await
+    }
+
+    async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: Recovered<Self>) -> Result<u32, AgentError> {
+        self.write(ctx, r.input, r.stash.unwrap_or(0)).await
+    }
+}
+
 /// The refund job of the drill.
 #[derive(Default, Clone)]
 pub struct Refund {

@@ -21,6 +21,7 @@ use crate::{
     secret::{Secret, SecretRefusal},
     stash,
     storage::Storage,
+    stream,
 };
 
 /// What `on_fiber_recovered` is told: everything needed to continue from the last boundary.
@@ -234,6 +235,57 @@ impl<A: Agent> Ctx<A> {
         }
         let text = json::canonical(value).map_err(AgentError::Serialization)?;
         stash::write(&mut self.raw, step, text, A::STASH_VERSION).await
+    }
+
+    /// Appends `chunk` to the run's durable output stream (model tokens, progress lines) and
+    /// returns its sequence number. It becomes durable with the run's next boundary — a
+    /// stash, an effect, a wait, the fiber's end — in the same write, so a crash loses at most
+    /// the chunks emitted since the last boundary, the very work the fiber redoes from there.
+    /// Readers (`Runtime::stream`, `GET /runs/{id}/stream`) see only durable chunks, so
+    /// nothing they were shown is ever taken back. Emit in the step whose stash records the
+    /// progress, and a re-entered fiber's chunks continue the stream without a gap or a
+    /// repeat. Past `stream_bytes_max` it is [`AgentError::StreamFull`]. Fiber only.
+    ///
+    /// ```no_run
+    /// # use durafiber_runtime::{Agent, AgentError, Ctx, Recovered};
+    /// struct Writer;
+    /// impl Agent for Writer {
+    ///     const KIND: &'static str = "writer";
+    ///     type Input = u32;
+    ///     type Stash = u32;
+    ///     type Output = ();
+    ///     type Message = ();
+    ///     async fn run_fiber(&self, ctx: &mut Ctx<Self>, lines: u32) -> Result<(), AgentError> {
+    ///         write_from(ctx, 0, lines).await
+    ///     }
+    ///     async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: Recovered<Self>) -> Result<(), AgentError> {
+    ///         write_from(ctx, r.stash.unwrap_or(0), r.input).await
+    ///     }
+    /// }
+    /// async fn write_from(ctx: &mut Ctx<Writer>, from: u32, lines: u32) -> Result<(), AgentError> {
+    ///     for line in from..lines {
+    ///         ctx.emit(&format!("line {line}"))?;
+    ///         ctx.stash("line", &(line + 1)).await?; // the line and the progress, in one write
+    ///     }
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn emit<T: Serialize + ?Sized>(&self, chunk: &T) -> Result<u64, AgentError> {
+        stream::emit(&self.raw, chunk)
+    }
+
+    /// [`Ctx::emit`], durable before it returns: one commit per chunk (group commit shares
+    /// the barrier among runs). A crash then loses no chunk, but a fiber re-entered at its
+    /// last stash must not emit again what its stream already holds: compare with
+    /// [`Ctx::stream_len`].
+    pub async fn emit_sync<T: Serialize + ?Sized>(&mut self, chunk: &T) -> Result<u64, AgentError> {
+        stream::emit_sync(&self.raw, chunk).await
+    }
+
+    /// Chunks in the run's output stream so far (the next one's sequence number): after a
+    /// re-entry, the durable ones.
+    pub fn stream_len(&self) -> Result<u64, AgentError> {
+        stream::next_seq(&self.raw)
     }
 
     /// The run's last durable stash, with its step and sequence number; `None` before the

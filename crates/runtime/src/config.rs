@@ -54,6 +54,8 @@ pub struct RuntimeConfig {
     pub flush_every: Duration,
     /// Largest stash accepted, in bytes.
     pub stash_bytes_max: usize,
+    /// Chunk data one run's output stream (`ctx.emit`) may hold, in bytes.
+    pub stream_bytes_max: u64,
     /// Keys one run may hold in `ctx.storage()`.
     pub storage_keys_max: usize,
     /// Recovery attempts before escalation.
@@ -103,6 +105,7 @@ impl Default for RuntimeConfig {
             durability: DurabilityMode::Sync,
             flush_every: Duration::from_millis(5),
             stash_bytes_max: limits::STASH_BYTES_MAX_DEFAULT,
+            stream_bytes_max: limits::STREAM_BYTES_MAX_DEFAULT,
             storage_keys_max: limits::STORAGE_KEYS_MAX_DEFAULT,
             max_recover_attempts: limits::RECOVER_ATTEMPTS_MAX_DEFAULT,
             max_age: limits::MAX_AGE_DEFAULT,

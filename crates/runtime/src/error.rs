@@ -165,6 +165,17 @@ pub enum AgentError {
     /// stash, so that neither silently overwrites the other; handlers write `ctx.storage()`.
     #[error("a handler cannot stash: the fiber owns the stash; write ctx.storage() instead")]
     StashFromHandler,
+    /// A handler called `emit`: the output stream is the fiber's, written with its boundaries.
+    #[error("a handler cannot emit: the output stream is the fiber's")]
+    EmitFromHandler,
+    /// The run's output stream would pass `stream_bytes_max`; the chunk was not emitted.
+    #[error("output stream of {bytes} bytes would pass the limit of {max} bytes")]
+    StreamFull {
+        /// What the stream would hold with the chunk.
+        bytes: u64,
+        /// The limit.
+        max: u64,
+    },
     /// A value could not be encoded or decoded.
     #[error("serialization: {0}")]
     Serialization(String),

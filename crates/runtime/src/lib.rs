@@ -41,6 +41,7 @@ mod secret;
 mod sleep;
 mod stash;
 mod storage;
+mod stream;
 mod typed;
 mod types;
 
@@ -65,4 +66,5 @@ pub use run::start::StartOutcome;
 pub use runtime::{Gauges, ListFilter, RunInspection, RunPage, Runtime, RuntimeBuilder, testing};
 pub use secret::{Destination, Secret, SecretRefusal, Secrets};
 pub use storage::{Storage, Transaction};
+pub use stream::StreamChunk;
 pub use types::{RunId, RunOptions, RunState};

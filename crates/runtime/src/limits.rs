@@ -4,6 +4,10 @@ use std::time::Duration;
 
 /// A stash is a snapshot, not a database: 1 MiB keeps a boundary's barrier short.
 pub const STASH_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
+/// A run's output stream (`ctx.emit`) holds at most this much chunk data by default.
+pub const STREAM_BYTES_MAX_DEFAULT: u64 = 16 * 1024 * 1024;
+/// Chunks a stream reader reads from the store at a time.
+pub const STREAM_READ_PAGE: usize = 256;
 /// Inputs, messages, effect args, approval payloads and alarm payloads share one bound.
 pub const PAYLOAD_BYTES_MAX: usize = 1024 * 1024;
 /// The most runs one `list` call returns.

@@ -57,6 +57,7 @@ pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(server::send_event))
         .routes(routes!(server::approve))
         .routes(routes!(server::alarms))
+        .routes(routes!(server::stream))
         .routes(routes!(server::set_alarm, server::cancel_alarm))
         .routes(routes!(server::approvals))
         .routes(routes!(server::metrics))

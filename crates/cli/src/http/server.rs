@@ -13,7 +13,7 @@ use axum::{
 };
 use durafiber_runtime::{
     Alarm, AlarmAt, AlarmSpec, ApproveOutcome, CronSchedule, Decision, DurabilityMode, Event, ListFilter,
-    MetricsSnapshot, PendingApproval, RunOptions, RunPage, RunState, RuntimeError, StartOutcome,
+    MetricsSnapshot, PendingApproval, RunOptions, RunPage, RunState, RuntimeError, StartOutcome, StreamChunk,
     canonical_json,
 };
 use futures::StreamExt as _;
@@ -349,6 +349,62 @@ pub(super) async fn events(State(app): State<AppState>, headers: HeaderMap, Quer
             )
         }))
     });
+    Ok(axum::response::sse::Sse::new(stream)
+        .keep_alive(axum::response::sse::KeepAlive::default())
+        .into_response())
+}
+
+/// A run's output stream from chunk `from` (or after `Last-Event-ID`). As JSON, the durable
+/// chunks so far; with `Accept: text/event-stream`, server-sent events that follow the stream:
+/// each chunk an `event: chunk` with its `id` (its `seq`) and its data as JSON, and, once the
+/// run has ended and every chunk is sent, one `event: end` whose data is the run's state.
+#[utoipa::path(get, path = "/runs/{id}/stream", tag = "runs",
+    params(("id" = String, Path, description = "the run id"),
+        ("from" = Option<u64>, Query, description = "the first chunk wanted (default 0; `Last-Event-ID` + 1 when resuming)")),
+    responses((status = 200, description = "the durable chunks, in order; with `Accept: text/event-stream`, server-sent events (`event: chunk`, `id: seq`; `event: end` last) that follow the stream",
+        content((Vec<StreamChunk> = "application/json"), (String = "text/event-stream"))), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
+pub(super) async fn stream(
+    State(app): State<AppState>,
+    Path(run_id): Path<String>,
+    headers: HeaderMap,
+    Query(q): Params,
+) -> ApiResult {
+    let number = |name: &str, text: &str| {
+        text.parse::<u64>().map_err(|_| bad_request(format!("{name} must be a number, not {text:?}")))
+    };
+    let from = match (q.get("from"), headers.get("last-event-id").and_then(|v| v.to_str().ok())) {
+        (Some(from), _) => number("from", from)?,
+        (None, Some(last)) => number("Last-Event-ID", last)?.saturating_add(1),
+        (None, None) => 0,
+    };
+    let chunks = app.runtime.stream(&run_id, from)?;
+    let streams = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"));
+    if !streams {
+        app.runtime.store().settle_reads().await.map_err(RuntimeError::from)?;
+        return ok(app.runtime.stream_chunks(&run_id, from, usize::MAX)?);
+    }
+    type Sse = Result<axum::response::sse::Event, std::convert::Infallible>;
+    let mut stopping = app.stopping.clone();
+    let until_stopping = async move {
+        let _ = stopping.wait_for(|stop| *stop).await;
+    };
+    let events = chunks.map(|chunk| -> Sse {
+        Ok(match chunk {
+            Ok(c) => {
+                axum::response::sse::Event::default().event("chunk").id(c.seq.to_string()).data(c.data_json)
+            }
+            Err(e) => axum::response::sse::Event::default().event("error").data(e.to_string()),
+        })
+    });
+    let runtime = app.runtime.clone();
+    let end = futures::stream::once(async move {
+        let state = runtime.status(&run_id).map(|s| s.name().to_string()).unwrap_or_default();
+        Ok::<_, std::convert::Infallible>(axum::response::sse::Event::default().event("end").data(state))
+    });
+    let stream = events.chain(end).take_until(until_stopping);
     Ok(axum::response::sse::Sse::new(stream)
         .keep_alive(axum::response::sse::KeepAlive::default())
         .into_response())

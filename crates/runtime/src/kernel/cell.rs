@@ -37,6 +37,9 @@ pub(crate) struct RunCell {
     pub pending_exit: Mutex<Option<super::stash_record::Stored>>,
     /// Serializes the run's storage writes; holds its key count once read.
     pub storage_keys: tokio::sync::Mutex<Option<usize>>,
+    /// Output chunks emitted since the last boundary; `None` until the first emit of this
+    /// activation reads the stream's head.
+    pub stream: Mutex<Option<super::stream_buffer::StreamBuffer>>,
 }
 
 /// What a waiting `request_approval` is woken with.
@@ -72,6 +75,7 @@ impl RunCell {
             evicted: std::sync::atomic::AtomicBool::new(false),
             pending_exit: Mutex::new(None),
             storage_keys: tokio::sync::Mutex::new(None),
+            stream: Mutex::new(None),
         }
     }
 

@@ -57,6 +57,8 @@ pub(crate) struct Shared {
     pub crash_hook: Option<CrashHook>,
     /// Bumped on every status change, so `wait` can sleep until something moved.
     pub status_version: watch::Sender<u64>,
+    /// Bumped whenever output chunks become durable, so stream readers sleep until then.
+    pub stream_version: watch::Sender<u64>,
     /// Runs to re-activate at a time (recovery backoff, re-activation after eviction).
     pub wakeups: Mutex<BTreeSet<(u64, String)>>,
     /// Wakes the system-clock driver when a deadline moved earlier.
@@ -259,11 +261,17 @@ impl Shared {
     {
         // Checked under the run's lock, so an eviction is either before the write (refused)
         // or after it (as if the fiber had written just before it was evicted).
-        self.update_run(&cell.run_id, |run, batch| {
-            self.check_not_evicted(cell)?;
-            change(run, batch)
-        })
-        .await
+        let mut streamed = false;
+        let written = self
+            .update_run(&cell.run_id, |run, batch| {
+                self.check_not_evicted(cell)?;
+                let changed = change(run, batch)?;
+                streamed = changed && self.stage_stream(cell, batch)?;
+                Ok(changed)
+            })
+            .await;
+        self.streamed(cell, streamed, written.is_ok());
+        written
     }
 
     /// Refuses a write of an evicted cell's fiber.
@@ -292,7 +300,11 @@ impl Shared {
         }
         self.check_not_evicted(cell)?;
         if !cell.recovering.load(Ordering::SeqCst) {
-            self.store.commit(batch, durability).await?;
+            let mut batch = batch;
+            let streamed = self.stage_stream(cell, &mut batch)?;
+            let committed = self.store.commit(batch, durability).await;
+            self.streamed(cell, streamed, committed.is_ok());
+            committed?;
             return Ok(());
         }
         self.update_run_from(cell, |run, b| {
@@ -304,6 +316,27 @@ impl Shared {
         .await?;
         cell.recovering.store(false, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// Takes the run's output chunks emitted since its last boundary into `batch`.
+    fn stage_stream(&self, cell: &RunCell, batch: &mut Batch) -> Result<bool, RuntimeError> {
+        match cell.stream.lock().as_mut() {
+            Some(buffer) => Ok(buffer.stage_into(&cell.run_id, batch)?),
+            None => Ok(false),
+        }
+    }
+
+    /// After a boundary that carried output chunks: readers are told, or, when the commit
+    /// failed, the buffer forgets what it counted, so the next emit reads the durable head.
+    fn streamed(&self, cell: &RunCell, streamed: bool, committed: bool) {
+        if !streamed {
+            return;
+        }
+        if committed {
+            self.stream_version.send_modify(|v| *v += 1);
+        } else {
+            *cell.stream.lock() = None;
+        }
     }
 
     /// One page of open run ids after `after` (a previous page's last key): the recovery

@@ -106,6 +106,7 @@ impl RuntimeBuilder {
             secrets: self.secrets,
             crash_hook: self.crash_hook,
             status_version: tokio::sync::watch::Sender::new(0),
+            stream_version: tokio::sync::watch::Sender::new(0),
             wakeups: Mutex::new(BTreeSet::new()),
             driver_wake: tokio::sync::Notify::new(),
             tracked: Mutex::new(Vec::new()),

@@ -1,4 +1,5 @@
-//! Reading runs: status, waiting, listing, inspection, storage, alarms, approvals.
+//! Reading runs: status, waiting, listing, inspection, storage, alarms, approvals, output
+//! streams.
 
 use durafiber_store::{
     Store,
@@ -7,7 +8,14 @@ use durafiber_store::{
 use serde::{Serialize, de::DeserializeOwned};
 
 use super::handle::Runtime;
-use crate::{alarm, approval, approval::PendingApproval, error::RuntimeError, json, limits, types::RunState};
+use crate::{
+    alarm, approval,
+    approval::PendingApproval,
+    error::RuntimeError,
+    json, limits,
+    stream::{self, StreamChunk},
+    types::RunState,
+};
 
 /// Everything stored about a run, for inspection. Secrets are pointers by construction.
 ///
@@ -259,6 +267,30 @@ impl Runtime {
     pub fn alarms(&self, run_id: &str) -> Result<Vec<alarm::Alarm>, RuntimeError> {
         self.shared.load_run(run_id)?;
         alarm::list(&self.shared, run_id)
+    }
+
+    /// The run's output stream from sequence number `from_seq` on: every durable chunk, in
+    /// order, then each new one as it becomes durable; it ends after the last chunk once the
+    /// run has ended. A client that reconnects with the sequence number after the last chunk
+    /// it got receives each chunk exactly once.
+    pub fn stream(
+        &self,
+        run_id: &str,
+        from_seq: u64,
+    ) -> Result<futures::stream::BoxStream<'static, Result<StreamChunk, RuntimeError>>, RuntimeError> {
+        self.shared.load_run(run_id)?;
+        Ok(Box::pin(stream::follow(self.shared.clone(), run_id.to_string(), from_seq)))
+    }
+
+    /// Up to `limit` chunks of the run's output stream from `from_seq` on, as stored now.
+    pub fn stream_chunks(
+        &self,
+        run_id: &str,
+        from_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<StreamChunk>, RuntimeError> {
+        self.shared.load_run(run_id)?;
+        stream::read(&self.shared, run_id, from_seq, limit)
     }
 
     /// Counts of runs by state, live and hibernated actors, and pending alarms.

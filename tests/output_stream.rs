@@ -1,0 +1,291 @@
+//! Durable output streams on the crash-simulating store: a reader gets every chunk once and in
+//! order, from any sequence number, and never a chunk a crash takes back; a run crashed at
+//! every barrier finishes with a stream that has no gap and no repeat; `emit_sync` with
+//! `stream_len` does the same for a fiber that makes each chunk durable at once; the limit
+//! and the handler rule are typed errors.
+
+use std::{sync::Arc, time::Duration};
+
+use durafiber_runtime::{Agent, AgentError, Ctx, Recovered, RunStatus, Runtime, RuntimeConfig, StreamChunk};
+use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig};
+use durafiber_testkit::agents::{Writer, WriterInput};
+use futures::StreamExt;
+
+fn store(sim: &SimBackend) -> Store {
+    Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store")
+}
+
+async fn open<A: Agent>(sim: &SimBackend, agent: A) -> Runtime {
+    Runtime::builder(store(sim)).agent(agent).open().await.expect("runtime")
+}
+
+fn tokens(from: u32, to: u32) -> Vec<(u64, String)> {
+    (from..to).map(|n| (u64::from(n), format!("token {n}"))).collect()
+}
+
+fn transcript(chunks: &[StreamChunk]) -> Vec<(u64, String)> {
+    // A chunk says what it is; `token n` chunks are checked against their place.
+    chunks.iter().map(|c| (c.seq, c.data::<String>().expect("a string chunk"))).collect()
+}
+
+async fn read_all(rt: &Runtime, run_id: &str, from: u64) -> Vec<StreamChunk> {
+    let stream = rt.stream(run_id, from).expect("stream");
+    let read = stream.map(|c| c.expect("chunk")).collect::<Vec<_>>();
+    tokio::time::timeout(Duration::from_secs(60), read).await.expect("the stream ends with its run")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_gets_every_chunk_once_in_order_from_any_point() {
+    let sim = SimBackend::new();
+    let rt = open(&sim, Writer).await;
+    let input = WriterInput { chunks: 100, per_stash: 10, pause_ms: 0 };
+    // A reader that attaches before the run starts follows it to its end.
+    let run_id = rt.start::<Writer>("w", &input).await.expect("start").run_id;
+    let early = tokio::spawn({
+        let stream = rt.stream(&run_id, 0).expect("stream");
+        async move { stream.map(|c| c.expect("chunk")).collect::<Vec<_>>().await }
+    });
+    assert!(matches!(rt.wait(&run_id).await.expect("wait"), RunStatus::Completed { .. }));
+    let early = tokio::time::timeout(Duration::from_secs(60), early).await.expect("ends").expect("reader");
+    assert_eq!(transcript(&early), tokens(0, 100));
+    assert_eq!(transcript(&read_all(&rt, &run_id, 0).await), tokens(0, 100));
+    assert_eq!(transcript(&read_all(&rt, &run_id, 57).await), tokens(57, 100), "resumed after chunk 56");
+    assert!(read_all(&rt, &run_id, 100).await.is_empty());
+    assert_eq!(rt.stream_chunks(&run_id, 98, 10).expect("page").len(), 2);
+    assert!(rt.stream("run_nope", 0).is_err(), "an unknown run is refused, not an empty stream");
+    rt.shutdown().await;
+}
+
+/// Crashes the store at `point` while a writer streams with a reader attached; then the run
+/// finishes in a new process. Returns what the reader saw before the crash, the final stream,
+/// and whether the crash happened at all.
+async fn crash_at(point: CrashPoint) -> (Vec<(u64, String)>, Vec<(u64, String)>, bool) {
+    let sim = SimBackend::new();
+    let mut crashed = sim.crashed_signal();
+    sim.crash_at(point);
+    let input = WriterInput { chunks: 30, per_stash: 4, pause_ms: 0 };
+    let rt = open(&sim, Writer).await;
+    let mut before = Vec::new();
+    let mut run_id = None;
+    if let Ok(started) = rt.start::<Writer>("w", &input).await {
+        run_id = Some(started.run_id.clone());
+        if let Ok(mut stream) = rt.stream(&started.run_id, 0) {
+            loop {
+                tokio::select! {
+                    chunk = stream.next() => match chunk {
+                        Some(Ok(c)) => before.push(c),
+                        Some(Err(_)) | None => break,
+                    },
+                    _ = crashed.wait_for(|c| *c) => break,
+                }
+            }
+        }
+    }
+    rt.shutdown().await;
+    let did_crash = sim.is_crashed();
+    sim.revive();
+    let rt = open(&sim, Writer).await;
+    // A start with the same key finds the run the crash left, or mints it if it was lost.
+    let run_id = match run_id {
+        Some(id) if rt.status(&id).is_ok() => id,
+        _ => rt.start::<Writer>("w", &input).await.expect("start again").run_id,
+    };
+    let status = tokio::time::timeout(Duration::from_secs(60), rt.wait(&run_id)).await.expect("finishes");
+    assert!(matches!(status, Ok(RunStatus::Completed { .. })), "{point:?}: {status:?}");
+    let after = transcript(&read_all(&rt, &run_id, 0).await);
+    rt.shutdown().await;
+    (transcript(&before), after, did_crash)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_at_every_write_leaves_a_stream_without_gap_or_repeat() {
+    let mut crashes = 0;
+    for n in 1..=30 {
+        // After a write and before its barrier (it is lost), and after a barrier (it is kept).
+        for point in [CrashPoint::AfterApply(n), CrashPoint::AfterBarrier(n)] {
+            let (before, after, crashed) = crash_at(point).await;
+            crashes += usize::from(crashed);
+            assert_eq!(after, tokens(0, 30), "{point:?}: the finished stream");
+            assert!(
+                before.len() <= after.len() && before[..] == after[..before.len()],
+                "{point:?}: a reader saw a chunk the crash took back: {before:?}"
+            );
+        }
+    }
+    assert!(crashes >= 20, "only {crashes} crash points were reached");
+}
+
+/// One chunk per stash, each naming the fiber attempt that wrote it: a chunk lost in a crash
+/// and written again differs from the one before.
+struct AttemptWriter;
+
+impl AttemptWriter {
+    async fn write(&self, ctx: &mut Ctx<Self>, chunks: u32, from: u32) -> Result<u32, AgentError> {
+        for n in from..chunks {
+            ctx.sleep_in_memory(Duration::from_millis(5)).await;
+            ctx.emit(&format!("token {n} attempt {}", ctx.attempt()))?;
+            ctx.stash("written", &(n + 1)).await?;
+        }
+        Ok(chunks)
+    }
+}
+
+impl Agent for AttemptWriter {
+    const KIND: &'static str = "attempt_writer";
+    type Input = u32;
+    type Stash = u32;
+    type Output = u32;
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, chunks: u32) -> Result<u32, AgentError> {
+        self.write(ctx, chunks, 0).await
+    }
+
+    async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: Recovered<Self>) -> Result<u32, AgentError> {
+        self.write(ctx, r.input, r.stash.unwrap_or(0)).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_comes_while_a_write_is_not_durable_never_sees_it() {
+    let sim = SimBackend::new();
+    let rt = open(&sim, AttemptWriter).await;
+    let run_id = rt.start::<AttemptWriter>("a", &40).await.expect("start").run_id;
+    let mut first = rt.stream(&run_id, 0).expect("stream");
+    for _ in 0..5 {
+        first.next().await.expect("a chunk").expect("chunk");
+    }
+    // The next boundary is written but its barrier does not return: a reader that comes now
+    // could see it, and the crash below takes it back.
+    sim.stall_barriers(true);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut late = rt.stream(&run_id, 0).expect("stream");
+    let mut seen = Vec::new();
+    while let Ok(Some(Ok(chunk))) = tokio::time::timeout(Duration::from_millis(200), late.next()).await {
+        seen.push(chunk);
+    }
+    sim.crash();
+    sim.stall_barriers(false);
+    rt.shutdown().await;
+    sim.revive();
+    let rt = open(&sim, AttemptWriter).await;
+    let status = tokio::time::timeout(Duration::from_secs(60), rt.wait(&run_id)).await.expect("finishes");
+    assert!(matches!(status, Ok(RunStatus::Completed { .. })), "{status:?}");
+    let after = read_all(&rt, &run_id, 0).await;
+    assert_eq!(after.len(), 40);
+    // It may have read nothing: a read waits for the write it could see to be durable.
+    assert_eq!(
+        transcript(&seen)[..],
+        transcript(&after)[..seen.len()],
+        "a chunk the crash took back was shown"
+    );
+    assert!(after.last().and_then(|c| c.data::<String>().ok()).is_some_and(|t| !t.ends_with("attempt 1")));
+    rt.shutdown().await;
+}
+
+/// Makes every chunk durable as it goes, and skips on re-entry what its stream holds. Asked
+/// for no chunk, it waits to be cancelled, so that a test can send it messages.
+struct SyncWriter;
+
+impl SyncWriter {
+    async fn write(&self, ctx: &mut Ctx<Self>, chunks: u32) -> Result<u32, AgentError> {
+        if chunks == 0 {
+            ctx.cancelled().await;
+        }
+        for n in ctx.stream_len()?..u64::from(chunks) {
+            ctx.emit_sync(&format!("token {n}")).await?;
+        }
+        Ok(chunks)
+    }
+}
+
+impl Agent for SyncWriter {
+    const KIND: &'static str = "sync_writer";
+    type Input = u32;
+    type Stash = ();
+    type Output = u32;
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, chunks: u32) -> Result<u32, AgentError> {
+        self.write(ctx, chunks).await
+    }
+
+    async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: Recovered<Self>) -> Result<u32, AgentError> {
+        self.write(ctx, r.input).await
+    }
+
+    async fn on_message(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
+        match ctx.emit(&"from a handler") {
+            Err(AgentError::EmitFromHandler) => Ok(()),
+            other => Err(AgentError::fail(format!("a handler emitted: {other:?}"))),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emit_sync_with_stream_len_survives_a_crash_at_every_barrier() {
+    for n in 1..=25 {
+        let sim = SimBackend::new();
+        let mut crashed = sim.crashed_signal();
+        sim.crash_at(CrashPoint::AfterBarrier(n));
+        let rt = open(&sim, SyncWriter).await;
+        if let Ok(out) = rt.start::<SyncWriter>("s", &20).await {
+            tokio::select! {
+                _ = rt.wait(&out.run_id) => {}
+                _ = crashed.wait_for(|c| *c) => {}
+            }
+        }
+        rt.shutdown().await;
+        sim.revive();
+        let rt = open(&sim, SyncWriter).await;
+        let run_id = rt.start::<SyncWriter>("s", &20).await.expect("start").run_id;
+        let status = tokio::time::timeout(Duration::from_secs(60), rt.wait(&run_id)).await.expect("finishes");
+        assert!(matches!(status, Ok(RunStatus::Completed { .. })), "barrier {n}: {status:?}");
+        assert_eq!(transcript(&read_all(&rt, &run_id, 0).await), tokens(0, 20), "barrier {n}");
+        rt.shutdown().await;
+    }
+}
+
+/// Emits chunks of 1 KiB until the stream is full, then reports the error.
+struct Flood;
+
+impl Agent for Flood {
+    const KIND: &'static str = "flood";
+    type Input = ();
+    type Stash = ();
+    type Output = String;
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<String, AgentError> {
+        let chunk = "x".repeat(1024);
+        loop {
+            match ctx.emit(&chunk) {
+                Ok(_) => {}
+                Err(e @ AgentError::StreamFull { .. }) => return Ok(e.to_string()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_stream_is_a_typed_error_and_a_handler_cannot_emit() {
+    let config = RuntimeConfig { stream_bytes_max: 10 * 1024, ..RuntimeConfig::default() };
+    let rt = Runtime::builder(store(&SimBackend::new()))
+        .config(config)
+        .agent(Flood)
+        .agent(SyncWriter)
+        .open()
+        .await;
+    let rt = rt.expect("runtime");
+    let run_id = rt.start::<Flood>("f", &()).await.expect("start").run_id;
+    rt.wait(&run_id).await.expect("wait");
+    let message: String = rt.output(&run_id).expect("output").expect("completed");
+    assert!(message.contains("would pass the limit of 10240 bytes"), "{message}");
+    // Nine chunks of 1,026 bytes (quotes included) fit; the tenth would not.
+    assert_eq!(rt.stream_chunks(&run_id, 0, 100).expect("chunks").len(), 9);
+
+    let run_id = rt.start::<SyncWriter>("s", &0).await.expect("start").run_id;
+    rt.send::<SyncWriter>(&run_id, &()).await.expect("the handler found emit refused");
+    rt.shutdown().await;
+}
