@@ -107,11 +107,8 @@ async fn a_client_reconnecting_through_sigkills_gets_every_chunk_once_in_order()
         let url = server.url(&format!("/runs/{run_id}/stream"));
         let last = transcript.last().map(|(seq, _)| *seq);
         // Follow for a random while, then kill the server under the client (three times).
-        let stop_at = if kills < 3 {
-            Instant::now() + Duration::from_millis(rng.between(150, 700))
-        } else {
-            deadline
-        };
+        let stop_at =
+            if kills < 3 { Instant::now() + Duration::from_millis(rng.between(150, 700)) } else { deadline };
         if follow(&http, &url, last, &mut transcript, stop_at).await {
             break;
         }
@@ -125,8 +122,15 @@ async fn a_client_reconnecting_through_sigkills_gets_every_chunk_once_in_order()
     let expected: Vec<(u64, String)> = (0..1000).map(|n| (n, format!("token {n}"))).collect();
     assert_eq!(transcript.len(), expected.len(), "chunks received");
     assert_eq!(transcript, expected, "every chunk once, in order");
-    let run: Value =
-        server.client().get(server.url(&format!("/runs/{run_id}"))).send().await.expect("run").json().await.expect("json");
+    let run: Value = server
+        .client()
+        .get(server.url(&format!("/runs/{run_id}")))
+        .send()
+        .await
+        .expect("run")
+        .json()
+        .await
+        .expect("json");
     assert_eq!(run["run"]["status"]["completed"]["output"], 1000, "{run}");
     let attempts = run["run"]["attempt"].as_u64().unwrap_or(0);
     assert!(attempts >= 3, "the kills landed mid-run: {attempts} fiber attempts");

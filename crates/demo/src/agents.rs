@@ -284,7 +284,13 @@ pub struct OrderInput {
     /// Wait for the external event `packed` after the cool-off, and store its payload.
     #[serde(default)]
     pub wait_for_packing: bool,
+    /// Alarm `alarm:0` fires on this cron schedule instead of after its delay.
+    #[serde(default)]
+    pub cron: Option<String>,
 }
+
+/// What [`Order`] writes to its output stream, one chunk per phase, each once.
+pub const ORDER_PHASES: [&str; 4] = ["received", "alarms_set", "charged", "done"];
 
 /// Output of [`Order`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -305,18 +311,33 @@ pub const ORDER_ALARMS: &str = "alarm_deliveries";
 pub const ORDER_STORAGE: [&str; 3] = ["charge_id", "cool_off", "packed"];
 
 impl Order {
+    /// Emits phase `n` unless the stream holds it already: the flow re-enters from the top,
+    /// and a phase's chunk is durable with the stash that follows it.
+    fn phase(ctx: &Ctx<Self>, n: u32) -> Result<(), AgentError> {
+        if ctx.stream_len()? == u64::from(n) {
+            ctx.emit(ORDER_PHASES[n as usize])?;
+        }
+        Ok(())
+    }
+
     async fn flow(&self, ctx: &mut Ctx<Self>, input: OrderInput) -> Result<OrderOutput, AgentError> {
+        Self::phase(ctx, 0)?;
         ctx.stash("received", &0).await?;
         for (i, delay_ms) in input.alarm_delays_ms.iter().enumerate() {
-            let spec = durafiber_runtime::AlarmSpec::after(
-                std::time::Duration::from_millis(*delay_ms),
-                &json!({"upstream": input.upstream}),
-            )?;
+            let payload = json!({"upstream": input.upstream});
+            let spec = match &input.cron {
+                Some(cron) if i == 0 => durafiber_runtime::AlarmSpec::cron(cron, &payload)?,
+                _ => durafiber_runtime::AlarmSpec::after(
+                    std::time::Duration::from_millis(*delay_ms),
+                    &payload,
+                )?,
+            };
             // Re-entry re-sets an alarm that was not delivered yet: harmless, it is due again.
             if !self.delivered(&input.upstream, ctx.run_id(), i).await {
                 ctx.set_alarm(&format!("alarm:{i}"), spec).await?;
             }
         }
+        Self::phase(ctx, 1)?;
         ctx.stash("alarms_set", &1).await?;
         let ask = json!({"order_id": input.order_id, "amount_cents": input.amount_cents});
         let decision = ctx.request_approval("ship", &ask).await?;
@@ -330,13 +351,25 @@ impl Order {
                 async move { post_idempotent(&http, &base, "charges", &key, None, &args).await }
             })
             .await?;
+        Self::phase(ctx, 2)?;
         ctx.stash("charged", &2).await?;
         let (http, base) = (self.http.clone(), input.upstream.clone());
         let email_args = json!({"order_id": input.order_id, "charge": charge["id"]});
+        // A policy of its own: more attempts, shorter waits than the default.
+        let policy = durafiber_runtime::EffectOptions {
+            attempts: 5,
+            backoff_initial: std::time::Duration::from_millis(50),
+            backoff_max: std::time::Duration::from_secs(1),
+            timeout: Some(std::time::Duration::from_secs(10)),
+        };
         let email: Value = ctx
-            .effect("email", email_args, move |key, args| {
+            .effect_with("email", email_args, policy, move |key, args| {
                 let (http, base) = (http.clone(), base.clone());
-                async move { post_idempotent(&http, &base, "emails", &key, None, &args).await }
+                async move {
+                    post_idempotent(&http, &base, "emails", &key, None, &args)
+                        .await
+                        .map_err(durafiber_runtime::EffectError::retryable)
+                }
             })
             .await?;
         ctx.storage()
@@ -396,6 +429,7 @@ impl Order {
             }
             ctx.sleep_in_memory(std::time::Duration::from_millis(10)).await;
         }
+        Self::phase(ctx, 3)?;
         ctx.stash("done", &3).await?;
         Ok(OrderOutput {
             charge_id: charge["id"].as_str().map(str::to_string),

@@ -31,6 +31,8 @@ pub(super) struct Harness {
 impl Harness {
     pub(super) fn input(&mut self, order: u64) -> Value {
         let delays = [self.rng.between(5, 60), self.rng.between(60, 250)];
+        // Half the orders take their first alarm from a cron schedule, every other second.
+        let cron = self.rng.chance(0.5).then_some("*/2 * * * * *");
         json!({
             "order_id": format!("ord_{order}"),
             "amount_cents": self.rng.between(100, 10_000),
@@ -38,6 +40,7 @@ impl Harness {
             "alarm_delays_ms": delays,
             "cool_off_ms": self.rng.between(10, 200),
             "wait_for_packing": true,
+            "cron": cron,
         })
     }
 

@@ -1,7 +1,9 @@
 //! `durafiber torture`: the project's own random-kill torture, beside the drill.
 //!
-//! A real `durafiber serve` hosts the order agent (stashes, two named alarms, a human
-//! approval, two effects through the test kit's idempotent upstream, a durable sleep, a wait
+//! A real `durafiber serve` hosts the order agent (stashes, two named alarms — for half the
+//! runs the first on a cron schedule —, an output stream, a human
+//! approval, two effects through the test kit's idempotent upstream (one with its own retry
+//! policy), a durable sleep, a wait
 //! for the external event `packed`, storage written in transactions). New runs keep being
 //! started, sent their event (once per run, with an idempotency key) and approved while the harness SIGKILLs the server at seeded random times — 30%
 //! of kills in the first 30 ms of a process's life (store open, recovery scan), the rest
@@ -15,6 +17,8 @@
 //! - every committed ledger receipt equals the upstream object of its key;
 //! - every run `Completed` (nothing escalated: no agent here asks for it);
 //! - every alarm delivered at least once;
+//! - each completed run's output stream exactly its phases, once each and in order (the
+//!   agent emits a phase unless its stream holds it, so a re-entry continues the stream);
 //! - each run's storage as its story says: the charge id of its upstream charge, a sleep
 //!   that woke no earlier than its duration after the run first reached it, the payload of
 //!   its one event; every event sent again at the end is a `duplicate` or finds the run
@@ -146,6 +150,7 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
             report.ledger_mismatches,
             report.alarms_lost,
             report.storage_mismatches,
+            report.streams_wrong,
             report.events_twice,
             report.store_unopenable,
             report.panics,
@@ -218,6 +223,12 @@ async fn finish(
             }
         }
     }
+    let mut streams = BTreeMap::new();
+    for id in &run_ids {
+        if let Ok(chunks) = client.get(&format!("/runs/{id}/stream")).await {
+            streams.insert(id.clone(), chunks.as_array().cloned().unwrap_or_default());
+        }
+    }
     let mut storage = BTreeMap::new();
     for id in &run_ids {
         if let Ok(page) = client.get(&format!("/runs/{id}/storage")).await {
@@ -229,7 +240,7 @@ async fn finish(
             storage.insert(id.clone(), by_key);
         }
     }
-    Ok(Finished { runs, storage })
+    Ok(Finished { runs, storage, streams })
 }
 
 /// `durafiber torture`: prints the counts; the last line is the JSON report with `--json`.
@@ -253,13 +264,14 @@ pub async fn run(json_line: bool, plan: Plan, out: Option<&Path>) -> anyhow::Res
     );
     println!(
         "ids per key (max) {}, duplicate effects {}, missing effects {}, ledger mismatches {}, alarms lost {}, \
-         storage mismatches {}, events twice {}, store unopenable {}, panics {}, stuck {}, server exits {}: {}",
+         storage mismatches {}, streams wrong {}, events twice {}, store unopenable {}, panics {}, stuck {}, server exits {}: {}",
         r.ids_per_key_max,
         r.duplicate_effects,
         r.missing_effects,
         r.ledger_mismatches,
         r.alarms_lost,
         r.storage_mismatches,
+        r.streams_wrong,
         r.events_twice,
         r.store_unopenable,
         r.panics,

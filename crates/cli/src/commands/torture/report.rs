@@ -38,6 +38,8 @@ pub struct TortureReport {
     pub alarms_lost: usize,
     /// Completed runs whose storage is not what their story says (see the module doc).
     pub storage_mismatches: usize,
+    /// Completed runs whose output stream is not their phases, once each and in order.
+    pub streams_wrong: usize,
     /// Events sent again at the end that were delivered or buffered a second time.
     pub events_twice: usize,
     /// Server starts that could not open the store.

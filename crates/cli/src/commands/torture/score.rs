@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use durafiber_demo::agents::ORDER_ALARMS;
+use durafiber_demo::agents::{ORDER_ALARMS, ORDER_PHASES};
 use durafiber_runtime::payload_hash;
 use serde_json::{Value, json};
 
@@ -13,6 +13,8 @@ pub(super) struct Finished {
     pub(super) runs: BTreeMap<String, Value>,
     /// Each run's storage, by key.
     pub(super) storage: BTreeMap<String, BTreeMap<String, Value>>,
+    /// Each run's output stream, as `GET /runs/{id}/stream` lists it.
+    pub(super) streams: BTreeMap<String, Vec<Value>>,
 }
 
 pub(super) fn is_terminal(run: &Value) -> bool {
@@ -75,6 +77,9 @@ pub(super) fn score(h: &Harness, finished: &Finished, report: &mut TortureReport
         if !storage_as_told(run, &input, finished.storage.get(run_id), &charges) {
             report.storage_mismatches += 1;
         }
+        if !stream_as_told(finished.streams.get(run_id)) {
+            report.streams_wrong += 1;
+        }
         let expected = input["alarm_delays_ms"].as_array().map(Vec::len).unwrap_or(0);
         for i in 0..expected {
             let key = format!("{run_id}:alarm:{i}");
@@ -83,6 +88,18 @@ pub(super) fn score(h: &Harness, finished: &Finished, report: &mut TortureReport
             }
         }
     }
+}
+
+/// Whether a completed order's output stream is its phases, numbered 0, 1, 2, … in order.
+fn stream_as_told(chunks: Option<&Vec<Value>>) -> bool {
+    let Some(chunks) = chunks else { return false };
+    let told: Vec<(u64, String)> = chunks
+        .iter()
+        .filter_map(|c| Some((c["seq"].as_u64()?, serde_json::from_str(c["data_json"].as_str()?).ok()?)))
+        .collect();
+    let phases: Vec<(u64, String)> =
+        ORDER_PHASES.iter().enumerate().map(|(n, p)| (n as u64, p.to_string())).collect();
+    told == phases
 }
 
 /// Whether a completed order's storage tells its story: the id of the upstream charge its
