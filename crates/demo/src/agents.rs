@@ -262,9 +262,76 @@ impl Agent for Refund {
 /// written in transactions, and a wait until both alarms were delivered. Every step is a
 /// boundary, an effect or a guarded storage write, so re-entering from the top at any point
 /// is safe. What it stores, `on_request` answers (see [`ORDER_STORAGE`]).
-#[derive(Default, Clone)]
-pub struct Order {
+///
+/// It comes in two stash versions, so the torture can deploy version 2 over a store full of
+/// version 1 runs: [`Order`] stashes its phase as a number, [`OrderV2`] as an
+/// [`OrderProgress`] and upgrades a version 1 stash on recovery.
+pub struct Order<S = u32> {
     http: reqwest::Client,
+    stash: std::marker::PhantomData<fn() -> S>,
+}
+
+/// The order agent with stash version 2.
+pub type OrderV2 = Order<OrderProgress>;
+
+impl<S> Default for Order<S> {
+    fn default() -> Self {
+        Order { http: reqwest::Client::default(), stash: std::marker::PhantomData }
+    }
+}
+
+impl<S> Clone for Order<S> {
+    fn clone(&self) -> Self {
+        Order { http: self.http.clone(), stash: std::marker::PhantomData }
+    }
+}
+
+/// How an [`Order`] stashes its phase, per stash version.
+pub trait OrderStash: Serialize + serde::de::DeserializeOwned + Clone + Send + Sync + 'static {
+    /// The agent's `STASH_VERSION`.
+    const VERSION: u32;
+    /// The stash at `phase`.
+    fn at(phase: u32) -> Self;
+    /// A stash of an older version, as this one.
+    fn upgrade(from_version: u32, old: Value) -> Result<Self, AgentError>;
+}
+
+impl OrderStash for u32 {
+    const VERSION: u32 = 1;
+
+    fn at(phase: u32) -> Self {
+        phase
+    }
+
+    fn upgrade(from_version: u32, _: Value) -> Result<Self, AgentError> {
+        Err(AgentError::escalate(format!("stash_version: no upgrade from {from_version} to 1")))
+    }
+}
+
+/// Version 2 of [`Order`]'s stash: the phase in an object, and which version wrote it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OrderProgress {
+    /// The phase reached (0 received, 1 alarms set, 2 charged, 3 done).
+    pub phase: u32,
+    /// `"v2"`, or `"upgraded from v1"` for a stash version 1 wrote.
+    pub written_by: String,
+}
+
+impl OrderStash for OrderProgress {
+    const VERSION: u32 = 2;
+
+    fn at(phase: u32) -> Self {
+        OrderProgress { phase, written_by: "v2".into() }
+    }
+
+    fn upgrade(from_version: u32, old: Value) -> Result<Self, AgentError> {
+        match (from_version, old.as_u64().and_then(|n| u32::try_from(n).ok())) {
+            (1, Some(phase)) => Ok(OrderProgress { phase, written_by: "upgraded from v1".into() }),
+            _ => {
+                Err(AgentError::escalate(format!("stash_version: cannot upgrade {old} from {from_version}")))
+            }
+        }
+    }
 }
 
 /// Input of [`Order`].
@@ -310,7 +377,7 @@ pub const ORDER_ALARMS: &str = "alarm_deliveries";
 /// the first time it came back from it), `packed` (the event's payload).
 pub const ORDER_STORAGE: [&str; 3] = ["charge_id", "cool_off", "packed"];
 
-impl Order {
+impl<S: OrderStash> Order<S> {
     /// Emits phase `n` unless the stream holds it already: the flow re-enters from the top,
     /// and a phase's chunk is durable with the stash that follows it.
     fn phase(ctx: &Ctx<Self>, n: u32) -> Result<(), AgentError> {
@@ -322,7 +389,7 @@ impl Order {
 
     async fn flow(&self, ctx: &mut Ctx<Self>, input: OrderInput) -> Result<OrderOutput, AgentError> {
         Self::phase(ctx, 0)?;
-        ctx.stash("received", &0).await?;
+        ctx.stash("received", &S::at(0)).await?;
         for (i, delay_ms) in input.alarm_delays_ms.iter().enumerate() {
             let payload = json!({"upstream": input.upstream});
             let spec = match &input.cron {
@@ -338,7 +405,7 @@ impl Order {
             }
         }
         Self::phase(ctx, 1)?;
-        ctx.stash("alarms_set", &1).await?;
+        ctx.stash("alarms_set", &S::at(1)).await?;
         let ask = json!({"order_id": input.order_id, "amount_cents": input.amount_cents});
         let decision = ctx.request_approval("ship", &ask).await?;
         if !decision.approved {
@@ -352,7 +419,7 @@ impl Order {
             })
             .await?;
         Self::phase(ctx, 2)?;
-        ctx.stash("charged", &2).await?;
+        ctx.stash("charged", &S::at(2)).await?;
         let (http, base) = (self.http.clone(), input.upstream.clone());
         let email_args = json!({"order_id": input.order_id, "charge": charge["id"]});
         // A policy of its own: more attempts, shorter waits than the default.
@@ -430,7 +497,7 @@ impl Order {
             ctx.sleep_in_memory(std::time::Duration::from_millis(10)).await;
         }
         Self::phase(ctx, 3)?;
-        ctx.stash("done", &3).await?;
+        ctx.stash("done", &S::at(3)).await?;
         Ok(OrderOutput {
             charge_id: charge["id"].as_str().map(str::to_string),
             email_id: email["id"].as_str().map(str::to_string),
@@ -459,12 +526,17 @@ where
     true
 }
 
-impl Agent for Order {
+impl<S: OrderStash> Agent for Order<S> {
     const KIND: &'static str = "order";
+    const STASH_VERSION: u32 = S::VERSION;
     type Input = OrderInput;
-    type Stash = u32;
+    type Stash = S;
     type Output = OrderOutput;
     type Message = ();
+
+    fn upgrade_stash(from_version: u32, old: Value) -> Result<S, AgentError> {
+        S::upgrade(from_version, old)
+    }
 
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, input: OrderInput) -> Result<OrderOutput, AgentError> {
         self.flow(ctx, input).await

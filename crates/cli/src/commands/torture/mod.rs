@@ -25,6 +25,11 @@
 //!   finished, never delivered twice;
 //! - the store opened on every start; no panic in any log; nothing stuck.
 //!
+//! Halfway through the kills the servers start hosting version 2 of the order agent's stash
+//! (`OrderV2`): every run open then is carried across the deploy by `upgrade_stash`, and the
+//! score counts the runs whose last stash version 2 wrote or upgraded (`stash_v2`), which the
+//! torture needs to be more than none.
+//!
 //! The upstream lives in this process, so it outlives every server it kills.
 
 mod harness;
@@ -94,7 +99,9 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
         let kill_after =
             Duration::from_millis(if early { h.rng.between(0, 30) } else { h.rng.between(0, 370) });
         let log = out.join(format!("server-{life}.log"));
-        let mut server = Server::spawn(exe, &data, &config, &log)?;
+        // Halfway, version 2 of the order agent's stash is deployed over the open runs.
+        let order_version = if life > plan.kills / 2 { 2 } else { 1 };
+        let mut server = Server::spawn(exe, &data, &config, &log, order_version)?;
         let mut kill_at = if early { Some(server.born + kill_after) } else { None };
         let listen_by = server.born + LISTEN_DEADLINE;
         let mut started_here = 0;
@@ -131,7 +138,7 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
     }
     eprintln!("torture: last server, until every run finishes");
     let log = out.join("server-final.log");
-    let mut server = Server::spawn(exe, &data, &config, &log)?;
+    let mut server = Server::spawn(exe, &data, &config, &log, 2)?;
     logs.push(log);
     let finished = finish(&mut h, &mut server, &data, &mut report).await;
     server.kill();
@@ -142,6 +149,7 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     report.pass = report.completed == report.runs
         && report.runs > 0
+        && report.stash_v2 > 0
         && report.ids_per_key_max == 1
         && [
             report.escalated,
@@ -264,7 +272,7 @@ pub async fn run(json_line: bool, plan: Plan, out: Option<&Path>) -> anyhow::Res
     );
     println!(
         "ids per key (max) {}, duplicate effects {}, missing effects {}, ledger mismatches {}, alarms lost {}, \
-         storage mismatches {}, streams wrong {}, events twice {}, store unopenable {}, panics {}, stuck {}, server exits {}: {}",
+         storage mismatches {}, streams wrong {}, stash version 2 {}, events twice {}, store unopenable {}, panics {}, stuck {}, server exits {}: {}",
         r.ids_per_key_max,
         r.duplicate_effects,
         r.missing_effects,
@@ -272,6 +280,7 @@ pub async fn run(json_line: bool, plan: Plan, out: Option<&Path>) -> anyhow::Res
         r.alarms_lost,
         r.storage_mismatches,
         r.streams_wrong,
+        r.stash_v2,
         r.events_twice,
         r.store_unopenable,
         r.panics,

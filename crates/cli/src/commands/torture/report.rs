@@ -40,6 +40,9 @@ pub struct TortureReport {
     pub storage_mismatches: usize,
     /// Completed runs whose output stream is not their phases, once each and in order.
     pub streams_wrong: usize,
+    /// Runs whose last stash was written (or upgraded) by version 2 of the order agent, deployed
+    /// halfway: more than none, or the deploy carried nothing.
+    pub stash_v2: usize,
     /// Events sent again at the end that were delivered or buffered a second time.
     pub events_twice: usize,
     /// Server starts that could not open the store.

@@ -80,6 +80,9 @@ pub(super) fn score(h: &Harness, finished: &Finished, report: &mut TortureReport
         if !stream_as_told(finished.streams.get(run_id)) {
             report.streams_wrong += 1;
         }
+        if run["stash_version"] == 2 && run["stash"]["stash"]["phase"] == 3 {
+            report.stash_v2 += 1;
+        }
         let expected = input["alarm_delays_ms"].as_array().map(Vec::len).unwrap_or(0);
         for i in 0..expected {
             let key = format!("{run_id}:alarm:{i}");

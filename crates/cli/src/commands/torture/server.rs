@@ -20,7 +20,14 @@ pub(super) struct Server {
 }
 
 impl Server {
-    pub(super) fn spawn(exe: &Path, data: &Path, config: &Path, log: &Path) -> anyhow::Result<Server> {
+    /// Spawns `serve`, hosting stash version `order_version` of the order agent.
+    pub(super) fn spawn(
+        exe: &Path,
+        data: &Path,
+        config: &Path,
+        log: &Path,
+        order_version: u32,
+    ) -> anyhow::Result<Server> {
         let log_file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let mut child = Command::new(exe)
             .args(["serve", "--data"])
@@ -29,6 +36,7 @@ impl Server {
             .arg(config)
             .env("RUST_LOG", "warn")
             .env_remove("DURAFIBER_STOP_AT")
+            .env(crate::agents::ORDER_STASH_VERSION_ENV, order_version.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log_file)
