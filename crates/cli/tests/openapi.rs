@@ -221,6 +221,27 @@ async fn every_operation_is_documented_and_every_answer_matches_its_schema() {
     let cancel = http.post(url(&format!("{steps_run}/cancel"))).body(json!({"reason": "enough"}).to_string());
     let (s, _) = c.call(Method::POST, "/runs/{id}/cancel", cancel).await;
     assert_eq!(s, 200);
+    // A writer's output stream, once it has ended: as JSON, and as events that end at once.
+    let writer = json!({"kind": "writer", "input": {"chunks": 3, "per_stash": 2, "pause_ms": 0}});
+    let (_, started) = c.call(Method::POST, "/runs", start("w-1", &writer)).await;
+    let writer_run = format!("/runs/{}", started["run_id"].as_str().expect("id"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http.get(url(&writer_run)).send().await.expect("run").json::<Value>().await.expect("json")["run"]["status"]
+        .get("completed")
+        .is_none()
+    {
+        assert!(Instant::now() < deadline, "the writer did not finish");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stream = url(&format!("{writer_run}/stream"));
+    let (s, chunks) = c.call(Method::GET, "/runs/{id}/stream", http.get(&stream)).await;
+    assert_eq!((s, chunks.as_array().map(Vec::len)), (200, Some(3)), "{chunks}");
+    let sse = http.get(&stream).header("Accept", "text/event-stream").header("Last-Event-ID", "0");
+    let (s, events) = c.call(Method::GET, "/runs/{id}/stream", sse).await;
+    let text = events.as_str().unwrap_or_default();
+    assert!(s == 200 && text.matches("event: chunk").count() == 2 && text.contains("event: end"), "{events}");
+    let (s, _) = c.call(Method::GET, "/runs/{id}/stream", http.get(url("/runs/run_nope/stream"))).await;
+    assert_eq!(s, 404);
 
     // Operations and admin.
     c.call(Method::GET, "/metrics", http.get(url("/metrics"))).await;
