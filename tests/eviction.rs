@@ -58,7 +58,7 @@ fn of(events: &[Event], run_id: &str, kind: &str) -> Vec<u64> {
 }
 
 fn no_keep_alive() -> RunOptions {
-    RunOptions { durability: None, fiber_keep_alive: Some(false) }
+    RunOptions { fiber_keep_alive: Some(false), ..RunOptions::default() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

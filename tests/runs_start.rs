@@ -175,7 +175,7 @@ async fn every_durability_mode_completes_and_keeps_the_last_stash() {
     for mode in ["sync", "async", "exit"] {
         let options = RunOptions {
             durability: Some(DurabilityMode::parse(mode).expect("mode")),
-            fiber_keep_alive: None,
+            ..RunOptions::default()
         };
         let out = rt
             .start_json("steps", &format!("mode-{mode}"), "{\"steps\":4,\"pause_ms\":0}", options)

@@ -102,7 +102,7 @@ pub async fn eviction(seed: u64) -> anyhow::Result<(Vec<String>, EvictionReport)
     let t0 = rt.now_ms();
     let idle = rt.start::<Lab>("idle", &"idle".to_string()).await?.run_id;
     let kept = rt.start::<Lab>("keepalive", &"idle".to_string()).await?.run_id;
-    let no_keep_alive = RunOptions { durability: None, fiber_keep_alive: Some(false) };
+    let no_keep_alive = RunOptions { fiber_keep_alive: Some(false), ..RunOptions::default() };
     let fiber = rt.start_json(Lab::KIND, "fiber", "\"fiber\"", no_keep_alive).await?.run_id;
     let guard = rt.keep_alive(&kept).await?;
     rt.advance(Duration::from_secs(600)).await?;

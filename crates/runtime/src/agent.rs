@@ -12,7 +12,7 @@ use serde::{Serialize, de::DeserializeOwned};
 pub use crate::hooks::{AlarmEvent, ExhaustedAction, RecoveryReason};
 use crate::{
     alarm::{self, AlarmSpec},
-    approval, clock,
+    approval, budget, clock,
     effect::{self, EffectError, EffectOptions},
     error::AgentError,
     eviction::keep_alive::KeepAlive,
@@ -234,6 +234,7 @@ impl<A: Agent> Ctx<A> {
             return Err(AgentError::StashFromHandler);
         }
         let text = json::canonical(value).map_err(AgentError::Serialization)?;
+        budget::check(&self.raw)?;
         stash::write(&mut self.raw, step, text, A::STASH_VERSION).await
     }
 
@@ -385,6 +386,7 @@ impl<A: Agent> Ctx<A> {
         // What a reviewer is shown never holds a secret value.
         let (payload_json, payload_hash) =
             self.raw.shared.redacted_with_hash(payload).map_err(AgentError::Serialization)?;
+        budget::check(&self.raw)?;
         approval::request(&mut self.raw, approval_id, payload_json, payload_hash).await
     }
 
@@ -454,11 +456,13 @@ impl<A: Agent> Ctx<A> {
     /// # }
     /// ```
     pub async fn sleep_for(&mut self, name: &str, d: Duration) -> Result<(), AgentError> {
+        budget::check(&self.raw)?;
         crate::sleep::sleep(&mut self.raw, name, crate::alarm::AlarmAt::In(d)).await
     }
 
     /// Sleeps durably under `name` until the clock reads `at_ms`; see [`Ctx::sleep_for`].
     pub async fn sleep_until(&mut self, name: &str, at_ms: u64) -> Result<(), AgentError> {
+        budget::check(&self.raw)?;
         crate::sleep::sleep(&mut self.raw, name, crate::alarm::AlarmAt::AtMs(at_ms)).await
     }
 
@@ -488,10 +492,39 @@ impl<A: Agent> Ctx<A> {
         name: &str,
         timeout: Option<Duration>,
     ) -> Result<Option<T>, AgentError> {
+        budget::check(&self.raw)?;
         match crate::event::wait(&mut self.raw, name, timeout).await? {
             Some(payload) => Ok(Some(json::parse(&payload).map_err(AgentError::Serialization)?)),
             None => Ok(None),
         }
+    }
+
+    /// Records `units` of cost (model tokens, API credits — whatever the run's budget counts)
+    /// spent on `what`. Durable with the run's next boundary; once the run's charges pass its
+    /// `cost_units_max`, it stops at that boundary with `Escalated{reason: "budget:
+    /// cost_units"}` and starts no new effect.
+    ///
+    /// ```no_run
+    /// # use durafiber_runtime::{Agent, AgentError, Ctx};
+    /// # struct Researcher;
+    /// # impl Agent for Researcher {
+    /// #     const KIND: &'static str = "researcher";
+    /// #     type Input = ();
+    /// #     type Stash = u32;
+    /// #     type Output = ();
+    /// #     type Message = ();
+    /// async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
+    ///     for turn in 1.. {
+    ///         let tokens_used = 1_200; // what the model call reported
+    ///         ctx.charge(tokens_used, "model turn");
+    ///         ctx.stash("turn", &turn).await?; // stops here once the budget is spent
+    ///     }
+    ///     Ok(())
+    /// }
+    /// # }
+    /// ```
+    pub fn charge(&self, units: u64, what: &str) {
+        budget::charge(&self.raw, units, what)
     }
 
     /// Sleeps on the runtime's clock, in memory only: an interruption loses the wait, and

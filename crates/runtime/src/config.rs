@@ -43,6 +43,59 @@ impl DurabilityMode {
     }
 }
 
+/// What one run may spend before it stops at its next boundary with
+/// `Escalated{budget: <which>}`; `None` is no limit. A run's budget is its own
+/// (`RunOptions::budget`) over the runtime's (`RuntimeConfig::budget`), fixed at its start.
+///
+/// ```
+/// use std::time::Duration;
+/// use durafiber_runtime::{Budget, RunOptions};
+///
+/// let options = RunOptions {
+///     budget: Budget { effects_max: Some(20), cost_units_max: Some(50_000), wall_time_max: Some(Duration::from_secs(3600)), ..Budget::default() },
+///     ..RunOptions::default()
+/// };
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Budget {
+    /// Effects the run may start (a re-entered effect with its key is not a new one).
+    pub effects_max: Option<u32>,
+    /// Cost units the run may charge with `ctx.charge`.
+    pub cost_units_max: Option<u64>,
+    /// Time from the run's start after which it starts nothing more.
+    #[serde(with = "humantime_serde")]
+    pub wall_time_max: Option<Duration>,
+    /// Recoveries (fiber attempts after the first) the run may have.
+    pub recoveries_max: Option<u32>,
+}
+
+impl Budget {
+    /// Each limit of `self`, or else `defaults`'.
+    pub fn or(self, defaults: Budget) -> Budget {
+        Budget {
+            effects_max: self.effects_max.or(defaults.effects_max),
+            cost_units_max: self.cost_units_max.or(defaults.cost_units_max),
+            wall_time_max: self.wall_time_max.or(defaults.wall_time_max),
+            recoveries_max: self.recoveries_max.or(defaults.recoveries_max),
+        }
+    }
+
+    /// The limits as stored, when there is at least one.
+    pub(crate) fn limits(self) -> Option<durafiber_store::tables::BudgetLimits> {
+        if self == Budget::default() {
+            return None;
+        }
+        Some(durafiber_store::tables::BudgetLimits {
+            effects_max: self.effects_max,
+            cost_units_max: self.cost_units_max,
+            wall_time_max_ms: self.wall_time_max.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            recoveries_max: self.recoveries_max,
+        })
+    }
+}
+
 /// Everything a runtime can be told. `Default` gives the contract's defaults.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -56,6 +109,8 @@ pub struct RuntimeConfig {
     pub stash_bytes_max: usize,
     /// Chunk data one run's output stream (`ctx.emit`) may hold, in bytes.
     pub stream_bytes_max: u64,
+    /// Every run's budget, under what its own options set.
+    pub budget: Budget,
     /// Keys one run may hold in `ctx.storage()`.
     pub storage_keys_max: usize,
     /// Recovery attempts before escalation.
@@ -106,6 +161,7 @@ impl Default for RuntimeConfig {
             flush_every: Duration::from_millis(5),
             stash_bytes_max: limits::STASH_BYTES_MAX_DEFAULT,
             stream_bytes_max: limits::STREAM_BYTES_MAX_DEFAULT,
+            budget: Budget::default(),
             storage_keys_max: limits::STORAGE_KEYS_MAX_DEFAULT,
             max_recover_attempts: limits::RECOVER_ATTEMPTS_MAX_DEFAULT,
             max_age: limits::MAX_AGE_DEFAULT,

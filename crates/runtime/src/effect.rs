@@ -151,6 +151,7 @@ where
                     "effect {effect_id} not started: the run was cancelled"
                 )));
             }
+            crate::budget::admit_effect(raw)?;
             let token = unguessable_hex()
                 .map_err(|e| AgentError::Runtime(format!("no randomness for an idempotency key: {e}")))?;
             let entry = LedgerEntry {

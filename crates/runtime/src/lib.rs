@@ -21,6 +21,7 @@
 pub mod agent;
 mod alarm;
 mod approval;
+mod budget;
 pub mod clock;
 mod config;
 mod effect;
@@ -49,7 +50,7 @@ pub use agent::Ctx;
 pub use agent::{Agent, AlarmEvent, ExhaustedAction, Recovered, RecoveryReason};
 pub use alarm::{Alarm, AlarmAt, AlarmSpec, CronSchedule};
 pub use approval::{ApproveOutcome, PendingApproval};
-pub use config::{DurabilityMode, RuntimeConfig, parse_bytes, parse_range};
+pub use config::{Budget, DurabilityMode, RuntimeConfig, parse_bytes, parse_range};
 pub use durafiber_store::tables::{
     AlarmRecord, ApprovalRecord, DeadLetter, Decision, LedgerEntry, Receipt, RunRecord, RunStatus,
     StashRecord,

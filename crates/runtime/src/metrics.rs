@@ -109,6 +109,8 @@ pub struct Metrics {
     pub effects_prevented: Counter,
     /// Runs escalated to a human.
     pub escalations: Counter,
+    /// Runs stopped by their budget.
+    pub budget_stops: Counter,
     /// Effects performed: receipts committed.
     pub effects: Counter,
     /// Time from activation to the actor being ready.
@@ -145,6 +147,8 @@ pub struct MetricsSnapshot {
     pub effects_prevented: u64,
     /// Runs escalated to a human.
     pub escalations: u64,
+    /// Runs stopped by their budget.
+    pub budget_stops: u64,
     /// Effects performed: receipts committed.
     pub effects: u64,
     /// Time from activation to the actor being ready.
@@ -170,6 +174,7 @@ impl Default for Metrics {
             dead_letters: Counter::new("durafiber_dead_letters_total"),
             effects_prevented: Counter::new("durafiber_effects_prevented_total"),
             escalations: Counter::new("durafiber_escalations_total"),
+            budget_stops: Counter::new("durafiber_budget_stops_total"),
             effects: Counter::new("durafiber_effects_total"),
             cold_start: Histogram::new("durafiber_cold_start_seconds"),
             recover_latency: Histogram::new("durafiber_recover_latency_seconds"),
@@ -195,6 +200,7 @@ pub fn describe() {
         (&m.dead_letters, "Alarms dead-lettered."),
         (&m.effects_prevented, "Effects answered from their committed receipt instead of called again."),
         (&m.escalations, "Runs escalated to a human."),
+        (&m.budget_stops, "Runs stopped by their budget (effects, cost units, wall time or recoveries)."),
         (&m.effects, "Effects performed: receipts committed."),
     ];
     for (counter, help) in counters {
@@ -234,6 +240,7 @@ impl Metrics {
             dead_letters: self.dead_letters.get(),
             effects_prevented: self.effects_prevented.get(),
             escalations: self.escalations.get(),
+            budget_stops: self.budget_stops.get(),
             effects: self.effects.get(),
             cold_start: self.cold_start.summary(),
             recover_latency: self.recover_latency.summary(),

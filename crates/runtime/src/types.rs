@@ -6,7 +6,10 @@ use std::{fmt, ops::Deref, str::FromStr};
 use durafiber_store::tables::{self, RunStatus};
 use serde::{Deserialize, Serialize};
 
-use crate::{config::DurabilityMode, error::RuntimeError};
+use crate::{
+    config::{Budget, DurabilityMode},
+    error::RuntimeError,
+};
 
 /// A run's id: the handle `start` mints once and every later call names the run by.
 ///
@@ -108,6 +111,9 @@ pub struct RunOptions {
     pub durability: Option<DurabilityMode>,
     /// Whether a running fiber holds a keep-alive (no idle eviction while it runs).
     pub fiber_keep_alive: Option<bool>,
+    /// What the run may spend, over the runtime's `budget`.
+    #[serde(default)]
+    pub budget: Budget,
 }
 
 impl RunOptions {

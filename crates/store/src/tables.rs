@@ -18,6 +18,7 @@
 //! | alarm_retries | `q` run_id NUL name NUL scheduled_at_ms (u64 BE) | [`AlarmRecord`] |
 //! | stream    | `b` run_id NUL seq (u64 BE)           | [`StreamChunkRecord`] |
 //! | stream_heads | `h` run_id                         | [`StreamHead`]   |
+//! | budgets   | `f` run_id                            | [`BudgetRecord`] |
 //! | dead      | `x` run_id NUL name NUL dead_at_ms     | [`DeadLetter`]   |
 //! | storage   | `g` run_id NUL key                    | JSON text        |
 
@@ -61,6 +62,8 @@ pub const ALARM_RETRIES: Table = Table { name: "alarm_retries", prefix: b'q' };
 pub const STREAM: Table = Table { name: "stream", prefix: b'b' };
 /// Each run's stream length and size, written with its chunks.
 pub const STREAM_HEADS: Table = Table { name: "stream_heads", prefix: b'h' };
+/// Each run's budget and what it has spent, for runs that have one.
+pub const BUDGETS: Table = Table { name: "budgets", prefix: b'f' };
 /// Abandoned alarms.
 pub const DEAD_LETTERS: Table = Table { name: "dead_letters", prefix: b'x' };
 /// External events sent to a run and not consumed yet, FIFO per name.
@@ -97,7 +100,7 @@ pub fn run_of_key(key: &[u8]) -> Option<&str> {
 }
 
 /// Every table, for inspection and tests.
-pub const ALL: [Table; 23] = [
+pub const ALL: [Table; 24] = [
     RUNS,
     RUN_KEYS,
     OPEN_RUNS,
@@ -111,6 +114,7 @@ pub const ALL: [Table; 23] = [
     ALARM_RETRIES,
     STREAM,
     STREAM_HEADS,
+    BUDGETS,
     DEAD_LETTERS,
     SLEEPS,
     META,
@@ -489,6 +493,40 @@ pub struct CronRecord {
     pub expr: String,
     /// The IANA time zone it is read in; `None` is UTC.
     pub time_zone: Option<String>,
+}
+
+/// What one run may spend, fixed at its start; `None` is no limit.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetLimits {
+    /// Effects started (prepared), at most.
+    pub effects_max: Option<u32>,
+    /// Cost units charged (`ctx.charge`), at most.
+    pub cost_units_max: Option<u64>,
+    /// Time from the run's start, ms, at most.
+    pub wall_time_max_ms: Option<u64>,
+    /// Recoveries (fiber attempts after the first), at most.
+    pub recoveries_max: Option<u32>,
+}
+
+/// What a run has spent against its budget, written with its boundaries.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetSpent {
+    /// Effects started.
+    pub effects: u32,
+    /// Cost units charged.
+    pub cost_units: u64,
+}
+
+/// A run's budget and its spending.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetRecord {
+    /// The limits.
+    pub limits: BudgetLimits,
+    /// The spending.
+    pub spent: BudgetSpent,
 }
 
 /// One chunk of a run's output stream.

@@ -58,6 +58,24 @@ pub struct StartOptions {
     pub durability: Option<String>,
     /// Keep the fiber alive while it waits (no hibernation).
     pub fiber_keep_alive: Option<bool>,
+    /// What the run may spend: `effects_max`, `cost_units_max`, `wall_time_max` (`"2h"`),
+    /// `recoveries_max`; the server's `budget` fills what is absent.
+    #[serde(default)]
+    pub budget: Option<BudgetBody>,
+}
+
+/// A run's budget, as `POST /runs` takes it.
+#[derive(Debug, Deserialize, Default, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetBody {
+    /// Effects the run may start.
+    pub effects_max: Option<u32>,
+    /// Cost units it may charge.
+    pub cost_units_max: Option<u64>,
+    /// How long after its start it may go on starting work (`"90m"`, `"2h"`).
+    pub wall_time_max: Option<String>,
+    /// Recoveries it may have.
+    pub recoveries_max: Option<u32>,
 }
 
 /// `POST /runs/{id}/cancel`.
@@ -262,6 +280,8 @@ pub struct RunView {
     pub approvals: Vec<ApprovalShown>,
     /// Its abandoned alarms.
     pub dead_letters: Vec<DeadLetterShown>,
+    /// Its budget and what it has spent; null for a run with no budget that charged nothing.
+    pub budget: Option<durafiber_store::tables::BudgetRecord>,
     /// The audited requests about it.
     pub audit: Vec<AuditRecord>,
 }
@@ -410,6 +430,10 @@ pub struct AlarmShown {
     pub generation: u64,
     /// Set by the runtime itself (an escalation, a sleep's wake, an event wait's timeout).
     pub system: Option<SystemAlarm>,
+    /// A cron alarm's schedule.
+    pub cron: Option<durafiber_store::tables::CronRecord>,
+    /// Failed occurrences of a periodic or cron alarm being retried, each as an alarm record.
+    pub retrying: Vec<Value>,
 }
 
 /// An approval, its payload as JSON.

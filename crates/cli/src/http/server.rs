@@ -12,9 +12,9 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use durafiber_runtime::{
-    Alarm, AlarmAt, AlarmSpec, ApproveOutcome, CronSchedule, Decision, DurabilityMode, Event, ListFilter,
-    MetricsSnapshot, PendingApproval, RunOptions, RunPage, RunState, RuntimeError, StartOutcome, StreamChunk,
-    canonical_json,
+    Alarm, AlarmAt, AlarmSpec, ApproveOutcome, Budget, CronSchedule, Decision, DurabilityMode, Event,
+    ListFilter, MetricsSnapshot, PendingApproval, RunOptions, RunPage, RunState, RuntimeError, StartOutcome,
+    StreamChunk, canonical_json,
 };
 use futures::StreamExt as _;
 
@@ -44,13 +44,28 @@ pub(super) async fn start(State(app): State<AppState>, headers: HeaderMap, body:
     let options = body.options.unwrap_or_default();
     let input = canonical_json(&body.input).map_err(bad_request)?;
     let durability = options.durability.as_deref().map(DurabilityMode::parse).transpose()?;
+    let budget = match options.budget {
+        None => Budget::default(),
+        Some(b) => Budget {
+            effects_max: b.effects_max,
+            cost_units_max: b.cost_units_max,
+            wall_time_max: b
+                .wall_time_max
+                .map(|text| {
+                    humantime::parse_duration(&text)
+                        .map_err(|e| bad_request(format!("budget.wall_time_max {text:?}: {e}")))
+                })
+                .transpose()?,
+            recoveries_max: b.recoveries_max,
+        },
+    };
     let out = app
         .runtime
         .start_json(
             &body.kind,
             &key,
             &input,
-            RunOptions { durability, fiber_keep_alive: options.fiber_keep_alive },
+            RunOptions { durability, fiber_keep_alive: options.fiber_keep_alive, budget },
         )
         .await?;
     let status = if out.accepted { StatusCode::CREATED } else { StatusCode::OK };

@@ -40,6 +40,8 @@ pub(crate) struct RunCell {
     /// Output chunks emitted since the last boundary; `None` until the first emit of this
     /// activation reads the stream's head.
     pub stream: Mutex<Option<super::stream_buffer::StreamBuffer>>,
+    /// Effects admitted and cost units charged since the last boundary.
+    pub spend: Mutex<durafiber_store::tables::BudgetSpent>,
 }
 
 /// What a waiting `request_approval` is woken with.
@@ -76,6 +78,7 @@ impl RunCell {
             pending_exit: Mutex::new(None),
             storage_keys: tokio::sync::Mutex::new(None),
             stream: Mutex::new(None),
+            spend: Mutex::new(Default::default()),
         }
     }
 

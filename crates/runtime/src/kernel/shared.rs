@@ -266,7 +266,7 @@ impl Shared {
             .update_run(&cell.run_id, |run, batch| {
                 self.check_not_evicted(cell)?;
                 let changed = change(run, batch)?;
-                streamed = changed && self.stage_stream(cell, batch)?;
+                streamed = changed && self.stage_pending(cell, batch)?;
                 Ok(changed)
             })
             .await;
@@ -301,7 +301,7 @@ impl Shared {
         self.check_not_evicted(cell)?;
         if !cell.recovering.load(Ordering::SeqCst) {
             let mut batch = batch;
-            let streamed = self.stage_stream(cell, &mut batch)?;
+            let streamed = self.stage_pending(cell, &mut batch)?;
             let committed = self.store.commit(batch, durability).await;
             self.streamed(cell, streamed, committed.is_ok());
             committed?;
@@ -318,8 +318,10 @@ impl Shared {
         Ok(())
     }
 
-    /// Takes the run's output chunks emitted since its last boundary into `batch`.
-    fn stage_stream(&self, cell: &RunCell, batch: &mut Batch) -> Result<bool, RuntimeError> {
+    /// Takes the run's output chunks emitted, and what it spent, since its last boundary
+    /// into `batch`; true when there were chunks.
+    fn stage_pending(&self, cell: &RunCell, batch: &mut Batch) -> Result<bool, RuntimeError> {
+        super::spend::stage(&self.store, &cell.run_id, &mut cell.spend.lock(), batch)?;
         match cell.stream.lock().as_mut() {
             Some(buffer) => Ok(buffer.stage_into(&cell.run_id, batch)?),
             None => Ok(false),

@@ -37,6 +37,13 @@ pub(crate) fn plan(shared: &Shared, run: &RunRecord) -> Plan {
             // interrupted: its age is the wait's, not a sign that it is stuck.
             if reason != RecoveryReason::Resumed && now.saturating_sub(run.created_at_ms) > max_age_ms {
                 Plan::Escalate("max_age".into())
+            } else if reason != RecoveryReason::Resumed
+                && crate::budget::recoveries_crossed(shared, run).unwrap_or_else(|e| {
+                    tracing::error!(run_id = %run.run_id, error = %e, "budget unreadable; recovering");
+                    false
+                })
+            {
+                Plan::Escalate("budget: recoveries".into())
             } else if run.recover_attempts >= shared.config.max_recover_attempts {
                 // A failing hook is escalated where it fails; what is left here are recoveries
                 // the process died in, with no boundary committed since.

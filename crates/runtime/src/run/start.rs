@@ -94,6 +94,7 @@ pub(crate) async fn start(
     };
     let mut batch = durafiber_store::Batch::new();
     batch.put(tables::RUN_KEYS, key_record, &run.run_id)?;
+    crate::budget::stage_at_start(&mut batch, &run.run_id, options.budget.or(shared.config.budget).limits())?;
     shared.commit_run(&run, batch).await?;
     drop(_guard);
     Metrics::bump(&shared.metrics.starts);

@@ -3,7 +3,9 @@
 
 use durafiber_store::{
     Store,
-    tables::{self, ApprovalRecord, DeadLetter, LedgerEntry, RunRecord, RunStatus, StashRecord},
+    tables::{
+        self, ApprovalRecord, BudgetRecord, DeadLetter, LedgerEntry, RunRecord, RunStatus, StashRecord,
+    },
 };
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -38,6 +40,8 @@ pub struct RunInspection {
     pub approvals: Vec<ApprovalRecord>,
     /// Its abandoned alarms.
     pub dead_letters: Vec<DeadLetter>,
+    /// Its budget and what it has spent, if it has one (or has charged).
+    pub budget: Option<BudgetRecord>,
 }
 
 impl Serialize for RunInspection {
@@ -45,7 +49,7 @@ impl Serialize for RunInspection {
         let fields = serde_json::json!({
             "run": self.run, "stash": self.stash, "stash_version": self.stash_version, "ledger": self.ledger,
             "alarms": self.alarms,
-            "approvals": self.approvals, "dead_letters": self.dead_letters,
+            "approvals": self.approvals, "dead_letters": self.dead_letters, "budget": self.budget,
         });
         embed_json_texts(fields).serialize(serializer)
     }
@@ -232,6 +236,7 @@ impl Runtime {
             alarms: alarm::list(&self.shared, run_id)?,
             approvals: scan_all(store, tables::APPROVALS, id)?,
             dead_letters: scan_all(store, tables::DEAD_LETTERS, id)?,
+            budget: crate::kernel::spend::stored(store, run_id)?,
             run,
         })
     }

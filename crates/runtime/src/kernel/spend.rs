@@ -1,0 +1,37 @@
+//! What a live run has spent since its last boundary: effects admitted and cost units
+//! charged. Every boundary of the run adds it to the run's budget record in its own batch
+//! (`Shared::commit_boundary`, `Shared::update_run_from`), so spending is as durable as the
+//! work it paid for; a crash loses at most what the lost work spent.
+
+use durafiber_store::{
+    Batch, Store, StoreError,
+    tables::{self, BudgetRecord, BudgetSpent},
+};
+
+/// The key of a run's budget record.
+pub(crate) fn budget_key(run_id: &str) -> Vec<u8> {
+    tables::BUDGETS.key(&[run_id.as_bytes()])
+}
+
+/// A run's budget record as stored; `None` for a run with no budget that charged nothing.
+pub(crate) fn stored(store: &Store, run_id: &str) -> Result<Option<BudgetRecord>, StoreError> {
+    store.get(tables::BUDGETS, &budget_key(run_id))
+}
+
+/// Adds `pending` to the run's stored spending in `batch`; true when there was any.
+pub(crate) fn stage(
+    store: &Store,
+    run_id: &str,
+    pending: &mut BudgetSpent,
+    batch: &mut Batch,
+) -> Result<bool, StoreError> {
+    if *pending == BudgetSpent::default() {
+        return Ok(false);
+    }
+    let mut record = stored(store, run_id)?.unwrap_or_default();
+    record.spent.effects = record.spent.effects.saturating_add(pending.effects);
+    record.spent.cost_units = record.spent.cost_units.saturating_add(pending.cost_units);
+    *pending = BudgetSpent::default();
+    batch.put(tables::BUDGETS, budget_key(run_id), &record)?;
+    Ok(true)
+}
