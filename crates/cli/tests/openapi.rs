@@ -240,6 +240,28 @@ async fn every_operation_is_documented_and_every_answer_matches_its_schema() {
     let (s, events) = c.call(Method::GET, "/runs/{id}/stream", sse).await;
     let text = events.as_str().unwrap_or_default();
     assert!(s == 200 && text.matches("event: chunk").count() == 2 && text.contains("event: end"), "{events}");
+    // The kill switch: a kind, then one run.
+    let why = json!({"reason": "INC-7"}).to_string();
+    let (s, _) = c
+        .call(Method::POST, "/kinds/{kind}/pause", http.post(url("/kinds/writer/pause")).body(why.clone()))
+        .await;
+    assert_eq!(s, 200);
+    let (s, _) = c
+        .call(Method::POST, "/kinds/{kind}/pause", http.post(url("/kinds/nobody/pause")).body(why.clone()))
+        .await;
+    assert!((400..500).contains(&s), "an unknown kind is refused");
+    let (_, held) = c.call(Method::GET, "/paused", http.get(url("/paused"))).await;
+    assert_eq!(held["kinds"][0]["target"], "writer", "{held}");
+    let (_, resumed) =
+        c.call(Method::POST, "/kinds/{kind}/resume", http.post(url("/kinds/writer/resume"))).await;
+    assert_eq!(resumed["changed"], true, "{resumed}");
+    let (s, _) = c
+        .call(Method::POST, "/runs/{id}/pause", http.post(url(&format!("{order_run}/pause"))).body(why))
+        .await;
+    assert_eq!(s, 200);
+    let (_, resumed) =
+        c.call(Method::POST, "/runs/{id}/resume", http.post(url(&format!("{order_run}/resume")))).await;
+    assert_eq!(resumed["changed"], true, "{resumed}");
     let (s, _) = c.call(Method::GET, "/runs/{id}/stream", http.get(url("/runs/run_nope/stream"))).await;
     assert_eq!(s, 404);
 

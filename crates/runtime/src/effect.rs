@@ -126,6 +126,8 @@ where
         )));
     }
     tables::check_id("effect id", effect_id).map_err(AgentError::fail)?;
+    // An operator's pause holds the run here, before anything goes out.
+    crate::pause::gate(raw).await?;
     let shared = raw.shared.clone();
     let run_id = raw.cell.run_id.clone();
     let (_, args_hash) = json::canonical_with_hash(&args).map_err(AgentError::Serialization)?;

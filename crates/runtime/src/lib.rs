@@ -35,6 +35,7 @@ mod json;
 mod kernel;
 pub mod limits;
 mod metrics;
+mod pause;
 pub mod rng;
 mod run;
 mod runtime;
@@ -52,8 +53,8 @@ pub use alarm::{Alarm, AlarmAt, AlarmSpec, CronSchedule};
 pub use approval::{ApproveOutcome, PendingApproval};
 pub use config::{Budget, DurabilityMode, RuntimeConfig, parse_bytes, parse_range};
 pub use durafiber_store::tables::{
-    AlarmRecord, ApprovalRecord, DeadLetter, Decision, LedgerEntry, Receipt, RunRecord, RunStatus,
-    StashRecord,
+    AlarmRecord, ApprovalRecord, BudgetLimits, BudgetRecord, BudgetSpent, CronRecord, DeadLetter, Decision,
+    LedgerEntry, PauseRecord, Receipt, RunRecord, RunStatus, StashRecord,
 };
 pub use effect::{EffectError, EffectOptions};
 pub use error::{AgentError, LivenessViolation, RuntimeError};
@@ -64,7 +65,7 @@ pub use json::{HASH_V2_PREFIX, canonical as canonical_json, hash_matches, payloa
 pub use kernel::shared::CrashHook;
 pub use metrics::{HistogramSummary, MetricsSnapshot, describe as describe_metrics};
 pub use run::start::StartOutcome;
-pub use runtime::{Gauges, ListFilter, RunInspection, RunPage, Runtime, RuntimeBuilder, testing};
+pub use runtime::{Gauges, ListFilter, PausedNow, RunInspection, RunPage, Runtime, RuntimeBuilder, testing};
 pub use secret::{Destination, Secret, SecretRefusal, Secrets};
 pub use storage::{Storage, Transaction};
 pub use stream::StreamChunk;

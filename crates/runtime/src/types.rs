@@ -148,11 +148,13 @@ pub enum RunState {
     Cancelled,
     /// A human must look.
     Escalated,
+    /// Held by an operator.
+    Paused,
 }
 
 impl RunState {
     /// Every state, in the order a run can reach them.
-    pub const ALL: [RunState; 9] = [
+    pub const ALL: [RunState; 10] = [
         RunState::Accepted,
         RunState::Running,
         RunState::WaitingApproval,
@@ -162,6 +164,7 @@ impl RunState {
         RunState::Failed,
         RunState::Cancelled,
         RunState::Escalated,
+        RunState::Paused,
     ];
 
     /// The state of `status`.
@@ -176,6 +179,7 @@ impl RunState {
             RunStatus::Failed { .. } => RunState::Failed,
             RunStatus::Cancelled { .. } => RunState::Cancelled,
             RunStatus::Escalated { .. } => RunState::Escalated,
+            RunStatus::Paused { .. } => RunState::Paused,
         }
     }
 
@@ -191,6 +195,7 @@ impl RunState {
             RunState::Failed => "failed",
             RunState::Cancelled => "cancelled",
             RunState::Escalated => "escalated",
+            RunState::Paused => "paused",
         }
     }
 }

@@ -19,6 +19,8 @@
 //! | stream    | `b` run_id NUL seq (u64 BE)           | [`StreamChunkRecord`] |
 //! | stream_heads | `h` run_id                         | [`StreamHead`]   |
 //! | budgets   | `f` run_id                            | [`BudgetRecord`] |
+//! | paused_kinds | `z` kind                           | [`PauseRecord`]  |
+//! | paused_runs | `j` run_id                          | [`PauseRecord`]  |
 //! | dead      | `x` run_id NUL name NUL dead_at_ms     | [`DeadLetter`]   |
 //! | storage   | `g` run_id NUL key                    | JSON text        |
 
@@ -64,6 +66,10 @@ pub const STREAM: Table = Table { name: "stream", prefix: b'b' };
 pub const STREAM_HEADS: Table = Table { name: "stream_heads", prefix: b'h' };
 /// Each run's budget and what it has spent, for runs that have one.
 pub const BUDGETS: Table = Table { name: "budgets", prefix: b'f' };
+/// Agent kinds an operator paused.
+pub const PAUSED_KINDS: Table = Table { name: "paused_kinds", prefix: b'z' };
+/// Runs an operator paused one by one.
+pub const PAUSED_RUNS: Table = Table { name: "paused_runs", prefix: b'j' };
 /// Abandoned alarms.
 pub const DEAD_LETTERS: Table = Table { name: "dead_letters", prefix: b'x' };
 /// External events sent to a run and not consumed yet, FIFO per name.
@@ -86,11 +92,13 @@ pub const AUDIT: Table = Table { name: "audit", prefix: b'u' };
 pub const AUDIT_BY_RUN: Table = Table { name: "audit_by_run", prefix: b'y' };
 
 /// The run a record belongs to, read from its key: the first key part for every table but
-/// `run_keys`, `meta`, `tokens` and `audit` (which belong to no run) and `alarm_due` (after
+/// `run_keys`, `meta`, `tokens`, `audit` and `paused_kinds` (which belong to no run) and `alarm_due` (after
 /// its due time).
 pub fn run_of_key(key: &[u8]) -> Option<&str> {
     let table = Table::of_key(key)?;
-    if [RUN_KEYS.prefix, META.prefix, TOKENS.prefix, AUDIT.prefix].contains(&table.prefix) {
+    if [RUN_KEYS.prefix, META.prefix, TOKENS.prefix, AUDIT.prefix, PAUSED_KINDS.prefix]
+        .contains(&table.prefix)
+    {
         return None;
     }
     let rest = key.get(1..)?;
@@ -100,7 +108,7 @@ pub fn run_of_key(key: &[u8]) -> Option<&str> {
 }
 
 /// Every table, for inspection and tests.
-pub const ALL: [Table; 24] = [
+pub const ALL: [Table; 26] = [
     RUNS,
     RUN_KEYS,
     OPEN_RUNS,
@@ -115,6 +123,8 @@ pub const ALL: [Table; 24] = [
     STREAM,
     STREAM_HEADS,
     BUDGETS,
+    PAUSED_KINDS,
+    PAUSED_RUNS,
     DEAD_LETTERS,
     SLEEPS,
     META,
@@ -333,6 +343,12 @@ pub enum RunStatus {
         /// The event it waits for.
         name: String,
     },
+    /// Held by an operator (`pause_kind`, `pause_run`) at its start or before an effect; a
+    /// resume lets it continue where it stopped.
+    Paused {
+        /// Why, as the operator said.
+        reason: String,
+    },
 }
 
 impl RunStatus {
@@ -359,6 +375,7 @@ impl RunStatus {
             RunStatus::Failed { .. } => "failed",
             RunStatus::Cancelled { .. } => "cancelled",
             RunStatus::Escalated { .. } => "escalated",
+            RunStatus::Paused { .. } => "paused",
         }
     }
 }
@@ -483,6 +500,16 @@ pub enum SystemAlarm {
         /// The event's name.
         name: String,
     },
+}
+
+/// An operator's pause of a kind or a run.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PauseRecord {
+    /// Why, as the operator said.
+    pub reason: String,
+    /// When, ms.
+    pub paused_at_ms: u64,
 }
 
 /// A cron alarm's schedule.

@@ -86,6 +86,45 @@ pub struct CancelBody {
     pub reason: Option<String>,
 }
 
+/// `POST /kinds/{kind}/pause`, `POST /runs/{id}/pause`.
+#[derive(Debug, Deserialize, Default, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PauseBody {
+    /// Why: shown as the runs' `Paused{reason}`.
+    pub reason: String,
+}
+
+/// The answer to a pause or a resume.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PauseOutcome {
+    /// The kind or the run.
+    pub target: String,
+    /// Whether it is paused now.
+    pub paused: bool,
+    /// For a resume: whether it was paused before.
+    pub changed: bool,
+}
+
+/// `GET /paused`: what operators hold now.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Paused {
+    /// Paused kinds, by name.
+    pub kinds: Vec<PausedEntry>,
+    /// Runs paused one by one.
+    pub runs: Vec<PausedEntry>,
+}
+
+/// One pause.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PausedEntry {
+    /// The kind or the run id.
+    pub target: String,
+    /// Why.
+    pub reason: String,
+    /// Since when, ms.
+    pub paused_at_ms: u64,
+}
+
 /// The answer to a cancel.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Cancelled {

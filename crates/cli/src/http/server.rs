@@ -20,7 +20,8 @@ use futures::StreamExt as _;
 
 use super::schema::{
     AlarmBody, AlarmCancelled, AlarmSet, ApproveBody, CancelBody, Cancelled, ErrorBody, EventBody, EventSent,
-    Handled, Health, Reply, RunView, StartBody, StorageEntry, StoragePage,
+    Handled, Health, PauseBody, PauseOutcome, Paused, PausedEntry, Reply, RunView, StartBody, StorageEntry,
+    StoragePage,
 };
 
 use super::{
@@ -120,6 +121,61 @@ pub(super) async fn cancel(
     let body: CancelBody = if body.is_empty() { CancelBody::default() } else { parse(&body)? };
     let reason = body.reason.unwrap_or_else(|| "cancelled through the API".into());
     ok(Cancelled { status: app.runtime.cancel(&run_id, &reason).await?, run_id })
+}
+
+#[utoipa::path(post, path = "/kinds/{kind}/pause", tag = "operations", params(("kind" = String, Path, description = "the agent kind")),
+    request_body = PauseBody,
+    responses((status = 200, description = "paused: its runs park at their next effect or start, new starts park, alarms are held", body = PauseOutcome), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
+pub(super) async fn pause_kind(
+    State(app): State<AppState>,
+    Path(kind): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    let body: PauseBody = parse(&body)?;
+    app.runtime.pause_kind(&kind, &body.reason).await?;
+    ok(PauseOutcome { target: kind, paused: true, changed: true })
+}
+
+#[utoipa::path(post, path = "/kinds/{kind}/resume", tag = "operations", params(("kind" = String, Path, description = "the agent kind")),
+    responses((status = 200, description = "resumed (or was not paused): its runs continue in the order they were paused", body = PauseOutcome), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
+pub(super) async fn resume_kind(State(app): State<AppState>, Path(kind): Path<String>) -> ApiResult {
+    let changed = app.runtime.resume_kind(&kind).await?;
+    ok(PauseOutcome { target: kind, paused: false, changed })
+}
+
+#[utoipa::path(post, path = "/runs/{id}/pause", tag = "runs", params(("id" = String, Path, description = "the run id")),
+    request_body = PauseBody,
+    responses((status = 200, description = "paused: it parks at its next effect", body = PauseOutcome), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
+pub(super) async fn pause_run(
+    State(app): State<AppState>,
+    Path(run_id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    let body: PauseBody = parse(&body)?;
+    app.runtime.pause_run(&run_id, &body.reason).await?;
+    ok(PauseOutcome { target: run_id, paused: true, changed: true })
+}
+
+#[utoipa::path(post, path = "/runs/{id}/resume", tag = "runs", params(("id" = String, Path, description = "the run id")),
+    responses((status = 200, description = "resumed (or was not paused by itself)", body = PauseOutcome), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
+pub(super) async fn resume_run(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiResult {
+    let changed = app.runtime.resume_run(&run_id).await?;
+    ok(PauseOutcome { target: run_id, paused: false, changed })
+}
+
+#[utoipa::path(get, path = "/paused", tag = "operations",
+    responses((status = 200, description = "the kinds and runs paused now", body = Paused), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
+pub(super) async fn paused(State(app): State<AppState>) -> ApiResult {
+    let entry = |(target, p): (String, durafiber_runtime::PauseRecord)| PausedEntry {
+        target,
+        reason: p.reason,
+        paused_at_ms: p.paused_at_ms,
+    };
+    let now = app.runtime.paused();
+    ok(Paused {
+        kinds: now.kinds.into_iter().map(entry).collect(),
+        runs: now.runs.into_iter().map(entry).collect(),
+    })
 }
 
 #[utoipa::path(post, path = "/runs/{id}/messages", tag = "runs", params(("id" = String, Path, description = "the run id")),

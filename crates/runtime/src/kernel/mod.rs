@@ -9,6 +9,7 @@ pub(crate) mod alarm_window;
 pub(crate) mod busy;
 pub(crate) mod cell;
 pub(crate) mod inbox;
+pub(crate) mod pauses;
 pub(crate) mod registry;
 pub(crate) mod shared;
 pub(crate) mod spend;

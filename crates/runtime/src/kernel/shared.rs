@@ -59,6 +59,10 @@ pub(crate) struct Shared {
     pub status_version: watch::Sender<u64>,
     /// Bumped whenever output chunks become durable, so stream readers sleep until then.
     pub stream_version: watch::Sender<u64>,
+    /// Kinds and runs operators paused, and the alarms held for them.
+    pub pauses: Mutex<super::pauses::Pauses>,
+    /// Bumped on every pause and resume, so a held fiber wakes to look again.
+    pub pause_version: watch::Sender<u64>,
     /// Runs to re-activate at a time (recovery backoff, re-activation after eviction).
     pub wakeups: Mutex<BTreeSet<(u64, String)>>,
     /// Wakes the system-clock driver when a deadline moved earlier.
@@ -162,6 +166,11 @@ impl Shared {
             }
         }
         json::canonical_with_hash(&value)
+    }
+
+    /// Why a run of `kind` is held by an operator, if it is.
+    pub fn pause_reason(&self, kind: &str, run_id: &str) -> Option<String> {
+        self.pauses.lock().reason(kind, run_id)
     }
 
     pub fn status_changed(&self) {

@@ -21,6 +21,7 @@ use crate::{
     kernel::shared::Shared,
     limits,
     metrics::Metrics,
+    pause,
     run::actor,
     sleep,
 };
@@ -169,6 +170,10 @@ async fn deliver(
             return Ok(());
         }
         None => {}
+    }
+    if pause::hold_alarm(shared, &run.kind, run_id, due_name) {
+        shared.event(run_id, "alarm_held", format!("{name}: the run is paused"));
+        return Ok(());
     }
     let cron = crate::alarm::cron_of(shared, run_id, name)?;
     if let Slot::Retry { .. } = slot {

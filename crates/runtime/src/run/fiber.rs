@@ -200,6 +200,10 @@ async fn call_agent(
     };
     let mut raw = RawCtx::new(shared.clone(), cell.clone(), run.attempt);
     raw.in_fiber = true;
+    // An operator's pause holds a run before its fiber's first step.
+    if let Err(e) = crate::pause::gate(&raw).await {
+        return Ok(Err(e));
+    }
     let future = match mode {
         FiberMode::Fresh => agent.run_fiber(raw, run.input_json),
         FiberMode::Recover(reason) => {

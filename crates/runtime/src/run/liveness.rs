@@ -44,10 +44,15 @@ pub(crate) fn check(shared: &Shared) -> Result<Vec<LivenessViolation>, RuntimeEr
     Ok(violations)
 }
 
-/// Parked on a durable wait: a pending approval, or any alarm (its delivery activates the
+/// Parked on a durable wait: an operator's pause, a pending approval, or any alarm (its delivery activates the
 /// run, and activation re-enters an interrupted fiber).
 fn parked(shared: &Shared, run: &tables::RunRecord) -> Result<bool, RuntimeError> {
     let id = run.run_id.as_bytes();
+    // Held by an operator, who resumes it: a durable wait for a human.
+    if matches!(run.status, RunStatus::Paused { .. }) && shared.pause_reason(&run.kind, &run.run_id).is_some()
+    {
+        return Ok(true);
+    }
     if let RunStatus::WaitingApproval { approval_id } = &run.status {
         let key = tables::APPROVALS.key(&[id, approval_id.as_bytes()]);
         let pending = shared

@@ -90,6 +90,7 @@ impl RuntimeBuilder {
         // The runtime's setting holds whoever opened the store.
         self.store.set_flush_every(self.config.flush_every);
         let seed = self.config.seed;
+        let pauses = crate::kernel::pauses::Pauses::load(&self.store)?;
         let shared = Arc::new(Shared {
             reactivator: reactivate_boxed,
             store: self.store,
@@ -107,6 +108,8 @@ impl RuntimeBuilder {
             crash_hook: self.crash_hook,
             status_version: tokio::sync::watch::Sender::new(0),
             stream_version: tokio::sync::watch::Sender::new(0),
+            pauses: Mutex::new(pauses),
+            pause_version: tokio::sync::watch::Sender::new(0),
             wakeups: Mutex::new(BTreeSet::new()),
             driver_wake: tokio::sync::Notify::new(),
             tracked: Mutex::new(Vec::new()),

@@ -1,16 +1,25 @@
 //! What reaches a run from outside: cancellation, messages, requests, events, decisions,
 //! alarms set or cancelled, keep-alive.
 
-use durafiber_store::tables::{Decision, RunStatus};
+use durafiber_store::tables::{Decision, PauseRecord, RunStatus};
 use ractor::rpc::CallResult;
 use serde::{Serialize, de::DeserializeOwned};
 
 use super::handle::Runtime;
 use crate::{
     agent::Agent, alarm, alarm::AlarmSpec, approval, approval::ApproveOutcome, error::RuntimeError,
-    eviction::keep_alive::KeepAlive, json, kernel::inbox::RunMsg, kernel::registry::LiveRun, limits,
+    eviction::keep_alive::KeepAlive, json, kernel::inbox::RunMsg, kernel::registry::LiveRun, limits, pause,
     run::actor::activate,
 };
+
+/// What operators hold now ([`Runtime::paused`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PausedNow {
+    /// Paused kinds, by name.
+    pub kinds: std::collections::BTreeMap<String, PauseRecord>,
+    /// Runs paused one by one, by id.
+    pub runs: std::collections::BTreeMap<String, PauseRecord>,
+}
 
 impl Runtime {
     /// Asks a run to stop (§2.3). The fiber sees the signal; no new effect starts after it.
@@ -161,6 +170,46 @@ impl Runtime {
     /// Cancels a run's alarm; true when it existed.
     pub async fn cancel_alarm(&self, run_id: &str, name: &str) -> Result<bool, RuntimeError> {
         alarm::cancel(&self.shared, run_id, name).await
+    }
+
+    /// The kill switch for a kind of agent: its runs park at their next effect or their
+    /// fiber's start (`Paused{reason}`, durable, the same run id), new starts are accepted and
+    /// park, alarms are held; [`Runtime::resume_kind`] lets all of it continue in order. The
+    /// pause is stored: a restart keeps it.
+    ///
+    /// ```no_run
+    /// # async fn f(runtime: durafiber_runtime::Runtime) -> Result<(), durafiber_runtime::RuntimeError> {
+    /// runtime.pause_kind("researcher", "runaway model spend, INC-4411").await?;
+    /// // ... fix, deploy ...
+    /// runtime.resume_kind("researcher").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn pause_kind(&self, kind: &str, reason: &str) -> Result<(), RuntimeError> {
+        pause::pause(&self.shared, pause::Target::Kind(kind), reason).await
+    }
+
+    /// Lifts [`Runtime::pause_kind`]; false when the kind was not paused.
+    pub async fn resume_kind(&self, kind: &str) -> Result<bool, RuntimeError> {
+        pause::resume(&self.shared, pause::Target::Kind(kind)).await
+    }
+
+    /// [`Runtime::pause_kind`] for one run.
+    pub async fn pause_run(&self, run_id: &str, reason: &str) -> Result<(), RuntimeError> {
+        pause::pause(&self.shared, pause::Target::Run(run_id), reason).await
+    }
+
+    /// Lifts [`Runtime::pause_run`]; false when the run was not paused by itself.
+    pub async fn resume_run(&self, run_id: &str) -> Result<bool, RuntimeError> {
+        pause::resume(&self.shared, pause::Target::Run(run_id)).await
+    }
+
+    /// The kinds and the runs that are paused now, with why and since when.
+    pub fn paused(&self) -> PausedNow {
+        let pauses = self.shared.pauses.lock();
+        PausedNow {
+            kinds: pauses.kinds.iter().map(|(k, p)| (k.clone(), p.clone())).collect(),
+            runs: pauses.runs.iter().map(|(r, p)| (r.clone(), p.clone())).collect(),
+        }
     }
 
     /// Holds `run_id` live (activating it) until the guard is released or dropped.

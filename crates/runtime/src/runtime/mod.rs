@@ -14,4 +14,5 @@ mod inspect;
 pub mod testing;
 
 pub use handle::{Runtime, RuntimeBuilder};
+pub use inbound::PausedNow;
 pub use inspect::{Gauges, ListFilter, RunInspection, RunPage};
