@@ -133,6 +133,7 @@ async fn charges_past_the_cost_limit_stop_the_run_at_its_next_boundary() {
     assert_eq!(upstream.lock().expect("upstream").len(), 3);
     let spent = rt.inspect(&run_id).expect("inspect").budget.expect("a budget").spent;
     assert_eq!(spent.cost_units, 120, "the crossing charge is recorded with the stopping boundary");
+    assert_eq!(rt.metrics().cost_units, 120);
     rt.shutdown().await;
 }
 

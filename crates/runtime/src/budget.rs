@@ -99,6 +99,7 @@ pub(crate) fn charge(raw: &RawCtx, units: u64, what: &str) {
         let mut pending = raw.cell.spend.lock();
         pending.cost_units = pending.cost_units.saturating_add(units);
     }
+    Metrics::add(&raw.shared.metrics.cost_units, units);
     raw.shared.event(&raw.cell.run_id, "charged", format!("{units} units: {what}"));
 }
 

@@ -111,6 +111,8 @@ pub struct Metrics {
     pub escalations: Counter,
     /// Runs stopped by their budget.
     pub budget_stops: Counter,
+    /// Cost units charged by runs (`ctx.charge`).
+    pub cost_units: Counter,
     /// Effects performed: receipts committed.
     pub effects: Counter,
     /// Time from activation to the actor being ready.
@@ -149,6 +151,8 @@ pub struct MetricsSnapshot {
     pub escalations: u64,
     /// Runs stopped by their budget.
     pub budget_stops: u64,
+    /// Cost units charged by runs (`ctx.charge`).
+    pub cost_units: u64,
     /// Effects performed: receipts committed.
     pub effects: u64,
     /// Time from activation to the actor being ready.
@@ -175,6 +179,7 @@ impl Default for Metrics {
             effects_prevented: Counter::new("durafiber_effects_prevented_total"),
             escalations: Counter::new("durafiber_escalations_total"),
             budget_stops: Counter::new("durafiber_budget_stops_total"),
+            cost_units: Counter::new("durafiber_cost_units_total"),
             effects: Counter::new("durafiber_effects_total"),
             cold_start: Histogram::new("durafiber_cold_start_seconds"),
             recover_latency: Histogram::new("durafiber_recover_latency_seconds"),
@@ -201,6 +206,7 @@ pub fn describe() {
         (&m.effects_prevented, "Effects answered from their committed receipt instead of called again."),
         (&m.escalations, "Runs escalated to a human."),
         (&m.budget_stops, "Runs stopped by their budget (effects, cost units, wall time or recoveries)."),
+        (&m.cost_units, "Cost units charged by runs with ctx.charge."),
         (&m.effects, "Effects performed: receipts committed."),
     ];
     for (counter, help) in counters {
@@ -223,8 +229,12 @@ pub fn describe() {
 
 impl Metrics {
     pub(crate) fn bump(counter: &Counter) {
-        counter.value.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(counter.name).increment(1);
+        Metrics::add(counter, 1);
+    }
+
+    pub(crate) fn add(counter: &Counter, n: u64) {
+        counter.value.fetch_add(n, Ordering::Relaxed);
+        metrics::counter!(counter.name).increment(n);
     }
 
     /// A copy of every counter.
@@ -241,6 +251,7 @@ impl Metrics {
             effects_prevented: self.effects_prevented.get(),
             escalations: self.escalations.get(),
             budget_stops: self.budget_stops.get(),
+            cost_units: self.cost_units.get(),
             effects: self.effects.get(),
             cold_start: self.cold_start.summary(),
             recover_latency: self.recover_latency.summary(),
