@@ -1,115 +1,47 @@
 //! Recovery never rewinds past the last durable stash and never invents a run id (§3.5).
 //!
-//! On the crash-simulating store, a 10-step fiber is crashed after every write — once right
-//! after the write is applied (before its barrier: the write is lost) and once right after
-//! its barrier (the write is kept, the acknowledgement is not). Each time a new runtime opens
-//! the same simulated disk and must finish the run under its original id, resuming from the
-//! last durable stash: never earlier than a stash that was acknowledged.
+//! Through the public checker, a 10-step fiber is crashed right after each of its stashes
+//! and with each store write lost before its barrier; a new runtime opens the same simulated
+//! disk, a repeated start finds the same run, and the run finishes all ten steps. A crash
+//! right after the k-th stash was acknowledged resumes from exactly k — never earlier.
 
-use std::sync::Arc;
+use durafiber_testkit::{
+    agents::{Steps, StepsInput, StepsOutput},
+    check::{AgentCheck, CrashPoint},
+};
+use serde_json::Value;
 
-use durafiber_runtime::{ListFilter, RunStatus, Runtime};
-use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig, tables};
-use durafiber_testkit::agents::{AckLog, Steps, StepsInput, StepsOutput, StepsStash};
-
-async fn open(sim: &SimBackend, acks: &AckLog) -> Runtime {
-    let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
-    Runtime::builder(store)
-        .agent(Steps { print_acks: false, ack_log: Some(acks.clone()) })
-        .open()
-        .await
-        .expect("runtime")
-}
-
-/// Runs one scenario; returns false when the run finished before the crash point was reached.
-async fn crash_and_recover(point: CrashPoint) -> bool {
-    let sim = SimBackend::new();
-    let acks: AckLog = Arc::default();
-    let mut crashed = sim.crashed_signal();
-    sim.crash_at(point);
-    let rt = open(&sim, &acks).await;
-    let started = rt.start::<Steps>("ten-steps", &StepsInput { steps: 10, pause_ms: 0 }).await;
-    let run_id = match &started {
-        Ok(out) => Some(out.run_id.clone()),
-        Err(_) => None, // the accept itself crashed: no handle was given out
-    };
-    if let Some(id) = &run_id {
-        tokio::select! {
-            status = rt.wait(id) => {
-                if matches!(status, Ok(RunStatus::Completed { .. })) && !sim.is_crashed() {
-                    rt.shutdown().await;
-                    return false;
-                }
-            }
-            _ = crashed.wait_for(|c| *c) => {}
-        }
-    }
-    rt.shutdown().await;
-    assert!(sim.is_crashed(), "{point:?}: the store should have crashed");
-    sim.revive();
-    let durable_done = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default())
-        .expect("store")
-        .scan::<tables::StashRecord>(tables::STASHES, &[tables::STASHES.prefix], None, 10)
-        .expect("scan")
-        .first()
-        .map(|(_, s)| {
-            serde_json::from_str::<StepsStash>(&s.as_ref().expect("stash decodes").stash_json)
-                .expect("json")
-                .done
-        })
-        .unwrap_or(0);
-    let last_acked = acks.lock().iter().map(|(_, d)| *d).max().unwrap_or(0);
-
-    let rt = open(&sim, &acks).await;
-    let existing = rt.list(&ListFilter { limit: 10, ..Default::default() }).expect("list").runs;
-    let run_id = match run_id {
-        Some(id) => Some(id),
-        None => {
-            // The caller saw an error, so it retries with the same key: it gets the run the
-            // crashed accept may have made durable, or a new one; never two.
-            let again =
-                rt.start::<Steps>("ten-steps", &StepsInput { steps: 10, pause_ms: 0 }).await.expect("retry");
-            assert_eq!(again.accepted, existing.is_empty(), "{point:?}");
-            Some(again.run_id)
-        }
-    };
-    let runs = rt.list(&ListFilter { limit: 10, ..Default::default() }).expect("list").runs;
-    match run_id {
-        None => unreachable!("a handle exists by now"),
-        Some(id) => {
-            assert_eq!(runs.len(), 1, "{point:?}: exactly one run, never a sibling");
-            assert_eq!(runs[0].run_id, id, "{point:?}: the same run id continues");
-            assert!(matches!(rt.wait(&id).await.expect("wait"), RunStatus::Completed { .. }), "{point:?}");
-            let out: StepsOutput = rt.output(&id).expect("output").expect("completed");
-            assert_eq!(out.done, 10);
-            if let Some(first) = out.resumed_from.first() {
-                assert_eq!(*first, durable_done, "{point:?}: resumed from the last durable stash");
-                assert!(
-                    *first >= last_acked,
-                    "{point:?}: resumed from {first}, but {last_acked} was acknowledged"
-                );
-            } else {
-                // No recovery: crashed before the fiber was registered (it starts fresh), or
-                // after its completion was durable (nothing left to do).
-                assert!(durable_done == 0 || durable_done == 10, "{point:?}: {durable_done}");
-            }
-        }
-    }
-    rt.shutdown().await;
-    true
+fn done(output: &Value) -> Option<u64> {
+    output["done"].as_u64()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ten_step_fiber_crashed_at_every_write_resumes_from_the_last_durable_stash() {
-    let mut scenarios = 0;
-    for n in 1..=40 {
-        let before = crash_and_recover(CrashPoint::AfterApply(n)).await;
-        let after = crash_and_recover(CrashPoint::AfterBarrier(n)).await;
-        if !before && !after {
-            break;
-        }
-        scenarios += 1;
+    let report = AgentCheck::new(Steps::default())
+        .input(&StepsInput { steps: 10, pause_ms: 0 })
+        .crash_at_every_boundary()
+        // The output lists where each recovery started; what must match is the work done.
+        .output_matches(|baseline, case| done(baseline) == Some(10) && done(case) == Some(10))
+        .run()
+        .await;
+    report.assert_ok();
+    let stashes: Vec<_> =
+        report.cases.iter().filter(|c| matches!(c.crash_point, Some(CrashPoint::AfterStash(_)))).collect();
+    assert_eq!(stashes.len(), 10, "a crash after each of the ten stashes");
+    for (k, case) in stashes.iter().enumerate() {
+        let Some(durafiber_runtime::RunStatus::Completed { output_json }) = &case.final_state else {
+            panic!("{}: {:?}", case.name, case.final_state)
+        };
+        let out: StepsOutput = serde_json::from_str(output_json.as_str()).expect("steps output");
+        assert_eq!(
+            out.resumed_from.first().copied(),
+            Some(k as u32 + 1),
+            "{}: resumed from the acknowledged stash",
+            case.name
+        );
     }
-    // start + registration + 10 stashes + finish: at least 13 boundaries were crashed at.
-    assert!(scenarios >= 13, "only {scenarios} crash points were reached");
+    let lost =
+        report.cases.iter().filter(|c| matches!(c.crash_point, Some(CrashPoint::WriteLost(_)))).count();
+    // start + registration + 10 stashes + finish.
+    assert!(lost >= 13, "only {lost} writes were lost in turn");
 }

@@ -14,7 +14,7 @@ use crate::upstream::post_idempotent;
 pub type AckLog = std::sync::Arc<parking_lot::Mutex<Vec<(String, u32)>>>;
 
 /// Stashes `done = 1..=steps`, sleeping `pause_ms` (clock time) between stashes.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Steps {
     /// Print `ack <run_id> <done>` after each stash returns (for kill tests).
     pub print_acks: bool,

@@ -109,6 +109,18 @@ impl Upstream {
         Ok(Upstream { addr, objects, task })
     }
 
+    /// Forgets every object (a checker resets it between cases).
+    pub fn reset(&self) {
+        let mut o = lock(&self.objects);
+        o.by_key.clear();
+        o.created.clear();
+    }
+
+    /// Every object created, with its collection, in order.
+    pub fn all(&self) -> Vec<(String, Value)> {
+        lock(&self.objects).created.clone()
+    }
+
     /// `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)

@@ -1,9 +1,11 @@
 //! The test kit: what every durafiber test and example leans on.
 //!
+//! - [`check`]: the crash and eviction checker, for any agent.
 //! - [`conformance`]: the store conformance suite; every backend runs it.
 //! - [`upstream`], [`agents`], [`bulk`]: from `durafiber-demo` — the idempotent upstream,
 //!   the agents the server hosts, bulk alarm data, the eviction and alarm simulations.
 
+pub mod check;
 pub mod conformance;
 
 pub use durafiber_demo::{agents, bulk, sim, upstream};
