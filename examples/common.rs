@@ -1,4 +1,7 @@
-//! What the examples share: a runtime on a fresh data directory.
+//! What the examples share: their agents, and a runtime on a fresh data directory.
+
+#[path = "agents.rs"]
+pub mod agents;
 
 use durafiber_runtime::{Runtime, RuntimeBuilder};
 use durafiber_store::{Store, StoreConfig};

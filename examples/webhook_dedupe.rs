@@ -4,29 +4,8 @@
 //!
 //! Run: `cargo run -p durafiber-examples --example webhook_dedupe`
 
-use durafiber_runtime::{Agent, AgentError, Ctx, ListFilter, RuntimeError};
-use serde::{Deserialize, Serialize};
-
-/// Handles one `invoice.paid` event.
-struct InvoicePaid;
-
-#[derive(Clone, Serialize, Deserialize)]
-struct Event {
-    invoice: String,
-    cents: u64,
-}
-
-impl Agent for InvoicePaid {
-    const KIND: &'static str = "invoice_paid";
-    type Input = Event;
-    type Stash = ();
-    type Output = String;
-    type Message = ();
-
-    async fn run_fiber(&self, _ctx: &mut Ctx<Self>, e: Event) -> Result<String, AgentError> {
-        Ok(format!("booked {} cents for {}", e.cents, e.invoice))
-    }
-}
+use durafiber_examples::agents::{Event, InvoicePaid};
+use durafiber_runtime::{ListFilter, RuntimeError};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
