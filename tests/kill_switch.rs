@@ -176,3 +176,24 @@ async fn a_pause_holds_a_running_run_at_its_next_effect_and_its_alarms() {
     assert!(rt.pause_kind("nobody", "x").await.is_err(), "an unknown kind is refused");
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_left_paused_by_a_resume_that_died_midway_is_reentered_at_start() {
+    let sim = SimBackend::new();
+    let outside = Outside::default();
+    let rt = open(&sim, &outside).await;
+    rt.pause_kind("worker", "maintenance").await.expect("pause");
+    let run_id = rt.start::<Worker>("m", &2).await.expect("start").run_id;
+    paused(&rt, &run_id).await;
+    rt.shutdown().await;
+    // The resume removed the pause and died before it re-entered the run.
+    let store = store(&sim);
+    let mut batch = durafiber_store::Batch::new();
+    batch.delete(durafiber_store::tables::PAUSED_KINDS.key(&[b"worker"]));
+    store.commit(batch, durafiber_store::Durability::Sync).await.expect("lift the pause");
+    drop(store);
+    let rt = open(&sim, &outside).await;
+    completed(&rt, &run_id).await;
+    assert_eq!(calls(&outside, &run_id), 2);
+    rt.shutdown().await;
+}

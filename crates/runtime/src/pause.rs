@@ -74,6 +74,34 @@ pub(crate) fn hold_alarm(shared: &Shared, kind: &str, run_id: &str, due_name: &s
     true
 }
 
+/// Re-enters a run left `Paused` whose pause is lifted, unless its fiber is held in memory
+/// (that one goes on by itself): a run paused before its first fiber starts fresh, any other
+/// is recovered from its last boundary.
+pub(crate) async fn reenter(shared: &Arc<Shared>, run_id: &str) -> Result<(), RuntimeError> {
+    let held_in_memory = shared.registry.get(run_id).is_some_and(|live| live.cell.fiber_running());
+    if held_in_memory {
+        return Ok(());
+    }
+    let written = shared
+        .update_run(run_id, |run, _| match run.status {
+            RunStatus::Paused { .. } if shared.pause_reason(&run.kind, &run.run_id).is_none() => {
+                if run.attempt == 0 {
+                    run.status = RunStatus::Accepted;
+                } else {
+                    run.status = RunStatus::Running;
+                    run.wake_reason = Some(WakeReason::Resumed);
+                }
+                Ok(true)
+            }
+            _ => Ok(false),
+        })
+        .await?;
+    if written.is_some() {
+        shared.reactivate(run_id).await;
+    }
+    Ok(())
+}
+
 /// What is paused: a kind, or one run.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Target<'a> {
@@ -178,28 +206,7 @@ pub(crate) async fn resume(shared: &Arc<Shared>, target: Target<'_>) -> Result<b
     }
     parked.sort_by_key(|run| run.updated_at_ms);
     for run in &parked {
-        let held_in_memory = shared.registry.get(&run.run_id).is_some_and(|live| live.cell.fiber_running());
-        if held_in_memory {
-            continue;
-        }
-        let written = shared
-            .update_run(&run.run_id, |run, _| match run.status {
-                RunStatus::Paused { .. } => {
-                    // A run paused before its first fiber starts fresh; any other re-enters.
-                    if run.attempt == 0 {
-                        run.status = RunStatus::Accepted;
-                    } else {
-                        run.status = RunStatus::Running;
-                        run.wake_reason = Some(WakeReason::Resumed);
-                    }
-                    Ok(true)
-                }
-                _ => Ok(false),
-            })
-            .await?;
-        if written.is_some() {
-            shared.reactivate(&run.run_id).await;
-        }
+        reenter(shared, &run.run_id).await?;
     }
     let held: Vec<(String, String)> = {
         let mut pauses = shared.pauses.lock();

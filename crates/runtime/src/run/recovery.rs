@@ -84,6 +84,15 @@ pub(crate) async fn scan_and_reactivate(shared: &Arc<Shared>) -> Result<usize, R
                     let shared = shared.clone();
                     activations.spawn(async move { shared.reactivate_since(&run_id, shared.opened).await });
                 }
+                // Paused, but its pause was lifted by a resume the process died in: no run
+                // is left behind.
+                Ok(run)
+                    if matches!(run.status, RunStatus::Paused { .. })
+                        && shared.pause_reason(&run.kind, &run.run_id).is_none() =>
+                {
+                    found += 1;
+                    crate::pause::reenter(shared, &run.run_id).await?;
+                }
                 Ok(_) => {}
                 Err(e) => {
                     tracing::error!(run_id, error = %e, "run record unreadable; the run cannot continue");
