@@ -33,8 +33,22 @@ pub(crate) fn stage_at_start(
     Ok(())
 }
 
-/// A run's budget and its spending, durable and pending together.
+/// A run's budget and its spending, durable and pending together; `None` for a run without
+/// limits, which after its first boundary costs no read.
 fn current(raw: &RawCtx) -> Result<Option<BudgetRecord>, AgentError> {
+    let known = *raw.cell.budget_limits.lock();
+    let limits = match known {
+        Some(limits) => limits,
+        None => {
+            let stored = spend::stored(&raw.shared.store, &raw.cell.run_id)?;
+            let limits = stored.map(|r| r.limits).filter(|l| *l != BudgetLimits::default());
+            *raw.cell.budget_limits.lock() = Some(limits);
+            limits
+        }
+    };
+    if limits.is_none() {
+        return Ok(None);
+    }
     let Some(mut record) = spend::stored(&raw.shared.store, &raw.cell.run_id)? else { return Ok(None) };
     let pending = *raw.cell.spend.lock();
     record.spent.effects = record.spent.effects.saturating_add(pending.effects);

@@ -42,6 +42,9 @@ pub(crate) struct RunCell {
     pub stream: Mutex<Option<super::stream_buffer::StreamBuffer>>,
     /// Effects admitted and cost units charged since the last boundary.
     pub spend: Mutex<durafiber_store::tables::BudgetSpent>,
+    /// The run's budget limits once read (they never change after its start): `Some(None)`
+    /// for a run without limits, so its boundaries read nothing more.
+    pub budget_limits: Mutex<Option<Option<durafiber_store::tables::BudgetLimits>>>,
 }
 
 /// What a waiting `request_approval` is woken with.
@@ -79,6 +82,7 @@ impl RunCell {
             storage_keys: tokio::sync::Mutex::new(None),
             stream: Mutex::new(None),
             spend: Mutex::new(Default::default()),
+            budget_limits: Mutex::new(None),
         }
     }
 
