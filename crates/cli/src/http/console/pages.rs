@@ -301,6 +301,7 @@ pub fn runs(frame: &Frame, rows: &[RunRow], state: &str, kind: &str, next: Optio
         "failed",
         "cancelled",
         "escalated",
+        "paused",
     ];
     layout(
         frame,
@@ -589,7 +590,7 @@ fn status_detail(status: &Value) -> Option<String> {
 fn status_text(status: &durafiber_store::tables::RunStatus) -> String {
     use durafiber_store::tables::RunStatus::*;
     match status {
-        Escalated { reason } | Cancelled { reason } => reason.clone(),
+        Escalated { reason } | Cancelled { reason } | Paused { reason } => reason.clone(),
         Failed { error } => error.clone(),
         other => other.name().to_string(),
     }
