@@ -287,6 +287,42 @@ pub enum Bench {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// The side-by-side workload: concurrent runs of stash steps, one run's sequential steps
+    /// with a gap, and a SIGKILL with runs in flight (restart to first resumed step, steps
+    /// re-run), beside raw fdatasync.
+    Steps {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Concurrent runs.
+        #[arg(long, default_value_t = 100)]
+        runs: usize,
+        /// Stash steps per concurrent run.
+        #[arg(long, default_value_t = 50)]
+        steps: u32,
+        /// Steps of the sequential run.
+        #[arg(long, default_value_t = 200)]
+        sequential: u32,
+        /// Gap between the sequential run's steps, ms.
+        #[arg(long, default_value_t = 1)]
+        gap_ms: u64,
+        /// Runs in flight when the process is killed.
+        #[arg(long, default_value_t = 200)]
+        kill_runs: usize,
+        /// Where to write the sequential steps' samples and histogram.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Internal: the process `bench steps` kills and restarts.
+    #[command(hide = true)]
+    StepsChild {
+        /// The data directory.
+        data: PathBuf,
+        /// `start` or `resume`.
+        mode: String,
+        /// Runs.
+        runs: usize,
+    },
     /// Internal: the process `bench recover` kills and restarts.
     #[command(hide = true)]
     RecoverChild {

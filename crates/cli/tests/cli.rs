@@ -137,3 +137,40 @@ async fn tokens_are_made_used_and_revoked_from_the_command_line() {
     let (code, _, err) = durafiber(&["tokens", "create", "--role", "root", "--name", "x", "--data", &data]);
     assert!(code != 0 && err.contains("unknown role"), "{err}");
 }
+
+/// `bench steps` at a small size: it runs every part, the kill lands with steps acknowledged,
+/// and no acknowledged step runs again after the restart.
+#[test]
+fn bench_steps_kills_with_runs_in_flight_and_reruns_no_acknowledged_step() {
+    let out = std::process::Command::new(common::BIN)
+        .args([
+            "bench",
+            "steps",
+            "--json",
+            "--runs",
+            "4",
+            "--steps",
+            "5",
+            "--sequential",
+            "10",
+            "--kill-runs",
+            "10",
+        ])
+        .output()
+        .expect("run bench steps");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("JSON last line");
+    assert_eq!(report["steps_rerun"], 0, "{report}");
+    assert!(
+        report["acked_before_kill"].as_u64().is_some_and(|n| n > 0),
+        "the kill came after steps: {report}"
+    );
+    assert!(report["restart_to_first_step_ms"].as_u64().is_some_and(|ms| ms > 0), "{report}");
+    assert!(
+        report["steps_per_s"].as_f64().is_some_and(|r| r > 0.0)
+            && report["raw_fdatasync_per_s"].as_f64().is_some_and(|r| r > 0.0),
+        "{report}"
+    );
+}

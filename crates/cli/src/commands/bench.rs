@@ -33,10 +33,10 @@ const BENCH: Table = Table { name: "bench", prefix: b'b' };
 
 /// Latency samples in microseconds.
 #[derive(Default)]
-struct Samples(Vec<u64>);
+pub(super) struct Samples(pub(super) Vec<u64>);
 
 impl Samples {
-    fn quantile(&mut self, q: f64) -> u64 {
+    pub(super) fn quantile(&mut self, q: f64) -> u64 {
         if self.0.is_empty() {
             return 0;
         }
@@ -46,7 +46,7 @@ impl Samples {
     }
 
     /// Writes `samples.csv` and a histogram as `histogram.svg` into `out`.
-    fn write(&mut self, out: &Path, name: &str, unit: &str) -> anyhow::Result<()> {
+    pub(super) fn write(&mut self, out: &Path, name: &str, unit: &str) -> anyhow::Result<()> {
         std::fs::create_dir_all(out)?;
         let mut csv = String::from(unit);
         csv.push('\n');
@@ -90,7 +90,7 @@ fn svg_histogram(samples: &mut [u64], title: &str, unit: &str) -> String {
     svg
 }
 
-fn progress(msg: &str) {
+pub(super) fn progress(msg: &str) {
     eprintln!("bench: {msg}");
 }
 
@@ -103,10 +103,15 @@ pub async fn run(which: Bench) -> anyhow::Result<i32> {
             bench_alarms(json, alarms, pending, out.as_deref()).await
         }
         Bench::RecoverChild { data, mode, runs } => recover_child(&data, &mode, runs).await,
+        Bench::Steps { json, runs, steps, sequential, gap_ms, kill_runs, out } => {
+            let plan = super::bench_steps::Plan { runs, steps, sequential, gap_ms, kill_runs };
+            super::bench_steps::steps(json, plan, out.as_deref()).await
+        }
+        Bench::StepsChild { data, mode, runs } => super::bench_steps::child(&data, &mode, runs).await,
     }
 }
 
-fn raw_fdatasync_per_s(dir: &Path, seconds: f64) -> anyhow::Result<f64> {
+pub(super) fn raw_fdatasync_per_s(dir: &Path, seconds: f64) -> anyhow::Result<f64> {
     let path = dir.join("raw-fdatasync.bin");
     let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
     let record = [7u8; 256];

@@ -1,6 +1,7 @@
 //! One module per command; [`run`] dispatches and prints.
 
 pub mod bench;
+mod bench_steps;
 pub mod drill;
 pub mod inspect;
 mod output;

@@ -1,0 +1,255 @@
+//! `durafiber bench steps`: the workload durafiber is compared with other engines on, as one
+//! command, beside raw `fdatasync` measured in the same run:
+//!
+//! 1. `runs` concurrent runs of `steps` sync stashes each: durable steps per second;
+//! 2. one run of `sequential` steps, `gap_ms` apart: the latency of one step (its stash);
+//! 3. `kill_runs` runs in flight in a child process that is SIGKILLed: the time from the
+//!    restarted process's spawn to its first resumed step, and the steps re-run — steps whose
+//!    stash was acknowledged before the kill and that ran again (must be 0).
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use durafiber_demo::agents::{Steps, StepsInput, StepsOutput};
+use durafiber_runtime::{ListFilter, RunStatus, Runtime};
+use durafiber_store::{Store, StoreConfig};
+use serde_json::{Value, json};
+
+use super::bench::{Samples, progress, raw_fdatasync_per_s};
+use crate::commands::output::print_report;
+
+/// What `bench steps` measures.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    pub runs: usize,
+    pub steps: u32,
+    pub sequential: u32,
+    pub gap_ms: u64,
+    pub kill_runs: usize,
+}
+
+/// Steps of each run the killed process starts, and the pause before each.
+const KILL_STEPS: u32 = 40;
+const KILL_PAUSE_MS: u64 = 20;
+
+async fn runtime(dir: &Path, acks: bool) -> anyhow::Result<Runtime> {
+    let store = Store::open_dir(dir, StoreConfig::default())?;
+    Ok(Runtime::builder(store).agent(Steps { print_acks: acks, ack_log: None }).open().await?)
+}
+
+/// Every run of the store, all pages.
+fn all_runs(rt: &Runtime) -> anyhow::Result<Vec<durafiber_runtime::RunRecord>> {
+    let mut runs = Vec::new();
+    let mut after = None;
+    loop {
+        let page = rt.list(&ListFilter { after, limit: 1_000, ..ListFilter::default() })?;
+        runs.extend(page.runs);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Ok(runs),
+        }
+    }
+}
+
+pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result<i32> {
+    let dir = tempfile::Builder::new().prefix("durafiber-bench-").tempdir_in(std::env::temp_dir())?;
+    progress("raw append + fdatasync for 1 s");
+    let raw = raw_fdatasync_per_s(dir.path(), 1.0)?;
+
+    progress(&format!("{} concurrent runs x {} steps", plan.runs, plan.steps));
+    let rt = runtime(&dir.path().join("concurrent"), false).await?;
+    let started = Instant::now();
+    let mut ids = Vec::new();
+    for i in 0..plan.runs {
+        let input = StepsInput { steps: plan.steps, pause_ms: 0 };
+        ids.push(rt.start::<Steps>(&format!("run-{i}"), &input).await?.run_id);
+    }
+    for id in &ids {
+        rt.wait(id).await?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let steps_per_s = (plan.runs as f64 * f64::from(plan.steps)) / elapsed;
+    rt.shutdown().await;
+
+    progress(&format!("one run of {} sequential steps, {} ms apart", plan.sequential, plan.gap_ms));
+    let rt = runtime(&dir.path().join("sequential"), false).await?;
+    let input = StepsInput { steps: plan.sequential, pause_ms: plan.gap_ms };
+    let id = rt.start::<Steps>("sequential", &input).await?.run_id;
+    rt.wait(&id).await?;
+    let step = rt.metrics().stash_commit;
+    rt.shutdown().await;
+    if let Some(out) = out {
+        // The runtime keeps a histogram, not samples: its quantiles stand in for them.
+        Samples(vec![step.p50_us, step.p99_us, step.max_us]).write(out, "step", "us (p50, p99, max)")?;
+    }
+
+    progress(&format!("{} runs in flight, SIGKILL, restart", plan.kill_runs));
+    let killed = kill_and_resume(&dir.path().join("killed"), plan.kill_runs).await?;
+
+    let ms = |us: u64| (us as f64 / 10.0).round() / 100.0;
+    let report = json!({
+        "raw_fdatasync_per_s": raw.round(),
+        "runs": plan.runs, "steps": plan.steps, "steps_per_s": steps_per_s.round(),
+        "steps_ratio_to_raw": (steps_per_s / raw * 100.0).round() / 100.0,
+        "sequential_steps": plan.sequential, "gap_ms": plan.gap_ms,
+        "step_p50_ms": ms(step.p50_us), "step_p99_ms": ms(step.p99_us),
+        "kill_runs": plan.kill_runs, "acked_before_kill": killed.acked,
+        "restart_to_first_step_ms": killed.first_step_ms, "steps_rerun": killed.rerun,
+    });
+    let lines = vec![
+        format!("raw fdatasync:              {raw:>10.0} /s"),
+        format!(
+            "{} runs x {} steps:         {steps_per_s:>10.0} steps/s ({:.1}x raw)",
+            plan.runs,
+            plan.steps,
+            steps_per_s / raw
+        ),
+        format!("sequential step:            p50 {} ms, p99 {} ms", ms(step.p50_us), ms(step.p99_us)),
+        format!(
+            "SIGKILL with {} runs:       first resumed step {} ms after restart, {} acknowledged steps re-run",
+            plan.kill_runs, killed.first_step_ms, killed.rerun
+        ),
+    ];
+    print_report(&lines, &report, json)?;
+    Ok(if killed.rerun == 0 { 0 } else { 1 })
+}
+
+struct Killed {
+    acked: u64,
+    first_step_ms: u64,
+    rerun: u64,
+}
+
+/// A child's stdout lines, read on a thread so that the parent can wait with a deadline.
+fn lines_of(child: &mut std::process::Child) -> anyhow::Result<mpsc::Receiver<String>> {
+    let stdout = child.stdout.take().context("child stdout")?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(rx)
+}
+
+/// `ack <run_id> <done>` → `(run_id, done)`.
+fn ack(line: &str) -> Option<(String, u32)> {
+    let mut parts = line.strip_prefix("ack ")?.split(' ');
+    Some((parts.next()?.to_string(), parts.next()?.parse().ok()?))
+}
+
+async fn kill_and_resume(data: &Path, runs: usize) -> anyhow::Result<Killed> {
+    let exe = std::env::current_exe()?;
+    let spawn = |mode: &str| {
+        Command::new(&exe)
+            .args(["bench", "steps-child"])
+            .arg(data)
+            .args([mode, &runs.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+    };
+    let mut child = spawn("start")?;
+    let lines = lines_of(&mut child)?;
+    let mut acked: BTreeMap<String, u32> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (mut ready, mut kill_at) = (false, None);
+    while kill_at.is_none_or(|at| Instant::now() < at) {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("the run-starting process did not get ready");
+        }
+        match lines.recv_timeout(Duration::from_millis(5)) {
+            Ok(line) if line == "ready" => ready = true,
+            Ok(line) => {
+                if let Some((run, done)) = ack(&line) {
+                    acked.insert(run, done);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => bail!("the run-starting process ended by itself"),
+        }
+        // Kill once every run is in flight and steps are acknowledged, a few steps later.
+        if ready && kill_at.is_none() && !acked.is_empty() {
+            kill_at = Some(Instant::now() + Duration::from_millis(KILL_PAUSE_MS * 8));
+        }
+    }
+    let _ = child.kill(); // SIGKILL
+    let _ = child.wait();
+    // Acknowledgements already written to the pipe before the kill still count.
+    while let Ok(line) = lines.try_recv() {
+        if let Some((run, done)) = ack(&line) {
+            acked.insert(run, done);
+        }
+    }
+
+    let spawned = Instant::now();
+    let mut child = spawn("resume")?;
+    let lines = lines_of(&mut child)?;
+    let mut first_step_ms = None;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let resumed: BTreeMap<String, u32> = loop {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("the restarted process did not finish every run");
+        }
+        match lines.recv_timeout(Duration::from_millis(50)) {
+            Ok(line) if line.starts_with("ack ") => {
+                first_step_ms.get_or_insert(spawned.elapsed().as_millis() as u64);
+            }
+            Ok(line) if line.starts_with('{') => {
+                let report: Value = serde_json::from_str(&line).context("the restarted process's report")?;
+                break serde_json::from_value(report["resumed_from"].clone()).unwrap_or_default();
+            }
+            Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                bail!("the restarted process ended without a report")
+            }
+        }
+    };
+    let _ = child.wait();
+    let rerun = acked
+        .iter()
+        .map(|(run, done)| u64::from(done.saturating_sub(resumed.get(run).copied().unwrap_or(*done))))
+        .sum();
+    Ok(Killed {
+        acked: acked.values().map(|d| u64::from(*d)).sum(),
+        first_step_ms: first_step_ms.unwrap_or(0),
+        rerun,
+    })
+}
+
+/// The process `bench steps` kills (`start`) and restarts (`resume`).
+pub async fn child(data: &Path, mode: &str, runs: usize) -> anyhow::Result<i32> {
+    let rt = runtime(data, true).await?;
+    if mode == "start" {
+        let input = StepsInput { steps: KILL_STEPS, pause_ms: KILL_PAUSE_MS };
+        for i in 0..runs {
+            rt.start::<Steps>(&format!("killed-{i}"), &input).await?;
+        }
+        println!("ready");
+        std::future::pending::<()>().await;
+    }
+    // Resume: the runtime recovered every run when it opened; wait for each to finish.
+    let mut resumed_from = BTreeMap::new();
+    for run in all_runs(&rt)? {
+        let status = rt.wait(&run.run_id).await?;
+        if let RunStatus::Completed { output_json } = status {
+            let out: StepsOutput = serde_json::from_str(&output_json)?;
+            // A run that finished before the kill was not recovered: nothing of it ran again.
+            resumed_from.insert(run.run_id, out.resumed_from.first().copied().unwrap_or(out.done));
+        }
+    }
+    println!("{}", json!({ "resumed_from": resumed_from }));
+    rt.shutdown().await;
+    Ok(0)
+}
