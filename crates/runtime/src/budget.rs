@@ -36,20 +36,13 @@ pub(crate) fn stage_at_start(
 /// A run's budget and its spending, durable and pending together; `None` for a run without
 /// limits, which after its first boundary costs no read.
 fn current(raw: &RawCtx) -> Result<Option<BudgetRecord>, AgentError> {
-    let known = *raw.cell.budget_limits.lock();
-    let limits = match known {
-        Some(limits) => limits,
-        None => {
-            let stored = spend::stored(&raw.shared.store, &raw.cell.run_id)?;
-            let limits = stored.map(|r| r.limits).filter(|l| *l != BudgetLimits::default());
-            *raw.cell.budget_limits.lock() = Some(limits);
-            limits
-        }
-    };
-    if limits.is_none() {
+    if *raw.cell.budget_limits.lock() == Some(None) {
         return Ok(None);
     }
-    let Some(mut record) = spend::stored(&raw.shared.store, &raw.cell.run_id)? else { return Ok(None) };
+    let stored = spend::stored(&raw.shared.store, &raw.cell.run_id)?;
+    let limits = stored.map(|r| r.limits).filter(|l| *l != BudgetLimits::default());
+    *raw.cell.budget_limits.lock() = Some(limits);
+    let Some(mut record) = stored.filter(|_| limits.is_some()) else { return Ok(None) };
     let pending = *raw.cell.spend.lock();
     record.spent.effects = record.spent.effects.saturating_add(pending.effects);
     record.spent.cost_units = record.spent.cost_units.saturating_add(pending.cost_units);

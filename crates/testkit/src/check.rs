@@ -511,7 +511,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
         if report.final_state.is_none() {
             report
                 .problems
-                .push(format!("did not finish within {} of virtual time", humantime_secs(self.time_limit)));
+                .push(format!("did not finish within {} s of virtual time", self.time_limit.as_secs()));
         }
         self.count_upstream(&mut report, baseline);
         if let Some(baseline) = baseline
@@ -621,8 +621,4 @@ impl<A: Agent + Clone> AgentCheck<A> {
             }
         }
     }
-}
-
-fn humantime_secs(d: Duration) -> String {
-    format!("{} s", d.as_secs())
 }

@@ -278,14 +278,18 @@ pub(crate) fn unstage(batch: &mut Batch, run_id: &str, name: &str, due_at_ms: u6
 
 /// Removes every alarm of a finishing run, in the finishing boundary.
 pub(crate) fn delete_all_in(shared: &Shared, run_id: &str, batch: &mut Batch) -> Result<(), RuntimeError> {
+    // One scan of each table: the alarms with their schedules, then every retried occurrence.
+    let mut unscheduled = Vec::new();
     for alarm in records(shared, run_id)? {
-        let unscheduled = forget(shared, batch, run_id, &alarm.name, alarm.due_at_ms)?;
-        unschedule(shared, run_id, unscheduled);
+        unstage(batch, run_id, &alarm.name, alarm.due_at_ms);
+        batch.delete(cron_key(run_id, &alarm.name));
+        unscheduled.push((alarm.due_at_ms, alarm.name));
     }
-    // Retries whose alarm is gone already (its record was replaced by a one-off's end).
     for retry in retries(shared, run_id, None)? {
         unstage_retry(batch, &retry);
+        unscheduled.push((retry.due_at_ms, tables::retry_due_name(&retry.name, retry.scheduled_at_ms)));
     }
+    unschedule(shared, run_id, unscheduled);
     Ok(())
 }
 
