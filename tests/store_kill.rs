@@ -1,9 +1,13 @@
 //! Acknowledged means durable, and a batch is all or nothing — under a real SIGKILL.
 //!
 //! A child process commits three-record batches in `sync` mode from four threads and prints
-//! each acknowledged batch. The parent kills it with SIGKILL at seeded random moments, 20
+//! each acknowledged batch. The parent kills it with SIGKILL at seeded random moments, in
 //! rounds on one data directory, reopens the store each time and checks that every
 //! acknowledged batch is there whole and that no batch is there in part.
+//!
+//! A second test does the same with a write-ahead log of 128 KiB, so the log moves between
+//! its halves and hands tables to sled every few hundred batches, and every seventh batch
+//! (210 KB) is too large for a half and goes into sled at once: kills land in all of it.
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -22,8 +26,9 @@ const THREADS: u32 = 4;
 type Value = (u32, u64, u8, Vec<u8>);
 
 /// Reads every batch in the store: (thread, seq) → parts present.
-fn batches_in(dir: &std::path::Path) -> BTreeMap<(u32, u64), Vec<u8>> {
-    let store = Store::open_dir(dir, StoreConfig::default()).expect("the store reopens after SIGKILL");
+fn batches_in(dir: &std::path::Path, wal_bytes: u64) -> BTreeMap<(u32, u64), Vec<u8>> {
+    let config = StoreConfig { wal_bytes, ..StoreConfig::default() };
+    let store = Store::open_dir(dir, config).expect("the store reopens after SIGKILL");
     let mut found: BTreeMap<(u32, u64), Vec<u8>> = BTreeMap::new();
     for (key, value) in store.raw_scan(T, usize::MAX).expect("scan") {
         let (t, seq, part, _) =
@@ -35,15 +40,25 @@ fn batches_in(dir: &std::path::Path) -> BTreeMap<(u32, u64), Vec<u8>> {
 
 #[test]
 fn every_acknowledged_batch_survives_sigkill_whole() {
+    kill_rounds(StoreConfig::default().wal_bytes, 20, 3..40);
+}
+
+#[test]
+fn every_acknowledged_batch_survives_sigkill_whole_while_the_log_moves_between_halves() {
+    kill_rounds(128 * 1024, 12, 30..300);
+}
+
+fn kill_rounds(wal_bytes: u64, rounds: u32, acks: std::ops::Range<u64>) {
     let seed = std::env::var("KILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20_261_130u64);
-    println!("seed {seed}");
+    println!("seed {seed}, write-ahead log of {wal_bytes} bytes");
     let mut rng = SeededRng::new(seed);
     let dir = tempfile::tempdir().expect("tempdir");
     let mut acked_total: HashSet<(u32, u64)> = HashSet::new();
     let mut next_seq = 0u64;
-    for round in 0..20 {
+    for round in 0..rounds {
         let mut child = Command::new(env!("CARGO_BIN_EXE_store-writer"))
             .args([dir.path().to_str().expect("utf-8 path"), &THREADS.to_string(), &next_seq.to_string()])
+            .arg(wal_bytes.to_string())
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn store-writer");
@@ -58,7 +73,7 @@ fn every_acknowledged_batch_survives_sigkill_whole() {
         });
         assert_eq!(rx.recv_timeout(Duration::from_secs(30)).ok().as_deref(), Some("ready"), "round {round}");
         // Wait for a seeded number of acknowledgements, so the kill lands mid-stream.
-        let wait_for = rng.between(3, 40);
+        let wait_for = rng.between(acks.start, acks.end);
         let mut acked = 0;
         while acked < wait_for {
             match rx.recv_timeout(Duration::from_secs(30)) {
@@ -80,7 +95,7 @@ fn every_acknowledged_batch_survives_sigkill_whole() {
             let mut parts = line.split_whitespace().skip(1).map(|p| p.parse::<u64>().expect("number"));
             acked_total.insert((parts.next().expect("thread") as u32, parts.next().expect("seq")));
         }
-        let found = batches_in(dir.path());
+        let found = batches_in(dir.path(), wal_bytes);
         for (batch, parts) in &found {
             assert_eq!(parts.len(), 3, "seed {seed} round {round}: batch {batch:?} is half-applied");
         }

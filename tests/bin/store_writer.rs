@@ -2,7 +2,7 @@
 //! several threads and prints `ack <thread> <seq>` after each commit returns. The parent
 //! SIGKILLs it at a random moment.
 //!
-//! Usage: store-writer DIR THREADS FIRST_SEQ
+//! Usage: store-writer DIR THREADS FIRST_SEQ [WAL_BYTES]
 
 use std::{io::Write, path::PathBuf, sync::Arc};
 
@@ -13,15 +13,27 @@ const T: Table = Table { name: "kill_test", prefix: b'w' };
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let [_, dir, threads, first] = &args[..] else {
-        eprintln!("usage: store-writer DIR THREADS FIRST_SEQ");
-        std::process::exit(2);
+    let (dir, threads, first, wal_bytes) = match &args[..] {
+        [_, dir, threads, first] => (dir, threads, first, None),
+        [_, dir, threads, first, wal] => (dir, threads, first, Some(wal)),
+        _ => {
+            eprintln!("usage: store-writer DIR THREADS FIRST_SEQ [WAL_BYTES]");
+            std::process::exit(2);
+        }
     };
     let (Ok(threads), Ok(first)) = (threads.parse::<u32>(), first.parse::<u64>()) else {
         eprintln!("THREADS and FIRST_SEQ are numbers");
         std::process::exit(2);
     };
-    let store = match Store::open_dir(&PathBuf::from(dir), StoreConfig::default()) {
+    let mut config = StoreConfig::default();
+    if let Some(wal) = wal_bytes {
+        let Ok(wal) = wal.parse::<u64>() else {
+            eprintln!("WAL_BYTES is a number");
+            std::process::exit(2);
+        };
+        config.wal_bytes = wal;
+    }
+    let store = match Store::open_dir(&PathBuf::from(dir), config) {
         Ok(s) => Arc::new(s),
         Err(e) => {
             eprintln!("store-writer: {e}");

@@ -23,6 +23,15 @@ pub trait Backend: Send + Sync + 'static {
     fn apply(&self, batch: &Batch) -> Result<(), StoreError>;
     /// Makes everything applied so far durable.
     fn barrier(&self) -> Result<(), StoreError>;
+    /// A barrier that also leaves nothing to re-apply at the next open: run at a clean close.
+    fn checkpoint(&self) -> Result<(), StoreError> {
+        self.barrier()
+    }
+    /// What the backend found lost when it opened (its engine went back past what its own
+    /// log still held), for the store to refuse or report.
+    fn lost_on_open(&self) -> Option<crate::witness::Rollback> {
+        None
+    }
     /// Bytes of the files behind the store, for inspection (0 when there are none).
     fn disk_bytes(&self) -> u64 {
         0

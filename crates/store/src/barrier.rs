@@ -320,7 +320,7 @@ fn writer_loop(
     loop {
         let Some(first) = next_command(rx, flush_due) else {
             if health.failure().is_none() {
-                let _ = health.working(|| backend.barrier());
+                let _ = health.working(|| backend.checkpoint());
             }
             return;
         };

@@ -8,9 +8,11 @@
 //!   [`Durability::Sync`] mode, whole. A batch is applied atomically, so a crash never leaves
 //!   half of one behind. In [`Durability::Async`] mode, the writes of the last `flush_every`
 //!   window may be lost, and nothing older.
-//! - **A power loss**: the same, because an acknowledged barrier has called sled's flush *and*
-//!   `fsync` on the log file, the new blob files and the blob directory (sled 0.34's own flush
-//!   stops at `sync_file_range`, which leaves the data in the disk's volatile cache).
+//! - **A power loss**: the same, because an acknowledged barrier has `fdatasync`ed the
+//!   write-ahead log ([`wal`]) that holds the batch, and sled receives batches only as whole
+//!   checkpoints that are made durable (new blob files, the blob directory, sled's flush, then
+//!   `fdatasync` of its log: sled 0.34's own flush stops at `sync_file_range`, which leaves
+//!   the data in the disk's volatile cache) before the log lets go of them.
 //! - **Bit rot or a bad write inside a record**: every record is sealed in a checksummed,
 //!   versioned [`envelope`]; reading it back yields [`StoreError::Corrupt`] naming the key, and
 //!   every other record stays readable.
@@ -25,6 +27,7 @@
 //! - [`barrier`]: group commit: many batches, one barrier, then acknowledge.
 //! - [`store`]: the typed front door the runtime uses.
 //! - [`repair`]: verify, salvage, backup and restore, for operators.
+//! - [`wal`]: the write-ahead log in front of sled: one `fdatasync` per barrier.
 //! - [`witness`]: catches a log that went back in time (sled drops a damaged tail silently).
 #![deny(missing_docs)]
 
@@ -32,14 +35,17 @@ pub mod access;
 pub mod backend;
 pub mod barrier;
 pub mod batch;
+mod checkpoint;
 pub mod codec;
 pub mod envelope;
 mod error;
+mod memtable;
 pub mod repair;
 pub mod sim_backend;
 pub mod sled_backend;
 pub mod store;
 pub mod tables;
+pub mod wal;
 pub mod witness;
 
 pub use backend::Backend;

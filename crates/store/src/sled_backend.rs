@@ -1,19 +1,26 @@
 //! The embedded backend: one sled tree in one data directory, owned by one process.
 //!
-//! sled 0.34's `flush` ends in `sync_file_range`, which does not reach the disk's volatile
-//! cache, and it writes large values to blob files without syncing them. The barrier here
-//! therefore syncs new blob files and the blob directory, then flushes sled, then `fdatasync`s
-//! the log file: only then is a boundary durable across a power loss.
+//! A batch is logged in the write-ahead log ([`crate::wal`]) and kept in memory
+//! ([`crate::memtable`]), where reads find it; a barrier is one `fdatasync` of that log. sled
+//! receives the logged batches a log half at a time ([`crate::checkpoint`]). This module
+//! opens sled and repairs what durafiber can when sled refuses to open.
 
 use std::{
-    collections::HashSet,
     fs::{File, OpenOptions},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
-use crate::{Backend, Batch, StoreError, backend::Entries, batch::Op};
+use crate::{
+    Backend, Batch, StoreError,
+    backend::Entries,
+    checkpoint::{Checkpointer, Engine, contained},
+    memtable::{Overlay, merge},
+    wal::{self, Appended, Wal},
+    witness::Rollback,
+};
 
 /// How long an opener waits for the lock a closing store still holds.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
@@ -37,15 +44,27 @@ fn lock_briefly(lock: &File, dir: &Path, lock_path: &Path) -> Result<(), StoreEr
     }
 }
 
-/// sled in a locked data directory.
+/// sled in a locked data directory, behind a write-ahead log ([`crate::wal`]) and the
+/// tables of what it logged ([`crate::memtable`]).
 pub struct SledBackend {
-    db: sled::Db,
-    dir: PathBuf,
-    log_file: File,
-    synced_blobs: Mutex<HashSet<std::ffi::OsString>>,
+    engine: Arc<Engine>,
+    overlay: Arc<RwLock<Overlay>>,
+    log: Mutex<Logged>,
+    checkpoints: Checkpointer,
+    /// Records the write-ahead log held that could not be re-applied, found at open.
+    lost_tail: Option<Rollback>,
     // Held for the life of the backend: dropping the file releases the lock.
     _lock: File,
 }
+
+/// The write-ahead log and the LSN of the last batch applied.
+struct Logged {
+    wal: Wal,
+    last_lsn: u64,
+}
+
+/// How many times a range read starts again when a checkpoint changed sled under it.
+const RANGE_RETRIES: usize = 8;
 
 const LOCK_FILE: &str = "durafiber.lock";
 /// Written once sled has created its files: from then on, a missing `sled/` is damage, not
@@ -85,19 +104,6 @@ fn open_sled(sled_dir: &Path) -> Result<sled::Db, StoreError> {
     Err(StoreError::Io {
         path: sled_dir.to_path_buf(),
         source: last.unwrap_or_else(|| std::io::Error::other("sled lock")),
-    })
-}
-
-/// Runs a sled call, turning a panic inside it (sled 0.34 panics on some damaged logs) into
-/// an engine error naming the directory: sled's faults stay in the store layer.
-fn contained<T>(dir: &Path, f: impl FnOnce() -> T) -> Result<T, StoreError> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic".into());
-        StoreError::Engine(format!("sled failed on {}: {what}", dir.display()))
     })
 }
 
@@ -215,14 +221,26 @@ impl SledBackend {
     /// Opens the store in `dir`, which must already hold one: inspection and repair never
     /// create an empty store by mistake (a typo in `--data`).
     pub fn open_existing(dir: &Path) -> Result<Self, StoreError> {
+        Self::open_existing_sized(dir, wal::DEFAULT_BYTES)
+    }
+
+    /// [`SledBackend::open_existing`] with a write-ahead log of `wal_bytes`.
+    pub fn open_existing_sized(dir: &Path, wal_bytes: u64) -> Result<Self, StoreError> {
         if !is_store(dir) {
             return Err(StoreError::NotAStore { path: dir.to_path_buf() });
         }
-        Self::open(dir)
+        Self::open_sized(dir, wal_bytes)
     }
 
-    /// Opens (creating if needed) the store in `dir`. A second opener gets `DirLocked`.
+    /// Opens (creating if needed) the store in `dir`, with a write-ahead log of the default
+    /// size. A second opener gets `DirLocked`.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        Self::open_sized(dir, wal::DEFAULT_BYTES)
+    }
+
+    /// [`SledBackend::open`] with a write-ahead log of `wal_bytes` (at least 64 KiB): a
+    /// smaller log checkpoints sled more often.
+    pub fn open_sized(dir: &Path, wal_bytes: u64) -> Result<Self, StoreError> {
         if !dir.exists() {
             std::fs::create_dir_all(dir).map_err(io(dir))?;
             if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -245,109 +263,146 @@ impl SledBackend {
         remove_unfinished_snapshots(&sled_dir)?;
         let db = open_with_repairs(dir, &sled_dir)?;
         save_conf(dir, &sled_dir)?;
-        let log_path = sled_dir.join("db");
-        let log_file = File::open(&log_path).map_err(io(&log_path))?;
         if !marker.exists() {
             // sled's new files and folder, then the marker, each durable with its parent.
             sync_dir(&sled_dir)?;
             File::create(&marker).and_then(|f| f.sync_all()).map_err(io(&marker))?;
             sync_dir(dir)?;
         }
-        let backend = SledBackend {
-            db,
-            dir: dir.to_path_buf(),
-            log_file,
-            synced_blobs: Mutex::new(HashSet::new()),
-            _lock: lock,
-        };
+        let engine = Arc::new(Engine::new(db, dir, &sled_dir)?);
+        let (records, size) = Wal::read(dir)?;
+        let (last_lsn, lost_tail) = engine.replay(&records)?;
         // Whatever an earlier process left unsynced is made durable before anyone reads it.
-        backend.barrier()?;
-        Ok(backend)
+        engine.make_durable()?;
+        // A log whose records could not all be re-applied keeps its size, so it is not
+        // written anew and the loss is found again at the next open.
+        let wal_bytes = if lost_tail.is_some() { size.unwrap_or(wal_bytes) } else { wal_bytes };
+        let wal = Wal::open(dir, wal_bytes)?;
+        let overlay = Arc::new(RwLock::new(Overlay::default()));
+        let checkpoints = Checkpointer::start(engine.clone(), overlay.clone())?;
+        Ok(SledBackend {
+            engine,
+            overlay,
+            log: Mutex::new(Logged { wal, last_lsn }),
+            checkpoints,
+            lost_tail,
+            _lock: lock,
+        })
     }
 
     /// The data directory.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        &self.engine.dir
     }
 
-    fn sync_new_blobs(&self) -> Result<(), StoreError> {
-        let blob_dir = self.dir.join(SLED_DIR).join("blobs");
-        let Ok(entries) = std::fs::read_dir(&blob_dir) else { return Ok(()) };
-        let mut synced = self.synced_blobs.lock();
-        let mut any = false;
-        let mut present = HashSet::new();
-        for entry in entries {
-            let entry = entry.map_err(io(&blob_dir))?;
-            let name = entry.file_name();
-            if !synced.contains(&name) {
-                let path = entry.path();
-                match File::open(&path) {
-                    Ok(f) => f.sync_data().map_err(io(&path))?,
-                    // sled may collect a blob between listing and opening it.
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(io(&path)(e)),
-                }
-                any = true;
-            }
-            present.insert(name);
-        }
-        if any {
-            File::open(&blob_dir).and_then(|d| d.sync_all()).map_err(io(&blob_dir))?;
-        }
-        *synced = present;
+    /// Syncs this half, then hands its table to the checkpoint thread once it has finished
+    /// the other half's, and moves the log to the other half.
+    fn rotate(&self, logged: &mut Logged) -> Result<(), StoreError> {
+        logged.wal.sync()?;
+        self.checkpoints.wait_idle()?;
+        let table = self.overlay.write().freeze();
+        self.checkpoints.hand_over(table, logged.last_lsn)?;
+        logged.wal.switch();
         Ok(())
+    }
+}
+
+impl Drop for SledBackend {
+    fn drop(&mut self) {
+        // The checkpoint thread writes sled: it ends before the directory's lock is let go.
+        self.checkpoints.stop();
     }
 }
 
 impl Backend for SledBackend {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(contained(&self.dir, || self.db.get(key))??.map(|v| v.to_vec()))
+        if let Some(value) = self.overlay.read().get(key) {
+            return Ok(value);
+        }
+        // Not logged since the last checkpoint: sled has the newest value.
+        Ok(contained(&self.engine.dir, || self.engine.db.get(key))??.map(|v| v.to_vec()))
     }
 
     fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Entries, StoreError> {
-        contained(&self.dir, || {
-            let mut out = Vec::new();
-            for item in self.db.range(start..end).take(limit) {
-                let (k, v) = item?;
-                out.push((k.to_vec(), v.to_vec()));
+        let mut attempt = 0;
+        loop {
+            let (overlay, seen) = {
+                let o = self.overlay.read();
+                (o.range(start, end), o.checkpoints)
+            };
+            let entries = contained(&self.engine.dir, || {
+                let sled = self
+                    .engine
+                    .db
+                    .range(start..end)
+                    .map(|item| item.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(StoreError::from));
+                merge(overlay, sled, limit)
+            })??;
+            // sled changes only at a checkpoint: with none since the overlay was read, the
+            // two together are one moment's state.
+            attempt += 1;
+            if self.overlay.read().checkpoints == seen || attempt > RANGE_RETRIES {
+                return Ok(entries);
             }
-            Ok(out)
-        })?
+        }
     }
 
     fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
-        let mut b = sled::Batch::default();
-        for op in &batch.ops {
-            match op {
-                Op::Put { key, value } => b.insert(key.as_slice(), value.as_slice()),
-                Op::Delete { key } => b.remove(key.as_slice()),
+        // Under the log's lock, so the log and the tables see batches in the same order.
+        let mut logged = self.log.lock();
+        let lsn = logged.last_lsn + 1;
+        if logged.wal.append(lsn, &batch.ops) == Appended::Full {
+            self.rotate(&mut logged)?;
+            if logged.wal.append(lsn, &batch.ops) == Appended::Full {
+                // Larger than a log half: it goes into sled at once, durably, with all
+                // before it.
+                self.overlay.write().apply(&batch.ops);
+                logged.last_lsn = lsn;
+                self.rotate(&mut logged)?;
+                return self.checkpoints.wait_idle();
             }
         }
-        self.db.apply_batch(b)?;
+        self.overlay.write().apply(&batch.ops);
+        logged.last_lsn = lsn;
         Ok(())
     }
 
+    /// One `pwrite` and one `fdatasync` of the write-ahead log.
     fn barrier(&self) -> Result<(), StoreError> {
-        self.sync_new_blobs()?;
-        self.db.flush()?;
-        let log_path = self.dir.join(SLED_DIR).join("db");
-        self.log_file.sync_data().map_err(io(&log_path))
+        self.log.lock().wal.sync()?;
+        self.checkpoints.check()
+    }
+
+    /// Everything logged goes into sled, durably: the next open has nothing to re-apply.
+    fn checkpoint(&self) -> Result<(), StoreError> {
+        let mut logged = self.log.lock();
+        logged.wal.sync()?;
+        self.checkpoints.wait_idle()?;
+        if !self.overlay.read().active.is_empty() {
+            self.rotate(&mut logged)?;
+            self.checkpoints.wait_idle()?;
+        }
+        self.engine.make_durable()
+    }
+
+    fn lost_on_open(&self) -> Option<Rollback> {
+        self.lost_tail.clone()
     }
 
     fn disk_bytes(&self) -> u64 {
-        self.db.size_on_disk().unwrap_or(0)
+        self.engine.db.size_on_disk().unwrap_or(0)
     }
 
     fn free_bytes(&self) -> Option<u64> {
-        let stat = rustix::fs::statvfs(&self.dir).ok()?;
+        let stat = rustix::fs::statvfs(&self.engine.dir).ok()?;
         Some(stat.f_bavail.saturating_mul(stat.f_frsize))
     }
 
     fn location(&self) -> PathBuf {
-        self.dir.clone()
+        self.engine.dir.clone()
     }
 
     fn data_dir(&self) -> Option<PathBuf> {
-        Some(self.dir.clone())
+        Some(self.engine.dir.clone())
     }
 }

@@ -34,6 +34,9 @@ pub struct StoreConfig {
     pub disk_reserve_bytes: u64,
     /// A barrier that has not returned after this long fails the store.
     pub barrier_timeout: Duration,
+    /// Bytes of the sled store's write-ahead log ([`crate::wal`]): sled itself is synced
+    /// each time this much has been logged.
+    pub wal_bytes: u64,
 }
 
 impl Default for StoreConfig {
@@ -44,6 +47,7 @@ impl Default for StoreConfig {
             queued_writes_max: 16_384,
             disk_reserve_bytes: 64 * 1024 * 1024,
             barrier_timeout: Duration::from_secs(30),
+            wal_bytes: crate::wal::DEFAULT_BYTES,
         }
     }
 }
@@ -143,12 +147,18 @@ impl Store {
     /// Opens the sled store in `dir`, creating it if needed. A store that went back in time
     /// since its last clean close is refused with [`StoreError::RolledBack`].
     pub fn open_dir(dir: &Path, config: StoreConfig) -> Result<Store, StoreError> {
-        Store::checked(dir, Store::with_backend(Arc::new(SledBackend::open(dir)?), config)?)
+        Store::checked(
+            dir,
+            Store::with_backend(Arc::new(SledBackend::open_sized(dir, config.wal_bytes)?), config)?,
+        )
     }
 
     /// Opens the sled store in `dir`, which must already hold one (inspection and repair).
     pub fn open_existing_dir(dir: &Path, config: StoreConfig) -> Result<Store, StoreError> {
-        Store::checked(dir, Store::with_backend(Arc::new(SledBackend::open_existing(dir)?), config)?)
+        Store::checked(
+            dir,
+            Store::with_backend(Arc::new(SledBackend::open_existing_sized(dir, config.wal_bytes)?), config)?,
+        )
     }
 
     /// Opens an existing store whatever happened to it, for repair: a rollback is returned
@@ -157,8 +167,9 @@ impl Store {
         dir: &Path,
         config: StoreConfig,
     ) -> Result<(Store, Option<crate::witness::Rollback>), StoreError> {
-        let store = Store::with_backend(Arc::new(SledBackend::open_existing(dir)?), config)?;
-        let rollback = crate::witness::check(dir, store.inner.backend.as_ref())?;
+        let store =
+            Store::with_backend(Arc::new(SledBackend::open_existing_sized(dir, config.wal_bytes)?), config)?;
+        let rollback = store.rollback(dir)?;
         if rollback.is_some() {
             store.inner.witness_ok.store(false, std::sync::atomic::Ordering::Relaxed);
         }
@@ -166,7 +177,7 @@ impl Store {
     }
 
     fn checked(dir: &Path, store: Store) -> Result<Store, StoreError> {
-        match crate::witness::check(dir, store.inner.backend.as_ref())? {
+        match store.rollback(dir)? {
             None => Ok(store),
             Some(rb) => {
                 store.inner.witness_ok.store(false, std::sync::atomic::Ordering::Relaxed);
@@ -178,6 +189,15 @@ impl Store {
                     runs: rb.runs,
                 })
             }
+        }
+    }
+
+    /// Whether the store went back in time: lost past its write-ahead log, or behind the
+    /// witness of its last clean close.
+    fn rollback(&self, dir: &Path) -> Result<Option<crate::witness::Rollback>, StoreError> {
+        match self.inner.backend.lost_on_open() {
+            Some(lost) => Ok(Some(lost)),
+            None => crate::witness::check(dir, self.inner.backend.as_ref()),
         }
     }
 

@@ -1,0 +1,155 @@
+//! The batches logged since sled's last checkpoint, in memory, in front of sled for reads.
+//!
+//! Two tables at most: the *active* one, which takes every applied batch, and a *frozen* one
+//! whose log half is full and which the checkpoint thread is writing into sled. A read looks
+//! in the active table, then the frozen one, then sled. A delete is kept as a tombstone
+//! (`None`) until sled has it.
+
+use std::{
+    collections::BTreeMap,
+    ops::Bound::{Excluded, Included},
+    sync::Arc,
+};
+
+use crate::{StoreError, backend::Entries, batch::Op};
+
+/// Keys to their newest value, or `None` for a delete.
+pub(crate) type Table = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
+/// The two tables, and how many checkpoints have completed (a reader that spans one starts
+/// again).
+#[derive(Default)]
+pub(crate) struct Overlay {
+    pub active: Table,
+    /// Bytes of keys and values in `active`, roughly: what a checkpoint will write.
+    pub active_bytes: usize,
+    pub frozen: Option<Arc<Table>>,
+    pub checkpoints: u64,
+}
+
+impl Overlay {
+    /// Applies a batch's writes, in order, to the active table.
+    pub fn apply(&mut self, ops: &[Op]) {
+        self.active_bytes += apply_to(&mut self.active, ops);
+    }
+
+    /// What the overlay says of `key`: `Some(None)` when it was deleted, `None` when only
+    /// sled can tell.
+    pub fn get(&self, key: &[u8]) -> Option<Option<Vec<u8>>> {
+        if let Some(v) = self.active.get(key) {
+            return Some(v.clone());
+        }
+        self.frozen.as_ref().and_then(|f| f.get(key).cloned())
+    }
+
+    /// Every entry of the overlay with `start <= key < end`, the active table winning.
+    pub fn range(&self, start: &[u8], end: &[u8]) -> Table {
+        if start >= end {
+            return Table::new();
+        }
+        let bounds = (Included(start), Excluded(end));
+        let mut out = Table::new();
+        if let Some(frozen) = &self.frozen {
+            out.extend(frozen.range::<[u8], _>(bounds).map(|(k, v)| (k.clone(), v.clone())));
+        }
+        out.extend(self.active.range::<[u8], _>(bounds).map(|(k, v)| (k.clone(), v.clone())));
+        out
+    }
+
+    /// Moves the active table to `frozen`, for the checkpoint thread. The frozen slot must
+    /// be empty.
+    pub fn freeze(&mut self) -> Arc<Table> {
+        let table = Arc::new(std::mem::take(&mut self.active));
+        self.active_bytes = 0;
+        self.frozen = Some(table.clone());
+        table
+    }
+}
+
+/// Applies `ops` in order to `table`; returns the bytes of keys and values they carried.
+pub(crate) fn apply_to(table: &mut Table, ops: &[Op]) -> usize {
+    let mut bytes = 0;
+    for op in ops {
+        match op {
+            Op::Put { key, value } => {
+                bytes += key.len() + value.len();
+                table.insert(key.clone(), Some(value.clone()));
+            }
+            Op::Delete { key } => {
+                bytes += key.len();
+                table.insert(key.clone(), None);
+            }
+        }
+    }
+    bytes
+}
+
+/// Merges overlay entries over sled's, in key order, up to `limit` live entries.
+pub(crate) fn merge(
+    overlay: Table,
+    sled: impl Iterator<Item = Result<(Vec<u8>, Vec<u8>), StoreError>>,
+    limit: usize,
+) -> Result<Entries, StoreError> {
+    let mut out = Vec::new();
+    let mut over = overlay.into_iter().peekable();
+    let mut sled = sled.peekable();
+    while out.len() < limit {
+        let take_overlay = match (over.peek(), sled.peek()) {
+            (None, None) => break,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some((ok, _)), Some(Ok((sk, _)))) => ok <= sk,
+            (Some(_), Some(Err(_))) => false,
+        };
+        if take_overlay {
+            let Some((key, value)) = over.next() else { break };
+            // The overlay's word on a key is newer than sled's.
+            if sled.peek().is_some_and(|s| s.as_ref().is_ok_and(|(sk, _)| *sk == key)) {
+                sled.next();
+            }
+            if let Some(value) = value {
+                out.push((key, value));
+            }
+        } else if let Some(item) = sled.next() {
+            out.push(item?);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(k: &str, v: &str) -> Op {
+        Op::Put { key: k.as_bytes().to_vec(), value: v.as_bytes().to_vec() }
+    }
+
+    #[test]
+    fn the_active_table_wins_over_the_frozen_one_and_both_over_sled() {
+        let mut o = Overlay::default();
+        o.apply(&[put("a", "1"), put("b", "1")]);
+        o.freeze();
+        o.apply(&[put("b", "2"), Op::Delete { key: b"c".to_vec() }]);
+        assert_eq!(o.get(b"a"), Some(Some(b"1".to_vec())));
+        assert_eq!(o.get(b"b"), Some(Some(b"2".to_vec())));
+        assert_eq!(o.get(b"c"), Some(None));
+        assert_eq!(o.get(b"d"), None);
+        let sled = || {
+            [("a", "0"), ("c", "0"), ("d", "0"), ("e", "0")]
+                .map(|(k, v)| Ok((k.as_bytes().to_vec(), v.as_bytes().to_vec())))
+                .into_iter()
+        };
+        let merged = merge(o.range(b"a", b"z"), sled(), usize::MAX).expect("merge");
+        let text: Vec<(String, String)> = merged
+            .into_iter()
+            .map(|(k, v)| (String::from_utf8(k).expect("utf-8"), String::from_utf8(v).expect("utf-8")))
+            .collect();
+        let want =
+            [("a", "1"), ("b", "2"), ("d", "0"), ("e", "0")].map(|(k, v)| (k.to_string(), v.to_string()));
+        assert_eq!(text, want.to_vec());
+        let limited = merge(o.range(b"a", b"z"), sled(), 3).expect("merge");
+        assert_eq!(limited.len(), 3);
+        assert!(o.range(b"z", b"a").is_empty());
+    }
+}

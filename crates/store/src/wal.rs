@@ -1,0 +1,373 @@
+//! The write-ahead log in front of sled: one `fdatasync` of one pre-written file per barrier.
+//!
+//! sled makes a batch durable with two trips to the disk (it writes and `sync_file_range`s
+//! its buffer before *and* after every atomic batch), and only an `fdatasync` after that
+//! reaches the disk's cache flush. Here a batch is encoded into this log and kept in memory
+//! ([`crate::memtable`]); a barrier writes the new records and `fdatasync`s the file once.
+//! sled receives the batches a whole log half at a time, as one atomic batch, from a
+//! checkpoint thread. After a crash, opening the store applies the records sled lacks.
+//!
+//! Why a re-apply is safe: each record carries a log sequence number (LSN), and sled stores
+//! the LSN of the last record it holds (`meta`/`wal_lsn`) atomically with every checkpoint.
+//! Replaying exactly the records after it, in order, yields the state after the last
+//! durable record — never a mix of an old and a new batch.
+//!
+//! The file has a fixed size, two halves, and is written full of zeros when created, so a
+//! barrier never changes its length or allocates blocks: the `fdatasync` flushes data, no
+//! metadata. Records go into one half until it is full; then the log moves to the other
+//! half, once the checkpoint of what that half held is complete, under a new random
+//! *generation*. Reading a half stops at a record of another generation (stale), at a
+//! checksum that fails (a write torn by the crash), or at a break in the LSNs.
+//!
+//! Record layout, little endian:
+//! ```text
+//! payload_len u32 | crc32 u32 (of generation, lsn, payload) | generation u64 | lsn u64 | payload
+//! payload: ops u32, then per op: tag u8 (0 put, 1 delete) | key_len u32 | key [| value_len u32 | value]
+//! ```
+
+use std::{
+    fs::{File, OpenOptions},
+    io::Write,
+    os::unix::fs::FileExt,
+    path::{Path, PathBuf},
+};
+
+use crate::{StoreError, batch::Op};
+
+/// The log's file name in the data directory.
+pub const FILE: &str = "durafiber.wal";
+/// Bytes of the log file by default (two halves): sled receives a checkpoint every half.
+pub const DEFAULT_BYTES: u64 = 8 * 1024 * 1024;
+/// The smallest log accepted.
+pub const MIN_BYTES: u64 = 128 * 1024;
+const HEADER_LEN: usize = 24;
+const PUT: u8 = 0;
+const DELETE: u8 = 1;
+
+/// One logged batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    /// Its log sequence number.
+    pub lsn: u64,
+    /// Its writes, in order.
+    pub ops: Vec<Op>,
+}
+
+/// The open log: which half is written, where the next record goes, and what is encoded
+/// but not yet written.
+pub(crate) struct Wal {
+    file: File,
+    path: PathBuf,
+    half_bytes: u64,
+    /// The half being written: 0 or 1.
+    half: u64,
+    generation: u64,
+    /// Where the next write starts, within the half.
+    offset: u64,
+    /// Records encoded since the last sync.
+    pending: Vec<u8>,
+}
+
+/// Whether [`Wal::append`] took the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Appended {
+    /// Logged; durable at the next sync.
+    Logged,
+    /// It does not fit in what is left of this half: nothing was added.
+    Full,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io { path: path.to_path_buf(), source }
+}
+
+/// A generation no earlier log used: random, never 0 (the zeros of a fresh file).
+fn new_generation() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
+    );
+    h.write_u32(std::process::id());
+    h.finish().max(1)
+}
+
+fn checksum(generation: u64, lsn: u64, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&generation.to_le_bytes());
+    h.update(&lsn.to_le_bytes());
+    h.update(payload);
+    h.finalize()
+}
+
+fn encode_payload(ops: &[Op], out: &mut Vec<u8>) {
+    out.extend_from_slice(&(ops.len() as u32).to_le_bytes());
+    for op in ops {
+        match op {
+            Op::Put { key, value } => {
+                out.push(PUT);
+                out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+                out.extend_from_slice(key);
+                out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+                out.extend_from_slice(value);
+            }
+            Op::Delete { key } => {
+                out.push(DELETE);
+                out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+                out.extend_from_slice(key);
+            }
+        }
+    }
+}
+
+/// Reads a little-endian integer of `N` bytes at `*at`, moving past it.
+fn take<const N: usize>(bytes: &[u8], at: &mut usize) -> Option<[u8; N]> {
+    let end = at.checked_add(N)?;
+    let out = bytes.get(*at..end)?.try_into().ok()?;
+    *at = end;
+    Some(out)
+}
+
+fn take_bytes(bytes: &[u8], at: &mut usize) -> Option<Vec<u8>> {
+    let len = u32::from_le_bytes(take::<4>(bytes, at)?) as usize;
+    let end = at.checked_add(len)?;
+    let out = bytes.get(*at..end)?.to_vec();
+    *at = end;
+    Some(out)
+}
+
+fn decode_payload(payload: &[u8]) -> Option<Vec<Op>> {
+    let mut at = 0;
+    let count = u32::from_le_bytes(take::<4>(payload, &mut at)?);
+    let mut ops = Vec::with_capacity((count as usize).min(payload.len()));
+    for _ in 0..count {
+        let [tag] = take::<1>(payload, &mut at)?;
+        let key = take_bytes(payload, &mut at)?;
+        ops.push(match tag {
+            PUT => Op::Put { key, value: take_bytes(payload, &mut at)? },
+            DELETE => Op::Delete { key },
+            _ => return None,
+        });
+    }
+    (at == payload.len()).then_some(ops)
+}
+
+/// The records of one half: from its start, each valid, of the first record's generation,
+/// and numbered one after the other. Reading stops at the first that is not.
+fn read_half(bytes: &[u8]) -> Vec<Record> {
+    let mut records = Vec::new();
+    let mut at = 0usize;
+    let mut generation = None;
+    loop {
+        let start = at;
+        let Some(header) = take::<HEADER_LEN>(bytes, &mut at) else { break };
+        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+        let record_generation = u64::from_le_bytes(header[8..16].try_into().unwrap_or_default());
+        let lsn = u64::from_le_bytes(header[16..24].try_into().unwrap_or_default());
+        let Some(payload) = at.checked_add(len).and_then(|end| bytes.get(at..end)) else { break };
+        let chained = records.last().is_none_or(|r: &Record| r.lsn.checked_add(1) == Some(lsn));
+        if record_generation == 0
+            || generation.is_some_and(|g| g != record_generation)
+            || !chained
+            || checksum(record_generation, lsn, payload) != crc
+        {
+            if generation == Some(record_generation) && header.iter().any(|b| *b != 0) {
+                tracing::info!(offset = start, "the write-ahead log ends in a record a crash cut short");
+            }
+            break;
+        }
+        let Some(ops) = decode_payload(payload) else { break };
+        generation = Some(record_generation);
+        records.push(Record { lsn, ops });
+        at += len;
+    }
+    records
+}
+
+/// The records of a whole log file, in LSN order: each half's, the older half first. Stale
+/// records (already in sled) are among them; the caller skips those by LSN.
+pub fn read_records(bytes: &[u8]) -> Vec<Record> {
+    let middle = bytes.len() / 2;
+    let mut halves = [read_half(&bytes[..middle]), read_half(&bytes[middle..])];
+    halves.sort_by_key(|h| h.first().map_or(0, |r| r.lsn));
+    let [older, newer] = halves;
+    older.into_iter().chain(newer).collect()
+}
+
+/// Writes a zeroed log file of `capacity` bytes in place of any other, durably.
+fn create(dir: &Path, path: &Path, capacity: u64) -> Result<File, StoreError> {
+    let tmp = dir.join(format!("{FILE}.partial"));
+    {
+        let mut f = File::create(&tmp).map_err(io(&tmp))?;
+        let zeros = vec![0u8; 1024 * 1024];
+        let mut left = capacity;
+        while left > 0 {
+            let n = left.min(zeros.len() as u64) as usize;
+            f.write_all(&zeros[..n]).map_err(io(&tmp))?;
+            left -= n as u64;
+        }
+        f.sync_all().map_err(io(&tmp))?;
+    }
+    std::fs::rename(&tmp, path).map_err(io(path))?;
+    crate::sled_backend::sync_dir(dir)?;
+    OpenOptions::new().read(true).write(true).open(path).map_err(io(path))
+}
+
+impl Wal {
+    /// The records the log in `dir` holds (none when there is no log), for the caller to
+    /// re-apply what sled lacks before it opens the log for writing.
+    pub fn read(dir: &Path) -> Result<(Vec<Record>, Option<u64>), StoreError> {
+        let path = dir.join(FILE);
+        match std::fs::read(&path) {
+            Ok(bytes) => Ok((read_records(&bytes), Some(bytes.len() as u64))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Vec::new(), None)),
+            Err(e) => Err(io(&path)(e)),
+        }
+    }
+
+    /// Opens the log in `dir` for writing, creating it when missing or of another size:
+    /// the caller has put every record it held into sled. Writing starts in half 0 under a
+    /// new generation.
+    pub fn open(dir: &Path, capacity: u64) -> Result<Wal, StoreError> {
+        let path = dir.join(FILE);
+        let capacity = capacity.max(MIN_BYTES) / 2 * 2;
+        let size = std::fs::metadata(&path).map(|m| m.len()).ok();
+        let file = if size == Some(capacity) {
+            OpenOptions::new().read(true).write(true).open(&path).map_err(io(&path))?
+        } else {
+            create(dir, &path, capacity)?
+        };
+        Ok(Wal {
+            file,
+            path,
+            half_bytes: capacity / 2,
+            half: 0,
+            generation: new_generation(),
+            offset: 0,
+            pending: Vec::new(),
+        })
+    }
+
+    /// Adds a record of `ops` under `lsn`, durable at the next [`Wal::sync`], if it fits in
+    /// what is left of this half.
+    pub fn append(&mut self, lsn: u64, ops: &[Op]) -> Appended {
+        let start = self.pending.len();
+        self.pending.extend_from_slice(&[0u8; HEADER_LEN]);
+        encode_payload(ops, &mut self.pending);
+        let end = self.offset.saturating_add(self.pending.len() as u64);
+        let len = u32::try_from(self.pending.len() - start - HEADER_LEN);
+        let Ok(len) = len.ok().filter(|_| end <= self.half_bytes).ok_or(()) else {
+            self.pending.truncate(start);
+            return Appended::Full;
+        };
+        let crc = checksum(self.generation, lsn, &self.pending[start + HEADER_LEN..]);
+        let header = &mut self.pending[start..start + HEADER_LEN];
+        header[0..4].copy_from_slice(&len.to_le_bytes());
+        header[4..8].copy_from_slice(&crc.to_le_bytes());
+        header[8..16].copy_from_slice(&self.generation.to_le_bytes());
+        header[16..24].copy_from_slice(&lsn.to_le_bytes());
+        Appended::Logged
+    }
+
+    /// Writes the pending records and makes them durable: one `pwrite`, one `fdatasync`.
+    pub fn sync(&mut self) -> Result<(), StoreError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let at = self.half * self.half_bytes + self.offset;
+        self.file.write_all_at(&self.pending, at).map_err(io(&self.path))?;
+        self.file.sync_data().map_err(io(&self.path))?;
+        self.offset += self.pending.len() as u64;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Moves to the other half, from its start, under a new generation. The caller has
+    /// synced this half, and sled holds everything the other half logged.
+    pub fn switch(&mut self) {
+        self.half = 1 - self.half;
+        self.generation = new_generation();
+        self.offset = 0;
+        self.pending.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ops(i: u8) -> Vec<Op> {
+        vec![Op::Put { key: vec![b'w', i], value: vec![i; 3] }, Op::Delete { key: vec![b'w', i, 1] }]
+    }
+
+    fn lsns(dir: &Path) -> Vec<u64> {
+        read_records(&std::fs::read(dir.join(FILE)).expect("read")).iter().map(|r| r.lsn).collect()
+    }
+
+    #[test]
+    fn records_round_trip_and_reading_stops_at_a_torn_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(Wal::read(dir.path()).expect("read").0.is_empty());
+        let mut wal = Wal::open(dir.path(), MIN_BYTES).expect("open");
+        for lsn in 1..=3 {
+            assert_eq!(wal.append(lsn, &ops(lsn as u8)), Appended::Logged);
+        }
+        wal.sync().expect("sync");
+        let bytes = std::fs::read(dir.path().join(FILE)).expect("read");
+        let records = read_records(&bytes);
+        assert_eq!(records.iter().map(|r| r.lsn).collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert_eq!(records[1].ops, ops(2));
+
+        // A flipped byte in the third record ends the log after the second.
+        let mut torn = bytes.clone();
+        let record_len = HEADER_LEN + 4 + (1 + 4 + 2 + 4 + 3) + (1 + 4 + 3);
+        torn[2 * record_len + HEADER_LEN + 2] ^= 0x40;
+        assert_eq!(read_records(&torn).len(), 2);
+    }
+
+    #[test]
+    fn the_halves_are_read_in_lsn_order_and_a_rewritten_half_hides_its_stale_records() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wal = Wal::open(dir.path(), MIN_BYTES).expect("open");
+        let mut lsn = 0;
+        // Fill half 0, then write three records into half 1.
+        while wal.append(lsn + 1, &ops(1)) == Appended::Logged {
+            lsn += 1;
+        }
+        wal.sync().expect("sync");
+        let first_half = lsn;
+        wal.switch();
+        for _ in 0..3 {
+            lsn += 1;
+            assert_eq!(wal.append(lsn, &ops(2)), Appended::Logged);
+        }
+        wal.sync().expect("sync");
+        assert_eq!(lsns(dir.path()), (1..=lsn).collect::<Vec<_>>());
+        // Back in half 0: its one new record comes after half 1's; the older records
+        // behind it are of another generation and end the reading.
+        wal.switch();
+        lsn += 1;
+        assert_eq!(wal.append(lsn, &ops(3)), Appended::Logged);
+        wal.sync().expect("sync");
+        assert_eq!(lsns(dir.path()), vec![first_half + 1, first_half + 2, first_half + 3, lsn]);
+    }
+
+    #[test]
+    fn a_record_larger_than_a_half_never_fits() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wal = Wal::open(dir.path(), MIN_BYTES).expect("open");
+        let big = [Op::Put { key: vec![b'w'], value: vec![0; 70_000] }];
+        assert_eq!(wal.append(1, &big), Appended::Full);
+        wal.switch();
+        assert_eq!(wal.append(1, &big), Appended::Full);
+        assert_eq!(wal.append(1, &ops(1)), Appended::Logged);
+    }
+
+    #[test]
+    fn zeros_and_garbage_read_as_an_empty_log() {
+        assert!(read_records(&[0u8; 4096]).is_empty());
+        assert!(read_records(&[0x5au8; 4096]).is_empty());
+        assert!(read_records(&[]).is_empty());
+    }
+}
