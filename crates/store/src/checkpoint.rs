@@ -1,5 +1,5 @@
-//! Checkpoints: how logged batches reach sled. A full log half's table goes into sled as one
-//! atomic batch, with the LSN of its last record, and sled is then made durable; the
+//! Checkpoints: how logged batches reach sled. A full log half's table goes into sled, then
+//! the LSN of its last record, and sled is then made durable; the
 //! checkpoint thread does this while the writer goes on in the other half. Opening a store
 //! re-applies the records sled lacks in the same way.
 //!
@@ -84,20 +84,27 @@ impl Engine {
         })
     }
 
-    /// Writes `table` into sled as one atomic batch together with `lsn`, then makes sled
-    /// durable.
+    /// Writes `table` into sled, then `lsn`, then makes sled durable.
+    ///
+    /// Key by key, not as one sled batch: sled's atomic batch takes a lock every other
+    /// writer and reader of sled waits for, and writes its buffer out twice. A checkpoint cut
+    /// short by a crash is still safe: sled recovers a prefix of its writes, so the LSN,
+    /// written last, is there only with every key before it; without it, the next open
+    /// re-applies every record after the older LSN, which rewrites each key this checkpoint
+    /// touched.
     pub fn persist(&self, table: &Table, lsn: u64) -> Result<(), StoreError> {
-        let mut batch = sled::Batch::default();
-        for (key, value) in table {
-            match value {
-                Some(value) => batch.insert(key.as_slice(), value.as_slice()),
-                None => batch.remove(key.as_slice()),
-            }
-        }
         let body =
             codec::encode(&lsn).map_err(|reason| StoreError::Encode { table: tables::META.name, reason })?;
-        batch.insert(lsn_key(), envelope::seal(&lsn_key(), &body));
-        contained(&self.dir, || self.db.apply_batch(batch))??;
+        let sealed_lsn = envelope::seal(&lsn_key(), &body);
+        contained(&self.dir, || {
+            for (key, value) in table {
+                match value {
+                    Some(value) => self.db.insert(key.as_slice(), value.as_slice()).map(drop)?,
+                    None => self.db.remove(key.as_slice()).map(drop)?,
+                }
+            }
+            self.db.insert(lsn_key(), sealed_lsn).map(drop)
+        })??;
         self.make_durable()
     }
 

@@ -4,13 +4,14 @@
 //! its buffer before *and* after every atomic batch), and only an `fdatasync` after that
 //! reaches the disk's cache flush. Here a batch is encoded into this log and kept in memory
 //! ([`crate::memtable`]); a barrier writes the new records and `fdatasync`s the file once.
-//! sled receives the batches a whole log half at a time, as one atomic batch, from a
-//! checkpoint thread. After a crash, opening the store applies the records sled lacks.
+//! sled receives the batches a whole log half at a time, from a checkpoint thread. After a crash, opening the store applies the records sled lacks.
 //!
-//! Why a re-apply is safe: each record carries a log sequence number (LSN), and sled stores
-//! the LSN of the last record it holds (`meta`/`wal_lsn`) atomically with every checkpoint.
-//! Replaying exactly the records after it, in order, yields the state after the last
-//! durable record — never a mix of an old and a new batch.
+//! Why a re-apply is safe: each record carries a log sequence number (LSN), and every
+//! checkpoint writes into sled, after its keys, the LSN of the last record it covers
+//! (`meta`/`wal_lsn`). sled recovers a prefix of its writes, so that LSN is there only with
+//! every key before it. Replaying the records after it, in order, rewrites every key a
+//! checkpoint cut short touched and yields the state after the last durable record —
+//! never a mix of an old and a new batch.
 //!
 //! The file has a fixed size, two halves, and is written full of zeros when created, so a
 //! barrier never changes its length or allocates blocks: the `fdatasync` flushes data, no
