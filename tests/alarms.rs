@@ -204,3 +204,39 @@ async fn a_periodic_alarm_repeats_and_setting_it_again_is_a_no_op() {
     rt.advance(Duration::from_secs(60)).await.expect("advance");
     assert_eq!(log.lock().expect("log").len(), 3, "a cancelled alarm stays quiet");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_alarms_than_the_window_fire_each_once_on_time_with_more_set_past_its_horizon_meanwhile() {
+    let sim = SimBackend::new();
+    let log = Log::default();
+    let rt = open(&sim, VirtualClock::new(T0), &log).await;
+    // Twice the window, one every 2 ms from the first second on.
+    let count = 2 * limits::ALARM_WINDOW_MAX as u64;
+    let early: Vec<(String, u64)> = (0..count).map(|i| (format!("a{i:05}"), 1_000 + 2 * i)).collect();
+    let run = rt.start::<Alarmed>("many", &early).await.expect("start").run_id;
+    rt.advance(Duration::ZERO).await.expect("advance");
+    let mut want: Vec<(String, u64)> = early.iter().map(|(n, d)| (n.clone(), T0 + d)).collect();
+    // While the window works through them, more are set: some past its horizon, between
+    // alarms only the store holds; some after everything.
+    for step in 0..8u64 {
+        rt.advance(Duration::from_millis(1_000)).await.expect("advance");
+        for j in 0..50u64 {
+            let due = T0 + 1_001 + step * 1_000 + 2 * (200 + j * 37) % (2 * count) + 1_000;
+            let name = format!("b{step}-{j:02}");
+            rt.set_alarm(run.as_str(), &name, AlarmSpec::at_ms(due, &name).expect("spec"))
+                .await
+                .expect("set");
+            want.push((name, due.max(rt.now_ms())));
+        }
+        assert!(rt.alarm_window_len() <= limits::ALARM_WINDOW_MAX, "window {}", rt.alarm_window_len());
+    }
+    rt.advance(Duration::from_secs(60)).await.expect("advance");
+    let got = log.lock().expect("log").clone();
+    let mut fired: Vec<(String, u64)> = got.iter().map(|(n, at, _)| (n.clone(), *at)).collect();
+    assert!(got.iter().all(|(_, _, retry)| *retry == 0), "no alarm was retried");
+    assert!(fired.windows(2).all(|w| w[0].1 <= w[1].1), "alarms fired out of due order");
+    fired.sort();
+    want.sort();
+    assert_eq!(fired.len(), want.len(), "each alarm fires exactly once");
+    assert_eq!(fired, want, "each alarm fires at its due time");
+}

@@ -217,3 +217,31 @@ async fn a_refused_runtime_call_fails_the_run_instead_of_looping_as_an_interrupt
         other => panic!("expected Failed, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_right_after_starts_leaves_no_run_behind_holding_the_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = runtime(dir.path()).await;
+    // Each start activates its run beside the caller: shutdown comes while some of those
+    // activations are still under way.
+    for i in 0..200 {
+        rt.start::<Inbox>(&format!("late-{i}"), &()).await.expect("start");
+    }
+    rt.shutdown().await;
+    rt.store().close();
+    drop(rt);
+    // Every actor and fiber let go of the store, so the directory can be opened again at
+    // once, in this process.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let reopened = loop {
+        match Store::open_dir(dir.path(), StoreConfig::default()) {
+            Ok(store) => break store,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("the store is still held after shutdown: {e}"),
+        }
+    };
+    reopened.close();
+}

@@ -1,8 +1,10 @@
 //! The scheduler's bounded window over the store's due-time index (§8.6).
 //!
-//! Memory holds at most [`ALARM_WINDOW_MAX`] entries: the earliest ones. When the window is
-//! not `complete`, alarms due after its `horizon` live only in the store and are read back
-//! when the window drains. One timer (the driver's) serves them all.
+//! Memory holds at most [`ALARM_WINDOW_MAX`] entries: the earliest ones. Alarms after the
+//! window's horizon live only in the store. When the window runs down to half, the next
+//! entries after the horizon are read in, outside the window's lock, so deliveries never
+//! wait for the store's index and the next due time is always known. One timer (the
+//! driver's) serves them all.
 
 use std::collections::{BTreeSet, HashSet};
 
@@ -17,14 +19,49 @@ pub(crate) struct Scheduler {
     inner: Mutex<Window>,
 }
 
+/// What the window holds of the store's index.
+#[derive(Debug, Clone, PartialEq)]
+enum Horizon {
+    /// Nothing read yet: every alarm is only in the store.
+    Unread,
+    /// Every alarm up to and including this entry is in the window; later ones only in the
+    /// store.
+    After(Entry),
+    /// Every pending alarm is in the window.
+    Complete,
+}
+
+impl Horizon {
+    /// Whether `e` lies beyond the window, where only the store has it.
+    fn beyond(&self, e: &Entry) -> bool {
+        match self {
+            Horizon::Unread => true,
+            Horizon::After(h) => e > h,
+            Horizon::Complete => false,
+        }
+    }
+}
+
 struct Window {
     due: BTreeSet<Entry>,
-    /// True when every pending alarm is in `due`.
-    complete: bool,
-    /// When not complete: alarms due after this are only in the store.
-    horizon: u64,
+    horizon: Horizon,
+    /// While a refill reads the store: the entries set beyond the horizon meanwhile, which
+    /// the read may have missed.
+    refilling: Option<Vec<Entry>>,
     in_flight: HashSet<(String, String)>,
     capacity: usize,
+}
+
+impl Window {
+    /// Drops the latest entries past capacity back to the store.
+    fn trim(&mut self) {
+        while self.due.len() > self.capacity {
+            self.due.pop_last();
+            if let Some(last) = self.due.last() {
+                self.horizon = Horizon::After(last.clone());
+            }
+        }
+    }
 }
 
 impl Default for Scheduler {
@@ -38,10 +75,10 @@ impl Scheduler {
         Scheduler {
             inner: Mutex::new(Window {
                 due: BTreeSet::new(),
-                complete: false,
-                horizon: 0,
+                horizon: Horizon::Unread,
+                refilling: None,
                 in_flight: HashSet::new(),
-                capacity: capacity.max(1),
+                capacity: capacity.max(2),
             }),
         }
     }
@@ -50,28 +87,67 @@ impl Scheduler {
         self.inner.lock()
     }
 
-    /// Reads the earliest alarms from the store's index into the window.
+    /// Whether the window has run low while the store holds more.
+    pub fn wants_refill(&self) -> bool {
+        let w = self.lock();
+        w.horizon != Horizon::Complete && w.refilling.is_none() && w.due.len() <= w.capacity / 2
+    }
+
+    /// Reads the entries after the horizon from the store's index, up to capacity. The
+    /// store is read without the window's lock: alarms set meanwhile beyond the horizon are
+    /// noted and merged, so none is missed.
     pub fn refill(&self, store: &Store) -> Result<(), StoreError> {
+        let (start, horizon, want) = {
+            let mut w = self.lock();
+            if w.horizon == Horizon::Complete || w.refilling.is_some() {
+                return Ok(());
+            }
+            let start = match &w.horizon {
+                Horizon::After((due, run, name)) => {
+                    let mut key = tables::alarm_due_key(*due, run, name);
+                    key.push(0); // the first key after it
+                    key
+                }
+                _ => vec![tables::ALARM_DUE.prefix],
+            };
+            w.refilling = Some(Vec::new());
+            (start, w.horizon.clone(), w.capacity.saturating_sub(w.due.len()).max(1))
+        };
+        let read = store.keys_between(&start, &[tables::ALARM_DUE.prefix + 1], want);
         let mut w = self.lock();
-        let keys =
-            store.keys_between(&[tables::ALARM_DUE.prefix], &[tables::ALARM_DUE.prefix + 1], w.capacity)?;
-        w.complete = keys.len() < w.capacity;
-        w.due = keys.iter().filter_map(|k| tables::parse_alarm_due_key(k)).collect();
-        w.horizon = w.due.last().map(|e| e.0).unwrap_or(0);
+        let noted = w.refilling.take().unwrap_or_default();
+        let keys = read?;
+        if w.horizon == horizon {
+            let entries: Vec<Entry> = keys.iter().filter_map(|k| tables::parse_alarm_due_key(k)).collect();
+            w.horizon = match entries.last() {
+                Some(last) if keys.len() >= want => Horizon::After(last.clone()),
+                _ => Horizon::Complete,
+            };
+            w.due.extend(entries);
+        }
+        // (Had the horizon moved down meanwhile, the entries read are beyond it: the next
+        // refill reads them again.)
+        for e in noted {
+            if !w.horizon.beyond(&e) {
+                w.due.insert(e);
+            }
+        }
+        w.trim();
         Ok(())
     }
 
     pub fn insert(&self, due_at_ms: u64, run_id: &str, name: &str) {
         let mut w = self.lock();
-        if !w.complete && due_at_ms > w.horizon {
-            return; // read back from the store when the window reaches it
+        let e = (due_at_ms, run_id.to_string(), name.to_string());
+        if w.horizon.beyond(&e) {
+            // Read back from the store when the window reaches it.
+            if let Some(noted) = &mut w.refilling {
+                noted.push(e);
+            }
+            return;
         }
-        w.due.insert((due_at_ms, run_id.to_string(), name.to_string()));
-        if w.due.len() > w.capacity {
-            w.due.pop_last();
-            w.complete = false;
-            w.horizon = w.due.last().map(|e| e.0).unwrap_or(0);
-        }
+        w.due.insert(e);
+        w.trim();
     }
 
     pub fn remove(&self, due_at_ms: u64, run_id: &str, name: &str) {
@@ -81,12 +157,6 @@ impl Scheduler {
     /// The earliest due time the window knows.
     pub fn next_due_ms(&self) -> Option<u64> {
         self.lock().due.first().map(|e| e.0)
-    }
-
-    /// True when the window is empty but the store may hold more.
-    pub fn needs_refill(&self) -> bool {
-        let w = self.lock();
-        w.due.is_empty() && !w.complete
     }
 
     /// Takes up to `max` alarms due by `now_ms` that are not being delivered already.
@@ -128,13 +198,25 @@ mod tests {
     #[test]
     fn the_window_keeps_the_earliest_and_drops_the_rest_to_the_store() {
         let s = Scheduler::with_capacity(2);
-        s.lock().complete = true;
+        s.lock().horizon = Horizon::Complete;
         s.insert(30, "r", "c");
         s.insert(10, "r", "a");
         s.insert(20, "r", "b");
         assert_eq!(s.window_len(), 2);
         s.insert(25, "r", "d"); // beyond the horizon now: left in the store
         assert_eq!(s.take_due(100, 10).iter().map(|e| e.0).collect::<Vec<_>>(), vec![10, 20]);
-        assert!(s.needs_refill());
+        assert!(s.wants_refill());
+    }
+
+    #[test]
+    fn an_equal_due_time_past_the_horizon_is_left_to_the_store() {
+        let s = Scheduler::with_capacity(2);
+        s.lock().horizon = Horizon::Complete;
+        s.insert(10, "a", "x");
+        s.insert(10, "b", "x");
+        s.insert(10, "c", "x");
+        assert_eq!(s.lock().horizon, Horizon::After((10, "b".into(), "x".into())));
+        s.insert(10, "d", "x");
+        assert_eq!(s.window_len(), 2);
     }
 }

@@ -81,6 +81,9 @@ pub(crate) struct Shared {
     /// Consecutive failures of the runtime itself while delivering alarms (§8.4).
     pub alarm_runtime_failures: std::sync::atomic::AtomicU32,
     pub shutting_down: std::sync::atomic::AtomicBool,
+    /// Activations past their shutdown check and not yet registered: `shutdown` waits for
+    /// them, so that its stop of every registered run misses none ([`Activating`]).
+    pub activating: std::sync::atomic::AtomicU64,
     /// Set when `shutdown` has finished: a task of this runtime still in flight (a timer that
     /// fires later, an aborted fiber between two polls) writes nothing after it.
     pub closed: std::sync::atomic::AtomicBool,
@@ -191,6 +194,18 @@ impl Shared {
         tracing::debug!(run_id, at_ms, "wake scheduled");
         self.wakeups.lock().insert((at_ms, run_id.to_string()));
         self.driver_wake.notify_one();
+    }
+
+    /// Counts an activation under way, unless the runtime is shutting down. The count comes
+    /// before the check: `shutdown` sets its flag before it reads the count, so either it
+    /// sees this activation counted or this activation sees the flag.
+    pub fn activating(&self) -> Result<Activating<'_>, crate::error::RuntimeError> {
+        self.activating.fetch_add(1, Ordering::SeqCst);
+        let guard = Activating { count: &self.activating };
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return Err(crate::error::RuntimeError::ShuttingDown);
+        }
+        Ok(guard)
     }
 
     /// Spawns work that `settle` waits for.
@@ -390,6 +405,17 @@ impl Shared {
 
     pub fn next_seq(&self, cell: &RunCell) -> u64 {
         cell.seq.fetch_add(1, Ordering::SeqCst) + 1
+    }
+}
+
+/// An activation under way (see [`Shared::activating`]); uncounted when dropped.
+pub(crate) struct Activating<'a> {
+    count: &'a std::sync::atomic::AtomicU64,
+}
+
+impl Drop for Activating<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

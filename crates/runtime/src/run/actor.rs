@@ -50,9 +50,7 @@ async fn live_or_spawn(
     if let Some(run) = registry.get(run_id) {
         return Ok((run, false));
     }
-    if shared.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
-        return Err(RuntimeError::ShuttingDown);
-    }
+    let _activating = shared.activating()?;
     // Virtual time waits for the registration write.
     let _busy = shared.busy();
     let watch = Stopwatch::start();

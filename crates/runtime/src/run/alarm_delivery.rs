@@ -34,12 +34,12 @@ pub(crate) fn retry_delay_ms(shared: &Shared, n: u32) -> u64 {
 
 /// Starts a delivery for every alarm due by now; returns how many started.
 pub(crate) fn start_due(shared: &Arc<Shared>) -> usize {
-    refill_if_drained(shared);
+    refill_if_low(shared);
     let room = limits::ALARM_DELIVERIES_IN_FLIGHT_MAX.saturating_sub(shared.scheduler.in_flight());
     let due = shared.scheduler.take_due(shared.now_ms(), room);
     let n = due.len();
     // Read the next alarms in now, so the driver knows when to wake instead of guessing.
-    refill_if_drained(shared);
+    refill_if_low(shared);
     // One task per run, delivering that run's alarms one after another in due order; runs
     // are delivered concurrently.
     let mut per_run: Vec<(String, Vec<(u64, String)>)> = Vec::new();
@@ -64,9 +64,9 @@ pub(crate) fn start_due(shared: &Arc<Shared>) -> usize {
     n
 }
 
-/// Reads the next alarms from the store's index when the window has drained.
-fn refill_if_drained(shared: &Shared) {
-    if shared.scheduler.needs_refill()
+/// Reads the next alarms from the store's index when the window has run low.
+fn refill_if_low(shared: &Shared) {
+    if shared.scheduler.wants_refill()
         && let Err(e) = shared.scheduler.refill(&shared.store)
     {
         tracing::error!(error = %e, "could not read the alarm index");

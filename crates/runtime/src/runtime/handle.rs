@@ -119,6 +119,7 @@ impl RuntimeBuilder {
             opened: Stopwatch::start(),
             alarm_runtime_failures: std::sync::atomic::AtomicU32::new(0),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
+            activating: std::sync::atomic::AtomicU64::new(0),
             closed: std::sync::atomic::AtomicBool::new(false),
             busy: tokio::sync::watch::Sender::new(0),
             woken: tokio::sync::watch::Sender::new(0),
@@ -343,6 +344,12 @@ impl Runtime {
         self.shared.driver_wake.notify_one();
         if let Some(driver) = self.driver.lock().take() {
             driver.abort();
+        }
+        // An activation under way (beside a start, say) registers its run in a moment; the
+        // stop below must not miss it, or its actor and fiber would outlive the runtime.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.shared.activating.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
         for run_id in self.shared.registry.run_ids() {
             if let Some(live) = self.shared.registry.remove(&run_id) {
