@@ -42,17 +42,37 @@ impl Overlay {
         self.frozen.as_ref().and_then(|f| f.get(key).cloned())
     }
 
-    /// Every entry of the overlay with `start <= key < end`, the active table winning.
-    pub fn range(&self, start: &[u8], end: &[u8]) -> Table {
+    /// The overlay's entries with `start <= key < end`, the active table winning, up to and
+    /// including the `limit`-th live one: a merge that stops at `limit` entries never needs
+    /// an overlay entry after that.
+    pub fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Table {
+        let mut out = Table::new();
         if start >= end {
-            return Table::new();
+            return out;
         }
         let bounds = (Included(start), Excluded(end));
-        let mut out = Table::new();
-        if let Some(frozen) = &self.frozen {
-            out.extend(frozen.range::<[u8], _>(bounds).map(|(k, v)| (k.clone(), v.clone())));
+        let mut active = self.active.range::<[u8], _>(bounds).peekable();
+        let mut frozen =
+            self.frozen.as_ref().map(|f| f.range::<[u8], _>(bounds)).into_iter().flatten().peekable();
+        let mut live = 0;
+        while live < limit {
+            let next = match (active.peek(), frozen.peek()) {
+                (None, None) => break,
+                (Some(_), None) => active.next(),
+                (None, Some(_)) => frozen.next(),
+                (Some((a, _)), Some((f, _))) => match a.cmp(f) {
+                    std::cmp::Ordering::Less => active.next(),
+                    std::cmp::Ordering::Greater => frozen.next(),
+                    std::cmp::Ordering::Equal => {
+                        frozen.next();
+                        active.next()
+                    }
+                },
+            };
+            let Some((key, value)) = next else { break };
+            live += usize::from(value.is_some());
+            out.insert(key.clone(), value.clone());
         }
-        out.extend(self.active.range::<[u8], _>(bounds).map(|(k, v)| (k.clone(), v.clone())));
         out
     }
 
@@ -126,6 +146,19 @@ mod tests {
     }
 
     #[test]
+    fn a_limited_range_reads_past_tombstones_to_the_live_entries_behind_them() {
+        let mut o = Overlay::default();
+        o.apply(&(0..10).map(|i| put(&format!("k{i}"), "old")).collect::<Vec<_>>());
+        o.freeze();
+        o.apply(&(0..5).map(|i| Op::Delete { key: format!("k{i}").into_bytes() }).collect::<Vec<_>>());
+        let none = std::iter::empty();
+        let merged = merge(o.range(b"k", b"l", 3), none, 3).expect("merge");
+        let keys: Vec<String> =
+            merged.into_iter().map(|(k, _)| String::from_utf8(k).expect("utf-8")).collect();
+        assert_eq!(keys, ["k5", "k6", "k7"]);
+    }
+
+    #[test]
     fn the_active_table_wins_over_the_frozen_one_and_both_over_sled() {
         let mut o = Overlay::default();
         o.apply(&[put("a", "1"), put("b", "1")]);
@@ -140,7 +173,7 @@ mod tests {
                 .map(|(k, v)| Ok((k.as_bytes().to_vec(), v.as_bytes().to_vec())))
                 .into_iter()
         };
-        let merged = merge(o.range(b"a", b"z"), sled(), usize::MAX).expect("merge");
+        let merged = merge(o.range(b"a", b"z", usize::MAX), sled(), usize::MAX).expect("merge");
         let text: Vec<(String, String)> = merged
             .into_iter()
             .map(|(k, v)| (String::from_utf8(k).expect("utf-8"), String::from_utf8(v).expect("utf-8")))
@@ -148,8 +181,8 @@ mod tests {
         let want =
             [("a", "1"), ("b", "2"), ("d", "0"), ("e", "0")].map(|(k, v)| (k.to_string(), v.to_string()));
         assert_eq!(text, want.to_vec());
-        let limited = merge(o.range(b"a", b"z"), sled(), 3).expect("merge");
+        let limited = merge(o.range(b"a", b"z", 3), sled(), 3).expect("merge");
         assert_eq!(limited.len(), 3);
-        assert!(o.range(b"z", b"a").is_empty());
+        assert!(o.range(b"z", b"a", 10).is_empty());
     }
 }

@@ -50,13 +50,29 @@ pub fn stored_seq(backend: &dyn Backend) -> Result<u64, StoreError> {
     }
 }
 
+/// Entries read at a time: a store of millions of records is digested without holding it
+/// all in memory.
+const PAGE: usize = 10_000;
+
 fn digests(backend: &dyn Backend) -> Result<BTreeMap<String, u32>, StoreError> {
     let mut hashers: BTreeMap<String, crc32fast::Hasher> = BTreeMap::new();
-    for (key, value) in backend.range(&[], &[0xff; 16], usize::MAX)? {
-        if let Some(run) = tables::run_of_key(&key) {
-            let h = hashers.entry(run.to_string()).or_default();
-            h.update(&key);
-            h.update(&value);
+    let end = [0xffu8; 16];
+    let mut start = Vec::new();
+    loop {
+        let page = backend.range(&start, &end, PAGE)?;
+        for (key, value) in &page {
+            if let Some(run) = tables::run_of_key(key) {
+                let h = hashers.entry(run.to_string()).or_default();
+                h.update(key);
+                h.update(value);
+            }
+        }
+        match page.last() {
+            Some((last, _)) if page.len() == PAGE => {
+                start = last.clone();
+                start.push(0); // the first key after it
+            }
+            _ => break,
         }
     }
     Ok(hashers.into_iter().map(|(run, h)| (run, h.finalize())).collect())
