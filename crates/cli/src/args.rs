@@ -268,6 +268,10 @@ pub enum Bench {
         /// Runs in flight when the process is killed.
         #[arg(long, default_value_t = 1000)]
         runs: usize,
+        /// Time each run waits before each of its steps, before and after the kill: with
+        /// many runs, a short one makes their own steps compete with the recovery measured.
+        #[arg(long, default_value_t = 1000)]
+        pause_ms: u64,
         /// Where to write samples and the histogram.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -332,6 +336,9 @@ pub enum Bench {
         mode: String,
         /// Runs.
         runs: usize,
+        /// Time each run waits before each step.
+        #[arg(long, default_value_t = 1000)]
+        pause_ms: u64,
     },
 }
 

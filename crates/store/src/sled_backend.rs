@@ -391,7 +391,7 @@ impl Backend for SledBackend {
     }
 
     fn disk_bytes(&self) -> u64 {
-        self.engine.db.size_on_disk().unwrap_or(0)
+        self.engine.db.size_on_disk().unwrap_or(0) + self.log.lock().wal.file_bytes()
     }
 
     fn free_bytes(&self) -> Option<u64> {

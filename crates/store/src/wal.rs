@@ -284,6 +284,11 @@ impl Wal {
         Ok(())
     }
 
+    /// Bytes of the log file.
+    pub fn file_bytes(&self) -> u64 {
+        2 * self.half_bytes
+    }
+
     /// Moves to the other half, from its start, under a new generation. The caller has
     /// synced this half, and sled holds everything the other half logged.
     pub fn switch(&mut self) {

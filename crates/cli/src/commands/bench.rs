@@ -98,11 +98,13 @@ pub(super) fn progress(msg: &str) {
 pub async fn run(which: Bench) -> anyhow::Result<i32> {
     match which {
         Bench::Stash { json, writers, seconds, out } => stash(json, writers, seconds, out.as_deref()).await,
-        Bench::Recover { json, runs, out } => recover(json, runs, out.as_deref()).await,
+        Bench::Recover { json, runs, pause_ms, out } => recover(json, runs, pause_ms, out.as_deref()).await,
         Bench::Alarms { json, alarms, pending, out } => {
             bench_alarms(json, alarms, pending, out.as_deref()).await
         }
-        Bench::RecoverChild { data, mode, runs } => recover_child(&data, &mode, runs).await,
+        Bench::RecoverChild { data, mode, runs, pause_ms } => {
+            recover_child(&data, &mode, runs, pause_ms).await
+        }
         Bench::Steps { json, runs, steps, sequential, gap_ms, kill_runs, out } => {
             let plan = super::bench_steps::Plan { runs, steps, sequential, gap_ms, kill_runs };
             super::bench_steps::steps(json, plan, out.as_deref()).await
@@ -191,14 +193,14 @@ fn epoch_ms() -> u64 {
 }
 
 /// The process `bench recover` starts, kills and restarts.
-async fn recover_child(data: &Path, mode: &str, runs: usize) -> anyhow::Result<i32> {
+async fn recover_child(data: &Path, mode: &str, runs: usize, pause_ms: u64) -> anyhow::Result<i32> {
     let process_start = Instant::now();
     let process_start_ms = epoch_ms();
     let store = Store::open_dir(data, StoreConfig::default())?;
     let store_open_ms = process_start.elapsed().as_secs_f64() * 1000.0;
     let rt = Runtime::builder(store).agent(Steps::default()).open().await?;
     if mode == "start" {
-        let input = StepsInput { steps: 1_000_000, pause_ms: 1_000 };
+        let input = StepsInput { steps: 1_000_000, pause_ms };
         let mut tasks = Vec::new();
         for chunk in 0..runs.div_ceil(500) {
             let rt = rt.clone();
@@ -233,7 +235,7 @@ async fn recover_child(data: &Path, mode: &str, runs: usize) -> anyhow::Result<i
     // The event log keeps the newest events only: past its size, the percentiles describe
     // the runs recovered last, and `timed_runs` says how many.
     let report = json!({
-        "runs": runs, "recovered": m.recoveries, "timed_runs": per_run.0.len(), "store_open_ms": (store_open_ms * 10.0).round() / 10.0,
+        "runs": runs, "pause_ms": pause_ms, "recovered": m.recoveries, "timed_runs": per_run.0.len(), "store_open_ms": (store_open_ms * 10.0).round() / 10.0,
         "all_recovered_ms": all_recovered_ms.round(), "p50_ms": per_run.quantile(0.5), "p99_ms": per_run.quantile(0.99),
         "cold_start_p50_us": m.cold_start.p50_us, "cold_start_p99_us": m.cold_start.p99_us,
         "samples_ms": per_run.0,
@@ -242,14 +244,14 @@ async fn recover_child(data: &Path, mode: &str, runs: usize) -> anyhow::Result<i
     std::process::exit(0);
 }
 
-async fn recover(json: bool, runs: usize, out: Option<&Path>) -> anyhow::Result<i32> {
+async fn recover(json: bool, runs: usize, pause_ms: u64, out: Option<&Path>) -> anyhow::Result<i32> {
     let exe = std::env::current_exe()?;
     let dir = tempfile::Builder::new().prefix("durafiber-bench-").tempdir_in(std::env::temp_dir())?;
-    progress(&format!("starting {runs} runs that stash every second"));
+    progress(&format!("starting {runs} runs that stash every {pause_ms} ms"));
     let mut child = Command::new(&exe)
         .args(["bench", "recover-child"])
         .arg(dir.path())
-        .args(["start", &runs.to_string()])
+        .args(["start", &runs.to_string(), "--pause-ms", &pause_ms.to_string()])
         .stdout(Stdio::piped())
         .spawn()?;
     let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
@@ -262,7 +264,7 @@ async fn recover(json: bool, runs: usize, out: Option<&Path>) -> anyhow::Result<
     let output = Command::new(&exe)
         .args(["bench", "recover-child"])
         .arg(dir.path())
-        .args(["recover", &runs.to_string()])
+        .args(["recover", &runs.to_string(), "--pause-ms", &pause_ms.to_string()])
         .stderr(Stdio::inherit())
         .output()?;
     let text = String::from_utf8_lossy(&output.stdout);
