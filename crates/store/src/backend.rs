@@ -7,6 +7,18 @@ use crate::{Batch, StoreError};
 /// Raw entries, `(key, sealed value)`, in key order.
 pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 
+/// What a rollback took: how far the store got, how far it had been (at its last clean close,
+/// or in its write-ahead log), and the runs it changed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Rollback {
+    /// The commit sequence number at the last clean close.
+    pub expected_seq: u64,
+    /// The one the store holds now.
+    pub found_seq: u64,
+    /// Runs whose records differ from the witness (changed, lost, or older).
+    pub runs: Vec<String>,
+}
+
 /// A key-value engine with atomic batches and an explicit durability barrier.
 ///
 /// Contract for implementors, checked by the conformance suite in `durafiber-testkit`:
@@ -29,7 +41,7 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// What the backend found lost when it opened (its engine went back past what its own
     /// log still held), for the store to refuse or report.
-    fn lost_on_open(&self) -> Option<crate::witness::Rollback> {
+    fn lost_on_open(&self) -> Option<Rollback> {
         None
     }
     /// Bytes of the files behind the store, for inspection (0 when there are none).

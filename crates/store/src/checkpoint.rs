@@ -18,11 +18,12 @@ use std::{
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::{
-    StoreError, codec, envelope,
+    StoreError,
+    backend::Rollback,
+    codec, envelope,
     memtable::{Overlay, Table, apply_to},
     tables,
     wal::Record,
-    witness::Rollback,
 };
 
 /// sled and the files behind it, shared by the backend and its checkpoint thread.

@@ -39,6 +39,7 @@ mod checkpoint;
 pub mod codec;
 pub mod envelope;
 mod error;
+mod fsync;
 mod memtable;
 pub mod repair;
 pub mod sim_backend;

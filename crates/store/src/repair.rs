@@ -278,7 +278,7 @@ pub fn write_backup_file(bytes: &[u8], out: &Path) -> Result<(), StoreError> {
     file.write_all(bytes).and_then(|()| file.sync_all()).map_err(io)?;
     std::fs::rename(&tmp, out).map_err(io)?;
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-        crate::sled_backend::sync_dir(parent)?;
+        crate::fsync::sync_dir(parent)?;
     }
     Ok(())
 }

@@ -16,10 +16,11 @@ use parking_lot::{Mutex, RwLock};
 use crate::{
     Backend, Batch, StoreError,
     backend::Entries,
+    backend::Rollback,
     checkpoint::{Checkpointer, Engine, contained},
+    fsync::sync_dir,
     memtable::{Overlay, merge},
     wal::{self, Appended, Wal},
-    witness::Rollback,
 };
 
 /// How long an opener waits for the lock a closing store still holds.
@@ -155,11 +156,6 @@ fn quarantine_snapshots(dir: &Path, sled_dir: &Path) -> Result<(), StoreError> {
     }
     sync_dir(&quarantine)?;
     sync_dir(sled_dir)
-}
-
-/// Makes a directory's entries (files created, renamed or removed in it) durable.
-pub(crate) fn sync_dir(path: &Path) -> Result<(), StoreError> {
-    File::open(path).and_then(|d| d.sync_all()).map_err(io(path))
 }
 
 /// durafiber's copy of sled's `conf` (segment size, compression, version: written once, at

@@ -211,7 +211,7 @@ fn create(dir: &Path, path: &Path, capacity: u64) -> Result<File, StoreError> {
         f.sync_all().map_err(io(&tmp))?;
     }
     std::fs::rename(&tmp, path).map_err(io(path))?;
-    crate::sled_backend::sync_dir(dir)?;
+    crate::fsync::sync_dir(dir)?;
     OpenOptions::new().read(true).write(true).open(path).map_err(io(path))
 }
 

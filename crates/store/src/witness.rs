@@ -16,6 +16,7 @@ use std::{collections::BTreeMap, path::Path};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::backend::Rollback;
 use crate::{Backend, StoreError, codec, envelope, tables};
 
 /// The key of the commit sequence number.
@@ -88,7 +89,7 @@ pub fn write(dir: &Path, backend: &dyn Backend) -> Result<(), StoreError> {
     std::fs::write(&tmp, envelope::seal(SEAL_KEY, &body)).map_err(io)?;
     std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io)?;
     std::fs::rename(&tmp, &path).map_err(io)?;
-    crate::sled_backend::sync_dir(dir)
+    crate::fsync::sync_dir(dir)
 }
 
 /// Every run the witness knows of (at the last clean close): what a store that cannot be
@@ -100,17 +101,6 @@ pub fn known_runs(dir: &Path) -> Vec<String> {
         .and_then(|b| codec::decode::<Witness>(b).ok())
         .map(|w| w.runs.into_keys().collect())
         .unwrap_or_default()
-}
-
-/// What a rollback took: how far the store got, how far it had been, and the runs it changed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Rollback {
-    /// The commit sequence number at the last clean close.
-    pub expected_seq: u64,
-    /// The one the store holds now.
-    pub found_seq: u64,
-    /// Runs whose records differ from the witness (changed, lost, or older).
-    pub runs: Vec<String>,
 }
 
 /// Compares the store with its witness; `Some` when the store went back in time.

@@ -22,7 +22,7 @@ use durafiber_runtime::{ListFilter, RunStatus, Runtime};
 use durafiber_store::{Store, StoreConfig};
 use serde_json::{Value, json};
 
-use super::bench::{Samples, progress, raw_fdatasync_per_s};
+use super::measure::{Samples, progress, raw_fdatasync_per_s};
 use crate::commands::output::print_report;
 
 /// What `bench steps` measures.

@@ -4,6 +4,7 @@ pub mod bench;
 mod bench_steps;
 pub mod drill;
 pub mod inspect;
+mod measure;
 mod output;
 pub mod repair;
 pub mod serve;

@@ -1,0 +1,81 @@
+//! What the benchmarks share: latency samples with their quantiles and histogram, progress
+//! lines, and the raw `fdatasync` rate every figure is compared with.
+
+use std::{io::Write, path::Path, time::Instant};
+
+/// Latency samples in microseconds.
+#[derive(Default)]
+pub(super) struct Samples(pub(super) Vec<u64>);
+
+impl Samples {
+    pub(super) fn quantile(&mut self, q: f64) -> u64 {
+        if self.0.is_empty() {
+            return 0;
+        }
+        self.0.sort_unstable();
+        let i = ((self.0.len() as f64 - 1.0) * q).round() as usize;
+        self.0[i.min(self.0.len() - 1)]
+    }
+
+    /// Writes `samples.csv` and a histogram as `histogram.svg` into `out`.
+    pub(super) fn write(&mut self, out: &Path, name: &str, unit: &str) -> anyhow::Result<()> {
+        std::fs::create_dir_all(out)?;
+        let mut csv = String::from(unit);
+        csv.push('\n');
+        for s in &self.0 {
+            csv.push_str(&format!("{s}\n"));
+        }
+        std::fs::write(out.join(format!("{name}-samples.csv")), csv)?;
+        std::fs::write(out.join(format!("{name}-histogram.svg")), svg_histogram(&mut self.0, name, unit))?;
+        Ok(())
+    }
+}
+
+/// A histogram over log2 buckets, as a small self-contained SVG.
+fn svg_histogram(samples: &mut [u64], title: &str, unit: &str) -> String {
+    let mut buckets = [0u64; 40];
+    for s in samples.iter() {
+        buckets[(64 - s.leading_zeros() as usize).min(39)] += 1;
+    }
+    let first = buckets.iter().position(|n| *n > 0).unwrap_or(0);
+    let last = buckets.iter().rposition(|n| *n > 0).unwrap_or(0);
+    let shown = &buckets[first..=last];
+    let max = shown.iter().copied().max().unwrap_or(1).max(1);
+    let (w, h, bar) = ((60 + shown.len() * 40).max(560), 260, 36);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"monospace\" font-size=\"10\">\n\
+         <text x=\"10\" y=\"16\" font-size=\"13\">{title}: {} samples ({unit}, log2 buckets)</text>\n",
+        samples.len()
+    );
+    for (i, n) in shown.iter().enumerate() {
+        let bh = (*n as f64 / max as f64 * 180.0) as usize;
+        let x = 40 + i * 40;
+        let upper = 1u64 << (first + i);
+        svg.push_str(&format!(
+            "<rect x=\"{x}\" y=\"{}\" width=\"{bar}\" height=\"{bh}\" fill=\"#4a7ab0\"/>\n\
+             <text x=\"{x}\" y=\"{}\">{n}</text>\n<text x=\"{x}\" y=\"250\">&lt;{upper}</text>\n",
+            220 - bh,
+            215 - bh
+        ));
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+pub(super) fn progress(msg: &str) {
+    eprintln!("bench: {msg}");
+}
+
+pub(super) fn raw_fdatasync_per_s(dir: &Path, seconds: f64) -> anyhow::Result<f64> {
+    let path = dir.join("raw-fdatasync.bin");
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+    let record = [7u8; 256];
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed().as_secs_f64() < seconds {
+        f.write_all(&record)?;
+        f.sync_data()?;
+        n += 1;
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
