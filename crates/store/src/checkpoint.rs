@@ -21,6 +21,7 @@ use crate::{
     StoreError,
     backend::Rollback,
     codec, envelope,
+    fsync::io,
     memtable::{Overlay, Table, apply_to},
     tables,
     wal::Record,
@@ -35,10 +36,6 @@ pub(crate) struct Engine {
     pub log_path: PathBuf,
     pub blob_dir: PathBuf,
     synced_blobs: Mutex<HashSet<std::ffi::OsString>>,
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
-    move |source| StoreError::Io { path: path.to_path_buf(), source }
 }
 
 /// The key under which sled keeps the LSN of the last record it holds.

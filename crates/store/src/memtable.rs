@@ -21,8 +21,6 @@ pub(crate) type Table = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 #[derive(Default)]
 pub(crate) struct Overlay {
     pub active: Table,
-    /// Bytes of keys and values in `active`, roughly: what a checkpoint will write.
-    pub active_bytes: usize,
     pub frozen: Option<Arc<Table>>,
     pub checkpoints: u64,
 }
@@ -30,7 +28,7 @@ pub(crate) struct Overlay {
 impl Overlay {
     /// Applies a batch's writes, in order, to the active table.
     pub fn apply(&mut self, ops: &[Op]) {
-        self.active_bytes += apply_to(&mut self.active, ops);
+        apply_to(&mut self.active, ops);
     }
 
     /// What the overlay says of `key`: `Some(None)` when it was deleted, `None` when only
@@ -80,28 +78,19 @@ impl Overlay {
     /// be empty.
     pub fn freeze(&mut self) -> Arc<Table> {
         let table = Arc::new(std::mem::take(&mut self.active));
-        self.active_bytes = 0;
         self.frozen = Some(table.clone());
         table
     }
 }
 
-/// Applies `ops` in order to `table`; returns the bytes of keys and values they carried.
-pub(crate) fn apply_to(table: &mut Table, ops: &[Op]) -> usize {
-    let mut bytes = 0;
+/// Applies `ops` in order to `table`.
+pub(crate) fn apply_to(table: &mut Table, ops: &[Op]) {
     for op in ops {
         match op {
-            Op::Put { key, value } => {
-                bytes += key.len() + value.len();
-                table.insert(key.clone(), Some(value.clone()));
-            }
-            Op::Delete { key } => {
-                bytes += key.len();
-                table.insert(key.clone(), None);
-            }
-        }
+            Op::Put { key, value } => table.insert(key.clone(), Some(value.clone())),
+            Op::Delete { key } => table.insert(key.clone(), None),
+        };
     }
-    bytes
 }
 
 /// Merges overlay entries over sled's, in key order, up to `limit` live entries.

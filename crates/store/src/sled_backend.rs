@@ -18,7 +18,7 @@ use crate::{
     backend::Entries,
     backend::Rollback,
     checkpoint::{Checkpointer, Engine, contained},
-    fsync::sync_dir,
+    fsync::{io, sync_dir},
     memtable::{Overlay, merge},
     wal::{self, Appended, Wal},
 };
@@ -76,10 +76,6 @@ const SLED_DIR: &str = "sled";
 /// Whether `dir` holds a durafiber store (made by this version or an older one).
 pub fn is_store(dir: &Path) -> bool {
     dir.join(MARKER_FILE).exists() || dir.join(SLED_DIR).join("conf").exists()
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
-    move |source| StoreError::Io { path: path.to_path_buf(), source }
 }
 
 /// Opens sled. We hold the directory's lock file, so no other store owns it; a refusal of

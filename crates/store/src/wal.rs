@@ -33,7 +33,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::{StoreError, batch::Op};
+use crate::{StoreError, batch::Op, fsync::io};
 
 /// The log's file name in the data directory.
 pub const FILE: &str = "durafiber.wal";
@@ -76,10 +76,6 @@ pub(crate) enum Appended {
     Logged,
     /// It does not fit in what is left of this half: nothing was added.
     Full,
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
-    move |source| StoreError::Io { path: path.to_path_buf(), source }
 }
 
 /// A generation no earlier log used: random, never 0 (the zeros of a fresh file).
@@ -258,7 +254,7 @@ impl Wal {
         encode_payload(ops, &mut self.pending);
         let end = self.offset.saturating_add(self.pending.len() as u64);
         let len = u32::try_from(self.pending.len() - start - HEADER_LEN);
-        let Ok(len) = len.ok().filter(|_| end <= self.half_bytes).ok_or(()) else {
+        let (Ok(len), true) = (len, end <= self.half_bytes) else {
             self.pending.truncate(start);
             return Appended::Full;
         };
