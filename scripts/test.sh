@@ -3,7 +3,10 @@
 # `cargo test --workspace` (extra arguments are passed to it).
 #
 # - Debian's chromium and chromium-driver, for the console's browser tests
-#   (crates/cli/tests/console.rs), with apt-get when missing.
+#   (crates/cli/tests/console.rs), with apt-get when missing;
+# - Debian's postgresql-15, for the PostgreSQL backend's tests: each such test starts a
+#   private server of its own on a free loopback port and stops it when it ends
+#   (durafiber-testkit's `postgres::PgServer`; `DURAFIBER_PG_URL` points them at a running one).
 #
 # Nothing is skipped: a test whose tool is missing fails.
 set -euo pipefail
@@ -19,6 +22,15 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
     if ! as_root apt-get install -y -qq chromium chromium-driver >/dev/null; then
         as_root apt-get update -qq
         as_root apt-get install -y -qq chromium chromium-driver >/dev/null
+    fi
+fi
+
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    echo "test.sh: installing postgresql-15 for the PostgreSQL backend's tests" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    if ! as_root apt-get install -y -qq postgresql-15 >/dev/null; then
+        as_root apt-get update -qq
+        as_root apt-get install -y -qq postgresql-15 >/dev/null
     fi
 fi
 

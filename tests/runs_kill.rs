@@ -4,6 +4,7 @@
 //! The child (`runs-child`) starts 100 `steps` runs that stash every few milliseconds and
 //! prints each acknowledged stash. The parent kills it with SIGKILL mid-flight, then starts
 //! it again in `recover` mode on the same directory, without any request from outside.
+//! The same test runs on the PostgreSQL backend, in a private server.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -15,13 +16,16 @@ use std::{
 
 use durafiber_runtime::{ListFilter, RunStatus, Runtime};
 use durafiber_store::{Store, StoreConfig};
-use durafiber_testkit::agents::{Steps, StepsOutput};
+use durafiber_testkit::{
+    agents::{Steps, StepsOutput},
+    postgres::PgServer,
+};
 
 const RUNS: usize = 100;
 
-fn spawn(dir: &std::path::Path, mode: &[&str]) -> (Child, mpsc::Receiver<String>) {
+fn spawn(location: &str, mode: &[&str]) -> (Child, mpsc::Receiver<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_runs-child"))
-        .arg(dir)
+        .arg(location)
         .args(mode)
         .stdout(Stdio::piped())
         .spawn()
@@ -41,7 +45,17 @@ fn spawn(dir: &std::path::Path, mode: &[&str]) -> (Child, mpsc::Receiver<String>
 #[test]
 fn one_hundred_runs_killed_mid_flight_all_complete_under_their_ids() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut child, lines) = spawn(dir.path(), &["start", &RUNS.to_string()]);
+    killed_mid_flight_all_complete(dir.path().to_str().expect("utf-8 path"));
+}
+
+#[test]
+fn one_hundred_runs_killed_mid_flight_all_complete_under_their_ids_on_postgres() {
+    let server = PgServer::start().expect("a PostgreSQL server");
+    killed_mid_flight_all_complete(&server.fresh_database().expect("a database"));
+}
+
+fn killed_mid_flight_all_complete(location: &str) {
+    let (mut child, lines) = spawn(location, &["start", &RUNS.to_string()]);
     let mut started = HashSet::new();
     let mut last_ack: HashMap<String, u32> = HashMap::new();
     // Kill once every run is started and a good number of stashes were acknowledged.
@@ -69,7 +83,7 @@ fn one_hundred_runs_killed_mid_flight_all_complete_under_their_ids() {
         }
     }
 
-    let (mut child, lines) = spawn(dir.path(), &["recover"]);
+    let (mut child, lines) = spawn(location, &["recover"]);
     let status = child.wait().expect("recovering child exits");
     assert!(status.success(), "the recovering child failed");
     let done: HashSet<String> =
@@ -78,7 +92,7 @@ fn one_hundred_runs_killed_mid_flight_all_complete_under_their_ids() {
 
     let rt = tokio::runtime::Runtime::new().expect("tokio");
     rt.block_on(async {
-        let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("open");
+        let store = Store::open_at(location, StoreConfig::default()).expect("open");
         let runtime = Runtime::builder(store).agent(Steps::default()).open().await.expect("runtime");
         let runs = runtime.list(&ListFilter { limit: 1000, ..Default::default() }).expect("list").runs;
         assert_eq!(runs.len(), RUNS, "no run was invented");

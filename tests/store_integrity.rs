@@ -1,15 +1,16 @@
-//! What the store promises besides surviving a kill: both backends pass the conformance
-//! suite; a corrupt record is a typed error naming it while every other record stays
+//! What the store promises besides surviving a kill: every backend (sled, simulated,
+//! PostgreSQL) passes the conformance suite; one process at a time owns a database; a corrupt record is a typed error naming it while every other record stays
 //! readable; a second process cannot open a directory in use; and the simulated backend
 //! loses exactly the writes after the last barrier.
 
 use std::sync::Arc;
 
+use durafiber_store::PgBackend;
 use durafiber_store::{
     Backend, Batch, CrashPoint, Durability, SimBackend, SledBackend, Store, StoreConfig, StoreError,
     batch::Op, tables::Table,
 };
-use durafiber_testkit::conformance;
+use durafiber_testkit::{conformance, postgres::PgServer};
 
 const T: Table = Table { name: "things", prefix: b't' };
 
@@ -27,6 +28,29 @@ fn put(store: &Store, name: &str, value: &str, durability: Durability) {
 fn the_sled_backend_passes_the_conformance_suite() {
     let dir = tempfile::tempdir().expect("tempdir");
     conformance::run_all(&SledBackend::open(dir.path()).expect("open"));
+}
+
+#[test]
+fn the_postgres_backend_passes_the_conformance_suite() {
+    let server = PgServer::start().expect("a PostgreSQL server");
+    let url = server.fresh_database().expect("a database");
+    conformance::run_all(&PgBackend::open(&url).expect("open"));
+}
+
+#[test]
+fn a_second_process_on_the_same_database_is_refused_while_the_first_holds_it() {
+    let server = PgServer::start().expect("a PostgreSQL server");
+    let url = server.fresh_database().expect("a database");
+    let first = PgBackend::open(&url).expect("open");
+    match PgBackend::open(&url) {
+        Err(StoreError::DatabaseLocked { url: shown }) => {
+            assert!(shown.ends_with(url.rsplit('/').next().unwrap_or("")))
+        }
+        Err(e) => panic!("expected DatabaseLocked, got {e}"),
+        Ok(_) => panic!("a second owner opened the database"),
+    }
+    drop(first);
+    PgBackend::open(&url).expect("the database is free once the first closed");
 }
 
 #[test]

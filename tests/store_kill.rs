@@ -8,6 +8,8 @@
 //! A second test does the same with a write-ahead log of 128 KiB, so the log moves between
 //! its halves and hands tables to sled every few hundred batches, and every seventh batch
 //! (210 KB) is too large for a half and goes into sled at once: kills land in all of it.
+//!
+//! A third runs the same rounds on the PostgreSQL backend, in a private server.
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -18,7 +20,7 @@ use std::{
 };
 
 use durafiber_store::{Store, StoreConfig, tables::Table};
-use durafiber_testkit::SeededRng;
+use durafiber_testkit::{SeededRng, postgres::PgServer};
 
 const T: Table = Table { name: "kill_test", prefix: b'w' };
 const THREADS: u32 = 4;
@@ -26,9 +28,9 @@ const THREADS: u32 = 4;
 type Value = (u32, u64, u8, Vec<u8>);
 
 /// Reads every batch in the store: (thread, seq) → parts present.
-fn batches_in(dir: &std::path::Path, wal_bytes: u64) -> BTreeMap<(u32, u64), Vec<u8>> {
+fn batches_in(location: &str, wal_bytes: u64) -> BTreeMap<(u32, u64), Vec<u8>> {
     let config = StoreConfig { wal_bytes, ..StoreConfig::default() };
-    let store = Store::open_dir(dir, config).expect("the store reopens after SIGKILL");
+    let store = Store::open_at(location, config).expect("the store reopens after SIGKILL");
     let mut found: BTreeMap<(u32, u64), Vec<u8>> = BTreeMap::new();
     for (key, value) in store.raw_scan(T, usize::MAX).expect("scan") {
         let (t, seq, part, _) =
@@ -40,24 +42,32 @@ fn batches_in(dir: &std::path::Path, wal_bytes: u64) -> BTreeMap<(u32, u64), Vec
 
 #[test]
 fn every_acknowledged_batch_survives_sigkill_whole() {
-    kill_rounds(StoreConfig::default().wal_bytes, 20, 3..40);
+    let dir = tempfile::tempdir().expect("tempdir");
+    kill_rounds(dir.path().to_str().expect("utf-8 path"), StoreConfig::default().wal_bytes, 20, 3..40);
 }
 
 #[test]
 fn every_acknowledged_batch_survives_sigkill_whole_while_the_log_moves_between_halves() {
-    kill_rounds(128 * 1024, 12, 30..300);
+    let dir = tempfile::tempdir().expect("tempdir");
+    kill_rounds(dir.path().to_str().expect("utf-8 path"), 128 * 1024, 12, 30..300);
 }
 
-fn kill_rounds(wal_bytes: u64, rounds: u32, acks: std::ops::Range<u64>) {
+#[test]
+fn every_acknowledged_batch_survives_sigkill_whole_on_postgres() {
+    let server = PgServer::start().expect("a PostgreSQL server");
+    let url = server.fresh_database().expect("a database");
+    kill_rounds(&url, StoreConfig::default().wal_bytes, 10, 3..150);
+}
+
+fn kill_rounds(location: &str, wal_bytes: u64, rounds: u32, acks: std::ops::Range<u64>) {
     let seed = std::env::var("KILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20_261_130u64);
-    println!("seed {seed}, write-ahead log of {wal_bytes} bytes");
+    println!("seed {seed}, store at {location}, write-ahead log of {wal_bytes} bytes");
     let mut rng = SeededRng::new(seed);
-    let dir = tempfile::tempdir().expect("tempdir");
     let mut acked_total: HashSet<(u32, u64)> = HashSet::new();
     let mut next_seq = 0u64;
     for round in 0..rounds {
         let mut child = Command::new(env!("CARGO_BIN_EXE_store-writer"))
-            .args([dir.path().to_str().expect("utf-8 path"), &THREADS.to_string(), &next_seq.to_string()])
+            .args([location, &THREADS.to_string(), &next_seq.to_string()])
             .arg(wal_bytes.to_string())
             .stdout(Stdio::piped())
             .spawn()
@@ -95,7 +105,7 @@ fn kill_rounds(wal_bytes: u64, rounds: u32, acks: std::ops::Range<u64>) {
             let mut parts = line.split_whitespace().skip(1).map(|p| p.parse::<u64>().expect("number"));
             acked_total.insert((parts.next().expect("thread") as u32, parts.next().expect("seq")));
         }
-        let found = batches_in(dir.path(), wal_bytes);
+        let found = batches_in(location, wal_bytes);
         for (batch, parts) in &found {
             assert_eq!(parts.len(), 3, "seed {seed} round {round}: batch {batch:?} is half-applied");
         }

@@ -59,7 +59,7 @@ async fn main() {
     let agent = KillAlarm { always: mode == "kill-always", handled: handled.clone() };
     let config = RuntimeConfig { alarm_retry_base: Duration::from_millis(10), ..RuntimeConfig::default() };
     let opened = async {
-        let store = Store::open_dir(dir.as_ref(), StoreConfig::default())?;
+        let store = Store::open_at(dir, StoreConfig::default())?;
         Ok::<_, Box<dyn std::error::Error>>(Runtime::builder(store).config(config).agent(agent).open().await?)
     };
     let rt = match opened.await {

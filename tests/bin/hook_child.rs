@@ -43,7 +43,7 @@ async fn run(args: &[String]) -> Result<(), String> {
     let usage = "usage: hook-child DIR start|recover NOW_MS";
     let (dir, mode) = (args.get(1).ok_or(usage)?, args.get(2).ok_or(usage)?);
     let now_ms: u64 = args.get(3).and_then(|n| n.parse().ok()).ok_or(usage)?;
-    let store = Store::open_dir(dir.as_ref(), StoreConfig::default()).map_err(|e| e.to_string())?;
+    let store = Store::open_at(dir, StoreConfig::default()).map_err(|e| e.to_string())?;
     let rt = Runtime::builder(store)
         .virtual_clock(VirtualClock::new(now_ms))
         .agent(Doomed)

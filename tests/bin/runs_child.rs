@@ -20,7 +20,7 @@ async fn main() {
 
 async fn run(args: &[String]) -> Result<(), String> {
     let dir = args.get(1).ok_or("usage: runs-child DIR start N | recover")?;
-    let store = Store::open_dir(dir.as_ref(), StoreConfig::default()).map_err(|e| e.to_string())?;
+    let store = Store::open_at(dir, StoreConfig::default()).map_err(|e| e.to_string())?;
     let runtime = Runtime::builder(store)
         .agent(Steps { print_acks: true, ack_log: None })
         .open()

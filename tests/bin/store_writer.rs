@@ -4,7 +4,7 @@
 //!
 //! Usage: store-writer DIR THREADS FIRST_SEQ [WAL_BYTES]
 
-use std::{io::Write, path::PathBuf, sync::Arc};
+use std::{io::Write, sync::Arc};
 
 use durafiber_store::{Batch, Durability, Store, StoreConfig, tables::Table};
 
@@ -33,7 +33,7 @@ fn main() {
         };
         config.wal_bytes = wal;
     }
-    let store = match Store::open_dir(&PathBuf::from(dir), config) {
+    let store = match Store::open_at(dir, config) {
         Ok(s) => Arc::new(s),
         Err(e) => {
             eprintln!("store-writer: {e}");

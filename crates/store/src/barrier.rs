@@ -314,7 +314,10 @@ fn writer_loop(
     // Set while async writes are applied but not yet covered by a barrier.
     let mut flush_due: Option<Instant> = None;
     // Every group also writes its sequence number, atomically with it (see `witness`).
-    let mut commit_seq = crate::witness::stored_seq(backend).unwrap_or(0);
+    // Only a store with a data directory keeps a witness to compare it with; a shared
+    // database would make the sequence one row every node's commits queue on.
+    let witnessed = backend.data_dir().is_some();
+    let mut commit_seq = if witnessed { crate::witness::stored_seq(backend).unwrap_or(0) } else { 0 };
     // Groups applied, for `Health::applied` and `Health::durable`.
     let mut groups = 0u64;
     loop {
@@ -344,7 +347,7 @@ fn writer_loop(
             group.fail_all(&StoreError::StorageFull { path: backend.location(), free_bytes, reserve_bytes });
             continue;
         }
-        if !group.merged.is_empty() {
+        if witnessed && !group.merged.is_empty() {
             commit_seq += 1;
             if let Err(e) = group.merged.put(crate::tables::META, crate::witness::seq_key(), &commit_seq) {
                 group.fail_all(&e);

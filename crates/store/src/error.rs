@@ -90,6 +90,19 @@ pub enum StoreError {
         /// The data directory.
         path: PathBuf,
     },
+    /// The database (PostgreSQL) refused or did not answer a call. The call may be retried;
+    /// the store carries on.
+    #[error("database: {reason}")]
+    Database {
+        /// The server's code and message, or what went wrong on the way.
+        reason: String,
+    },
+    /// Another process holds the database's store: one process at a time may use it.
+    #[error("the store in {url} is in use by another process")]
+    DatabaseLocked {
+        /// The database, without its password.
+        url: String,
+    },
     /// The disk failed.
     #[error("i/o on {path}: {source}")]
     Io {
@@ -130,6 +143,8 @@ impl StoreError {
                 runs: runs.clone(),
             },
             StoreError::EngineMissing { path } => StoreError::EngineMissing { path: path.clone() },
+            StoreError::Database { reason } => StoreError::Database { reason: reason.clone() },
+            StoreError::DatabaseLocked { url } => StoreError::DatabaseLocked { url: url.clone() },
             StoreError::Io { path, source } => StoreError::Io {
                 path: path.clone(),
                 source: std::io::Error::new(source.kind(), source.to_string()),

@@ -23,7 +23,8 @@
 //! - [`tables`]: key layout of the logical tables, and the record types stored in them.
 //! - [`batch`]: one boundary = one atomic batch.
 //! - [`backend`]: the small trait a storage engine implements; [`sled_backend`] and
-//!   [`sim_backend`] (loses every write after the last barrier on `crash()`).
+//!   [`sim_backend`] (loses every write after the last barrier on `crash()`), and with the
+//!   `postgres` feature `pg_backend` (a table in a PostgreSQL database).
 //! - [`barrier`]: group commit: many batches, one barrier, then acknowledge.
 //! - [`store`]: the typed front door the runtime uses.
 //! - [`repair`]: verify, salvage, backup and restore, for operators.
@@ -41,6 +42,8 @@ pub mod envelope;
 mod error;
 mod fsync;
 mod memtable;
+#[cfg(feature = "postgres")]
+pub mod pg_backend;
 pub mod repair;
 pub mod sim_backend;
 pub mod sled_backend;
@@ -53,6 +56,8 @@ pub use backend::Backend;
 pub use barrier::{Durability, WriterStats};
 pub use batch::Batch;
 pub use error::StoreError;
+#[cfg(feature = "postgres")]
+pub use pg_backend::PgBackend;
 pub use sim_backend::{CrashPoint, SimBackend};
 pub use sled_backend::SledBackend;
 pub use store::{Store, StoreConfig, StoreHealth};

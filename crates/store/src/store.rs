@@ -133,6 +133,11 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0xff; 9]
 }
 
+/// Whether `location` names a database (`postgres://…`) rather than a data directory.
+pub fn is_database_url(location: &str) -> bool {
+    location.starts_with("postgres://") || location.starts_with("postgresql://")
+}
+
 /// Opens and decodes one sealed value.
 pub fn decode_sealed<T: DeserializeOwned>(table: Table, key: &[u8], sealed: &[u8]) -> Result<T, StoreError> {
     let body = envelope::open(table.name, key, sealed)?;
@@ -199,6 +204,24 @@ impl Store {
             Some(lost) => Ok(Some(lost)),
             None => crate::witness::check(dir, self.inner.backend.as_ref()),
         }
+    }
+
+    /// Opens the store at `location`: a `postgres://` URL (a database, with the `postgres`
+    /// feature) or a data directory for the embedded sled store.
+    pub fn open_at(location: &str, config: StoreConfig) -> Result<Store, StoreError> {
+        if is_database_url(location) {
+            #[cfg(feature = "postgres")]
+            return Store::open_postgres(location, config);
+            #[cfg(not(feature = "postgres"))]
+            return Err(StoreError::Database { reason: "this build has no PostgreSQL backend".into() });
+        }
+        Store::open_dir(Path::new(location), config)
+    }
+
+    /// Opens the store in the PostgreSQL database at `url`, creating its tables if needed.
+    #[cfg(feature = "postgres")]
+    pub fn open_postgres(url: &str, config: StoreConfig) -> Result<Store, StoreError> {
+        Store::with_backend(Arc::new(crate::PgBackend::open(url)?), config)
     }
 
     /// A store over any backend.

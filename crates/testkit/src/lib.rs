@@ -2,11 +2,13 @@
 //!
 //! - [`check`]: the crash and eviction checker, for any agent.
 //! - [`conformance`]: the store conformance suite; every backend runs it.
+//! - [`postgres`]: a private PostgreSQL server per test.
 //! - [`upstream`], [`agents`], [`bulk`]: from `durafiber-demo` — the idempotent upstream,
 //!   the agents the server hosts, bulk alarm data, the eviction and alarm simulations.
 
 pub mod check;
 pub mod conformance;
+pub mod postgres;
 
 pub use durafiber_demo::{agents, bulk, sim, upstream};
 

@@ -1,0 +1,409 @@
+//! The PostgreSQL backend: the store's sealed records in one table of a shared database.
+//!
+//! Every record stays the sealed envelope the other backends keep; the database orders keys
+//! as bytes (`bytea` compares like `memcmp`), so ranges come back in the store's key order.
+//! The writer's whole group is one statement (`apply`): deletes and upserts together, as one
+//! implicit transaction, committed with `synchronous_commit = on`. So an `apply` that
+//! returned is already durable and `barrier` has nothing left to do: a group costs one round
+//! trip and one WAL flush, and the database's own group commit shares that flush with other
+//! nodes' commits.
+//!
+//! The backend methods are synchronous, as the trait is. The connections live on a thread of
+//! their own with a single-threaded tokio runtime: a call sends a job there and waits for
+//! its answer. Reads share one connection (concurrent reads are pipelined on it); writes
+//! have their own, so a read never waits behind a commit's WAL flush. A connection that
+//! closed is opened again on the next call.
+//!
+//! Until runs are owned shard by shard, one process at a time may use a database: the
+//! backend holds a session advisory lock for as long as it is open, and a second process
+//! gets [`StoreError::DatabaseLocked`]. If the lock's session ends (the database restarted,
+//! or an operator terminated it), writes stop with [`StoreError::Database`]: another process
+//! may hold the lock by then.
+
+use std::{
+    collections::BTreeMap,
+    future::Future,
+    path::PathBuf,
+    pin::Pin,
+    str::FromStr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use parking_lot::Mutex;
+use tokio_postgres::{Client, NoTls};
+
+use crate::{Backend, Batch, StoreError, backend::Entries, batch::Op};
+
+/// The advisory lock a process holds while it uses the database.
+const OWNER_LOCK: i64 = 0x6475_7261_6669_6272; // "durafibr"
+
+/// The schema version this build writes; a database with a newer one is refused.
+const SCHEMA_VERSION: i64 = 1;
+
+/// The longest any one call may take before it fails: longer is a database that is gone.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long `open` waits for the owner lock of a process that just died.
+const LOCK_WAIT: Duration = Duration::from_secs(3);
+
+const SCHEMA: &str = "
+    CREATE TABLE IF NOT EXISTS df_kv (k bytea PRIMARY KEY, v bytea NOT NULL);
+    CREATE TABLE IF NOT EXISTS df_meta (name text PRIMARY KEY, value bigint NOT NULL);
+";
+
+/// One statement applies a whole group: the deletes, then the upserts of the keys' last
+/// values (a batch is first reduced to one final state per key).
+const APPLY: &str = "
+    WITH gone AS (DELETE FROM df_kv WHERE k = ANY($1::bytea[]))
+    INSERT INTO df_kv (k, v) SELECT * FROM unnest($2::bytea[], $3::bytea[])
+    ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v";
+
+type Job = Box<dyn FnOnce(Arc<Connections>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+/// The store's records in a PostgreSQL database.
+pub struct PgBackend {
+    jobs: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Job>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Where the store lives, without its password.
+    shown: String,
+}
+
+/// A connection that is opened again after it closed.
+struct Connection {
+    config: tokio_postgres::Config,
+    client: tokio::sync::Mutex<Option<Arc<Client>>>,
+}
+
+struct Connections {
+    reads: Connection,
+    writes: Connection,
+    /// Set when the session holding the owner lock ended: writes stop.
+    lock_lost: Arc<AtomicBool>,
+}
+
+fn db_error(e: tokio_postgres::Error) -> StoreError {
+    // The server's own message (the error's `Display` is only "db error").
+    match e.as_db_error() {
+        Some(db) => StoreError::Database { reason: format!("{}: {}", db.code().code(), db.message()) },
+        None => StoreError::Database { reason: e.to_string() },
+    }
+}
+
+/// `postgres://user@host:port/db`, without a password, for errors and inspection.
+fn shown(config: &tokio_postgres::Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        #[cfg(unix)]
+        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => "localhost".into(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("");
+    let db = config.get_dbname().unwrap_or(user);
+    format!("postgres://{user}@{host}:{port}/{db}")
+}
+
+impl Connection {
+    fn new(config: tokio_postgres::Config) -> Self {
+        Connection { config, client: tokio::sync::Mutex::new(None) }
+    }
+
+    /// The open client, connecting when there is none or the last one closed.
+    async fn client(&self) -> Result<Arc<Client>, StoreError> {
+        let mut slot = self.client.lock().await;
+        if let Some(c) = slot.as_ref()
+            && !c.is_closed()
+        {
+            return Ok(c.clone());
+        }
+        let (client, connection) = self.config.connect(NoTls).await.map_err(db_error)?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!(error = %e, "a PostgreSQL connection closed");
+            }
+        });
+        // A session paused mid-transaction (a stopped node) must not hold locks for long.
+        client
+            .batch_execute(
+                "SET synchronous_commit = on; SET statement_timeout = '30s'; \
+                 SET idle_in_transaction_session_timeout = '10s'",
+            )
+            .await
+            .map_err(db_error)?;
+        let client = Arc::new(client);
+        *slot = Some(client.clone());
+        Ok(client)
+    }
+}
+
+impl PgBackend {
+    /// Connects to the database at `url` (`postgres://user[:password]@host:port/db`),
+    /// creates the store's tables when they are missing, and takes the owner lock.
+    pub fn open(url: &str) -> Result<PgBackend, StoreError> {
+        let config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| StoreError::Database { reason: format!("bad PostgreSQL URL: {e}") })?;
+        let shown = shown(&config);
+        let (jobs, rx) = tokio::sync::mpsc::unbounded_channel::<Job>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+        let lock_lost = Arc::new(AtomicBool::new(false));
+        let conns = Arc::new(Connections {
+            reads: Connection::new(config.clone()),
+            writes: Connection::new(config.clone()),
+            lock_lost: lock_lost.clone(),
+        });
+        let where_ = shown.clone();
+        let thread = std::thread::Builder::new()
+            .name("durafiber-postgres".into())
+            .spawn(move || serve(config, conns, rx, ready_tx, lock_lost, where_))
+            .map_err(|source| StoreError::Io { path: "postgres thread".into(), source })?;
+        let backend = PgBackend { jobs: Mutex::new(Some(jobs)), thread: Mutex::new(Some(thread)), shown };
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(backend),
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                Err(StoreError::Database { reason: "the PostgreSQL thread ended while opening".into() })
+            }
+        }
+    }
+
+    /// Runs `f` on the connections' thread and waits for its answer.
+    fn call<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Connections>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let job: Job = Box::new(move |conns| {
+            Box::pin(async move {
+                let answer = match tokio::time::timeout(CALL_TIMEOUT, f(conns)).await {
+                    Ok(answer) => answer,
+                    Err(_) => Err(StoreError::Database {
+                        reason: format!("no answer from PostgreSQL in {} s", CALL_TIMEOUT.as_secs()),
+                    }),
+                };
+                let _ = tx.send(answer);
+            })
+        });
+        let sent = self.jobs.lock().as_ref().ok_or(StoreError::Closed)?.send(job);
+        sent.map_err(|_| StoreError::Closed)?;
+        rx.recv().map_err(|_| StoreError::Closed)?
+    }
+}
+
+/// The connections' thread: opens the database, then runs each job as a task of its own.
+fn serve(
+    config: tokio_postgres::Config,
+    conns: Arc<Connections>,
+    mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>,
+    ready: std::sync::mpsc::SyncSender<Result<(), StoreError>>,
+    lock_lost: Arc<AtomicBool>,
+    shown: String,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(source) => {
+            let _ = ready.send(Err(StoreError::Io { path: "postgres runtime".into(), source }));
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        let owner = match prepare(&config, &conns, lock_lost, &shown).await {
+            Ok(owner) => owner,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let _ = ready.send(Ok(()));
+        while let Some(job) = jobs.recv().await {
+            tokio::spawn(job(conns.clone()));
+        }
+        // Closing: the lock goes with its session.
+        drop(owner);
+    });
+}
+
+/// Takes the owner lock on a session of its own, and creates or checks the schema.
+async fn prepare(
+    config: &tokio_postgres::Config,
+    conns: &Connections,
+    lock_lost: Arc<AtomicBool>,
+    shown: &str,
+) -> Result<Client, StoreError> {
+    let (owner, connection) = config.connect(NoTls).await.map_err(db_error)?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+        lock_lost.store(true, Ordering::SeqCst);
+        tracing::error!("the PostgreSQL session holding the store's owner lock ended: writes stop");
+    });
+    // A process killed a moment ago may still hold the lock until the server notices its
+    // session ended: wait that long before refusing.
+    let deadline = tokio::time::Instant::now() + LOCK_WAIT;
+    loop {
+        let locked: bool = owner
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&OWNER_LOCK])
+            .await
+            .map_err(db_error)?
+            .get(0);
+        if locked {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(StoreError::DatabaseLocked { url: shown.to_string() });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let client = conns.writes.client().await?;
+    client.batch_execute(SCHEMA).await.map_err(db_error)?;
+    client
+        .execute(
+            "INSERT INTO df_meta (name, value) VALUES ('schema_version', $1) ON CONFLICT (name) DO NOTHING",
+            &[&SCHEMA_VERSION],
+        )
+        .await
+        .map_err(db_error)?;
+    let version: i64 = client
+        .query_one("SELECT value FROM df_meta WHERE name = 'schema_version'", &[])
+        .await
+        .map_err(db_error)?
+        .get(0);
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::Database {
+            reason: format!("{shown} has schema version {version}; this build knows up to {SCHEMA_VERSION}"),
+        });
+    }
+    Ok(owner)
+}
+
+/// A batch reduced to each key's final state: the keys to delete and the values to put.
+fn final_states(batch: &Batch) -> (Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let mut last: BTreeMap<&[u8], Option<&[u8]>> = BTreeMap::new();
+    for op in &batch.ops {
+        match op {
+            Op::Put { key, value } => last.insert(key, Some(value)),
+            Op::Delete { key } => last.insert(key, None),
+        };
+    }
+    let (mut gone, mut keys, mut values) = (Vec::new(), Vec::new(), Vec::new());
+    for (k, v) in last {
+        match v {
+            Some(v) => {
+                keys.push(k.to_vec());
+                values.push(v.to_vec());
+            }
+            None => gone.push(k.to_vec()),
+        }
+    }
+    (gone, keys, values)
+}
+
+impl Backend for PgBackend {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let key = key.to_vec();
+        self.call(move |c| async move {
+            let client = c.reads.client().await?;
+            let row =
+                client.query_opt("SELECT v FROM df_kv WHERE k = $1", &[&key]).await.map_err(db_error)?;
+            Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
+        })
+    }
+
+    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Entries, StoreError> {
+        if start >= end || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let (start, end) = (start.to_vec(), end.to_vec());
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.call(move |c| async move {
+            let client = c.reads.client().await?;
+            let rows = client
+                .query(
+                    "SELECT k, v FROM df_kv WHERE k >= $1 AND k < $2 ORDER BY k LIMIT $3",
+                    &[&start, &end, &limit],
+                )
+                .await
+                .map_err(db_error)?;
+            Ok(rows.into_iter().map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1))).collect())
+        })
+    }
+
+    fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let (gone, keys, values) = final_states(batch);
+        self.call(move |c| async move {
+            if c.lock_lost.load(Ordering::SeqCst) {
+                return Err(StoreError::Database {
+                    reason:
+                        "the session holding the store's owner lock ended; another process may own it now"
+                            .into(),
+                });
+            }
+            let client = c.writes.client().await?;
+            client.execute(APPLY, &[&gone, &keys, &values]).await.map_err(db_error)?;
+            Ok(())
+        })
+    }
+
+    /// Nothing to do: every `apply` was committed with `synchronous_commit = on`.
+    fn barrier(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        self.call(|c| async move {
+            let client = c.reads.client().await?;
+            let row =
+                client.query_one("SELECT pg_total_relation_size('df_kv')", &[]).await.map_err(db_error)?;
+            Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+        })
+        .unwrap_or(0)
+    }
+
+    fn location(&self) -> PathBuf {
+        PathBuf::from(&self.shown)
+    }
+}
+
+impl Drop for PgBackend {
+    fn drop(&mut self) {
+        // Ends the thread's job loop; its runtime then closes every connection, and the
+        // owner lock goes with its session.
+        drop(self.jobs.lock().take());
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tables::META;
+
+    #[test]
+    fn a_batch_reduces_to_each_keys_last_state() {
+        let k = |s: &str| META.key(&[s.as_bytes()]);
+        let mut b = Batch::new();
+        b.put_sealed(k("a"), vec![1]).put_sealed(k("b"), vec![2]);
+        b.delete(k("a"));
+        b.put_sealed(k("b"), vec![3]).put_sealed(k("c"), vec![4]);
+        b.delete(k("d"));
+        let (gone, keys, values) = final_states(&b);
+        assert_eq!(gone, vec![k("a"), k("d")]);
+        assert_eq!(keys, vec![k("b"), k("c")]);
+        assert_eq!(values, vec![vec![3], vec![4]]);
+    }
+
+    #[test]
+    fn the_url_shown_has_no_password() {
+        let config = tokio_postgres::Config::from_str("postgres://u:secret@127.0.0.1:5433/d").unwrap();
+        assert_eq!(shown(&config), "postgres://u@127.0.0.1:5433/d");
+    }
+}

@@ -1,0 +1,148 @@
+//! A private PostgreSQL server for tests: `initdb` into a temporary directory, started on a
+//! free loopback port, stopped (immediately) when the guard drops. Starting one takes well
+//! under a second, so each test that needs a database starts its own and nothing outlives it.
+//!
+//! `DURAFIBER_PG_URL` points the tests at a server that is already running instead; each
+//! test still gets a fresh database of its own there. A missing PostgreSQL installation is
+//! an error, never a skip: `scripts/test.sh` installs Debian's `postgresql-15`.
+
+use std::{
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+/// A running PostgreSQL server that tests can create databases on.
+pub struct PgServer {
+    bin: PathBuf,
+    /// `postgres://user@host:port`, without a database.
+    base: String,
+    /// The private cluster, when this guard started one.
+    cluster: Option<Cluster>,
+}
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    as_postgres: bool,
+}
+
+static DATABASES: AtomicU32 = AtomicU32::new(0);
+
+/// The directory of the newest installed PostgreSQL's programs.
+fn bin_dir() -> Result<PathBuf, String> {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .map_err(|e| format!("PostgreSQL is not installed (/usr/lib/postgresql: {e}); scripts/test.sh installs postgresql-15"))?
+        .filter_map(Result::ok)
+        .filter_map(|d| Some((d.file_name().to_str()?.parse().ok()?, d.path().join("bin"))))
+        .filter(|(_, bin)| bin.join("initdb").exists())
+        .collect();
+    found.sort();
+    found.pop().map(|(_, bin)| bin).ok_or_else(|| "no initdb under /usr/lib/postgresql/*/bin".into())
+}
+
+fn free_port() -> Result<u16, String> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
+    listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
+}
+
+/// Runs `program` (as the `postgres` user when `as_postgres`: PostgreSQL refuses root).
+fn run(as_postgres: bool, program: &Path, args: &[&str]) -> Result<String, String> {
+    let mut cmd = if as_postgres {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    };
+    let out = cmd.args(args).output().map_err(|e| format!("{}: {e}", program.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} {}: {}{}",
+            program.display(),
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+impl PgServer {
+    /// The server of `DURAFIBER_PG_URL`, or a private one started now.
+    pub fn start() -> Result<PgServer, String> {
+        let bin = bin_dir()?;
+        if let Ok(url) = std::env::var("DURAFIBER_PG_URL") {
+            let base = url.split('?').next().unwrap_or(&url);
+            let base = match base.strip_prefix("postgres://").or_else(|| base.strip_prefix("postgresql://")) {
+                Some(rest) => format!("postgres://{}", rest.split('/').next().unwrap_or(rest)),
+                None => return Err(format!("DURAFIBER_PG_URL is not a postgres:// URL: {url}")),
+            };
+            return Ok(PgServer { bin, base, cluster: None });
+        }
+        let as_postgres = is_root();
+        let dir = tempfile::Builder::new().prefix("durafiber-pg-").tempdir().map_err(|e| e.to_string())?;
+        if as_postgres {
+            run(false, Path::new("chown"), &["postgres", &dir.path().display().to_string()])?;
+        }
+        let data = dir.path().join("data");
+        let data_s = data.display().to_string();
+        run(
+            as_postgres,
+            &bin.join("initdb"),
+            &["-D", &data_s, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync"],
+        )?;
+        let log = dir.path().join("log").display().to_string();
+        let sockets = dir.path().display().to_string();
+        // A port found free can be taken before the server binds it: try a few.
+        let mut last = String::new();
+        for _ in 0..5 {
+            let port = free_port()?;
+            let options =
+                format!("-c listen_addresses=127.0.0.1 -p {port} -k {sockets} -c max_connections=200");
+            match run(
+                as_postgres,
+                &bin.join("pg_ctl"),
+                &["-D", &data_s, "-l", &log, "-w", "-t", "30", "-o", &options, "start"],
+            ) {
+                Ok(_) => {
+                    let base = format!("postgres://postgres@127.0.0.1:{port}");
+                    return Ok(PgServer { bin, base, cluster: Some(Cluster { dir, as_postgres }) });
+                }
+                Err(e) => last = format!("{e}\n{}", std::fs::read_to_string(&log).unwrap_or_default()),
+            }
+        }
+        Err(format!("PostgreSQL did not start: {last}"))
+    }
+
+    /// A new, empty database on the server; its URL.
+    pub fn fresh_database(&self) -> Result<String, String> {
+        let name = format!("durafiber_{}_{}", std::process::id(), DATABASES.fetch_add(1, Ordering::Relaxed));
+        let admin = format!("{}/postgres", self.base);
+        run(false, &self.bin.join("psql"), &["-q", "-d", &admin, "-c", &format!("CREATE DATABASE {name}")])?;
+        Ok(format!("{}/{name}", self.base))
+    }
+
+    /// Runs one SQL statement on the database at `url`; its output, unaligned.
+    pub fn sql(&self, url: &str, statement: &str) -> Result<String, String> {
+        run(false, &self.bin.join("psql"), &["-q", "-At", "-d", url, "-c", statement])
+    }
+}
+
+fn is_root() -> bool {
+    // `id -u` keeps the test kit free of a libc binding for one call.
+    Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        if let Some(c) = &self.cluster {
+            let data = c.dir.path().join("data").display().to_string();
+            if let Err(e) =
+                run(c.as_postgres, &self.bin.join("pg_ctl"), &["-D", &data, "-m", "immediate", "-w", "stop"])
+            {
+                eprintln!("could not stop the test's PostgreSQL: {e}");
+            }
+        }
+    }
+}
