@@ -40,9 +40,14 @@ impl Target {
 pub enum Command {
     /// Host the runtime and its HTTP JSON API.
     Serve {
-        /// The data directory.
+        /// The data directory: the server's own files (the admin token), and the store
+        /// unless `--store` names a database.
         #[arg(long)]
         data: PathBuf,
+        /// Keep the runs in a PostgreSQL database instead of the data directory
+        /// (`postgres://user[:password]@host:port/db`). One server at a time may use it.
+        #[arg(long, env = "DURAFIBER_STORE")]
+        store: Option<String>,
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:7878")]
         listen: SocketAddr,

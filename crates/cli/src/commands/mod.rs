@@ -26,6 +26,7 @@ pub async fn run(command: Command) -> anyhow::Result<i32> {
     match command {
         Command::Serve {
             data,
+            store,
             listen,
             config,
             allowed_hosts,
@@ -37,7 +38,7 @@ pub async fn run(command: Command) -> anyhow::Result<i32> {
             init_tracing("info");
             let tls = tls_cert.zip(tls_key);
             let exposure = serve::Exposure { allowed_hosts, open_metrics, tls, insecure_plain_http };
-            serve::serve(&data, listen, config.as_deref(), exposure).await?;
+            serve::serve(&data, store.as_deref(), listen, config.as_deref(), exposure).await?;
             Ok(0)
         }
         Command::Drill { json, seed, out, stop_at } => drill::run(json, seed, out.as_deref(), &stop_at).await,

@@ -52,10 +52,22 @@ fn stop_at_hook(point: String) -> CrashHook {
     })
 }
 
-/// Opens the store and the runtime for serving.
-pub async fn open_runtime(data: &Path, config: RuntimeConfig, secrets: Secrets) -> anyhow::Result<Runtime> {
-    let store = Store::open_dir(data, config.store_config()?)
-        .with_context(|| format!("opening {}", data.display()))?;
+/// Opens the store (the database `store` names, or the data directory) and the runtime for
+/// serving.
+pub async fn open_runtime(
+    data: &Path,
+    store: Option<&str>,
+    config: RuntimeConfig,
+    secrets: Secrets,
+) -> anyhow::Result<Runtime> {
+    let store = match store {
+        Some(url) if durafiber_store::store::is_database_url(url) => {
+            Store::open_postgres(url, config.store_config()?).context("opening the store's database")?
+        }
+        Some(other) => anyhow::bail!("--store takes a postgres:// URL, not {other:?}"),
+        None => Store::open_dir(data, config.store_config()?)
+            .with_context(|| format!("opening {}", data.display()))?,
+    };
     let mut builder = crate::agents::register(Runtime::builder(store).config(config).secrets(secrets));
     if let Ok(point) = std::env::var("DURAFIBER_STOP_AT") {
         builder = builder.crash_hook(stop_at_hook(point));
@@ -79,6 +91,7 @@ pub struct Exposure {
 /// Serves until SIGTERM or Ctrl-C.
 pub async fn serve(
     data: &Path,
+    store: Option<&str>,
     listen: SocketAddr,
     config: Option<&Path>,
     exposure: Exposure,
@@ -101,7 +114,8 @@ pub async fn serve(
     let prometheus = prometheus();
     let config = load_config(config)?;
     let secrets = Secrets::from_env().map_err(|e| anyhow::anyhow!("DURAFIBER_SECRET_*: {e}"))?;
-    let runtime = open_runtime(data, config, secrets.clone()).await?;
+    std::fs::create_dir_all(data).with_context(|| format!("creating {}", data.display()))?;
+    let runtime = open_runtime(data, store, config, secrets.clone()).await?;
     if let Some(path) = auth::bootstrap(runtime.store(), data, runtime.now_ms()).await? {
         eprintln!("durafiber: created the admin token; it is in {} (readable by you only)", path.display());
     }
