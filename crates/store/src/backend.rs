@@ -19,13 +19,62 @@ pub struct Rollback {
     pub runs: Vec<String>,
 }
 
+/// A node's lease on one shard: the epoch its writes into the shard are fenced by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// The shard ([`crate::shard`]).
+    pub shard: u32,
+    /// Raised by every acquisition: a write at an older epoch is refused.
+    pub epoch: i64,
+}
+
+/// Who owns a shard now, for routing requests to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardOwner {
+    /// The shard.
+    pub shard: u32,
+    /// The owning node.
+    pub node_id: String,
+    /// Where that node serves HTTP, when it told.
+    pub http_addr: Option<String>,
+}
+
+/// Shard ownership among nodes that share one store (the PostgreSQL backend's
+/// `open_node`). Only the owner of a run's shard writes the run: every write is fenced by
+/// the epochs of the leases the backend holds, so a node that lost a shard (its lease
+/// expired and another node acquired it) has each later write refused with
+/// [`StoreError::Fenced`], whatever it believes.
+pub trait Leases: Send + Sync {
+    /// This node's id.
+    fn node_id(&self) -> &str;
+    /// Says the node is alive and where it serves HTTP.
+    fn heartbeat(&self, http_addr: &str) -> Result<(), StoreError>;
+    /// Nodes seen within `ttl`, this one included.
+    fn live_nodes(&self, ttl: std::time::Duration) -> Result<usize, StoreError>;
+    /// Acquires up to `want` shards that no one holds or whose lease expired, for `ttl`.
+    fn acquire(&self, want: usize, ttl: std::time::Duration) -> Result<Vec<Lease>, StoreError>;
+    /// Renews every lease held for `ttl`; returns the shards lost (taken meanwhile), which
+    /// are fenced from now on.
+    fn renew(&self, ttl: std::time::Duration) -> Result<Vec<u32>, StoreError>;
+    /// Stops writing into `shards` at once, here, without asking the database (a lease that
+    /// could have expired: the self-fence).
+    fn forget(&self, shards: &[u32]);
+    /// Hands `shards` back, for another node to acquire without waiting for expiry.
+    fn release(&self, shards: &[u32]) -> Result<(), StoreError>;
+    /// The shards held now.
+    fn held(&self) -> Vec<u32>;
+    /// Every shard's live owner.
+    fn owners(&self) -> Result<Vec<ShardOwner>, StoreError>;
+}
+
 /// A key-value engine with atomic batches and an explicit durability barrier.
 ///
 /// Contract for implementors, checked by the conformance suite in `durafiber-testkit`:
 /// - `apply` makes a batch visible to reads atomically; it need not be durable yet;
 /// - `barrier` returns only when every batch applied before it will survive a crash or a
 ///   power loss;
-/// - a crash loses nothing a completed barrier covered, and never half a batch.
+/// - a crash loses nothing a completed barrier covered, and never half a batch;
+/// - a batch with a key of `absent` that exists is refused whole with `StoreError::Exists`.
 pub trait Backend: Send + Sync + 'static {
     /// The raw (sealed) value under `key`.
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
@@ -55,6 +104,11 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// The data directory, for a backend that keeps files (the rollback witness lives there).
     fn data_dir(&self) -> Option<std::path::PathBuf> {
+        None
+    }
+    /// Shard leases, for a backend that several nodes share; `None`: this process owns
+    /// every shard.
+    fn leases(&self) -> Option<&dyn Leases> {
         None
     }
     /// Where the store lives, for error messages.

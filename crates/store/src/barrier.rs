@@ -190,12 +190,22 @@ fn next_command(rx: &mpsc::Receiver<Cmd>, flush_due: Option<Instant>) -> Option<
     }
 }
 
+/// One write of a group: where its ops and absent keys sit in the merged batch, and who
+/// waits for it.
+struct Part {
+    ops: std::ops::Range<usize>,
+    absent: std::ops::Range<usize>,
+    durability: Durability,
+    ack: Ack,
+    /// Set when this write alone was refused (see `Group::apply_apart`).
+    refused: Option<StoreError>,
+}
+
 /// One gathered group: the merged writes and who waits for what.
 #[derive(Default)]
 struct Group {
     merged: Batch,
-    sync_acks: Vec<Ack>,
-    async_acks: Vec<Ack>,
+    parts: Vec<Part>,
     barrier_acks: Vec<Ack>,
     snapshot_acks: Vec<oneshot::Sender<Result<crate::backend::Entries, StoreError>>>,
     rooms: Vec<OwnedSemaphorePermit>,
@@ -217,12 +227,16 @@ impl Group {
             match cmd {
                 Cmd::Write { batch, durability, ack, room } => {
                     stats.batches.fetch_add(1, Relaxed);
+                    let (ops, absent) = (g.merged.ops.len(), g.merged.absent.len());
                     g.merged.extend(batch);
+                    g.parts.push(Part {
+                        ops: ops..g.merged.ops.len(),
+                        absent: absent..g.merged.absent.len(),
+                        durability,
+                        ack,
+                        refused: None,
+                    });
                     g.rooms.push(room);
-                    match durability {
-                        Durability::Sync => g.sync_acks.push(ack),
-                        Durability::Async => g.async_acks.push(ack),
-                    }
                 }
                 Cmd::Barrier { ack } => g.barrier_acks.push(ack),
                 Cmd::Snapshot { ack } => g.snapshot_acks.push(ack),
@@ -232,9 +246,27 @@ impl Group {
         g
     }
 
+    /// After the merged write was refused for one batch's sake (a key that exists, a shard
+    /// not owned): applies each write on its own, so only the ones refused fail. Returns
+    /// the first engine failure, which ends the group as a whole.
+    fn apply_apart(&mut self, backend: &dyn Backend, health: &Health) -> Result<(), StoreError> {
+        for part in &mut self.parts {
+            let alone = Batch {
+                ops: self.merged.ops[part.ops.clone()].to_vec(),
+                absent: self.merged.absent[part.absent.clone()].to_vec(),
+            };
+            match health.working(|| backend.apply(&alone)) {
+                Ok(()) => {}
+                Err(e) if e.is_batch_refusal() => part.refused = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     /// Answers every waiter with `e`.
     fn fail_all(self, e: &StoreError) {
-        for ack in self.sync_acks.into_iter().chain(self.async_acks).chain(self.barrier_acks) {
+        for ack in self.parts.into_iter().map(|p| p.ack).chain(self.barrier_acks) {
             let _ = ack.send(Err(e.duplicate()));
         }
         for ack in self.snapshot_acks {
@@ -360,37 +392,54 @@ fn writer_loop(
             groups += 1;
             health.applied.store(groups, SeqCst);
         }
-        let applied =
+        let mut applied =
             if group.merged.is_empty() { Ok(()) } else { health.working(|| backend.apply(&group.merged)) };
+        if let Err(e) = &applied
+            && e.is_batch_refusal()
+        {
+            applied = group.apply_apart(backend, health);
+        }
         // Applied (or refused): the queue has room again while the barrier runs.
         drop(std::mem::take(&mut group.rooms));
-        if let Err(e) = applied {
-            tracing::error!(error = %e, batches = group.sync_acks.len() + group.async_acks.len(), "write failed");
-            if e.is_engine_failure() {
-                health.fail(format!("the storage engine failed a write: {e}"));
+        let mut waiting = Vec::new();
+        match applied {
+            Err(e) => {
+                tracing::error!(error = %e, batches = group.parts.len(), "write failed");
+                if e.is_engine_failure() {
+                    health.fail(format!("the storage engine failed a write: {e}"));
+                }
+                for part in group.parts.drain(..) {
+                    let _ = part.ack.send(Err(e.duplicate()));
+                }
             }
-            for ack in group.sync_acks.drain(..).chain(group.async_acks.drain(..)) {
-                let _ = ack.send(Err(e.duplicate()));
+            Ok(()) => {
+                for part in group.parts.drain(..) {
+                    match (part.refused, part.durability) {
+                        (Some(e), _) => {
+                            let _ = part.ack.send(Err(e));
+                        }
+                        (None, Durability::Async) => {
+                            let _ = part.ack.send(Ok(()));
+                            let flush_every = Duration::from_micros(
+                                health.flush_every_us.load(std::sync::atomic::Ordering::Relaxed),
+                            );
+                            flush_due.get_or_insert_with(|| Instant::now() + flush_every);
+                        }
+                        (None, Durability::Sync) => waiting.push(part.ack),
+                    }
+                }
             }
-        }
-        if !group.async_acks.is_empty() {
-            for ack in group.async_acks.drain(..) {
-                let _ = ack.send(Ok(()));
-            }
-            let flush_every =
-                Duration::from_micros(health.flush_every_us.load(std::sync::atomic::Ordering::Relaxed));
-            flush_due.get_or_insert_with(|| Instant::now() + flush_every);
         }
         group.answer_snapshots(backend);
         let flush_now = flush_due.is_some_and(|due| Instant::now() >= due);
-        if group.sync_acks.is_empty() && group.barrier_acks.is_empty() && !flush_now {
+        if waiting.is_empty() && group.barrier_acks.is_empty() && !flush_now {
             continue;
         }
         let result = run_barrier(backend, stats, health, groups);
         if result.is_ok() {
             flush_due = None;
         }
-        for ack in group.sync_acks.into_iter().chain(group.barrier_acks) {
+        for ack in waiting.into_iter().chain(group.barrier_acks) {
             let _ = ack.send(result.as_ref().map(|_| ()).map_err(StoreError::duplicate));
         }
     }

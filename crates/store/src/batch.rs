@@ -26,6 +26,10 @@ pub enum Op {
 pub struct Batch {
     /// The writes, applied in order.
     pub ops: Vec<Op>,
+    /// Keys that must not exist before the batch ([`Batch::insert`]): if one does, nothing of
+    /// the batch is applied and it fails with [`StoreError::Exists`]. A put of such a key
+    /// creates a record no one else can have written, so no shard's owner fences it.
+    pub absent: Vec<Vec<u8>>,
 }
 
 impl Batch {
@@ -48,6 +52,19 @@ impl Batch {
         Ok(self)
     }
 
+    /// Like [`Batch::put`], for a key that must not exist yet: the batch fails whole with
+    /// [`StoreError::Exists`] when it does. Uniqueness comes from the store, so it holds
+    /// across processes that share one.
+    pub fn insert<T: Serialize>(
+        &mut self,
+        table: Table,
+        key: Vec<u8>,
+        value: &T,
+    ) -> Result<&mut Self, StoreError> {
+        self.absent.push(key.clone());
+        self.put(table, key, value)
+    }
+
     /// Puts a value that is already sealed (copied from another store, checked there).
     pub fn put_sealed(&mut self, key: Vec<u8>, sealed: Vec<u8>) -> &mut Self {
         self.ops.push(Op::Put { key, value: sealed });
@@ -68,7 +85,21 @@ impl Batch {
     /// Adds every write of `other`, after this batch's own.
     pub fn extend(&mut self, other: Batch) -> &mut Self {
         self.ops.extend(other.ops);
+        self.absent.extend(other.absent);
         self
+    }
+
+    /// The first key of `absent` that `exists` says is there.
+    pub fn first_present(
+        &self,
+        mut exists: impl FnMut(&[u8]) -> Result<bool, StoreError>,
+    ) -> Result<Option<&[u8]>, StoreError> {
+        for key in &self.absent {
+            if exists(key)? {
+                return Ok(Some(key));
+            }
+        }
+        Ok(None)
     }
 
     /// No writes at all.

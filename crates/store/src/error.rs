@@ -97,6 +97,20 @@ pub enum StoreError {
         /// The server's code and message, or what went wrong on the way.
         reason: String,
     },
+    /// A key the batch had to create ([`crate::Batch::insert`]) exists already: nothing of
+    /// the batch was applied.
+    #[error("record {key} exists already")]
+    Exists {
+        /// The key, printable.
+        key: String,
+    },
+    /// The batch writes into a shard this node does not own (any more): nothing of it was
+    /// applied. The shard's owner is the one to write it.
+    #[error("shard {shard} is not owned by this node")]
+    Fenced {
+        /// The shard.
+        shard: u32,
+    },
     /// Another process holds the database's store: one process at a time may use it.
     #[error("the store in {url} is in use by another process")]
     DatabaseLocked {
@@ -143,6 +157,8 @@ impl StoreError {
                 runs: runs.clone(),
             },
             StoreError::EngineMissing { path } => StoreError::EngineMissing { path: path.clone() },
+            StoreError::Exists { key } => StoreError::Exists { key: key.clone() },
+            StoreError::Fenced { shard } => StoreError::Fenced { shard: *shard },
             StoreError::Database { reason } => StoreError::Database { reason: reason.clone() },
             StoreError::DatabaseLocked { url } => StoreError::DatabaseLocked { url: url.clone() },
             StoreError::Io { path, source } => StoreError::Io {
@@ -150,6 +166,12 @@ impl StoreError {
                 source: std::io::Error::new(source.kind(), source.to_string()),
             },
         }
+    }
+
+    /// Whether the failure belongs to one batch of a group (a key that exists, a shard not
+    /// owned), so that the group's other batches are applied without it.
+    pub fn is_batch_refusal(&self) -> bool {
+        matches!(self, StoreError::Exists { .. } | StoreError::Fenced { .. })
     }
 
     /// Whether the engine itself failed: after this, sled's state in this process is not to

@@ -45,6 +45,7 @@ mod memtable;
 #[cfg(feature = "postgres")]
 pub mod pg_backend;
 pub mod repair;
+pub mod shard;
 pub mod sim_backend;
 pub mod sled_backend;
 pub mod store;
@@ -52,7 +53,7 @@ pub mod tables;
 pub mod wal;
 pub mod witness;
 
-pub use backend::Backend;
+pub use backend::{Backend, Lease, Leases, ShardOwner};
 pub use barrier::{Durability, WriterStats};
 pub use batch::Batch;
 pub use error::StoreError;

@@ -159,6 +159,9 @@ impl Backend for SimBackend {
 
     fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
         let mut s = self.live()?;
+        if let Some(key) = batch.first_present(|k| Ok(s.visible.contains_key(k)))? {
+            return Err(StoreError::Exists { key: crate::tables::printable(key) });
+        }
         apply_to(&mut s.visible, batch);
         s.undurable.push(batch.clone());
         s.applies += 1;

@@ -341,8 +341,12 @@ impl Backend for SledBackend {
     }
 
     fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
-        // Under the log's lock, so the log and the tables see batches in the same order.
+        // Under the log's lock, so the log and the tables see batches in the same order,
+        // and no other batch can create a key between the check and the write.
         let mut logged = self.log.lock();
+        if let Some(key) = batch.first_present(|k| Ok(self.get(k)?.is_some()))? {
+            return Err(StoreError::Exists { key: crate::tables::printable(key) });
+        }
         let lsn = logged.last_lsn + 1;
         if logged.wal.append(lsn, &batch.ops) == Appended::Full {
             self.rotate(&mut logged)?;

@@ -1,0 +1,119 @@
+//! Nodes sharing one PostgreSQL store (a private server per test): each writes only into the
+//! shards it holds a lease on, a steal fences the old owner's next write, a record is
+//! created once whoever creates it, and one batch refused in a group fails alone.
+
+use std::{sync::Arc, time::Duration};
+
+use durafiber_store::{
+    Backend, Batch, Durability, Leases, PgBackend, Store, StoreConfig, StoreError,
+    shard::{self, SHARDS},
+    tables::{self, RUNS},
+};
+use durafiber_testkit::postgres::PgServer;
+
+const TTL: Duration = Duration::from_secs(2);
+
+fn run_put(run_id: &str, value: &str) -> Batch {
+    let mut b = Batch::new();
+    b.put(RUNS, RUNS.key(&[run_id.as_bytes()]), &value.to_string()).expect("encode");
+    b
+}
+
+fn run_insert(run_id: &str, value: &str) -> Batch {
+    let mut b = Batch::new();
+    b.insert(RUNS, RUNS.key(&[run_id.as_bytes()]), &value.to_string()).expect("encode");
+    b
+}
+
+fn two_nodes() -> (PgServer, String, PgBackend, PgBackend) {
+    let server = PgServer::start().expect("a PostgreSQL server");
+    let url = server.fresh_database().expect("a database");
+    let a = PgBackend::open_node(&url, "a").expect("node a");
+    let b = PgBackend::open_node(&url, "b").expect("node b");
+    (server, url, a, b)
+}
+
+#[test]
+fn only_the_owner_of_a_shard_writes_it_and_a_steal_fences_the_old_owner() {
+    let (server, url, a, b) = two_nodes();
+    assert_eq!(a.acquire(SHARDS as usize, TTL).expect("acquire").len(), SHARDS as usize);
+    assert!(b.acquire(SHARDS as usize, TTL).expect("acquire").is_empty(), "every shard is held");
+
+    a.apply(&run_put("run_x", "a1")).expect("the owner writes");
+    match b.apply(&run_put("run_x", "b1")) {
+        Err(StoreError::Fenced { shard }) => assert_eq!(shard, shard::of_run("run_x")),
+        other => panic!("a non-owner wrote: {other:?}"),
+    }
+
+    // The leases run out (the database's clock decides): b steals every shard, at a new
+    // epoch, and a's next write is refused by the database though a still thinks it owns.
+    server.sql(&url, "UPDATE df_shards SET lease_until = now() - interval '1 second'").expect("expire");
+    let stolen = b.acquire(SHARDS as usize, TTL).expect("steal");
+    assert_eq!(stolen.len(), SHARDS as usize);
+    assert!(stolen.iter().all(|l| l.epoch == 2), "each acquisition raises the epoch");
+    assert_eq!(a.held().len(), SHARDS as usize, "a has not noticed yet");
+    match a.apply(&run_put("run_x", "a2")) {
+        Err(StoreError::Fenced { shard }) => assert_eq!(shard, shard::of_run("run_x")),
+        other => panic!("the old owner wrote after the steal: {other:?}"),
+    }
+    assert_eq!(a.renew(TTL).expect("renew").len(), SHARDS as usize, "a learns it lost every shard");
+    assert!(a.held().is_empty());
+    b.apply(&run_put("run_x", "b2")).expect("the new owner writes");
+    let raw = b.get(&RUNS.key(&[b"run_x"])).expect("get").expect("present");
+    let v: String =
+        durafiber_store::store::decode_sealed(RUNS, &RUNS.key(&[b"run_x"]), &raw).expect("decode");
+    assert_eq!(v, "b2", "no write of the old owner landed after the steal");
+    let stale =
+        server.sql(&url, "SELECT count(*) FROM df_shards WHERE owner = 'a' OR epoch <> 2").expect("count");
+    assert_eq!(stale.trim(), "0", "no shard carries the old owner or its epoch");
+
+    // A renewal keeps a lease; a release hands it over at once.
+    assert!(b.renew(TTL).expect("renew").is_empty());
+    b.release(&[shard::of_run("run_x")]).expect("release");
+    assert_eq!(a.acquire(1, TTL).expect("acquire").first().map(|l| l.shard), Some(shard::of_run("run_x")));
+}
+
+#[test]
+fn a_record_is_created_once_whichever_node_creates_it() {
+    let (_server, _url, a, b) = two_nodes();
+    a.acquire(SHARDS as usize, TTL).expect("acquire");
+    // b holds no shard, yet may create a record no one can have written.
+    b.apply(&run_insert("run_new", "from b")).expect("a non-owner creates a new record");
+    match a.apply(&run_insert("run_new", "from a")) {
+        Err(StoreError::Exists { .. }) => {}
+        other => panic!("a record was created twice: {other:?}"),
+    }
+    let mut key_claim = Batch::new();
+    key_claim
+        .insert(tables::RUN_KEYS, tables::RUN_KEYS.key(&[b"steps", b"k"]), &"run_1".to_string())
+        .expect("e");
+    a.apply(&key_claim).expect("first claim");
+    assert!(matches!(b.apply(&key_claim), Err(StoreError::Exists { .. })), "second claim refused");
+}
+
+#[test]
+fn one_batch_refused_in_a_group_fails_alone() {
+    let (_server, _url, a, b) = two_nodes();
+    // a owns one shard; b owns the rest.
+    let mine = shard::of_run("run_mine");
+    b.acquire(SHARDS as usize, TTL).expect("acquire");
+    b.release(&[mine]).expect("release");
+    assert_eq!(a.acquire(1, TTL).expect("acquire").len(), 1);
+    let store = Store::with_backend(Arc::new(a), StoreConfig::default()).expect("store");
+    let other = (0..)
+        .map(|i| format!("run_other_{i}"))
+        .find(|r| shard::of_run(r) != mine)
+        .expect("a run of another shard");
+    let rt = tokio::runtime::Runtime::new().expect("tokio");
+    let (ok, refused) = rt.block_on(async {
+        let s1 = store.clone();
+        let s2 = store.clone();
+        let other = other.clone();
+        tokio::join!(async move { s1.commit(run_put("run_mine", "v"), Durability::Sync).await }, async move {
+            s2.commit(run_put(&other, "v"), Durability::Sync).await
+        },)
+    });
+    ok.expect("the batch into an owned shard commits");
+    assert!(matches!(refused, Err(StoreError::Fenced { .. })), "{refused:?}");
+    store.close();
+}
