@@ -48,6 +48,18 @@ pub enum Command {
         /// (`postgres://user[:password]@host:port/db`). One server at a time may use it.
         #[arg(long, env = "DURAFIBER_STORE")]
         store: Option<String>,
+        /// Share the `--store` database with other nodes as this node: each runs the runs of
+        /// the shards it holds a lease on, and takes over a dead node's shards.
+        #[arg(long, requires = "store")]
+        node_id: Option<String>,
+        /// How long a node's lease on its shards lasts without renewal (with `--node-id`):
+        /// a dead node's runs move after at most this.
+        #[arg(long, requires = "node_id", value_parser = humantime::parse_duration)]
+        lease_ttl: Option<std::time::Duration>,
+        /// The `host:port` other nodes send this node's requests to (with `--node-id`);
+        /// the listen address by default.
+        #[arg(long, requires = "node_id")]
+        advertise: Option<String>,
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:7878")]
         listen: SocketAddr,

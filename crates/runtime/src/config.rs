@@ -152,6 +152,11 @@ pub struct RuntimeConfig {
     /// Probability, drawn at each boundary a fiber commits, that chaos evicts the run right
     /// there; 0 switches it off.
     pub chaos_evict_rate: f64,
+    /// On a store several nodes share: how long a node's lease on its shards lasts without
+    /// a renewal. It renews every third of it and stops running the shards' runs by itself
+    /// at three quarters; a node that died has its shards taken over after at most this.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
 }
 
 impl Default for RuntimeConfig {
@@ -181,6 +186,7 @@ impl Default for RuntimeConfig {
             barrier_timeout: limits::BARRIER_TIMEOUT_DEFAULT,
             seed: 0,
             chaos_evict_rate: 0.0,
+            lease_ttl: limits::LEASE_TTL_DEFAULT,
         }
     }
 }
@@ -233,6 +239,9 @@ impl RuntimeConfig {
         self.disk_reserve_bytes()?;
         if self.barrier_timeout.is_zero() {
             return Err(RuntimeError::Config("barrier_timeout must be above zero".into()));
+        }
+        if self.lease_ttl < Duration::from_millis(300) {
+            return Err(RuntimeError::Config("lease_ttl must be at least 300ms".into()));
         }
         if self.max_recover_attempts == 0 {
             return Err(RuntimeError::Config("max_recover_attempts must be at least 1".into()));

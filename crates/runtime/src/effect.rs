@@ -175,6 +175,9 @@ where
 
     let mut last_error = String::new();
     for attempt in 1..=options.attempts {
+        // A node past its self-fence deadline, or whose shard moved, starts no call: the
+        // run's new owner makes it, with the same key.
+        shared.ownership.check(&run_id)?;
         let call = f(entry.idempotency_key.clone(), args.clone());
         let answer = match options.timeout {
             None => call.await,

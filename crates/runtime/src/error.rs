@@ -11,6 +11,14 @@ pub enum RuntimeError {
         /// The id asked for.
         run_id: String,
     },
+    /// Another node owns the run's shard (a store shared by several nodes): ask it.
+    #[error("run {run_id} belongs to shard {shard}, which this node does not own")]
+    NotOwner {
+        /// The run.
+        run_id: String,
+        /// Its shard.
+        shard: u32,
+    },
     /// No agent of this kind is registered.
     #[error("unknown agent kind {kind:?}")]
     UnknownKind {

@@ -65,7 +65,9 @@ pub use json::{HASH_V2_PREFIX, canonical as canonical_json, hash_matches, payloa
 pub use kernel::shared::CrashHook;
 pub use metrics::{HistogramSummary, MetricsSnapshot, describe as describe_metrics};
 pub use run::start::StartOutcome;
-pub use runtime::{Gauges, ListFilter, PausedNow, RunInspection, RunPage, Runtime, RuntimeBuilder, testing};
+pub use runtime::{
+    Gauges, ListFilter, PausedNow, RunInspection, RunOwner, RunPage, Runtime, RuntimeBuilder, testing,
+};
 pub use secret::{Destination, Secret, SecretRefusal, Secrets};
 pub use storage::{Storage, Transaction};
 pub use stream::StreamChunk;

@@ -65,27 +65,39 @@ pub async fn append(
     detail: &str,
     now_ms: u64,
 ) -> Result<(), StoreError> {
-    let seq = next_seq(now_ms);
-    let entry = AuditRecord {
-        seq,
-        at_ms: now_ms,
-        actor: actor.to_string(),
-        action: action.to_string(),
-        run_id: run_id.map(str::to_string),
-        detail: detail.to_string(),
-    };
-    let mut batch = Batch::new();
-    batch.put(tables::AUDIT, tables::AUDIT.key(&[&seq.to_be_bytes()]), &entry)?;
-    if let Some(run_id) = run_id {
-        batch.put(
-            tables::AUDIT_BY_RUN,
-            tables::AUDIT_BY_RUN.key(&[run_id.as_bytes(), &seq.to_be_bytes()]),
-            &(),
-        )?;
+    // Entries are only ever created, never overwritten: on a store several nodes share, two
+    // nodes that picked the same microsecond find out, and the later one takes the next.
+    let mut floor = now_ms;
+    for _ in 0..AUDIT_TRIES {
+        let seq = next_seq(floor);
+        let entry = AuditRecord {
+            seq,
+            at_ms: now_ms,
+            actor: actor.to_string(),
+            action: action.to_string(),
+            run_id: run_id.map(str::to_string),
+            detail: detail.to_string(),
+        };
+        let mut batch = Batch::new();
+        batch.put(tables::AUDIT, tables::AUDIT.key(&[&seq.to_be_bytes()]), &entry)?;
+        if let Some(run_id) = run_id {
+            batch.put(
+                tables::AUDIT_BY_RUN,
+                tables::AUDIT_BY_RUN.key(&[run_id.as_bytes(), &seq.to_be_bytes()]),
+                &(),
+            )?;
+        }
+        batch.all_new();
+        match store.commit(batch, Durability::Sync).await {
+            Err(StoreError::Exists { .. }) => floor = seq / 1_000 + 1,
+            other => return other,
+        }
     }
-    store.commit(batch, Durability::Sync).await?;
-    Ok(())
+    Err(StoreError::Exists { key: "audit sequence number".into() })
 }
+
+/// Attempts at a free audit sequence number before giving up.
+const AUDIT_TRIES: usize = 8;
 
 /// Up to `limit` audit entries after sequence number `after`, oldest first.
 pub fn page(store: &Store, after: Option<u64>, limit: usize) -> Result<Vec<AuditRecord>, StoreError> {

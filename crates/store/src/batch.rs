@@ -65,6 +65,19 @@ impl Batch {
         self.put(table, key, value)
     }
 
+    /// Every key the batch puts must not exist yet: a batch that creates a new record set
+    /// (a run's first records) fails whole with [`StoreError::Exists`] if one does.
+    pub fn all_new(&mut self) -> &mut Self {
+        for op in &self.ops {
+            if let Op::Put { key, .. } = op
+                && !self.absent.contains(key)
+            {
+                self.absent.push(key.clone());
+            }
+        }
+        self
+    }
+
     /// Puts a value that is already sealed (copied from another store, checked there).
     pub fn put_sealed(&mut self, key: Vec<u8>, sealed: Vec<u8>) -> &mut Self {
         self.ops.push(Op::Put { key, value: sealed });

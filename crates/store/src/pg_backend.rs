@@ -377,8 +377,12 @@ async fn prepare(
     Ok(owner)
 }
 
-/// A batch reduced to each key's final state: the keys to delete and the values to put.
-fn final_states(batch: &Batch) -> (Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<Vec<u8>>) {
+/// Keys (or values), as one SQL array.
+type Column = Vec<Vec<u8>>;
+
+/// A batch reduced to each key's final state: the keys to delete, and the keys and values
+/// to put.
+fn final_states(batch: &Batch) -> (Column, Column, Column) {
     let mut last: BTreeMap<&[u8], Option<&[u8]>> = BTreeMap::new();
     for op in &batch.ops {
         match op {

@@ -27,6 +27,9 @@ pub async fn run(command: Command) -> anyhow::Result<i32> {
         Command::Serve {
             data,
             store,
+            node_id,
+            lease_ttl,
+            advertise,
             listen,
             config,
             allowed_hosts,
@@ -38,7 +41,8 @@ pub async fn run(command: Command) -> anyhow::Result<i32> {
             init_tracing("info");
             let tls = tls_cert.zip(tls_key);
             let exposure = serve::Exposure { allowed_hosts, open_metrics, tls, insecure_plain_http };
-            serve::serve(&data, store.as_deref(), listen, config.as_deref(), exposure).await?;
+            let place = serve::Placement { data, store, node_id, lease_ttl, advertise };
+            serve::serve(&place, listen, config.as_deref(), exposure).await?;
             Ok(0)
         }
         Command::Drill { json, seed, out, stop_at } => drill::run(json, seed, out.as_deref(), &stop_at).await,

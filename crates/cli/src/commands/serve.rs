@@ -52,27 +52,54 @@ fn stop_at_hook(point: String) -> CrashHook {
     })
 }
 
-/// Opens the store (the database `store` names, or the data directory) and the runtime for
-/// serving.
+/// Where the server keeps its runs, and its place among nodes sharing a database.
+#[derive(Debug, Clone, Default)]
+pub struct Placement {
+    /// The server's own files (the admin token), and the store unless `store` is given.
+    pub data: std::path::PathBuf,
+    /// A `postgres://` URL: the runs live in that database.
+    pub store: Option<String>,
+    /// This node's id among several sharing `store`.
+    pub node_id: Option<String>,
+    /// Their lease on shards, overriding the configuration's `lease_ttl`.
+    pub lease_ttl: Option<std::time::Duration>,
+    /// Where the others reach this node; the listen address by default.
+    pub advertise: Option<String>,
+}
+
+/// Opens the store (the database `place.store` names, or the data directory) and the runtime
+/// for serving; on a shared database, as node `place.node_id`, advertising `advertise`.
 pub async fn open_runtime(
-    data: &Path,
-    store: Option<&str>,
-    config: RuntimeConfig,
+    place: &Placement,
+    advertise: &str,
+    mut config: RuntimeConfig,
     secrets: Secrets,
 ) -> anyhow::Result<Runtime> {
-    let store = match store {
-        Some(url) if durafiber_store::store::is_database_url(url) => {
-            Store::open_postgres(url, config.store_config()?).context("opening the store's database")?
+    if let Some(ttl) = place.lease_ttl {
+        config.lease_ttl = ttl;
+    }
+    let store_config = config.store_config()?;
+    let store = match (&place.store, &place.node_id) {
+        (Some(url), _) if !durafiber_store::store::is_database_url(url) => {
+            anyhow::bail!("--store takes a postgres:// URL, not {url:?}")
         }
-        Some(other) => anyhow::bail!("--store takes a postgres:// URL, not {other:?}"),
-        None => Store::open_dir(data, config.store_config()?)
-            .with_context(|| format!("opening {}", data.display()))?,
+        (Some(url), Some(node)) => Store::with_backend(
+            Arc::new(
+                durafiber_store::PgBackend::open_node(url, node).context("opening the store's database")?,
+            ),
+            store_config,
+        )?,
+        (Some(url), None) => {
+            Store::open_postgres(url, store_config).context("opening the store's database")?
+        }
+        (None, _) => Store::open_dir(&place.data, store_config)
+            .with_context(|| format!("opening {}", place.data.display()))?,
     };
     let mut builder = crate::agents::register(Runtime::builder(store).config(config).secrets(secrets));
     if let Ok(point) = std::env::var("DURAFIBER_STOP_AT") {
         builder = builder.crash_hook(stop_at_hook(point));
     }
-    Ok(builder.open().await?)
+    Ok(builder.advertise(advertise).open().await?)
 }
 
 /// Who the server is exposed to, from the command line.
@@ -90,8 +117,7 @@ pub struct Exposure {
 
 /// Serves until SIGTERM or Ctrl-C.
 pub async fn serve(
-    data: &Path,
-    store: Option<&str>,
+    place: &Placement,
     listen: SocketAddr,
     config: Option<&Path>,
     exposure: Exposure,
@@ -114,14 +140,17 @@ pub async fn serve(
     let prometheus = prometheus();
     let config = load_config(config)?;
     let secrets = Secrets::from_env().map_err(|e| anyhow::anyhow!("DURAFIBER_SECRET_*: {e}"))?;
+    let data = place.data.as_path();
     std::fs::create_dir_all(data).with_context(|| format!("creating {}", data.display()))?;
-    let runtime = open_runtime(data, store, config, secrets.clone()).await?;
-    if let Some(path) = auth::bootstrap(runtime.store(), data, runtime.now_ms()).await? {
-        eprintln!("durafiber: created the admin token; it is in {} (readable by you only)", path.display());
-    }
+    // Bound first, so that a node can tell the others the address it really listens on.
     let listener =
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr()?;
+    let advertise = place.advertise.clone().unwrap_or_else(|| addr.to_string());
+    let runtime = open_runtime(place, &advertise, config, secrets.clone()).await?;
+    if let Some(path) = auth::bootstrap(runtime.store(), data, runtime.now_ms()).await? {
+        eprintln!("durafiber: created the admin token; it is in {} (readable by you only)", path.display());
+    }
     let access = Access::new(addr, &exposure.allowed_hosts, exposure.open_metrics);
     let (stop_streams, stopping) = tokio::sync::watch::channel(false);
     let sessions = Arc::new(Sessions::new(tls.is_some()));

@@ -23,12 +23,16 @@
 //! | GET    | `/openapi.json`                        | this API as an OpenAPI 3.1 document   |
 //! | GET, POST | `/ui/...`                           | the reviewer console (HTML; `console/`) |
 //!
+//! On a store several nodes share, a request that changes a run (any method but GET under
+//! `/runs/{id}/`) is passed on to the node that owns the run ([`forward`]).
+//!
 //! Every error is a JSON object `{"error": "...", "kind": "..."}` with a 4xx status for bad
 //! requests and a 5xx status for the runtime's own failures.
 
 mod admin;
 pub mod client;
 mod console;
+mod forward;
 pub mod guard;
 pub mod listen;
 mod openapi;

@@ -12,7 +12,7 @@ use axum::{
 use durafiber_runtime::RuntimeError;
 
 use super::{
-    admin, console, guard, openapi, server,
+    admin, console, forward, guard, openapi, server,
     state::{ApiError, AppState},
 };
 
@@ -85,6 +85,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here".into(), "MethodNotAllowed")
         })
+        .layer(middleware::from_fn_with_state(state.clone(), forward::to_owner))
         .layer(middleware::from_fn_with_state(state.clone(), durable_reads))
         .layer(middleware::from_fn_with_state(state.clone(), guard::authorize))
         .layer(middleware::from_fn_with_state(state.clone(), guard::browser_safe))

@@ -35,6 +35,10 @@ pub struct Health {
     pub low_on_space: bool,
     /// Free bytes on the store's filesystem, when known.
     pub free_bytes: Option<u64>,
+    /// This node's id, on a store several nodes share.
+    pub node_id: Option<String>,
+    /// How many shards this node owns, on a store several nodes share.
+    pub shards: Option<usize>,
 }
 
 /// `POST /runs`.

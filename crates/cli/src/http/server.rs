@@ -501,6 +501,8 @@ pub(super) async fn health(State(s): State<AppState>) -> Response {
         parked: h.parked,
         low_on_space: h.low_on_space,
         free_bytes: h.free_bytes,
+        node_id: s.runtime.node_id(),
+        shards: s.runtime.node_id().map(|_| s.runtime.owned_shards().len()),
     };
     let status = if body.ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body)).into_response()

@@ -80,6 +80,9 @@ impl From<RuntimeError> for ApiError {
         use RuntimeError::*;
         let (status, kind) = match &e {
             UnknownRun { .. } => (StatusCode::NOT_FOUND, "UnknownRun"),
+            NotOwner { .. } | Store(durafiber_store::StoreError::Fenced { .. }) => {
+                (StatusCode::MISDIRECTED_REQUEST, "NotOwner")
+            }
             UnknownKind { .. } => (StatusCode::BAD_REQUEST, "UnknownKind"),
             KeyConflict { .. } => (StatusCode::CONFLICT, "KeyConflict"),
             StaleApproval { .. } => (StatusCode::CONFLICT, "StaleApproval"),

@@ -53,6 +53,23 @@ pub(crate) async fn evict(shared: &Arc<Shared>, run_id: &str, why: &str) {
     give_back_recovery(shared, &live.cell, Some(WakeReason::Evicted)).await;
 }
 
+/// Drops a run whose shard another node owns now: its actor is killed and its fiber's
+/// future dropped, as by an eviction, but nothing is written — the new owner writes the
+/// run from now on, and recovers it.
+pub(crate) async fn disown(shared: &Arc<Shared>, run_id: &str) {
+    let _one_at_a_time = shared.registry.transition(run_id).await;
+    shared.liveness.remove(run_id);
+    let Some(live) = shared.registry.remove(run_id) else { return };
+    live.cell.evicted.store(true, Ordering::SeqCst);
+    if let Some(fiber) = live.cell.fiber.lock().take() {
+        fiber.abort();
+    }
+    live.cell.approval_waiter.lock().take();
+    live.cell.event_waiter.lock().take();
+    let _ = live.actor.kill_and_wait(None).await;
+    shared.event(run_id, "disowned", "its shard moved to another node");
+}
+
 /// After an interruption the runtime itself caused (an eviction, a shutdown): a recovery
 /// that was cut short before any boundary is not counted as failed (§3.6), `reason` marks
 /// why the run will be re-entered, and an interrupted run is woken at once.

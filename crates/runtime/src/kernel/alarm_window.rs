@@ -96,7 +96,20 @@ impl Scheduler {
     /// Reads the entries after the horizon from the store's index, up to capacity. The
     /// store is read without the window's lock: alarms set meanwhile beyond the horizon are
     /// noted and merged, so none is missed.
-    pub fn refill(&self, store: &Store) -> Result<(), StoreError> {
+    /// Reads the whole index again at the next refill: shards were gained, whose alarms
+    /// the window never read.
+    pub fn rescan(&self) {
+        let mut w = self.lock();
+        w.horizon = Horizon::Unread;
+        w.refilling = None;
+    }
+
+    /// Keeps only the alarms of runs `keep` accepts: shards were lost.
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.lock().due.retain(|(_, run_id, _)| keep(run_id));
+    }
+
+    pub fn refill(&self, store: &Store, keep: impl Fn(&str) -> bool) -> Result<(), StoreError> {
         let (start, horizon, want) = {
             let mut w = self.lock();
             if w.horizon == Horizon::Complete || w.refilling.is_some() {
@@ -123,7 +136,9 @@ impl Scheduler {
                 Some(last) if keys.len() >= want => Horizon::After(last.clone()),
                 _ => Horizon::Complete,
             };
-            w.due.extend(entries);
+            // The horizon is the last entry read, owned or not: the next refill goes on
+            // after it either way.
+            w.due.extend(entries.into_iter().filter(|(_, run_id, _)| keep(run_id)));
         }
         // (Had the horizon moved down meanwhile, the entries read are beyond it: the next
         // refill reads them again.)

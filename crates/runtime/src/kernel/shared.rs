@@ -99,6 +99,8 @@ pub(crate) struct Shared {
     /// runtime points it at the runs layer (`run/actor.rs`) when it opens, so that a
     /// feature below that layer can have a run re-entered without importing it.
     pub reactivator: Reactivator,
+    /// The runs this runtime may run: all of them, or its shards' on a shared store.
+    pub ownership: super::ownership::Ownership,
 }
 
 /// A run record read under its stripe lock (see [`Shared::lock_run`]).

@@ -51,6 +51,8 @@ async fn live_or_spawn(
         return Ok((run, false));
     }
     let _activating = shared.activating()?;
+    // Another node runs the runs of shards this one does not own.
+    shared.ownership.check(run_id)?;
     // Virtual time waits for the registration write.
     let _busy = shared.busy();
     let watch = Stopwatch::start();
@@ -134,7 +136,8 @@ pub(crate) async fn reactivate_since(shared: &Arc<Shared>, run_id: &str, since: 
                 send_activate(shared, &live, run_id, since, None);
             }
         }
-        Err(RuntimeError::ShuttingDown | RuntimeError::UnknownRun { .. }) => {}
+        Err(RuntimeError::ShuttingDown | RuntimeError::UnknownRun { .. } | RuntimeError::NotOwner { .. }) => {
+        }
         Err(e) => {
             // Never leave the run behind: a store that failed now may answer in a second.
             tracing::error!(run_id, error = %e, "could not activate the run; retrying in 1 s");

@@ -26,6 +26,10 @@ pub(crate) fn check(shared: &Shared) -> Result<Vec<LivenessViolation>, RuntimeEr
     loop {
         let (ids, next) = shared.open_runs_page(after.as_deref())?;
         for run_id in ids {
+            // Another node's runs are that node's to keep moving.
+            if !shared.ownership.owns(&run_id) {
+                continue;
+            }
             let Ok(run) = shared.load_run(&run_id) else { continue };
             if run.status.is_terminal() || woken.contains(&run_id) {
                 continue;

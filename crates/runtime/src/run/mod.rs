@@ -1,12 +1,13 @@
 //! Runs: accepting them durably ([`start`]), activating them and their actor ([`actor`],
 //! the only code that spawns one), their fibers ([`fiber`]), recovery ([`recovery`]), alarm
-//! delivery ([`alarm_delivery`]), the loop that moves them on time ([`driver`]), and the
-//! liveness rule checked ([`liveness`]).
+//! delivery ([`alarm_delivery`]), the loop that moves them on time ([`driver`]), the
+//! liveness rule checked ([`liveness`]), and a node's shards on a shared store ([`leases`]).
 
 pub(crate) mod actor;
 pub(crate) mod alarm_delivery;
 pub(crate) mod driver;
 pub(crate) mod fiber;
+pub(crate) mod leases;
 pub(crate) mod liveness;
 pub(crate) mod recovery;
 pub(crate) mod start;

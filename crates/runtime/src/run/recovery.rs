@@ -69,12 +69,24 @@ pub(crate) fn backoff_ms(failed: u32) -> u64 {
 /// time: each activation writes its fiber's registration, and side by side those writes
 /// share group commits instead of waiting for a barrier each. Returns how many were found.
 pub(crate) async fn scan_and_reactivate(shared: &Arc<Shared>) -> Result<usize, RuntimeError> {
+    reactivate_interrupted(shared, &|run_id| shared.ownership.owns(run_id)).await
+}
+
+/// Re-activates the interrupted runs among those `keep` accepts: the runs of shards a node
+/// just acquired, or runs another node accepted into its shards and has not seen live.
+pub(crate) async fn reactivate_interrupted(
+    shared: &Arc<Shared>,
+    keep: &(dyn Fn(&str) -> bool + Sync),
+) -> Result<usize, RuntimeError> {
     let mut after: Option<Vec<u8>> = None;
     let mut found = 0;
     let mut activations = tokio::task::JoinSet::new();
     loop {
         let (ids, next) = shared.open_runs_page(after.as_deref())?;
         for run_id in ids {
+            if !keep(&run_id) {
+                continue;
+            }
             match shared.load_run(&run_id) {
                 Ok(run) if matches!(run.status, RunStatus::Accepted | RunStatus::Running) => {
                     found += 1;

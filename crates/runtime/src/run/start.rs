@@ -6,7 +6,10 @@
 
 use std::sync::Arc;
 
-use durafiber_store::tables::{self, RunRecord, RunStatus};
+use durafiber_store::{
+    Durability, StoreError,
+    tables::{self, RunRecord, RunStatus},
+};
 use serde::Serialize;
 
 use crate::{
@@ -65,13 +68,8 @@ pub(crate) async fn start(
     let key_record = tables::RUN_KEYS.key(&[kind.as_bytes(), key.as_bytes()]);
 
     let _guard = shared.start_locks[stripe(key, shared.start_locks.len())].lock().await;
-    if let Some(run_id) = shared.store.get::<String>(tables::RUN_KEYS, &key_record)? {
-        let run = shared.load_run(&run_id)?;
-        if !json::hash_matches(&run.input_hash, &input).map_err(RuntimeError::InvalidInput)? {
-            return Err(RuntimeError::KeyConflict { key: key.to_string(), run_id });
-        }
-        tracing::info!(run_id, key, "duplicate start returns the existing handle");
-        return Ok(StartOutcome { run_id: RunId::new(run_id), accepted: false, status: run.status });
+    if let Some(existing) = existing(shared, &key_record, key, &input)? {
+        return Ok(existing);
     }
     // A new run is new work: refused while the disk is below its reserve (§ store faults).
     shared.store.check_room()?;
@@ -93,11 +91,43 @@ pub(crate) async fn start(
         options: options.stored(),
     };
     let mut batch = durafiber_store::Batch::new();
-    batch.put(tables::RUN_KEYS, key_record, &run.run_id)?;
+    batch.put(tables::RUN_KEYS, key_record.clone(), &run.run_id)?;
     crate::budget::stage_at_start(&mut batch, &run.run_id, options.budget.or(shared.config.budget).limits())?;
-    shared.commit_run(&run, batch).await?;
+    batch.put(tables::RUNS, tables::RUNS.key(&[run.run_id.as_bytes()]), &run)?;
+    batch.put(tables::OPEN_RUNS, tables::OPEN_RUNS.key(&[run.run_id.as_bytes()]), &())?;
+    // The key is unique by the store, not by the lock above: on a store that several nodes
+    // share, another node may accept the same key at the same moment, and one of the two
+    // batches is refused whole. The run's own records are new too, so this needs no lease
+    // on the run's shard: the shard's owner picks the run up.
+    batch.all_new();
+    match shared.store.commit(batch, Durability::Sync).await {
+        Ok(()) => shared.status_changed(),
+        Err(StoreError::Exists { .. }) => {
+            tracing::info!(key, "another node accepted this key first");
+            return existing(shared, &key_record, key, &input)?
+                .ok_or_else(|| RuntimeError::Store(StoreError::Exists { key: key.to_string() }));
+        }
+        Err(e) => return Err(e.into()),
+    }
     drop(_guard);
     Metrics::bump(&shared.metrics.starts);
     shared.event(&run.run_id, "accepted", format!("kind {kind}, key {key}"));
     Ok(StartOutcome { run_id: RunId::new(run.run_id), accepted: true, status: RunStatus::Accepted })
+}
+
+/// The run already accepted under the key, if any: same input → its handle; another input
+/// → `KeyConflict`.
+fn existing(
+    shared: &Shared,
+    key_record: &[u8],
+    key: &str,
+    input: &serde_json::Value,
+) -> Result<Option<StartOutcome>, RuntimeError> {
+    let Some(run_id) = shared.store.get::<String>(tables::RUN_KEYS, key_record)? else { return Ok(None) };
+    let run = shared.load_run(&run_id)?;
+    if !json::hash_matches(&run.input_hash, input).map_err(RuntimeError::InvalidInput)? {
+        return Err(RuntimeError::KeyConflict { key: key.to_string(), run_id });
+    }
+    tracing::info!(run_id, key, "duplicate start returns the existing handle");
+    Ok(Some(StartOutcome { run_id: RunId::new(run_id), accepted: false, status: run.status }))
 }

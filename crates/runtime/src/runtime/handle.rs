@@ -24,12 +24,14 @@ use crate::{
     eviction::idle,
     json,
     kernel::activity::Liveness,
+    kernel::ownership::Ownership,
     kernel::registry::Registry,
     kernel::shared::{CrashHook, ErasedAgent, Shared},
     metrics::{Metrics, MetricsSnapshot},
     rng::SeededRng,
     run::actor::{reactivate, reactivate_boxed},
     run::driver::{drive_system_clock, next_deadline, tick},
+    run::leases,
     run::liveness,
     run::recovery,
     run::start::{self, StartOutcome},
@@ -48,6 +50,7 @@ pub struct RuntimeBuilder {
     secrets: Secrets,
     pub(super) crash_hook: Option<CrashHook>,
     passive: bool,
+    advertise: String,
 }
 
 impl RuntimeBuilder {
@@ -55,6 +58,13 @@ impl RuntimeBuilder {
     /// decisions and cancellations are durable and picked up by the next serving runtime.
     pub fn passive(mut self) -> Self {
         self.passive = true;
+        self
+    }
+
+    /// Where this node serves HTTP, told to the other nodes of a shared store so that they
+    /// can send it requests for the runs it owns (`host:port`).
+    pub fn advertise(mut self, addr: impl Into<String>) -> Self {
+        self.advertise = addr.into();
         self
     }
 
@@ -91,6 +101,7 @@ impl RuntimeBuilder {
         self.store.set_flush_every(self.config.flush_every);
         let seed = self.config.seed;
         let pauses = crate::kernel::pauses::Pauses::load(&self.store)?;
+        let shared_store = self.store.backend().leases().is_some();
         let shared = Arc::new(Shared {
             reactivator: reactivate_boxed,
             store: self.store,
@@ -124,6 +135,10 @@ impl RuntimeBuilder {
             busy: tokio::sync::watch::Sender::new(0),
             woken: tokio::sync::watch::Sender::new(0),
             passive: self.passive,
+            ownership: match (self.passive, shared_store) {
+                (false, true) => Ownership::nothing(),
+                _ => Ownership::everything(),
+            },
         });
         if self.passive {
             return Ok(Runtime {
@@ -132,8 +147,14 @@ impl RuntimeBuilder {
                 driver: Arc::new(Mutex::new(None)),
             });
         }
-        shared.scheduler.refill(&shared.store)?;
+        // On a shared store: the shards first, so the alarms read and the runs recovered are
+        // this node's.
+        leases::join(&shared, &self.advertise)?;
+        shared.scheduler.refill(&shared.store, |r| shared.ownership.owns(r))?;
         let interrupted = recovery::scan_and_reactivate(&shared).await?;
+        if shared_store {
+            tokio::spawn(leases::hold(shared.clone(), self.advertise));
+        }
         tracing::info!(interrupted, "runtime open");
         let driver = match self.virtual_clock {
             Some(_) => None,
@@ -141,6 +162,28 @@ impl RuntimeBuilder {
         };
         Ok(Runtime { shared, virtual_clock: self.virtual_clock, driver: Arc::new(Mutex::new(driver)) })
     }
+}
+
+/// Where a run is run ([`Runtime::owner_of`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunOwner {
+    /// This runtime.
+    Here,
+    /// Another node of the shared store.
+    Node {
+        /// The node's id.
+        node_id: String,
+        /// Where it serves HTTP, if it said.
+        http_addr: Option<String>,
+        /// The run's shard.
+        shard: u32,
+    },
+    /// No node holds the shard's lease now (its owner died, or this node's lease is in
+    /// doubt): one will within a third of the lease.
+    Nobody {
+        /// The run's shard.
+        shard: u32,
+    },
 }
 
 /// A durable runtime. Cheap to clone; every clone is the same runtime.
@@ -163,6 +206,7 @@ impl Runtime {
             secrets: Secrets::default(),
             crash_hook: None,
             passive: false,
+            advertise: String::new(),
         }
     }
 
@@ -329,6 +373,33 @@ impl Runtime {
         Ok(())
     }
 
+    /// This node's id, on a store several nodes share.
+    pub fn node_id(&self) -> Option<String> {
+        self.shared.store.backend().leases().map(|l| l.node_id().to_string())
+    }
+
+    /// The shards this node owns now, on a store several nodes share (empty alone: it
+    /// owns every run).
+    pub fn owned_shards(&self) -> Vec<u32> {
+        self.shared.ownership.shards()
+    }
+
+    /// Which node runs `run_id`: this one (always, alone on its store), or the node that
+    /// holds its shard's lease on a shared store, with the address it serves HTTP at.
+    pub fn owner_of(&self, run_id: &str) -> Result<RunOwner, RuntimeError> {
+        if self.shared.ownership.owns(run_id) {
+            return Ok(RunOwner::Here);
+        }
+        let Some(leases) = self.shared.store.backend().leases() else { return Ok(RunOwner::Here) };
+        let shard = durafiber_store::shard::of_run(run_id);
+        let owner = leases.owners()?.into_iter().find(|o| o.shard == shard);
+        Ok(match owner {
+            Some(o) if o.node_id == leases.node_id() => RunOwner::Nobody { shard },
+            Some(o) => RunOwner::Node { node_id: o.node_id, http_addr: o.http_addr, shard },
+            None => RunOwner::Nobody { shard },
+        })
+    }
+
     /// Every open run that breaks the liveness rule (§3.7): neither live with a fiber, nor
     /// parked on a durable wait (an approval, an alarm), nor holding a wake at a known time.
     /// Cheap: one pass over the open runs. On a virtual clock, [`Runtime::advance`] checks it
@@ -363,6 +434,8 @@ impl Runtime {
             }
         }
         let _ = self.shared.store.barrier().await;
+        // Every run is stopped and written: other nodes may take the shards at once.
+        leases::release_all(&self.shared);
         self.shared.closed.store(true, Ordering::SeqCst);
     }
 }

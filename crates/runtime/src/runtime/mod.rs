@@ -13,6 +13,6 @@ mod inbound;
 mod inspect;
 pub mod testing;
 
-pub use handle::{Runtime, RuntimeBuilder};
+pub use handle::{RunOwner, Runtime, RuntimeBuilder};
 pub use inbound::PausedNow;
 pub use inspect::{Gauges, ListFilter, RunInspection, RunPage};

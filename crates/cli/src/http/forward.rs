@@ -1,0 +1,136 @@
+//! Requests that change a run go to the node that owns it. On a store several nodes share,
+//! only the owner of a run's shard runs it and writes it: a cancel, a message, a request,
+//! an event, a decision, an alarm change or a pause that reaches another node is passed on
+//! to the owner's advertised address, with the caller's headers and body, and the owner's
+//! answer comes back as it is. Starts and reads are served where they arrive. Alone on its
+//! store a server owns every run and this passes everything through.
+//!
+//! A request is passed on once: one that arrives already forwarded and finds this node not
+//! the owner (ownership moved meanwhile) is answered 421, for the caller to send again. With
+//! no owner (its node died; another takes the shard within a third of the lease) the answer
+//! is 503 with `Retry-After`.
+
+use std::time::Duration;
+
+use axum::{
+    body::{Body, to_bytes},
+    extract::{Request, State},
+    http::{HeaderValue, Method, StatusCode, header},
+    middleware::Next,
+    response::{IntoResponse, Response},
+};
+use durafiber_runtime::{RunOwner, limits};
+
+use super::state::{ApiError, AppState};
+
+/// Marks a request one node passed to another.
+const FORWARDED: &str = "x-durafiber-forwarded-by";
+
+/// The run a request changes, if it is one that must reach the run's owner.
+fn run_changed<'a>(method: &Method, path: &'a str) -> Option<&'a str> {
+    if *method == Method::GET || *method == Method::HEAD {
+        return None;
+    }
+    let rest = path.strip_prefix("/runs/")?;
+    let (run_id, action) = rest.split_once('/')?;
+    (!run_id.is_empty() && !action.is_empty()).then_some(run_id)
+}
+
+fn client() -> &'static reqwest::Client {
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    CLIENT.get_or_init(|| {
+        reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap_or_default()
+    })
+}
+
+pub async fn to_owner(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(run_id) = run_changed(req.method(), req.uri().path()).map(str::to_string) else {
+        return next.run(req).await;
+    };
+    let owner = match app.runtime.owner_of(&run_id) {
+        Ok(owner) => owner,
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    match owner {
+        RunOwner::Here => next.run(req).await,
+        RunOwner::Nobody { shard } => unowned(shard),
+        RunOwner::Node { node_id, http_addr, shard } => {
+            if req.headers().contains_key(FORWARDED) {
+                return ApiError(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    format!("run {run_id} (shard {shard}) is owned by node {node_id} now: send it again"),
+                    "NotOwner",
+                )
+                .into_response();
+            }
+            match http_addr {
+                Some(addr) if !addr.is_empty() => pass_on(req, &addr, &node_id).await,
+                _ => unowned(shard),
+            }
+        }
+    }
+}
+
+fn unowned(shard: u32) -> Response {
+    let mut response = ApiError(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("shard {shard} has no reachable owner at the moment; a node takes it over shortly"),
+        "NoOwner",
+    )
+    .into_response();
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+async fn pass_on(req: Request, addr: &str, node_id: &str) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = match to_bytes(body, limits::HTTP_BODY_BYTES_MAX).await {
+        Ok(b) => b,
+        Err(e) => {
+            return ApiError(StatusCode::BAD_REQUEST, format!("body: {e}"), "BadRequest").into_response();
+        }
+    };
+    let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let url = format!("http://{addr}{path}");
+    let mut out = client().request(parts.method.clone(), &url).body(body);
+    for (name, value) in &parts.headers {
+        if name != header::HOST && name != header::CONTENT_LENGTH && name != header::CONNECTION {
+            out = out.header(name, value);
+        }
+    }
+    out = out.header(header::HOST, addr).header(FORWARDED, node_id);
+    tracing::debug!(url, node_id, "request passed on to the run's owner");
+    match out.send().await {
+        Ok(answer) => {
+            let status = answer.status();
+            let content_type = answer.headers().get(header::CONTENT_TYPE).cloned();
+            let bytes = answer.bytes().await.unwrap_or_default();
+            let mut response = Response::new(Body::from(bytes));
+            *response.status_mut() = status;
+            if let Some(ct) = content_type {
+                response.headers_mut().insert(header::CONTENT_TYPE, ct);
+            }
+            response
+        }
+        Err(e) => ApiError(
+            StatusCode::BAD_GATEWAY,
+            format!("the run's owner, node {node_id} at {addr}, did not answer: {e}"),
+            "OwnerUnreachable",
+        )
+        .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_changes_to_one_run_are_passed_on() {
+        assert_eq!(run_changed(&Method::POST, "/runs/run_1/cancel"), Some("run_1"));
+        assert_eq!(run_changed(&Method::PUT, "/runs/run_1/alarms/tick"), Some("run_1"));
+        assert_eq!(run_changed(&Method::POST, "/runs"), None, "a start is served where it arrives");
+        assert_eq!(run_changed(&Method::GET, "/runs/run_1/stream"), None);
+        assert_eq!(run_changed(&Method::GET, "/runs/run_1"), None);
+    }
+}

@@ -1,0 +1,184 @@
+//! Three `durafiber serve` nodes sharing one PostgreSQL database (a private server the test
+//! kit starts), with a lease of 2 s: the shards spread over the nodes; a start is unique by
+//! its key whichever nodes it reaches; a decision sent to a node that does not own the run
+//! reaches the owner and is applied once; and when a node is SIGKILLed its runs resume on the
+//! survivors and complete under their ids.
+
+mod common;
+
+use std::{
+    collections::{HashMap, HashSet},
+    ffi::OsStr,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use common::Served;
+use durafiber_testkit::{postgres::PgServer, upstream::Upstream};
+use serde_json::{Value, json};
+
+const LEASE: &str = "2s";
+
+fn node(data: &Path, url: &str, id: &str) -> Served {
+    let args = ["--store", url, "--node-id", id, "--lease-ttl", LEASE];
+    let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    Served::start_with(data, &args)
+}
+
+async fn json_of(r: reqwest::RequestBuilder) -> (u16, Value) {
+    let r = r.send().await.expect("request");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Three nodes on one database, once each holds shards and together they hold all.
+async fn three_nodes(data: &Path, url: &str) -> Vec<Served> {
+    let mut nodes = vec![node(data, url, "n1")];
+    nodes.push(node(data, url, "n2"));
+    nodes.push(node(data, url, "n3"));
+    let http = nodes[0].client();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut counts = Vec::new();
+        for n in &nodes {
+            let (_, h) = json_of(http.get(n.url("/health"))).await;
+            counts.push(h["shards"].as_u64().unwrap_or(0));
+        }
+        if counts.iter().all(|c| *c > 0) && counts.iter().sum::<u64>() == 1024 {
+            return nodes;
+        }
+        assert!(Instant::now() < deadline, "the shards never spread over the nodes: {counts:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_started_fifty_times_through_three_nodes_makes_one_run_and_decisions_reach_the_owner() {
+    let pg = PgServer::start().expect("a PostgreSQL server");
+    let url = pg.fresh_database().expect("a database");
+    let data = tempfile::tempdir().expect("tempdir");
+    let nodes = three_nodes(data.path(), &url).await;
+    let http = nodes[0].client();
+    let upstream = Upstream::start().await.expect("upstream");
+
+    // 50 concurrent starts of one key, spread over the nodes.
+    let body = json!({"kind": "refund", "input": {"order_id": "o1", "amount_cents": 5,
+        "customer_email": "a@b.c", "upstream": upstream.url(), "api_key": null}});
+    let mut starts = Vec::new();
+    for i in 0..50 {
+        let req =
+            http.post(nodes[i % 3].url("/runs")).header("Idempotency-Key", "order-o1").body(body.to_string());
+        starts.push(tokio::spawn(json_of(req)));
+    }
+    let mut ids = HashSet::new();
+    let mut accepted = 0;
+    for s in starts {
+        let (status, v) = s.await.expect("task");
+        assert!(status == 201 || status == 200, "{status} {v}");
+        accepted += usize::from(v["accepted"] == json!(true));
+        ids.insert(v["run_id"].as_str().expect("run_id").to_string());
+    }
+    assert_eq!(ids.len(), 1, "one run for one key: {ids:?}");
+    assert_eq!(accepted, 1, "exactly one start accepted it");
+    let run_id = ids.into_iter().next().expect("one id");
+
+    // The run's owner picks it up and pauses for the approval; every node shows it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pending = loop {
+        let (_, list) = json_of(http.get(nodes[2].url("/approvals"))).await;
+        if let Some(p) = list.as_array().and_then(|a| a.first()).cloned() {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "the run never asked for its approval");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The same decision through every node: two of them do not own the run and pass it on.
+    let decision = json!({"payload_hash": pending["payload_hash"], "approved": true});
+    let path = format!("/runs/{run_id}/approvals/refund");
+    let mut recorded = 0;
+    for n in &nodes {
+        let (status, v) = json_of(http.post(n.url(&path)).body(decision.to_string())).await;
+        assert_eq!(status, 200, "through {}: {v}", n.url(""));
+        recorded += usize::from(v["recorded"] == json!(true));
+    }
+    assert_eq!(recorded, 1, "the decision is recorded once");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, shown) = json_of(http.get(nodes[1].url(&format!("/runs/{run_id}")))).await;
+        if !shown["run"]["status"]["completed"].is_null() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the approved run did not complete: {shown}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(upstream.objects("refunds").len(), 1, "one refund reached the upstream");
+    assert_eq!(upstream.objects("emails").len(), 1, "one email reached the upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runs_of_a_node_killed_mid_flight_resume_on_the_survivors_and_complete() {
+    let pg = PgServer::start().expect("a PostgreSQL server");
+    let url = pg.fresh_database().expect("a database");
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut nodes = three_nodes(data.path(), &url).await;
+    let http = nodes[0].client();
+    const RUNS: usize = 30;
+    const STEPS: u64 = 60;
+    let mut runs = Vec::new();
+    for i in 0..RUNS {
+        let body = json!({"kind": "steps", "input": {"steps": STEPS, "pause_ms": 50}});
+        let req = http.post(nodes[i % 3].url("/runs")).header("Idempotency-Key", format!("job-{i}"));
+        let (status, v) = json_of(req.body(body.to_string())).await;
+        assert_eq!(status, 201, "{v}");
+        runs.push(v["run_id"].as_str().expect("run_id").to_string());
+    }
+    // Every run is under way before the kill.
+    let seq_of = |shown: &Value| shown["stash"]["seq"].as_u64().unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut before: HashMap<String, u64> = HashMap::new();
+    while before.len() < RUNS {
+        for id in &runs {
+            let (_, shown) = json_of(http.get(nodes[1].url(&format!("/runs/{id}")))).await;
+            if seq_of(&shown) > 0 {
+                before.insert(id.clone(), seq_of(&shown));
+            }
+        }
+        assert!(Instant::now() < deadline, "not every run started: {} of {RUNS}", before.len());
+    }
+
+    nodes[0].sigkill();
+    let killed = Instant::now();
+    let survivors = &nodes[1..];
+    // Each run moves again (on whichever node) and completes under its id.
+    let deadline = killed + Duration::from_secs(60);
+    let mut resumed = 0;
+    let mut last_moved = Duration::ZERO;
+    let mut moved: HashSet<String> = HashSet::new();
+    let mut done: HashSet<String> = HashSet::new();
+    while done.len() < RUNS {
+        for (i, id) in runs.iter().enumerate() {
+            if done.contains(id) {
+                continue;
+            }
+            let (status, shown) = json_of(http.get(survivors[i % 2].url(&format!("/runs/{id}")))).await;
+            assert_eq!(status, 200, "run {id} was lost: {shown}");
+            if !moved.contains(id) && seq_of(&shown) > before[id] + 2 {
+                moved.insert(id.clone());
+                last_moved = last_moved.max(killed.elapsed());
+            }
+            let output = &shown["run"]["status"]["completed"]["output"];
+            if !output.is_null() {
+                assert_eq!(output["done"], json!(STEPS), "{shown}");
+                resumed += usize::from(output["resumed_from"].as_array().is_some_and(|r| !r.is_empty()));
+                done.insert(id.clone());
+            }
+        }
+        assert!(Instant::now() < deadline, "{} of {RUNS} runs completed after the kill", done.len());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(resumed > 0, "some runs were the killed node's, and were resumed elsewhere");
+    println!("every run moved again {last_moved:?} after the kill; {resumed} resumed from a stash");
+    assert!(last_moved < Duration::from_secs(6), "runs waited {last_moved:?} for a new owner (lease 2 s)");
+    let (_, list) = json_of(http.get(survivors[0].url("/runs?limit=100"))).await;
+    assert_eq!(list["runs"].as_array().map(Vec::len), Some(RUNS), "no run was invented");
+}

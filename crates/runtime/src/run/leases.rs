@@ -1,0 +1,182 @@
+//! A node's shards on a store several nodes share (the store's `Leases`).
+//!
+//! At open the node says it is alive and acquires its fair share of the free shards, before
+//! the recovery scan, which then recovers only the runs of the shards it holds. Every third
+//! of `lease_ttl` it renews, acquires free or expired shards up to its fair share (a node
+//! that died leaves its shards to expire), hands back what is over it (a node that joined
+//! gets some), and re-activates runs other nodes accepted into its shards. A shard gained
+//! has its interrupted runs recovered and its alarms read; a shard lost (renewal refused:
+//! another node acquired it) has its runs dropped from memory without a write. A renewal
+//! that cannot reach the database leaves the leases in doubt: at the self-fence deadline
+//! (`Ownership`) the node drops every shard by itself, before the database can give them
+//! to another node. At shutdown the shards are handed back, so others take over at once.
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, atomic::Ordering},
+    time::Instant,
+};
+
+use durafiber_store::{Leases, shard};
+
+use crate::{error::RuntimeError, eviction::idle, kernel::shared::Shared, run::recovery};
+
+fn leases(shared: &Shared) -> Option<&dyn Leases> {
+    shared.store.backend().leases()
+}
+
+/// How many shards this node should hold with `nodes` alive.
+fn fair_share(nodes: usize) -> usize {
+    (shard::SHARDS as usize).div_ceil(nodes.max(1))
+}
+
+/// The first heartbeat and acquisition, at open.
+pub(crate) fn join(shared: &Shared, advertise: &str) -> Result<(), RuntimeError> {
+    let Some(leases) = leases(shared) else { return Ok(()) };
+    let ttl = shared.config.lease_ttl;
+    leases.heartbeat(advertise)?;
+    let want = fair_share(leases.live_nodes(ttl)?);
+    let sent = Instant::now();
+    let acquired = leases.acquire(want, ttl)?;
+    shared.ownership.renewed(sent, ttl);
+    let shards: Vec<u32> = acquired.iter().map(|l| l.shard).collect();
+    shared.ownership.gain(&shards);
+    tracing::info!(node = leases.node_id(), shards = shards.len(), "joined: shards acquired");
+    Ok(())
+}
+
+/// Holds the node's leases until shutdown.
+pub(crate) async fn hold(shared: Arc<Shared>, advertise: String) {
+    let period = shared.config.lease_ttl / 3;
+    loop {
+        tokio::time::sleep(period).await;
+        if shared.shutting_down.load(Ordering::SeqCst) {
+            return;
+        }
+        tick(&shared, &advertise).await;
+    }
+}
+
+async fn tick(shared: &Arc<Shared>, advertise: &str) {
+    let Some(leases) = leases(shared) else { return };
+    let ttl = shared.config.lease_ttl;
+    if let Err(e) = leases.heartbeat(advertise) {
+        tracing::warn!(error = %e, "heartbeat failed");
+    }
+    let sent = Instant::now();
+    match leases.renew(ttl) {
+        Ok(lost) => {
+            shared.ownership.renewed(sent, ttl);
+            if !lost.is_empty() {
+                tracing::warn!(shards = lost.len(), "shards lost to another node");
+                drop_shards(shared, &lost).await;
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "could not renew the shards' leases");
+            if shared.ownership.expired() {
+                let all = shared.ownership.shards();
+                tracing::error!(
+                    shards = all.len(),
+                    "self-fence: the leases may have expired; dropping every shard"
+                );
+                leases.forget(&all);
+                drop_shards(shared, &all).await;
+            }
+            return;
+        }
+    }
+    let fair = match leases.live_nodes(ttl) {
+        Ok(n) => fair_share(n),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not count the live nodes");
+            return;
+        }
+    };
+    let held = shared.ownership.shards();
+    // A little over its share is kept, so two nodes do not pass shards back and forth.
+    let slack = (fair / 16).max(2);
+    if held.len() > fair + slack {
+        hand_back(shared, &held[fair..]).await;
+    } else if held.len() < fair {
+        match leases.acquire(fair - held.len(), ttl) {
+            Ok(acquired) if !acquired.is_empty() => {
+                let gained: Vec<u32> = acquired.iter().map(|l| l.shard).collect();
+                tracing::info!(shards = gained.len(), "shards acquired");
+                take_up(shared, &gained).await;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "could not acquire shards"),
+        }
+    }
+    adopt(shared).await;
+}
+
+/// Starts running the shards gained: their alarms are read, their interrupted runs recovered.
+async fn take_up(shared: &Arc<Shared>, gained: &[u32]) {
+    shared.ownership.gain(gained);
+    shared.scheduler.rescan();
+    shared.driver_wake.notify_one();
+    let gained: HashSet<u32> = gained.iter().copied().collect();
+    let keep =
+        |run_id: &str| gained.contains(&shard::of_run(run_id)) && shared.registry.get(run_id).is_none();
+    match recovery::reactivate_interrupted(shared, &keep).await {
+        Ok(n) => tracing::info!(runs = n, "runs of the shards gained re-activated"),
+        Err(e) => tracing::error!(error = %e, "could not scan the shards gained; the next tick does"),
+    }
+}
+
+/// Runs accepted by other nodes into this node's shards, or left without a fiber: activated
+/// here. (A start on a node that does not own the run's shard writes the run and leaves it
+/// to the owner.)
+async fn adopt(shared: &Arc<Shared>) {
+    let woken: HashSet<String> = shared.wakeups.lock().iter().map(|(_, id)| id.clone()).collect();
+    let keep = |run_id: &str| {
+        shared.ownership.owns(run_id) && shared.registry.get(run_id).is_none() && !woken.contains(run_id)
+    };
+    if let Err(e) = recovery::reactivate_interrupted(shared, &keep).await {
+        tracing::warn!(error = %e, "could not look for runs to adopt");
+    }
+}
+
+/// Drops the runs of `shards` from memory, writing nothing: they are not this node's now.
+async fn drop_shards(shared: &Arc<Shared>, shards: &[u32]) {
+    shared.ownership.lose(shards);
+    let lost: HashSet<u32> = shards.iter().copied().collect();
+    shared.scheduler.retain(|run_id| !lost.contains(&shard::of_run(run_id)));
+    shared.wakeups.lock().retain(|(_, run_id)| !lost.contains(&shard::of_run(run_id)));
+    for run_id in shared.registry.run_ids() {
+        if lost.contains(&shard::of_run(&run_id)) {
+            idle::disown(shared, &run_id).await;
+        }
+    }
+}
+
+/// Hands `shards` to other nodes: their runs are evicted while this node still owns them
+/// (so their recovery is not counted as a failure), then the leases are released.
+async fn hand_back(shared: &Arc<Shared>, shards: &[u32]) {
+    let Some(leases) = leases(shared) else { return };
+    let going: HashSet<u32> = shards.iter().copied().collect();
+    tracing::info!(shards = going.len(), "handing shards over to other nodes");
+    // Not run here from now on; the leases still let the evictions write.
+    shared.ownership.lose(shards);
+    for run_id in shared.registry.run_ids() {
+        if going.contains(&shard::of_run(&run_id)) {
+            idle::evict(shared, &run_id, "its shard is handed to another node").await;
+        }
+    }
+    drop_shards(shared, shards).await;
+    if let Err(e) = leases.release(shards) {
+        tracing::warn!(error = %e, "could not release shards; they expire instead");
+    }
+}
+
+/// At shutdown, after every run was stopped: the shards go back at once.
+pub(crate) fn release_all(shared: &Shared) {
+    let Some(leases) = leases(shared) else { return };
+    let all = leases.held();
+    shared.ownership.lose(&all);
+    if let Err(e) = leases.release(&all) {
+        tracing::warn!(error = %e, "could not release the shards at shutdown; they expire instead");
+    }
+}
