@@ -182,3 +182,104 @@ async fn the_runs_of_a_node_killed_mid_flight_resume_on_the_survivors_and_comple
     let (_, list) = json_of(http.get(survivors[0].url("/runs?limit=100"))).await;
     assert_eq!(list["runs"].as_array().map(Vec::len), Some(RUNS), "no run was invented");
 }
+
+fn signal(node: &Served, signal: rustix::process::Signal) {
+    rustix::process::kill_process(rustix::process::Pid::from_child(&node.child), signal).expect("signal");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stopped_between_its_effect_call_and_the_receipt_is_fenced_when_it_wakes() {
+    let pg = PgServer::start().expect("a PostgreSQL server");
+    let url = pg.fresh_database().expect("a database");
+    let data = tempfile::tempdir().expect("tempdir");
+    let nodes = three_nodes(data.path(), &url).await;
+    let http = nodes[0].client();
+    let upstream = Upstream::start().await.expect("upstream");
+    // The refund's answer comes 3 s after the upstream made it: the caller is stopped then.
+    upstream.hold("refunds", Duration::from_secs(3));
+    let body = json!({"kind": "refund", "input": {"order_id": "z1", "amount_cents": 7,
+        "customer_email": "a@b.c", "upstream": upstream.url(), "api_key": null}});
+    let (status, v) =
+        json_of(http.post(nodes[0].url("/runs")).header("Idempotency-Key", "zombie").body(body.to_string()))
+            .await;
+    assert_eq!(status, 201, "{v}");
+    let run_id = v["run_id"].as_str().expect("run_id").to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pending = loop {
+        let (_, list) = json_of(http.get(nodes[0].url("/approvals"))).await;
+        if let Some(p) = list.as_array().and_then(|a| a.first()).cloned() {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "no approval asked for");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let decision = json!({"payload_hash": pending["payload_hash"], "approved": true});
+    let (status, v) = json_of(
+        http.post(nodes[0].url(&format!("/runs/{run_id}/approvals/refund"))).body(decision.to_string()),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    while upstream.objects("refunds").is_empty() {
+        assert!(Instant::now() < deadline, "the refund was never called");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The owner is between its call and the receipt: stop it there.
+    let (_, shown) = json_of(http.get(nodes[0].url(&format!("/runs/{run_id}")))).await;
+    let owner_id = shown["node"].as_str().expect("the run's node").to_string();
+    let owner = nodes.iter().position(|n| n.url("") == node_url(&nodes, &owner_id)).expect("owner");
+    let shard = durafiber_store::shard::of_run(&run_id);
+    let epoch_of = |sql: String| pg.sql(&url, &sql).expect("sql").trim().parse::<i64>().expect("epoch");
+    let epoch_before = epoch_of(format!("SELECT epoch FROM df_shards WHERE shard_id = {shard}"));
+    signal(&nodes[owner], rustix::process::Signal::STOP);
+    let stopped = Instant::now();
+
+    let survivor = &nodes[(owner + 1) % 3];
+    loop {
+        let (_, shown) = json_of(http.get(survivor.url(&format!("/runs/{run_id}")))).await;
+        if !shown["run"]["status"]["completed"].is_null() {
+            break;
+        }
+        assert!(stopped.elapsed() < Duration::from_secs(40), "the run did not finish elsewhere: {shown}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("completed on another node {:?} after the stop", stopped.elapsed());
+    assert!(
+        epoch_of(format!("SELECT epoch FROM df_shards WHERE shard_id = {shard}")) > epoch_before,
+        "the shard was taken at a new epoch"
+    );
+
+    signal(&nodes[owner], rustix::process::Signal::CONT);
+    let woke = Instant::now();
+    loop {
+        let (_, shown) = json_of(http.get(nodes[owner].url(&format!("/runs/{run_id}")))).await;
+        // Its receipt commit is refused (the shard's epoch moved), or its fiber is dropped
+        // before it tries: either way, nothing of it lands.
+        let log = nodes[owner].log();
+        let let_go = log.contains(&format!("shard {shard} is not owned by this node"))
+            || log.contains(&format!("run_id=\"{run_id}\""))
+                && log.contains("its shard is another node's now")
+            || log.contains("self-fence");
+        if shown["node"].as_str() != Some(owner_id.as_str()) && let_go {
+            break;
+        }
+        assert!(woke.elapsed() < Duration::from_secs(10), "the woken node still owns the run: {shown}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("the woken node let go {:?} after SIGCONT", woke.elapsed());
+    assert!(woke.elapsed() < Duration::from_secs(2), "it let go {:?} after waking", woke.elapsed());
+    let stale = pg
+        .sql(
+            &url,
+            &format!("SELECT count(*) FROM df_shards WHERE shard_id = {shard} AND epoch <= {epoch_before}"),
+        )
+        .expect("sql");
+    assert_eq!(stale.trim(), "0", "no row carries the old epoch");
+    assert_eq!(upstream.objects("refunds").len(), 1, "the upstream made the refund once");
+    assert_eq!(upstream.objects("emails").len(), 1);
+}
+
+/// The URL of the node named `node_id` (n1, n2, n3: started in that order).
+fn node_url(nodes: &[Served], node_id: &str) -> String {
+    let i: usize = node_id.trim_start_matches('n').parse().expect("node number");
+    nodes[i - 1].url("")
+}

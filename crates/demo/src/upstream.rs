@@ -23,6 +23,9 @@ struct Objects {
     created: Vec<(String, Value)>,
     requests: u64,
     required_auth: Option<String>,
+    /// Collections whose answers wait this long after the object is created: a caller
+    /// stays between its call and its answer meanwhile.
+    held: HashMap<String, std::time::Duration>,
 }
 
 type Shared = Arc<Mutex<Objects>>;
@@ -50,36 +53,55 @@ async fn create(
     headers: HeaderMap,
     body: String,
 ) -> (StatusCode, Json<Value>) {
-    let mut o = lock(&objects);
+    let (answer, held) = answer(&objects, &collection, &headers, &body);
+    if let Some(wait) = held {
+        tokio::time::sleep(wait).await;
+    }
+    answer
+}
+
+/// The answer to one POST, and how long to hold it (see [`Upstream::hold`]).
+fn answer(
+    objects: &Shared,
+    collection: &str,
+    headers: &HeaderMap,
+    body: &str,
+) -> ((StatusCode, Json<Value>), Option<std::time::Duration>) {
+    let collection = collection.to_string();
+    let mut o = lock(objects);
     o.requests += 1;
     if let Some(required) = &o.required_auth {
         let given = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
         if given != format!("Bearer {required}") {
-            return (StatusCode::UNAUTHORIZED, Json(json!({"error": "bad credentials"})));
+            return ((StatusCode::UNAUTHORIZED, Json(json!({"error": "bad credentials"}))), None);
         }
     }
     let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string) else {
-        return (StatusCode::BAD_REQUEST, Json(json!({"error": "Idempotency-Key header required"})));
+        return ((StatusCode::BAD_REQUEST, Json(json!({"error": "Idempotency-Key header required"}))), None);
     };
-    let Ok(parsed) = serde_json::from_str::<Value>(&body) else {
-        return (StatusCode::BAD_REQUEST, Json(json!({"error": "body is not JSON"})));
+    let Ok(parsed) = serde_json::from_str::<Value>(body) else {
+        return ((StatusCode::BAD_REQUEST, Json(json!({"error": "body is not JSON"}))), None);
     };
     let canonical = parsed.to_string();
     if let Some((seen_body, object)) = o.by_key.get(&(collection.clone(), key.clone())) {
         if *seen_body != canonical {
             return (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                Json(json!({"error": "Idempotency-Key reused with a different body"})),
+                (
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    Json(json!({"error": "Idempotency-Key reused with a different body"})),
+                ),
+                None,
             );
         }
-        return (StatusCode::OK, Json(object.clone()));
+        return ((StatusCode::OK, Json(object.clone())), None);
     }
     let n = o.created.iter().filter(|(c, _)| *c == collection).count() + 1;
     let prefix: String = collection.chars().take(2).collect();
     let object = json!({"id": format!("{prefix}_{n}"), "object": collection, "idempotency_key": key, "request": parsed});
     o.by_key.insert((collection.clone(), key), (canonical, object.clone()));
-    o.created.push((collection, object.clone()));
-    (StatusCode::OK, Json(object))
+    o.created.push((collection.clone(), object.clone()));
+    let held = o.held.get(&collection).copied();
+    ((StatusCode::OK, Json(object)), held)
 }
 
 async fn list(State(objects): State<Shared>, Path(collection): Path<String>) -> Json<Value> {
@@ -107,6 +129,12 @@ impl Upstream {
             }
         });
         Ok(Upstream { addr, objects, task })
+    }
+
+    /// Holds every first answer of `collection` for `wait` after creating its object, so
+    /// that a test can stop the caller between its call and the answer.
+    pub fn hold(&self, collection: &str, wait: std::time::Duration) {
+        lock(&self.objects).held.insert(collection.to_string(), wait);
     }
 
     /// Forgets every object (a checker resets it between cases).

@@ -327,6 +327,10 @@ pub struct RunView {
     pub budget: Option<durafiber_store::tables::BudgetRecord>,
     /// The audited requests about it.
     pub audit: Vec<AuditRecord>,
+    /// On a store several nodes share: the node that runs it now (null while its shard has
+    /// no owner). Absent alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<Option<String>>,
 }
 
 /// A run record with its input (and output) as JSON.

@@ -19,6 +19,13 @@ pub fn run(app: &AppState, run_id: &str) -> Result<Value, ApiError> {
         }
     }
     shown["audit"] = json!(audit);
+    if let Some(here) = app.runtime.node_id() {
+        shown["node"] = match app.runtime.owner_of(run_id)? {
+            durafiber_runtime::RunOwner::Here => json!(here),
+            durafiber_runtime::RunOwner::Node { node_id, .. } => json!(node_id),
+            durafiber_runtime::RunOwner::Nobody { .. } => Value::Null,
+        };
+    }
     redacted(app, &shown)
 }
 

@@ -67,6 +67,7 @@ pub(crate) async fn disown(shared: &Arc<Shared>, run_id: &str) {
     live.cell.approval_waiter.lock().take();
     live.cell.event_waiter.lock().take();
     let _ = live.actor.kill_and_wait(None).await;
+    tracing::warn!(run_id, "run dropped from memory: its shard is another node's now");
     shared.event(run_id, "disowned", "its shard moved to another node");
 }
 
