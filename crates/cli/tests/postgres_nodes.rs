@@ -36,16 +36,22 @@ async fn three_nodes(data: &Path, url: &str) -> Vec<Served> {
     let mut nodes = vec![node(data, url, "n1")];
     nodes.push(node(data, url, "n2"));
     nodes.push(node(data, url, "n3"));
+    balanced(&nodes).await;
+    nodes
+}
+
+/// Waits until every node holds shards and together they hold all 1,024.
+async fn balanced(nodes: &[Served]) {
     let http = nodes[0].client();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let mut counts = Vec::new();
-        for n in &nodes {
+        for n in nodes {
             let (_, h) = json_of(http.get(n.url("/health"))).await;
             counts.push(h["shards"].as_u64().unwrap_or(0));
         }
         if counts.iter().all(|c| *c > 0) && counts.iter().sum::<u64>() == 1024 {
-            return nodes;
+            return;
         }
         assert!(Instant::now() < deadline, "the shards never spread over the nodes: {counts:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -282,4 +288,71 @@ async fn a_node_stopped_between_its_effect_call_and_the_receipt_is_fenced_when_i
 fn node_url(nodes: &[Served], node_id: &str) -> String {
     let i: usize = node_id.trim_start_matches('n').parse().expect("node number");
     nodes[i - 1].url("")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_by_sigterm_hands_each_nodes_runs_over_at_once() {
+    let pg = PgServer::start().expect("a PostgreSQL server");
+    let url = pg.fresh_database().expect("a database");
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut nodes = three_nodes(data.path(), &url).await;
+    const RUNS: usize = 24;
+    const STEPS: u64 = 400;
+    let http = nodes[0].client();
+    let mut runs = Vec::new();
+    for i in 0..RUNS {
+        let body = json!({"kind": "steps", "input": {"steps": STEPS, "pause_ms": 30}});
+        let req = http.post(nodes[i % 3].url("/runs")).header("Idempotency-Key", format!("roll-{i}"));
+        let (status, v) = json_of(req.body(body.to_string())).await;
+        assert_eq!(status, 201, "{v}");
+        runs.push(v["run_id"].as_str().expect("run_id").to_string());
+    }
+    let seqs = |via: usize, nodes: &Vec<Served>| {
+        let http = http.clone();
+        let urls: Vec<String> = runs.iter().map(|id| nodes[via].url(&format!("/runs/{id}"))).collect();
+        async move {
+            let mut out = Vec::new();
+            for u in urls {
+                let (_, shown) = json_of(http.get(u)).await;
+                let done = !shown["run"]["status"]["completed"].is_null();
+                out.push((shown["stash"]["seq"].as_u64().unwrap_or(0), done));
+            }
+            out
+        }
+    };
+    let mut worst = Duration::ZERO;
+    for restarting in 0..3 {
+        let via = (restarting + 1) % 3;
+        let before = seqs(via, &nodes).await;
+        let stopped = Instant::now();
+        assert_eq!(nodes[restarting].sigterm(), Some(0), "a clean stop");
+        // Every run still going moves again, wherever it is now.
+        loop {
+            let now = seqs(via, &nodes).await;
+            if now.iter().zip(&before).all(|((seq, done), (was, _))| *done || *seq > *was + 1) {
+                break;
+            }
+            assert!(stopped.elapsed() < Duration::from_secs(20), "runs stood still after a SIGTERM");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let failover = stopped.elapsed();
+        println!("node n{}: every run moved again {failover:?} after SIGTERM", restarting + 1);
+        worst = worst.max(failover);
+        nodes[restarting] = node(data.path(), &url, &format!("n{}", restarting + 1));
+        balanced(&nodes).await;
+    }
+    assert!(worst < Duration::from_secs(2), "a handover took {worst:?}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = seqs(0, &nodes).await;
+        if now.iter().all(|(_, done)| *done) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not every run completed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for id in &runs {
+        let (_, shown) = json_of(http.get(nodes[1].url(&format!("/runs/{id}")))).await;
+        assert_eq!(shown["run"]["status"]["completed"]["output"]["done"], json!(STEPS), "{shown}");
+    }
 }

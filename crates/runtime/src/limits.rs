@@ -45,6 +45,9 @@ pub const ALARM_HORIZON_MAX: Duration = Duration::from_secs(100 * 365 * 24 * 360
 pub const MESSAGE_WALL_LIMIT_DEFAULT: Duration = Duration::from_secs(60);
 /// A durability barrier that has not returned after this long fails the store.
 pub const BARRIER_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// How often a waiter (`wait`, a stream reader) looks again on a store several nodes share,
+/// where the run may be written by another node.
+pub const SHARED_STORE_POLL: Duration = Duration::from_millis(100);
 /// How long a node's lease on its shards lasts without a renewal (a shared store).
 pub const LEASE_TTL_DEFAULT: Duration = Duration::from_secs(10);
 /// After SIGTERM, requests get this long to finish and the store this long to close: a

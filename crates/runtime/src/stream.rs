@@ -173,6 +173,7 @@ pub(crate) fn follow(
                     tokio::select! {
                         changed = r.chunks.changed() => if changed.is_err() { return None },
                         changed = r.statuses.changed() => if changed.is_err() { return None },
+                        () = r.shared.foreign_writes_poll() => {}
                     }
                 }
                 Err(e) => {

@@ -61,6 +61,12 @@ pub trait Leases: Send + Sync {
     fn forget(&self, shards: &[u32]);
     /// Hands `shards` back, for another node to acquire without waiting for expiry.
     fn release(&self, shards: &[u32]) -> Result<(), StoreError>;
+    /// Leaves the cluster at a clean stop: every shard handed back and the node no longer
+    /// counted alive, so the others take its share at once.
+    fn leave(&self) -> Result<(), StoreError>;
+    /// Changes when another node says shards changed hands (it left, or released some):
+    /// a hint to look now rather than at the next renewal.
+    fn news(&self) -> tokio::sync::watch::Receiver<u64>;
     /// The shards held now.
     fn held(&self) -> Vec<u32>;
     /// Every shard's live owner.

@@ -121,6 +121,8 @@ pub struct PgBackend {
     /// The shards this node owns, at the epoch it acquired each: what its writes are
     /// fenced by.
     fence: parking_lot::RwLock<HashMap<u32, i64>>,
+    /// Bumped when another node says shards changed hands (`LISTEN df_shards`).
+    news: tokio::sync::watch::Sender<u64>,
 }
 
 /// A connection that is opened again after it closed.
@@ -228,9 +230,11 @@ impl PgBackend {
         });
         let where_ = shown.clone();
         let alone = node.is_none();
+        let news = tokio::sync::watch::Sender::new(0u64);
+        let heard = (!alone).then(|| news.clone());
         let thread = std::thread::Builder::new()
             .name("durafiber-postgres".into())
-            .spawn(move || serve(config, conns, rx, ready_tx, alone.then_some(lock_lost), where_))
+            .spawn(move || serve(config, conns, rx, ready_tx, alone.then_some(lock_lost), heard, where_))
             .map_err(|source| StoreError::Io { path: "postgres thread".into(), source })?;
         let backend = PgBackend {
             jobs: Mutex::new(Some(jobs)),
@@ -238,6 +242,7 @@ impl PgBackend {
             shown,
             node,
             fence: parking_lot::RwLock::new(HashMap::new()),
+            news,
         };
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(backend),
@@ -280,6 +285,7 @@ fn serve(
     mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>,
     ready: std::sync::mpsc::SyncSender<Result<(), StoreError>>,
     lock_lost: Option<Arc<AtomicBool>>,
+    news: Option<tokio::sync::watch::Sender<u64>>,
     shown: String,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -298,12 +304,49 @@ fn serve(
             }
         };
         let _ = ready.send(Ok(()));
+        if let Some(news) = news {
+            tokio::spawn(listen(config.clone(), news));
+        }
         while let Some(job) = jobs.recv().await {
             tokio::spawn(job(conns.clone()));
         }
         // Closing: the lock goes with its session.
         drop(owner);
     });
+}
+
+/// Hears other nodes say that shards changed hands (a node left, or joined), so that this one
+/// looks at once instead of at its next lease tick. Only a hint: correctness never depends
+/// on it. A lost session is opened again after a second.
+async fn listen(config: tokio_postgres::Config, news: tokio::sync::watch::Sender<u64>) {
+    loop {
+        if let Ok((client, mut connection)) = config.connect(NoTls).await {
+            let listening = client.batch_execute("LISTEN df_shards");
+            let mut listening = std::pin::pin!(listening);
+            let mut listened = false;
+            loop {
+                // Drive the connection (it carries the notifications) and the LISTEN together.
+                let message = std::future::poll_fn(|cx| {
+                    if !listened && listening.as_mut().poll(cx).is_ready() {
+                        listened = true;
+                    }
+                    connection.poll_message(cx)
+                })
+                .await;
+                match message {
+                    Some(Ok(tokio_postgres::AsyncMessage::Notification(_))) => {
+                        news.send_modify(|n| *n += 1);
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(_)) | None => break,
+                }
+            }
+        }
+        if news.is_closed() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 /// The session that holds the owner lock, for as long as the process uses the database.
@@ -638,8 +681,24 @@ impl Leases for PgBackend {
                 )
                 .await
                 .map_err(db_error)?;
+            client.execute("SELECT pg_notify('df_shards', $1)", &[&node]).await.map_err(db_error)?;
             Ok(())
         })
+    }
+
+    fn leave(&self) -> Result<(), StoreError> {
+        self.release(&self.held())?;
+        let node = self.node_name();
+        self.call(move |c| async move {
+            let client = c.writes.client().await?;
+            client.execute("DELETE FROM df_nodes WHERE node_id = $1", &[&node]).await.map_err(db_error)?;
+            client.execute("SELECT pg_notify('df_shards', $1)", &[&node]).await.map_err(db_error)?;
+            Ok(())
+        })
+    }
+
+    fn news(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.news.subscribe()
     }
 
     fn held(&self) -> Vec<u32> {

@@ -130,6 +130,15 @@ impl Shared {
         Parked::new(fut, &self.busy).await
     }
 
+    /// Sleeps for the poll of a waiter on a store several nodes share, where another node's
+    /// writes wake nothing here; never returns alone on the store, where every write does.
+    pub async fn foreign_writes_poll(&self) {
+        match self.store.backend().leases() {
+            Some(_) => tokio::time::sleep(crate::limits::SHARED_STORE_POLL).await,
+            None => std::future::pending().await,
+        }
+    }
+
     /// Re-enters `run_id` (see [`Shared::reactivator`]).
     pub async fn reactivate(self: &Arc<Self>, run_id: &str) {
         self.reactivate_since(run_id, Stopwatch::start()).await

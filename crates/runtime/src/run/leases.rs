@@ -48,8 +48,13 @@ pub(crate) fn join(shared: &Shared, advertise: &str) -> Result<(), RuntimeError>
 /// Holds the node's leases until shutdown.
 pub(crate) async fn hold(shared: Arc<Shared>, advertise: String) {
     let period = shared.config.lease_ttl / 3;
+    let Some(mut news) = leases(&shared).map(Leases::news) else { return };
     loop {
-        tokio::time::sleep(period).await;
+        // A node that left or released shards says so: their runs need not wait a tick.
+        tokio::select! {
+            () = tokio::time::sleep(period) => {}
+            changed = news.changed() => if changed.is_err() { return },
+        }
         if shared.shutting_down.load(Ordering::SeqCst) {
             return;
         }
@@ -171,12 +176,12 @@ async fn hand_back(shared: &Arc<Shared>, shards: &[u32]) {
     }
 }
 
-/// At shutdown, after every run was stopped: the shards go back at once.
+/// At shutdown, after every run was stopped: the shards go back at once, and the node stops
+/// counting as alive, so the others' fair share covers them right away.
 pub(crate) fn release_all(shared: &Shared) {
     let Some(leases) = leases(shared) else { return };
-    let all = leases.held();
-    shared.ownership.lose(&all);
-    if let Err(e) = leases.release(&all) {
-        tracing::warn!(error = %e, "could not release the shards at shutdown; they expire instead");
+    shared.ownership.lose(&leases.held());
+    if let Err(e) = leases.leave() {
+        tracing::warn!(error = %e, "could not hand the shards back at shutdown; they expire instead");
     }
 }

@@ -148,8 +148,9 @@ impl Runtime {
             if status.is_terminal() {
                 return Ok(status);
             }
-            if changes.changed().await.is_err() {
-                return Err(RuntimeError::ShuttingDown);
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { return Err(RuntimeError::ShuttingDown) },
+                () = self.shared.foreign_writes_poll() => {}
             }
         }
     }
@@ -166,8 +167,9 @@ impl Runtime {
             if pred(&status) {
                 return Ok(status);
             }
-            if changes.changed().await.is_err() {
-                return Err(RuntimeError::ShuttingDown);
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { return Err(RuntimeError::ShuttingDown) },
+                () = self.shared.foreign_writes_poll() => {}
             }
         }
     }
