@@ -100,6 +100,14 @@ pub enum Command {
         /// `after_effect_commit:refund`.
         #[arg(long, default_value = "after_effect_call:refund")]
         stop_at: String,
+        /// Run the drill across this many nodes sharing the PostgreSQL server of `--pg-url`
+        /// (a scratch database is created there and dropped after).
+        #[arg(long, requires = "pg_url")]
+        nodes: Option<usize>,
+        /// The PostgreSQL server for `--nodes` (`postgres://user@host:port/db`; the user
+        /// needs CREATEDB).
+        #[arg(long, requires = "nodes", env = "DURAFIBER_PG_URL")]
+        pg_url: Option<String>,
     },
     /// The random-kill torture: a server SIGKILLed at seeded random times while runs keep
     /// starting; then every promise is checked against an independent upstream.

@@ -54,18 +54,30 @@ pub struct DrillReport {
     pub recording: String,
 }
 
-struct Server {
-    child: Child,
-    client: Client,
-    log: PathBuf,
+pub(super) struct Server {
+    pub child: Child,
+    pub client: Client,
+    pub log: PathBuf,
 }
 
 fn spawn_server(exe: &Path, data: &Path, log: &Path, stop_at: Option<&str>) -> anyhow::Result<Server> {
+    spawn_server_with(exe, data, log, stop_at, &[])
+}
+
+/// `durafiber serve` on a free loopback port, with `extra` arguments, its stderr in `log`.
+pub(super) fn spawn_server_with(
+    exe: &Path,
+    data: &Path,
+    log: &Path,
+    stop_at: Option<&str>,
+    extra: &[&str],
+) -> anyhow::Result<Server> {
     let log_file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let mut cmd = Command::new(exe);
     cmd.args(["serve", "--data"])
         .arg(data)
         .args(["--listen", "127.0.0.1:0"])
+        .args(extra)
         .env("RUST_LOG", "info")
         .env_remove("DURAFIBER_STOP_AT")
         .stdin(Stdio::null())
@@ -91,12 +103,12 @@ fn spawn_server(exe: &Path, data: &Path, log: &Path, stop_at: Option<&str>) -> a
     Ok(Server { child, client, log: log.to_path_buf() })
 }
 
-fn sigkill(server: &mut Server) {
+pub(super) fn sigkill(server: &mut Server) {
     let _ = server.child.kill(); // SIGKILL
     let _ = server.child.wait();
 }
 
-fn sigterm(server: &mut Server) {
+pub(super) fn sigterm(server: &mut Server) {
     let _ = rustix::process::kill_process(
         rustix::process::Pid::from_child(&server.child),
         rustix::process::Signal::TERM,
@@ -105,7 +117,7 @@ fn sigterm(server: &mut Server) {
 }
 
 /// Polls the run until `pred` holds. The drill orchestrates real processes in real time.
-async fn wait_run(
+pub(super) async fn wait_run(
     client: &Client,
     run_id: &str,
     what: &str,
@@ -144,7 +156,7 @@ fn ledger_entry<'a>(run: &'a Value, effect: &str) -> Option<&'a Value> {
     run["ledger"].as_array()?.iter().find(|e| e["effect_id"] == effect)
 }
 
-fn hash_of(value: &Value) -> String {
+pub(super) fn hash_of(value: &Value) -> String {
     payload_hash(value).unwrap_or_default()
 }
 
@@ -251,18 +263,18 @@ pub async fn drill(exe: &Path, seed: u64, out: &Path, stop_at: &str) -> anyhow::
 }
 
 /// What the drill saw of the run around each kill, as the API showed it.
-struct Snapshots {
-    before_kill_1: Value,
-    after_kill_1: Value,
-    before_kill_2: Value,
-    after_kill_2: Value,
-    done: Value,
-    runs: Value,
+pub(super) struct Snapshots {
+    pub before_kill_1: Value,
+    pub after_kill_1: Value,
+    pub before_kill_2: Value,
+    pub after_kill_2: Value,
+    pub done: Value,
+    pub runs: Value,
 }
 
 /// Scores four of the five metrics (the fifth, the approval view, is seen live):
 /// `[same_run_id, side_effects_once, state_position, ledger_matches_upstream]`.
-fn score(
+pub(super) fn score(
     s: &Snapshots,
     run_id: &str,
     stop_at: &str,
@@ -293,14 +305,28 @@ fn score(
     [same_run_id, side_effects_once, state_position, ledger_matches_upstream]
 }
 
-/// `durafiber drill`: prints the score table; exit 0 only if every metric passes.
-pub async fn run(json_line: bool, seed: u64, out: Option<&Path>, stop_at: &str) -> anyhow::Result<i32> {
+/// `durafiber drill`: prints the score table; exit 0 only if every metric passes. With
+/// `across = (nodes, pg_url)`, the drill runs across nodes sharing that server.
+pub async fn run(
+    json_line: bool,
+    seed: u64,
+    out: Option<&Path>,
+    stop_at: &str,
+    across: Option<(usize, &str)>,
+) -> anyhow::Result<i32> {
     let exe = std::env::current_exe().context("locating the durafiber binary")?;
     let out = match out {
         Some(dir) => dir.to_path_buf(),
         None => std::env::temp_dir().join(format!("durafiber-drill-{seed}-{}", std::process::id())),
     };
-    let r = drill(&exe, seed, &out, stop_at).await?;
+    let (r, nodes) = match across {
+        None => (drill(&exe, seed, &out, stop_at).await?, None),
+        Some((n, url)) => {
+            let report = super::drill_nodes::drill(&exe, seed, &out, n, url).await?;
+            let extra = (report.nodes, report.failover_ms, report.zombie_fenced);
+            (report.drill, Some(extra))
+        }
+    };
     let mark = |ok: bool| if ok { "PASS" } else { "FAIL" };
     println!("{:<26} result", "metric");
     println!("{:<26} {}", "same run id continues", mark(r.same_run_id));
@@ -314,13 +340,25 @@ pub async fn run(json_line: bool, seed: u64, out: Option<&Path>, stop_at: &str) 
     println!("{:<26} {}", "state-machine position", mark(r.state_position));
     println!("{:<26} {}", "human sees prior context", mark(r.human_sees_context));
     println!("{:<26} {}", "ledger matches upstream", mark(r.ledger_matches_upstream));
+    if let Some((n, failover_ms, zombie_fenced)) = nodes {
+        println!(
+            "{:<26} {} ({n} nodes; failover {failover_ms} ms)",
+            "stopped node fenced",
+            mark(zombie_fenced)
+        );
+    }
     println!("run {} in {} ms; recording in {}", r.run_id, r.elapsed_ms, r.recording);
     if json_line {
-        let line = json!({
+        let mut line = json!({
             "same_run_id": r.same_run_id, "side_effects_once": r.side_effects_once, "state_position": r.state_position,
             "human_sees_context": r.human_sees_context, "ledger_matches_upstream": r.ledger_matches_upstream,
             "pass": r.pass, "run_id": r.run_id, "seed": r.seed,
         });
+        if let Some((n, failover_ms, zombie_fenced)) = nodes {
+            line["nodes"] = json!(n);
+            line["failover_ms"] = json!(failover_ms);
+            line["zombie_fenced"] = json!(zombie_fenced);
+        }
         println!("{line}");
     }
     Ok(if r.pass { 0 } else { 1 })

@@ -3,6 +3,7 @@
 pub mod bench;
 mod bench_steps;
 pub mod drill;
+mod drill_nodes;
 pub mod inspect;
 mod measure;
 mod output;
@@ -45,7 +46,11 @@ pub async fn run(command: Command) -> anyhow::Result<i32> {
             serve::serve(&place, listen, config.as_deref(), exposure).await?;
             Ok(0)
         }
-        Command::Drill { json, seed, out, stop_at } => drill::run(json, seed, out.as_deref(), &stop_at).await,
+        Command::Drill { json, seed, out, stop_at, nodes, pg_url } => {
+            let across = nodes.zip(pg_url);
+            drill::run(json, seed, out.as_deref(), &stop_at, across.as_ref().map(|(n, u)| (*n, u.as_str())))
+                .await
+        }
         Command::Store { action: StoreAction::Verify { data, json } } => repair::verify(&data, json).await,
         Command::Store { action: StoreAction::Salvage { data, out, json } } => {
             repair::salvage(&data, &out, json).await

@@ -1,0 +1,298 @@
+//! `durafiber drill --nodes N --pg-url URL`: the kill-and-resume drill across nodes that
+//! share a PostgreSQL database.
+//!
+//! 1. a scratch database is created on the server `URL` names, and N nodes start on it
+//!    (lease 2 s); the refund job starts and pauses for a human;
+//! 2. the node running it is SIGKILLed mid-wait: the run must be taken by another node
+//!    (`failover_ms`: kill → the run owned by a survivor);
+//! 3. the decision is sent, with the hash the pending-approval view shows, to a node that
+//!    does not run the run (it is passed on to the owner);
+//! 4. the upstream holds the refund's answer, so the owner is between the call and the
+//!    receipt commit: it is stopped there (SIGSTOP) until the run completes on another
+//!    node, then woken: it must let go without a write (`zombie_fenced`), and is killed;
+//! 5. the five metrics are scored against the upstream, as in the one-node drill. The
+//!    scratch database is dropped at the end.
+
+use std::{
+    path::Path,
+    str::FromStr,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use durafiber_demo::{agents::RefundDraft, upstream::Upstream};
+use serde_json::{Value, json};
+
+use super::drill::{Server, Snapshots, hash_of, score, sigkill, sigterm, spawn_server_with, wait_run};
+
+/// The lease the drill's nodes hold their shards by.
+const LEASE: &str = "2s";
+
+/// `url` with its database replaced by `db`.
+fn with_database(url: &str, db: &str) -> anyhow::Result<String> {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, format!("?{q}")),
+        None => (url, String::new()),
+    };
+    let (scheme, rest) = base.split_once("://").context("a postgres:// URL")?;
+    let authority = rest.split('/').next().unwrap_or(rest);
+    Ok(format!("{scheme}://{authority}/{db}{query}"))
+}
+
+/// A database of the drill's own, dropped when it ends.
+struct Scratch {
+    admin: tokio_postgres::Client,
+    name: String,
+    url: String,
+}
+
+impl Scratch {
+    async fn create(url: &str) -> anyhow::Result<Scratch> {
+        let config = tokio_postgres::Config::from_str(url).context("--pg-url")?;
+        let (admin, connection) =
+            config.connect(tokio_postgres::NoTls).await.context("connecting to --pg-url")?;
+        tokio::spawn(connection);
+        let name = format!(
+            "durafiber_drill_{}_{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis())
+                .unwrap_or(0)
+        );
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .context("creating the drill's scratch database (the --pg-url user needs CREATEDB)")?;
+        Ok(Scratch { url: with_database(url, &name)?, admin, name })
+    }
+
+    async fn drop_it(self) {
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        if let Err(e) = self.admin.batch_execute(&sql).await {
+            eprintln!("drill: could not drop the scratch database {}: {e}", self.name);
+        }
+    }
+}
+
+/// What the drill across nodes found, beside the five metrics.
+pub struct NodesReport {
+    /// The five metrics and the run.
+    pub drill: super::drill::DrillReport,
+    /// Nodes started.
+    pub nodes: usize,
+    /// SIGKILL of the run's node → the run owned by another node, ms.
+    pub failover_ms: u64,
+    /// The node stopped between the effect call and the receipt let go of the run when it
+    /// woke, and nothing of it landed.
+    pub zombie_fenced: bool,
+}
+
+fn node_args<'a>(url: &'a str, id: &'a str) -> [&'a str; 6] {
+    ["--store", url, "--node-id", id, "--lease-ttl", LEASE]
+}
+
+/// The index of the node named in the run's view (`node`), among `ids`.
+fn owner_index(run: &Value, ids: &[String]) -> Option<usize> {
+    let node = run["node"].as_str()?;
+    ids.iter().position(|id| id == node)
+}
+
+/// Polls `via` until the run is owned by one of `alive`; its index.
+async fn owned_by(
+    via: &Server,
+    run_id: &str,
+    ids: &[String],
+    alive: &[bool],
+) -> anyhow::Result<(usize, Value)> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(run) = via.client.get(&format!("/runs/{run_id}")).await
+            && let Some(i) = owner_index(&run, ids)
+            && alive[i]
+        {
+            return Ok((i, run));
+        }
+        if Instant::now() > deadline {
+            bail!("no live node took the run within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn signal(server: &Server, signal: rustix::process::Signal) {
+    let _ = rustix::process::kill_process(rustix::process::Pid::from_child(&server.child), signal);
+}
+
+/// Runs the drill across `n` nodes on the server `pg_url` names.
+pub async fn drill(exe: &Path, seed: u64, out: &Path, n: usize, pg_url: &str) -> anyhow::Result<NodesReport> {
+    if n < 2 {
+        bail!("--nodes needs at least 2 nodes: a run must have somewhere to go");
+    }
+    let started = Instant::now();
+    std::fs::create_dir_all(out)?;
+    let data = out.join("data");
+    if data.exists() {
+        std::fs::remove_dir_all(&data).with_context(|| format!("clearing {}", data.display()))?;
+    }
+    let scratch = Scratch::create(pg_url).await?;
+    let result = run_nodes(exe, seed, out, &data, n, &scratch.url, started).await;
+    scratch.drop_it().await;
+    result
+}
+
+async fn run_nodes(
+    exe: &Path,
+    seed: u64,
+    out: &Path,
+    data: &Path,
+    n: usize,
+    url: &str,
+    started: Instant,
+) -> anyhow::Result<NodesReport> {
+    let upstream = Upstream::start().await.context("starting the upstream")?;
+    let draft = RefundDraft {
+        order_id: format!("ord_{seed}"),
+        amount_cents: 1_000 + seed % 9_000,
+        reason: "customer request".into(),
+    };
+    let input = json!({
+        "order_id": draft.order_id, "amount_cents": draft.amount_cents,
+        "customer_email": "customer@example.com", "upstream": upstream.url(), "api_key": null,
+    });
+    let ids: Vec<String> = (1..=n).map(|i| format!("drill-n{i}")).collect();
+    let log = |i: usize| out.join(format!("node-{}.log", i + 1));
+    eprintln!("drill: [1/5] {n} nodes on a scratch database; start the refund job; it pauses for a human");
+    let mut nodes = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        nodes.push(spawn_server_with(exe, data, &log(i), None, &node_args(url, id))?);
+    }
+    let mut alive = vec![true; n];
+    let key = format!("drill-{seed}");
+    let started_run =
+        nodes[0].client.post("/runs", &json!({"kind": "refund", "input": input}), Some(&key)).await?;
+    let run_id = started_run["run_id"].as_str().context("no run id")?.to_string();
+    let before_kill_1 = wait_run(&nodes[0].client, &run_id, "pause for approval", |r| {
+        r["run"]["status"].get("waiting_approval").is_some()
+    })
+    .await?;
+    let first = owner_index(&before_kill_1, &ids).context("the run's node is not named")?;
+    let mut owners = vec![first];
+
+    eprintln!("drill: [2/5] SIGKILL node {} (it holds the run) mid-wait", ids[first]);
+    sigkill(&mut nodes[first]);
+    alive[first] = false;
+    let killed = Instant::now();
+    let via = (first + 1) % n;
+    let (second, after_kill_1) = owned_by(&nodes[via], &run_id, &ids, &alive).await?;
+    let failover_ms = killed.elapsed().as_millis() as u64;
+    owners.push(second);
+
+    eprintln!("drill: [3/5] approve through a node that does not run it, with the hash the view shows");
+    let view = nodes[via].client.get("/approvals").await?;
+    let pending = view.as_array().and_then(|a| a.iter().find(|p| p["run_id"] == run_id.as_str())).cloned();
+    let draft_json = serde_json::to_value(&draft)?;
+    let human_sees_context = pending
+        .as_ref()
+        .is_some_and(|p| p["payload"] == draft_json && p["payload_hash"] == hash_of(&draft_json).as_str());
+    let hash = pending.as_ref().and_then(|p| p["payload_hash"].as_str()).context("no pending approval")?;
+    // The refund's answer waits, so the owner is between its call and the receipt commit.
+    upstream.hold("refunds", Duration::from_secs(3));
+    let other = (0..n).find(|i| alive[*i] && *i != second).unwrap_or(second);
+    nodes[other]
+        .client
+        .post(
+            &format!("/runs/{run_id}/approvals/refund"),
+            &json!({"payload_hash": hash, "approved": true, "comment": "drill"}),
+            None,
+        )
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while upstream.objects("refunds").is_empty() {
+        if Instant::now() > deadline {
+            bail!("the refund was never called");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let before_kill_2 = nodes[other].client.get(&format!("/runs/{run_id}")).await?;
+
+    eprintln!(
+        "drill: [4/5] stop node {} between the refund call and its receipt; the run goes on elsewhere",
+        ids[second]
+    );
+    signal(&nodes[second], rustix::process::Signal::STOP);
+    alive[second] = false;
+    let (third, after_kill_2) = owned_by(&nodes[other], &run_id, &ids, &alive).await?;
+    owners.push(third);
+    let done = wait_run(&nodes[third].client, &run_id, "complete", |r| {
+        r["run"]["status"].get("completed").is_some()
+    })
+    .await?;
+    // Woken, the stopped node must let go of the run and write nothing of it.
+    signal(&nodes[second], rustix::process::Signal::CONT);
+    let woke = Instant::now();
+    let mut let_go = false;
+    while woke.elapsed() < Duration::from_secs(5) {
+        if let Ok(run) = nodes[second].client.get(&format!("/runs/{run_id}")).await
+            && run["node"].as_str() != Some(ids[second].as_str())
+        {
+            let_go = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let after_wake = nodes[third].client.get(&format!("/runs/{run_id}")).await?;
+    let zombie_fenced = let_go && after_wake["ledger"] == done["ledger"] && after_wake["run"] == done["run"];
+    sigkill(&mut nodes[second]);
+    let runs =
+        nodes[third].client.get_query("/runs", &[("kind", "refund".into()), ("limit", "100".into())]).await?;
+    for (i, node) in nodes.iter_mut().enumerate() {
+        if alive[i] {
+            sigterm(node);
+        }
+    }
+
+    eprintln!("drill: [5/5] score against the upstream");
+    let snaps = Snapshots { before_kill_1, after_kill_1, before_kill_2, after_kill_2, done, runs };
+    let logs: Vec<String> =
+        owners.iter().map(|i| std::fs::read_to_string(log(*i)).unwrap_or_default()).collect();
+    let (refunds, emails) = (upstream.objects("refunds"), upstream.objects("emails"));
+    let scores = score(&snaps, &run_id, "after_effect_call:refund", &logs, &refunds, &emails);
+    let report = super::drill::DrillReport {
+        pass: scores.iter().all(|ok| *ok) && human_sees_context && zombie_fenced,
+        same_run_id: scores[0],
+        side_effects_once: scores[1],
+        state_position: scores[2],
+        human_sees_context,
+        ledger_matches_upstream: scores[3],
+        run_id,
+        seed,
+        upstream_refunds: refunds.len(),
+        upstream_emails: emails.len(),
+        elapsed_ms: started.elapsed().as_millis() as u64,
+        recording: out.display().to_string(),
+    };
+    let recording = json!({
+        "report": report, "nodes": n, "failover_ms": failover_ms, "zombie_fenced": zombie_fenced,
+        "owners": owners.iter().map(|i| ids[*i].clone()).collect::<Vec<_>>(),
+        "upstream": {"refunds": refunds, "emails": emails},
+        "snapshots": {"before_kill_1": snaps.before_kill_1, "after_kill_1": snaps.after_kill_1,
+                      "before_kill_2": snaps.before_kill_2, "after_kill_2": snaps.after_kill_2,
+                      "final": snaps.done},
+    });
+    std::fs::write(out.join("report.json"), serde_json::to_string_pretty(&recording)?)?;
+    Ok(NodesReport { drill: report, nodes: n, failover_ms, zombie_fenced })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scratch_database_replaces_the_urls_own() {
+        let u = |s: &str| with_database(s, "x").expect("url");
+        assert_eq!(u("postgres://u@h:5/db"), "postgres://u@h:5/x");
+        assert_eq!(u("postgres://u:p@h:5"), "postgres://u:p@h:5/x");
+        assert_eq!(u("postgresql://u@h/db?sslmode=disable"), "postgresql://u@h/x?sslmode=disable");
+    }
+}
