@@ -284,6 +284,13 @@ pub enum Bench {
         /// Where to write samples and the histogram.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Measure fenced commits across this many node processes sharing the PostgreSQL
+        /// server of `--pg-url` (a scratch database is created there and dropped after).
+        #[arg(long, requires = "pg_url")]
+        nodes: Option<usize>,
+        /// The PostgreSQL server for `--nodes` (the user needs CREATEDB).
+        #[arg(long, requires = "nodes", env = "DURAFIBER_PG_URL")]
+        pg_url: Option<String>,
     },
     /// Time from a restarted process's start to every interrupted run recovered.
     Recover {
@@ -341,6 +348,22 @@ pub enum Bench {
         /// Where to write the sequential steps' samples and histogram.
         #[arg(long)]
         out: Option<PathBuf>,
+    },
+    /// Internal: one node of `bench stash --nodes`.
+    #[command(hide = true)]
+    StashNode {
+        /// The database.
+        url: String,
+        /// This node's id.
+        node_id: String,
+        /// Nodes in the measurement (this one takes 1/nodes of the shards).
+        nodes: usize,
+        /// Concurrent writers in this node.
+        writers: usize,
+        /// When to start committing, ms since the epoch (every node starts together).
+        start_at_ms: u64,
+        /// Seconds to commit for.
+        seconds: f64,
     },
     /// Internal: the process `bench steps` kills and restarts.
     #[command(hide = true)]

@@ -174,3 +174,35 @@ fn bench_steps_kills_with_runs_in_flight_and_reruns_no_acknowledged_step() {
         "{report}"
     );
 }
+
+#[test]
+fn bench_stash_across_nodes_commits_fenced_boundaries_on_every_node() {
+    let pg = durafiber_testkit::postgres::PgServer::start().expect("a PostgreSQL server");
+    let url = pg.fresh_database().expect("a database");
+    let out = std::process::Command::new(common::BIN)
+        .args([
+            "bench",
+            "stash",
+            "--json",
+            "--nodes",
+            "2",
+            "--writers",
+            "20",
+            "--seconds",
+            "0.5",
+            "--pg-url",
+            &url,
+        ])
+        .output()
+        .expect("run bench stash --nodes");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("JSON last line");
+    let nodes = report["per_node"].as_array().expect("per node");
+    assert_eq!(nodes.len(), 2, "{report}");
+    let shards: u64 = nodes.iter().filter_map(|n| n["shards"].as_u64()).sum();
+    assert_eq!(shards, 1024, "the nodes split the shards: {report}");
+    assert!(nodes.iter().all(|n| n["commits"].as_u64().is_some_and(|c| c > 0)), "{report}");
+    assert!(report["raw_fdatasync_per_s"].as_f64().is_some_and(|r| r > 0.0), "{report}");
+}

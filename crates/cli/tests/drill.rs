@@ -63,7 +63,7 @@ fn the_drill_across_three_nodes_on_postgres_passes_and_fences_the_stopped_node()
     // Lease 2 s: the killed node's run is taken once its lease runs out, and no later.
     let failover = last["failover_ms"].as_u64().expect("failover_ms");
     assert!(failover <= 4_000, "failover took {failover} ms: {stdout}");
-    let scratch = pg.sql(&url, "SELECT count(*) FROM pg_database WHERE datname LIKE 'durafiber_drill_%'");
+    let scratch = pg.sql(&url, "SELECT count(*) FROM pg_database WHERE datname LIKE 'durafiber_scratch_%'");
     assert_eq!(scratch.expect("sql").trim(), "0", "the scratch database is dropped");
 }
 

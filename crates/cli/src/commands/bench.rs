@@ -35,7 +35,15 @@ const BENCH: Table = Table { name: "bench", prefix: b'b' };
 /// Runs one benchmark.
 pub async fn run(which: Bench) -> anyhow::Result<i32> {
     match which {
-        Bench::Stash { json, writers, seconds, out } => stash(json, writers, seconds, out.as_deref()).await,
+        Bench::Stash { json, writers, seconds, out, nodes: Some(nodes), pg_url: Some(url) } => {
+            super::bench_nodes::stash(json, &url, nodes, writers, seconds, out.as_deref()).await
+        }
+        Bench::Stash { json, writers, seconds, out, .. } => {
+            stash(json, writers, seconds, out.as_deref()).await
+        }
+        Bench::StashNode { url, node_id, nodes, writers, start_at_ms, seconds } => {
+            super::bench_nodes::node(&url, &node_id, nodes, writers, start_at_ms, seconds).await
+        }
         Bench::Recover { json, runs, pause_ms, out } => recover(json, runs, pause_ms, out.as_deref()).await,
         Bench::Alarms { json, alarms, pending, out } => {
             bench_alarms(json, alarms, pending, out.as_deref()).await

@@ -39,21 +39,21 @@ fn with_database(url: &str, db: &str) -> anyhow::Result<String> {
     Ok(format!("{scheme}://{authority}/{db}{query}"))
 }
 
-/// A database of the drill's own, dropped when it ends.
-struct Scratch {
+/// A database of the drill's (or a benchmark's) own, dropped when it ends.
+pub(super) struct Scratch {
     admin: tokio_postgres::Client,
     name: String,
-    url: String,
+    pub url: String,
 }
 
 impl Scratch {
-    async fn create(url: &str) -> anyhow::Result<Scratch> {
+    pub async fn create(url: &str) -> anyhow::Result<Scratch> {
         let config = tokio_postgres::Config::from_str(url).context("--pg-url")?;
         let (admin, connection) =
             config.connect(tokio_postgres::NoTls).await.context("connecting to --pg-url")?;
         tokio::spawn(connection);
         let name = format!(
-            "durafiber_drill_{}_{}",
+            "durafiber_scratch_{}_{}",
             std::process::id(),
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -63,11 +63,11 @@ impl Scratch {
         admin
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
-            .context("creating the drill's scratch database (the --pg-url user needs CREATEDB)")?;
+            .context("creating a scratch database (the --pg-url user needs CREATEDB)")?;
         Ok(Scratch { url: with_database(url, &name)?, admin, name })
     }
 
-    async fn drop_it(self) {
+    pub async fn drop_it(self) {
         let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
         if let Err(e) = self.admin.batch_execute(&sql).await {
             eprintln!("drill: could not drop the scratch database {}: {e}", self.name);

@@ -1,6 +1,7 @@
 //! One module per command; [`run`] dispatches and prints.
 
 pub mod bench;
+mod bench_nodes;
 mod bench_steps;
 pub mod drill;
 mod drill_nodes;
