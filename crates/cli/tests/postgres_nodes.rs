@@ -356,3 +356,179 @@ async fn a_rolling_restart_by_sigterm_hands_each_nodes_runs_over_at_once() {
         assert_eq!(shown["run"]["status"]["completed"]["output"]["done"], json!(STEPS), "{shown}");
     }
 }
+
+/// A TCP relay in front of the database that a test can cut, as a network partition would:
+/// open connections are dropped and new ones are refused.
+struct Relay {
+    addr: std::net::SocketAddr,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    links: std::sync::Arc<parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Relay {
+    async fn to(target: std::net::SocketAddr) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let links = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (c, l) = (cut.clone(), links.clone());
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if c.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue; // refused: dropped at once
+                }
+                l.lock().push(tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                }));
+            }
+        });
+        Relay { addr, cut, links }
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        for link in self.links.lock().drain(..) {
+            link.abort();
+        }
+    }
+}
+
+/// `url` reached through `relay` instead.
+fn through(url: &str, relay: &Relay) -> String {
+    let (scheme, rest) = url.split_once("://").expect("url");
+    let (authority, db) = rest.split_once('/').expect("db");
+    let user = authority.split_once('@').map(|(u, _)| u).expect("user");
+    format!("{scheme}://{user}@{}/{db}", relay.addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_the_database_drops_its_runs_by_itself_and_the_others_take_them() {
+    let pg = PgServer::start().expect("a PostgreSQL server");
+    let url = pg.fresh_database().expect("a database");
+    let target: std::net::SocketAddr = url
+        .split_once('@')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .expect("the server's address");
+    let relay = Relay::to(target).await;
+    let data = tempfile::tempdir().expect("tempdir");
+    // n1 reaches the database through the relay; n2 and n3 directly.
+    let mut nodes = vec![node(data.path(), &through(&url, &relay), "n1")];
+    nodes.push(node(data.path(), &url, "n2"));
+    nodes.push(node(data.path(), &url, "n3"));
+    balanced(&nodes).await;
+    let http = nodes[1].client();
+    const RUNS: usize = 24;
+    let mut runs = Vec::new();
+    for i in 0..RUNS {
+        let body = json!({"kind": "steps", "input": {"steps": 200, "pause_ms": 20}});
+        let req = http.post(nodes[1 + i % 2].url("/runs")).header("Idempotency-Key", format!("cut-{i}"));
+        let (status, v) = json_of(req.body(body.to_string())).await;
+        assert_eq!(status, 201, "{v}");
+        runs.push(v["run_id"].as_str().expect("run_id").to_string());
+    }
+    // Wait until n1 runs some of them.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let on_n1: Vec<String> = loop {
+        let mut mine = Vec::new();
+        for id in &runs {
+            let (_, shown) = json_of(http.get(nodes[1].url(&format!("/runs/{id}")))).await;
+            if shown["node"] == json!("n1") && shown["stash"]["seq"].as_u64().unwrap_or(0) > 0 {
+                mine.push(id.clone());
+            }
+        }
+        if !mine.is_empty() {
+            break mine;
+        }
+        assert!(Instant::now() < deadline, "n1 never ran a run");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    relay.cut();
+    let cut = Instant::now();
+    // n1 stops by itself at its self-fence deadline, before its leases can have expired.
+    loop {
+        if nodes[0].log().contains("self-fence") {
+            break;
+        }
+        assert!(cut.elapsed() < Duration::from_secs(10), "n1 never fenced itself:\n{}", nodes[0].log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let fenced_after = cut.elapsed();
+    // The others take its runs once its leases expire.
+    let mut moved_after = Duration::ZERO;
+    for id in &on_n1 {
+        loop {
+            let (_, shown) = json_of(http.get(nodes[1].url(&format!("/runs/{id}")))).await;
+            let node = shown["node"].as_str().unwrap_or("");
+            if node == "n2" || node == "n3" || !shown["run"]["status"]["completed"].is_null() {
+                moved_after = moved_after.max(cut.elapsed());
+                break;
+            }
+            assert!(
+                cut.elapsed() < Duration::from_secs(20),
+                "run {id} stayed with the cut-off node: {shown}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    println!("n1 fenced itself {fenced_after:?} after the cut; its runs moved {moved_after:?} after it");
+    assert!(fenced_after < Duration::from_secs(2), "self-fence after {fenced_after:?} (lease 2 s)");
+    assert!(moved_after < Duration::from_secs(4), "runs moved after {moved_after:?}: more than 2 leases");
+    for id in &runs {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, shown) = json_of(http.get(nodes[2].url(&format!("/runs/{id}")))).await;
+            if !shown["run"]["status"]["completed"].is_null() {
+                assert_eq!(shown["run"]["status"]["completed"]["output"]["done"], json!(200), "{shown}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "run {id} did not complete: {shown}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_stopped_mid_commit_holds_off_no_steal() {
+    let pg = PgServer::start().expect("a PostgreSQL server");
+    let url = pg.fresh_database().expect("a database");
+    // A node process committing as fast as it can, on every shard.
+    let mut writer = std::process::Command::new(common::BIN)
+        .args(["bench", "stash-node", &url, "busy", "1", "64"])
+        .arg(
+            (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("time").as_millis()
+                as u64)
+                .to_string(),
+        )
+        .arg("60")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start the writer");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pg.sql(&url, "SELECT count(*) FROM df_kv WHERE k >= '\\x73'::bytea").map(|c| c.trim() != "0")
+        != Ok(true)
+    {
+        assert!(Instant::now() < deadline, "the writer never committed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Stopped wherever it is: between statements, or with one in flight.
+    rustix::process::kill_process(rustix::process::Pid::from_child(&writer), rustix::process::Signal::STOP)
+        .expect("SIGSTOP");
+    pg.sql(&url, "UPDATE df_shards SET lease_until = now() - interval '1 second'").expect("expire");
+    let expired = Instant::now();
+    let thief = durafiber_store::PgBackend::open_node(&url, "thief").expect("open");
+    use durafiber_store::Leases as _;
+    let stolen = thief.acquire(1024, Duration::from_secs(2)).expect("steal");
+    let took = expired.elapsed();
+    let _ = writer.kill();
+    let _ = writer.wait();
+    println!("every shard stolen {took:?} after the leases expired, the old owner stopped");
+    assert_eq!(stolen.len(), 1024);
+    assert!(
+        took < Duration::from_secs(1),
+        "the steal waited {took:?} for a stopped node (lease 2 s: ttl/2 = 1 s)"
+    );
+}
