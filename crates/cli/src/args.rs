@@ -101,7 +101,8 @@ pub enum Command {
         #[arg(long, default_value = "after_effect_call:refund")]
         stop_at: String,
         /// Run the drill across this many nodes sharing the PostgreSQL server of `--pg-url`
-        /// (a scratch database is created there and dropped after).
+        /// (a scratch database is created there and dropped after). The second stop is then
+        /// always between the refund call and its receipt, and a SIGSTOP.
         #[arg(long, requires = "pg_url")]
         nodes: Option<usize>,
         /// The PostgreSQL server for `--nodes` (`postgres://user@host:port/db`; the user

@@ -305,28 +305,30 @@ pub(super) fn score(
     [same_run_id, side_effects_once, state_position, ledger_matches_upstream]
 }
 
-/// `durafiber drill`: prints the score table; exit 0 only if every metric passes. With
-/// `across = (nodes, pg_url)`, the drill runs across nodes sharing that server.
-pub async fn run(
-    json_line: bool,
-    seed: u64,
-    out: Option<&Path>,
-    stop_at: &str,
-    across: Option<(usize, &str)>,
-) -> anyhow::Result<i32> {
+/// `durafiber drill`: prints the score table; exit 0 only if every metric passes.
+pub async fn run(json_line: bool, seed: u64, out: Option<&Path>, stop_at: &str) -> anyhow::Result<i32> {
     let exe = std::env::current_exe().context("locating the durafiber binary")?;
-    let out = match out {
+    let r = drill(&exe, seed, &out_dir(out, seed), stop_at).await?;
+    Ok(print_report(&r, None, json_line))
+}
+
+/// Where the recording goes: `out`, or a fresh directory under the system's temporary one.
+pub(super) fn out_dir(out: Option<&Path>, seed: u64) -> PathBuf {
+    match out {
         Some(dir) => dir.to_path_buf(),
         None => std::env::temp_dir().join(format!("durafiber-drill-{seed}-{}", std::process::id())),
-    };
-    let (r, nodes) = match across {
-        None => (drill(&exe, seed, &out, stop_at).await?, None),
-        Some((n, url)) => {
-            let report = super::drill_nodes::drill(&exe, seed, &out, n, url).await?;
-            let extra = (report.nodes, report.failover_ms, report.zombie_fenced);
-            (report.drill, Some(extra))
-        }
-    };
+    }
+}
+
+/// Across nodes: how many, the failover, and whether the stopped node was fenced.
+pub(super) struct AcrossNodes {
+    pub nodes: usize,
+    pub failover_ms: u64,
+    pub zombie_fenced: bool,
+}
+
+/// Prints the score table (and the JSON line); the exit code: 0 only if every metric passes.
+pub(super) fn print_report(r: &DrillReport, across: Option<&AcrossNodes>, json_line: bool) -> i32 {
     let mark = |ok: bool| if ok { "PASS" } else { "FAIL" };
     println!("{:<26} result", "metric");
     println!("{:<26} {}", "same run id continues", mark(r.same_run_id));
@@ -340,11 +342,13 @@ pub async fn run(
     println!("{:<26} {}", "state-machine position", mark(r.state_position));
     println!("{:<26} {}", "human sees prior context", mark(r.human_sees_context));
     println!("{:<26} {}", "ledger matches upstream", mark(r.ledger_matches_upstream));
-    if let Some((n, failover_ms, zombie_fenced)) = nodes {
+    if let Some(a) = across {
         println!(
-            "{:<26} {} ({n} nodes; failover {failover_ms} ms)",
+            "{:<26} {} ({} nodes; failover {} ms)",
             "stopped node fenced",
-            mark(zombie_fenced)
+            mark(a.zombie_fenced),
+            a.nodes,
+            a.failover_ms
         );
     }
     println!("run {} in {} ms; recording in {}", r.run_id, r.elapsed_ms, r.recording);
@@ -354,12 +358,12 @@ pub async fn run(
             "human_sees_context": r.human_sees_context, "ledger_matches_upstream": r.ledger_matches_upstream,
             "pass": r.pass, "run_id": r.run_id, "seed": r.seed,
         });
-        if let Some((n, failover_ms, zombie_fenced)) = nodes {
-            line["nodes"] = json!(n);
-            line["failover_ms"] = json!(failover_ms);
-            line["zombie_fenced"] = json!(zombie_fenced);
+        if let Some(a) = across {
+            line["nodes"] = json!(a.nodes);
+            line["failover_ms"] = json!(a.failover_ms);
+            line["zombie_fenced"] = json!(a.zombie_fenced);
         }
         println!("{line}");
     }
-    Ok(if r.pass { 0 } else { 1 })
+    if r.pass { 0 } else { 1 }
 }

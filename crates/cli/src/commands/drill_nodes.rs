@@ -23,7 +23,10 @@ use anyhow::{Context as _, bail};
 use durafiber_demo::{agents::RefundDraft, upstream::Upstream};
 use serde_json::{Value, json};
 
-use super::drill::{Server, Snapshots, hash_of, score, sigkill, sigterm, spawn_server_with, wait_run};
+use super::drill::{
+    AcrossNodes, DrillReport, Server, Snapshots, hash_of, out_dir, print_report, score, sigkill, sigterm,
+    spawn_server_with, wait_run,
+};
 
 /// The lease the drill's nodes hold their shards by.
 const LEASE: &str = "2s";
@@ -75,17 +78,18 @@ impl Scratch {
     }
 }
 
-/// What the drill across nodes found, beside the five metrics.
-pub struct NodesReport {
-    /// The five metrics and the run.
-    pub drill: super::drill::DrillReport,
-    /// Nodes started.
-    pub nodes: usize,
-    /// SIGKILL of the run's node → the run owned by another node, ms.
-    pub failover_ms: u64,
-    /// The node stopped between the effect call and the receipt let go of the run when it
-    /// woke, and nothing of it landed.
-    pub zombie_fenced: bool,
+/// `durafiber drill --nodes N --pg-url URL`: prints the score table; exit 0 only if every
+/// metric passes and the stopped node was fenced.
+pub async fn run(
+    json_line: bool,
+    seed: u64,
+    out: Option<&Path>,
+    nodes: usize,
+    pg_url: &str,
+) -> anyhow::Result<i32> {
+    let exe = std::env::current_exe().context("locating the durafiber binary")?;
+    let (report, across) = drill(&exe, seed, &out_dir(out, seed), nodes, pg_url).await?;
+    Ok(print_report(&report, Some(&across), json_line))
 }
 
 fn node_args<'a>(url: &'a str, id: &'a str) -> [&'a str; 6] {
@@ -125,7 +129,16 @@ fn signal(server: &Server, signal: rustix::process::Signal) {
 }
 
 /// Runs the drill across `n` nodes on the server `pg_url` names.
-pub async fn drill(exe: &Path, seed: u64, out: &Path, n: usize, pg_url: &str) -> anyhow::Result<NodesReport> {
+/// (`failover_ms`: SIGKILL of the run's node → the run owned by another node;
+/// `zombie_fenced`: the node stopped between the effect call and the receipt let go of the
+/// run when it woke, and nothing of it landed.)
+pub async fn drill(
+    exe: &Path,
+    seed: u64,
+    out: &Path,
+    n: usize,
+    pg_url: &str,
+) -> anyhow::Result<(DrillReport, AcrossNodes)> {
     if n < 2 {
         bail!("--nodes needs at least 2 nodes: a run must have somewhere to go");
     }
@@ -149,7 +162,7 @@ async fn run_nodes(
     n: usize,
     url: &str,
     started: Instant,
-) -> anyhow::Result<NodesReport> {
+) -> anyhow::Result<(DrillReport, AcrossNodes)> {
     let upstream = Upstream::start().await.context("starting the upstream")?;
     let draft = RefundDraft {
         order_id: format!("ord_{seed}"),
@@ -258,7 +271,7 @@ async fn run_nodes(
         owners.iter().map(|i| std::fs::read_to_string(log(*i)).unwrap_or_default()).collect();
     let (refunds, emails) = (upstream.objects("refunds"), upstream.objects("emails"));
     let scores = score(&snaps, &run_id, "after_effect_call:refund", &logs, &refunds, &emails);
-    let report = super::drill::DrillReport {
+    let report = DrillReport {
         pass: scores.iter().all(|ok| *ok) && human_sees_context && zombie_fenced,
         same_run_id: scores[0],
         side_effects_once: scores[1],
@@ -281,7 +294,7 @@ async fn run_nodes(
                       "final": snaps.done},
     });
     std::fs::write(out.join("report.json"), serde_json::to_string_pretty(&recording)?)?;
-    Ok(NodesReport { drill: report, nodes: n, failover_ms, zombie_fenced })
+    Ok((report, AcrossNodes { nodes: n, failover_ms, zombie_fenced }))
 }
 
 #[cfg(test)]

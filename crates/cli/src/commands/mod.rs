@@ -47,10 +47,11 @@ pub async fn run(command: Command) -> anyhow::Result<i32> {
             serve::serve(&place, listen, config.as_deref(), exposure).await?;
             Ok(0)
         }
-        Command::Drill { json, seed, out, stop_at, nodes, pg_url } => {
-            let across = nodes.zip(pg_url);
-            drill::run(json, seed, out.as_deref(), &stop_at, across.as_ref().map(|(n, u)| (*n, u.as_str())))
-                .await
+        Command::Drill { json, seed, out, nodes: Some(nodes), pg_url: Some(url), .. } => {
+            drill_nodes::run(json, seed, out.as_deref(), nodes, &url).await
+        }
+        Command::Drill { json, seed, out, stop_at, .. } => {
+            drill::run(json, seed, out.as_deref(), &stop_at).await
         }
         Command::Store { action: StoreAction::Verify { data, json } } => repair::verify(&data, json).await,
         Command::Store { action: StoreAction::Salvage { data, out, json } } => {
