@@ -86,6 +86,40 @@ pub trait Backend: Send + Sync + 'static {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
     /// Up to `limit` entries with `start <= key < end`, in key order.
     fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Entries, StoreError>;
+    /// Up to `limit` entries with `start <= key < end` that belong to runs of `shards`
+    /// ([`crate::shard`]), in key order: what a node that owns those shards scans. The
+    /// default filters `range` page by page; a shared backend filters where the data is.
+    fn range_in_shards(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        shards: &[u32],
+    ) -> Result<Entries, StoreError> {
+        let wanted: std::collections::HashSet<u32> = shards.iter().copied().collect();
+        let page = limit.clamp(256, 4096);
+        let mut out = Vec::new();
+        let mut from = start.to_vec();
+        loop {
+            let rows = self.range(&from, end, page)?;
+            let last = if rows.len() >= page { rows.last().map(|(k, _)| k.clone()) } else { None };
+            out.extend(
+                rows.into_iter()
+                    .filter(|(k, _)| crate::shard::of_key(k).is_some_and(|s| wanted.contains(&s))),
+            );
+            if out.len() >= limit {
+                out.truncate(limit);
+                return Ok(out);
+            }
+            match last {
+                Some(mut k) => {
+                    k.push(0);
+                    from = k;
+                }
+                None => return Ok(out),
+            }
+        }
+    }
     /// Applies every op of `batch`, atomically.
     fn apply(&self, batch: &Batch) -> Result<(), StoreError>;
     /// Makes everything applied so far durable.

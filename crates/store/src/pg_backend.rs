@@ -476,6 +476,32 @@ impl Backend for PgBackend {
         })
     }
 
+    fn range_in_shards(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        shards: &[u32],
+    ) -> Result<Entries, StoreError> {
+        if start >= end || limit == 0 || shards.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (start, end) = (start.to_vec(), end.to_vec());
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let shards: Vec<i32> = shards.iter().map(|s| *s as i32).collect();
+        self.call(move |c| async move {
+            let client = c.reads.client().await?;
+            let rows = client
+                .query(
+                    "SELECT k, v FROM df_kv WHERE k >= $1 AND k < $2 AND shard = ANY($4) ORDER BY k LIMIT $3",
+                    &[&start, &end, &limit, &shards],
+                )
+                .await
+                .map_err(db_error)?;
+            Ok(rows.into_iter().map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1))).collect())
+        })
+    }
+
     fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
         if batch.is_empty() {
             return Ok(());

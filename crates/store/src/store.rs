@@ -425,22 +425,7 @@ impl Store {
         after: Option<&[u8]>,
         limit: usize,
     ) -> Result<Decoded<T>, StoreError> {
-        let start = match after {
-            Some(a) if a >= prefix => {
-                let mut s = a.to_vec();
-                s.push(0);
-                s
-            }
-            _ => prefix.to_vec(),
-        };
-        let rows = self.inner.backend.range(&start, &prefix_end(prefix), limit)?;
-        Ok(rows
-            .into_iter()
-            .map(|(k, v)| {
-                let decoded = decode_sealed(table, &k, &v).map_err(|e| self.located(e));
-                (k, decoded)
-            })
-            .collect())
+        self.scan_in(table, prefix, after, limit, None)
     }
 
     /// Up to `limit` keys with `prefix` and the sizes of their values.
@@ -456,7 +441,53 @@ impl Store {
 
     /// Raw keys in `[start, end)`, for indexes whose keys carry all the information.
     pub fn keys_between(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Vec<u8>>, StoreError> {
-        Ok(self.inner.backend.range(start, end, limit)?.into_iter().map(|(k, _)| k).collect())
+        self.keys_between_in(start, end, limit, None)
+    }
+
+    /// [`Store::scan`], restricted to the runs of `shards` when given (a node's own).
+    pub fn scan_in<T: DeserializeOwned>(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+        shards: Option<&[u32]>,
+    ) -> Result<Decoded<T>, StoreError> {
+        let start = match after {
+            Some(a) if a >= prefix => {
+                let mut s = a.to_vec();
+                s.push(0);
+                s
+            }
+            _ => prefix.to_vec(),
+        };
+        let end = prefix_end(prefix);
+        let rows = match shards {
+            None => self.inner.backend.range(&start, &end, limit)?,
+            Some(shards) => self.inner.backend.range_in_shards(&start, &end, limit, shards)?,
+        };
+        Ok(rows
+            .into_iter()
+            .map(|(k, v)| {
+                let decoded = decode_sealed(table, &k, &v).map_err(|e| self.located(e));
+                (k, decoded)
+            })
+            .collect())
+    }
+
+    /// [`Store::keys_between`], restricted to the runs of `shards` when given.
+    pub fn keys_between_in(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        shards: Option<&[u32]>,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let rows = match shards {
+            None => self.inner.backend.range(start, end, limit)?,
+            Some(shards) => self.inner.backend.range_in_shards(start, end, limit, shards)?,
+        };
+        Ok(rows.into_iter().map(|(k, _)| k).collect())
     }
 
     /// Every raw entry of a table, for inspection and tests.

@@ -45,6 +45,28 @@ pub fn ranges_respect_limits_and_bounds(backend: &dyn Backend) {
     assert!(backend.range(&key(207), &key(205), 100).expect("range").is_empty());
 }
 
+/// A range restricted to some shards returns exactly their runs' records, in key order.
+pub fn ranges_in_shards_keep_only_those_shards(backend: &dyn Backend) {
+    use durafiber_store::{shard, tables::RUNS};
+    let ids: Vec<String> = (0..40).map(|i| format!("run_conformance_{i:02}")).collect();
+    let mut b = Batch::new();
+    for id in &ids {
+        b.put(RUNS, RUNS.key(&[id.as_bytes()]), id).expect("a string always encodes");
+    }
+    backend.apply(&b).expect("apply");
+    let wanted: Vec<u32> = ids.iter().take(10).map(|id| shard::of_run(id)).collect();
+    let (start, end) = (RUNS.key(&[b"run_conformance_"]), RUNS.key(&[b"run_conformance_~"]));
+    let rows = backend.range_in_shards(&start, &end, 1_000, &wanted).expect("range");
+    let expected: Vec<Vec<u8>> = ids
+        .iter()
+        .filter(|id| wanted.contains(&shard::of_run(id)))
+        .map(|id| RUNS.key(&[id.as_bytes()]))
+        .collect();
+    assert_eq!(rows.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(), expected);
+    let two = backend.range_in_shards(&start, &end, 2, &wanted).expect("range");
+    assert_eq!(two.len(), 2, "the limit holds");
+}
+
 /// A barrier succeeds on a healthy backend.
 pub fn barriers_succeed(backend: &dyn Backend) {
     backend.apply(&batch_of(300..301)).expect("apply");
@@ -56,5 +78,6 @@ pub fn run_all(backend: &dyn Backend) {
     applied_batches_are_visible_whole(backend);
     deletes_and_overwrites_apply_in_order(backend);
     ranges_respect_limits_and_bounds(backend);
+    ranges_in_shards_keep_only_those_shards(backend);
     barriers_succeed(backend);
 }

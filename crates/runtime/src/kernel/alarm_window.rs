@@ -109,7 +109,12 @@ impl Scheduler {
         self.lock().due.retain(|(_, run_id, _)| keep(run_id));
     }
 
-    pub fn refill(&self, store: &Store, keep: impl Fn(&str) -> bool) -> Result<(), StoreError> {
+    pub fn refill(
+        &self,
+        store: &Store,
+        shards: Option<&[u32]>,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<(), StoreError> {
         let (start, horizon, want) = {
             let mut w = self.lock();
             if w.horizon == Horizon::Complete || w.refilling.is_some() {
@@ -126,7 +131,7 @@ impl Scheduler {
             w.refilling = Some(Vec::new());
             (start, w.horizon.clone(), w.capacity.saturating_sub(w.due.len()).max(1))
         };
-        let read = store.keys_between(&start, &[tables::ALARM_DUE.prefix + 1], want);
+        let read = store.keys_between_in(&start, &[tables::ALARM_DUE.prefix + 1], want, shards);
         let mut w = self.lock();
         let noted = w.refilling.take().unwrap_or_default();
         let keys = read?;
@@ -136,8 +141,8 @@ impl Scheduler {
                 Some(last) if keys.len() >= want => Horizon::After(last.clone()),
                 _ => Horizon::Complete,
             };
-            // The horizon is the last entry read, owned or not: the next refill goes on
-            // after it either way.
+            // The horizon is the last entry read, so the next refill goes on after it; a read
+            // restricted to this node's shards returns only entries it keeps.
             w.due.extend(entries.into_iter().filter(|(_, run_id, _)| keep(run_id)));
         }
         // (Had the horizon moved down meanwhile, the entries read are beyond it: the next

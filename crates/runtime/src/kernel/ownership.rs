@@ -59,7 +59,14 @@ impl Ownership {
         }
     }
 
-    /// The shards owned now (empty when alone: ask [`Ownership::shared`]).
+    /// What a scan of this node's runs is restricted to: `None` alone on the store (every
+    /// run), else the shards owned now (none past the self-fence deadline).
+    pub fn scan_filter(&self) -> Option<Vec<u32>> {
+        self.shards.read().as_ref()?;
+        Some(if self.fenced_by_time() { Vec::new() } else { self.shards() })
+    }
+
+    /// The shards owned now (empty when alone).
     pub fn shards(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self.shards.read().iter().flatten().copied().collect();
         v.sort_unstable();

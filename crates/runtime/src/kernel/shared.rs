@@ -139,6 +139,12 @@ impl Shared {
         }
     }
 
+    /// Reads the next alarms of this node's runs into the scheduler's window.
+    pub fn refill_alarms(&self) -> Result<(), durafiber_store::StoreError> {
+        let shards = self.ownership.scan_filter();
+        self.scheduler.refill(&self.store, shards.as_deref(), |run_id| self.ownership.owns(run_id))
+    }
+
     /// Re-enters `run_id` (see [`Shared::reactivator`]).
     pub async fn reactivate(self: &Arc<Self>, run_id: &str) {
         self.reactivate_since(run_id, Stopwatch::start()).await
@@ -383,11 +389,13 @@ impl Shared {
         &self,
         after: Option<&[u8]>,
     ) -> Result<(Vec<String>, Option<Vec<u8>>), RuntimeError> {
-        let page = self.store.scan::<()>(
+        // A node on a shared store reads only its own shards' runs.
+        let page = self.store.scan_in::<()>(
             tables::OPEN_RUNS,
             &[tables::OPEN_RUNS.prefix],
             after,
             crate::limits::RECOVERY_SCAN_PAGE_MAX,
+            self.ownership.scan_filter().as_deref(),
         )?;
         let full = page.len() == crate::limits::RECOVERY_SCAN_PAGE_MAX;
         let next = if full { page.last().map(|(k, _)| k.clone()) } else { None };

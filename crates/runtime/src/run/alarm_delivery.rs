@@ -67,7 +67,7 @@ pub(crate) fn start_due(shared: &Arc<Shared>) -> usize {
 /// Reads the next alarms from the store's index when the window has run low.
 fn refill_if_low(shared: &Shared) {
     if shared.scheduler.wants_refill()
-        && let Err(e) = shared.scheduler.refill(&shared.store, |r| shared.ownership.owns(r))
+        && let Err(e) = shared.refill_alarms()
     {
         tracing::error!(error = %e, "could not read the alarm index");
     }

@@ -150,7 +150,7 @@ impl RuntimeBuilder {
         // On a shared store: the shards first, so the alarms read and the runs recovered are
         // this node's.
         leases::join(&shared, &self.advertise)?;
-        shared.scheduler.refill(&shared.store, |r| shared.ownership.owns(r))?;
+        shared.refill_alarms()?;
         let interrupted = recovery::scan_and_reactivate(&shared).await?;
         if shared_store {
             tokio::spawn(leases::hold(shared.clone(), self.advertise));
