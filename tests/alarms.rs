@@ -149,19 +149,32 @@ async fn a_million_pending_alarms_keep_memory_bounded_and_the_earliest_fires_on_
     assert!(rt.alarm_window_len() <= limits::ALARM_WINDOW_MAX);
 }
 
-fn run_child(dir: &std::path::Path, mode: &str) -> (Option<i32>, String) {
-    let out =
-        Command::new(env!("CARGO_BIN_EXE_alarm-child")).arg(dir).arg(mode).output().expect("run alarm-child");
+fn run_child(location: &str, mode: &str) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_alarm-child"))
+        .arg(location)
+        .arg(mode)
+        .output()
+        .expect("run alarm-child");
     (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string())
 }
 
 #[test]
 fn a_sigkill_during_the_handler_redelivers_the_alarm_as_a_retry_after_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (code, out) = run_child(dir.path(), "kill-once");
+    redelivered_after_a_kill(dir.path().to_str().expect("utf-8 path"));
+}
+
+#[test]
+fn a_sigkill_during_the_handler_redelivers_the_alarm_as_a_retry_after_restart_on_postgres() {
+    let server = durafiber_testkit::postgres::PgServer::start().expect("a PostgreSQL server");
+    redelivered_after_a_kill(&server.fresh_database().expect("a database"));
+}
+
+fn redelivered_after_a_kill(location: &str) {
+    let (code, out) = run_child(location, "kill-once");
     assert_eq!(code, None, "killed by SIGKILL: {out}");
     assert_eq!(out.trim(), "attempt 0 false");
-    let (code, out) = run_child(dir.path(), "kill-once");
+    let (code, out) = run_child(location, "kill-once");
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(
         out.lines().collect::<Vec<_>>(),
@@ -173,9 +186,19 @@ fn a_sigkill_during_the_handler_redelivers_the_alarm_as_a_retry_after_restart() 
 #[test]
 fn a_handler_that_kills_the_process_every_time_is_dead_lettered_after_seven_attempts() {
     let dir = tempfile::tempdir().expect("tempdir");
+    dead_lettered_after_seven(dir.path().to_str().expect("utf-8 path"));
+}
+
+#[test]
+fn a_handler_that_kills_the_process_every_time_is_dead_lettered_after_seven_attempts_on_postgres() {
+    let server = durafiber_testkit::postgres::PgServer::start().expect("a PostgreSQL server");
+    dead_lettered_after_seven(&server.fresh_database().expect("a database"));
+}
+
+fn dead_lettered_after_seven(location: &str) {
     let mut attempts = Vec::new();
     for restart in 0..12 {
-        let (code, out) = run_child(dir.path(), "kill-always");
+        let (code, out) = run_child(location, "kill-always");
         attempts.extend(out.lines().filter(|l| l.starts_with("attempt")).map(str::to_string));
         if code == Some(0) {
             assert_eq!(out.lines().last(), Some("ended escalated"), "restart {restart}: {out}");
