@@ -92,6 +92,7 @@ async fn one_key_started_fifty_times_through_three_nodes_makes_one_run_and_decis
     let run_id = ids.into_iter().next().expect("one id");
 
     // The run's owner picks it up and pauses for the approval; every node shows it.
+    let accepted_at = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(30);
     let pending = loop {
         let (_, list) = json_of(http.get(nodes[2].url("/approvals"))).await;
@@ -101,6 +102,7 @@ async fn one_key_started_fifty_times_through_three_nodes_makes_one_run_and_decis
         assert!(Instant::now() < deadline, "the run never asked for its approval");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    println!("the run asked for its approval {:?} after it was accepted", accepted_at.elapsed());
     // The same decision through every node: two of them do not own the run and pass it on.
     let decision = json!({"payload_hash": pending["payload_hash"], "approved": true});
     let path = format!("/runs/{run_id}/approvals/refund");

@@ -64,9 +64,13 @@ pub trait Leases: Send + Sync {
     /// Leaves the cluster at a clean stop: every shard handed back and the node no longer
     /// counted alive, so the others take its share at once.
     fn leave(&self) -> Result<(), StoreError>;
-    /// Changes when another node says shards changed hands (it left, or released some):
-    /// a hint to look now rather than at the next renewal.
+    /// Changes when another node says shards changed hands (it left, or released some) or
+    /// that it accepted a run into a shard it does not own: a hint to look now rather than
+    /// at the next renewal.
     fn news(&self) -> tokio::sync::watch::Receiver<u64>;
+    /// Tells the other nodes that a run of `shard` was accepted here, for its owner to pick
+    /// up now (a hint: the owner's next tick finds it anyway).
+    fn announce(&self, shard: u32) -> Result<(), StoreError>;
     /// The shards held now.
     fn held(&self) -> Vec<u32>;
     /// Every shard's live owner.

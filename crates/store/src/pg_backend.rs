@@ -723,6 +723,15 @@ impl Leases for PgBackend {
         })
     }
 
+    fn announce(&self, shard: u32) -> Result<(), StoreError> {
+        let what = format!("accepted:{shard}");
+        self.call(move |c| async move {
+            let client = c.writes.client().await?;
+            client.execute("SELECT pg_notify('df_shards', $1)", &[&what]).await.map_err(db_error)?;
+            Ok(())
+        })
+    }
+
     fn news(&self) -> tokio::sync::watch::Receiver<u64> {
         self.news.subscribe()
     }

@@ -261,6 +261,15 @@ impl Runtime {
         options: RunOptions,
     ) -> Result<StartOutcome, RuntimeError> {
         let outcome = start::start(&self.shared, kind, key, input_json, options).await?;
+        if outcome.accepted
+            && !self.shared.ownership.owns(outcome.run_id.as_str())
+            && let Some(leases) = self.shared.store.backend().leases()
+        {
+            // Another node runs it: tell that node now rather than at its next tick.
+            if let Err(e) = leases.announce(durafiber_store::shard::of_run(outcome.run_id.as_str())) {
+                tracing::warn!(run_id = %outcome.run_id, error = %e, "could not tell the run's owner; it finds the run at its next tick");
+            }
+        }
         if outcome.accepted || matches!(outcome.status, RunStatus::Accepted) {
             // The handle is durable: return it now, and let the activation (its registration
             // write, the fiber) go on beside the caller. Virtual time and `settle` wait for it.
