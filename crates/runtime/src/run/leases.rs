@@ -25,6 +25,20 @@ fn leases(shared: &Shared) -> Option<&dyn Leases> {
     shared.store.backend().leases()
 }
 
+/// Runs a call of the store's leases on a blocking thread: a database that does not answer
+/// must not hold a worker of the runtime (the self-fence deadline holds meanwhile, by time).
+async fn call<T: Send + 'static>(
+    shared: &Shared,
+    f: impl FnOnce(&dyn Leases) -> Result<T, durafiber_store::StoreError> + Send + 'static,
+) -> Result<T, durafiber_store::StoreError> {
+    let store = shared.store.clone();
+    match tokio::task::spawn_blocking(move || store.backend().leases().map(f)).await {
+        Ok(Some(result)) => result,
+        Ok(None) => Err(durafiber_store::StoreError::Database { reason: "the store has no leases".into() }),
+        Err(e) => Err(durafiber_store::StoreError::Database { reason: format!("lease call: {e}") }),
+    }
+}
+
 /// How many shards this node should hold with `nodes` alive.
 fn fair_share(nodes: usize) -> usize {
     (shard::SHARDS as usize).div_ceil(nodes.max(1))
@@ -63,13 +77,13 @@ pub(crate) async fn hold(shared: Arc<Shared>, advertise: String) {
 }
 
 async fn tick(shared: &Arc<Shared>, advertise: &str) {
-    let Some(leases) = leases(shared) else { return };
     let ttl = shared.config.lease_ttl;
-    if let Err(e) = leases.heartbeat(advertise) {
+    let addr = advertise.to_string();
+    if let Err(e) = call(shared, move |l| l.heartbeat(&addr)).await {
         tracing::warn!(error = %e, "heartbeat failed");
     }
     let sent = Instant::now();
-    match leases.renew(ttl) {
+    match call(shared, move |l| l.renew(ttl)).await {
         Ok(lost) => {
             shared.ownership.renewed(sent, ttl);
             if !lost.is_empty() {
@@ -85,13 +99,15 @@ async fn tick(shared: &Arc<Shared>, advertise: &str) {
                     shards = all.len(),
                     "self-fence: the leases may have expired; dropping every shard"
                 );
-                leases.forget(&all);
+                if let Some(leases) = leases(shared) {
+                    leases.forget(&all);
+                }
                 drop_shards(shared, &all).await;
             }
             return;
         }
     }
-    let fair = match leases.live_nodes(ttl) {
+    let fair = match call(shared, move |l| l.live_nodes(ttl)).await {
         Ok(n) => fair_share(n),
         Err(e) => {
             tracing::warn!(error = %e, "could not count the live nodes");
@@ -104,7 +120,8 @@ async fn tick(shared: &Arc<Shared>, advertise: &str) {
     if held.len() > fair + slack {
         hand_back(shared, &held[fair..]).await;
     } else if held.len() < fair {
-        match leases.acquire(fair - held.len(), ttl) {
+        let want = fair - held.len();
+        match call(shared, move |l| l.acquire(want, ttl)).await {
             Ok(acquired) if !acquired.is_empty() => {
                 let gained: Vec<u32> = acquired.iter().map(|l| l.shard).collect();
                 tracing::info!(shards = gained.len(), "shards acquired");
@@ -160,7 +177,6 @@ async fn drop_shards(shared: &Arc<Shared>, shards: &[u32]) {
 /// Hands `shards` to other nodes: their runs are evicted while this node still owns them
 /// (so their recovery is not counted as a failure), then the leases are released.
 async fn hand_back(shared: &Arc<Shared>, shards: &[u32]) {
-    let Some(leases) = leases(shared) else { return };
     let going: HashSet<u32> = shards.iter().copied().collect();
     tracing::info!(shards = going.len(), "handing shards over to other nodes");
     // Not run here from now on; the leases still let the evictions write.
@@ -171,7 +187,8 @@ async fn hand_back(shared: &Arc<Shared>, shards: &[u32]) {
         }
     }
     drop_shards(shared, shards).await;
-    if let Err(e) = leases.release(shards) {
+    let released = shards.to_vec();
+    if let Err(e) = call(shared, move |l| l.release(&released)).await {
         tracing::warn!(error = %e, "could not release shards; they expire instead");
     }
 }
