@@ -117,3 +117,21 @@ fn one_batch_refused_in_a_group_fails_alone() {
     assert!(matches!(refused, Err(StoreError::Fenced { .. })), "{refused:?}");
     store.close();
 }
+
+#[test]
+fn one_shard_is_taken_alone_only_when_no_one_holds_it() {
+    let (server, url, a, b) = two_nodes();
+    a.acquire(SHARDS as usize, TTL).expect("acquire");
+    let s = shard::of_run("run_orphan");
+    assert_eq!(b.acquire_shard(s, TTL).expect("try"), None, "a held shard is not taken");
+    server
+        .sql(
+            &url,
+            &format!("UPDATE df_shards SET lease_until = now() - interval '1 second' WHERE shard_id = {s}"),
+        )
+        .expect("expire");
+    let lease = b.acquire_shard(s, TTL).expect("take").expect("an expired shard is taken");
+    assert_eq!((lease.shard, lease.epoch), (s, 2));
+    b.apply(&run_put("run_orphan", "b")).expect("the new owner writes");
+    assert!(matches!(a.apply(&run_put("run_orphan", "a")), Err(StoreError::Fenced { .. })));
+}

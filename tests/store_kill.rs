@@ -24,6 +24,10 @@ use durafiber_testkit::{SeededRng, postgres::PgServer};
 
 const T: Table = Table { name: "kill_test", prefix: b'w' };
 const THREADS: u32 = 4;
+/// How long the child may go without an acknowledgement before it counts as stuck: generous,
+/// because under a loaded CI machine one `fsync` (of sled's log, or PostgreSQL's WAL) can
+/// take many seconds. This is a liveness check, not a timing figure.
+const ACK_PATIENCE: Duration = Duration::from_secs(120);
 
 type Value = (u32, u64, u8, Vec<u8>);
 
@@ -81,12 +85,12 @@ fn kill_rounds(location: &str, wal_bytes: u64, rounds: u32, acks: std::ops::Rang
                 }
             }
         });
-        assert_eq!(rx.recv_timeout(Duration::from_secs(30)).ok().as_deref(), Some("ready"), "round {round}");
+        assert_eq!(rx.recv_timeout(ACK_PATIENCE).ok().as_deref(), Some("ready"), "round {round}");
         // Wait for a seeded number of acknowledgements, so the kill lands mid-stream.
         let wait_for = rng.between(acks.start, acks.end);
         let mut acked = 0;
         while acked < wait_for {
-            match rx.recv_timeout(Duration::from_secs(30)) {
+            match rx.recv_timeout(ACK_PATIENCE) {
                 Ok(line) => {
                     let mut parts =
                         line.split_whitespace().skip(1).map(|p| p.parse::<u64>().expect("number"));

@@ -25,7 +25,10 @@ fn main() {
         eprintln!("THREADS and FIRST_SEQ are numbers");
         std::process::exit(2);
     };
-    let mut config = StoreConfig::default();
+    // A slow disk under a loaded machine is not a failed one: the parent checks durability,
+    // not latency.
+    let mut config =
+        StoreConfig { barrier_timeout: std::time::Duration::from_secs(120), ..StoreConfig::default() };
     if let Some(wal) = wal_bytes {
         let Ok(wal) = wal.parse::<u64>() else {
             eprintln!("WAL_BYTES is a number");

@@ -53,6 +53,9 @@ pub trait Leases: Send + Sync {
     fn live_nodes(&self, ttl: std::time::Duration) -> Result<usize, StoreError>;
     /// Acquires up to `want` shards that no one holds or whose lease expired, for `ttl`.
     fn acquire(&self, want: usize, ttl: std::time::Duration) -> Result<Vec<Lease>, StoreError>;
+    /// Acquires `shard` alone, if no one holds it or its lease expired (a request for a run
+    /// whose node died, arriving before any node's tick took the shard).
+    fn acquire_shard(&self, shard: u32, ttl: std::time::Duration) -> Result<Option<Lease>, StoreError>;
     /// Renews every lease held for `ttl`; returns the shards lost (taken meanwhile), which
     /// are fenced from now on.
     fn renew(&self, ttl: std::time::Duration) -> Result<Vec<u32>, StoreError>;

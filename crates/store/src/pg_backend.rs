@@ -662,6 +662,28 @@ impl Leases for PgBackend {
         Ok(leases)
     }
 
+    fn acquire_shard(&self, shard: u32, ttl: Duration) -> Result<Option<Lease>, StoreError> {
+        let (node, secs, id) = (self.node_name(), ttl_secs(ttl), shard as i32);
+        let epoch: Option<i64> = self.call(move |c| async move {
+            let client = c.writes.client().await?;
+            let row = client
+                .query_opt(
+                    "UPDATE df_shards SET owner = $1, epoch = epoch + 1, \
+                         lease_until = now() + make_interval(secs => $2) \
+                     WHERE shard_id = $3 AND (owner IS NULL OR lease_until IS NULL OR lease_until < now()) \
+                     RETURNING epoch",
+                    &[&node, &secs, &id],
+                )
+                .await
+                .map_err(db_error)?;
+            Ok(row.map(|r| r.get::<_, i64>(0)))
+        })?;
+        Ok(epoch.map(|epoch| {
+            self.fence.write().insert(shard, epoch);
+            Lease { shard, epoch }
+        }))
+    }
+
     fn renew(&self, ttl: Duration) -> Result<Vec<u32>, StoreError> {
         let held: Vec<(i32, i64)> = self.fence.read().iter().map(|(s, e)| (*s as i32, *e)).collect();
         if held.is_empty() {

@@ -7,8 +7,9 @@
 //!
 //! A request is passed on once: one that arrives already forwarded and finds this node not
 //! the owner (ownership moved meanwhile) is answered 421, for the caller to send again. With
-//! no owner (its node died; another takes the shard within a third of the lease) the answer
-//! is 503 with `Retry-After`.
+//! no owner (its node died and no node's tick took the shard yet) this node takes the shard
+//! and serves the request; if it cannot (another node took it meanwhile, or the database
+//! does not answer) the answer is 503 with `Retry-After`.
 
 use std::time::Duration;
 
@@ -53,7 +54,11 @@ pub async fn to_owner(State(app): State<AppState>, req: Request, next: Next) -> 
     };
     match owner {
         RunOwner::Here => next.run(req).await,
-        RunOwner::Nobody { shard } => unowned(shard),
+        // Its node died and no node took the shard yet: take it, and serve the run here.
+        RunOwner::Nobody { shard } => match app.runtime.take_over(&run_id).await {
+            true => next.run(req).await,
+            false => unowned(shard),
+        },
         RunOwner::Node { node_id, http_addr, shard } => {
             if req.headers().contains_key(FORWARDED) {
                 return ApiError(

@@ -134,6 +134,27 @@ async fn tick(shared: &Arc<Shared>, advertise: &str) {
     adopt(shared).await;
 }
 
+/// Takes `shard` now if no node holds it (its node died and no tick took it yet): a request
+/// for one of its runs is then served here instead of waiting. True when this node owns it.
+pub(crate) async fn take_over(shared: &Arc<Shared>, shard: u32) -> bool {
+    if shared.ownership.owns_shard(shard) {
+        return true;
+    }
+    let ttl = shared.config.lease_ttl;
+    match call(shared, move |l| l.acquire_shard(shard, ttl)).await {
+        Ok(Some(_)) => {
+            tracing::info!(shard, "took over a shard no node held, for a request");
+            take_up(shared, &[shard]).await;
+            shared.ownership.owns_shard(shard)
+        }
+        Ok(None) => false,
+        Err(e) => {
+            tracing::warn!(shard, error = %e, "could not take over the shard");
+            false
+        }
+    }
+}
+
 /// Starts running the shards gained: their alarms are read, their interrupted runs recovered.
 async fn take_up(shared: &Arc<Shared>, gained: &[u32]) {
     shared.ownership.gain(gained);

@@ -409,6 +409,12 @@ impl Runtime {
         })
     }
 
+    /// Takes over the shard of `run_id` if no node holds it (a shared store), so that this
+    /// node serves the run now. True when this node owns the run afterwards.
+    pub async fn take_over(&self, run_id: &str) -> bool {
+        leases::take_over(&self.shared, durafiber_store::shard::of_run(run_id)).await
+    }
+
     /// Every open run that breaks the liveness rule (§3.7): neither live with a fiber, nor
     /// parked on a durable wait (an approval, an alarm), nor holding a wake at a known time.
     /// Cheap: one pass over the open runs. On a virtual clock, [`Runtime::advance`] checks it
