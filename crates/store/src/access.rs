@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Batch, Durability, Store, StoreError, tables};
+use crate::{barrier::Durability, batch::Batch, error::StoreError, store::Store, tables};
 
 /// An API token as stored: its SHA-256, never the token itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

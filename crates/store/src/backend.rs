@@ -2,7 +2,7 @@
 //! simulated backend keeps it in memory and loses what no barrier covered when it "crashes".
 //! A shared networked backend would implement the same four calls.
 
-use crate::{Batch, StoreError};
+use crate::{batch::Batch, error::StoreError};
 
 /// Raw entries, `(key, sealed value)`, in key order.
 pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;

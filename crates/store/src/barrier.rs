@@ -29,7 +29,7 @@ use std::{
 
 use tokio::sync::{OwnedSemaphorePermit, oneshot, watch};
 
-use crate::{Backend, Batch, StoreError};
+use crate::{backend::Backend, batch::Batch, error::StoreError};
 
 /// How durable a batch must be before `commit` returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

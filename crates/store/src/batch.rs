@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::{StoreError, codec, envelope, tables::Table};
+use crate::{codec, envelope, error::StoreError, tables::Table};
 
 /// One write in a batch: a sealed value, or a removal.
 #[derive(Debug, Clone, PartialEq)]

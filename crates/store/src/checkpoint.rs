@@ -18,9 +18,9 @@ use std::{
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::{
-    StoreError,
     backend::Rollback,
     codec, envelope,
+    error::StoreError,
     fsync::io,
     memtable::{Overlay, Table, apply_to},
     tables,

@@ -7,7 +7,7 @@
 //! The checksum covers the record's key, the version and the body, so a record copied under
 //! another key is caught as well as a flipped bit.
 
-use crate::StoreError;
+use crate::error::StoreError;
 
 /// The format version this build writes. Bump it when a record type changes shape.
 pub const FORMAT_VERSION: u16 = 1;

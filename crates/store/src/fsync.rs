@@ -4,7 +4,7 @@
 
 use std::{fs::File, path::Path};
 
-use crate::StoreError;
+use crate::error::StoreError;
 
 /// Turns an i/o error into the store's error naming `path`.
 pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {

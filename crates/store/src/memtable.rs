@@ -11,7 +11,7 @@ use std::{
     sync::Arc,
 };
 
-use crate::{StoreError, backend::Entries, batch::Op};
+use crate::{backend::Entries, batch::Op, error::StoreError};
 
 /// Keys to their newest value, or `None` for a delete.
 pub(crate) type Table = BTreeMap<Vec<u8>, Option<Vec<u8>>>;

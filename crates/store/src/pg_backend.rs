@@ -37,9 +37,11 @@ use parking_lot::Mutex;
 use tokio_postgres::{Client, NoTls};
 
 use crate::{
-    Backend, Batch, StoreError,
+    backend::Backend,
     backend::{Entries, Lease, Leases, ShardOwner},
+    batch::Batch,
     batch::Op,
+    error::StoreError,
     shard,
 };
 

@@ -16,7 +16,10 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-    Batch, Durability, Store, StoreError,
+    barrier::Durability,
+    batch::Batch,
+    error::StoreError,
+    store::Store,
     tables::{self, RunRecord, RunStatus, Table},
 };
 

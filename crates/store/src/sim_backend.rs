@@ -6,7 +6,7 @@
 use parking_lot::{Mutex, MutexGuard};
 use std::{collections::BTreeMap, sync::Arc};
 
-use crate::{Backend, Batch, StoreError, backend::Entries, batch::Op};
+use crate::{backend::Backend, backend::Entries, batch::Batch, batch::Op, error::StoreError};
 
 /// Where a scheduled crash happens, counted from the moment it is armed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

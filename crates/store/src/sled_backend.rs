@@ -14,10 +14,12 @@ use std::{
 use parking_lot::{Mutex, RwLock};
 
 use crate::{
-    Backend, Batch, StoreError,
+    backend::Backend,
     backend::Entries,
     backend::Rollback,
+    batch::Batch,
     checkpoint::{Checkpointer, Engine, contained},
+    error::StoreError,
     fsync::{io, sync_dir},
     memtable::{Overlay, merge},
     wal::{self, Appended, Wal},

@@ -12,10 +12,13 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{Semaphore, TryAcquireError, oneshot};
 
 use crate::{
-    Backend, Batch, SledBackend, StoreError,
+    backend::Backend,
     backend::Entries,
     barrier::{Cmd, Durability, Health, WriterConfig, WriterStats, spawn_writer},
+    batch::Batch,
     codec, envelope,
+    error::StoreError,
+    sled_backend::SledBackend,
     tables::Table,
 };
 
@@ -221,7 +224,7 @@ impl Store {
     /// Opens the store in the PostgreSQL database at `url`, creating its tables if needed.
     #[cfg(feature = "postgres")]
     pub fn open_postgres(url: &str, config: StoreConfig) -> Result<Store, StoreError> {
-        Store::with_backend(Arc::new(crate::PgBackend::open(url)?), config)
+        Store::with_backend(Arc::new(crate::pg_backend::PgBackend::open(url)?), config)
     }
 
     /// A store over any backend.

@@ -33,7 +33,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::{StoreError, batch::Op, fsync::io};
+use crate::{batch::Op, error::StoreError, fsync::io};
 
 /// The log's file name in the data directory.
 pub const FILE: &str = "durafiber.wal";

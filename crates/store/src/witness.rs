@@ -17,7 +17,7 @@ use std::{collections::BTreeMap, path::Path};
 use serde::{Deserialize, Serialize};
 
 pub use crate::backend::Rollback;
-use crate::{Backend, StoreError, codec, envelope, tables};
+use crate::{backend::Backend, codec, envelope, error::StoreError, tables};
 
 /// The key of the commit sequence number.
 pub fn seq_key() -> Vec<u8> {
