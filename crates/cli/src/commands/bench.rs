@@ -13,10 +13,7 @@ use std::{
     io::{BufRead, BufReader},
     path::Path,
     process::{Command, Stdio},
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::Arc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -24,10 +21,10 @@ use anyhow::{Context as _, bail};
 use durafiber_demo::agents::{Steps, StepsInput};
 use durafiber_runtime::testing::RuntimeTestExt;
 use durafiber_runtime::{Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered, Runtime, RuntimeConfig};
-use durafiber_store::{Batch, Durability, Store, StoreConfig, tables::Table};
+use durafiber_store::{Store, StoreConfig, tables::Table};
 use serde_json::{Value, json};
 
-use super::measure::{Samples, progress, raw_fdatasync_per_s};
+use super::measure::{Samples, commit_until, progress, raw_fdatasync_per_s};
 use crate::{args::Bench, commands::output::print_report};
 
 const BENCH: Table = Table { name: "bench", prefix: b'b' };
@@ -61,36 +58,10 @@ pub async fn run(which: Bench) -> anyhow::Result<i32> {
 
 /// Commits by `writers` concurrent tasks for `seconds`; commits per second and latencies.
 async fn commit_rate(store: &Store, writers: usize, seconds: f64) -> anyhow::Result<(f64, Samples)> {
-    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-    let count = Arc::new(AtomicU64::new(0));
-    let samples = Arc::new(Mutex::new(Vec::new()));
+    let keys = (0..writers as u64).map(|w| BENCH.key(&[&w.to_be_bytes()])).collect();
     let start = Instant::now();
-    let mut tasks = Vec::new();
-    for w in 0..writers {
-        let (store, count, samples) = (store.clone(), count.clone(), samples.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut mine = Vec::new();
-            let mut seq = 0u64;
-            while Instant::now() < deadline {
-                let mut batch = Batch::new();
-                let stash = (w as u64, seq, "step", vec![3u8; 160]);
-                batch.put(BENCH, BENCH.key(&[&(w as u64).to_be_bytes()]), &stash)?;
-                let t = Instant::now();
-                store.commit(batch, Durability::Sync).await?;
-                mine.push(t.elapsed().as_micros() as u64);
-                count.fetch_add(1, Ordering::Relaxed);
-                seq += 1;
-            }
-            samples.lock().extend(mine);
-            Ok::<_, anyhow::Error>(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    let rate = count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
-    let samples = std::mem::take(&mut *samples.lock());
-    Ok((rate, Samples(samples)))
+    let (count, samples) = commit_until(store, BENCH, keys, start + Duration::from_secs_f64(seconds)).await?;
+    Ok((count as f64 / start.elapsed().as_secs_f64(), samples))
 }
 
 async fn stash(json: bool, writers: usize, seconds: f64, out: Option<&Path>) -> anyhow::Result<i32> {

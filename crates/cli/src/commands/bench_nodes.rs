@@ -10,21 +10,17 @@ use std::{
     io::{BufRead, BufReader},
     path::Path,
     process::{Command, Stdio},
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
-use durafiber_store::{Batch, Durability, Leases, PgBackend, Store, StoreConfig, shard, tables};
-use parking_lot::Mutex;
+use durafiber_store::{Leases, PgBackend, Store, StoreConfig, shard, tables};
 use serde_json::{Value, json};
 
 use super::{
     drill_nodes::Scratch,
-    measure::{Samples, progress, raw_fdatasync_per_s},
+    measure::{commit_until, progress, raw_fdatasync_per_s},
     output::print_report,
 };
 
@@ -144,37 +140,13 @@ pub async fn node(
         }
     }
     tokio::time::sleep(Duration::from_millis(start_at_ms.saturating_sub(epoch_ms()))).await;
+    let keys = runs.iter().map(|run_id| tables::STASHES.key(&[run_id.as_bytes()])).collect();
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-    let count = Arc::new(AtomicU64::new(0));
-    let samples = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for run_id in runs {
-        let (store, count, samples) = (store.clone(), count.clone(), samples.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut mine = Vec::new();
-            let mut seq = 0u64;
-            let key = tables::STASHES.key(&[run_id.as_bytes()]);
-            while Instant::now() < deadline {
-                let mut batch = Batch::new();
-                batch.put(tables::STASHES, key.clone(), &(seq, "step", vec![3u8; 160]))?;
-                let t = Instant::now();
-                store.commit(batch, Durability::Sync).await?;
-                mine.push(t.elapsed().as_micros() as u64);
-                count.fetch_add(1, Ordering::Relaxed);
-                seq += 1;
-            }
-            samples.lock().extend(mine);
-            Ok::<_, anyhow::Error>(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    let mut samples = Samples(std::mem::take(&mut *samples.lock()));
+    let (commits, mut samples) = commit_until(&store, tables::STASHES, keys, deadline).await?;
     store.close();
     println!(
         "{}",
-        json!({"node": node_id, "shards": owned.len(), "commits": count.load(Ordering::Relaxed),
+        json!({"node": node_id, "shards": owned.len(), "commits": commits,
                "p50_us": samples.quantile(0.5), "p99_us": samples.quantile(0.99)})
     );
     Ok(0)

@@ -1,7 +1,54 @@
 //! What the benchmarks share: latency samples with their quantiles and histogram, progress
-//! lines, and the raw `fdatasync` rate every figure is compared with.
+//! lines, the raw `fdatasync` rate every figure is compared with, and writers that commit
+//! stash-sized sync boundaries until a deadline.
 
-use std::{io::Write, path::Path, time::Instant};
+use std::{
+    io::Write,
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Instant,
+};
+
+use durafiber_store::{Batch, Durability, Store, tables::Table};
+
+/// One writer per key of `table`, each committing a stash-sized record under its key in
+/// `sync` mode until `deadline`: the commits made, and each one's latency.
+pub(super) async fn commit_until(
+    store: &Store,
+    table: Table,
+    keys: Vec<Vec<u8>>,
+    deadline: Instant,
+) -> anyhow::Result<(u64, Samples)> {
+    let count = Arc::new(AtomicU64::new(0));
+    let samples = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for key in keys {
+        let (store, count, samples) = (store.clone(), count.clone(), samples.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            let mut seq = 0u64;
+            while Instant::now() < deadline {
+                let mut batch = Batch::new();
+                batch.put(table, key.clone(), &(seq, "step", vec![3u8; 160]))?;
+                let t = Instant::now();
+                store.commit(batch, Durability::Sync).await?;
+                mine.push(t.elapsed().as_micros() as u64);
+                count.fetch_add(1, Ordering::Relaxed);
+                seq += 1;
+            }
+            samples.lock().extend(mine);
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let samples = std::mem::take(&mut *samples.lock());
+    Ok((count.load(Ordering::Relaxed), Samples(samples)))
+}
 
 /// Latency samples in microseconds.
 #[derive(Default)]

@@ -10,6 +10,7 @@ use durafiber_store::tables::{RunStatus, WakeReason};
 use crate::{
     kernel::{
         cell::RunCell,
+        registry::LiveRun,
         shared::{RawCtx, Shared},
     },
     metrics::Metrics,
@@ -32,43 +33,43 @@ pub(crate) async fn hibernate(shared: &Arc<Shared>, run_id: &str) {
     shared.event(run_id, "hibernated", "idle");
 }
 
+/// Takes `run_id` out of memory as a process death would: its actor is killed wherever it
+/// is and its fiber's future dropped. The run as it was, if it was live. The caller holds
+/// the run's transition lock.
+async fn kill(shared: &Arc<Shared>, run_id: &str) -> Option<LiveRun> {
+    let live = shared.registry.remove(run_id);
+    if let Some(live) = &live {
+        live.cell.evicted.store(true, Ordering::SeqCst);
+        if let Some(fiber) = live.cell.fiber.lock().take() {
+            fiber.abort();
+        }
+        live.cell.approval_waiter.lock().take();
+        live.cell.event_waiter.lock().take();
+        let _ = live.actor.kill_and_wait(None).await;
+    }
+    shared.liveness.remove(run_id);
+    live
+}
+
 /// Evicts a run: its actor is killed wherever it is and its fiber's future dropped.
 pub(crate) async fn evict(shared: &Arc<Shared>, run_id: &str, why: &str) {
+    // Held until the run is marked, so no activation comes between the kill and the mark.
     let _one_at_a_time = shared.registry.transition(run_id).await;
-    let Some(live) = shared.registry.remove(run_id) else {
-        shared.liveness.remove(run_id);
-        return;
-    };
-    live.cell.evicted.store(true, Ordering::SeqCst);
-    if let Some(fiber) = live.cell.fiber.lock().take() {
-        fiber.abort();
-    }
-    live.cell.approval_waiter.lock().take();
-    live.cell.event_waiter.lock().take();
-    let _ = live.actor.kill_and_wait(None).await;
-    shared.liveness.remove(run_id);
+    let Some(live) = kill(shared, run_id).await else { return };
     Metrics::bump(&shared.metrics.evictions);
     shared.event(run_id, "evicted", why.to_string());
     // An evicted fiber leaves an interrupted run: mark why, and re-activate it by ourselves.
     give_back_recovery(shared, &live.cell, Some(WakeReason::Evicted)).await;
 }
 
-/// Drops a run whose shard another node owns now: its actor is killed and its fiber's
-/// future dropped, as by an eviction, but nothing is written — the new owner writes the
-/// run from now on, and recovers it.
+/// Drops a run whose shard another node owns now: killed as by an eviction, but nothing is
+/// written — the new owner writes the run from now on, and recovers it.
 pub(crate) async fn disown(shared: &Arc<Shared>, run_id: &str) {
     let _one_at_a_time = shared.registry.transition(run_id).await;
-    shared.liveness.remove(run_id);
-    let Some(live) = shared.registry.remove(run_id) else { return };
-    live.cell.evicted.store(true, Ordering::SeqCst);
-    if let Some(fiber) = live.cell.fiber.lock().take() {
-        fiber.abort();
+    if kill(shared, run_id).await.is_some() {
+        tracing::warn!(run_id, "run dropped from memory: its shard is another node's now");
+        shared.event(run_id, "disowned", "its shard moved to another node");
     }
-    live.cell.approval_waiter.lock().take();
-    live.cell.event_waiter.lock().take();
-    let _ = live.actor.kill_and_wait(None).await;
-    tracing::warn!(run_id, "run dropped from memory: its shard is another node's now");
-    shared.event(run_id, "disowned", "its shard moved to another node");
 }
 
 /// After an interruption the runtime itself caused (an eviction, a shutdown): a recovery
