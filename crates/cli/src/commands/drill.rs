@@ -236,28 +236,57 @@ pub async fn drill(exe: &Path, seed: u64, out: &Path, stop_at: &str) -> anyhow::
     let logs: Vec<String> = (1..=3)
         .map(|i| std::fs::read_to_string(out.join(format!("server-{i}.log"))).unwrap_or_default())
         .collect();
+    let outcome = Outcome { snaps, run_id, stop_at, logs, human_sees_context, seed, started };
+    conclude(outcome, &upstream, out, true, json!({}))
+}
+
+/// What a drill saw, to be scored.
+pub(super) struct Outcome<'a> {
+    pub snaps: Snapshots,
+    pub run_id: String,
+    pub stop_at: &'a str,
+    /// The logs of the servers that ran the run.
+    pub logs: Vec<String>,
+    pub human_sees_context: bool,
+    pub seed: u64,
+    pub started: Instant,
+}
+
+/// Scores `o` against the upstream, writes the recording (with `extra`'s fields) into
+/// `out`, and returns the report; `also` is a further metric that must pass.
+pub(super) fn conclude(
+    o: Outcome,
+    upstream: &Upstream,
+    out: &Path,
+    also: bool,
+    extra: Value,
+) -> anyhow::Result<DrillReport> {
     let (refunds, emails) = (upstream.objects("refunds"), upstream.objects("emails"));
-    let scores = score(&snaps, &run_id, stop_at, &logs, &refunds, &emails);
+    let scores = score(&o.snaps, &o.run_id, o.stop_at, &o.logs, &refunds, &emails);
     let report = DrillReport {
-        pass: scores.iter().all(|ok| *ok) && human_sees_context,
+        pass: scores.iter().all(|ok| *ok) && o.human_sees_context && also,
         same_run_id: scores[0],
         side_effects_once: scores[1],
         state_position: scores[2],
-        human_sees_context,
+        human_sees_context: o.human_sees_context,
         ledger_matches_upstream: scores[3],
-        run_id,
-        seed,
+        run_id: o.run_id,
+        seed: o.seed,
         upstream_refunds: refunds.len(),
         upstream_emails: emails.len(),
-        elapsed_ms: started.elapsed().as_millis() as u64,
+        elapsed_ms: o.started.elapsed().as_millis() as u64,
         recording: out.display().to_string(),
     };
-    let recording = json!({
+    let s = &o.snaps;
+    let mut recording = json!({
         "report": report, "upstream": {"refunds": refunds, "emails": emails},
-        "snapshots": {"before_kill_1": snaps.before_kill_1, "after_kill_1": snaps.after_kill_1,
-                      "before_kill_2": snaps.before_kill_2, "after_kill_2": snaps.after_kill_2,
-                      "final": snaps.done},
+        "snapshots": {"before_kill_1": s.before_kill_1, "after_kill_1": s.after_kill_1,
+                      "before_kill_2": s.before_kill_2, "after_kill_2": s.after_kill_2,
+                      "final": s.done},
     });
+    if let (Some(r), Some(fields)) = (recording.as_object_mut(), extra.as_object()) {
+        r.extend(fields.clone());
+    }
     std::fs::write(out.join("report.json"), serde_json::to_string_pretty(&recording)?)?;
     Ok(report)
 }
@@ -274,7 +303,7 @@ pub(super) struct Snapshots {
 
 /// Scores four of the five metrics (the fifth, the approval view, is seen live):
 /// `[same_run_id, side_effects_once, state_position, ledger_matches_upstream]`.
-pub(super) fn score(
+fn score(
     s: &Snapshots,
     run_id: &str,
     stop_at: &str,

@@ -24,8 +24,8 @@ use durafiber_demo::{agents::RefundDraft, upstream::Upstream};
 use serde_json::{Value, json};
 
 use super::drill::{
-    AcrossNodes, DrillReport, Server, Snapshots, hash_of, out_dir, print_report, score, sigkill, sigterm,
-    spawn_server_with, wait_run,
+    AcrossNodes, DrillReport, Outcome, Server, Snapshots, conclude, hash_of, out_dir, print_report, sigkill,
+    sigterm, spawn_server_with, wait_run,
 };
 
 /// The lease the drill's nodes hold their shards by.
@@ -269,31 +269,20 @@ async fn run_nodes(
     let snaps = Snapshots { before_kill_1, after_kill_1, before_kill_2, after_kill_2, done, runs };
     let logs: Vec<String> =
         owners.iter().map(|i| std::fs::read_to_string(log(*i)).unwrap_or_default()).collect();
-    let (refunds, emails) = (upstream.objects("refunds"), upstream.objects("emails"));
-    let scores = score(&snaps, &run_id, "after_effect_call:refund", &logs, &refunds, &emails);
-    let report = DrillReport {
-        pass: scores.iter().all(|ok| *ok) && human_sees_context && zombie_fenced,
-        same_run_id: scores[0],
-        side_effects_once: scores[1],
-        state_position: scores[2],
-        human_sees_context,
-        ledger_matches_upstream: scores[3],
+    let outcome = Outcome {
+        snaps,
         run_id,
+        stop_at: "after_effect_call:refund",
+        logs,
+        human_sees_context,
         seed,
-        upstream_refunds: refunds.len(),
-        upstream_emails: emails.len(),
-        elapsed_ms: started.elapsed().as_millis() as u64,
-        recording: out.display().to_string(),
+        started,
     };
-    let recording = json!({
-        "report": report, "nodes": n, "failover_ms": failover_ms, "zombie_fenced": zombie_fenced,
+    let extra = json!({
+        "nodes": n, "failover_ms": failover_ms, "zombie_fenced": zombie_fenced,
         "owners": owners.iter().map(|i| ids[*i].clone()).collect::<Vec<_>>(),
-        "upstream": {"refunds": refunds, "emails": emails},
-        "snapshots": {"before_kill_1": snaps.before_kill_1, "after_kill_1": snaps.after_kill_1,
-                      "before_kill_2": snaps.before_kill_2, "after_kill_2": snaps.after_kill_2,
-                      "final": snaps.done},
     });
-    std::fs::write(out.join("report.json"), serde_json::to_string_pretty(&recording)?)?;
+    let report = conclude(outcome, &upstream, out, zombie_fenced, extra)?;
     Ok((report, AcrossNodes { nodes: n, failover_ms, zombie_fenced }))
 }
 
