@@ -66,7 +66,7 @@ pub const STORAGE_KEYS_MAX_DEFAULT: usize = 100_000;
 /// The most entries one storage `list` returns.
 pub const STORAGE_LIST_MAX: usize = 10_000;
 /// Lock stripes that serialize activation, hibernation and eviction per run.
-pub const ACTIVATION_STRIPES: usize = 64;
+pub const ACTIVATION_STRIPES: usize = 1024;
 /// Alarms the scheduler keeps in memory; the rest wait in the store's due index.
 pub const ALARM_WINDOW_MAX: usize = 4096;
 /// Alarm deliveries in flight at once, so a burst cannot flood the actors' mailboxes.
@@ -103,7 +103,9 @@ pub const HTTP_CONNECTIONS_MAX: usize = 256;
 
 /// Interrupted runs re-activated side by side at start-up: enough for their registration
 /// writes to share group commits, few enough to bound the memory of a large recovery.
-pub const RECOVERY_ACTIVATIONS_MAX: usize = 512;
+pub const RECOVERY_ACTIVATIONS_MAX: usize = 1024;
+/// Interrupted runs re-activated as one batch, their registrations one write.
+pub const RECOVERY_BATCH_MAX: usize = 256;
 
 /// Most console sessions signed in at once; the oldest is signed out to make room.
 pub const CONSOLE_SESSIONS_MAX: usize = 4_096;

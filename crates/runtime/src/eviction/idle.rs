@@ -28,7 +28,9 @@ pub(crate) async fn hibernate(shared: &Arc<Shared>, run_id: &str) {
         return;
     };
     shared.liveness.remove(run_id);
-    let _ = live.actor.stop_and_wait(Some("hibernated".into()), None).await;
+    if let Some(actor) = live.mailbox.close().await {
+        let _ = actor.stop_and_wait(Some("hibernated".into()), None).await;
+    }
     Metrics::bump(&shared.metrics.hibernations);
     shared.event(run_id, "hibernated", "idle");
 }
@@ -45,7 +47,9 @@ async fn kill(shared: &Arc<Shared>, run_id: &str) -> Option<LiveRun> {
         }
         live.cell.approval_waiter.lock().take();
         live.cell.event_waiter.lock().take();
-        let _ = live.actor.kill_and_wait(None).await;
+        if let Some(actor) = live.mailbox.close().await {
+            let _ = actor.kill_and_wait(None).await;
+        }
     }
     shared.liveness.remove(run_id);
     live

@@ -25,7 +25,7 @@ use crate::{
     kernel::activity::Liveness,
     kernel::alarm_window::Scheduler,
     kernel::busy::{BusyGuard, Parked, WakeToken},
-    kernel::cell::{RunCell, stripe},
+    kernel::cell::{RunCell, lock_stripes, stripe},
     kernel::registry::Registry,
     metrics::Metrics,
     rng::SeededRng,
@@ -241,14 +241,7 @@ impl Shared {
 
     /// Writes a run record (and whatever else is in `batch`) as one sync boundary.
     pub async fn commit_run(&self, run: &tables::RunRecord, mut batch: Batch) -> Result<(), RuntimeError> {
-        let key = tables::RUNS.key(&[run.run_id.as_bytes()]);
-        batch.put(tables::RUNS, key, run)?;
-        let open_key = tables::OPEN_RUNS.key(&[run.run_id.as_bytes()]);
-        if run.status.is_terminal() {
-            batch.delete(open_key);
-        } else {
-            batch.put(tables::OPEN_RUNS, open_key, &())?;
-        }
+        stage_run(run, &mut batch)?;
         self.store.commit(batch, Durability::Sync).await?;
         self.status_changed();
         Ok(())
@@ -282,6 +275,20 @@ impl Shared {
         }
         let run = self.load_run(run_id)?;
         Ok(LockedRun { _guard: guard, run })
+    }
+
+    /// Locks the records of `run_ids` until the guards are dropped: [`Shared::lock_run`] for
+    /// many runs at once, without the reads. Stripes are taken in order, each
+    /// once, so two callers never wait on each other in a circle.
+    pub async fn lock_runs(
+        &self,
+        run_ids: &[String],
+    ) -> Result<Vec<tokio::sync::MutexGuard<'_, ()>>, RuntimeError> {
+        let guards = lock_stripes(&self.run_locks, run_ids).await;
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(RuntimeError::ShuttingDown);
+        }
+        Ok(guards)
     }
 
     /// Writes a locked run record, changed in place, with `batch` as one sync boundary.
@@ -478,4 +485,16 @@ pub(crate) trait ErasedAgent: Send + Sync + 'static {
     fn on_request(&self, ctx: RawCtx, message_json: String) -> BoxFuture<Result<String, AgentError>>;
     fn on_alarm_exhausted(&self, ctx: RawCtx, alarm: &AlarmEvent) -> ExhaustedAction;
     fn on_escalate(&self, ctx: RawCtx, reason: String) -> BoxFuture<()>;
+}
+
+/// Adds a run record, and its place in the open-run index, to `batch`.
+pub(crate) fn stage_run(run: &tables::RunRecord, batch: &mut Batch) -> Result<(), RuntimeError> {
+    batch.put(tables::RUNS, tables::RUNS.key(&[run.run_id.as_bytes()]), run)?;
+    let open_key = tables::OPEN_RUNS.key(&[run.run_id.as_bytes()]);
+    if run.status.is_terminal() {
+        batch.delete(open_key);
+    } else {
+        batch.put(tables::OPEN_RUNS, open_key, &())?;
+    }
+    Ok(())
 }

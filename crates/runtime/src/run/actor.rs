@@ -1,19 +1,20 @@
 //! A run's actor: how a run is activated and what its actor handles.
 //!
-//! Activation is the only code that spawns a run's actor. A cold start reads the run from
-//! the store once, under its lock, builds the cell from that read, spawns the actor into
-//! the registry, decides and registers the fiber (`fiber::decide`) and hands the decision
-//! to the actor. Features below the runs layer that need a run re-entered call
-//! `Shared::reactivate`, which the runtime points here when it opens.
+//! Activation is the only code that makes a run live. A cold start reads the run from the
+//! store once, under its lock, builds the cell from that read, decides and registers the
+//! fiber (`fiber::decide`), starts it, and puts the run in the registry. The run's actor is
+//! spawned by the first inbound event that needs it (`actor_of`). Features below the runs
+//! layer that need a run re-entered call `Shared::reactivate`, which the runtime points here
+//! when it opens.
 //!
-//! The actor handles one inbound event at a time; its state is the run's cell. It owns its
-//! fiber's lifecycle: it spawns the fiber as a task of its own (`fiber.rs`), so messages and
-//! alarms are handled while the fiber awaits, and the eviction that kills the actor aborts
-//! that task. Before: `start`, an alarm, a decision, an event or a recovery asks for a run.
+//! The actor handles one inbound event at a time; its state is the run's cell. The fiber is
+//! a task of its own (`fiber.rs`), so messages and alarms are handled while it awaits; the
+//! eviction that kills the actor aborts that task. Before: `start`, an alarm, a decision, an event or a recovery asks for a run.
 //! After: `fiber.rs`, `alarm_delivery.rs`.
 
 use std::{panic::AssertUnwindSafe, sync::Arc};
 
+use durafiber_store::tables::RunRecord;
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::Instrument;
@@ -27,16 +28,16 @@ use crate::{
     kernel::inbox::{Activation, RunMsg},
     kernel::registry::LiveRun,
     kernel::shared::{BoxFuture, RawCtx, Shared},
+    kernel::stash_record::Stored,
     metrics::Metrics,
     run::fiber,
 };
 
 /// The live run, activating it (a cold start) when it has none; `true` for a cold start. A
 /// cold start reads the run once, under its lock, and from that read builds the cell and —
-/// unless the runtime is passive — decides and registers the fiber and sends the actor that
-/// decision. Only then does the run appear in the registry, so the decision is the first
-/// message the actor handles: no `Activate` of another caller can reach it before, see a
-/// registered run without a fiber, and take it for an interrupted one.
+/// unless the runtime is passive — decides and registers the fiber and starts it. Only then
+/// does the run appear in the registry. No actor is spawned: the first inbound event that
+/// needs one does.
 async fn live_or_spawn(
     shared: &Arc<Shared>,
     run_id: &str,
@@ -58,44 +59,63 @@ async fn live_or_spawn(
     let watch = Stopwatch::start();
     let mut locked = shared.lock_run(run_id).await?;
     let stash = fiber::read_stash(shared, run_id);
-    let run = &locked.run;
+    let entry = LiveRun::new(new_cell(shared, &locked.run, &stash)?);
+    activated(shared, &locked.run, &watch);
+    if !shared.passive {
+        let decided = fiber::decide(shared, &entry.cell, &mut locked, stash).await;
+        drop(locked);
+        begin(shared, &entry, since, decided).await;
+    }
+    registry.insert(run_id, entry.clone());
+    Ok((entry, true))
+}
+
+/// The in-memory side of `run` as activation read it, with its last stash.
+pub(crate) fn new_cell(
+    shared: &Shared,
+    run: &RunRecord,
+    stash: &Result<Option<Stored>, String>,
+) -> Result<Arc<RunCell>, RuntimeError> {
     let durability = match &run.options.durability {
         Some(mode) => DurabilityMode::parse(mode)?,
         None => shared.config.durability,
     };
     let seq = stash.as_ref().ok().and_then(|s| s.as_ref()).map(|s| s.record.seq).unwrap_or(0);
-    let cell = Arc::new(RunCell::new(
-        run_id,
+    Ok(Arc::new(RunCell::new(
+        &run.run_id,
         &run.kind,
         durability,
         run.options.fiber_keep_alive.unwrap_or(shared.config.fiber_keep_alive),
         run.attempt,
         seq,
         run.cancel_reason.clone(),
-    ));
+    )))
+}
+
+/// A cold start told to the activity tracker, the metrics and the event log. Logged before
+/// the fiber can start, so the event log's order does not depend on which task the
+/// scheduler runs first.
+pub(crate) fn activated(shared: &Shared, run: &RunRecord, watch: &Stopwatch) {
     let stream = {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         (&run.kind, &run.key, shared.now_ms()).hash(&mut h);
         h.finish()
     };
-    let (actor, _join) = Actor::spawn(None, RunActor { shared: shared.clone() }, cell.clone())
-        .await
-        .map_err(|e| RuntimeError::Agent(AgentError::Runtime(format!("spawn: {e}"))))?;
-    let entry = LiveRun { actor, cell };
-    shared.liveness.activated(run_id, shared.now_ms(), stream);
-    // Logged before the fiber can start, so the event log's order does not depend on
-    // which task the scheduler runs first.
+    shared.liveness.activated(&run.run_id, shared.now_ms(), stream);
     Metrics::bump(&shared.metrics.activations);
     shared.metrics.cold_start.record_us(watch.elapsed_us());
-    shared.event(run_id, "activated", format!("cold start {} µs", watch.elapsed_us()));
-    if !shared.passive {
-        let decided = fiber::decide(shared, &entry.cell, &mut locked, stash).await;
-        send_activate(shared, &entry, run_id, since, Some(decided));
+    shared.event(&run.run_id, "activated", format!("cold start {} µs", watch.elapsed_us()));
+}
+
+/// Carries out what a cold start decided. What needs no actor is done here; an escalation
+/// runs hooks, one event at a time, in the actor. Either way before the caller puts the run
+/// in the registry, so no `Activate` of another caller can come first, see a registered run
+/// without a fiber, and take it for an interrupted one.
+pub(crate) async fn begin(shared: &Arc<Shared>, live: &LiveRun, since: Stopwatch, decided: Activation) {
+    if let Some(for_actor) = fiber::begin(shared, &live.cell, since, decided) {
+        send_activate(shared, live, &live.cell.run_id, since, Some(for_actor)).await;
     }
-    drop(locked);
-    registry.insert(run_id, entry.clone());
-    Ok((entry, true))
 }
 
 /// Activates `run_id` (a cold start when it has no actor). A cold start also has the new
@@ -106,14 +126,33 @@ pub(crate) async fn activate(shared: &Arc<Shared>, run_id: &str) -> Result<LiveR
     Ok(live)
 }
 
-fn send_activate(
+/// The live run's actor, spawned at its first need (see [`Mailbox`](crate::kernel::registry::Mailbox)).
+/// An error when the run left memory meanwhile, as when its actor stopped.
+pub(crate) async fn actor_of(shared: &Arc<Shared>, live: &LiveRun) -> Result<ActorRef<RunMsg>, RuntimeError> {
+    let spawn = async {
+        Actor::spawn(None, RunActor { shared: shared.clone() }, live.cell.clone())
+            .await
+            .map(|(actor, _join)| actor)
+            .map_err(|e| RuntimeError::Agent(AgentError::Runtime(format!("spawn: {e}"))))
+    };
+    live.mailbox
+        .actor(spawn)
+        .await?
+        .ok_or_else(|| RuntimeError::Agent(AgentError::Runtime("the run's actor stopped".into())))
+}
+
+async fn send_activate(
     shared: &Arc<Shared>,
     live: &LiveRun,
     run_id: &str,
     since: Stopwatch,
     decided: Option<Activation>,
 ) {
-    if live.actor.cast(RunMsg::Activate { busy: shared.busy(), since, decided }).is_err() {
+    let sent = match actor_of(shared, live).await {
+        Ok(actor) => actor.cast(RunMsg::Activate { busy: shared.busy(), since, decided }).is_ok(),
+        Err(_) => false,
+    };
+    if !sent {
         tracing::warn!(run_id, "actor stopped before activation; retrying");
         shared.wake_at(shared.now_ms(), run_id);
     }
@@ -133,7 +172,7 @@ pub(crate) async fn reactivate_since(shared: &Arc<Shared>, run_id: &str, since: 
         Ok((live, cold)) => {
             shared.liveness.activity(run_id, shared.now_ms());
             if !cold {
-                send_activate(shared, &live, run_id, since, None);
+                send_activate(shared, &live, run_id, since, None).await;
             }
         }
         Err(RuntimeError::ShuttingDown | RuntimeError::UnknownRun { .. } | RuntimeError::NotOwner { .. }) => {

@@ -283,7 +283,8 @@ fn advance(
 
 async fn call_handler(shared: &Arc<Shared>, run_id: &str, event: AlarmEvent) -> Result<(), AgentError> {
     let live = actor::activate(shared, run_id).await.map_err(AgentError::from)?;
-    match live.actor.call(|reply| RunMsg::Alarm { event, reply }, None).await {
+    let actor = actor::actor_of(shared, &live).await.map_err(AgentError::from)?;
+    match actor.call(|reply| RunMsg::Alarm { event, reply }, None).await {
         Ok(ractor::rpc::CallResult::Success(result)) => result,
         Ok(_) | Err(_) => Err(AgentError::fail("the run's actor stopped during the handler")),
     }

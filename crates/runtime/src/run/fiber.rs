@@ -51,17 +51,30 @@ pub(crate) async fn on_activate(
         Some(decided) => decided,
         None => decide_now(shared, cell).await,
     };
+    if let Some(Activation::Escalate(reason)) = begin(shared, cell, since, decided) {
+        if let Err(e) = escalate(shared, &cell.run_id, &reason, Batch::new()).await {
+            tracing::error!(run_id = %cell.run_id, error = %e, "could not escalate; retrying in 1 s");
+            shared.wake_at(shared.now_ms().saturating_add(1_000), &cell.run_id);
+        }
+    }
+}
+
+/// Carries out, without the run's actor, what a cold activation decided: the fiber starts,
+/// or the run is woken later. An escalation runs hooks, which the actor runs one event at a
+/// time: it is handed back, for the actor.
+pub(crate) fn begin(
+    shared: &Arc<Shared>,
+    cell: &Arc<RunCell>,
+    since: Stopwatch,
+    decided: Activation,
+) -> Option<Activation> {
     match decided {
         Activation::Start(registered) => spawn(shared, cell, *registered, since),
         Activation::Later(at_ms) => shared.wake_at(at_ms, &cell.run_id),
-        Activation::Escalate(reason) => {
-            if let Err(e) = escalate(shared, &cell.run_id, &reason, Batch::new()).await {
-                tracing::error!(run_id = %cell.run_id, error = %e, "could not escalate; retrying in 1 s");
-                shared.wake_at(shared.now_ms().saturating_add(1_000), &cell.run_id);
-            }
-        }
         Activation::Nothing => {}
+        escalate @ Activation::Escalate(_) => return Some(escalate),
     }
+    None
 }
 
 /// Reads the run under its lock and decides (see [`decide`]).
@@ -102,18 +115,35 @@ pub(crate) async fn decide(
     locked: &mut LockedRun<'_>,
     stash: Result<Option<Stored>, String>,
 ) -> Activation {
-    let mode = match recovery::plan(shared, &locked.run) {
-        Plan::Fresh => FiberMode::Fresh,
-        Plan::Recover(reason) => FiberMode::Recover(reason),
-        Plan::Later(at_ms) => return Activation::Later(at_ms),
-        Plan::Escalate(reason) => return Activation::Escalate(reason),
-        Plan::Nothing => return Activation::Nothing,
-    };
     if shared.check_not_evicted(cell).is_err() {
         return Activation::Nothing;
     }
-    let now = shared.now_ms();
-    let run = &mut locked.run;
+    let mode = match register(shared, &mut locked.run) {
+        Ok(mode) => mode,
+        Err(other) => return other,
+    };
+    match shared.write_locked(locked, Batch::new()).await {
+        Ok(()) => registered(cell, locked.run.clone(), mode, stash),
+        Err(RuntimeError::ShuttingDown | RuntimeError::Evicted { .. }) => Activation::Nothing,
+        Err(e) => {
+            tracing::error!(run_id = %cell.run_id, error = %e, "could not register the fiber; retrying in 1 s");
+            Activation::Later(shared.now_ms().saturating_add(1_000))
+        }
+    }
+}
+
+/// What a run without a live fiber needs (`recovery::plan`). When a fiber is to run, `run`
+/// is changed into its registration — `Running`, attempt counted, a recovery counted and
+/// backed off — for the caller to write before any user code runs; otherwise `run` is left
+/// as it was and the decision comes back as the error.
+pub(crate) fn register(shared: &Shared, run: &mut tables::RunRecord) -> Result<FiberMode, Activation> {
+    let mode = match recovery::plan(shared, run) {
+        Plan::Fresh => FiberMode::Fresh,
+        Plan::Recover(reason) => FiberMode::Recover(reason),
+        Plan::Later(at_ms) => return Err(Activation::Later(at_ms)),
+        Plan::Escalate(reason) => return Err(Activation::Escalate(reason)),
+        Plan::Nothing => return Err(Activation::Nothing),
+    };
     run.attempt = run.attempt.saturating_add(1);
     run.status = RunStatus::Running;
     run.wake_reason = None;
@@ -121,20 +151,21 @@ pub(crate) async fn decide(
         // Counted before the hook runs, so a hook that kills the process is counted too;
         // progress or an interruption the runtime causes gives it back.
         run.recover_attempts = run.recover_attempts.saturating_add(1);
-        run.next_recover_at_ms = now.saturating_add(recovery::backoff_ms(run.recover_attempts));
+        run.next_recover_at_ms = shared.now_ms().saturating_add(recovery::backoff_ms(run.recover_attempts));
     }
-    match shared.write_locked(locked, Batch::new()).await {
-        Ok(()) => {
-            cell.recovering.store(matches!(mode, FiberMode::Recover(_)), Ordering::SeqCst);
-            cell.attempt.store(locked.run.attempt, Ordering::SeqCst);
-            Activation::Start(Box::new(Registered { run: locked.run.clone(), mode, stash }))
-        }
-        Err(RuntimeError::ShuttingDown | RuntimeError::Evicted { .. }) => Activation::Nothing,
-        Err(e) => {
-            tracing::error!(run_id = %cell.run_id, error = %e, "could not register the fiber; retrying in 1 s");
-            Activation::Later(now.saturating_add(1_000))
-        }
-    }
+    Ok(mode)
+}
+
+/// A registration that is durable now, as the fiber to start.
+pub(crate) fn registered(
+    cell: &RunCell,
+    run: tables::RunRecord,
+    mode: FiberMode,
+    stash: Result<Option<Stored>, String>,
+) -> Activation {
+    cell.recovering.store(matches!(mode, FiberMode::Recover(_)), Ordering::SeqCst);
+    cell.attempt.store(run.attempt, Ordering::SeqCst);
+    Activation::Start(Box::new(Registered { run, mode, stash }))
 }
 
 fn spawn(shared: &Arc<Shared>, cell: &Arc<RunCell>, registered: Registered, since: Stopwatch) {

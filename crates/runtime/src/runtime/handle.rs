@@ -125,7 +125,7 @@ impl RuntimeBuilder {
             driver_wake: tokio::sync::Notify::new(),
             tracked: Mutex::new(Vec::new()),
             start_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
-            run_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
+            run_locks: (0..1024).map(|_| tokio::sync::Mutex::new(())).collect(),
             inbound_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
             opened: Stopwatch::start(),
             alarm_runtime_failures: std::sync::atomic::AtomicU32::new(0),
@@ -442,7 +442,9 @@ impl Runtime {
                 if let Some(fiber) = live.cell.fiber.lock().take() {
                     fiber.abort();
                 }
-                let _ = live.actor.kill_and_wait(None).await;
+                if let Some(actor) = live.mailbox.close().await {
+                    let _ = actor.kill_and_wait(None).await;
+                }
                 // A deploy is an interruption the runtime chose: a recovery it cut short is
                 // not a failed one (§3.6).
                 idle::give_back_recovery(&self.shared, &live.cell, None).await;

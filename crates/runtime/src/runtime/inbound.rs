@@ -7,9 +7,18 @@ use serde::{Serialize, de::DeserializeOwned};
 
 use super::handle::Runtime;
 use crate::{
-    agent::Agent, alarm, alarm::AlarmSpec, approval, approval::ApproveOutcome, error::RuntimeError,
-    eviction::keep_alive::KeepAlive, json, kernel::inbox::RunMsg, kernel::registry::LiveRun, limits, pause,
-    run::actor::activate,
+    agent::Agent,
+    alarm,
+    alarm::AlarmSpec,
+    approval,
+    approval::ApproveOutcome,
+    error::RuntimeError,
+    eviction::keep_alive::KeepAlive,
+    json,
+    kernel::inbox::RunMsg,
+    kernel::registry::LiveRun,
+    limits, pause,
+    run::actor::{activate, actor_of},
 };
 
 /// What operators hold now ([`Runtime::paused`]).
@@ -73,7 +82,7 @@ impl Runtime {
     pub async fn send_json(&self, run_id: &str, message_json: &str) -> Result<(), RuntimeError> {
         let live = self.inbound(run_id, message_json).await?;
         let json = message_json.to_string();
-        match live.actor.call(|reply| RunMsg::Message { json, reply }, None).await {
+        match actor_of(&self.shared, &live).await?.call(|reply| RunMsg::Message { json, reply }, None).await {
             Ok(CallResult::Success(result)) => Ok(result?),
             _ => {
                 Err(RuntimeError::Agent(crate::error::AgentError::Runtime("the run's actor stopped".into())))
@@ -96,7 +105,7 @@ impl Runtime {
     pub async fn request_json(&self, run_id: &str, message_json: &str) -> Result<String, RuntimeError> {
         let live = self.inbound(run_id, message_json).await?;
         let json = message_json.to_string();
-        match live.actor.call(|reply| RunMsg::Request { json, reply }, None).await {
+        match actor_of(&self.shared, &live).await?.call(|reply| RunMsg::Request { json, reply }, None).await {
             Ok(CallResult::Success(result)) => Ok(result?),
             _ => {
                 Err(RuntimeError::Agent(crate::error::AgentError::Runtime("the run's actor stopped".into())))
