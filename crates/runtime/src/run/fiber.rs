@@ -51,11 +51,11 @@ pub(crate) async fn on_activate(
         Some(decided) => decided,
         None => decide_now(shared, cell).await,
     };
-    if let Some(Activation::Escalate(reason)) = begin(shared, cell, since, decided) {
-        if let Err(e) = escalate(shared, &cell.run_id, &reason, Batch::new()).await {
-            tracing::error!(run_id = %cell.run_id, error = %e, "could not escalate; retrying in 1 s");
-            shared.wake_at(shared.now_ms().saturating_add(1_000), &cell.run_id);
-        }
+    if let Some(Activation::Escalate(reason)) = begin(shared, cell, since, decided)
+        && let Err(e) = escalate(shared, &cell.run_id, &reason, Batch::new()).await
+    {
+        tracing::error!(run_id = %cell.run_id, error = %e, "could not escalate; retrying in 1 s");
+        shared.wake_at(shared.now_ms().saturating_add(1_000), &cell.run_id);
     }
 }
 
