@@ -237,7 +237,12 @@ async fn park(raw: &mut RawCtx, name: &str, timeout_at_ms: Option<u64>) -> Resul
             if let Some(alarm) = &alarm {
                 alarm::stage(batch, alarm)?;
             }
-            run.status = RunStatus::WaitingEvent { name: name.to_string() };
+            // An event sent since the fiber looked is already buffered, its send saw a
+            // running run and woke nothing: parked, the run would wait for it forever after a
+            // crash. It stays `Running`, and the fiber takes the event next.
+            if oldest(&shared, &run_id, name)?.is_none() {
+                run.status = RunStatus::WaitingEvent { name: name.to_string() };
+            }
             run.recover_attempts = 0;
             run.next_recover_at_ms = 0;
             Ok(true)

@@ -19,9 +19,16 @@ use crate::{
 /// Before an effect and before a fiber's first step: waits, parked and `Paused`, while the
 /// run or its kind is paused.
 pub(crate) async fn gate(raw: &RawCtx) -> Result<(), AgentError> {
+    let Some(reason) = raw.shared.pause_reason(&raw.cell.kind, &raw.cell.run_id) else { return Ok(()) };
+    // Boxed: the hold is rare, and inline its state would be reserved in every fiber's and
+    // every effect's future.
+    Box::pin(hold(raw, reason)).await
+}
+
+/// Holds the run, `Paused`, until its pause is lifted.
+async fn hold(raw: &RawCtx, reason: String) -> Result<(), AgentError> {
     let shared = &raw.shared;
     let (run_id, kind) = (raw.cell.run_id.as_str(), raw.cell.kind.as_str());
-    let Some(reason) = shared.pause_reason(kind, run_id) else { return Ok(()) };
     let paused = RunStatus::Paused { reason: reason.clone() };
     shared
         .update_run_from(&raw.cell, |run, _| match run.status {

@@ -241,7 +241,14 @@ impl Shared {
 
     /// Writes a run record (and whatever else is in `batch`) as one sync boundary.
     pub async fn commit_run(&self, run: &tables::RunRecord, mut batch: Batch) -> Result<(), RuntimeError> {
-        stage_run(run, &mut batch)?;
+        let key = tables::RUNS.key(&[run.run_id.as_bytes()]);
+        batch.put(tables::RUNS, key, run)?;
+        let open_key = tables::OPEN_RUNS.key(&[run.run_id.as_bytes()]);
+        if run.status.is_terminal() {
+            batch.delete(open_key);
+        } else {
+            batch.put(tables::OPEN_RUNS, open_key, &())?;
+        }
         self.store.commit(batch, Durability::Sync).await?;
         self.status_changed();
         Ok(())
@@ -355,12 +362,14 @@ impl Shared {
             committed?;
             return Ok(());
         }
-        self.update_run_from(cell, |run, b| {
+        // Boxed: once per recovery, and inline its state would be reserved in every
+        // boundary's future.
+        Box::pin(self.update_run_from(cell, |run, b| {
             run.recover_attempts = 0;
             run.next_recover_at_ms = 0;
             b.extend(batch);
             Ok(true)
-        })
+        }))
         .await?;
         cell.recovering.store(false, Ordering::SeqCst);
         Ok(())
@@ -485,16 +494,4 @@ pub(crate) trait ErasedAgent: Send + Sync + 'static {
     fn on_request(&self, ctx: RawCtx, message_json: String) -> BoxFuture<Result<String, AgentError>>;
     fn on_alarm_exhausted(&self, ctx: RawCtx, alarm: &AlarmEvent) -> ExhaustedAction;
     fn on_escalate(&self, ctx: RawCtx, reason: String) -> BoxFuture<()>;
-}
-
-/// Adds a run record, and its place in the open-run index, to `batch`.
-pub(crate) fn stage_run(run: &tables::RunRecord, batch: &mut Batch) -> Result<(), RuntimeError> {
-    batch.put(tables::RUNS, tables::RUNS.key(&[run.run_id.as_bytes()]), run)?;
-    let open_key = tables::OPEN_RUNS.key(&[run.run_id.as_bytes()]);
-    if run.status.is_terminal() {
-        batch.delete(open_key);
-    } else {
-        batch.put(tables::OPEN_RUNS, open_key, &())?;
-    }
-    Ok(())
 }

@@ -27,7 +27,7 @@ use crate::{
     kernel::busy::BusyGuard,
     kernel::cell::RunCell,
     kernel::inbox::{Activation, FiberMode, Registered},
-    kernel::shared::{LockedRun, RawCtx, RawRecovered, Shared},
+    kernel::shared::{BoxFuture, LockedRun, RawCtx, RawRecovered, Shared},
     kernel::stash_record::Stored,
     limits,
     metrics::Metrics,
@@ -69,7 +69,7 @@ pub(crate) fn begin(
     decided: Activation,
 ) -> Option<Activation> {
     match decided {
-        Activation::Start(registered) => spawn(shared, cell, *registered, since),
+        Activation::Start(registered) => spawn(shared, cell, registered, since),
         Activation::Later(at_ms) => shared.wake_at(at_ms, &cell.run_id),
         Activation::Nothing => {}
         escalate @ Activation::Escalate(_) => return Some(escalate),
@@ -168,7 +168,7 @@ pub(crate) fn registered(
     Activation::Start(Box::new(Registered { run, mode, stash }))
 }
 
-fn spawn(shared: &Arc<Shared>, cell: &Arc<RunCell>, registered: Registered, since: Stopwatch) {
+fn spawn(shared: &Arc<Shared>, cell: &Arc<RunCell>, registered: Box<Registered>, since: Stopwatch) {
     // The slot stays locked until it holds the task, so the task's own clearing (its last
     // step) can never run before the slot is filled.
     let mut slot = cell.fiber.lock();
@@ -180,7 +180,7 @@ fn spawn(shared: &Arc<Shared>, cell: &Arc<RunCell>, registered: Registered, sinc
 async fn drive(
     shared: Arc<Shared>,
     cell: Arc<RunCell>,
-    registered: Registered,
+    registered: Box<Registered>,
     since: Stopwatch,
     busy: BusyGuard,
 ) {
@@ -188,7 +188,9 @@ async fn drive(
     async move {
         let mode = registered.mode;
         let result = call_agent(&shared, &cell, registered, since).await;
-        let retry_at = match finish(&shared, &cell, mode, result).await {
+        // Boxed: a fiber spends its life in `call_agent`, and the end's larger state would
+        // otherwise be reserved in every waiting fiber's task.
+        let retry_at = match Box::pin(finish(&shared, &cell, mode, result)).await {
             Ok(retry_at) => retry_at,
             Err(e) => {
                 tracing::error!(error = %e, "could not write the fiber's end; it will be recovered");
@@ -221,27 +223,37 @@ type FiberResult = Result<Result<String, AgentError>, String>;
 async fn call_agent(
     shared: &Arc<Shared>,
     cell: &Arc<RunCell>,
-    registered: Registered,
+    registered: Box<Registered>,
     since: Stopwatch,
 ) -> FiberResult {
-    let Registered { run, mode, stash } = registered;
-    let agent = match shared.agent(&run.kind) {
-        Ok(agent) => agent,
-        Err(e) => return Ok(Err(AgentError::escalate(e.to_string()))),
-    };
-    let mut raw = RawCtx::new(shared.clone(), cell.clone(), run.attempt);
+    let mut raw = RawCtx::new(shared.clone(), cell.clone(), registered.run.attempt);
     raw.in_fiber = true;
     // An operator's pause holds a run before its fiber's first step.
     if let Err(e) = crate::pause::gate(&raw).await {
         return Ok(Err(e));
     }
-    let future = match mode {
+    let future = match enter(shared, raw, *registered, since) {
+        Ok(future) => future,
+        Err(e) => return Ok(Err(e)),
+    };
+    AssertUnwindSafe(future).catch_unwind().await.map_err(panic_text)
+}
+
+/// The agent's future for a registered fiber: `run_fiber`, or `on_fiber_recovered` with the
+/// stash. Not async, so that nothing of the registration stays in the fiber's task while
+/// the agent's code runs.
+fn enter(
+    shared: &Arc<Shared>,
+    raw: RawCtx,
+    registered: Registered,
+    since: Stopwatch,
+) -> Result<BoxFuture<Result<String, AgentError>>, AgentError> {
+    let Registered { run, mode, stash } = registered;
+    let agent = shared.agent(&run.kind).map_err(|e| AgentError::escalate(e.to_string()))?;
+    Ok(match mode {
         FiberMode::Fresh => agent.run_fiber(raw, run.input_json),
         FiberMode::Recover(reason) => {
-            let stash = match stash {
-                Ok(stash) => stash,
-                Err(e) => return Ok(Err(AgentError::escalate(format!("corrupt: {e}")))),
-            };
+            let stash = stash.map_err(|e| AgentError::escalate(format!("corrupt: {e}")))?;
             Metrics::bump(&shared.metrics.recoveries);
             shared.metrics.recover_latency.record_us(since.elapsed_us());
             shared.event(&run.run_id, "recovered", format!("reason {reason:?}, attempt {}", run.attempt));
@@ -258,8 +270,7 @@ async fn call_agent(
                 },
             )
         }
-    };
-    AssertUnwindSafe(future).catch_unwind().await.map_err(panic_text)
+    })
 }
 
 /// The fiber's end as one boundary: final stash (exit mode), status, alarms removed. Returns

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use durafiber_store::{
     Batch, Durability,
-    tables::{RunRecord, RunStatus, WakeReason},
+    tables::{self, RunRecord, RunStatus, WakeReason},
 };
 
 use crate::{
@@ -15,7 +15,7 @@ use crate::{
     hooks::RecoveryReason,
     kernel::inbox::{Activation, FiberMode},
     kernel::registry::LiveRun,
-    kernel::shared::{Shared, stage_run},
+    kernel::shared::Shared,
     limits,
     run::{actor, fiber},
 };
@@ -179,8 +179,10 @@ async fn reactivate_batch(shared: &Arc<Shared>, run_ids: Vec<String>) -> Result<
         match fiber::register(shared, &mut run) {
             Ok(mode) => {
                 run.updated_at_ms = shared.now_ms();
-                match stage_run(&run, &mut writes) {
-                    Ok(()) => registered.push((run, mode)),
+                // Only the record: the run stays in the open-run index it was found in.
+                let key = tables::RUNS.key(&[run.run_id.as_bytes()]);
+                match writes.put(tables::RUNS, key, &run) {
+                    Ok(_) => registered.push((run, mode)),
                     Err(_) => alone.push(run_id),
                 }
             }
