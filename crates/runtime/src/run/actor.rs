@@ -9,8 +9,8 @@
 //!
 //! The actor handles one inbound event at a time; its state is the run's cell. The fiber is
 //! a task of its own (`fiber.rs`), so messages and alarms are handled while it awaits; the
-//! eviction that kills the actor aborts that task. Before: `start`, an alarm, a decision, an event or a recovery asks for a run.
-//! After: `fiber.rs`, `alarm_delivery.rs`.
+//! eviction that kills the actor aborts that task. Before: `start`, an alarm, a decision,
+//! an event or a recovery asks for a run. After: `fiber.rs`, `alarm_delivery.rs`.
 
 use std::{panic::AssertUnwindSafe, sync::Arc};
 

@@ -13,7 +13,7 @@ use crate::{
     clock::Stopwatch,
     error::RuntimeError,
     hooks::RecoveryReason,
-    kernel::inbox::{Activation, FiberMode},
+    kernel::inbox::Activation,
     kernel::registry::LiveRun,
     kernel::shared::Shared,
     limits,
@@ -132,8 +132,9 @@ fn joined(
 /// under the runs' transition and record locks, and every fiber's registration in one
 /// boundary — the same writes, decisions and order as one activation each (`actor.rs`), at
 /// the cost of one barrier for the batch. A run that needs more (an escalation, a pause
-/// lifted by a resume the process died in) is re-entered alone after the batch. Returns how
-/// many runs were found interrupted.
+/// lifted by a resume the process died in) is re-entered alone after the batch. Each run of
+/// the batch is made live as a cold start would: its cell, its fiber, then its place in the
+/// registry. Returns how many runs were found interrupted.
 async fn reactivate_batch(shared: &Arc<Shared>, run_ids: Vec<String>) -> Result<usize, RuntimeError> {
     if shared.passive {
         return Ok(0);
@@ -158,7 +159,6 @@ async fn reactivate_batch(shared: &Arc<Shared>, run_ids: Vec<String>) -> Result<
     for run_id in run_ids {
         let mut run = match shared.load_run(&run_id) {
             Ok(run) => run,
-            Err(RuntimeError::UnknownRun { .. }) => continue,
             Err(e) => {
                 tracing::error!(run_id, error = %e, "run record unreadable; the run cannot continue");
                 shared.event(&run_id, "corrupt", e.to_string());
@@ -179,11 +179,15 @@ async fn reactivate_batch(shared: &Arc<Shared>, run_ids: Vec<String>) -> Result<
         match fiber::register(shared, &mut run) {
             Ok(mode) => {
                 run.updated_at_ms = shared.now_ms();
-                // Only the record: the run stays in the open-run index it was found in.
+                let stash = fiber::read_stash(shared, &run_id);
+                // Only the record: the run stays in the open-run index it was found in. A
+                // run whose cell cannot be built is left for the single activation to report.
                 let key = tables::RUNS.key(&[run.run_id.as_bytes()]);
-                match writes.put(tables::RUNS, key, &run) {
-                    Ok(_) => registered.push((run, mode)),
-                    Err(_) => alone.push(run_id),
+                match actor::new_cell(shared, &run, &stash) {
+                    Ok(cell) if writes.put(tables::RUNS, key, &run).is_ok() => {
+                        registered.push((run, mode, cell, stash))
+                    }
+                    _ => alone.push(run_id),
                 }
             }
             Err(Activation::Later(at_ms)) => shared.wake_at(at_ms, &run_id),
@@ -195,14 +199,19 @@ async fn reactivate_batch(shared: &Arc<Shared>, run_ids: Vec<String>) -> Result<
         match shared.store.commit(writes, Durability::Sync).await {
             Ok(()) => {
                 shared.status_changed();
-                for (run, mode) in registered {
-                    go_live(shared, run, mode, since, &watch).await;
+                for (run, mode, cell, stash) in registered {
+                    let live = LiveRun::new(cell);
+                    actor::activated(shared, &run, &watch);
+                    let run_id = run.run_id.clone();
+                    let decided = fiber::registered(&live.cell, run, mode, stash);
+                    actor::begin(shared, &live, since, decided).await;
+                    shared.registry.insert(&run_id, live);
                 }
             }
             Err(e) => {
                 tracing::error!(error = %e, runs = registered.len(), "could not register the fibers; retrying in 1 s");
                 let at_ms = shared.now_ms().saturating_add(1_000);
-                for (run, _) in registered {
+                for (run, ..) in registered {
                     shared.wake_at(at_ms, &run.run_id);
                 }
             }
@@ -217,27 +226,6 @@ async fn reactivate_batch(shared: &Arc<Shared>, run_ids: Vec<String>) -> Result<
         crate::pause::reenter(shared, &run_id).await?;
     }
     Ok(found)
-}
-
-/// A run whose registration is durable made live: its cell, its fiber, its place in the
-/// registry.
-async fn go_live(shared: &Arc<Shared>, run: RunRecord, mode: FiberMode, since: Stopwatch, watch: &Stopwatch) {
-    let stash = fiber::read_stash(shared, &run.run_id);
-    let cell = match actor::new_cell(shared, &run, &stash) {
-        Ok(cell) => cell,
-        Err(e) => {
-            // Registered, but its options do not read: the single activation reports it.
-            tracing::error!(run_id = %run.run_id, error = %e, "cannot activate the run");
-            shared.wake_at(shared.now_ms().saturating_add(1_000), &run.run_id);
-            return;
-        }
-    };
-    let live = LiveRun::new(cell);
-    actor::activated(shared, &run, watch);
-    let run_id = run.run_id.clone();
-    let decided = fiber::registered(&live.cell, run, mode, stash);
-    actor::begin(shared, &live, since, decided).await;
-    shared.registry.insert(&run_id, live);
 }
 
 #[cfg(test)]
