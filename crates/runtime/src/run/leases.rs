@@ -19,7 +19,7 @@ use std::{
 
 use durafiber_store::{Leases, shard};
 
-use crate::{error::RuntimeError, eviction::idle, kernel::shared::Shared, run::recovery};
+use crate::{error::RuntimeError, eviction::idle, kernel::shared::Shared, run::rescan};
 
 fn leases(shared: &Shared) -> Option<&dyn Leases> {
     shared.store.backend().leases()
@@ -163,7 +163,7 @@ async fn take_up(shared: &Arc<Shared>, gained: &[u32]) {
     let gained: HashSet<u32> = gained.iter().copied().collect();
     let keep =
         |run_id: &str| gained.contains(&shard::of_run(run_id)) && shared.registry.get(run_id).is_none();
-    match recovery::reactivate_interrupted(shared, &keep).await {
+    match rescan::reactivate_interrupted(shared, &keep).await {
         Ok(n) => tracing::info!(runs = n, "runs of the shards gained re-activated"),
         Err(e) => tracing::error!(error = %e, "could not scan the shards gained; the next tick does"),
     }
@@ -177,7 +177,7 @@ async fn adopt(shared: &Arc<Shared>) {
     let keep = |run_id: &str| {
         shared.ownership.owns(run_id) && shared.registry.get(run_id).is_none() && !woken.contains(run_id)
     };
-    if let Err(e) = recovery::reactivate_interrupted(shared, &keep).await {
+    if let Err(e) = rescan::reactivate_interrupted(shared, &keep).await {
         tracing::warn!(error = %e, "could not look for runs to adopt");
     }
 }

@@ -1,5 +1,6 @@
 //! Runs: accepting them durably ([`start`]), activating them and their actor ([`actor`],
-//! the only code that spawns one), their fibers ([`fiber`]), recovery ([`recovery`]), alarm
+//! the only code that spawns one), their fibers ([`fiber`]), recovery ([`recovery`]) and the
+//! scan that finds interrupted runs ([`rescan`]), alarm
 //! delivery ([`alarm_delivery`]), the loop that moves them on time ([`driver`]), the
 //! liveness rule checked ([`liveness`]), and a node's shards on a shared store ([`leases`]).
 
@@ -10,4 +11,5 @@ pub(crate) mod fiber;
 pub(crate) mod leases;
 pub(crate) mod liveness;
 pub(crate) mod recovery;
+pub(crate) mod rescan;
 pub(crate) mod start;

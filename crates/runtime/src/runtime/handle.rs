@@ -33,7 +33,7 @@ use crate::{
     run::driver::{drive_system_clock, next_deadline, tick},
     run::leases,
     run::liveness,
-    run::recovery,
+    run::rescan,
     run::start::{self, StartOutcome},
     secret::Secrets,
     typed::Typed,
@@ -151,7 +151,7 @@ impl RuntimeBuilder {
         // this node's.
         leases::join(&shared, &self.advertise)?;
         shared.refill_alarms()?;
-        let interrupted = recovery::scan_and_reactivate(&shared).await?;
+        let interrupted = rescan::scan_and_reactivate(&shared).await?;
         if shared_store {
             tokio::spawn(leases::hold(shared.clone(), self.advertise));
         }

@@ -1,0 +1,170 @@
+//! The scan that finds interrupted runs — at start-up, and on a shared store when a node
+//! takes shards — and re-enters them in batches whose registrations share one write. What
+//! each run needs is `recovery::plan`'s decision, made in `fiber::register`.
+
+use std::sync::Arc;
+
+use durafiber_store::{
+    Batch, Durability,
+    tables::{self, RunStatus},
+};
+
+use crate::{
+    clock::Stopwatch,
+    error::RuntimeError,
+    kernel::inbox::Activation,
+    kernel::registry::LiveRun,
+    kernel::shared::Shared,
+    limits,
+    run::{actor, fiber},
+};
+
+/// Finds every interrupted run and re-activates it. Returns how many were found.
+pub(crate) async fn scan_and_reactivate(shared: &Arc<Shared>) -> Result<usize, RuntimeError> {
+    reactivate_interrupted(shared, &|run_id| shared.ownership.owns(run_id)).await
+}
+
+/// Re-activates the interrupted runs among those `keep` accepts: every one at start-up, the
+/// runs of shards a node just acquired, or runs another node accepted into its shards and
+/// has not seen live. The open-run index is read a page at a time and re-activated in
+/// batches of `RECOVERY_BATCH_MAX`, up to `RECOVERY_ACTIVATIONS_MAX` runs side by side.
+pub(crate) async fn reactivate_interrupted(
+    shared: &Arc<Shared>,
+    keep: &(dyn Fn(&str) -> bool + Sync),
+) -> Result<usize, RuntimeError> {
+    let mut after: Option<Vec<u8>> = None;
+    let mut found = 0;
+    let mut batches = tokio::task::JoinSet::new();
+    let in_flight_max = (limits::RECOVERY_ACTIVATIONS_MAX / limits::RECOVERY_BATCH_MAX).max(1);
+    loop {
+        let (ids, next) = shared.open_runs_page(after.as_deref())?;
+        let ids: Vec<String> = ids.into_iter().filter(|id| keep(id)).collect();
+        for batch in ids.chunks(limits::RECOVERY_BATCH_MAX) {
+            if batches.len() >= in_flight_max {
+                found += joined(batches.join_next().await)?;
+            }
+            let (shared, batch) = (shared.clone(), batch.to_vec());
+            batches.spawn(async move { reactivate_batch(&shared, batch).await });
+        }
+        match next {
+            Some(last) => after = Some(last),
+            None => break,
+        }
+    }
+    while let Some(done) = batches.join_next().await {
+        found += joined(Some(done))?;
+    }
+    Ok(found)
+}
+
+fn joined(
+    done: Option<Result<Result<usize, RuntimeError>, tokio::task::JoinError>>,
+) -> Result<usize, RuntimeError> {
+    match done {
+        Some(Ok(found)) => found,
+        Some(Err(e)) => {
+            Err(RuntimeError::Agent(crate::error::AgentError::Runtime(format!("recovery task: {e}"))))
+        }
+        None => Ok(0),
+    }
+}
+
+/// Re-activates the interrupted runs among `run_ids` together: one read of each record,
+/// under the runs' transition and record locks, and every fiber's registration in one
+/// boundary — the same writes, decisions and order as one activation each (`actor.rs`), at
+/// the cost of one barrier for the batch. A run that needs more (an escalation, a pause
+/// lifted by a resume the process died in) is re-entered alone after the batch. Each run of
+/// the batch is made live as a cold start would: its cell, its fiber, then its place in the
+/// registry. Returns how many runs were found interrupted.
+async fn reactivate_batch(shared: &Arc<Shared>, run_ids: Vec<String>) -> Result<usize, RuntimeError> {
+    if shared.passive {
+        return Ok(0);
+    }
+    let Ok(_activating) = shared.activating() else { return Ok(0) };
+    // Virtual time waits for the registration write.
+    let _busy = shared.busy();
+    let since = shared.opened;
+    let watch = Stopwatch::start();
+    let transitions = shared.registry.transitions(&run_ids).await;
+    // A run already live was activated by an event meanwhile; its actor re-enters it.
+    let run_ids: Vec<String> = run_ids
+        .into_iter()
+        .filter(|id| shared.registry.get(id).is_none() && shared.ownership.owns(id))
+        .collect();
+    let Ok(locks) = shared.lock_runs(&run_ids).await else { return Ok(0) };
+    let mut found = 0;
+    let mut writes = Batch::new();
+    let mut registered = Vec::new();
+    let mut alone = Vec::new();
+    let mut lifted = Vec::new();
+    for run_id in run_ids {
+        let mut run = match shared.load_run(&run_id) {
+            Ok(run) => run,
+            Err(e) => {
+                tracing::error!(run_id, error = %e, "run record unreadable; the run cannot continue");
+                shared.event(&run_id, "corrupt", e.to_string());
+                continue;
+            }
+        };
+        match run.status {
+            RunStatus::Accepted | RunStatus::Running => found += 1,
+            // Paused, but its pause was lifted by a resume the process died in: no run is
+            // left behind.
+            RunStatus::Paused { .. } if shared.pause_reason(&run.kind, &run.run_id).is_none() => {
+                found += 1;
+                lifted.push(run_id);
+                continue;
+            }
+            _ => continue,
+        }
+        match fiber::register(shared, &mut run) {
+            Ok(mode) => {
+                run.updated_at_ms = shared.now_ms();
+                let stash = fiber::read_stash(shared, &run_id);
+                // Only the record: the run stays in the open-run index it was found in. A
+                // run whose cell cannot be built is left for the single activation to report.
+                let key = tables::RUNS.key(&[run.run_id.as_bytes()]);
+                match actor::new_cell(shared, &run, &stash) {
+                    Ok(cell) if writes.put(tables::RUNS, key, &run).is_ok() => {
+                        registered.push((run, mode, cell, stash))
+                    }
+                    _ => alone.push(run_id),
+                }
+            }
+            Err(Activation::Later(at_ms)) => shared.wake_at(at_ms, &run_id),
+            Err(Activation::Nothing) => {}
+            Err(_) => alone.push(run_id),
+        }
+    }
+    if !registered.is_empty() {
+        match shared.store.commit(writes, Durability::Sync).await {
+            Ok(()) => {
+                shared.status_changed();
+                for (run, mode, cell, stash) in registered {
+                    let live = LiveRun::new(cell);
+                    actor::activated(shared, &run, &watch);
+                    let run_id = run.run_id.clone();
+                    let decided = fiber::registered(&live.cell, run, mode, stash);
+                    actor::begin(shared, &live, since, decided).await;
+                    shared.registry.insert(&run_id, live);
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, runs = registered.len(), "could not register the fibers; retrying in 1 s");
+                let at_ms = shared.now_ms().saturating_add(1_000);
+                for (run, ..) in registered {
+                    shared.wake_at(at_ms, &run.run_id);
+                }
+            }
+        }
+    }
+    drop(locks);
+    drop(transitions);
+    for run_id in alone {
+        shared.reactivate_since(&run_id, since).await;
+    }
+    for run_id in lifted {
+        crate::pause::reenter(shared, &run_id).await?;
+    }
+    Ok(found)
+}
