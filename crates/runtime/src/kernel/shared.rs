@@ -285,8 +285,8 @@ impl Shared {
     }
 
     /// Locks the records of `run_ids` until the guards are dropped: [`Shared::lock_run`] for
-    /// many runs at once, without the reads. Stripes are taken in order, each
-    /// once, so two callers never wait on each other in a circle.
+    /// many runs at once, without the reads. Stripes are taken in order, each once, so two
+    /// callers never wait on each other in a circle.
     pub async fn lock_runs(
         &self,
         run_ids: &[String],
