@@ -6,8 +6,9 @@
 //!   (crash hooks and internal views as extension traits); `typed`: an agent's typed hooks
 //!   behind the kernel's erased interface.
 //! - `run/`: `start` (durable accept), `actor` (activation, the only code that spawns an
-//!   actor, and the actor), `fiber` (decision, registration and end), `recovery`,
-//!   `alarm_delivery`, `driver` (the loop that moves runs on time), `liveness` (the rule,
+//!   actor — at a run's first inbound event — and the actor), `fiber` (decision,
+//!   registration and end), `recovery` (the plan), `rescan` (interrupted runs re-entered in
+//!   batches), `alarm_delivery`, `driver` (the loop that moves runs on time), `liveness` (the rule,
 //!   checked).
 //! - [`agent`]: the trait users implement and the [`Ctx`] its hooks are handed.
 //! - features: `approval`, `event`, `sleep`, `effect`, `stash`, `escalation`, `storage`,

@@ -118,9 +118,9 @@ pub(crate) async fn begin(shared: &Arc<Shared>, live: &LiveRun, since: Stopwatch
     }
 }
 
-/// Activates `run_id` (a cold start when it has no actor). A cold start also has the new
-/// actor start or recover the fiber, whatever event caused it: an alarm, a message, a
-/// decision or a keep-alive finds an interrupted run and re-enters it (§3.4).
+/// Activates `run_id` (a cold start when it is not live). A cold start also starts or
+/// recovers the fiber, whatever event caused it: an alarm, a message, a decision or a
+/// keep-alive finds an interrupted run and re-enters it (§3.4).
 pub(crate) async fn activate(shared: &Arc<Shared>, run_id: &str) -> Result<LiveRun, RuntimeError> {
     let (live, _cold) = live_or_spawn(shared, run_id, Stopwatch::start()).await?;
     Ok(live)
@@ -158,7 +158,8 @@ async fn send_activate(
     }
 }
 
-/// Activates `run_id` and lets its actor start or recover the fiber.
+/// Activates `run_id` and starts or recovers its fiber: at a cold start itself, for a live
+/// run through its actor.
 pub(crate) async fn reactivate(shared: &Arc<Shared>, run_id: &str) {
     reactivate_since(shared, run_id, Stopwatch::start()).await
 }

@@ -1,8 +1,8 @@
 //! Runs: accepting them durably ([`start`]), activating them and their actor ([`actor`],
 //! the only code that spawns one), their fibers ([`fiber`]), recovery ([`recovery`]) and the
-//! scan that finds interrupted runs ([`rescan`]), alarm
-//! delivery ([`alarm_delivery`]), the loop that moves them on time ([`driver`]), the
-//! liveness rule checked ([`liveness`]), and a node's shards on a shared store ([`leases`]).
+//! scan that finds interrupted runs ([`rescan`]), alarm delivery ([`alarm_delivery`]), the
+//! loop that moves them on time ([`driver`]), the liveness rule checked ([`liveness`]), and
+//! a node's shards on a shared store ([`leases`]).
 
 pub(crate) mod actor;
 pub(crate) mod alarm_delivery;
