@@ -140,12 +140,12 @@ impl Engine {
         Ok(())
     }
 
-    /// Puts into sled the records it lacks: those after its LSN, in order, as one
-    /// checkpoint. Returns the highest LSN the log holds (new records number on from it),
-    /// and what was lost when the records after sled's LSN do not follow on from it — sled
-    /// went back past a checkpoint, or the log was damaged: then only the records that do
-    /// follow on are applied, since the rest would land on an older state than theirs.
-    pub fn replay(&self, records: &[Record]) -> Result<(u64, Option<Rollback>), StoreError> {
+    /// What sled lacks of `records`: those after its LSN, in order, as one table, with
+    /// the highest LSN the log holds (new records number on from it), and what was lost
+    /// when the records after sled's LSN do not follow on from it — sled went back past a
+    /// checkpoint, or the log was damaged: then only the records that do follow on are
+    /// taken, since the rest would land on an older state than theirs.
+    pub fn replay(&self, records: &[Record]) -> Result<Replay, StoreError> {
         let held = self.stored_lsn()?;
         let highest = records.iter().map(|r| r.lsn).max().unwrap_or(0).max(held);
         let mut table = Table::new();
@@ -160,11 +160,10 @@ impl Engine {
             }
         }
         if last > held {
-            self.persist(&table, last)?;
-            tracing::info!(records = last - held, "re-applied the write-ahead log's records sled lacked");
+            tracing::info!(records = last - held, "the write-ahead log holds records sled lacks");
         }
         if lost.is_empty() {
-            return Ok((highest, None));
+            return Ok(Replay { table, from: held + 1, last, highest, lost: None });
         }
         let mut runs: Vec<String> = lost
             .iter()
@@ -182,7 +181,29 @@ impl Engine {
             highest,
             "the write-ahead log's records after sled's last one do not follow on"
         );
-        Ok((highest, Some(Rollback { expected_seq: highest, found_seq: last, runs })))
+        let lost = Rollback { expected_seq: highest, found_seq: last, runs };
+        Ok(Replay { table, from: held + 1, last, highest, lost: Some(lost) })
+    }
+}
+
+/// The records sled lacks, as one checkpoint's table ([`Engine::replay`]).
+pub(crate) struct Replay {
+    /// Their writes, newest value per key.
+    pub table: Table,
+    /// The LSN of the first of them.
+    pub from: u64,
+    /// The LSN of the last of them; sled's own LSN when there are none.
+    pub last: u64,
+    /// The highest LSN the log holds.
+    pub highest: u64,
+    /// The records that could not be taken, when some do not follow on.
+    pub lost: Option<Rollback>,
+}
+
+impl Replay {
+    /// Whether any record is to be re-applied.
+    pub fn is_empty(&self) -> bool {
+        self.last < self.from
     }
 }
 

@@ -265,22 +265,41 @@ impl SledBackend {
             sync_dir(dir)?;
         }
         let engine = Arc::new(Engine::new(db, dir, &sled_dir)?);
-        let (records, size) = Wal::read(dir)?;
-        let (last_lsn, lost_tail) = engine.replay(&records)?;
-        // Whatever an earlier process left unsynced is made durable before anyone reads it.
+        let log = Wal::read(dir)?;
+        let replay = engine.replay(&log.records)?;
+        // The records sled lacks are re-applied by the checkpoint thread, after the open,
+        // when they all lie in the log's newer half: the log is written in the other half
+        // meanwhile, and comes back to this one only once that checkpoint is complete.
+        // Otherwise, and whenever a record was lost, here and now.
+        let behind_open = match log.newer_half {
+            Some(half) if replay.lost.is_none() && log.size == Some(Wal::file_size(wal_bytes)) => {
+                (!replay.is_empty() && replay.from >= log.newer_from).then_some(half)
+            }
+            _ => None,
+        };
+        if behind_open.is_none() && !replay.is_empty() {
+            engine.persist(&replay.table, replay.last)?;
+        }
+        // Whatever an earlier process left unsynced is made durable before the log is
+        // written over and before anyone reads it.
         engine.make_durable()?;
         // A log whose records could not all be re-applied keeps its size, so it is not
         // written anew and the loss is found again at the next open.
-        let wal_bytes = if lost_tail.is_some() { size.unwrap_or(wal_bytes) } else { wal_bytes };
-        let wal = Wal::open(dir, wal_bytes)?;
+        let wal_bytes = if replay.lost.is_some() { log.size.unwrap_or(wal_bytes) } else { wal_bytes };
+        let wal = Wal::open(dir, wal_bytes, behind_open.map_or(0, |half| 1 - half))?;
         let overlay = Arc::new(RwLock::new(Overlay::default()));
         let checkpoints = Checkpointer::start(engine.clone(), overlay.clone())?;
+        if behind_open.is_some() {
+            let table = Arc::new(replay.table);
+            overlay.write().frozen = Some(table.clone());
+            checkpoints.hand_over(table, replay.last)?;
+        }
         Ok(SledBackend {
             engine,
             overlay,
-            log: Mutex::new(Logged { wal, last_lsn }),
+            log: Mutex::new(Logged { wal, last_lsn: replay.highest }),
             checkpoints,
-            lost_tail,
+            lost_tail: replay.lost,
             _lock: lock,
         })
     }
@@ -403,5 +422,58 @@ impl Backend for SledBackend {
 
     fn data_dir(&self) -> Option<PathBuf> {
         Some(self.engine.dir.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::Op;
+
+    fn put(batch: &mut Batch, i: u32) {
+        batch.ops.push(Op::Put { key: format!("k{i:06}").into_bytes(), value: vec![(i % 251) as u8; 40] });
+    }
+
+    fn value(backend: &SledBackend, i: u32) -> Option<Vec<u8>> {
+        backend.get(format!("k{i:06}").as_bytes()).expect("get")
+    }
+
+    /// Writes `from..to`, one batch each, each durable; nothing goes into sled by a close.
+    fn write(backend: &SledBackend, from: u32, to: u32) {
+        for i in from..to {
+            let mut batch = Batch::new();
+            put(&mut batch, i);
+            backend.apply(&batch).expect("apply");
+            backend.barrier().expect("barrier");
+        }
+    }
+
+    #[test]
+    fn records_sled_lacks_are_readable_at_once_and_reach_sled_behind_the_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let wal_bytes = wal::MIN_BYTES;
+        // Enough to fill both halves and come back to the first: its new records are not in
+        // sled when the backend goes away without a checkpoint.
+        let first = SledBackend::open_sized(dir.path(), wal_bytes).expect("open");
+        write(&first, 0, 2_000);
+        let held = first.engine.stored_lsn().expect("lsn");
+        assert!(held > 1_000 && held < 2_000, "the back half is not in sled: {held}");
+        assert_eq!(first.log.lock().wal.half(), 0);
+        drop(first);
+
+        // The reopened store re-applies them behind the open: readable now from memory...
+        let second = SledBackend::open_sized(dir.path(), wal_bytes).expect("reopen");
+        assert_eq!(second.log.lock().wal.half(), 1, "the half holding the records is kept");
+        assert!((0..2_000).all(|i| value(&second, i).is_some_and(|v| v == vec![(i % 251) as u8; 40])));
+        // ...and the log goes on in the other half, over records sled already has, until
+        // it has moved halves twice more, which waits for that checkpoint.
+        write(&second, 2_000, 4_000);
+        assert!(second.engine.stored_lsn().expect("lsn") >= 2_000);
+        drop(second);
+
+        let third = SledBackend::open_sized(dir.path(), wal_bytes).expect("reopen");
+        assert!((0..4_000).all(|i| value(&third, i).is_some()));
+        third.checkpoint().expect("checkpoint");
+        assert_eq!(third.engine.stored_lsn().expect("lsn"), 4_000);
     }
 }

@@ -185,11 +185,34 @@ fn read_half(bytes: &[u8]) -> Vec<Record> {
 /// The records of a whole log file, in LSN order: each half's, the older half first. Stale
 /// records (already in sled) are among them; the caller skips those by LSN.
 pub fn read_records(bytes: &[u8]) -> Vec<Record> {
+    read_log(bytes).records
+}
+
+/// What a log file holds.
+#[derive(Debug, Default)]
+pub struct Contents {
+    /// Its records in LSN order: the older half's, then the newer half's.
+    pub records: Vec<Record>,
+    /// The half the newest records are in (0 or 1), when any half holds a record.
+    pub newer_half: Option<u64>,
+    /// The first LSN of that half.
+    pub newer_from: u64,
+    /// The file's size; `None` when there is no log.
+    pub size: Option<u64>,
+}
+
+fn read_log(bytes: &[u8]) -> Contents {
     let middle = bytes.len() / 2;
-    let mut halves = [read_half(&bytes[..middle]), read_half(&bytes[middle..])];
-    halves.sort_by_key(|h| h.first().map_or(0, |r| r.lsn));
-    let [older, newer] = halves;
-    older.into_iter().chain(newer).collect()
+    let mut halves = [(0u64, read_half(&bytes[..middle])), (1u64, read_half(&bytes[middle..]))];
+    halves.sort_by_key(|(_, h)| h.first().map_or(0, |r| r.lsn));
+    let [(_, older), (newer_half, newer)] = halves;
+    let newer_from = newer.first().map(|r| r.lsn);
+    Contents {
+        newer_half: newer_from.map(|_| newer_half),
+        newer_from: newer_from.unwrap_or(0),
+        records: older.into_iter().chain(newer).collect(),
+        size: Some(bytes.len() as u64),
+    }
 }
 
 /// Writes a zeroed log file of `capacity` bytes in place of any other, durably.
@@ -212,23 +235,29 @@ fn create(dir: &Path, path: &Path, capacity: u64) -> Result<File, StoreError> {
 }
 
 impl Wal {
-    /// The records the log in `dir` holds (none when there is no log), for the caller to
+    /// What the log in `dir` holds (nothing when there is no log), for the caller to
     /// re-apply what sled lacks before it opens the log for writing.
-    pub fn read(dir: &Path) -> Result<(Vec<Record>, Option<u64>), StoreError> {
+    pub fn read(dir: &Path) -> Result<Contents, StoreError> {
         let path = dir.join(FILE);
         match std::fs::read(&path) {
-            Ok(bytes) => Ok((read_records(&bytes), Some(bytes.len() as u64))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Vec::new(), None)),
+            Ok(bytes) => Ok(read_log(&bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Contents::default()),
             Err(e) => Err(io(&path)(e)),
         }
     }
 
-    /// Opens the log in `dir` for writing, creating it when missing or of another size:
-    /// the caller has put every record it held into sled. Writing starts in half 0 under a
-    /// new generation.
-    pub fn open(dir: &Path, capacity: u64) -> Result<Wal, StoreError> {
+    /// The file's size for a log of `capacity` bytes.
+    pub fn file_size(capacity: u64) -> u64 {
+        capacity.max(MIN_BYTES) / 2 * 2
+    }
+
+    /// Opens the log in `dir` for writing, creating it when missing or of another size.
+    /// Writing starts in half `half` under a new generation: the caller has put every
+    /// record that half held into sled, and every record of the other half too unless the
+    /// file keeps its size (then the other half is written again only after a checkpoint).
+    pub fn open(dir: &Path, capacity: u64, half: u64) -> Result<Wal, StoreError> {
         let path = dir.join(FILE);
-        let capacity = capacity.max(MIN_BYTES) / 2 * 2;
+        let capacity = Wal::file_size(capacity);
         let size = std::fs::metadata(&path).map(|m| m.len()).ok();
         let file = if size == Some(capacity) {
             OpenOptions::new().read(true).write(true).open(&path).map_err(io(&path))?
@@ -239,7 +268,7 @@ impl Wal {
             file,
             path,
             half_bytes: capacity / 2,
-            half: 0,
+            half: half.min(1),
             generation: new_generation(),
             offset: 0,
             pending: Vec::new(),
@@ -280,6 +309,12 @@ impl Wal {
         Ok(())
     }
 
+    /// The half being written.
+    #[cfg(test)]
+    pub fn half(&self) -> u64 {
+        self.half
+    }
+
     /// Bytes of the log file.
     pub fn file_bytes(&self) -> u64 {
         2 * self.half_bytes
@@ -310,8 +345,8 @@ mod tests {
     #[test]
     fn records_round_trip_and_reading_stops_at_a_torn_one() {
         let dir = tempfile::tempdir().expect("tempdir");
-        assert!(Wal::read(dir.path()).expect("read").0.is_empty());
-        let mut wal = Wal::open(dir.path(), MIN_BYTES).expect("open");
+        assert!(Wal::read(dir.path()).expect("read").records.is_empty());
+        let mut wal = Wal::open(dir.path(), MIN_BYTES, 0).expect("open");
         for lsn in 1..=3 {
             assert_eq!(wal.append(lsn, &ops(lsn as u8)), Appended::Logged);
         }
@@ -331,7 +366,7 @@ mod tests {
     #[test]
     fn the_halves_are_read_in_lsn_order_and_a_rewritten_half_hides_its_stale_records() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut wal = Wal::open(dir.path(), MIN_BYTES).expect("open");
+        let mut wal = Wal::open(dir.path(), MIN_BYTES, 0).expect("open");
         let mut lsn = 0;
         // Fill half 0, then write three records into half 1.
         while wal.append(lsn + 1, &ops(1)) == Appended::Logged {
@@ -358,7 +393,7 @@ mod tests {
     #[test]
     fn a_record_larger_than_a_half_never_fits() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut wal = Wal::open(dir.path(), MIN_BYTES).expect("open");
+        let mut wal = Wal::open(dir.path(), MIN_BYTES, 0).expect("open");
         let big = [Op::Put { key: vec![b'w'], value: vec![0; 70_000] }];
         assert_eq!(wal.append(1, &big), Appended::Full);
         wal.switch();

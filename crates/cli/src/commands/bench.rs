@@ -102,6 +102,7 @@ async fn recover_child(data: &Path, mode: &str, runs: usize, pause_ms: u64) -> a
     let store = Store::open_dir(data, StoreConfig::default())?;
     let store_open_ms = process_start.elapsed().as_secs_f64() * 1000.0;
     let rt = Runtime::builder(store).agent(Steps::default()).open().await?;
+    let runtime_open_ms = process_start.elapsed().as_secs_f64() * 1000.0;
     if mode == "start" {
         let input = StepsInput { steps: 1_000_000, pause_ms };
         let mut tasks = Vec::new();
@@ -139,6 +140,7 @@ async fn recover_child(data: &Path, mode: &str, runs: usize, pause_ms: u64) -> a
     // the runs recovered last, and `timed_runs` says how many.
     let report = json!({
         "runs": runs, "pause_ms": pause_ms, "recovered": m.recoveries, "timed_runs": per_run.0.len(), "store_open_ms": (store_open_ms * 10.0).round() / 10.0,
+        "runtime_open_ms": runtime_open_ms.round(),
         "all_recovered_ms": all_recovered_ms.round(), "p50_ms": per_run.quantile(0.5), "p99_ms": per_run.quantile(0.99),
         "cold_start_p50_us": m.cold_start.p50_us, "cold_start_p99_us": m.cold_start.p99_us,
         "samples_ms": per_run.0,
