@@ -235,7 +235,9 @@ impl<A: Agent> Ctx<A> {
         }
         let text = json::canonical(value).map_err(AgentError::Serialization)?;
         budget::check(&self.raw)?;
-        stash::write(&mut self.raw, step, text, A::STASH_VERSION).await
+        // Boxed, as every durable call here is: its state lives while it runs, not in the
+        // agent's future for the whole of the fiber's life.
+        Box::pin(stash::write(&mut self.raw, step, text, A::STASH_VERSION)).await
     }
 
     /// Appends `chunk` to the run's durable output stream (model tokens, progress lines) and
@@ -280,7 +282,7 @@ impl<A: Agent> Ctx<A> {
     /// last stash must not emit again what its stream already holds: compare with
     /// [`Ctx::stream_len`].
     pub async fn emit_sync<T: Serialize + ?Sized>(&mut self, chunk: &T) -> Result<u64, AgentError> {
-        stream::emit_sync(&self.raw, chunk).await
+        Box::pin(stream::emit_sync(&self.raw, chunk)).await
     }
 
     /// Chunks in the run's output stream so far (the next one's sequence number): after a
@@ -328,7 +330,7 @@ impl<A: Agent> Ctx<A> {
             let answer = f(key, args);
             async move { answer.await.map_err(|e| EffectError::Retryable(e.to_string())) }
         };
-        effect::perform(&mut self.raw, effect_id, args, EffectOptions::default(), call).await
+        Box::pin(effect::perform(&mut self.raw, effect_id, args, EffectOptions::default(), call)).await
     }
 
     /// [`Ctx::effect`] with its own retry policy, and errors that say whether to retry:
@@ -373,7 +375,7 @@ impl<A: Agent> Ctx<A> {
         F: FnMut(String, Args) -> Fut + Send,
         Fut: Future<Output = Result<R, EffectError>> + Send,
     {
-        effect::perform(&mut self.raw, effect_id, args, options, f).await
+        Box::pin(effect::perform(&mut self.raw, effect_id, args, options, f)).await
     }
 
     /// Pauses for a human (§6): writes the pause bound to the payload's hash, then waits.
@@ -387,7 +389,7 @@ impl<A: Agent> Ctx<A> {
         let (payload_json, payload_hash) =
             self.raw.shared.redacted_with_hash(payload).map_err(AgentError::Serialization)?;
         budget::check(&self.raw)?;
-        approval::request(&mut self.raw, approval_id, payload_json, payload_hash).await
+        Box::pin(approval::request(&mut self.raw, approval_id, payload_json, payload_hash)).await
     }
 
     /// Sets (or replaces) the run's alarm called `name`.
@@ -457,13 +459,13 @@ impl<A: Agent> Ctx<A> {
     /// ```
     pub async fn sleep_for(&mut self, name: &str, d: Duration) -> Result<(), AgentError> {
         budget::check(&self.raw)?;
-        crate::sleep::sleep(&mut self.raw, name, crate::alarm::AlarmAt::In(d)).await
+        Box::pin(crate::sleep::sleep(&mut self.raw, name, crate::alarm::AlarmAt::In(d))).await
     }
 
     /// Sleeps durably under `name` until the clock reads `at_ms`; see [`Ctx::sleep_for`].
     pub async fn sleep_until(&mut self, name: &str, at_ms: u64) -> Result<(), AgentError> {
         budget::check(&self.raw)?;
-        crate::sleep::sleep(&mut self.raw, name, crate::alarm::AlarmAt::AtMs(at_ms)).await
+        Box::pin(crate::sleep::sleep(&mut self.raw, name, crate::alarm::AlarmAt::AtMs(at_ms))).await
     }
 
     /// Waits durably for the external event `name` (sent with `Runtime::send_event`): the run
@@ -493,7 +495,7 @@ impl<A: Agent> Ctx<A> {
         timeout: Option<Duration>,
     ) -> Result<Option<T>, AgentError> {
         budget::check(&self.raw)?;
-        match crate::event::wait(&mut self.raw, name, timeout).await? {
+        match Box::pin(crate::event::wait(&mut self.raw, name, timeout)).await? {
             Some(payload) => Ok(Some(json::parse(&payload).map_err(AgentError::Serialization)?)),
             None => Ok(None),
         }

@@ -65,7 +65,8 @@ pub const STORAGE_VALUE_BYTES_MAX: usize = 128 * 1024;
 pub const STORAGE_KEYS_MAX_DEFAULT: usize = 100_000;
 /// The most entries one storage `list` returns.
 pub const STORAGE_LIST_MAX: usize = 10_000;
-/// Lock stripes that serialize activation, hibernation and eviction per run.
+/// Lock stripes that serialize activation, hibernation and eviction per run, and as many
+/// that serialize the writes of a run record: recovery deals runs into lanes by stripe.
 pub const ACTIVATION_STRIPES: usize = 1024;
 /// Alarms the scheduler keeps in memory; the rest wait in the store's due index.
 pub const ALARM_WINDOW_MAX: usize = 4096;
@@ -101,9 +102,10 @@ pub const HTTP_HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::f
 /// Most connections the server holds open at once; more are closed on accept.
 pub const HTTP_CONNECTIONS_MAX: usize = 256;
 
-/// Interrupted runs re-activated side by side at start-up: enough for their registration
-/// writes to share group commits, few enough to bound the memory of a large recovery.
-pub const RECOVERY_ACTIVATIONS_MAX: usize = 1024;
+/// Interrupted runs re-activated side by side at start-up, in lanes of one batch each: enough
+/// lanes that some compute while others wait for their barrier, few enough to bound the
+/// memory of a large recovery (`bench recover`: 8 lanes beat 4 and 16 on two cores).
+pub const RECOVERY_ACTIVATIONS_MAX: usize = 2048;
 /// Interrupted runs re-activated as one batch, their registrations one write.
 pub const RECOVERY_BATCH_MAX: usize = 256;
 

@@ -16,6 +16,34 @@ use crate::{
 
 pub(crate) struct Typed<A: Agent>(pub Arc<A>, pub PhantomData<fn() -> A>);
 
+/// The typed recovery of a stored one: its stash decoded (upgraded from an older version if
+/// need be) and its input.
+fn recovered<A: Agent>(r: RawRecovered) -> Result<Recovered<A>, AgentError> {
+    let (stash, step, seq) = match &r.stash {
+        Some(stored) => (
+            Some(crate::stash::decode_versioned(stored, A::STASH_VERSION, A::upgrade_stash)?),
+            Some(stored.record.step.clone()),
+            stored.record.seq,
+        ),
+        None => (None, None, 0),
+    };
+    // Retrying cannot make an input decode: a human must look at once.
+    let input = json::parse(&r.input_json).map_err(|e| {
+        AgentError::escalate(format!("input: the stored input does not decode as this code's Input: {e}"))
+    })?;
+    Ok(Recovered::<A> {
+        run_id: r.run_id,
+        kind: r.kind,
+        stash,
+        step,
+        seq,
+        input,
+        attempt: r.attempt,
+        reason: r.reason,
+        created_at_ms: r.created_at_ms,
+    })
+}
+
 fn decode<T: DeserializeOwned>(what: &str, text: &str) -> Result<T, AgentError> {
     json::parse(text).map_err(|e| AgentError::Serialization(format!("{what}: {e}")))
 }
@@ -34,9 +62,14 @@ impl<A: Agent> ErasedAgent for Typed<A> {
     }
 
     fn run_fiber(&self, raw: RawCtx, input_json: String) -> BoxFuture<Result<String, AgentError>> {
+        // Decoded before the future is made: a fiber's future holds only what the agent's
+        // code needs, for as long as the fiber lives.
+        let input: A::Input = match decode("input", &input_json) {
+            Ok(input) => input,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
         let agent = self.0.clone();
         Box::pin(async move {
-            let input: A::Input = decode("input", &input_json)?;
             let mut ctx = Ctx::<A>::new(raw);
             let output = agent.run_fiber(&mut ctx, input).await?;
             encode("output", &output)
@@ -44,33 +77,12 @@ impl<A: Agent> ErasedAgent for Typed<A> {
     }
 
     fn recover(&self, raw: RawCtx, r: RawRecovered) -> BoxFuture<Result<String, AgentError>> {
+        let recovered = match recovered::<A>(r) {
+            Ok(recovered) => recovered,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
         let agent = self.0.clone();
         Box::pin(async move {
-            let (stash, step, seq) = match &r.stash {
-                Some(stored) => (
-                    Some(crate::stash::decode_versioned(stored, A::STASH_VERSION, A::upgrade_stash)?),
-                    Some(stored.record.step.clone()),
-                    stored.record.seq,
-                ),
-                None => (None, None, 0),
-            };
-            // Retrying cannot make an input decode: a human must look at once.
-            let input = json::parse(&r.input_json).map_err(|e| {
-                AgentError::escalate(format!(
-                    "input: the stored input does not decode as this code's Input: {e}"
-                ))
-            })?;
-            let recovered = Recovered::<A> {
-                run_id: r.run_id,
-                kind: r.kind,
-                stash,
-                step,
-                seq,
-                input,
-                attempt: r.attempt,
-                reason: r.reason,
-                created_at_ms: r.created_at_ms,
-            };
             let mut ctx = Ctx::<A>::new(raw);
             let output = agent.on_fiber_recovered(&mut ctx, recovered).await?;
             encode("output", &output)

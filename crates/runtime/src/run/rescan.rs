@@ -26,47 +26,70 @@ pub(crate) async fn scan_and_reactivate(shared: &Arc<Shared>) -> Result<usize, R
 
 /// Re-activates the interrupted runs among those `keep` accepts: every one at start-up, the
 /// runs of shards a node just acquired, or runs another node accepted into its shards and
-/// has not seen live. The open-run index is read a page at a time and re-activated in
-/// batches of `RECOVERY_BATCH_MAX`, up to `RECOVERY_ACTIVATIONS_MAX` runs side by side.
+/// has not seen live. The open-run index is read a page at a time; its runs are dealt into
+/// lanes by lock stripe and each lane re-activates its runs in batches of
+/// `RECOVERY_BATCH_MAX`, one batch at a time. Two lanes never share a stripe, so their
+/// batches never wait for each other's locks and run side by side.
 pub(crate) async fn reactivate_interrupted(
     shared: &Arc<Shared>,
     keep: &(dyn Fn(&str) -> bool + Sync),
 ) -> Result<usize, RuntimeError> {
-    let mut after: Option<Vec<u8>> = None;
-    let mut found = 0;
-    let mut batches = tokio::task::JoinSet::new();
-    let in_flight_max = (limits::RECOVERY_ACTIVATIONS_MAX / limits::RECOVERY_BATCH_MAX).max(1);
-    loop {
-        let (ids, next) = shared.open_runs_page(after.as_deref())?;
-        let ids: Vec<String> = ids.into_iter().filter(|id| keep(id)).collect();
-        for batch in ids.chunks(limits::RECOVERY_BATCH_MAX) {
-            if batches.len() >= in_flight_max {
-                found += joined(batches.join_next().await)?;
+    let lanes = (limits::RECOVERY_ACTIVATIONS_MAX / limits::RECOVERY_BATCH_MAX).max(1);
+    let mut senders = Vec::with_capacity(lanes);
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..lanes {
+        // One batch queued behind the one running: the scan stays a little ahead, and the
+        // memory of a large recovery stays bounded.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<String>>(1);
+        let shared = shared.clone();
+        workers.spawn(async move {
+            let mut found = 0;
+            while let Some(batch) = rx.recv().await {
+                found += reactivate_batch(&shared, batch).await?;
             }
-            let (shared, batch) = (shared.clone(), batch.to_vec());
-            batches.spawn(async move { reactivate_batch(&shared, batch).await });
+            Ok::<usize, RuntimeError>(found)
+        });
+        senders.push(tx);
+    }
+    let mut dealt: Vec<Vec<String>> = vec![Vec::new(); lanes];
+    let mut after: Option<Vec<u8>> = None;
+    let mut scanned = Ok(());
+    'pages: loop {
+        let (ids, next) = match shared.open_runs_page(after.as_deref()) {
+            Ok(page) => page,
+            Err(e) => {
+                scanned = Err(e);
+                break;
+            }
+        };
+        for id in ids.into_iter().filter(|id| keep(id)) {
+            let lane = crate::kernel::cell::stripe(&id, limits::ACTIVATION_STRIPES) % lanes;
+            dealt[lane].push(id);
+            if dealt[lane].len() >= limits::RECOVERY_BATCH_MAX
+                && senders[lane].send(std::mem::take(&mut dealt[lane])).await.is_err()
+            {
+                // The lane's task ended early: its error is reported below.
+                break 'pages;
+            }
         }
         match next {
             Some(last) => after = Some(last),
             None => break,
         }
     }
-    while let Some(done) = batches.join_next().await {
-        found += joined(Some(done))?;
-    }
-    Ok(found)
-}
-
-fn joined(
-    done: Option<Result<Result<usize, RuntimeError>, tokio::task::JoinError>>,
-) -> Result<usize, RuntimeError> {
-    match done {
-        Some(Ok(found)) => found,
-        Some(Err(e)) => {
-            Err(RuntimeError::Agent(crate::error::AgentError::Runtime(format!("recovery task: {e}"))))
+    for (lane, tx) in senders.into_iter().enumerate() {
+        let rest = std::mem::take(&mut dealt[lane]);
+        if scanned.is_ok() && !rest.is_empty() {
+            let _ = tx.send(rest).await;
         }
-        None => Ok(0),
     }
+    let mut found = 0;
+    while let Some(done) = workers.join_next().await {
+        found += done.map_err(|e| {
+            RuntimeError::Agent(crate::error::AgentError::Runtime(format!("recovery task: {e}")))
+        })??;
+    }
+    scanned.map(|()| found)
 }
 
 /// Re-activates the interrupted runs among `run_ids` together: one read of each record,
