@@ -123,7 +123,7 @@ pub(crate) async fn decide(
         Err(other) => return other,
     };
     match shared.write_locked(locked, Batch::new()).await {
-        Ok(()) => registered(cell, locked.run.clone(), mode, stash),
+        Ok(()) => registered(cell, Box::new(Registered { run: locked.run.clone(), mode, stash })),
         Err(RuntimeError::ShuttingDown | RuntimeError::Evicted { .. }) => Activation::Nothing,
         Err(e) => {
             tracing::error!(run_id = %cell.run_id, error = %e, "could not register the fiber; retrying in 1 s");
@@ -157,15 +157,10 @@ pub(crate) fn register(shared: &Shared, run: &mut tables::RunRecord) -> Result<F
 }
 
 /// A registration that is durable now, as the fiber to start.
-pub(crate) fn registered(
-    cell: &RunCell,
-    run: tables::RunRecord,
-    mode: FiberMode,
-    stash: Result<Option<Stored>, String>,
-) -> Activation {
-    cell.recovering.store(matches!(mode, FiberMode::Recover(_)), Ordering::SeqCst);
-    cell.attempt.store(run.attempt, Ordering::SeqCst);
-    Activation::Start(Box::new(Registered { run, mode, stash }))
+pub(crate) fn registered(cell: &RunCell, registered: Box<Registered>) -> Activation {
+    cell.recovering.store(matches!(registered.mode, FiberMode::Recover(_)), Ordering::SeqCst);
+    cell.attempt.store(registered.run.attempt, Ordering::SeqCst);
+    Activation::Start(registered)
 }
 
 fn spawn(shared: &Arc<Shared>, cell: &Arc<RunCell>, registered: Box<Registered>, since: Stopwatch) {

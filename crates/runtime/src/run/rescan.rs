@@ -12,7 +12,7 @@ use durafiber_store::{
 use crate::{
     clock::Stopwatch,
     error::RuntimeError,
-    kernel::inbox::Activation,
+    kernel::inbox::{Activation, Registered},
     kernel::registry::LiveRun,
     kernel::shared::Shared,
     limits,
@@ -117,7 +117,7 @@ async fn reactivate_batch(shared: &Arc<Shared>, run_ids: Vec<String>) -> Result<
     let Ok(locks) = shared.lock_runs(&run_ids).await else { return Ok(0) };
     let mut found = 0;
     let mut writes = Batch::new();
-    let mut registered = Vec::new();
+    let mut registered = Vec::with_capacity(run_ids.len());
     let mut alone = Vec::new();
     let mut lifted = Vec::new();
     for run_id in run_ids {
@@ -149,7 +149,8 @@ async fn reactivate_batch(shared: &Arc<Shared>, run_ids: Vec<String>) -> Result<
                 let key = tables::RUNS.key(&[run.run_id.as_bytes()]);
                 match actor::new_cell(shared, &run, &stash) {
                     Ok(cell) if writes.put(tables::RUNS, key, &run).is_ok() => {
-                        registered.push((run, mode, cell, stash))
+                        // Boxed now, as the fiber takes it: the batch's list stays small.
+                        registered.push((cell, Box::new(Registered { run, mode, stash })))
                     }
                     _ => alone.push(run_id),
                 }
@@ -163,20 +164,19 @@ async fn reactivate_batch(shared: &Arc<Shared>, run_ids: Vec<String>) -> Result<
         match shared.store.commit(writes, Durability::Sync).await {
             Ok(()) => {
                 shared.status_changed();
-                for (run, mode, cell, stash) in registered {
-                    let live = LiveRun::new(cell);
-                    actor::activated(shared, &run, &watch);
-                    let run_id = run.run_id.clone();
-                    let decided = fiber::registered(&live.cell, run, mode, stash);
+                for (cell, registration) in registered {
+                    let live = LiveRun::new(cell.clone());
+                    actor::activated(shared, &registration.run, &watch);
+                    let decided = fiber::registered(&cell, registration);
                     actor::begin(shared, &live, since, decided).await;
-                    shared.registry.insert(&run_id, live);
+                    shared.registry.insert(&cell.run_id, live);
                 }
             }
             Err(e) => {
                 tracing::error!(error = %e, runs = registered.len(), "could not register the fibers; retrying in 1 s");
                 let at_ms = shared.now_ms().saturating_add(1_000);
-                for (run, ..) in registered {
-                    shared.wake_at(at_ms, &run.run_id);
+                for (cell, _) in registered {
+                    shared.wake_at(at_ms, &cell.run_id);
                 }
             }
         }
