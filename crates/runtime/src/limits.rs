@@ -70,6 +70,9 @@ pub const STORAGE_LIST_MAX: usize = 10_000;
 pub const ACTIVATION_STRIPES: usize = 1024;
 /// Alarms the scheduler keeps in memory; the rest wait in the store's due index.
 pub const ALARM_WINDOW_MAX: usize = 4096;
+/// Most alarms one refill of the window reads: short reads, more often, so a refill never
+/// holds a core (or the window) for long while alarms are being picked up.
+pub const ALARM_REFILL_MAX: usize = 512;
 /// Alarm deliveries in flight at once, so a burst cannot flood the actors' mailboxes.
 pub const ALARM_DELIVERIES_IN_FLIGHT_MAX: usize = 2048;
 /// Events kept in memory for timelines and the `events` view.

@@ -234,6 +234,9 @@ impl Checkpointer {
         let handle = std::thread::Builder::new()
             .name("durafiber-checkpoint".into())
             .spawn(move || {
+                // Behind the threads that serve runs: a checkpoint is background work, and
+                // on a busy machine it would otherwise take a core from under a due alarm.
+                let _ = rustix::process::setpriority_process(Some(rustix::thread::gettid()), 10);
                 while let Ok((table, lsn)) = rx.recv() {
                     let result = engine.persist(&table, lsn);
                     if result.is_ok() {

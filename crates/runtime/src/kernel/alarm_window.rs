@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashSet};
 use durafiber_store::{Store, StoreError, tables};
 use parking_lot::Mutex;
 
-use crate::limits::ALARM_WINDOW_MAX;
+use crate::limits::{ALARM_REFILL_MAX, ALARM_WINDOW_MAX};
 
 type Entry = (u64, String, String);
 
@@ -129,14 +129,18 @@ impl Scheduler {
                 _ => vec![tables::ALARM_DUE.prefix],
             };
             w.refilling = Some(Vec::new());
-            (start, w.horizon.clone(), w.capacity.saturating_sub(w.due.len()).max(1))
+            let room = w.capacity.saturating_sub(w.due.len());
+            (start, w.horizon.clone(), room.clamp(1, ALARM_REFILL_MAX))
         };
         let read = store.keys_between_in(&start, &[tables::ALARM_DUE.prefix + 1], want, shards);
+        let entries: Vec<Entry> = match &read {
+            Ok(keys) => keys.iter().filter_map(|k| tables::parse_alarm_due_key(k)).collect(),
+            Err(_) => Vec::new(),
+        };
         let mut w = self.lock();
         let noted = w.refilling.take().unwrap_or_default();
         let keys = read?;
         if w.horizon == horizon {
-            let entries: Vec<Entry> = keys.iter().filter_map(|k| tables::parse_alarm_due_key(k)).collect();
             w.horizon = match entries.last() {
                 Some(last) if keys.len() >= want => Horizon::After(last.clone()),
                 _ => Horizon::Complete,

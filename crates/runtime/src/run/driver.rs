@@ -3,7 +3,12 @@
 //! come, and starts due alarm deliveries; on the system clock it sleeps until the next
 //! deadline, on a virtual clock `Runtime::advance` calls `tick` itself.
 
-use std::sync::{Arc, atomic::Ordering};
+use std::{
+    sync::{Arc, Weak, atomic::Ordering},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use parking_lot::{Condvar, Mutex};
 
 use crate::{eviction::idle, kernel::activity::Action, kernel::shared::Shared, run::actor::reactivate};
 
@@ -43,6 +48,14 @@ pub(crate) fn next_deadline(shared: &Shared) -> Option<u64> {
 }
 
 pub(crate) async fn drive_system_clock(shared: Arc<Shared>) {
+    // Ends with this task, aborted or returned.
+    let alarm_clock = match AlarmClock::start(&shared) {
+        Ok(clock) => Some(clock),
+        Err(e) => {
+            tracing::warn!(error = %e, "no thread for the driver's clock; waking on tokio's timer alone");
+            None
+        }
+    };
     loop {
         if shared.shutting_down.load(Ordering::SeqCst) {
             return;
@@ -51,9 +64,78 @@ pub(crate) async fn drive_system_clock(shared: Arc<Shared>) {
         let now = shared.now_ms();
         // Wake at least once a second, so a missed notification costs a second, not forever.
         let at = next.unwrap_or(u64::MAX).min(now + 1_000).max(now + 1);
+        if let Some(clock) = &alarm_clock {
+            clock.wake_at(at);
+        }
         tokio::select! {
             () = shared.clock.sleep_until(at) => {}
             () = shared.driver_wake.notified() => {}
         }
     }
+}
+
+/// Wakes the driver at its deadline from a thread of its own, within a few microseconds.
+/// tokio's timers round a deadline up to the next millisecond and fire when a worker gets
+/// round to them: on a busy runtime an alarm's pick-up came milliseconds late
+/// (`bench alarms`). The tokio sleep stays beside it as a fallback.
+struct AlarmClock {
+    state: Arc<(Mutex<Deadline>, Condvar)>,
+}
+
+#[derive(Default)]
+struct Deadline {
+    /// The system clock's millisecond to wake the driver at.
+    at_ms: Option<u64>,
+    stop: bool,
+}
+
+impl AlarmClock {
+    fn start(shared: &Arc<Shared>) -> std::io::Result<AlarmClock> {
+        let state = Arc::new((Mutex::new(Deadline::default()), Condvar::new()));
+        let (thread_state, driver) = (state.clone(), Arc::downgrade(shared));
+        std::thread::Builder::new()
+            .name("durafiber-clock".into())
+            .spawn(move || AlarmClock::run(&thread_state, &driver))?;
+        Ok(AlarmClock { state })
+    }
+
+    fn wake_at(&self, at_ms: u64) {
+        let (lock, changed) = &*self.state;
+        lock.lock().at_ms = Some(at_ms);
+        changed.notify_one();
+    }
+
+    fn run(state: &(Mutex<Deadline>, Condvar), driver: &Weak<Shared>) {
+        let (lock, changed) = state;
+        let mut deadline = lock.lock();
+        while !deadline.stop {
+            let Some(at_ms) = deadline.at_ms else {
+                changed.wait(&mut deadline);
+                continue;
+            };
+            let left_us = at_ms.saturating_mul(1_000).saturating_sub(epoch_us());
+            if left_us > 0 {
+                changed.wait_for(&mut deadline, Duration::from_micros(left_us));
+                continue;
+            }
+            deadline.at_ms = None;
+            match driver.upgrade() {
+                Some(shared) => shared.driver_wake.notify_one(),
+                None => return,
+            }
+        }
+    }
+}
+
+impl Drop for AlarmClock {
+    fn drop(&mut self) {
+        let (lock, changed) = &*self.state;
+        lock.lock().stop = true;
+        changed.notify_one();
+    }
+}
+
+/// The system clock in microseconds since the epoch (`SystemClock::now_ms`, finer).
+fn epoch_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }
