@@ -1,7 +1,9 @@
 //! Checkpoints: how logged batches reach sled. A full log half's table goes into sled, then
 //! the LSN of its last record, and sled is then made durable; the
 //! checkpoint thread does this while the writer goes on in the other half. Opening a store
-//! re-applies the records sled lacks in the same way.
+//! re-applies the records sled lacks in the same way: on that thread, as its first table,
+//! when they all lie in the log's newer half (`sled_backend.rs`), else before the open
+//! returns.
 //!
 //! sled 0.34's own flush ends in `sync_file_range`, which does not reach the disk's volatile
 //! cache, and it writes large values to blob files without syncing them. Making sled durable
@@ -234,9 +236,6 @@ impl Checkpointer {
         let handle = std::thread::Builder::new()
             .name("durafiber-checkpoint".into())
             .spawn(move || {
-                // Behind the threads that serve runs: a checkpoint is background work, and
-                // on a busy machine it would otherwise take a core from under a due alarm.
-                let _ = rustix::process::setpriority_process(Some(rustix::thread::gettid()), 10);
                 while let Ok((table, lsn)) = rx.recv() {
                     let result = engine.persist(&table, lsn);
                     if result.is_ok() {
