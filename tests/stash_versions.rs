@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use durafiber_runtime::{Agent, AgentError, Ctx, ListFilter, Recovered, RunStatus, Runtime};
+use durafiber_runtime::{Agent, AgentError, Ctx, ListFilter, Recovered, RunStatus, Runtime, RuntimeConfig};
 use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig};
 use serde::{Deserialize, Serialize};
 
@@ -160,6 +160,31 @@ impl Agent for CounterV1Changed {
     type Stash = ProgressV2;
     type Output = Outcome;
     type Message = ();
+
+    async fn run_fiber(&self, _: &mut Ctx<Self>, input: Input) -> Result<Outcome, AgentError> {
+        Ok(Outcome { done: input.steps, resumed_origin: None })
+    }
+
+    async fn on_fiber_recovered(&self, _: &mut Ctx<Self>, r: Recovered<Self>) -> Result<Outcome, AgentError> {
+        Ok(Outcome { done: r.stash.map_or(0, |s| s.done), resumed_origin: None })
+    }
+}
+
+/// Version 2 whose upgrade has a bug that panics.
+#[derive(Default)]
+struct CounterV2Panicking;
+
+impl Agent for CounterV2Panicking {
+    const KIND: &'static str = "counter";
+    const STASH_VERSION: u32 = 2;
+    type Input = Input;
+    type Stash = ProgressV2;
+    type Output = Outcome;
+    type Message = ();
+
+    fn upgrade_stash(_: u32, _: serde_json::Value) -> Result<ProgressV2, AgentError> {
+        panic!("the upgrade has a bug")
+    }
 
     async fn run_fiber(&self, _: &mut Ctx<Self>, input: Input) -> Result<Outcome, AgentError> {
         Ok(Outcome { done: input.steps, resumed_origin: None })
@@ -377,5 +402,30 @@ impl Agent for ParkingV2 {
         ctx.stash("step-1", &ProgressV2 { done: 1, origin: "v2".into() }).await?;
         ctx.cancelled().await;
         Ok(Outcome { done: input.steps, resumed_origin: None })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_that_panics_fails_the_recovery_and_never_strands_the_run() {
+    // The stash is upgraded before the recovery hook's future exists: a panic there is the
+    // recovery's, counted like one inside the hook, and here (one attempt allowed) escalates.
+    let sim = SimBackend::new();
+    let id = parked_v1_run(&sim).await;
+    let config = RuntimeConfig { max_recover_attempts: 1, ..RuntimeConfig::default() };
+    let rt =
+        Runtime::builder(store(&sim)).config(config).agent(CounterV2Panicking).open().await.expect("runtime");
+    let status = tokio::time::timeout(std::time::Duration::from_secs(60), rt.wait(&id))
+        .await
+        .expect("the run was left behind")
+        .expect("wait");
+    rt.shutdown().await;
+    match status {
+        RunStatus::Escalated { reason } => {
+            assert!(
+                reason.contains("recovery hook failed") && reason.contains("the upgrade has a bug"),
+                "{reason}"
+            )
+        }
+        other => panic!("expected an escalation, got {other:?}"),
     }
 }

@@ -227,9 +227,13 @@ async fn call_agent(
     if let Err(e) = crate::pause::gate(&raw).await {
         return Ok(Err(e));
     }
-    let future = match enter(shared, raw, *registered, since) {
-        Ok(future) => future,
-        Err(e) => return Ok(Err(e)),
+    // Making the future runs user code too (decoding the input and stash, upgrading an old
+    // stash): a panic there is the fiber's, as one inside it is.
+    let entered = std::panic::catch_unwind(AssertUnwindSafe(|| enter(shared, raw, *registered, since)));
+    let future = match entered {
+        Ok(Ok(future)) => future,
+        Ok(Err(e)) => return Ok(Err(e)),
+        Err(panic) => return Err(panic_text(panic)),
     };
     AssertUnwindSafe(future).catch_unwind().await.map_err(panic_text)
 }
