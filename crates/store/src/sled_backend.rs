@@ -96,7 +96,13 @@ fn open_sled(sled_dir: &Path) -> Result<sled::Db, StoreError> {
     for _ in 0..2_000 {
         match contained(sled_dir, || config.open())? {
             Ok(db) => return Ok(db),
-            Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => last = Some(e),
+            // sled reports its lock taken as `Other`, naming the lock in its message.
+            Err(sled::Error::Io(e))
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.to_string().contains("could not acquire lock") =>
+            {
+                last = Some(e)
+            }
             Err(e) => return Err(StoreError::Engine(format!("opening {}: {e}", sled_dir.display()))),
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
@@ -456,6 +462,8 @@ mod tests {
         // sled when the backend goes away without a checkpoint.
         let first = SledBackend::open_sized(dir.path(), wal_bytes).expect("open");
         write(&first, 0, 2_000);
+        // The back half's checkpoint runs behind the writer: let it finish.
+        first.checkpoints.wait_idle().expect("checkpoint");
         let held = first.engine.stored_lsn().expect("lsn");
         assert!(held > 1_000 && held < 2_000, "the back half is not in sled: {held}");
         assert_eq!(first.log.lock().wal.half(), 0);
