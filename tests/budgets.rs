@@ -217,6 +217,48 @@ async fn a_recoveries_budget_escalates_instead_of_recovering_once_more() {
     rt.shutdown().await;
 }
 
+/// The recovery scan reads the budget keys of a batch's range at once; a run among them
+/// with a budget still has its record read, one without is recovered without a read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovered_together_only_the_runs_with_a_recoveries_budget_escalate() {
+    let sim = SimBackend::new();
+    let open_sitter = || async { Runtime::builder(store(&sim)).agent(Sitter).open().await.expect("runtime") };
+    let rt = open_sitter().await;
+    let mut runs = Vec::new();
+    for i in 0..40 {
+        let budgeted = i % 3 == 0;
+        let budget = Budget { recoveries_max: budgeted.then_some(1), ..Budget::default() };
+        let run_id =
+            rt.start_with::<Sitter>(&format!("s-{i:02}"), &(), with(budget)).await.expect("start").run_id;
+        runs.push((run_id, budgeted));
+    }
+    for (run_id, _) in &runs {
+        rt.wait_for(run_id, |s| matches!(s, RunStatus::Running)).await.expect("running");
+    }
+    rt.settle().await;
+    rt.shutdown().await;
+    // The first restart is a recovery every run may have.
+    let rt = open_sitter().await;
+    rt.settle().await;
+    for (run_id, _) in &runs {
+        assert_eq!(rt.status(run_id).expect("status"), RunStatus::Running, "{run_id}: first recovery");
+    }
+    rt.shutdown().await;
+    let rt = open_sitter().await;
+    for (run_id, budgeted) in &runs {
+        if *budgeted {
+            assert_eq!(escalated(&rt, run_id).await, "budget: recoveries", "{run_id}");
+        }
+    }
+    rt.settle().await;
+    for (run_id, budgeted) in &runs {
+        if !budgeted {
+            assert_eq!(rt.status(run_id).expect("status"), RunStatus::Running, "{run_id} has no budget");
+        }
+    }
+    rt.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_at_every_barrier_never_lets_an_effect_past_the_budget() {
     let budget = Budget { effects_max: Some(3), ..Budget::default() };

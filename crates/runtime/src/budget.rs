@@ -110,8 +110,45 @@ pub(crate) fn charge(raw: &RawCtx, units: u64, what: &str) {
     raw.shared.event(&raw.cell.run_id, "charged", format!("{units} units: {what}"));
 }
 
+/// Which runs may have a budget record. A recovery batch reads the keys of its runs' range
+/// at once: a run outside them has none, and its recovery reads nothing more.
+pub(crate) enum Budgets {
+    /// Not looked up: read each run's record.
+    Unknown,
+    /// Every budget record's key between the batch's first and last run.
+    Among(std::collections::HashSet<Vec<u8>>),
+}
+
+impl Budgets {
+    /// The budget records of the runs between `first` and `last` (inclusive), when there
+    /// are at most `most` of them; `Unknown` when there are more, or the read failed.
+    pub(crate) fn between(shared: &Shared, first: &str, last: &str, most: usize) -> Budgets {
+        let start = spend::budget_key(first);
+        let mut end = spend::budget_key(last);
+        end.push(0);
+        match shared.store.keys_between(&start, &end, most.saturating_add(1)) {
+            Ok(keys) if keys.len() <= most => Budgets::Among(keys.into_iter().collect()),
+            _ => Budgets::Unknown,
+        }
+    }
+
+    fn may_have(&self, run_id: &str) -> bool {
+        match self {
+            Budgets::Unknown => true,
+            Budgets::Among(keys) => keys.contains(&spend::budget_key(run_id)),
+        }
+    }
+}
+
 /// Whether recovering `run` once more would pass its `recoveries_max`.
-pub(crate) fn recoveries_crossed(shared: &Shared, run: &RunRecord) -> Result<bool, RuntimeError> {
+pub(crate) fn recoveries_crossed(
+    shared: &Shared,
+    run: &RunRecord,
+    budgets: &Budgets,
+) -> Result<bool, RuntimeError> {
+    if !budgets.may_have(&run.run_id) {
+        return Ok(false);
+    }
     let Some(record) = spend::stored(&shared.store, &run.run_id)? else { return Ok(false) };
     // `attempt` counts fiber attempts: a recovery now would be the `attempt`-th.
     Ok(record.limits.recoveries_max.is_some_and(|max| run.attempt > max))

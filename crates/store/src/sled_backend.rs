@@ -262,7 +262,23 @@ impl SledBackend {
             return Err(StoreError::EngineMissing { path: dir.to_path_buf() });
         }
         remove_unfinished_snapshots(&sled_dir)?;
-        let db = open_with_repairs(dir, &sled_dir)?;
+        // sled's open replays its own log on this thread; the write-ahead log is read and
+        // decoded beside it, on the core that would otherwise wait.
+        let (db, log) = std::thread::scope(|scope| {
+            let reading = std::thread::Builder::new()
+                .name("durafiber-wal-read".into())
+                .spawn_scoped(scope, || Wal::read(dir))
+                .map_err(|source| StoreError::Io { path: dir.join(wal::FILE), source });
+            let db = open_with_repairs(dir, &sled_dir);
+            let log = match reading {
+                Ok(reading) => reading.join().unwrap_or_else(|_| {
+                    Err(StoreError::Engine("reading the write-ahead log panicked".into()))
+                }),
+                Err(e) => Err(e),
+            };
+            (db, log)
+        });
+        let (db, log) = (db?, log?);
         save_conf(dir, &sled_dir)?;
         if !marker.exists() {
             // sled's new files and folder, then the marker, each durable with its parent.
@@ -271,7 +287,6 @@ impl SledBackend {
             sync_dir(dir)?;
         }
         let engine = Arc::new(Engine::new(db, dir, &sled_dir)?);
-        let log = Wal::read(dir)?;
         let replay = engine.replay(&log.records)?;
         // The records sled lacks are re-applied by the checkpoint thread, after the open,
         // when they all lie in the log's newer half: the log is written in the other half

@@ -20,6 +20,7 @@ use tracing::Instrument;
 
 use crate::{
     alarm,
+    budget::Budgets,
     clock::Stopwatch,
     error::{AgentError, RuntimeError, panic_text},
     escalation::{after_escalation, escalate},
@@ -118,7 +119,7 @@ pub(crate) async fn decide(
     if shared.check_not_evicted(cell).is_err() {
         return Activation::Nothing;
     }
-    let mode = match register(shared, &mut locked.run) {
+    let mode = match register(shared, &mut locked.run, &Budgets::Unknown) {
         Ok(mode) => mode,
         Err(other) => return other,
     };
@@ -136,8 +137,12 @@ pub(crate) async fn decide(
 /// is changed into its registration — `Running`, attempt counted, a recovery counted and
 /// backed off — for the caller to write before any user code runs; otherwise `run` is left
 /// as it was and the decision comes back as the error.
-pub(crate) fn register(shared: &Shared, run: &mut tables::RunRecord) -> Result<FiberMode, Activation> {
-    let mode = match recovery::plan(shared, run) {
+pub(crate) fn register(
+    shared: &Shared,
+    run: &mut tables::RunRecord,
+    budgets: &Budgets,
+) -> Result<FiberMode, Activation> {
+    let mode = match recovery::plan(shared, run, budgets) {
         Plan::Fresh => FiberMode::Fresh,
         Plan::Recover(reason) => FiberMode::Recover(reason),
         Plan::Later(at_ms) => return Err(Activation::Later(at_ms)),

@@ -3,7 +3,7 @@
 
 use durafiber_store::tables::{RunRecord, RunStatus, WakeReason};
 
-use crate::{hooks::RecoveryReason, kernel::shared::Shared, limits};
+use crate::{budget::Budgets, hooks::RecoveryReason, kernel::shared::Shared, limits};
 
 /// The decision for a run that has no live fiber.
 #[derive(Debug, PartialEq)]
@@ -20,7 +20,8 @@ pub(crate) enum Plan {
     Nothing,
 }
 
-pub(crate) fn plan(shared: &Shared, run: &RunRecord) -> Plan {
+/// What `run` needs; `budgets` says which runs may have a budget record to read.
+pub(crate) fn plan(shared: &Shared, run: &RunRecord, budgets: &Budgets) -> Plan {
     match run.status {
         RunStatus::Accepted => Plan::Fresh,
         RunStatus::Running => {
@@ -36,7 +37,7 @@ pub(crate) fn plan(shared: &Shared, run: &RunRecord) -> Plan {
             if reason != RecoveryReason::Resumed && now.saturating_sub(run.created_at_ms) > max_age_ms {
                 Plan::Escalate("max_age".into())
             } else if reason != RecoveryReason::Resumed
-                && crate::budget::recoveries_crossed(shared, run).unwrap_or_else(|e| {
+                && crate::budget::recoveries_crossed(shared, run, budgets).unwrap_or_else(|e| {
                     tracing::error!(run_id = %run.run_id, error = %e, "budget unreadable; recovering");
                     false
                 })
