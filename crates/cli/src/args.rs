@@ -305,6 +305,10 @@ pub enum Bench {
         /// many runs, a short one makes their own steps compete with the recovery measured.
         #[arg(long, default_value_t = 1000)]
         pause_ms: u64,
+        /// Recover N times, each on a fresh copy of the killed process's data directory,
+        /// and report every time with the median and the best (the machine's noise shows).
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
         /// Where to write samples and the histogram.
         #[arg(long)]
         out: Option<PathBuf>,

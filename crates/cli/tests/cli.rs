@@ -175,6 +175,27 @@ fn bench_steps_kills_with_runs_in_flight_and_reruns_no_acknowledged_step() {
     );
 }
 
+/// `bench recover --repeat` recovers every run of the killed store on each fresh copy of it.
+#[test]
+fn bench_recover_repeated_recovers_every_run_on_each_copy_of_the_killed_store() {
+    let out = std::process::Command::new(common::BIN)
+        .args(["bench", "recover", "--json", "--runs", "40", "--pause-ms", "60000", "--repeat", "2"])
+        .output()
+        .expect("run bench recover");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("JSON last line");
+    assert_eq!(report["recovered"], 40, "{report}");
+    let each = report["all_recovered_ms_each"].as_array().expect("one time per recovery");
+    assert_eq!(each.len(), 2, "{report}");
+    assert!(each.iter().all(|t| t.as_f64().is_some_and(|ms| ms > 0.0)), "{report}");
+    assert!(
+        report["all_recovered_ms_best"].as_f64() <= report["all_recovered_ms_median"].as_f64(),
+        "{report}"
+    );
+}
+
 #[test]
 fn bench_stash_across_nodes_commits_fenced_boundaries_on_every_node() {
     let pg = durafiber_testkit::postgres::PgServer::start().expect("a PostgreSQL server");
