@@ -21,6 +21,13 @@ fn json(text: &str) -> Value {
     serde_json::from_str(text).expect("JSON output")
 }
 
+/// Runs a `bench` command that must succeed and returns its JSON report, the last line.
+fn bench_report(args: &[&str]) -> Value {
+    let (code, stdout, stderr) = durafiber(args);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("JSON last line")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspection_works_on_a_server_and_on_a_bare_directory() {
     let upstream = durafiber_testkit::upstream::Upstream::start().await.expect("upstream");
@@ -142,26 +149,19 @@ async fn tokens_are_made_used_and_revoked_from_the_command_line() {
 /// and no acknowledged step runs again after the restart.
 #[test]
 fn bench_steps_kills_with_runs_in_flight_and_reruns_no_acknowledged_step() {
-    let out = std::process::Command::new(common::BIN)
-        .args([
-            "bench",
-            "steps",
-            "--json",
-            "--runs",
-            "4",
-            "--steps",
-            "5",
-            "--sequential",
-            "10",
-            "--kill-runs",
-            "10",
-        ])
-        .output()
-        .expect("run bench steps");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let report: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("JSON last line");
+    let report = bench_report(&[
+        "bench",
+        "steps",
+        "--json",
+        "--runs",
+        "4",
+        "--steps",
+        "5",
+        "--sequential",
+        "10",
+        "--kill-runs",
+        "10",
+    ]);
     assert_eq!(report["steps_rerun"], 0, "{report}");
     assert!(
         report["acked_before_kill"].as_u64().is_some_and(|n| n > 0),
@@ -178,14 +178,8 @@ fn bench_steps_kills_with_runs_in_flight_and_reruns_no_acknowledged_step() {
 /// `bench recover --repeat` recovers every run of the killed store on each fresh copy of it.
 #[test]
 fn bench_recover_repeated_recovers_every_run_on_each_copy_of_the_killed_store() {
-    let out = std::process::Command::new(common::BIN)
-        .args(["bench", "recover", "--json", "--runs", "40", "--pause-ms", "60000", "--repeat", "2"])
-        .output()
-        .expect("run bench recover");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let report: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("JSON last line");
+    let report =
+        bench_report(&["bench", "recover", "--json", "--runs", "40", "--pause-ms", "60000", "--repeat", "2"]);
     assert_eq!(report["recovered"], 40, "{report}");
     let each = report["all_recovered_ms_each"].as_array().expect("one time per recovery");
     assert_eq!(each.len(), 2, "{report}");
@@ -200,26 +194,19 @@ fn bench_recover_repeated_recovers_every_run_on_each_copy_of_the_killed_store() 
 fn bench_stash_across_nodes_commits_fenced_boundaries_on_every_node() {
     let pg = durafiber_testkit::postgres::PgServer::start().expect("a PostgreSQL server");
     let url = pg.fresh_database().expect("a database");
-    let out = std::process::Command::new(common::BIN)
-        .args([
-            "bench",
-            "stash",
-            "--json",
-            "--nodes",
-            "2",
-            "--writers",
-            "20",
-            "--seconds",
-            "0.5",
-            "--pg-url",
-            &url,
-        ])
-        .output()
-        .expect("run bench stash --nodes");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let report: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("JSON last line");
+    let report = bench_report(&[
+        "bench",
+        "stash",
+        "--json",
+        "--nodes",
+        "2",
+        "--writers",
+        "20",
+        "--seconds",
+        "0.5",
+        "--pg-url",
+        &url,
+    ]);
     let nodes = report["per_node"].as_array().expect("per node");
     assert_eq!(nodes.len(), 2, "{report}");
     let shards: u64 = nodes.iter().filter_map(|n| n["shards"].as_u64()).sum();
