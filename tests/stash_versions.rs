@@ -49,7 +49,7 @@ impl CounterV1 {
                 return Err(AgentError::Cancelled("parked".into()));
             }
         }
-        Ok(Outcome { done: input.steps, resumed_origin: None })
+        finished_at_once(input)
     }
 }
 
@@ -142,11 +142,11 @@ impl Agent for CounterV2Bare {
     type Message = ();
 
     async fn run_fiber(&self, _: &mut Ctx<Self>, input: Input) -> Result<Outcome, AgentError> {
-        Ok(Outcome { done: input.steps, resumed_origin: None })
+        finished_at_once(input)
     }
 
     async fn on_fiber_recovered(&self, _: &mut Ctx<Self>, r: Recovered<Self>) -> Result<Outcome, AgentError> {
-        Ok(Outcome { done: r.stash.map_or(0, |s| s.done), resumed_origin: None })
+        recovered_as_is(r.stash)
     }
 }
 
@@ -162,11 +162,11 @@ impl Agent for CounterV1Changed {
     type Message = ();
 
     async fn run_fiber(&self, _: &mut Ctx<Self>, input: Input) -> Result<Outcome, AgentError> {
-        Ok(Outcome { done: input.steps, resumed_origin: None })
+        finished_at_once(input)
     }
 
     async fn on_fiber_recovered(&self, _: &mut Ctx<Self>, r: Recovered<Self>) -> Result<Outcome, AgentError> {
-        Ok(Outcome { done: r.stash.map_or(0, |s| s.done), resumed_origin: None })
+        recovered_as_is(r.stash)
     }
 }
 
@@ -187,12 +187,22 @@ impl Agent for CounterV2Panicking {
     }
 
     async fn run_fiber(&self, _: &mut Ctx<Self>, input: Input) -> Result<Outcome, AgentError> {
-        Ok(Outcome { done: input.steps, resumed_origin: None })
+        finished_at_once(input)
     }
 
     async fn on_fiber_recovered(&self, _: &mut Ctx<Self>, r: Recovered<Self>) -> Result<Outcome, AgentError> {
-        Ok(Outcome { done: r.stash.map_or(0, |s| s.done), resumed_origin: None })
+        recovered_as_is(r.stash)
     }
+}
+
+/// The fiber of the test agents that only decode: done at once.
+fn finished_at_once(input: Input) -> Result<Outcome, AgentError> {
+    Ok(Outcome { done: input.steps, resumed_origin: None })
+}
+
+/// Their recovery: done where the (version 2) stash says.
+fn recovered_as_is(stash: Option<ProgressV2>) -> Result<Outcome, AgentError> {
+    Ok(Outcome { done: stash.map_or(0, |s| s.done), resumed_origin: None })
 }
 
 fn store(sim: &SimBackend) -> Store {
@@ -401,7 +411,7 @@ impl Agent for ParkingV2 {
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, input: Input) -> Result<Outcome, AgentError> {
         ctx.stash("step-1", &ProgressV2 { done: 1, origin: "v2".into() }).await?;
         ctx.cancelled().await;
-        Ok(Outcome { done: input.steps, resumed_origin: None })
+        finished_at_once(input)
     }
 }
 
