@@ -426,13 +426,12 @@ impl<A: Agent> Ctx<A> {
 
     /// Whether the run was asked to stop.
     pub fn is_cancelled(&self) -> bool {
-        self.raw.cell.cancel.borrow().is_some()
+        self.raw.cell.cancel.is_requested()
     }
 
     /// Completes when the run is asked to stop.
     pub async fn cancelled(&self) {
-        let mut rx = self.raw.cell.cancel.subscribe();
-        let _ = self.raw.shared.parked(self.raw.in_fiber, rx.wait_for(|c| c.is_some())).await;
+        self.raw.shared.parked(self.raw.in_fiber, self.raw.cell.cancel.requested()).await;
     }
 
     /// Sleeps durably for `d` under `name` (§2.4): the wake time is committed as a boundary

@@ -86,7 +86,7 @@ pub(crate) async fn request(
         generation: 1,
         system: Some(SystemAlarm::EscalateApproval { approval_id: approval_id.to_string() }),
     };
-    let pending_stash = raw.cell.pending_exit.lock().take();
+    let pending_stash = raw.cell.pending_exit.lock().take().map(|stash| *stash);
     // One boundary: the pause, the waiting state, the escalation alarm, an exit-mode stash.
     shared
         .update_run_from(&raw.cell, |run, batch| {

@@ -36,12 +36,14 @@ pub(crate) fn stage_at_start(
 /// A run's budget and its spending, durable and pending together; `None` for a run without
 /// limits, which after its first boundary costs no read.
 fn current(raw: &RawCtx) -> Result<Option<BudgetRecord>, AgentError> {
-    if *raw.cell.budget_limits.lock() == Some(None) {
+    if raw.cell.without_budget.load(std::sync::atomic::Ordering::Relaxed) {
         return Ok(None);
     }
     let stored = spend::stored(&raw.shared.store, &raw.cell.run_id)?;
     let limits = stored.map(|r| r.limits).filter(|l| *l != BudgetLimits::default());
-    *raw.cell.budget_limits.lock() = Some(limits);
+    if limits.is_none() {
+        raw.cell.without_budget.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     let Some(mut record) = stored.filter(|_| limits.is_some()) else { return Ok(None) };
     let pending = *raw.cell.spend.lock();
     record.spent.effects = record.spent.effects.saturating_add(pending.effects);

@@ -148,7 +148,7 @@ where
         }
         Some(prepared) => prepared,
         None => {
-            if raw.cell.cancel.borrow().is_some() {
+            if raw.cell.cancel.is_requested() {
                 return Err(AgentError::Cancelled(format!(
                     "effect {effect_id} not started: the run was cancelled"
                 )));

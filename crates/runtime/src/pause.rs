@@ -41,19 +41,18 @@ async fn hold(raw: &RawCtx, reason: String) -> Result<(), AgentError> {
         .await?;
     shared.event(run_id, "paused", reason);
     let mut versions = shared.pause_version.subscribe();
-    let mut cancel = raw.cell.cancel.subscribe();
     loop {
         versions.borrow_and_update();
         if shared.pause_reason(kind, run_id).is_none() {
             break;
         }
-        if let Some(reason) = cancel.borrow_and_update().clone() {
+        if let Some(reason) = raw.cell.cancel.reason() {
             return Err(AgentError::Cancelled(reason));
         }
         let changed = async {
             tokio::select! {
                 _ = versions.changed() => {}
-                _ = cancel.changed() => {}
+                _ = raw.cell.cancel.requested() => {}
             }
         };
         shared.parked(raw.in_fiber, changed).await;

@@ -65,7 +65,7 @@ pub(crate) async fn write(
     };
     let durability = match raw.cell.durability {
         DurabilityMode::Exit => {
-            *raw.cell.pending_exit.lock() = Some(Stored { record, version });
+            *raw.cell.pending_exit.lock() = Some(Box::new(Stored { record, version }));
             return Ok(());
         }
         DurabilityMode::Sync => Durability::Sync,

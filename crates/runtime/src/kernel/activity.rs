@@ -11,13 +11,17 @@
 use parking_lot::Mutex;
 use std::{
     collections::{BTreeSet, HashMap},
-    sync::atomic::Ordering,
+    sync::{Arc, atomic::Ordering},
 };
 
 use crate::{config::RuntimeConfig, metrics::Metrics, rng::SeededRng};
 
 #[derive(Debug, Clone)]
 struct LiveState {
+    /// The run's id, shared by its entries in both maps: a deadline changes at every start
+    /// and wait of a fiber, and a fresh string for each was a tenth of a recovery's
+    /// bookkeeping.
+    id: Arc<str>,
     last_activity_ms: u64,
     evict_after_ms: u64,
     guards: u32,
@@ -39,8 +43,8 @@ struct LiveState {
 /// Live runs and their deadlines, indexed by time so a tick touches only the due ones.
 #[derive(Default)]
 struct Table {
-    states: HashMap<String, LiveState>,
-    by_deadline: BTreeSet<(u64, String)>,
+    states: HashMap<Arc<str>, LiveState>,
+    by_deadline: BTreeSet<(u64, Arc<str>)>,
 }
 
 impl LiveState {
@@ -92,13 +96,16 @@ impl Liveness {
     /// Puts the run back in the deadline index under its current deadline.
     fn reindex(&self, table: &mut Table, run_id: &str) {
         let Some(state) = table.states.get_mut(run_id) else { return };
-        if let Some(old) = state.indexed_at_ms.take() {
-            table.by_deadline.remove(&(old, run_id.to_string()));
+        let at = (!state.closing).then(|| self.deadline(state));
+        if at == state.indexed_at_ms {
+            return;
         }
-        if !state.closing {
-            let at = self.deadline(state);
+        if let Some(old) = state.indexed_at_ms.take() {
+            table.by_deadline.remove(&(old, state.id.clone()));
+        }
+        if let Some(at) = at {
             state.indexed_at_ms = Some(at);
-            table.by_deadline.insert((at, run_id.to_string()));
+            table.by_deadline.insert((at, state.id.clone()));
         }
     }
 
@@ -137,13 +144,21 @@ impl Liveness {
     pub fn activated(&self, run_id: &str, now_ms: u64, stream: u64) {
         let mut rng = SeededRng::new(self.seed ^ stream);
         let evict_after_ms = self.draw(&mut rng);
-        let mut table = self.lock();
-        if let Some(old) = table.states.get(run_id).and_then(|s| s.indexed_at_ms) {
-            table.by_deadline.remove(&(old, run_id.to_string()));
-        }
+        let mut guard = self.lock();
+        let table = &mut *guard;
+        let id: Arc<str> = match table.states.get(run_id) {
+            Some(old) => {
+                if let Some(at) = old.indexed_at_ms {
+                    table.by_deadline.remove(&(at, old.id.clone()));
+                }
+                old.id.clone()
+            }
+            None => Arc::from(run_id),
+        };
         table.states.insert(
-            run_id.to_string(),
+            id.clone(),
             LiveState {
+                id,
                 last_activity_ms: now_ms,
                 evict_after_ms,
                 guards: 0,
@@ -157,7 +172,7 @@ impl Liveness {
                 epoch: self.epochs.fetch_add(1, Ordering::Relaxed) + 1,
             },
         );
-        self.reindex(&mut table, run_id);
+        self.reindex(table, run_id);
     }
 
     /// An inbound event was handled: a new idle period starts.
@@ -208,8 +223,10 @@ impl Liveness {
 
     pub fn remove(&self, run_id: &str) {
         let mut table = self.lock();
-        if let Some(at) = table.states.remove(run_id).and_then(|s| s.indexed_at_ms) {
-            table.by_deadline.remove(&(at, run_id.to_string()));
+        if let Some(state) = table.states.remove(run_id)
+            && let Some(at) = state.indexed_at_ms
+        {
+            table.by_deadline.remove(&(at, state.id));
         }
     }
 
@@ -219,12 +236,12 @@ impl Liveness {
 
     fn deadline(&self, s: &LiveState) -> u64 {
         if let Some(since) = s.held_since_ms {
-            let beats = (s.last_activity_ms.max(since) - since) / self.heartbeat_ms + 1;
-            since + beats * self.heartbeat_ms
+            let beats = (s.last_activity_ms.max(since) - since) / self.heartbeat_ms.max(1) + 1;
+            since.saturating_add(beats.saturating_mul(self.heartbeat_ms))
         } else if !s.fiber_active {
-            s.last_activity_ms + self.hibernate_after_ms
+            s.last_activity_ms.saturating_add(self.hibernate_after_ms)
         } else {
-            s.last_activity_ms + s.evict_after_ms
+            s.last_activity_ms.saturating_add(s.evict_after_ms)
         }
     }
 
@@ -242,17 +259,20 @@ impl Liveness {
     ) -> Vec<(String, Action)> {
         let mut table = self.lock();
         let mut out = Vec::new();
-        let due: Vec<String> =
+        let due: Vec<Arc<str>> =
             table.by_deadline.iter().take_while(|(at, _)| *at <= now_ms).map(|(_, id)| id.clone()).collect();
         for run_id in due {
             let Some(s) = table.states.get_mut(&run_id) else { continue };
             if s.held_since_ms.is_some() {
                 s.last_activity_ms = now_ms;
                 Metrics::bump(&metrics.heartbeats);
-                heartbeats.push(run_id.clone());
+                heartbeats.push(run_id.to_string());
             } else {
                 s.closing = true;
-                out.push((run_id.clone(), if s.fiber_active { Action::Evict } else { Action::Hibernate }));
+                out.push((
+                    run_id.to_string(),
+                    if s.fiber_active { Action::Evict } else { Action::Hibernate },
+                ));
             }
             self.reindex(&mut table, &run_id);
         }

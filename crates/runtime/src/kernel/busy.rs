@@ -2,28 +2,75 @@
 //! the clock or a human: a guard per piece of work, a token per event handed to a parked
 //! fiber, and the parked wait itself.
 
-use std::future::Future;
+use std::{
+    future::Future,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering::SeqCst},
+    },
+};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
+
+/// A count of work in progress that can be awaited down to zero. Every fiber start and
+/// park changes it, so a change is one atomic operation, and only a change to zero wakes
+/// the waiters (`Runtime::settle`); a `watch` channel took a lock and woke eight notifiers
+/// on every change, 3% of the CPU of a 100,000-run recovery.
+#[derive(Default)]
+pub(crate) struct Tally {
+    n: AtomicU64,
+    zero: Notify,
+}
+
+impl Tally {
+    pub fn get(&self) -> u64 {
+        self.n.load(SeqCst)
+    }
+
+    fn up(&self) {
+        self.n.fetch_add(1, SeqCst);
+    }
+
+    /// Never below zero: a count that would go negative stays at zero.
+    fn down(&self) {
+        if self.n.fetch_update(SeqCst, SeqCst, |n| Some(n.saturating_sub(1))) == Ok(1) {
+            self.zero.notify_waiters();
+        }
+    }
+
+    /// Completes once the count is zero.
+    pub async fn zero(&self) {
+        loop {
+            let notified = self.zero.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the count is read, so a fall to zero after the read wakes it.
+            notified.as_mut().enable();
+            if self.get() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
 
 /// Counts an event handed to a parked fiber that has not resumed yet. The fiber drops it
 /// after it counts itself busy again; a fiber dropped instead (eviction) drops it with the
 /// undelivered message. Either way the count balances.
 pub(crate) struct WakeToken {
-    woken: watch::Sender<u64>,
+    woken: Arc<Tally>,
 }
 
 impl WakeToken {
     /// Counts one more event on its way to a parked fiber.
-    pub fn count(woken: &watch::Sender<u64>) -> Self {
-        woken.send_modify(|n| *n += 1);
+    pub fn count(woken: &Arc<Tally>) -> Self {
+        woken.up();
         WakeToken { woken: woken.clone() }
     }
 }
 
 impl Drop for WakeToken {
     fn drop(&mut self) {
-        self.woken.send_modify(|n| *n = n.saturating_sub(1));
+        self.woken.down();
     }
 }
 
@@ -34,7 +81,7 @@ impl Drop for WakeToken {
 /// once (an effect's answer inside a deadline, say) never shows virtual time a quiet moment.
 pub(crate) struct Parked<F: Future> {
     inner: Option<std::pin::Pin<Box<F>>>,
-    busy: watch::Sender<u64>,
+    busy: Arc<Tally>,
     /// Whether the fiber is counted parked (not busy) now.
     parked: bool,
 }
@@ -50,7 +97,7 @@ impl<F: Future> Future for Parked<F> {
         match inner.as_mut().poll(cx) {
             std::task::Poll::Ready(out) => {
                 if self.parked {
-                    self.busy.send_modify(|n| *n += 1);
+                    self.busy.up();
                     self.parked = false;
                 }
                 self.inner = None;
@@ -58,7 +105,7 @@ impl<F: Future> Future for Parked<F> {
             }
             std::task::Poll::Pending => {
                 if !self.parked {
-                    self.busy.send_modify(|n| *n = n.saturating_sub(1));
+                    self.busy.down();
                     self.parked = true;
                 }
                 std::task::Poll::Pending
@@ -70,33 +117,33 @@ impl<F: Future> Future for Parked<F> {
 impl<F: Future> Drop for Parked<F> {
     fn drop(&mut self) {
         if self.parked {
-            self.busy.send_modify(|n| *n += 1);
+            self.busy.up();
         }
     }
 }
 
 /// Counts one piece of work in progress for as long as it lives.
 pub(crate) struct BusyGuard {
-    busy: watch::Sender<u64>,
+    busy: Arc<Tally>,
 }
 
 impl BusyGuard {
     /// Counts one more piece of work.
-    pub fn count(busy: &watch::Sender<u64>) -> Self {
-        busy.send_modify(|n| *n += 1);
+    pub fn count(busy: &Arc<Tally>) -> Self {
+        busy.up();
         BusyGuard { busy: busy.clone() }
     }
 }
 
 impl Drop for BusyGuard {
     fn drop(&mut self) {
-        self.busy.send_modify(|n| *n = n.saturating_sub(1));
+        self.busy.down();
     }
 }
 
 impl<F: Future> Parked<F> {
     /// Awaits `fut` as parked work: the caller stops counting as busy until it completes.
-    pub fn new(fut: F, busy: &watch::Sender<u64>) -> Self {
+    pub fn new(fut: F, busy: &Arc<Tally>) -> Self {
         Parked { inner: Some(Box::pin(fut)), busy: busy.clone(), parked: false }
     }
 }

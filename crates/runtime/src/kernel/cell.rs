@@ -3,7 +3,7 @@
 use parking_lot::Mutex;
 use std::sync::atomic::AtomicU64;
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{Notify, oneshot};
 
 use crate::{config::DurabilityMode, kernel::busy::WakeToken};
 
@@ -18,7 +18,7 @@ pub(crate) struct RunCell {
     /// Last stash sequence number, shared by the fiber and event handlers.
     pub seq: AtomicU64,
     /// The cancellation signal the fiber sees.
-    pub cancel: watch::Sender<Option<String>>,
+    pub cancel: CancelSignal,
     /// A fiber waiting in `request_approval`: the approval id and where to send the decision.
     pub approval_waiter: Mutex<Option<(String, oneshot::Sender<ApprovalOutcome>)>>,
     /// A fiber waiting in `wait_for_event`: the event's name and where to say one came.
@@ -33,8 +33,9 @@ pub(crate) struct RunCell {
     /// effect only at the task's next yield (and the task may be running right now): from
     /// here on anything that fiber still does writes nothing — the next cell owns the run.
     pub evicted: std::sync::atomic::AtomicBool,
-    /// In `exit` durability, the stash that waits for the fiber to end or wait.
-    pub pending_exit: Mutex<Option<super::stash_record::Stored>>,
+    /// In `exit` durability, the stash that waits for the fiber to end or wait. Boxed: most
+    /// runs never hold one, and every live run holds a cell.
+    pub pending_exit: Mutex<Option<Box<super::stash_record::Stored>>>,
     /// Serializes the run's storage writes; holds its key count once read.
     pub storage_keys: tokio::sync::Mutex<Option<usize>>,
     /// Output chunks emitted since the last boundary; `None` until the first emit of this
@@ -42,9 +43,46 @@ pub(crate) struct RunCell {
     pub stream: Mutex<Option<super::stream_buffer::StreamBuffer>>,
     /// Effects admitted and cost units charged since the last boundary.
     pub spend: Mutex<durafiber_store::tables::BudgetSpent>,
-    /// The run's budget limits once read (they never change after its start): `Some(None)`
-    /// for a run without limits, so its boundaries read nothing more.
-    pub budget_limits: Mutex<Option<Option<durafiber_store::tables::BudgetLimits>>>,
+    /// Set once the run's budget was read and it has no limits (they never change after its
+    /// start), so its boundaries read nothing more.
+    pub without_budget: std::sync::atomic::AtomicBool,
+}
+
+/// A request to stop the run, and its reason, for the fiber to see. A `watch` channel did
+/// this at the cost of some 400 bytes for each live run.
+pub(crate) struct CancelSignal {
+    reason: Mutex<Option<String>>,
+    requested: Notify,
+}
+
+impl CancelSignal {
+    /// Asks the fiber to stop, for `reason`.
+    pub fn request(&self, reason: &str) {
+        *self.reason.lock() = Some(reason.to_string());
+        self.requested.notify_waiters();
+    }
+
+    pub fn reason(&self) -> Option<String> {
+        self.reason.lock().clone()
+    }
+
+    pub fn is_requested(&self) -> bool {
+        self.reason.lock().is_some()
+    }
+
+    /// Completes with the reason once the run is asked to stop.
+    pub async fn requested(&self) -> String {
+        loop {
+            let notified = self.requested.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the reason is read, so a request after the read wakes it.
+            notified.as_mut().enable();
+            if let Some(reason) = self.reason() {
+                return reason;
+            }
+            notified.await;
+        }
+    }
 }
 
 /// What a waiting `request_approval` is woken with.
@@ -72,7 +110,7 @@ impl RunCell {
             fiber_keep_alive,
             attempt: std::sync::atomic::AtomicU32::new(attempt),
             seq: AtomicU64::new(seq),
-            cancel: watch::Sender::new(cancel_reason),
+            cancel: CancelSignal { reason: Mutex::new(cancel_reason), requested: Notify::new() },
             approval_waiter: Mutex::new(None),
             event_waiter: Mutex::new(None),
             fiber: Mutex::new(None),
@@ -82,7 +120,7 @@ impl RunCell {
             storage_keys: tokio::sync::Mutex::new(None),
             stream: Mutex::new(None),
             spend: Mutex::new(Default::default()),
-            budget_limits: Mutex::new(None),
+            without_budget: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

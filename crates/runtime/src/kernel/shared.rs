@@ -24,7 +24,7 @@ use crate::{
     json,
     kernel::activity::Liveness,
     kernel::alarm_window::Scheduler,
-    kernel::busy::{BusyGuard, Parked, WakeToken},
+    kernel::busy::{BusyGuard, Parked, Tally, WakeToken},
     kernel::cell::{RunCell, lock_stripes, stripe},
     kernel::registry::Registry,
     metrics::Metrics,
@@ -89,9 +89,9 @@ pub(crate) struct Shared {
     pub closed: std::sync::atomic::AtomicBool,
     /// Work in progress that virtual time must wait for: fibers not parked on the clock or
     /// a human, and events on their way to an actor.
-    pub busy: watch::Sender<u64>,
+    pub busy: Arc<Tally>,
     /// Events handed to parked fibers that have not resumed yet (see [`WakeToken`]).
-    pub woken: watch::Sender<u64>,
+    pub woken: Arc<Tally>,
     /// An inspection handle (the command line on a bare data directory): it reads and
     /// records decisions but never runs agent code; the next serving runtime does.
     pub passive: bool,

@@ -285,7 +285,7 @@ async fn finish(
     mode: FiberMode,
     result: FiberResult,
 ) -> Result<Option<u64>, RuntimeError> {
-    let pending = cell.pending_exit.lock().take();
+    let pending = cell.pending_exit.lock().take().map(|stash| *stash);
     let max_attempts = shared.config.max_recover_attempts;
     let mut retry_at = None;
     let written = shared

@@ -133,8 +133,8 @@ impl RuntimeBuilder {
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             activating: std::sync::atomic::AtomicU64::new(0),
             closed: std::sync::atomic::AtomicBool::new(false),
-            busy: tokio::sync::watch::Sender::new(0),
-            woken: tokio::sync::watch::Sender::new(0),
+            busy: Arc::default(),
+            woken: Arc::default(),
             passive: self.passive,
             ownership: match (self.passive, shared_store) {
                 (false, true) => Ownership::nothing(),
@@ -325,24 +325,18 @@ impl Runtime {
     /// done, and every fiber is parked (on the clock, a human, or cancellation) or finished.
     /// On a virtual clock, a fiber must wait only through its `Ctx`, or this waits for it.
     pub async fn settle(&self) {
-        let mut busy = self.shared.busy.subscribe();
-        let mut handed = self.shared.woken.subscribe();
         loop {
             if let Some(clock) = &self.virtual_clock {
                 clock.woken_resumed().await;
             }
-            if handed.wait_for(|n| *n == 0).await.is_err() {
-                return;
-            }
+            self.shared.woken.zero().await;
             let handles: Vec<_> = std::mem::take(&mut *self.shared.tracked.lock());
             for h in handles {
                 let _ = h.await;
             }
-            if busy.wait_for(|n| *n == 0).await.is_err() {
-                return;
-            }
+            self.shared.busy.zero().await;
             tokio::task::yield_now().await;
-            let quiet = *busy.borrow() == 0 && self.shared.tracked.lock().is_empty();
+            let quiet = self.shared.busy.get() == 0 && self.shared.tracked.lock().is_empty();
             if quiet {
                 return;
             }

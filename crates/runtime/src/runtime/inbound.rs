@@ -60,7 +60,7 @@ impl Runtime {
         if let Some(run) = written {
             self.shared.event(run_id, "cancel_requested", reason.to_string());
             if let Some(live) = live {
-                live.cell.cancel.send_replace(Some(reason.to_string()));
+                live.cell.cancel.request(reason);
                 if run.status.is_terminal() {
                     if let Some(fiber) = live.cell.fiber.lock().take() {
                         fiber.abort();
