@@ -41,19 +41,27 @@ struct Log {
 impl EventLog {
     pub fn push(&self, at_ms: u64, run_id: &str, kind: &str, detail: String) {
         tracing::info!(run_id, event = kind, %detail, at_ms, "run event");
+        // A replaced detail is freed after the lock is let go.
+        let mut replaced = String::new();
         let mut log = self.inner.lock();
-        if log.events.len() == EVENT_LOG_MAX {
-            log.events.pop_front();
-        }
+        // A full log reuses its oldest event's strings for the run id and the kind.
+        let oldest = if log.events.len() >= EVENT_LOG_MAX { log.events.pop_front() } else { None };
         log.last_seq += 1;
         let seq = log.last_seq;
-        log.events.push_back(Event {
-            seq,
-            at_ms,
-            run_id: run_id.to_string(),
-            kind: kind.to_string(),
-            detail,
-        });
+        let event = match oldest {
+            Some(mut old) => {
+                old.run_id.clear();
+                old.run_id.push_str(run_id);
+                old.kind.clear();
+                old.kind.push_str(kind);
+                replaced = std::mem::replace(&mut old.detail, detail);
+                Event { seq, at_ms, ..old }
+            }
+            None => Event { seq, at_ms, run_id: run_id.to_string(), kind: kind.to_string(), detail },
+        };
+        log.events.push_back(event);
+        drop(log);
+        drop(replaced);
     }
 
     pub fn snapshot(&self) -> Vec<Event> {

@@ -131,6 +131,12 @@ pub trait Backend: Send + Sync + 'static {
     fn apply(&self, batch: &Batch) -> Result<(), StoreError>;
     /// Makes everything applied so far durable.
     fn barrier(&self) -> Result<(), StoreError>;
+    /// The writer has had nothing to do for a while: a moment to move logged writes into
+    /// the engine in the background, so that the next burst of writes and the next open
+    /// find less to do. Returns without waiting for that work.
+    fn quiet(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// A barrier that also leaves nothing to re-apply at the next open: run at a clean close.
     fn checkpoint(&self) -> Result<(), StoreError> {
         self.barrier()

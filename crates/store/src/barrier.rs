@@ -14,6 +14,10 @@
 //! marks the store failed: every waiting and later write fails at once with
 //! [`StoreError::Failed`], and the process must restart to reopen the store — sled 0.34
 //! cannot be trusted in-process after a failed flush.
+//!
+//! A writer that has had nothing to do for `QUIET_AFTER` tells the backend so
+//! ([`Backend::quiet`]): the sled backend checkpoints then, rather than in the middle of the
+//! next burst of writes.
 
 use std::{
     sync::{
@@ -30,6 +34,9 @@ use std::{
 use tokio::sync::{OwnedSemaphorePermit, oneshot, watch};
 
 use crate::{backend::Backend, batch::Batch, error::StoreError};
+
+/// How long the writer waits with nothing to do before it tells the backend it is quiet.
+const QUIET_AFTER: Duration = Duration::from_millis(200);
 
 /// How durable a batch must be before `commit` returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -179,14 +186,28 @@ fn watchdog(health: &Health, timeout: Duration) {
 }
 
 /// Waits for the next command, or for the async flush deadline; `None` on shutdown.
-fn next_command(rx: &mpsc::Receiver<Cmd>, flush_due: Option<Instant>) -> Option<Option<Cmd>> {
-    match flush_due {
-        None => rx.recv().ok().map(Some),
-        Some(due) => match rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
-            Ok(cmd) => Some(Some(cmd)),
-            Err(mpsc::RecvTimeoutError::Timeout) => Some(None),
-            Err(mpsc::RecvTimeoutError::Disconnected) => None,
-        },
+/// What the writer does next.
+enum Next {
+    Command(Cmd),
+    /// Async writes wait for their barrier.
+    FlushDue,
+    /// Nothing came for `QUIET_AFTER`.
+    Quiet,
+    /// Every sender is gone.
+    Closed,
+}
+
+fn next_command(rx: &mpsc::Receiver<Cmd>, flush_due: Option<Instant>, quiet_due: Option<Instant>) -> Next {
+    let Some(until) = flush_due.into_iter().chain(quiet_due).min() else {
+        return rx.recv().map_or(Next::Closed, Next::Command);
+    };
+    match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+        Ok(cmd) => Next::Command(cmd),
+        Err(mpsc::RecvTimeoutError::Timeout) if flush_due.is_some_and(|due| Instant::now() >= due) => {
+            Next::FlushDue
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => Next::Quiet,
+        Err(mpsc::RecvTimeoutError::Disconnected) => Next::Closed,
     }
 }
 
@@ -352,12 +373,31 @@ fn writer_loop(
     let mut commit_seq = if witnessed { crate::witness::stored_seq(backend).unwrap_or(0) } else { 0 };
     // Groups applied, for `Health::applied` and `Health::durable`.
     let mut groups = 0u64;
+    // Set by each applied group: a writer that then gets nothing for `QUIET_AFTER` tells the
+    // backend it is quiet (a moment to checkpoint), once.
+    let mut quiet_due: Option<Instant> = None;
     loop {
-        let Some(first) = next_command(rx, flush_due) else {
-            if health.failure().is_none() {
-                let _ = health.working(|| backend.checkpoint());
+        let first = match next_command(rx, flush_due, quiet_due) {
+            Next::Command(cmd) => Some(cmd),
+            Next::FlushDue => None,
+            Next::Quiet => {
+                quiet_due = None;
+                // Not below the free-space floor: a checkpoint writes sled, and sled must
+                // not meet a full disk.
+                if health.failure().is_none()
+                    && !below_floor(backend, &config)
+                    && let Err(e) = health.working(|| backend.quiet())
+                {
+                    tracing::warn!(error = %e, "could not start a checkpoint while quiet");
+                }
+                continue;
             }
-            return;
+            Next::Closed => {
+                if health.failure().is_none() {
+                    let _ = health.working(|| backend.checkpoint());
+                }
+                return;
+            }
         };
         let mut group = Group::gather(first, rx, &config, stats);
         if let Some(reason) = health.failure() {
@@ -387,6 +427,7 @@ fn writer_loop(
             }
         }
         if !group.merged.is_empty() {
+            quiet_due = Some(Instant::now() + QUIET_AFTER);
             // Counted before the apply: a reader that sees the group's writes (sled's own
             // synchronisation orders them after this store) also sees it counted.
             groups += 1;
@@ -442,5 +483,39 @@ fn writer_loop(
         for ack in waiting.into_iter().chain(group.barrier_acks) {
             let _ = ack.send(result.as_ref().map(|_| ()).map_err(StoreError::duplicate));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::Arc, time::Instant};
+
+    use super::*;
+    use crate::{Durability, SimBackend, Store, StoreConfig, tables};
+
+    fn wait_for(what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_writer_with_nothing_to_do_tells_its_backend_once_per_quiet_spell() {
+        let sim = SimBackend::new();
+        let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
+        // A store that wrote nothing has nothing to move: it is never told.
+        std::thread::sleep(QUIET_AFTER * 2);
+        assert_eq!(sim.quiet_spells(), 0);
+        for spell in 1..=2u64 {
+            let mut batch = Batch::new();
+            batch.put(tables::META, tables::META.key(&[b"quiet"]), &spell).expect("encode");
+            store.commit_blocking(batch, Durability::Sync).expect("commit");
+            wait_for("a quiet spell", || sim.quiet_spells() == spell);
+            std::thread::sleep(QUIET_AFTER * 3);
+            assert_eq!(sim.quiet_spells(), spell, "told once per spell, not at every wait");
+        }
+        store.close();
     }
 }

@@ -46,8 +46,8 @@ impl Batch {
         value: &T,
     ) -> Result<&mut Self, StoreError> {
         debug_assert_eq!(key.first(), Some(&table.prefix));
-        let body = codec::encode(value).map_err(|reason| StoreError::Encode { table: table.name, reason })?;
-        let value = envelope::seal(&key, &body);
+        let value = envelope::seal_encoded(&key, |out| codec::encode_onto(value, out))
+            .map_err(|reason| StoreError::Encode { table: table.name, reason })?;
         self.ops.push(Op::Put { key, value });
         Ok(self)
     }

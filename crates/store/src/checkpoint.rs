@@ -267,6 +267,11 @@ impl Checkpointer {
         self.failure(&state)
     }
 
+    /// Whether a checkpoint is running now.
+    pub fn is_busy(&self) -> bool {
+        self.state.0.lock().busy
+    }
+
     /// An error if a checkpoint failed: sled's state in this process is not to be trusted.
     pub fn check(&self) -> Result<(), StoreError> {
         self.failure(&self.state.0.lock())

@@ -17,6 +17,11 @@ pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
     bincode::serde::encode_to_vec(value, config()).map_err(|e| e.to_string())
 }
 
+/// Encodes a value at the end of `out`.
+pub fn encode_onto<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), String> {
+    bincode::serde::encode_into_std_write(value, out, config()).map(drop).map_err(|e| e.to_string())
+}
+
 /// Decodes a value; trailing bytes are an error, because a record is exactly one value.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     let (value, used) = bincode::serde::decode_from_slice(bytes, config()).map_err(|e| e.to_string())?;

@@ -26,6 +26,7 @@ struct SimState {
     armed: Option<CrashPoint>,
     applies: u64,
     barriers: u64,
+    quiet_spells: u64,
     crashed_tx: tokio::sync::watch::Sender<bool>,
 }
 
@@ -39,6 +40,7 @@ impl Default for SimState {
             armed: None,
             applies: 0,
             barriers: 0,
+            quiet_spells: 0,
             crashed_tx: tokio::sync::watch::Sender::new(false),
         }
     }
@@ -66,6 +68,11 @@ impl SimBackend {
     fn live(&self) -> Result<MutexGuard<'_, SimState>, StoreError> {
         let s = self.lock();
         if s.crashed { Err(StoreError::Crashed) } else { Ok(s) }
+    }
+
+    /// How many times the store's writer said it was quiet ([`Backend::quiet`]).
+    pub fn quiet_spells(&self) -> u64 {
+        self.lock().quiet_spells
     }
 
     /// Crashes now: every write no barrier covered is lost; every call fails until `revive`.
@@ -170,6 +177,11 @@ impl Backend for SimBackend {
         {
             Self::crash_locked(&mut s);
         }
+        Ok(())
+    }
+
+    fn quiet(&self) -> Result<(), StoreError> {
+        self.live()?.quiet_spells += 1;
         Ok(())
     }
 

@@ -69,6 +69,11 @@ struct Logged {
 /// How many times a range read starts again when a checkpoint changed sled under it.
 const RANGE_RETRIES: usize = 8;
 
+/// A quiet writer starts a checkpoint once the half being written is an eighth full: below
+/// that, the next open re-applies little, and a trickle of writes with pauses between them
+/// does not checkpoint at every pause.
+const QUIET_CHECKPOINT_SHARE: u64 = 8;
+
 const LOCK_FILE: &str = "durafiber.lock";
 /// Written once sled has created its files: from then on, a missing `sled/` is damage, not
 /// a new store.
@@ -412,6 +417,19 @@ impl Backend for SledBackend {
         self.checkpoints.check()
     }
 
+    /// Starts a checkpoint of the half being written when it holds enough to be worth one
+    /// and no checkpoint is running: the writer never waits here. A burst of writes after
+    /// a quiet spell then starts on an empty half, with no checkpoint beside it taking CPU
+    /// and disk from its barriers, and a process killed after a quiet spell leaves its
+    /// next open nothing to re-apply.
+    fn quiet(&self) -> Result<(), StoreError> {
+        let mut logged = self.log.lock();
+        if !logged.wal.filled_past(QUIET_CHECKPOINT_SHARE) || self.checkpoints.is_busy() {
+            return Ok(());
+        }
+        self.rotate(&mut logged)
+    }
+
     /// Everything logged goes into sled, durably: the next open has nothing to re-apply.
     fn checkpoint(&self) -> Result<(), StoreError> {
         let mut logged = self.log.lock();
@@ -498,5 +516,28 @@ mod tests {
         assert!((0..4_000).all(|i| value(&third, i).is_some()));
         third.checkpoint().expect("checkpoint");
         assert_eq!(third.engine.stored_lsn().expect("lsn"), 4_000);
+    }
+
+    #[test]
+    fn a_quiet_writer_moves_its_log_into_sled_once_there_is_enough_of_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let backend = SledBackend::open_sized(dir.path(), wal::MIN_BYTES).expect("open");
+        // A few records are not worth a checkpoint.
+        write(&backend, 0, 3);
+        backend.quiet().expect("quiet");
+        backend.checkpoints.wait_idle().expect("idle");
+        assert_eq!(backend.engine.stored_lsn().expect("lsn"), 0);
+        // Past an eighth of the half (and short of filling it), they are.
+        write(&backend, 3, 200);
+        assert!(backend.log.lock().wal.filled_past(8) && !backend.log.lock().wal.filled_past(1));
+        backend.quiet().expect("quiet");
+        backend.checkpoints.wait_idle().expect("idle");
+        assert_eq!(backend.engine.stored_lsn().expect("lsn"), 200);
+        assert!((0..200).all(|i| value(&backend, i).is_some()));
+        // Gone without a close: the next open finds everything, in sled already.
+        drop(backend);
+        let reopened = SledBackend::open_sized(dir.path(), wal::MIN_BYTES).expect("reopen");
+        assert_eq!(reopened.engine.stored_lsn().expect("lsn"), 200);
+        assert!((0..200).all(|i| value(&reopened, i).is_some_and(|v| v == vec![(i % 251) as u8; 40])));
     }
 }

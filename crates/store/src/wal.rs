@@ -38,7 +38,7 @@ use crate::{batch::Op, error::StoreError, fsync::io};
 /// The log's file name in the data directory.
 pub const FILE: &str = "durafiber.wal";
 /// Bytes of the log file by default (two halves): sled receives a checkpoint every half.
-pub const DEFAULT_BYTES: u64 = 8 * 1024 * 1024;
+pub const DEFAULT_BYTES: u64 = 16 * 1024 * 1024;
 /// The smallest log accepted.
 pub const MIN_BYTES: u64 = 128 * 1024;
 const HEADER_LEN: usize = 24;
@@ -313,6 +313,11 @@ impl Wal {
     #[cfg(test)]
     pub fn half(&self) -> u64 {
         self.half
+    }
+
+    /// Whether the half being written holds at least `1 / share` of its bytes.
+    pub fn filled_past(&self, share: u64) -> bool {
+        self.offset + self.pending.len() as u64 >= self.half_bytes / share.max(1)
     }
 
     /// Bytes of the log file.
