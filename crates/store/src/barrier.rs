@@ -185,7 +185,6 @@ fn watchdog(health: &Health, timeout: Duration) {
     }
 }
 
-/// Waits for the next command, or for the async flush deadline; `None` on shutdown.
 /// What the writer does next.
 enum Next {
     Command(Cmd),
@@ -197,6 +196,7 @@ enum Next {
     Closed,
 }
 
+/// Waits for the next command, for the async flush deadline, or for a quiet spell to end.
 fn next_command(rx: &mpsc::Receiver<Cmd>, flush_due: Option<Instant>, quiet_due: Option<Instant>) -> Next {
     let Some(until) = flush_due.into_iter().chain(quiet_due).min() else {
         return rx.recv().map_or(Next::Closed, Next::Command);
