@@ -14,7 +14,9 @@ fn config() -> impl bincode::config::Config {
 
 /// Encodes a value with the store's bincode configuration.
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
-    bincode::serde::encode_to_vec(value, config()).map_err(|e| e.to_string())
+    let mut out = Vec::new();
+    encode_onto(value, &mut out)?;
+    Ok(out)
 }
 
 /// Encodes a value at the end of `out`.
