@@ -529,7 +529,10 @@ mod tests {
         assert_eq!(backend.engine.stored_lsn().expect("lsn"), 0);
         // Past an eighth of the half (and short of filling it), they are.
         write(&backend, 3, 200);
-        assert!(backend.log.lock().wal.filled_past(8) && !backend.log.lock().wal.filled_past(1));
+        assert!(
+            backend.log.lock().wal.filled_past(QUIET_CHECKPOINT_SHARE)
+                && !backend.log.lock().wal.filled_past(1)
+        );
         backend.quiet().expect("quiet");
         backend.checkpoints.wait_idle().expect("idle");
         assert_eq!(backend.engine.stored_lsn().expect("lsn"), 200);
