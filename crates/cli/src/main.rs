@@ -8,6 +8,7 @@ use durafiber_cli::{args::Cli, commands};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    use_huge_pages();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -22,5 +23,21 @@ fn main() {
             eprintln!("durafiber: {}", format!("{e:#}").replace('\n', " "));
             std::process::exit(1);
         }
+    }
+}
+
+/// Asks mimalloc to back its arenas with transparent huge pages, unless the environment
+/// says otherwise (`MIMALLOC_LARGE_OS_PAGES=0`). A recovery of 100,000 runs spends a fifth
+/// of its CPU on the kernel zeroing freshly touched memory; one fault per 2 MiB instead of
+/// one per 4 KiB made it 10–15% faster (`bench recover`). It matters where THP is set to
+/// `madvise`; with `always` the kernel does this anyway, with `never` nothing changes.
+fn use_huge_pages() {
+    let set_by_user = ["MIMALLOC_LARGE_OS_PAGES", "MIMALLOC_ALLOW_LARGE_OS_PAGES"]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some());
+    if !set_by_user {
+        // SAFETY: `mi_option_set` is not thread-safe; this runs first in `main`, before any
+        // thread of ours exists.
+        unsafe { libmimalloc_sys::mi_option_set(libmimalloc_sys::mi_option_large_os_pages, 1) };
     }
 }
