@@ -597,7 +597,7 @@ fn write_groups(
         waiting.append(&mut group.barrier_acks);
         since_logged = if written.is_empty() { since_logged.saturating_add(1) } else { 0 };
         // Handing a barrier to another thread costs its waiters a thread's wake-up: a writer
-        // of sync batches alone made about a tenth fewer commits a second so (`bench stash
+        // of sync batches alone made 10–20% fewer commits a second so (`bench stash
         // --writers 1`). Without logged writes to serve meanwhile, the barrier runs here.
         let syncer = syncer.filter(|_| since_logged < SPLIT_AFTER_LOGGED);
         let Some(syncer) = syncer else {
