@@ -10,10 +10,6 @@
 //! (210 KB) is too large for a half and goes into sled at once: kills land in all of it.
 //!
 //! A third runs the same rounds on the PostgreSQL backend, in a private server.
-//!
-//! A fourth commits every other batch in `logged` mode, which returns once the batch is
-//! written out to the operating system, before its `fdatasync`: what a SIGKILL cannot take
-//! away either. It uses the small log, so kills land around rotations too.
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -67,29 +63,19 @@ fn every_acknowledged_batch_survives_sigkill_whole_on_postgres() {
     kill_rounds(&url, StoreConfig::default().wal_bytes, 10, 3..150);
 }
 
-#[test]
-fn every_acknowledged_batch_survives_sigkill_whole_when_half_of_them_are_only_logged() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    kill_rounds_with(dir.path().to_str().expect("utf-8 path"), 128 * 1024, 12, 30..300, true);
-}
-
 fn kill_rounds(location: &str, wal_bytes: u64, rounds: u32, acks: std::ops::Range<u64>) {
-    kill_rounds_with(location, wal_bytes, rounds, acks, false);
-}
-
-fn kill_rounds_with(location: &str, wal_bytes: u64, rounds: u32, acks: std::ops::Range<u64>, logged: bool) {
     let seed = std::env::var("KILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20_261_130u64);
     println!("seed {seed}, store at {location}, write-ahead log of {wal_bytes} bytes");
     let mut rng = SeededRng::new(seed);
     let mut acked_total: HashSet<(u32, u64)> = HashSet::new();
     let mut next_seq = 0u64;
     for round in 0..rounds {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_store-writer"));
-        command.args([location, &THREADS.to_string(), &next_seq.to_string()]).arg(wal_bytes.to_string());
-        if logged {
-            command.env("STORE_WRITER_LOGGED", "1");
-        }
-        let mut child = command.stdout(Stdio::piped()).spawn().expect("spawn store-writer");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_store-writer"))
+            .args([location, &THREADS.to_string(), &next_seq.to_string()])
+            .arg(wal_bytes.to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn store-writer");
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, rx) = mpsc::channel();
         let reader = std::thread::spawn(move || {

@@ -1,7 +1,6 @@
 //! Child process of `store_kill`: commits batches of three records in `sync` mode from
 //! several threads and prints `ack <thread> <seq>` after each commit returns. The parent
-//! SIGKILLs it at a random moment. With `STORE_WRITER_LOGGED=1`, every other batch is
-//! committed in `logged` mode instead.
+//! SIGKILLs it at a random moment.
 //!
 //! Usage: store-writer DIR THREADS FIRST_SEQ [WAL_BYTES]
 
@@ -44,7 +43,6 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let logged = std::env::var_os("STORE_WRITER_LOGGED").is_some();
     println!("ready");
     let handles: Vec<_> = (0..threads)
         .map(|t| {
@@ -60,9 +58,7 @@ fn main() {
                             std::process::exit(3);
                         }
                     }
-                    let durability =
-                        if logged && seq % 2 == 1 { Durability::Logged } else { Durability::Sync };
-                    if let Err(e) = store.commit_blocking(batch, durability) {
+                    if let Err(e) = store.commit_blocking(batch, Durability::Sync) {
                         eprintln!("commit: {e}");
                         std::process::exit(4);
                     }

@@ -131,19 +131,6 @@ pub trait Backend: Send + Sync + 'static {
     fn apply(&self, batch: &Batch) -> Result<(), StoreError>;
     /// Makes everything applied so far durable.
     fn barrier(&self) -> Result<(), StoreError>;
-    /// The first half of a barrier that can be split: hands everything applied so far to
-    /// the operating system, so that it survives the process dying, without waiting for
-    /// the disk. Returns false for a backend that cannot split its barrier; its writes
-    /// then wait for [`Backend::barrier`] whatever their durability.
-    fn write_out(&self) -> Result<bool, StoreError> {
-        Ok(false)
-    }
-    /// The second half: makes everything written out so far durable. Runs on its own
-    /// thread, beside `apply` and `write_out` of the writes that come next; only called on
-    /// a backend whose `write_out` returned true.
-    fn sync_written(&self) -> Result<(), StoreError> {
-        self.barrier()
-    }
     /// The writer has had nothing to do for a while: a moment to move logged writes into
     /// the engine in the background, so that the next burst of writes and the next open
     /// find less to do. Returns without waiting for that work.

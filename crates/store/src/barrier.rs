@@ -4,17 +4,8 @@
 //!
 //! Throughput therefore grows with the number of concurrent writers instead of being capped at
 //! one `fsync` per boundary. A `Sync` batch is acknowledged only after the barrier that covers
-//! it has returned; a `Logged` batch once it is written out to the operating system; an
-//! `Async` batch right after it is applied, with a barrier due within `flush_every`.
-//!
-//! A backend that can split its barrier (the sled backend: a `pwrite`, then an `fdatasync`)
-//! has the second half run on a syncer thread while `Logged` writes come: the writer writes
-//! a group out, hands its waiters to the syncer and gathers the next group while the disk
-//! flushes. One `fdatasync` covers every group written out before it began, so the syncer
-//! takes all that queued up behind the last one. A disk whose flush stalls for milliseconds
-//! then holds up only the writes that must wait for it; `Logged` ones go on. A thousand
-//! barriers after the last `Logged` write the writer runs them itself again, sparing `Sync`
-//! writers the hand-over. Merging a group into one engine write keeps every batch atomic (the group
+//! it has returned; an `Async` batch right after it is applied, with a barrier due within
+//! `flush_every`. Merging a group into one engine write keeps every batch atomic (the group
 //! is all or nothing, which is stronger) and costs the engine one log entry instead of many.
 //!
 //! The writer is also where disk faults are contained. Below the free-space floor it parks
@@ -46,21 +37,12 @@ use crate::{backend::Backend, batch::Batch, error::StoreError};
 
 /// How long the writer waits with nothing to do before it tells the backend it is quiet.
 const QUIET_AFTER: Duration = Duration::from_millis(200);
-/// For how many barriers after the last logged write the writer goes on handing them to the
-/// syncer.
-const SPLIT_AFTER_LOGGED: u64 = 1_000;
 
 /// How durable a batch must be before `commit` returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Durability {
     /// Return after a barrier covered the batch: it survives a crash and a power loss.
     Sync,
-    /// Return once the batch is written out to the operating system: it survives the
-    /// process dying from then on, and a power loss once a barrier has covered it — the
-    /// barrier of any later `Sync` batch, or one within `flush_every`. For what must be on
-    /// record before code that may kill the process runs, without waiting for the disk. On
-    /// a backend whose barrier cannot be split (PostgreSQL, the simulator), as `Sync`.
-    Logged,
     /// Return once the batch is applied; a barrier covers it within `flush_every`.
     Async,
 }
@@ -122,10 +104,8 @@ pub(crate) struct Health {
     /// changeable later (`Store::set_flush_every`), so the runtime's setting applies to a
     /// store its user opened.
     pub flush_every_us: AtomicU64,
-    /// When the writer's engine call in progress started, ms since `epoch`; 0 when idle.
+    /// When the engine call in progress started, ms since `epoch`; 0 when idle.
     working_since_ms: AtomicU64,
-    /// The same for the syncer's `fdatasync`.
-    syncing_since_ms: AtomicU64,
     epoch: Instant,
 }
 
@@ -139,7 +119,6 @@ impl Health {
             applied: AtomicU64::new(0),
             durable: watch::Sender::new(0),
             working_since_ms: AtomicU64::new(0),
-            syncing_since_ms: AtomicU64::new(0),
             epoch: Instant::now(),
         }
     }
@@ -163,48 +142,12 @@ impl Health {
         (self.epoch.elapsed().as_millis() as u64).max(1)
     }
 
-    /// Runs an engine call of the writer's under the watchdog's eye.
+    /// Runs an engine call under the watchdog's eye.
     fn working<T>(&self, f: impl FnOnce() -> T) -> T {
-        self.watched(&self.working_since_ms, f)
-    }
-
-    /// Runs the syncer's `fdatasync` under the watchdog's eye.
-    fn syncing<T>(&self, f: impl FnOnce() -> T) -> T {
-        self.watched(&self.syncing_since_ms, f)
-    }
-
-    fn watched<T>(&self, since_ms: &AtomicU64, f: impl FnOnce() -> T) -> T {
-        since_ms.store(self.since_epoch_ms(), Relaxed);
+        self.working_since_ms.store(self.since_epoch_ms(), Relaxed);
         let out = f();
-        since_ms.store(0, Relaxed);
+        self.working_since_ms.store(0, Relaxed);
         out
-    }
-
-    /// How long the oldest engine call still running has run, ms (0 when none is).
-    fn longest_call_ms(&self) -> u64 {
-        let now = self.since_epoch_ms();
-        [&self.working_since_ms, &self.syncing_since_ms]
-            .iter()
-            .map(|since| match since.load(Relaxed) {
-                0 => 0,
-                since => now.saturating_sub(since),
-            })
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// Everything of the first `groups` groups is durable. The writer and the syncer both
-    /// report, in either order: the mark only moves forward.
-    fn mark_durable(&self, groups: u64) {
-        self.durable.send_if_modified(|durable| {
-            let moved = groups > *durable;
-            *durable = (*durable).max(groups);
-            moved
-        });
-    }
-
-    fn flush_every(&self) -> Duration {
-        Duration::from_micros(self.flush_every_us.load(Relaxed))
     }
 }
 
@@ -232,7 +175,8 @@ fn watchdog(health: &Health, timeout: Duration) {
     let tick = (timeout / 8).clamp(Duration::from_millis(10), Duration::from_millis(500));
     while !health.closing.load(Relaxed) && health.failure().is_none() {
         std::thread::sleep(tick);
-        if health.longest_call_ms() > timeout.as_millis() as u64 {
+        let since = health.working_since_ms.load(Relaxed);
+        if since != 0 && health.since_epoch_ms().saturating_sub(since) > timeout.as_millis() as u64 {
             health.fail(format!(
                 "a durability barrier has not returned after {} ms (is the disk full or gone?)",
                 timeout.as_millis()
@@ -399,13 +343,10 @@ fn run_barrier(
 ) -> Result<(), StoreError> {
     let result = health.working(|| backend.barrier());
     stats.barriers.fetch_add(1, Relaxed);
-    report_barrier(health, groups, &result);
-    result
-}
-
-fn report_barrier(health: &Health, groups: u64, result: &Result<(), StoreError>) {
-    match result {
-        Ok(()) => health.mark_durable(groups),
+    match &result {
+        Ok(()) => {
+            health.durable.send_replace(groups);
+        }
         Err(e) => {
             tracing::error!(error = %e, "durability barrier failed");
             if e.is_engine_failure() {
@@ -413,33 +354,7 @@ fn report_barrier(health: &Health, groups: u64, result: &Result<(), StoreError>)
             }
         }
     }
-}
-
-/// What the writer hands the syncer: who waits for the groups written out so far.
-struct SyncJob {
-    acks: Vec<Ack>,
-    groups: u64,
-}
-
-/// The second half of a split barrier, on its own thread: one `fdatasync` for every job
-/// queued since the last, each written out before it begins. Ends when the writer does.
-fn syncer_loop(backend: &dyn Backend, rx: &mpsc::Receiver<SyncJob>, stats: &WriterStats, health: &Health) {
-    while let Ok(SyncJob { mut acks, mut groups }) = rx.recv() {
-        while let Ok(more) = rx.try_recv() {
-            acks.extend(more.acks);
-            groups = groups.max(more.groups);
-        }
-        let result = health.syncing(|| backend.sync_written());
-        stats.barriers.fetch_add(1, Relaxed);
-        report_barrier(health, groups, &result);
-        answer(acks, &result);
-    }
-}
-
-fn answer(acks: impl IntoIterator<Item = Ack>, result: &Result<(), StoreError>) {
-    for ack in acks {
-        let _ = ack.send(result.as_ref().map(|_| ()).map_err(StoreError::duplicate));
-    }
+    result
 }
 
 fn writer_loop(
@@ -448,37 +363,6 @@ fn writer_loop(
     config: WriterConfig,
     stats: &WriterStats,
     health: &Health,
-) {
-    // A write-out of nothing tells whether this backend splits its barrier.
-    if !matches!(backend.write_out(), Ok(true)) {
-        return write_groups(backend, rx, config, stats, health, None);
-    }
-    std::thread::scope(|scope| {
-        let (to_syncer, jobs) = mpsc::channel();
-        let syncer = std::thread::Builder::new()
-            .name("durafiber-syncer".into())
-            .spawn_scoped(scope, move || syncer_loop(backend, &jobs, stats, health));
-        match syncer {
-            Ok(_) => write_groups(backend, rx, config, stats, health, Some(&to_syncer)),
-            Err(e) => {
-                tracing::warn!(error = %e, "no syncer thread: barriers run on the writer");
-                write_groups(backend, rx, config, stats, health, None)
-            }
-        }
-        // Dropping `to_syncer` ends the syncer once it has answered every job; the scope
-        // waits for it, so the writer ends with every waiter answered.
-    });
-}
-
-/// The writer's loop. With `syncer`, a barrier's `fdatasync` runs there (see the module's
-/// documentation); without, here.
-fn write_groups(
-    backend: &dyn Backend,
-    rx: &mpsc::Receiver<Cmd>,
-    config: WriterConfig,
-    stats: &WriterStats,
-    health: &Health,
-    syncer: Option<&mpsc::Sender<SyncJob>>,
 ) {
     // Set while async writes are applied but not yet covered by a barrier.
     let mut flush_due: Option<Instant> = None;
@@ -492,8 +376,6 @@ fn write_groups(
     // Set by each applied group: a writer that then gets nothing for `QUIET_AFTER` tells the
     // backend it is quiet (a moment to checkpoint), once.
     let mut quiet_due: Option<Instant> = None;
-    // Barriers since the last logged write: the syncer takes them only while such writes come.
-    let mut since_logged = u64::MAX;
     loop {
         let first = match next_command(rx, flush_due, quiet_due) {
             Next::Command(cmd) => Some(cmd),
@@ -560,9 +442,7 @@ fn write_groups(
         }
         // Applied (or refused): the queue has room again while the barrier runs.
         drop(std::mem::take(&mut group.rooms));
-        // Those who wait for a barrier, and (with a syncer) those who wait for the write-out.
         let mut waiting = Vec::new();
-        let mut written = Vec::new();
         match applied {
             Err(e) => {
                 tracing::error!(error = %e, batches = group.parts.len(), "write failed");
@@ -581,52 +461,27 @@ fn write_groups(
                         }
                         (None, Durability::Async) => {
                             let _ = part.ack.send(Ok(()));
-                            flush_due.get_or_insert_with(|| Instant::now() + health.flush_every());
+                            let flush_every = Duration::from_micros(
+                                health.flush_every_us.load(std::sync::atomic::Ordering::Relaxed),
+                            );
+                            flush_due.get_or_insert_with(|| Instant::now() + flush_every);
                         }
-                        (None, Durability::Logged) if syncer.is_some() => written.push(part.ack),
-                        (None, Durability::Sync | Durability::Logged) => waiting.push(part.ack),
+                        (None, Durability::Sync) => waiting.push(part.ack),
                     }
                 }
             }
         }
         group.answer_snapshots(backend);
         let flush_now = flush_due.is_some_and(|due| Instant::now() >= due);
-        if waiting.is_empty() && written.is_empty() && group.barrier_acks.is_empty() && !flush_now {
+        if waiting.is_empty() && group.barrier_acks.is_empty() && !flush_now {
             continue;
         }
-        waiting.append(&mut group.barrier_acks);
-        since_logged = if written.is_empty() { since_logged.saturating_add(1) } else { 0 };
-        // Handing a barrier to another thread costs its waiters a thread's wake-up: a writer
-        // of sync batches alone made 10–20% fewer commits a second so (`bench stash
-        // --writers 1`). Without logged writes to serve meanwhile, the barrier runs here.
-        let syncer = syncer.filter(|_| since_logged < SPLIT_AFTER_LOGGED);
-        let Some(syncer) = syncer else {
-            let result = run_barrier(backend, stats, health, groups);
-            if result.is_ok() {
-                flush_due = None;
-            }
-            answer(written.into_iter().chain(waiting), &result);
-            continue;
-        };
-        // Everything applied so far goes to the operating system; the syncer makes it
-        // durable while the next group is gathered.
-        if let Err(e) = health.working(|| backend.write_out()) {
-            let failed = Err(e);
-            report_barrier(health, groups, &failed);
-            answer(written.into_iter().chain(waiting), &failed);
-            continue;
+        let result = run_barrier(backend, stats, health, groups);
+        if result.is_ok() {
+            flush_due = None;
         }
-        answer(written, &Ok(()));
-        if waiting.is_empty() && !flush_now {
-            // Written out only: a barrier covers it within `flush_every`, or sooner.
-            flush_due.get_or_insert_with(|| Instant::now() + health.flush_every());
-            continue;
-        }
-        flush_due = None;
-        if let Err(mpsc::SendError(job)) = syncer.send(SyncJob { acks: waiting, groups }) {
-            // The syncer ends only after the writer; should it be gone, sync here.
-            let result = run_barrier(backend, stats, health, groups);
-            answer(job.acks, &result);
+        for ack in waiting.into_iter().chain(group.barrier_acks) {
+            let _ = ack.send(result.as_ref().map(|_| ()).map_err(StoreError::duplicate));
         }
     }
 }
@@ -644,55 +499,6 @@ mod tests {
             assert!(Instant::now() < deadline, "timed out waiting for {what}");
             std::thread::sleep(Duration::from_millis(5));
         }
-    }
-
-    fn put(n: u64) -> Batch {
-        let mut batch = Batch::new();
-        batch.put(tables::META, tables::META.key(&[b"logged", &n.to_be_bytes()]), &n).expect("encode");
-        batch
-    }
-
-    #[test]
-    fn a_logged_write_returns_while_the_barrier_before_it_is_stalled_and_the_next_covers_both() {
-        let sim = SimBackend::new();
-        sim.split_barriers(true);
-        let store =
-            Arc::new(Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store"));
-        // A logged write hands the writer's barriers to the syncer.
-        store.commit_blocking(put(0), Durability::Logged).expect("logged write");
-        wait_for("its barrier, within flush_every", || sim.durable_len() == 1);
-        sim.stall_barriers(true);
-        let synced = {
-            let store = store.clone();
-            std::thread::spawn(move || store.commit_blocking(put(1), Durability::Sync))
-        };
-        wait_for("the sync write to be applied", || sim.counts().0 == 2);
-        store.commit_blocking(put(2), Durability::Logged).expect("a logged write does not wait for the disk");
-        assert!(!synced.is_finished(), "the sync write waits for its barrier");
-        assert_eq!(sim.durable_len(), 1);
-        sim.stall_barriers(false);
-        synced.join().expect("writer thread").expect("sync write");
-        assert_eq!(sim.durable_len(), 3, "the barrier covers the logged write applied before it ran");
-        store.close();
-    }
-
-    #[test]
-    fn a_logged_write_waits_for_a_barrier_where_the_backend_cannot_split_one() {
-        let sim = SimBackend::new();
-        let store =
-            Arc::new(Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store"));
-        sim.stall_barriers(true);
-        let logged = {
-            let store = store.clone();
-            std::thread::spawn(move || store.commit_blocking(put(1), Durability::Logged))
-        };
-        wait_for("the logged write to be applied", || sim.counts().0 == 1);
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(!logged.is_finished(), "nothing but a barrier makes it safe from the process dying");
-        sim.stall_barriers(false);
-        logged.join().expect("writer thread").expect("logged write");
-        assert_eq!(sim.durable_len(), 1);
-        store.close();
     }
 
     #[test]

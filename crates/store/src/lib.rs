@@ -6,13 +6,10 @@
 //! # What survives
 //! - **A process crash** (SIGKILL, panic, OOM): every batch whose `commit` was acknowledged in
 //!   [`Durability::Sync`] mode, whole. A batch is applied atomically, so a crash never leaves
-//!   half of one behind. So is every batch acknowledged in [`Durability::Logged`] mode,
-//!   written out to the operating system before its `commit` returned. In
-//!   [`Durability::Async`] mode, the writes of the last `flush_every` window may be lost,
-//!   and nothing older.
-//! - **A power loss**: the same (but for `Logged` batches no barrier has covered yet),
-//!   because an acknowledged barrier has `fdatasync`ed the write-ahead log ([`wal`]) that
-//!   holds the batch, and sled receives batches only as whole
+//!   half of one behind. In [`Durability::Async`] mode, the writes of the last `flush_every`
+//!   window may be lost, and nothing older.
+//! - **A power loss**: the same, because an acknowledged barrier has `fdatasync`ed the
+//!   write-ahead log ([`wal`]) that holds the batch, and sled receives batches only as whole
 //!   checkpoints that are made durable (new blob files, the blob directory, sled's flush, then
 //!   `fdatasync` of its log: sled 0.34's own flush stops at `sync_file_range`, which leaves
 //!   the data in the disk's volatile cache) before the log lets go of them.

@@ -52,8 +52,6 @@ pub struct SimBackend {
     state: Arc<Mutex<SimState>>,
     /// While set, every barrier hangs, as on a disk that stopped answering.
     stalled: Arc<std::sync::atomic::AtomicBool>,
-    /// Set by `split_barriers`.
-    split: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl SimBackend {
@@ -102,14 +100,6 @@ impl SimBackend {
         s.crashed_tx.send_replace(false);
         s.applies = 0;
         s.barriers = 0;
-    }
-
-    /// Has the store's writer split its barriers here as it does on sled: a write-out (a
-    /// no-op: an applied batch is all the simulated process holds), then the barrier on a
-    /// thread of its own. A crash still loses everything no barrier covered. Set before the
-    /// store opens.
-    pub fn split_barriers(&self, split: bool) {
-        self.split.store(split, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Makes every barrier hang (as on a disk that stopped answering) until unset.
@@ -193,11 +183,6 @@ impl Backend for SimBackend {
     fn quiet(&self) -> Result<(), StoreError> {
         self.live()?.quiet_spells += 1;
         Ok(())
-    }
-
-    fn write_out(&self) -> Result<bool, StoreError> {
-        drop(self.live()?);
-        Ok(self.split.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     fn barrier(&self) -> Result<(), StoreError> {

@@ -53,9 +53,6 @@ pub struct SledBackend {
     engine: Arc<Engine>,
     overlay: Arc<RwLock<Overlay>>,
     log: Mutex<Logged>,
-    /// A second handle on the log file: `sync_written` runs `fdatasync` on it while the
-    /// writer goes on logging the next writes under `log`.
-    log_file: (File, PathBuf),
     checkpoints: Checkpointer,
     /// Records the write-ahead log held that could not be re-applied, found at open.
     lost_tail: Option<Rollback>,
@@ -323,12 +320,10 @@ impl SledBackend {
             overlay.write().frozen = Some(table.clone());
             checkpoints.hand_over(table, replay.last)?;
         }
-        let log_file = wal.sync_handle()?;
         Ok(SledBackend {
             engine,
             overlay,
             log: Mutex::new(Logged { wal, last_lsn: replay.highest }),
-            log_file,
             checkpoints,
             lost_tail: replay.lost,
             _lock: lock,
@@ -419,22 +414,6 @@ impl Backend for SledBackend {
     /// One `pwrite` and one `fdatasync` of the write-ahead log.
     fn barrier(&self) -> Result<(), StoreError> {
         self.log.lock().wal.sync()?;
-        self.checkpoints.check()
-    }
-
-    /// One `pwrite` of the records logged since the last one.
-    fn write_out(&self) -> Result<bool, StoreError> {
-        self.log.lock().wal.write_out()?;
-        self.checkpoints.check()?;
-        Ok(true)
-    }
-
-    /// One `fdatasync` of the log file, outside the log's lock. It covers every record
-    /// written out before it began, in whichever half: a half is only written over once a
-    /// checkpoint has put what it held into sled, and each rotation syncs the half it leaves.
-    fn sync_written(&self) -> Result<(), StoreError> {
-        let (file, path) = &self.log_file;
-        file.sync_data().map_err(io(path))?;
         self.checkpoints.check()
     }
 

@@ -260,11 +260,7 @@ impl Wal {
         let capacity = Wal::file_size(capacity);
         let size = std::fs::metadata(&path).map(|m| m.len()).ok();
         let file = if size == Some(capacity) {
-            let file = OpenOptions::new().read(true).write(true).open(&path).map_err(io(&path))?;
-            // A process killed between a record's `pwrite` and its `fdatasync` left it in
-            // the page cache only, where this open has just read (and may act on) it.
-            file.sync_data().map_err(io(&path))?;
-            file
+            OpenOptions::new().read(true).write(true).open(&path).map_err(io(&path))?
         } else {
             create(dir, &path, capacity)?
         };
@@ -279,8 +275,7 @@ impl Wal {
         })
     }
 
-    /// Adds a record of `ops` under `lsn`, written at the next [`Wal::write_out`] and durable
-    /// at the next [`Wal::sync`] (or `fdatasync` after that write), if it fits in
+    /// Adds a record of `ops` under `lsn`, durable at the next [`Wal::sync`], if it fits in
     /// what is left of this half.
     pub fn append(&mut self, lsn: u64, ops: &[Op]) -> Appended {
         let start = self.pending.len();
@@ -306,27 +301,12 @@ impl Wal {
         if self.pending.is_empty() {
             return Ok(());
         }
-        self.write_out()?;
-        self.file.sync_data().map_err(io(&self.path))
-    }
-
-    /// Writes the pending records into the file (one `pwrite`) without waiting for the disk:
-    /// from here they survive the process dying, and a power loss once an `fdatasync` of
-    /// the file (any handle's) has returned.
-    pub fn write_out(&mut self) -> Result<(), StoreError> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
         let at = self.half * self.half_bytes + self.offset;
         self.file.write_all_at(&self.pending, at).map_err(io(&self.path))?;
+        self.file.sync_data().map_err(io(&self.path))?;
         self.offset += self.pending.len() as u64;
         self.pending.clear();
         Ok(())
-    }
-
-    /// A second handle on the log file, to `fdatasync` it without holding the log.
-    pub fn sync_handle(&self) -> Result<(File, PathBuf), StoreError> {
-        Ok((self.file.try_clone().map_err(io(&self.path))?, self.path.clone()))
     }
 
     /// The half being written.

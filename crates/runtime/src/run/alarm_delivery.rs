@@ -2,11 +2,7 @@
 //!
 //! The attempt count is persisted *before* the handler runs, together with the time of the
 //! next retry, so a handler that kills the process is retried on schedule after the restart
-//! and cannot loop forever. It is written `Logged`: handed to the operating system, which
-//! keeps it through the process's death, without waiting for the disk's flush; the next
-//! barrier — the handler's own first durable write, or its removal after success — covers
-//! it. Only a power loss before then can forget an attempt, and only one whose handler
-//! wrote nothing durable. Retry n waits 2 s × 2^(n-1) plus up to 25% jitter; after the
+//! and cannot loop forever. Retry n waits 2 s × 2^(n-1) plus up to 25% jitter; after the
 //! seventh failed attempt the alarm is dead-lettered.
 
 use std::sync::{Arc, atomic::Ordering};
@@ -215,7 +211,7 @@ async fn deliver(
     let mut batch = Batch::new();
     batch.delete(tables::alarm_due_key(old_due, run_id, due_name));
     slot.stage(&mut batch, &alarm)?;
-    shared.store.commit(batch, Durability::Logged).await?;
+    shared.store.commit(batch, Durability::Sync).await?;
 
     let event = AlarmEvent {
         name: name.to_string(),
