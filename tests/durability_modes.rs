@@ -99,11 +99,18 @@ async fn fifty_runs_stashing_at_once_share_barriers() {
     let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("store");
     let rt = Runtime::builder(store.clone()).agent(Steps::default()).open().await.expect("runtime");
     let before = store.writer_stats().barriers.load(std::sync::atomic::Ordering::Relaxed);
-    let mut runs = Vec::new();
-    for i in 0..50 {
-        let input = StepsInput { steps: 10, pause_ms: 0 };
-        runs.push(rt.start::<Steps>(&format!("g{i}"), &input).await.expect("start").run_id);
-    }
+    // All at once, and each stash 20 ms after the last returned: the runs' stashes come
+    // together, round after round. Started one after another and stashing without a pause,
+    // each run would trail the one before by a barrier, and a fast disk would give most
+    // stashes a barrier of their own.
+    let runs = futures::future::join_all((0..50).map(|i| {
+        let rt = rt.clone();
+        async move {
+            let input = StepsInput { steps: 10, pause_ms: 20 };
+            rt.start::<Steps>(&format!("g{i}"), &input).await.expect("start").run_id
+        }
+    }))
+    .await;
     for run in &runs {
         assert!(matches!(rt.wait(run).await.expect("wait"), RunStatus::Completed { .. }));
     }
