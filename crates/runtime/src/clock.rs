@@ -3,7 +3,7 @@
 //!
 //! This is the only module that reads the machine's time or sleeps on it.
 
-use parking_lot::Mutex;
+use durafiber_store::lock::Mutex;
 use std::{
     collections::BTreeMap,
     future::Future,
@@ -85,7 +85,7 @@ impl VirtualClock {
         }
     }
 
-    fn lock(&self) -> parking_lot::MutexGuard<'_, VirtualState> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VirtualState> {
         self.inner.lock()
     }
 

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use parking_lot::Mutex;
+use durafiber_store::lock::Mutex;
 
 use serde::Serialize;
 

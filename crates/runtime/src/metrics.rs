@@ -4,7 +4,7 @@
 //! `durafiber_*` names. Histograms are HDR histograms with 2 significant digits: fixed
 //! memory, and a p99 within 1 % of the true value at any scale.
 
-use parking_lot::Mutex;
+use durafiber_store::lock::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;

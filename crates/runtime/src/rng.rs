@@ -40,5 +40,5 @@ impl SeededRng {
 pub fn unguessable_hex() -> Result<String, getrandom::Error> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(crate::json::hex(&bytes))
 }

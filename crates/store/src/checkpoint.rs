@@ -14,16 +14,15 @@ use std::{
     collections::HashSet,
     fs::File,
     path::{Path, PathBuf},
-    sync::{Arc, mpsc},
+    sync::{Arc, Condvar, PoisonError, mpsc},
 };
-
-use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::{
     backend::Rollback,
     codec, envelope,
     error::StoreError,
     fsync::io,
+    lock::{Mutex, RwLock},
     memtable::{Overlay, Table, apply_to},
     tables,
     wal::Record,
@@ -262,7 +261,7 @@ impl Checkpointer {
         let (lock, done) = &*self.state;
         let mut state = lock.lock();
         while state.busy {
-            done.wait(&mut state);
+            state = done.wait(state).unwrap_or_else(PoisonError::into_inner);
         }
         self.failure(&state)
     }

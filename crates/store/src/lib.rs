@@ -30,6 +30,7 @@
 //! - [`repair`]: verify, salvage, backup and restore, for operators.
 //! - [`wal`]: the write-ahead log in front of sled: one `fdatasync` per barrier.
 //! - [`witness`]: catches a log that went back in time (sled drops a damaged tail silently).
+//! - [`lock`]: the locks durafiber's threads share: waiters sleep, never yield the CPU.
 #![deny(missing_docs)]
 
 pub mod access;
@@ -41,6 +42,7 @@ pub mod codec;
 pub mod envelope;
 mod error;
 mod fsync;
+pub mod lock;
 mod memtable;
 #[cfg(feature = "postgres")]
 pub mod pg_backend;

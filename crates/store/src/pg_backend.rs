@@ -33,7 +33,6 @@ use std::{
     time::Duration,
 };
 
-use parking_lot::Mutex;
 use tokio_postgres::{Client, NoTls};
 
 use crate::{
@@ -42,6 +41,7 @@ use crate::{
     batch::Batch,
     batch::Op,
     error::StoreError,
+    lock::{Mutex, RwLock},
     shard,
 };
 
@@ -122,7 +122,7 @@ pub struct PgBackend {
     node: Option<String>,
     /// The shards this node owns, at the epoch it acquired each: what its writes are
     /// fenced by.
-    fence: parking_lot::RwLock<HashMap<u32, i64>>,
+    fence: RwLock<HashMap<u32, i64>>,
     /// Bumped when another node says shards changed hands (`LISTEN df_shards`).
     news: tokio::sync::watch::Sender<u64>,
 }
@@ -243,7 +243,7 @@ impl PgBackend {
             thread: Mutex::new(Some(thread)),
             shown,
             node,
-            fence: parking_lot::RwLock::new(HashMap::new()),
+            fence: RwLock::new(HashMap::new()),
             news,
         };
         match ready_rx.recv() {

@@ -3,10 +3,12 @@
 //! exact write or barrier, so tests can crash a run at every boundary, before and after its
 //! barrier, deterministically.
 
-use parking_lot::{Mutex, MutexGuard};
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, MutexGuard},
+};
 
-use crate::{backend::Backend, backend::Entries, batch::Batch, batch::Op, error::StoreError};
+use crate::{backend::Backend, backend::Entries, batch::Batch, batch::Op, error::StoreError, lock::Mutex};
 
 /// Where a scheduled crash happens, counted from the moment it is armed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

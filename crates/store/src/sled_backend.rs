@@ -11,8 +11,6 @@ use std::{
     sync::Arc,
 };
 
-use parking_lot::{Mutex, RwLock};
-
 use crate::{
     backend::Backend,
     backend::Entries,
@@ -21,6 +19,7 @@ use crate::{
     checkpoint::{Checkpointer, Engine, contained},
     error::StoreError,
     fsync::{io, sync_dir},
+    lock::{Mutex, RwLock},
     memtable::{Overlay, merge},
     wal::{self, Appended, Wal},
 };

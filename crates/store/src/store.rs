@@ -1,7 +1,6 @@
 //! The typed front door of the store: reads that open envelopes, and commits that go through
 //! the group-commit writer.
 
-use parking_lot::Mutex;
 use std::{
     path::Path,
     sync::{Arc, mpsc},
@@ -18,6 +17,7 @@ use crate::{
     batch::Batch,
     codec, envelope,
     error::StoreError,
+    lock::{Mutex, RwLock},
     sled_backend::SledBackend,
     tables::Table,
 };
@@ -84,7 +84,8 @@ struct Inner {
     witness_ok: std::sync::atomic::AtomicBool,
     /// Room in the writer's queue: one permit per queued write, given back once it is applied.
     room: Arc<Semaphore>,
-    tx: Mutex<Option<mpsc::Sender<Cmd>>>,
+    /// Senders share it: a send wakes the writer, and others need not wait for that.
+    tx: RwLock<Option<mpsc::Sender<Cmd>>>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -111,7 +112,7 @@ impl Inner {
         // A parked writer stops waiting for space; dropping the sender ends the writer after
         // a last barrier.
         self.health.closing.store(true, std::sync::atomic::Ordering::Relaxed);
-        drop(self.tx.lock().take());
+        drop(self.tx.write().take());
         if let Some(h) = self.writer.lock().take() {
             // A failed store's writer may be stuck inside the engine for good: leave it.
             if self.health.failure().is_none() && h.join().is_ok() {
@@ -245,7 +246,7 @@ impl Store {
                 disk_reserve_bytes: config.disk_reserve_bytes,
                 witness_ok: std::sync::atomic::AtomicBool::new(true),
                 room: Arc::new(Semaphore::new(config.queued_writes_max.max(1))),
-                tx: Mutex::new(Some(tx)),
+                tx: RwLock::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
             }),
         })
@@ -269,7 +270,7 @@ impl Store {
     }
 
     fn send(&self, cmd: Cmd) -> Result<(), StoreError> {
-        let tx = self.inner.tx.lock();
+        let tx = self.inner.tx.read();
         tx.as_ref().ok_or(StoreError::Closed)?.send(cmd).map_err(|_| StoreError::Closed)
     }
 

@@ -8,8 +8,8 @@
 
 use std::collections::{BTreeSet, HashSet};
 
+use durafiber_store::lock::Mutex;
 use durafiber_store::{Store, StoreError, tables};
-use parking_lot::Mutex;
 
 use crate::limits::{ALARM_REFILL_MAX, ALARM_WINDOW_MAX};
 
@@ -83,7 +83,7 @@ impl Scheduler {
         }
     }
 
-    fn lock(&self) -> parking_lot::MutexGuard<'_, Window> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Window> {
         self.inner.lock()
     }
 

@@ -1,6 +1,6 @@
 //! One live run's in-memory side, and what its waits are woken with.
 
-use parking_lot::Mutex;
+use durafiber_store::lock::Mutex;
 use std::sync::atomic::AtomicU64;
 
 use tokio::sync::{Notify, oneshot};

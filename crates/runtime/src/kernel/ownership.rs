@@ -10,8 +10,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use durafiber_store::lock::RwLock;
 use durafiber_store::shard;
-use parking_lot::RwLock;
 
 use crate::error::RuntimeError;
 

@@ -4,7 +4,7 @@
 //! RAM here is never the source of truth: everything in it is rebuilt from the store at
 //! start-up, and losing it (a crash) only costs re-activations.
 
-use parking_lot::Mutex;
+use durafiber_store::lock::Mutex;
 use std::{
     collections::{BTreeSet, HashMap},
     future::Future,

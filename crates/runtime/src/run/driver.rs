@@ -4,11 +4,11 @@
 //! deadline, on a virtual clock `Runtime::advance` calls `tick` itself.
 
 use std::{
-    sync::{Arc, Weak, atomic::Ordering},
+    sync::{Arc, Condvar, PoisonError, Weak, atomic::Ordering},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use parking_lot::{Condvar, Mutex};
+use durafiber_store::lock::Mutex;
 
 use crate::{eviction::idle, kernel::activity::Action, kernel::shared::Shared, run::actor::reactivate};
 
@@ -110,12 +110,14 @@ impl AlarmClock {
         let mut deadline = lock.lock();
         while !deadline.stop {
             let Some(at_ms) = deadline.at_ms else {
-                changed.wait(&mut deadline);
+                deadline = changed.wait(deadline).unwrap_or_else(PoisonError::into_inner);
                 continue;
             };
             let left_us = at_ms.saturating_mul(1_000).saturating_sub(epoch_us());
             if left_us > 0 {
-                changed.wait_for(&mut deadline, Duration::from_micros(left_us));
+                deadline = changed
+                    .wait_timeout(deadline, Duration::from_micros(left_us))
+                    .map_or_else(|e| e.into_inner().0, |(guard, _)| guard);
                 continue;
             }
             deadline.at_ms = None;

@@ -5,7 +5,7 @@
 //! a driver task wakes at the next deadline (hibernation, eviction, heartbeat, recovery
 //! backoff, alarm); on a virtual clock, `advance` walks the same deadlines in order.
 
-use parking_lot::Mutex;
+use durafiber_store::lock::Mutex;
 use std::{
     collections::{BTreeSet, HashMap},
     marker::PhantomData,
