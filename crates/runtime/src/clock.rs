@@ -3,7 +3,7 @@
 //!
 //! This is the only module that reads the machine's time or sleeps on it.
 
-use durafiber_store::lock::Mutex;
+use durafiber_store::lock::{Mutex, MutexGuard};
 use std::{
     collections::BTreeMap,
     future::Future,
@@ -85,7 +85,7 @@ impl VirtualClock {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VirtualState> {
+    fn lock(&self) -> MutexGuard<'_, VirtualState> {
         self.inner.lock()
     }
 

@@ -14,7 +14,7 @@ use std::{
     collections::HashSet,
     fs::File,
     path::{Path, PathBuf},
-    sync::{Arc, Condvar, PoisonError, mpsc},
+    sync::{Arc, mpsc},
 };
 
 use crate::{
@@ -22,7 +22,7 @@ use crate::{
     codec, envelope,
     error::StoreError,
     fsync::io,
-    lock::{Mutex, RwLock},
+    lock::{Condvar, Mutex, RwLock},
     memtable::{Overlay, Table, apply_to},
     tables,
     wal::Record,
@@ -261,7 +261,7 @@ impl Checkpointer {
         let (lock, done) = &*self.state;
         let mut state = lock.lock();
         while state.busy {
-            state = done.wait(state).unwrap_or_else(PoisonError::into_inner);
+            state = done.wait(state);
         }
         self.failure(&state)
     }

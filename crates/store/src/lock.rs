@@ -3,12 +3,15 @@
 //! `parking_lot`'s locks spin, then call `sched_yield` up to seven times before they sleep.
 //! On a machine with more busy threads than cores, a thread that yields can lose its core
 //! for a whole scheduler slice — milliseconds — to wait for a lock held for microseconds:
-//! beside a CPU hog, the late tail of `bench alarms` was made of such yields. The standard library's locks
-//! spin briefly and then wait on a futex, so a waiter is woken as soon as the lock is free.
-//! These wrap them with `parking_lot`'s shape: no poisoning, as nothing holding one of
-//! them panics on purpose, and a panic elsewhere leaves the data as whole as it was.
+//! beside a CPU hog, the late tail of `bench alarms` was made of such yields. The standard
+//! library's locks spin briefly and then wait on a futex, so a waiter is woken as soon as
+//! the lock is free. These wrap them with `parking_lot`'s shape: no poisoning, as nothing
+//! holding one of them panics on purpose, and a panic elsewhere leaves the data as whole as
+//! it was.
 
-use std::sync::{MutexGuard, PoisonError, RwLockReadGuard, RwLockWriteGuard};
+use std::{sync::PoisonError, time::Duration};
+
+pub use std::sync::{MutexGuard, RwLockReadGuard, RwLockWriteGuard};
 
 /// A mutual-exclusion lock that never yields the CPU while it waits.
 #[derive(Debug, Default)]
@@ -23,6 +26,37 @@ impl<T> Mutex<T> {
     /// Waits for the lock.
     pub fn lock(&self) -> MutexGuard<'_, T> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Waits for a [`Mutex`]'s data to change.
+#[derive(Debug, Default)]
+pub struct Condvar(std::sync::Condvar);
+
+impl Condvar {
+    /// A condition variable no one waits on yet.
+    pub const fn new() -> Self {
+        Condvar(std::sync::Condvar::new())
+    }
+
+    /// Lets go of `guard` until notified (or woken spuriously), then takes the lock again.
+    pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+        self.0.wait(guard).unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// [`Condvar::wait`], for at most `timeout`.
+    pub fn wait_for<'a, T>(&self, guard: MutexGuard<'a, T>, timeout: Duration) -> MutexGuard<'a, T> {
+        self.0.wait_timeout(guard, timeout).map_or_else(|e| e.into_inner().0, |(guard, _)| guard)
+    }
+
+    /// Wakes one waiter.
+    pub fn notify_one(&self) {
+        self.0.notify_one();
+    }
+
+    /// Wakes every waiter.
+    pub fn notify_all(&self) {
+        self.0.notify_all();
     }
 }
 
@@ -67,5 +101,22 @@ mod tests {
         *rw.write() += 1;
         assert_eq!(*m.lock(), vec![1, 2]);
         assert_eq!(*rw.read(), 2);
+    }
+
+    #[test]
+    fn a_waiter_sees_what_the_notifier_changed() {
+        let shared = std::sync::Arc::new((Mutex::new(false), Condvar::new()));
+        let notifier = shared.clone();
+        let t = std::thread::spawn(move || {
+            *notifier.0.lock() = true;
+            notifier.1.notify_all();
+        });
+        let (lock, changed) = &*shared;
+        let mut done = lock.lock();
+        while !*done {
+            done = changed.wait_for(done, Duration::from_secs(10));
+        }
+        drop(done);
+        assert!(t.join().is_ok());
     }
 }

@@ -3,12 +3,16 @@
 //! exact write or barrier, so tests can crash a run at every boundary, before and after its
 //! barrier, deterministically.
 
-use std::{
-    collections::BTreeMap,
-    sync::{Arc, MutexGuard},
-};
+use std::{collections::BTreeMap, sync::Arc};
 
-use crate::{backend::Backend, backend::Entries, batch::Batch, batch::Op, error::StoreError, lock::Mutex};
+use crate::{
+    backend::Backend,
+    backend::Entries,
+    batch::Batch,
+    batch::Op,
+    error::StoreError,
+    lock::{Mutex, MutexGuard},
+};
 
 /// Where a scheduled crash happens, counted from the moment it is armed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,7 @@
 //! *hibernateable* when no fiber is in memory: idle for `hibernate_after`, it hibernates.
 //! Otherwise, idle for `evict_after` (drawn anew per idle period), it is evicted.
 
-use durafiber_store::lock::Mutex;
+use durafiber_store::lock::{Mutex, MutexGuard};
 use std::{
     collections::{BTreeSet, HashMap},
     sync::{Arc, atomic::Ordering},
@@ -89,7 +89,7 @@ impl Liveness {
         rng.between(self.evict_after_ms.0, self.evict_after_ms.1)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+    fn lock(&self) -> MutexGuard<'_, Table> {
         self.runs.lock()
     }
 

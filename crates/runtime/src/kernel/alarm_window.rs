@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use durafiber_store::lock::Mutex;
+use durafiber_store::lock::{Mutex, MutexGuard};
 use durafiber_store::{Store, StoreError, tables};
 
 use crate::limits::{ALARM_REFILL_MAX, ALARM_WINDOW_MAX};
@@ -83,7 +83,7 @@ impl Scheduler {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Window> {
+    fn lock(&self) -> MutexGuard<'_, Window> {
         self.inner.lock()
     }
 

@@ -2,7 +2,7 @@
 //! that serialize activation, hibernation and eviction. `run/actor.rs` activates into it;
 //! hibernation and eviction remove from it.
 
-use durafiber_store::lock::Mutex;
+use durafiber_store::lock::{Mutex, MutexGuard};
 use std::{collections::HashMap, sync::Arc};
 
 use ractor::ActorRef;
@@ -89,7 +89,7 @@ impl Default for Registry {
 }
 
 impl Registry {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, LiveRun>> {
+    fn map(&self) -> MutexGuard<'_, HashMap<String, LiveRun>> {
         self.live.lock()
     }
 

@@ -4,11 +4,11 @@
 //! deadline, on a virtual clock `Runtime::advance` calls `tick` itself.
 
 use std::{
-    sync::{Arc, Condvar, PoisonError, Weak, atomic::Ordering},
+    sync::{Arc, Weak, atomic::Ordering},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use durafiber_store::lock::Mutex;
+use durafiber_store::lock::{Condvar, Mutex};
 
 use crate::{eviction::idle, kernel::activity::Action, kernel::shared::Shared, run::actor::reactivate};
 
@@ -110,14 +110,12 @@ impl AlarmClock {
         let mut deadline = lock.lock();
         while !deadline.stop {
             let Some(at_ms) = deadline.at_ms else {
-                deadline = changed.wait(deadline).unwrap_or_else(PoisonError::into_inner);
+                deadline = changed.wait(deadline);
                 continue;
             };
             let left_us = at_ms.saturating_mul(1_000).saturating_sub(epoch_us());
             if left_us > 0 {
-                deadline = changed
-                    .wait_timeout(deadline, Duration::from_micros(left_us))
-                    .map_or_else(|e| e.into_inner().0, |(guard, _)| guard);
+                deadline = changed.wait_for(deadline, Duration::from_micros(left_us));
                 continue;
             }
             deadline.at_ms = None;
