@@ -444,41 +444,54 @@ async fn a_rolling_restart_by_sigterm_hands_each_nodes_runs_over_at_once() {
     }
 }
 
-/// A TCP relay in front of the database that a test can cut, as a network partition would:
-/// open connections are dropped and new ones are refused.
+/// How a relay cuts its node off from the database.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Partition {
+    /// Open connections are closed and new ones refused: the node learns at once.
+    Refused,
+    /// Connections stay open and new ones are accepted, but nothing passes either way (a
+    /// network that drops packets): the node's calls hang until they time out.
+    Silent,
+}
+
+/// A TCP relay in front of the database that a test can cut, as a network partition would.
 struct Relay {
     addr: std::net::SocketAddr,
-    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    links: std::sync::Arc<parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    cut: tokio::sync::watch::Sender<Option<Partition>>,
 }
 
 impl Relay {
     async fn to(target: std::net::SocketAddr) -> Relay {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let links = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
-        let (c, l) = (cut.clone(), links.clone());
+        let (cut, partition) = tokio::sync::watch::channel(None);
         tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
-                if c.load(std::sync::atomic::Ordering::SeqCst) {
-                    continue; // refused: dropped at once
-                }
-                l.lock().push(tokio::spawn(async move {
-                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                let mut partition = partition.clone();
+                let now = *partition.borrow();
+                tokio::spawn(async move {
+                    match now {
+                        Some(Partition::Refused) => return, // dropped at once
+                        Some(Partition::Silent) => std::future::pending::<()>().await,
+                        None => {}
                     }
-                }));
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = partition.wait_for(Option::is_some) => {}
+                    }
+                    // Refused: both ends close here. Silent: both stay open, and nothing passes.
+                    if *partition.borrow() == Some(Partition::Silent) {
+                        std::future::pending::<()>().await;
+                    }
+                });
             }
         });
-        Relay { addr, cut, links }
+        Relay { addr, cut }
     }
 
-    fn cut(&self) {
-        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
-        for link in self.links.lock().drain(..) {
-            link.abort();
-        }
+    fn cut(&self, how: Partition) {
+        self.cut.send_replace(Some(how));
     }
 }
 
@@ -492,6 +505,17 @@ fn through(url: &str, relay: &Relay) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_from_the_database_drops_its_runs_by_itself_and_the_others_take_them() {
+    cut_off(Partition::Refused).await;
+}
+
+/// The node's calls to the database hang (its renewal among them), yet it fences itself at
+/// its deadline, not when a call times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_database_stops_answering_drops_its_runs_by_itself_and_the_others_take_them() {
+    cut_off(Partition::Silent).await;
+}
+
+async fn cut_off(partition: Partition) {
     let pg = PgServer::start().expect("a PostgreSQL server");
     let url = pg.fresh_database().expect("a database");
     let target: std::net::SocketAddr = url
@@ -533,7 +557,7 @@ async fn a_node_cut_off_from_the_database_drops_its_runs_by_itself_and_the_other
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
 
-    relay.cut();
+    relay.cut(partition);
     let cut = Instant::now();
     // n1 stops by itself at its self-fence deadline, before its leases can have expired.
     loop {

@@ -78,6 +78,9 @@ pub trait Leases: Send + Sync {
     fn held(&self) -> Vec<u32>;
     /// Every shard's live owner.
     fn owners(&self) -> Result<Vec<ShardOwner>, StoreError>;
+    /// How long until the first lease another node holds expires, by the database's clock
+    /// (`None`: no other node holds a lease that has not expired).
+    fn next_expiry(&self) -> Result<Option<std::time::Duration>, StoreError>;
 }
 
 /// A key-value engine with atomic batches and an explicit durability barrier.

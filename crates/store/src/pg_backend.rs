@@ -788,6 +788,25 @@ impl Leases for PgBackend {
                 .collect())
         })
     }
+
+    fn next_expiry(&self) -> Result<Option<Duration>, StoreError> {
+        let node = self.node_name();
+        let secs: Option<f64> = self.call(move |c| async move {
+            let client = c.reads.client().await?;
+            let row = client
+                .query_one(
+                    "SELECT extract(epoch FROM min(lease_until) - now())::float8 FROM df_shards \
+                     WHERE owner IS NOT NULL AND owner <> $1 AND lease_until > now()",
+                    &[&node],
+                )
+                .await
+                .map_err(db_error)?;
+            Ok(row.get(0))
+        })?;
+        Ok(secs.map(|s| {
+            if s > 0.0 { Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX) } else { Duration::ZERO }
+        }))
+    }
 }
 
 impl Drop for PgBackend {

@@ -21,17 +21,23 @@ pub(crate) struct Ownership {
     shards: RwLock<Option<HashSet<u32>>>,
     /// Past this instant no shard is owned, whatever `shards` says, until a renewal moves it.
     deadline: RwLock<Option<Instant>>,
+    /// Told at every renewal, for whoever waits for the deadline to move.
+    renewals: tokio::sync::Notify,
 }
 
 impl Ownership {
     /// Every run, for good: the store is this process's alone.
     pub fn everything() -> Self {
-        Ownership { shards: RwLock::new(None), deadline: RwLock::new(None) }
+        Ownership { shards: RwLock::new(None), deadline: RwLock::new(None), renewals: Default::default() }
     }
 
     /// No run yet: a node on a shared store, before its first acquisition.
     pub fn nothing() -> Self {
-        Ownership { shards: RwLock::new(Some(HashSet::new())), deadline: RwLock::new(Some(Instant::now())) }
+        Ownership {
+            shards: RwLock::new(Some(HashSet::new())),
+            deadline: RwLock::new(Some(Instant::now())),
+            renewals: Default::default(),
+        }
     }
 
     fn fenced_by_time(&self) -> bool {
@@ -92,6 +98,17 @@ impl Ownership {
     pub fn renewed(&self, sent: Instant, ttl: Duration) {
         let deadline = sent.checked_add(ttl.mul_f64(0.75)).unwrap_or(sent);
         *self.deadline.write() = Some(deadline);
+        self.renewals.notify_one();
+    }
+
+    /// The self-fence deadline (`None` alone on the store: there is none).
+    pub fn deadline(&self) -> Option<Instant> {
+        *self.deadline.read()
+    }
+
+    /// Returns at the next renewal, or at once if one came since the last call.
+    pub async fn renewal(&self) {
+        self.renewals.notified().await;
     }
 
     /// Whether the self-fence deadline has passed.

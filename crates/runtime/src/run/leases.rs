@@ -9,12 +9,15 @@
 //! another node acquired it) has its runs dropped from memory without a write. A renewal
 //! that cannot reach the database leaves the leases in doubt: at the self-fence deadline
 //! (`Ownership`) the node drops every shard by itself, before the database can give them
-//! to another node. At shutdown the shards are handed back, so others take over at once.
+//! to another node, even while its call to the database has not returned. When a lease of
+//! another node expires before the next tick is due (that node stopped renewing), the tick
+//! comes at the expiry instead, to take the shard at once. At shutdown the shards are
+//! handed back, so others take over at once.
 
 use std::{
     collections::HashSet,
     sync::{Arc, atomic::Ordering},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use durafiber_store::{Leases, shard};
@@ -59,21 +62,80 @@ pub(crate) fn join(shared: &Shared, advertise: &str) -> Result<(), RuntimeError>
     Ok(())
 }
 
-/// Holds the node's leases until shutdown.
+/// Holds the node's leases until shutdown: renews them, and fences the node by itself at
+/// its deadline while a renewal does not get through.
 pub(crate) async fn hold(shared: Arc<Shared>, advertise: String) {
+    tokio::select! {
+        () = renew(&shared, &advertise) => {}
+        () = fence_at_deadline(&shared) => {}
+    }
+}
+
+async fn renew(shared: &Arc<Shared>, advertise: &str) {
     let period = shared.config.lease_ttl / 3;
-    let Some(mut news) = leases(&shared).map(Leases::news) else { return };
+    let Some(mut news) = leases(shared).map(Leases::news) else { return };
+    let mut wait = period;
     loop {
         // A node that left or released shards says so: their runs need not wait a tick.
         tokio::select! {
-            () = tokio::time::sleep(period) => {}
+            () = tokio::time::sleep(wait) => {}
             changed = news.changed() => if changed.is_err() { return },
         }
         if shared.shutting_down.load(Ordering::SeqCst) {
             return;
         }
-        tick(&shared, &advertise).await;
+        tick(shared, advertise).await;
+        wait = next_tick(shared, period).await;
     }
+}
+
+/// How long until the next tick: a period, or less when a lease another node holds expires
+/// sooner (its node stopped renewing: it died or lost the database), so its shards are
+/// taken the moment the database lets them go rather than up to a period later.
+async fn next_tick(shared: &Arc<Shared>, period: Duration) -> Duration {
+    match call(shared, |l| l.next_expiry()).await {
+        // A little after it, so the database's clock has surely passed it too.
+        Ok(Some(expiry)) => period.min(expiry.saturating_add(EXPIRY_MARGIN)),
+        Ok(None) => period,
+        Err(e) => {
+            tracing::debug!(error = %e, "could not read when the other nodes' leases expire");
+            period
+        }
+    }
+}
+
+/// How long after a lease's expiry a node that wants its shard asks for it.
+const EXPIRY_MARGIN: Duration = Duration::from_millis(20);
+
+/// At the self-fence deadline, with no renewal since, the node drops every shard by
+/// itself, whether or not the tick's call to the database has returned yet: the runs
+/// stop here before the database can give their shards to another node.
+async fn fence_at_deadline(shared: &Arc<Shared>) {
+    loop {
+        let Some(deadline) = shared.ownership.deadline() else { return };
+        if Instant::now() < deadline {
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline.into()) => {}
+                () = shared.ownership.renewal() => {}
+            }
+            continue;
+        }
+        self_fence(shared).await;
+        shared.ownership.renewal().await;
+    }
+}
+
+/// Drops every shard held, writing nothing: their leases may have expired.
+async fn self_fence(shared: &Arc<Shared>) {
+    let all = shared.ownership.shards();
+    if all.is_empty() {
+        return;
+    }
+    tracing::error!(shards = all.len(), "self-fence: the leases may have expired; dropping every shard");
+    if let Some(leases) = leases(shared) {
+        leases.forget(&all);
+    }
+    drop_shards(shared, &all).await;
 }
 
 async fn tick(shared: &Arc<Shared>, advertise: &str) {
@@ -93,16 +155,9 @@ async fn tick(shared: &Arc<Shared>, advertise: &str) {
         }
         Err(e) => {
             tracing::error!(error = %e, "could not renew the shards' leases");
+            // Shards gained since the fence (a request's take-over) go too.
             if shared.ownership.expired() {
-                let all = shared.ownership.shards();
-                tracing::error!(
-                    shards = all.len(),
-                    "self-fence: the leases may have expired; dropping every shard"
-                );
-                if let Some(leases) = leases(shared) {
-                    leases.forget(&all);
-                }
-                drop_shards(shared, &all).await;
+                self_fence(shared).await;
             }
             return;
         }
