@@ -10,7 +10,8 @@ use std::{
 
 use durafiber_runtime::testing::RuntimeTestExt;
 use durafiber_runtime::{
-    Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered, Runtime, clock::VirtualClock, limits,
+    Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered, Runtime, RuntimeConfig, clock::VirtualClock,
+    limits,
 };
 use durafiber_store::{SimBackend, Store, StoreConfig};
 use durafiber_testkit::sim;
@@ -72,8 +73,13 @@ impl Agent for Alarmed {
 const T0: u64 = sim::SIM_EPOCH_MS;
 
 async fn open(sim: &SimBackend, clock: VirtualClock, log: &Log) -> Runtime {
+    open_with_window(sim, clock, log, limits::ALARM_WINDOW_DEFAULT).await
+}
+
+async fn open_with_window(sim: &SimBackend, clock: VirtualClock, log: &Log, alarm_window: usize) -> Runtime {
     let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
     Runtime::builder(store)
+        .config(RuntimeConfig { alarm_window, ..Default::default() })
         .virtual_clock(clock)
         .agent(Alarmed { log: log.clone() })
         .open()
@@ -142,11 +148,11 @@ async fn a_million_pending_alarms_keep_memory_bounded_and_the_earliest_fires_on_
     store.close();
 
     let rt = open(&sim, VirtualClock::new(T0), &log).await;
-    assert!(rt.alarm_window_len() <= limits::ALARM_WINDOW_MAX, "window {}", rt.alarm_window_len());
+    assert!(rt.alarm_window_len() <= limits::ALARM_WINDOW_DEFAULT, "window {}", rt.alarm_window_len());
     rt.advance(Duration::from_secs(5)).await.expect("advance");
     assert_eq!(log.lock().expect("log").as_slice(), &[("earliest".to_string(), T0 + 5_000, 0)]);
     assert_eq!(rt.metrics().alarm_lateness.max_us, 0, "fired exactly on time");
-    assert!(rt.alarm_window_len() <= limits::ALARM_WINDOW_MAX);
+    assert!(rt.alarm_window_len() <= limits::ALARM_WINDOW_DEFAULT);
 }
 
 fn run_child(location: &str, mode: &str) -> (Option<i32>, String) {
@@ -232,9 +238,10 @@ async fn a_periodic_alarm_repeats_and_setting_it_again_is_a_no_op() {
 async fn more_alarms_than_the_window_fire_each_once_on_time_with_more_set_past_its_horizon_meanwhile() {
     let sim = SimBackend::new();
     let log = Log::default();
-    let rt = open(&sim, VirtualClock::new(T0), &log).await;
+    const WINDOW: usize = 1024;
+    let rt = open_with_window(&sim, VirtualClock::new(T0), &log, WINDOW).await;
     // Twice the window, one every 2 ms from the first second on.
-    let count = 2 * limits::ALARM_WINDOW_MAX as u64;
+    let count = 2 * WINDOW as u64;
     let early: Vec<(String, u64)> = (0..count).map(|i| (format!("a{i:05}"), 1_000 + 2 * i)).collect();
     let run = rt.start::<Alarmed>("many", &early).await.expect("start").run_id;
     rt.advance(Duration::ZERO).await.expect("advance");
@@ -251,7 +258,7 @@ async fn more_alarms_than_the_window_fire_each_once_on_time_with_more_set_past_i
                 .expect("set");
             want.push((name, due.max(rt.now_ms())));
         }
-        assert!(rt.alarm_window_len() <= limits::ALARM_WINDOW_MAX, "window {}", rt.alarm_window_len());
+        assert!(rt.alarm_window_len() <= WINDOW, "window {}", rt.alarm_window_len());
     }
     rt.advance(Duration::from_secs(60)).await.expect("advance");
     let got = log.lock().expect("log").clone();

@@ -157,6 +157,10 @@ pub struct RuntimeConfig {
     /// at three quarters; a node that died has its shards taken over after at most this.
     #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
+    /// Alarms the scheduler keeps in memory, the earliest ones; the rest wait in the store's
+    /// due index and are read in as the window runs down. A burst of alarms due together
+    /// that is larger than this fires while the index is read, which costs some lateness.
+    pub alarm_window: usize,
 }
 
 impl Default for RuntimeConfig {
@@ -187,6 +191,7 @@ impl Default for RuntimeConfig {
             seed: 0,
             chaos_evict_rate: 0.0,
             lease_ttl: limits::LEASE_TTL_DEFAULT,
+            alarm_window: limits::ALARM_WINDOW_DEFAULT,
         }
     }
 }
@@ -242,6 +247,12 @@ impl RuntimeConfig {
         }
         if self.lease_ttl < Duration::from_millis(300) {
             return Err(RuntimeError::Config("lease_ttl must be at least 300ms".into()));
+        }
+        if self.alarm_window < limits::ALARM_WINDOW_MIN {
+            return Err(RuntimeError::Config(format!(
+                "alarm_window must be at least {}",
+                limits::ALARM_WINDOW_MIN
+            )));
         }
         if self.max_recover_attempts == 0 {
             return Err(RuntimeError::Config("max_recover_attempts must be at least 1".into()));
@@ -311,5 +322,8 @@ mod tests {
         assert_eq!(c.hibernate_after, Duration::from_secs(120));
         assert!(RuntimeConfig::from_json(r#"{"hibernate_afte": "2m"}"#).is_err());
         assert!(RuntimeConfig::from_json(r#"{"keep_alive_heartbeat": "5m"}"#).is_err());
+        assert_eq!(RuntimeConfig::from_json(r#"{"alarm_window": 1000}"#).unwrap().alarm_window, 1000);
+        let tiny = RuntimeConfig::from_json(r#"{"alarm_window": 2}"#);
+        assert!(matches!(tiny, Err(RuntimeError::Config(m)) if m.contains("alarm_window")));
     }
 }

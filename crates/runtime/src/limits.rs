@@ -68,8 +68,13 @@ pub const STORAGE_LIST_MAX: usize = 10_000;
 /// Lock stripes that serialize activation, hibernation and eviction per run, and as many
 /// that serialize the writes of a run record: recovery deals runs into lanes by stripe.
 pub const ACTIVATION_STRIPES: usize = 1024;
-/// Alarms the scheduler keeps in memory; the rest wait in the store's due index.
-pub const ALARM_WINDOW_MAX: usize = 4096;
+/// Alarms the scheduler keeps in memory by default (`RuntimeConfig::alarm_window`); the
+/// rest wait in the store's due index. A few MiB: a burst of this many alarms due
+/// together fires without the index being read meanwhile.
+pub const ALARM_WINDOW_DEFAULT: usize = 16_384;
+/// The smallest `alarm_window` accepted: a window of a few entries would read the index
+/// for nearly every delivery.
+pub const ALARM_WINDOW_MIN: usize = 64;
 /// Most alarms one refill of the window reads: short reads, more often, so a refill never
 /// holds a core (or the window) for long while alarms are being picked up.
 pub const ALARM_REFILL_MAX: usize = 512;

@@ -1,6 +1,6 @@
 //! The scheduler's bounded window over the store's due-time index (§8.6).
 //!
-//! Memory holds at most [`ALARM_WINDOW_MAX`] entries: the earliest ones. Alarms after the
+//! Memory holds at most `RuntimeConfig::alarm_window` entries: the earliest ones. Alarms after the
 //! window's horizon live only in the store. When the window runs down to half, the next
 //! entries after the horizon are read in, outside the window's lock, so deliveries never
 //! wait for the store's index and the next due time is always known. One timer (the
@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashSet};
 use durafiber_store::lock::{Mutex, MutexGuard};
 use durafiber_store::{Store, StoreError, tables};
 
-use crate::limits::{ALARM_REFILL_MAX, ALARM_WINDOW_MAX};
+use crate::limits::ALARM_REFILL_MAX;
 
 type Entry = (u64, String, String);
 
@@ -61,12 +61,6 @@ impl Window {
                 self.horizon = Horizon::After(last.clone());
             }
         }
-    }
-}
-
-impl Default for Scheduler {
-    fn default() -> Self {
-        Scheduler::with_capacity(ALARM_WINDOW_MAX)
     }
 }
 

@@ -24,6 +24,7 @@ use crate::{
     eviction::idle,
     json,
     kernel::activity::Liveness,
+    kernel::alarm_window::Scheduler,
     kernel::ownership::Ownership,
     kernel::registry::Registry,
     kernel::shared::{CrashHook, ErasedAgent, Shared},
@@ -101,6 +102,7 @@ impl RuntimeBuilder {
         // The runtime's setting holds whoever opened the store.
         self.store.set_flush_every(self.config.flush_every);
         let seed = self.config.seed;
+        let scheduler = Scheduler::with_capacity(self.config.alarm_window);
         let pauses = crate::kernel::pauses::Pauses::load(&self.store)?;
         let shared_store = self.store.backend().leases().is_some();
         let shared = Arc::new(Shared {
@@ -111,7 +113,7 @@ impl RuntimeBuilder {
             config: self.config,
             kinds: self.kinds,
             registry: Registry::default(),
-            scheduler: Default::default(),
+            scheduler,
             metrics: Metrics::default(),
             events: EventLog::default(),
             rng_jitter: Mutex::new(SeededRng::new(seed ^ 0x6a69_7474_6572)),
