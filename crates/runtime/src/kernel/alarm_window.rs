@@ -1,10 +1,10 @@
 //! The scheduler's bounded window over the store's due-time index (§8.6).
 //!
-//! Memory holds at most `RuntimeConfig::alarm_window` entries: the earliest ones. Alarms after the
-//! window's horizon live only in the store. When the window runs down to half, the next
-//! entries after the horizon are read in, outside the window's lock, so deliveries never
-//! wait for the store's index and the next due time is always known. One timer (the
-//! driver's) serves them all.
+//! Memory holds at most `RuntimeConfig::alarm_window` entries: the earliest ones. Alarms
+//! after the window's horizon live only in the store. When the window runs down to half,
+//! the next entries after the horizon are read in, outside the window's lock, so
+//! deliveries never wait for the store's index and the next due time is always known. One
+//! timer (the driver's) serves them all.
 
 use std::collections::{BTreeSet, HashSet};
 
