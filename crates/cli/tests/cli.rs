@@ -173,6 +173,8 @@ fn bench_steps_kills_with_runs_in_flight_and_reruns_no_acknowledged_step() {
             && report["raw_fdatasync_per_s"].as_f64().is_some_and(|r| r > 0.0),
         "{report}"
     );
+    // The sequential steps' own baseline: raw syncs as far apart, measured in the same run.
+    assert!(report["raw_gapped_fdatasync_p50_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "{report}");
 }
 
 /// `bench recover --repeat` recovers every run of the killed store on each fresh copy of it.

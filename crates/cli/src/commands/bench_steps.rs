@@ -2,7 +2,9 @@
 //! command, beside raw `fdatasync` measured in the same run:
 //!
 //! 1. `runs` concurrent runs of `steps` sync stashes each: durable steps per second;
-//! 2. one run of `sequential` steps, `gap_ms` apart: the latency of one step (its stash);
+//! 2. one run of `sequential` steps, `gap_ms` apart: the latency of one step (its stash),
+//!    beside raw write + `fdatasync` just as far apart (a sync after an idle gap costs a
+//!    disk more than back-to-back ones);
 //! 3. `kill_runs` runs in flight in a child process that is SIGKILLed: the time from the
 //!    restarted process's spawn to its first resumed step, and the steps re-run — steps whose
 //!    stash was acknowledged before the kill and that ran again (must be 0).
@@ -22,7 +24,7 @@ use durafiber_runtime::{ListFilter, RunStatus, Runtime};
 use durafiber_store::{Store, StoreConfig};
 use serde_json::{Value, json};
 
-use super::measure::{Samples, progress, raw_fdatasync_per_s};
+use super::measure::{Samples, progress, raw_fdatasync_per_s, raw_gapped_fdatasync_us};
 use crate::commands::output::print_report;
 
 /// What `bench steps` measures.
@@ -85,6 +87,10 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
     rt.wait(&id).await?;
     let step = rt.metrics().stash_commit;
     rt.shutdown().await;
+    progress(&format!("raw write + fdatasync, {} times {} ms apart", plan.sequential, plan.gap_ms));
+    let mut raw_gapped =
+        raw_gapped_fdatasync_us(dir.path(), plan.sequential as usize, Duration::from_millis(plan.gap_ms))?;
+    let (raw_gapped_p50, raw_gapped_p99) = (raw_gapped.quantile(0.5), raw_gapped.quantile(0.99));
     if let Some(out) = out {
         // The runtime keeps a histogram, not samples: its quantiles stand in for them.
         Samples(vec![step.p50_us, step.p99_us, step.max_us]).write(out, "step", "us (p50, p99, max)")?;
@@ -100,6 +106,7 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
         "steps_ratio_to_raw": (steps_per_s / raw * 100.0).round() / 100.0,
         "sequential_steps": plan.sequential, "gap_ms": plan.gap_ms,
         "step_p50_ms": ms(step.p50_us), "step_p99_ms": ms(step.p99_us),
+        "raw_gapped_fdatasync_p50_ms": ms(raw_gapped_p50), "raw_gapped_fdatasync_p99_ms": ms(raw_gapped_p99),
         "kill_runs": plan.kill_runs, "acked_before_kill": killed.acked,
         "restart_to_first_step_ms": killed.first_step_ms, "steps_rerun": killed.rerun,
     });
@@ -112,6 +119,7 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
             steps_per_s / raw
         ),
         format!("sequential step:            p50 {} ms, p99 {} ms", ms(step.p50_us), ms(step.p99_us)),
+        format!("raw fdatasync, as far apart: p50 {} ms, p99 {} ms", ms(raw_gapped_p50), ms(raw_gapped_p99)),
         format!(
             "SIGKILL with {} runs:       first resumed step {} ms after restart, {} acknowledged steps re-run",
             plan.kill_runs, killed.first_step_ms, killed.rerun

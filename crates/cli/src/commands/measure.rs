@@ -12,6 +12,7 @@ use std::{
     time::Instant,
 };
 
+use anyhow::Context as _;
 use durafiber_store::{Batch, Durability, Store, tables::Table};
 
 /// One writer per key of `table`, each committing a stash-sized record under its key in
@@ -111,6 +112,35 @@ fn svg_histogram(samples: &mut [u64], title: &str, unit: &str) -> String {
 
 pub(super) fn progress(msg: &str) {
     eprintln!("bench: {msg}");
+}
+
+/// `n` raw writes of a stash-sized record into a file written in full beforehand (as the
+/// store's log is), each followed by `fdatasync`, with `gap` of sleep between them: the
+/// latency, µs, of each. A sync after an idle gap costs this disk more than one right
+/// after another, so a step `gap` apart is measured against this, not against the rate.
+pub(super) fn raw_gapped_fdatasync_us(
+    dir: &Path,
+    n: usize,
+    gap: std::time::Duration,
+) -> anyhow::Result<Samples> {
+    use std::os::unix::fs::FileExt as _;
+    const SLOT: u64 = 512;
+    let record = [7u8; 256];
+    let path = dir.join("raw-gapped-fdatasync.bin");
+    let f = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&path)?;
+    let slots = u64::try_from(n)?.checked_add(1).and_then(|s| s.checked_mul(SLOT)).context("too many")?;
+    f.write_all_at(&vec![0u8; usize::try_from(slots)?], 0)?;
+    f.sync_all()?;
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..u64::try_from(n)? {
+        std::thread::sleep(gap);
+        let t = Instant::now();
+        f.write_all_at(&record, i * SLOT)?;
+        f.sync_data()?;
+        samples.push(u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX));
+    }
+    std::fs::remove_file(&path)?;
+    Ok(Samples(samples))
 }
 
 pub(super) fn raw_fdatasync_per_s(dir: &Path, seconds: f64) -> anyhow::Result<f64> {
