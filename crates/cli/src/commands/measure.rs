@@ -1,6 +1,7 @@
 //! What the benchmarks share: latency samples with their quantiles and histogram, progress
-//! lines, the raw `fdatasync` rate every figure is compared with, and writers that commit
-//! stash-sized sync boundaries until a deadline.
+//! lines, the raw `fdatasync` figures every figure is compared with (the back-to-back rate,
+//! and the latency of syncs a gap apart), and writers that commit stash-sized sync
+//! boundaries until a deadline.
 
 use std::{
     io::Write,
