@@ -149,27 +149,73 @@ fn decode_payload(payload: &[u8]) -> Option<Vec<Op>> {
     (at == payload.len()).then_some(ops)
 }
 
+/// Bytes of a log half, read on demand: a half that holds little costs little to read.
+trait Half {
+    /// Bytes `range` of the half; `None` past its end (or when it cannot be read).
+    fn bytes_at(&mut self, range: std::ops::Range<usize>) -> Option<&[u8]>;
+}
+
+impl Half for &[u8] {
+    fn bytes_at(&mut self, range: std::ops::Range<usize>) -> Option<&[u8]> {
+        self.get(range)
+    }
+}
+
+/// A half of the log file, read a chunk at a time as the records need, each chunk as large
+/// as what was read before (from 1 MiB): opening a store reads what its log holds, not the
+/// whole file.
+struct FileHalf<'a> {
+    file: &'a File,
+    /// Where the half starts in the file.
+    base: u64,
+    len: usize,
+    read: Vec<u8>,
+    failed: Option<std::io::Error>,
+}
+
+impl Half for FileHalf<'_> {
+    fn bytes_at(&mut self, range: std::ops::Range<usize>) -> Option<&[u8]> {
+        if range.end > self.len || self.failed.is_some() {
+            return None;
+        }
+        while self.read.len() < range.end {
+            let have = self.read.len();
+            let chunk = have.max(1 << 20).min(self.len - have);
+            self.read.resize(have + chunk, 0);
+            if let Err(e) = self.file.read_exact_at(&mut self.read[have..], self.base + have as u64) {
+                self.failed = Some(e);
+                return None;
+            }
+        }
+        self.read.get(range)
+    }
+}
+
 /// The records of one half: from its start, each valid, of the first record's generation,
 /// and numbered one after the other. Reading stops at the first that is not.
-fn read_half(bytes: &[u8]) -> Vec<Record> {
+fn read_half(bytes: &mut impl Half) -> Vec<Record> {
     let mut records = Vec::new();
     let mut at = 0usize;
     let mut generation = None;
     loop {
         let start = at;
-        let Some(header) = take::<HEADER_LEN>(bytes, &mut at) else { break };
+        let Some(header) = bytes.bytes_at(at..at + HEADER_LEN) else { break };
+        let header: [u8; HEADER_LEN] = header.try_into().unwrap_or([0; HEADER_LEN]);
+        at += HEADER_LEN;
         let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
         let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
         let record_generation = u64::from_le_bytes(header[8..16].try_into().unwrap_or_default());
         let lsn = u64::from_le_bytes(header[16..24].try_into().unwrap_or_default());
-        let Some(payload) = at.checked_add(len).and_then(|end| bytes.get(at..end)) else { break };
         let chained = records.last().is_none_or(|r: &Record| r.lsn.checked_add(1) == Some(lsn));
-        if record_generation == 0
-            || generation.is_some_and(|g| g != record_generation)
-            || !chained
-            || checksum(record_generation, lsn, payload) != crc
-        {
+        if record_generation == 0 || generation.is_some_and(|g| g != record_generation) || !chained {
             if generation == Some(record_generation) && header.iter().any(|b| *b != 0) {
+                tracing::info!(offset = start, "the write-ahead log ends in a record a crash cut short");
+            }
+            break;
+        }
+        let Some(payload) = at.checked_add(len).and_then(|end| bytes.bytes_at(at..end)) else { break };
+        if checksum(record_generation, lsn, payload) != crc {
+            if generation == Some(record_generation) {
                 tracing::info!(offset = start, "the write-ahead log ends in a record a crash cut short");
             }
             break;
@@ -185,7 +231,9 @@ fn read_half(bytes: &[u8]) -> Vec<Record> {
 /// The records of a whole log file, in LSN order: each half's, the older half first. Stale
 /// records (already in sled) are among them; the caller skips those by LSN.
 pub fn read_records(bytes: &[u8]) -> Vec<Record> {
-    read_log(bytes).records
+    let middle = bytes.len() / 2;
+    in_lsn_order([read_half(&mut &bytes[..middle]), read_half(&mut &bytes[middle..])], bytes.len() as u64)
+        .records
 }
 
 /// What a log file holds.
@@ -201,9 +249,34 @@ pub struct Contents {
     pub size: Option<u64>,
 }
 
-fn read_log(bytes: &[u8]) -> Contents {
-    let middle = bytes.len() / 2;
-    let mut halves = [(0u64, read_half(&bytes[..middle])), (1u64, read_half(&bytes[middle..]))];
+/// What the log file at `path` holds: each half read only as far as its records go.
+fn read_log(path: &Path) -> Result<Contents, StoreError> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Contents::default()),
+        Err(e) => return Err(io(path)(e)),
+    };
+    let size = file.metadata().map_err(io(path))?.len();
+    let middle = usize::try_from(size / 2).map_err(|_| {
+        io(path)(std::io::Error::new(std::io::ErrorKind::InvalidData, "the log is too large to read"))
+    })?;
+    let mut halves = [0u64, 1].map(|i| FileHalf {
+        file: &file,
+        base: i * middle as u64,
+        len: middle,
+        read: Vec::new(),
+        failed: None,
+    });
+    let records = halves.each_mut().map(read_half);
+    if let Some(e) = halves.into_iter().find_map(|h| h.failed) {
+        return Err(io(path)(e));
+    }
+    Ok(in_lsn_order(records, size))
+}
+
+/// The two halves' records as one log of `size` bytes, the older half's first.
+fn in_lsn_order([first, second]: [Vec<Record>; 2], size: u64) -> Contents {
+    let mut halves = [(0u64, first), (1u64, second)];
     halves.sort_by_key(|(_, h)| h.first().map_or(0, |r| r.lsn));
     let [(_, older), (newer_half, newer)] = halves;
     let newer_from = newer.first().map(|r| r.lsn);
@@ -211,7 +284,7 @@ fn read_log(bytes: &[u8]) -> Contents {
         newer_half: newer_from.map(|_| newer_half),
         newer_from: newer_from.unwrap_or(0),
         records: older.into_iter().chain(newer).collect(),
-        size: Some(bytes.len() as u64),
+        size: Some(size),
     }
 }
 
@@ -238,12 +311,7 @@ impl Wal {
     /// What the log in `dir` holds (nothing when there is no log), for the caller to
     /// re-apply what sled lacks before it opens the log for writing.
     pub fn read(dir: &Path) -> Result<Contents, StoreError> {
-        let path = dir.join(FILE);
-        match std::fs::read(&path) {
-            Ok(bytes) => Ok(read_log(&bytes)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Contents::default()),
-            Err(e) => Err(io(&path)(e)),
-        }
+        read_log(&dir.join(FILE))
     }
 
     /// The file's size for a log of `capacity` bytes.
@@ -404,6 +472,31 @@ mod tests {
         wal.switch();
         assert_eq!(wal.append(1, &big), Appended::Full);
         assert_eq!(wal.append(1, &ops(1)), Appended::Logged);
+    }
+
+    #[test]
+    fn a_log_read_from_its_file_a_chunk_at_a_time_matches_the_whole_file_and_stops_at_a_tear() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Halves of 4 MiB: a megabyte and a half of records spans two chunks of the first.
+        let mut wal = Wal::open(dir.path(), 8 << 20, 0).expect("open");
+        let big = |i: u64| vec![Op::Put { key: i.to_be_bytes().to_vec(), value: vec![i as u8; 1000] }];
+        for lsn in 1..=1_500 {
+            assert_eq!(wal.append(lsn, &big(lsn)), Appended::Logged);
+        }
+        wal.sync().expect("sync");
+        let read = Wal::read(dir.path()).expect("read");
+        let whole = read_records(&std::fs::read(dir.path().join(FILE)).expect("read"));
+        assert_eq!(read.records.len(), 1_500);
+        assert_eq!(read.records, whole);
+        assert_eq!(read.records[1_499].ops, big(1_500));
+        assert_eq!((read.newer_half, read.size), (Some(0), Some(8 << 20)));
+
+        // A record torn where the second chunk begins ends the log there.
+        let file = OpenOptions::new().write(true).open(dir.path().join(FILE)).expect("open");
+        file.write_all_at(&[0xff; 8], 1 << 20).expect("tear");
+        let torn = Wal::read(dir.path()).expect("read").records;
+        assert!(torn.len() < 1_500 && torn.len() > 1_000, "{} records", torn.len());
+        assert_eq!(torn[..], whole[..torn.len()]);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 
 use durafiber_store::lock::{Mutex, MutexGuard};
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::BTreeSet,
     sync::{Arc, atomic::Ordering},
 };
 
@@ -43,7 +43,7 @@ struct LiveState {
 /// Live runs and their deadlines, indexed by time so a tick touches only the due ones.
 #[derive(Default)]
 struct Table {
-    states: HashMap<Arc<str>, LiveState>,
+    states: super::RunMap<Arc<str>, LiveState>,
     by_deadline: BTreeSet<(u64, Arc<str>)>,
 }
 

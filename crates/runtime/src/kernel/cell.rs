@@ -131,10 +131,8 @@ impl RunCell {
 
 /// Which of `n` lock stripes `key` falls in.
 pub(crate) fn stripe(key: &str, n: usize) -> usize {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut h);
-    (h.finish() % n.max(1) as u64) as usize
+    use std::hash::BuildHasher;
+    (foldhash::fast::FixedState::default().hash_one(key) % n.max(1) as u64) as usize
 }
 
 /// Locks the stripes of `keys` in `locks`, in stripe order and each once.

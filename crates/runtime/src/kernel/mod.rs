@@ -16,3 +16,8 @@ pub(crate) mod shared;
 pub(crate) mod spend;
 pub(crate) mod stash_record;
 pub(crate) mod stream_buffer;
+
+/// A hash map keyed by run id. Run ids are minted by the runtime (128 random bits), so the
+/// maps every activation touches hash them with foldhash rather than SipHash: a recovery
+/// looks each run up a dozen times.
+pub(crate) type RunMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

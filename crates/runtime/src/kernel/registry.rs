@@ -3,7 +3,7 @@
 //! hibernation and eviction remove from it.
 
 use durafiber_store::lock::{Mutex, MutexGuard};
-use std::{collections::HashMap, sync::Arc};
+use std::sync::Arc;
 
 use ractor::ActorRef;
 
@@ -75,21 +75,21 @@ impl Mailbox {
 /// spawn; activations (and hibernations and evictions) of one run are serialized by its
 /// stripe of `transitions`, so activations of different runs proceed side by side.
 pub(crate) struct Registry {
-    live: Mutex<HashMap<String, LiveRun>>,
+    live: Mutex<super::RunMap<String, LiveRun>>,
     transitions: Vec<tokio::sync::Mutex<()>>,
 }
 
 impl Default for Registry {
     fn default() -> Self {
         Registry {
-            live: Mutex::new(HashMap::new()),
+            live: Mutex::new(super::RunMap::default()),
             transitions: (0..limits::ACTIVATION_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
         }
     }
 }
 
 impl Registry {
-    fn map(&self) -> MutexGuard<'_, HashMap<String, LiveRun>> {
+    fn map(&self) -> MutexGuard<'_, super::RunMap<String, LiveRun>> {
         self.live.lock()
     }
 
