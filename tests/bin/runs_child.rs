@@ -22,7 +22,7 @@ async fn run(args: &[String]) -> Result<(), String> {
     let dir = args.get(1).ok_or("usage: runs-child DIR start N | recover")?;
     let store = Store::open_at(dir, StoreConfig::default()).map_err(|e| e.to_string())?;
     let runtime = Runtime::builder(store)
-        .agent(Steps { print_acks: true, ack_log: None })
+        .agent(Steps { print_acks: true, ..Steps::default() })
         .open()
         .await
         .map_err(|e| e.to_string())?;

@@ -146,9 +146,12 @@ async fn tokens_are_made_used_and_revoked_from_the_command_line() {
 }
 
 /// `bench steps` at a small size: it runs every part, the kill lands with steps acknowledged,
-/// and no acknowledged step runs again after the restart.
+/// and no acknowledged step runs again after the restart. `--out` writes each sequential
+/// step's time and each gapped raw sync's, with their histograms.
 #[test]
 fn bench_steps_kills_with_runs_in_flight_and_reruns_no_acknowledged_step() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let out_dir = out.path().to_str().expect("utf-8 path");
     let report = bench_report(&[
         "bench",
         "steps",
@@ -161,7 +164,14 @@ fn bench_steps_kills_with_runs_in_flight_and_reruns_no_acknowledged_step() {
         "10",
         "--kill-runs",
         "10",
+        "--out",
+        out_dir,
     ]);
+    for name in ["step", "raw-gapped-fdatasync"] {
+        let csv = std::fs::read_to_string(out.path().join(format!("{name}-samples.csv"))).expect("samples");
+        assert_eq!(csv.lines().count(), 1 + 10, "a header and one time per step: {csv}");
+        assert!(out.path().join(format!("{name}-histogram.svg")).exists(), "{name}");
+    }
     assert_eq!(report["steps_rerun"], 0, "{report}");
     assert!(
         report["acked_before_kill"].as_u64().is_some_and(|n| n > 0),

@@ -13,6 +13,9 @@ use crate::upstream::post_idempotent;
 /// Acknowledged stashes, `(run_id, done)`, in order.
 pub type AckLog = std::sync::Arc<parking_lot::Mutex<Vec<(String, u32)>>>;
 
+/// How long each stash took as the agent saw it, µs, in order.
+pub type StashTimes = std::sync::Arc<parking_lot::Mutex<Vec<u64>>>;
+
 /// Stashes `done = 1..=steps`, sleeping `pause_ms` (clock time) between stashes.
 #[derive(Default, Clone)]
 pub struct Steps {
@@ -20,6 +23,8 @@ pub struct Steps {
     pub print_acks: bool,
     /// Record `(run_id, done)` after each stash returns (for simulated crash tests).
     pub ack_log: Option<AckLog>,
+    /// Record how long each stash took (for benchmarks).
+    pub stash_times: Option<StashTimes>,
 }
 
 /// Input of [`Steps`].
@@ -55,7 +60,11 @@ impl Steps {
                 ctx.sleep_in_memory(std::time::Duration::from_millis(input.pause_ms)).await;
             }
             s.done += 1;
+            let started = std::time::Instant::now();
             ctx.stash("step", &s).await?;
+            if let Some(times) = &self.stash_times {
+                times.lock().push(started.elapsed().as_micros() as u64);
+            }
             if self.print_acks {
                 println!("ack {} {}", ctx.run_id(), s.done);
             }

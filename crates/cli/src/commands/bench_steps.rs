@@ -2,9 +2,9 @@
 //! command, beside raw `fdatasync` measured in the same run:
 //!
 //! 1. `runs` concurrent runs of `steps` sync stashes each: durable steps per second;
-//! 2. one run of `sequential` steps, `gap_ms` apart: the latency of one step (its stash),
-//!    beside raw write + `fdatasync` just as far apart (a sync after an idle gap costs a
-//!    disk more than back-to-back ones);
+//! 2. one run of `sequential` steps, `gap_ms` apart: the latency of one step (its stash, as
+//!    the agent times it), beside raw write + `fdatasync` just as far apart (a sync after an
+//!    idle gap costs a disk more than back-to-back ones); `--out` writes both sets of times;
 //! 3. `kill_runs` runs in flight in a child process that is SIGKILLed: the time from the
 //!    restarted process's spawn to its first resumed step, and the steps re-run — steps whose
 //!    stash was acknowledged before the kill and that ran again (must be 0).
@@ -41,9 +41,9 @@ pub struct Plan {
 const KILL_STEPS: u32 = 40;
 const KILL_PAUSE_MS: u64 = 20;
 
-async fn runtime(dir: &Path, acks: bool) -> anyhow::Result<Runtime> {
+async fn runtime(dir: &Path, agent: Steps) -> anyhow::Result<Runtime> {
     let store = Store::open_dir(dir, StoreConfig::default())?;
-    Ok(Runtime::builder(store).agent(Steps { print_acks: acks, ack_log: None }).open().await?)
+    Ok(Runtime::builder(store).agent(agent).open().await?)
 }
 
 /// Every run of the store, all pages.
@@ -66,7 +66,7 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
     let raw = raw_fdatasync_per_s(dir.path(), 1.0)?;
 
     progress(&format!("{} concurrent runs x {} steps", plan.runs, plan.steps));
-    let rt = runtime(&dir.path().join("concurrent"), false).await?;
+    let rt = runtime(&dir.path().join("concurrent"), Steps::default()).await?;
     let started = Instant::now();
     let mut ids = Vec::new();
     for i in 0..plan.runs {
@@ -81,19 +81,25 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
     rt.shutdown().await;
 
     progress(&format!("one run of {} sequential steps, {} ms apart", plan.sequential, plan.gap_ms));
-    let rt = runtime(&dir.path().join("sequential"), false).await?;
+    let times = durafiber_demo::agents::StashTimes::default();
+    let rt = runtime(
+        &dir.path().join("sequential"),
+        Steps { stash_times: Some(times.clone()), ..Steps::default() },
+    )
+    .await?;
     let input = StepsInput { steps: plan.sequential, pause_ms: plan.gap_ms };
     let id = rt.start::<Steps>("sequential", &input).await?.run_id;
     rt.wait(&id).await?;
-    let step = rt.metrics().stash_commit;
     rt.shutdown().await;
+    let mut step = Samples(std::mem::take(&mut *times.lock()));
+    let (step_p50, step_p99) = (step.quantile(0.5), step.quantile(0.99));
     progress(&format!("raw write + fdatasync, {} times {} ms apart", plan.sequential, plan.gap_ms));
     let mut raw_gapped =
         raw_gapped_fdatasync_us(dir.path(), plan.sequential as usize, Duration::from_millis(plan.gap_ms))?;
     let (raw_gapped_p50, raw_gapped_p99) = (raw_gapped.quantile(0.5), raw_gapped.quantile(0.99));
     if let Some(out) = out {
-        // The runtime keeps a histogram, not samples: its quantiles stand in for them.
-        Samples(vec![step.p50_us, step.p99_us, step.max_us]).write(out, "step", "us (p50, p99, max)")?;
+        step.write(out, "step", "us")?;
+        raw_gapped.write(out, "raw-gapped-fdatasync", "us")?;
     }
 
     progress(&format!("{} runs in flight, SIGKILL, restart", plan.kill_runs));
@@ -105,7 +111,7 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
         "runs": plan.runs, "steps": plan.steps, "steps_per_s": steps_per_s.round(),
         "steps_ratio_to_raw": (steps_per_s / raw * 100.0).round() / 100.0,
         "sequential_steps": plan.sequential, "gap_ms": plan.gap_ms,
-        "step_p50_ms": ms(step.p50_us), "step_p99_ms": ms(step.p99_us),
+        "step_p50_ms": ms(step_p50), "step_p99_ms": ms(step_p99),
         "raw_gapped_fdatasync_p50_ms": ms(raw_gapped_p50), "raw_gapped_fdatasync_p99_ms": ms(raw_gapped_p99),
         "kill_runs": plan.kill_runs, "acked_before_kill": killed.acked,
         "restart_to_first_step_ms": killed.first_step_ms, "steps_rerun": killed.rerun,
@@ -118,7 +124,7 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
             plan.steps,
             steps_per_s / raw
         ),
-        format!("sequential step:            p50 {} ms, p99 {} ms", ms(step.p50_us), ms(step.p99_us)),
+        format!("sequential step:            p50 {} ms, p99 {} ms", ms(step_p50), ms(step_p99)),
         format!("raw fdatasync, as far apart: p50 {} ms, p99 {} ms", ms(raw_gapped_p50), ms(raw_gapped_p99)),
         format!(
             "SIGKILL with {} runs:       first resumed step {} ms after restart, {} acknowledged steps re-run",
@@ -238,7 +244,7 @@ async fn kill_and_resume(data: &Path, runs: usize) -> anyhow::Result<Killed> {
 
 /// The process `bench steps` kills (`start`) and restarts (`resume`).
 pub async fn child(data: &Path, mode: &str, runs: usize) -> anyhow::Result<i32> {
-    let rt = runtime(data, true).await?;
+    let rt = runtime(data, Steps { print_acks: true, ..Steps::default() }).await?;
     if mode == "start" {
         let input = StepsInput { steps: KILL_STEPS, pause_ms: KILL_PAUSE_MS };
         for i in 0..runs {
