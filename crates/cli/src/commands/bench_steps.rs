@@ -92,15 +92,16 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
     rt.wait(&id).await?;
     rt.shutdown().await;
     let mut step = Samples(std::mem::take(&mut *times.lock()));
-    let (step_p50, step_p99) = (step.quantile(0.5), step.quantile(0.99));
     progress(&format!("raw write + fdatasync, {} times {} ms apart", plan.sequential, plan.gap_ms));
     let mut raw_gapped =
         raw_gapped_fdatasync_us(dir.path(), plan.sequential as usize, Duration::from_millis(plan.gap_ms))?;
-    let (raw_gapped_p50, raw_gapped_p99) = (raw_gapped.quantile(0.5), raw_gapped.quantile(0.99));
     if let Some(out) = out {
+        // Written before the quantiles sort them: the files keep the steps' order.
         step.write(out, "step", "us")?;
         raw_gapped.write(out, "raw-gapped-fdatasync", "us")?;
     }
+    let (step_p50, step_p99) = (step.quantile(0.5), step.quantile(0.99));
+    let (raw_gapped_p50, raw_gapped_p99) = (raw_gapped.quantile(0.5), raw_gapped.quantile(0.99));
 
     progress(&format!("{} runs in flight, SIGKILL, restart", plan.kill_runs));
     let killed = kill_and_resume(&dir.path().join("killed"), plan.kill_runs).await?;
