@@ -149,18 +149,6 @@ fn decode_payload(payload: &[u8]) -> Option<Vec<Op>> {
     (at == payload.len()).then_some(ops)
 }
 
-/// Bytes of a log half, read on demand: a half that holds little costs little to read.
-trait Half {
-    /// Bytes `range` of the half; `None` past its end (or when it cannot be read).
-    fn bytes_at(&mut self, range: std::ops::Range<usize>) -> Option<&[u8]>;
-}
-
-impl Half for &[u8] {
-    fn bytes_at(&mut self, range: std::ops::Range<usize>) -> Option<&[u8]> {
-        self.get(range)
-    }
-}
-
 /// A half of the log file, read a chunk at a time as the records need, each chunk as large
 /// as what was read before (from 1 MiB): opening a store reads what its log holds, not the
 /// whole file.
@@ -173,7 +161,9 @@ struct FileHalf<'a> {
     failed: Option<std::io::Error>,
 }
 
-impl Half for FileHalf<'_> {
+impl FileHalf<'_> {
+    /// Bytes `range` of the half, read in as needed; `None` past its end or when it cannot
+    /// be read (`failed` says which).
     fn bytes_at(&mut self, range: std::ops::Range<usize>) -> Option<&[u8]> {
         if range.end > self.len || self.failed.is_some() {
             return None;
@@ -193,7 +183,7 @@ impl Half for FileHalf<'_> {
 
 /// The records of one half: from its start, each valid, of the first record's generation,
 /// and numbered one after the other. Reading stops at the first that is not.
-fn read_half(bytes: &mut impl Half) -> Vec<Record> {
+fn read_half(bytes: &mut FileHalf) -> Vec<Record> {
     let mut records = Vec::new();
     let mut at = 0usize;
     let mut generation = None;
@@ -228,14 +218,6 @@ fn read_half(bytes: &mut impl Half) -> Vec<Record> {
     records
 }
 
-/// The records of a whole log file, in LSN order: each half's, the older half first. Stale
-/// records (already in sled) are among them; the caller skips those by LSN.
-pub fn read_records(bytes: &[u8]) -> Vec<Record> {
-    let middle = bytes.len() / 2;
-    in_lsn_order([read_half(&mut &bytes[..middle]), read_half(&mut &bytes[middle..])], bytes.len() as u64)
-        .records
-}
-
 /// What a log file holds.
 #[derive(Debug, Default)]
 pub struct Contents {
@@ -249,7 +231,9 @@ pub struct Contents {
     pub size: Option<u64>,
 }
 
-/// What the log file at `path` holds: each half read only as far as its records go.
+/// What the log file at `path` holds: each half read only as far as its records go, the
+/// older half's records first. Stale records (already in sled) are among them; the caller
+/// skips those by LSN.
 fn read_log(path: &Path) -> Result<Contents, StoreError> {
     let file = match File::open(path) {
         Ok(file) => file,
@@ -412,7 +396,14 @@ mod tests {
     }
 
     fn lsns(dir: &Path) -> Vec<u64> {
-        read_records(&std::fs::read(dir.join(FILE)).expect("read")).iter().map(|r| r.lsn).collect()
+        Wal::read(dir).expect("read").records.iter().map(|r| r.lsn).collect()
+    }
+
+    /// The records of a log file holding `bytes`.
+    fn records_of(bytes: &[u8]) -> Vec<Record> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join(FILE), bytes).expect("write");
+        Wal::read(dir.path()).expect("read").records
     }
 
     #[test]
@@ -425,7 +416,7 @@ mod tests {
         }
         wal.sync().expect("sync");
         let bytes = std::fs::read(dir.path().join(FILE)).expect("read");
-        let records = read_records(&bytes);
+        let records = records_of(&bytes);
         assert_eq!(records.iter().map(|r| r.lsn).collect::<Vec<_>>(), vec![1, 2, 3]);
         assert_eq!(records[1].ops, ops(2));
 
@@ -433,7 +424,7 @@ mod tests {
         let mut torn = bytes.clone();
         let record_len = HEADER_LEN + 4 + (1 + 4 + 2 + 4 + 3) + (1 + 4 + 3);
         torn[2 * record_len + HEADER_LEN + 2] ^= 0x40;
-        assert_eq!(read_records(&torn).len(), 2);
+        assert_eq!(records_of(&torn).len(), 2);
     }
 
     #[test]
@@ -475,7 +466,7 @@ mod tests {
     }
 
     #[test]
-    fn a_log_read_from_its_file_a_chunk_at_a_time_matches_the_whole_file_and_stops_at_a_tear() {
+    fn a_log_read_a_chunk_at_a_time_yields_every_record_and_stops_at_a_tear() {
         let dir = tempfile::tempdir().expect("tempdir");
         // Halves of 4 MiB: a megabyte and a half of records spans two chunks of the first.
         let mut wal = Wal::open(dir.path(), 8 << 20, 0).expect("open");
@@ -485,10 +476,8 @@ mod tests {
         }
         wal.sync().expect("sync");
         let read = Wal::read(dir.path()).expect("read");
-        let whole = read_records(&std::fs::read(dir.path().join(FILE)).expect("read"));
         assert_eq!(read.records.len(), 1_500);
-        assert_eq!(read.records, whole);
-        assert_eq!(read.records[1_499].ops, big(1_500));
+        assert!(read.records.iter().zip(1..).all(|(r, lsn)| r.lsn == lsn && r.ops == big(lsn)));
         assert_eq!((read.newer_half, read.size), (Some(0), Some(8 << 20)));
 
         // A record torn where the second chunk begins ends the log there.
@@ -496,13 +485,13 @@ mod tests {
         file.write_all_at(&[0xff; 8], 1 << 20).expect("tear");
         let torn = Wal::read(dir.path()).expect("read").records;
         assert!(torn.len() < 1_500 && torn.len() > 1_000, "{} records", torn.len());
-        assert_eq!(torn[..], whole[..torn.len()]);
+        assert_eq!(torn[..], read.records[..torn.len()]);
     }
 
     #[test]
     fn zeros_and_garbage_read_as_an_empty_log() {
-        assert!(read_records(&[0u8; 4096]).is_empty());
-        assert!(read_records(&[0x5au8; 4096]).is_empty());
-        assert!(read_records(&[]).is_empty());
+        assert!(records_of(&[0u8; 4096]).is_empty());
+        assert!(records_of(&[0x5au8; 4096]).is_empty());
+        assert!(records_of(&[]).is_empty());
     }
 }
