@@ -2,7 +2,8 @@
 //! on the same disk, because shared machines are noisy and only ratios travel.
 //!
 //! - `stash`: sync-mode commits per second with 1 and with N concurrent writers, against a
-//!   raw append + `fdatasync` loop;
+//!   raw append + `fdatasync` loop. The raw loop and the single writer take turns, so a disk
+//!   whose speed drifts over the run weighs on both alike;
 //! - `recover`: N runs in flight, SIGKILL, restart: time from the new process's start to the
 //!   store being open and to every run's recovery hook having been called;
 //! - `alarms`: lateness of N alarms due within one second, optionally with many more pending,
@@ -24,7 +25,7 @@ use durafiber_runtime::{Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered
 use durafiber_store::{Store, StoreConfig, tables::Table};
 use serde_json::{Value, json};
 
-use super::measure::{Samples, commit_until, progress, raw_fdatasync_per_s};
+use super::measure::{RawSyncs, Samples, commit_until, progress};
 use crate::{args::Bench, commands::output::print_report};
 
 const BENCH: Table = Table { name: "bench", prefix: b'b' };
@@ -66,13 +67,28 @@ async fn commit_rate(store: &Store, writers: usize, seconds: f64) -> anyhow::Res
     Ok((count as f64 / start.elapsed().as_secs_f64(), samples))
 }
 
+/// Turns the raw syncs and the single writer take, each of `seconds / TURNS`.
+const TURNS: u32 = 8;
+
 async fn stash(json: bool, writers: usize, seconds: f64, out: Option<&Path>) -> anyhow::Result<i32> {
     let dir = tempfile::Builder::new().prefix("durafiber-bench-").tempdir_in(std::env::temp_dir())?;
-    progress(&format!("raw append + fdatasync for {seconds} s in {}", dir.path().display()));
-    let raw = raw_fdatasync_per_s(dir.path(), seconds)?;
     let store = Store::open_dir(&dir.path().join("store"), StoreConfig::default())?;
-    progress(&format!("sync commits, 1 writer, {seconds} s"));
-    let (one, _) = commit_rate(&store, 1, seconds).await?;
+    progress(&format!(
+        "raw append + fdatasync and sync commits by 1 writer, {TURNS} turns each over {seconds} s, in {}",
+        dir.path().display()
+    ));
+    let mut raw_syncs = RawSyncs::open(dir.path())?;
+    let (mut one_commits, mut one_seconds) = (0u64, 0.0);
+    let turn = seconds / f64::from(TURNS);
+    for _ in 0..TURNS {
+        raw_syncs.run_for(turn)?;
+        let start = Instant::now();
+        let keys = vec![BENCH.key(&[b"one"])];
+        let (commits, _) = commit_until(&store, BENCH, keys, start + Duration::from_secs_f64(turn)).await?;
+        one_commits += commits;
+        one_seconds += start.elapsed().as_secs_f64();
+    }
+    let (raw, one) = (raw_syncs.per_s(), one_commits as f64 / one_seconds);
     progress(&format!("sync commits, {writers} writers, {seconds} s"));
     let (many, mut samples) = commit_rate(&store, writers.max(1), seconds).await?;
     if let Some(out) = out {

@@ -145,15 +145,47 @@ pub(super) fn raw_gapped_fdatasync_us(
 }
 
 pub(super) fn raw_fdatasync_per_s(dir: &Path, seconds: f64) -> anyhow::Result<f64> {
-    let path = dir.join("raw-fdatasync.bin");
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
-    let record = [7u8; 256];
-    let start = Instant::now();
-    let mut n = 0u64;
-    while start.elapsed().as_secs_f64() < seconds {
-        f.write_all(&record)?;
-        f.sync_data()?;
-        n += 1;
+    let mut raw = RawSyncs::open(dir)?;
+    raw.run_for(seconds)?;
+    Ok(raw.per_s())
+}
+
+/// Back-to-back appends of a stash-sized record, each followed by `fdatasync`: the rate a
+/// store's sync commits are compared with. It can run in turns with what it is compared
+/// with ([`RawSyncs::run_for`] adds up), so a disk whose speed drifts over a run weighs on
+/// both alike.
+pub(super) struct RawSyncs {
+    file: std::fs::File,
+    syncs: u64,
+    seconds: f64,
+}
+
+impl RawSyncs {
+    pub(super) fn open(dir: &Path) -> anyhow::Result<Self> {
+        let path = dir.join("raw-fdatasync.bin");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        Ok(Self { file, syncs: 0, seconds: 0.0 })
     }
-    Ok(n as f64 / start.elapsed().as_secs_f64())
+
+    /// Syncs for `seconds` more.
+    pub(super) fn run_for(&mut self, seconds: f64) -> anyhow::Result<()> {
+        let record = [7u8; 256];
+        let start = Instant::now();
+        while start.elapsed().as_secs_f64() < seconds {
+            self.file.write_all(&record)?;
+            self.file.sync_data()?;
+            self.syncs += 1;
+        }
+        self.seconds += start.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Syncs per second over every turn so far.
+    pub(super) fn per_s(&self) -> f64 {
+        self.syncs as f64 / self.seconds
+    }
 }
