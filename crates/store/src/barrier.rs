@@ -15,6 +15,11 @@
 //! [`StoreError::Failed`], and the process must restart to reopen the store — sled 0.34
 //! cannot be trusted in-process after a failed flush.
 //!
+//! A writer whose last commits came from one task committing in a loop looks for the next
+//! for `SPIN_FOR` before it sleeps (see `Cadence`): waking it would cost that task about as
+//! much as its own work between commits. Only while it has not been waiting for a core
+//! (`crowding`): beside busy threads, spinning takes a core from the very task it waits for.
+//!
 //! A writer that has had nothing to do for `QUIET_AFTER` tells the backend so
 //! ([`Backend::quiet`]): the sled backend checkpoints then, rather than in the middle of the
 //! next burst of writes.
@@ -37,6 +42,9 @@ use crate::{backend::Backend, batch::Batch, error::StoreError};
 
 /// How long the writer waits with nothing to do before it tells the backend it is quiet.
 const QUIET_AFTER: Duration = Duration::from_millis(200);
+
+/// How long the writer looks for a looping task's next commit before it sleeps.
+const SPIN_FOR: Duration = Duration::from_micros(100);
 
 /// How durable a batch must be before `commit` returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -196,8 +204,57 @@ enum Next {
     Closed,
 }
 
+/// Tells one task committing in a loop from anything else. Its commits come one to a group,
+/// each right after the last was acknowledged, and begin with the same key (a run's stash).
+/// For such a task the writer looks for the next commit for `SPIN_FOR` before it sleeps:
+/// waking a sleeping thread costs about as much as the task takes between its commits. A
+/// burst of alarm deliveries also commits one at a time, but each for another run; there
+/// spinning would only take a core from the deliveries. The writer also checks it is not
+/// crowded (`crowding::Crowding`) before it spins.
+#[derive(Default)]
+struct Cadence {
+    /// The first key of the last group, when it was one commit.
+    last_key: Vec<u8>,
+    last_lone: bool,
+    looping: bool,
+}
+
+impl Cadence {
+    /// Takes in a gathered group and how long the writer waited for its first command.
+    fn observe(&mut self, group: &Group, waited: Duration) {
+        let key = match (group.parts.as_slice(), group.merged.ops.first()) {
+            ([_], Some(op)) => Some(op.key()),
+            _ => None,
+        };
+        self.looping = waited < SPIN_FOR && self.last_lone && key == Some(self.last_key.as_slice());
+        self.last_lone = key.is_some();
+        if let Some(key) = key
+            && key != self.last_key.as_slice()
+        {
+            self.last_key.clear();
+            self.last_key.extend_from_slice(key);
+        }
+    }
+}
+
 /// Waits for the next command, for the async flush deadline, or for a quiet spell to end.
-fn next_command(rx: &mpsc::Receiver<Cmd>, flush_due: Option<Instant>, quiet_due: Option<Instant>) -> Next {
+/// `spin`: look for the next command for `SPIN_FOR` before sleeping (see `Cadence`).
+fn next_command(
+    rx: &mpsc::Receiver<Cmd>,
+    flush_due: Option<Instant>,
+    quiet_due: Option<Instant>,
+    spin: bool,
+) -> Next {
+    if spin {
+        let until = Instant::now() + SPIN_FOR;
+        while Instant::now() < until {
+            match rx.try_recv() {
+                Ok(cmd) => return Next::Command(cmd),
+                Err(mpsc::TryRecvError::Empty) => std::thread::yield_now(),
+                Err(mpsc::TryRecvError::Disconnected) => return Next::Closed,
+            }
+        }
+    }
     let Some(until) = flush_due.into_iter().chain(quiet_due).min() else {
         return rx.recv().map_or(Next::Closed, Next::Command);
     };
@@ -376,8 +433,12 @@ fn writer_loop(
     // Set by each applied group: a writer that then gets nothing for `QUIET_AFTER` tells the
     // backend it is quiet (a moment to checkpoint), once.
     let mut quiet_due: Option<Instant> = None;
+    let mut cadence = Cadence::default();
+    let mut crowding = crate::crowding::Crowding::of_this_thread();
     loop {
-        let first = match next_command(rx, flush_due, quiet_due) {
+        let idle_from = Instant::now();
+        let spin = cadence.looping && !crowding.crowded(idle_from);
+        let first = match next_command(rx, flush_due, quiet_due, spin) {
             Next::Command(cmd) => Some(cmd),
             Next::FlushDue => None,
             Next::Quiet => {
@@ -399,7 +460,9 @@ fn writer_loop(
                 return;
             }
         };
+        let waited = idle_from.elapsed();
         let mut group = Group::gather(first, rx, &config, stats);
+        cadence.observe(&group, waited);
         if let Some(reason) = health.failure() {
             group.fail_all(&StoreError::Failed { reason });
             continue;
@@ -517,5 +580,44 @@ mod tests {
             assert_eq!(sim.quiet_spells(), spell, "told once per spell, not at every wait");
         }
         store.close();
+    }
+
+    /// A group of `commits` commits, each a put of `key`.
+    fn group_of(commits: usize, key: &[u8]) -> Group {
+        let mut group = Group::default();
+        for i in 0..commits {
+            group.merged.ops.push(crate::batch::Op::Put { key: key.to_vec(), value: vec![] });
+            let (ack, _) = oneshot::channel();
+            group.parts.push(Part {
+                ops: i..i + 1,
+                absent: 0..0,
+                durability: Durability::Sync,
+                ack,
+                refused: None,
+            });
+        }
+        group
+    }
+
+    #[test]
+    fn the_writer_spins_only_for_one_task_committing_in_a_loop() {
+        let soon = SPIN_FOR / 5;
+        let mut cadence = Cadence::default();
+        let mut looping_after = |commits: usize, key: &[u8], waited: Duration| {
+            cadence.observe(&group_of(commits, key), waited);
+            cadence.looping
+        };
+        assert!(!looping_after(1, b"run-a", soon), "one commit is not a loop");
+        assert!(looping_after(1, b"run-a", soon), "the same run again, right after its last commit");
+        assert!(looping_after(1, b"run-a", soon));
+        // One commit at a time, each for another run: a burst of alarm deliveries.
+        assert!(!looping_after(1, b"run-b", soon));
+        assert!(!looping_after(1, b"run-c", soon));
+        assert!(!looping_after(1, b"run-c", SPIN_FOR * 2), "after a pause longer than the spin");
+        assert!(looping_after(1, b"run-c", soon));
+        // Writers enough to fill groups keep the writer busy without it.
+        assert!(!looping_after(2, b"run-c", soon));
+        assert!(!looping_after(1, b"run-c", soon), "a loop starts over after a group of many");
+        assert!(looping_after(1, b"run-c", soon));
     }
 }

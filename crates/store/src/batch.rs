@@ -21,6 +21,15 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// The full key this op writes or removes.
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Op::Put { key, .. } | Op::Delete { key } => key,
+        }
+    }
+}
+
 /// Writes that land together or not at all, even across a crash.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Batch {

@@ -39,6 +39,7 @@ pub mod barrier;
 pub mod batch;
 mod checkpoint;
 pub mod codec;
+mod crowding;
 pub mod envelope;
 mod error;
 mod fsync;
