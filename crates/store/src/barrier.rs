@@ -245,8 +245,7 @@ fn next_command(
     quiet_due: Option<Instant>,
     spin: bool,
 ) -> Next {
-    if spin {
-        let until = Instant::now() + SPIN_FOR;
+    if spin && let Some(until) = Instant::now().checked_add(SPIN_FOR) {
         while Instant::now() < until {
             match rx.try_recv() {
                 Ok(cmd) => return Next::Command(cmd),
