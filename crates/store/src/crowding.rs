@@ -45,9 +45,6 @@ impl Crowding {
     /// Whether the thread waited for a core lately. Reads the kernel's count at most once
     /// per `WINDOW`.
     pub(crate) fn crowded(&mut self, now: Instant) -> bool {
-        if self.schedstat.is_none() {
-            return true;
-        }
         if now.saturating_duration_since(self.read_at) >= WINDOW {
             match self.read_waited_ns() {
                 Some(ns) => self.take(now, ns),

@@ -59,12 +59,13 @@ pub async fn run(which: Bench) -> anyhow::Result<i32> {
     }
 }
 
-/// Commits by `writers` concurrent tasks for `seconds`; commits per second and latencies.
-async fn commit_rate(store: &Store, writers: usize, seconds: f64) -> anyhow::Result<(f64, Samples)> {
+/// Commits by `writers` concurrent tasks for `seconds`: the commits made, the seconds they
+/// took, and their latencies.
+async fn commit_for(store: &Store, writers: usize, seconds: f64) -> anyhow::Result<(u64, f64, Samples)> {
     let keys = (0..writers as u64).map(|w| BENCH.key(&[&w.to_be_bytes()])).collect();
     let start = Instant::now();
     let (count, samples) = commit_until(store, BENCH, keys, start + Duration::from_secs_f64(seconds)).await?;
-    Ok((count as f64 / start.elapsed().as_secs_f64(), samples))
+    Ok((count, start.elapsed().as_secs_f64(), samples))
 }
 
 /// Turns the raw syncs and the single writer take, each of `seconds / TURNS`.
@@ -82,15 +83,14 @@ async fn stash(json: bool, writers: usize, seconds: f64, out: Option<&Path>) -> 
     let turn = seconds / f64::from(TURNS);
     for _ in 0..TURNS {
         raw_syncs.run_for(turn)?;
-        let start = Instant::now();
-        let keys = vec![BENCH.key(&[b"one"])];
-        let (commits, _) = commit_until(&store, BENCH, keys, start + Duration::from_secs_f64(turn)).await?;
+        let (commits, took, _) = commit_for(&store, 1, turn).await?;
         one_commits += commits;
-        one_seconds += start.elapsed().as_secs_f64();
+        one_seconds += took;
     }
     let (raw, one) = (raw_syncs.per_s(), one_commits as f64 / one_seconds);
     progress(&format!("sync commits, {writers} writers, {seconds} s"));
-    let (many, mut samples) = commit_rate(&store, writers.max(1), seconds).await?;
+    let (many_commits, many_seconds, mut samples) = commit_for(&store, writers.max(1), seconds).await?;
+    let many = many_commits as f64 / many_seconds;
     if let Some(out) = out {
         samples.write(out, "stash-commit", "us")?;
     }
