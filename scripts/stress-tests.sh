@@ -18,7 +18,7 @@ for _ in 1 2; do
 done
 for i in $(seq 1 "$runs"); do
     start=$(date +%s)
-    if ! log=$(cargo test --workspace 2>&1); then
+    if ! log=$(scripts/test.sh 2>&1); then
         echo "$log" | grep -E -A4 "panicked at" | head -40
         echo "$log" | grep -E "FAILED" | head -20
         echo "stress run $i of $runs: FAILED"
