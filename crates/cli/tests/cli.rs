@@ -21,11 +21,16 @@ fn json(text: &str) -> Value {
     serde_json::from_str(text).expect("JSON output")
 }
 
-/// Runs a `bench` command that must succeed and returns its JSON report, the last line.
+/// Runs a `bench` command that must succeed and returns its JSON report, the last line,
+/// which says how much CPU time the host took meanwhile (Linux tells).
 fn bench_report(args: &[&str]) -> Value {
     let (code, stdout, stderr) = durafiber(args);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
-    serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("JSON last line")
+    let report: Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("JSON last line");
+    let steal = report["host_steal_pct"].as_f64();
+    assert!(steal.is_some_and(|pct| (0.0..=100.0).contains(&pct)), "{report}");
+    report
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,13 +25,14 @@ use durafiber_runtime::{Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered
 use durafiber_store::{Store, StoreConfig, tables::Table};
 use serde_json::{Value, json};
 
-use super::measure::{RawSyncs, Samples, commit_until, progress};
-use crate::{args::Bench, commands::output::print_report};
+use super::measure::{RawSyncs, Samples, bench_began, commit_until, print_bench_report, progress};
+use crate::args::Bench;
 
 const BENCH: Table = Table { name: "bench", prefix: b'b' };
 
 /// Runs one benchmark.
 pub async fn run(which: Bench) -> anyhow::Result<i32> {
+    bench_began();
     match which {
         Bench::Stash { json, writers, seconds, out, nodes: Some(nodes), pg_url: Some(url) } => {
             super::bench_nodes::stash(json, &url, nodes, writers, seconds, out.as_deref()).await
@@ -105,7 +106,7 @@ async fn stash(json: bool, writers: usize, seconds: f64, out: Option<&Path>) -> 
         format!("sync commits, 1 writer:  {one:>10.0} /s  ({:.2}x raw)", one / raw),
         format!("sync commits, {writers} writers: {many:>8.0} /s  ({:.2}x raw)", many / raw),
     ];
-    print_report(&lines, &report, json)?;
+    print_bench_report(lines, report, json)?;
     Ok(0)
 }
 
@@ -251,7 +252,7 @@ async fn recover(
             report["all_recovered_ms_best"]
         ));
     }
-    print_report(&lines, &report, json)?;
+    print_bench_report(lines, report, json)?;
     Ok(0)
 }
 
@@ -435,6 +436,6 @@ async fn bench_alarms(json: bool, alarms: usize, pending: usize, out: Option<&Pa
             report["bulk_load_peak_rss_mb"]
         ),
     ];
-    print_report(&lines, &report, json)?;
+    print_bench_report(lines, report, json)?;
     Ok(0)
 }

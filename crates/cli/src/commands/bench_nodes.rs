@@ -20,8 +20,7 @@ use serde_json::{Value, json};
 
 use super::{
     drill_nodes::Scratch,
-    measure::{commit_until, progress, raw_fdatasync_per_s},
-    output::print_report,
+    measure::{commit_until, print_bench_report, progress, raw_fdatasync_per_s},
 };
 
 fn epoch_ms() -> u64 {
@@ -70,7 +69,7 @@ pub async fn stash(
             rate / raw
         ),
     ];
-    print_report(&lines, &report, json)?;
+    print_bench_report(lines, report, json)?;
     Ok(0)
 }
 

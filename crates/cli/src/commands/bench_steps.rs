@@ -24,8 +24,7 @@ use durafiber_runtime::{ListFilter, RunStatus, Runtime};
 use durafiber_store::{Store, StoreConfig};
 use serde_json::{Value, json};
 
-use super::measure::{Samples, progress, raw_fdatasync_per_s, raw_gapped_fdatasync_us};
-use crate::commands::output::print_report;
+use super::measure::{Samples, print_bench_report, progress, raw_fdatasync_per_s, raw_gapped_fdatasync_us};
 
 /// What `bench steps` measures.
 #[derive(Debug, Clone, Copy)]
@@ -132,7 +131,7 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
             plan.kill_runs, killed.first_step_ms, killed.rerun
         ),
     ];
-    print_report(&lines, &report, json)?;
+    print_bench_report(lines, report, json)?;
     Ok(if killed.rerun == 0 { 0 } else { 1 })
 }
 

@@ -1,13 +1,13 @@
 //! What the benchmarks share: latency samples with their quantiles and histogram, progress
 //! lines, the raw `fdatasync` figures every figure is compared with (the back-to-back rate,
-//! and the latency of syncs a gap apart), and writers that commit stash-sized sync
-//! boundaries until a deadline.
+//! and the latency of syncs a gap apart), writers that commit stash-sized sync boundaries
+//! until a deadline, and the report, which says how much CPU time the host took meanwhile.
 
 use std::{
     io::Write,
     path::Path,
     sync::{
-        Arc,
+        Arc, OnceLock,
         atomic::{AtomicU64, Ordering},
     },
     time::Instant,
@@ -15,6 +15,9 @@ use std::{
 
 use anyhow::Context as _;
 use durafiber_store::{Batch, Durability, Store, tables::Table};
+use serde_json::Value;
+
+use super::output::print_report;
 
 /// One writer per key of `table`, each committing a stash-sized record under its key in
 /// `sync` mode until `deadline`: the commits made, and each one's latency.
@@ -115,6 +118,67 @@ pub(super) fn progress(msg: &str) {
     eprintln!("bench: {msg}");
 }
 
+/// The machine's CPU time counters, from the first line of `/proc/stat` (clock ticks, all
+/// cores): how much went to steal — time a virtual machine's host gave to others while
+/// this machine had work — against all of it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct CpuTimes {
+    steal: u64,
+    total: u64,
+}
+
+impl CpuTimes {
+    pub(super) fn now() -> Option<CpuTimes> {
+        CpuTimes::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    fn parse(stat: &str) -> Option<CpuTimes> {
+        let mut fields = stat.lines().next()?.split_whitespace();
+        if fields.next()? != "cpu" {
+            return None;
+        }
+        // user nice system idle iowait irq softirq steal, then guest time, which `user`
+        // already counts.
+        let ticks: Vec<u64> = fields.take(8).map(|f| f.parse().ok()).collect::<Option<_>>()?;
+        let steal = *ticks.get(7)?;
+        ticks.iter().try_fold(0u64, |sum, t| sum.checked_add(*t)).map(|total| CpuTimes { steal, total })
+    }
+
+    /// The share of the CPU time since `earlier` that went to steal, in percent.
+    fn steal_pct_since(&self, earlier: &CpuTimes) -> Option<f64> {
+        let total = self.total.checked_sub(earlier.total).filter(|t| *t > 0)?;
+        let steal = self.steal.checked_sub(earlier.steal)?;
+        Some((steal as f64 * 1000.0 / total as f64).round() / 10.0)
+    }
+}
+
+/// The counters when the benchmark began ([`bench_began`]).
+static BEGAN: OnceLock<Option<CpuTimes>> = OnceLock::new();
+
+/// Marks the start of the benchmark whose report [`print_bench_report`] prints.
+pub(super) fn bench_began() {
+    BEGAN.get_or_init(CpuTimes::now);
+}
+
+/// Prints a benchmark's report with `host_steal_pct`: the share of the machine's CPU time
+/// its host took for others since [`bench_began`] (null where the kernel does not say).
+/// Figures measured while a host takes a tenth are not those of a quiet machine.
+pub(super) fn print_bench_report(
+    mut lines: Vec<String>,
+    mut report: Value,
+    json: bool,
+) -> anyhow::Result<()> {
+    let began = BEGAN.get().copied().flatten();
+    let steal_pct = began.zip(CpuTimes::now()).and_then(|(began, now)| now.steal_pct_since(&began));
+    if let Some(pct) = steal_pct {
+        lines.push(format!("the host took {pct}% of this machine's CPU time meanwhile (steal)"));
+    }
+    if let Some(fields) = report.as_object_mut() {
+        fields.insert("host_steal_pct".into(), steal_pct.into());
+    }
+    print_report(&lines, &report, json)
+}
+
 /// `n` raw writes of a stash-sized record into a file written in full beforehand (as the
 /// store's log is), each followed by `fdatasync`, with `gap` of sleep between them: the
 /// latency, µs, of each. A sync after an idle gap costs this disk more than one right
@@ -187,5 +251,36 @@ impl RawSyncs {
     /// Syncs per second over every turn so far.
     pub(super) fn per_s(&self) -> f64 {
         self.syncs as f64 / self.seconds
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_steal_share_is_read_off_the_first_line_of_proc_stat() {
+        let before = CpuTimes::parse("cpu  100 0 50 800 10 0 5 35 7 0\ncpu0 50 0 25 400 5 0 2 18 3 0\n");
+        let after = CpuTimes::parse("cpu  200 0 100 1500 20 0 10 170 9 0\n");
+        assert_eq!(before, Some(CpuTimes { steal: 35, total: 1000 }));
+        // 135 of the 1,000 ticks between them were stolen; guest time is not counted twice.
+        let pct = after.zip(before).and_then(|(after, before)| after.steal_pct_since(&before));
+        assert_eq!(pct, Some(13.5));
+        assert_eq!(before.and_then(|b| b.steal_pct_since(&b)), None, "no time passed");
+    }
+
+    #[test]
+    fn a_kernel_without_steal_or_a_garbled_file_says_nothing() {
+        assert_eq!(CpuTimes::parse("cpu  100 0 50 800\n"), None);
+        assert_eq!(CpuTimes::parse("intr 1 2 3 4 5 6 7 8\n"), None);
+        assert_eq!(CpuTimes::parse("cpu  1 2 x 4 5 6 7 8\n"), None);
+        assert_eq!(CpuTimes::parse(""), None);
+    }
+
+    #[test]
+    fn this_machine_tells_its_cpu_times() {
+        // Linux has had the steal column since 2.6.11; the benchmarks run on Linux.
+        let now = CpuTimes::now().expect("/proc/stat with a steal column");
+        assert!(now.total > 0 && now.steal <= now.total, "{now:?}");
     }
 }
