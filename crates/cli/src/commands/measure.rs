@@ -128,7 +128,7 @@ pub(super) struct CpuTimes {
 }
 
 impl CpuTimes {
-    pub(super) fn now() -> Option<CpuTimes> {
+    fn now() -> Option<CpuTimes> {
         CpuTimes::parse(&std::fs::read_to_string("/proc/stat").ok()?)
     }
 
