@@ -2,7 +2,10 @@
 //! duplicate start returns it, a conflicting one is refused, and every kind of bad input is
 //! a typed error while the runtime keeps serving the other runs.
 
-use std::sync::Arc;
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, AtomicUsize, Ordering},
+};
 
 use durafiber_runtime::{
     Agent, AgentError, Ctx, DurabilityMode, ListFilter, RunOptions, RunState, RunStatus, Runtime,
@@ -41,10 +44,65 @@ impl Agent for Inbox {
     }
 }
 
+/// Counts the messages and requests it handles, and any that overlapped another: a run's
+/// events are handled one at a time, whichever actor handles them.
+#[derive(Clone, Default)]
+struct Serial {
+    busy: Arc<AtomicBool>,
+    handled: Arc<AtomicUsize>,
+    overlaps: Arc<AtomicUsize>,
+}
+
+impl Serial {
+    async fn handle(&self) -> usize {
+        if self.busy.swap(true, Ordering::SeqCst) {
+            self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        // Awaits inside the handler, where another actor of the same run would get in.
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+        self.busy.store(false, Ordering::SeqCst);
+        self.handled.fetch_add(1, Ordering::SeqCst) + 1
+    }
+}
+
+impl Agent for Serial {
+    const KIND: &'static str = "serial";
+    type Input = ();
+    type Stash = ();
+    type Output = ();
+    type Message = String;
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
+        ctx.cancelled().await;
+        Err(AgentError::Cancelled("asked to stop".into()))
+    }
+
+    async fn on_message(&self, _: &mut Ctx<Self>, _: String) -> Result<(), AgentError> {
+        self.handle().await;
+        Ok(())
+    }
+
+    async fn on_request(&self, _: &mut Ctx<Self>, _: String) -> Result<serde_json::Value, AgentError> {
+        Ok(serde_json::json!(self.handle().await))
+    }
+}
+
 async fn runtime(dir: &std::path::Path) -> Runtime {
+    runtime_with(dir, Serial::default()).await
+}
+
+async fn runtime_with(dir: &std::path::Path, serial: Serial) -> Runtime {
     durafiber_testkit::init_tracing();
     let store = Store::open_dir(dir, StoreConfig::default()).expect("open store");
-    Runtime::builder(store).agent(Steps::default()).agent(Inbox).open().await.expect("open runtime")
+    Runtime::builder(store)
+        .agent(Steps::default())
+        .agent(Inbox)
+        .agent(serial)
+        .open()
+        .await
+        .expect("open runtime")
 }
 
 fn steps(n: u32) -> StepsInput {
@@ -244,4 +302,46 @@ async fn a_shutdown_right_after_starts_leaves_no_run_behind_holding_the_store() 
         }
     };
     reopened.close();
+}
+
+/// A run's actor stops once it has handled every event on its way, and the next event
+/// spawns a fresh one: senders racing that hand-over lose no event, and no two of the run's
+/// events are ever handled at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_to_one_run_are_all_handled_one_at_a_time_while_its_actor_comes_and_goes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let serial = Serial::default();
+    let rt = runtime_with(dir.path(), serial.clone()).await;
+    let run_id = rt.start::<Serial>("serial-1", &()).await.expect("start").run_id;
+    // One sender at a time: each event finds the actor gone and spawns one.
+    for i in 0..20 {
+        rt.send::<Serial>(&run_id, &format!("alone {i}")).await.expect("send");
+    }
+    assert_eq!(serial.handled.load(Ordering::SeqCst), 20);
+    // Eight senders at once, each waiting for its answer before the next: the actor is
+    // sometimes busy, sometimes idle and stopping, when an event arrives.
+    let mut senders = Vec::new();
+    for s in 0..8 {
+        let (rt, run_id) = (rt.clone(), run_id.clone());
+        senders.push(tokio::spawn(async move {
+            for i in 0..40 {
+                if i % 3 == 0 {
+                    let _: usize = rt.request::<Serial, _>(&run_id, &format!("{s}/{i}")).await?;
+                } else {
+                    rt.send::<Serial>(&run_id, &format!("{s}/{i}")).await?;
+                }
+                if i % 5 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            Ok::<_, RuntimeError>(())
+        }));
+    }
+    for sender in senders {
+        sender.await.expect("sender task").expect("every event answered");
+    }
+    assert_eq!(serial.handled.load(Ordering::SeqCst), 20 + 8 * 40, "every event handled, once");
+    assert_eq!(serial.overlaps.load(Ordering::SeqCst), 0, "never two at once");
+    rt.cancel(&run_id, "done").await.expect("cancel");
+    assert!(matches!(rt.wait(&run_id).await.expect("wait"), RunStatus::Cancelled { .. }));
 }

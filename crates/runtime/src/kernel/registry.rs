@@ -3,9 +3,12 @@
 //! hibernation and eviction remove from it.
 
 use durafiber_store::lock::{Mutex, MutexGuard};
-use std::sync::Arc;
+use std::sync::{
+    Arc,
+    atomic::{AtomicUsize, Ordering},
+};
 
-use ractor::ActorRef;
+use ractor::{ActorId, ActorRef};
 
 use crate::{
     kernel::cell::{RunCell, lock_stripes, stripe},
@@ -28,12 +31,24 @@ impl LiveRun {
 }
 
 /// A live run's actor, spawned by the first inbound event that needs one (a message, a
-/// request, an alarm, an activation of a live run). A run that only runs its fiber — most
-/// recovered runs — never pays for an actor: a ractor actor costs more memory and time
-/// than the whole rest of an activation. Closed when the run leaves memory, so an event
-/// that still holds the old [`LiveRun`] cannot spawn an actor for a run that is gone.
+/// request, an alarm, an activation of a live run) and stopped once it has handled every
+/// event on its way to it. A run that only runs its fiber — most recovered runs — never pays
+/// for an actor, and one whose events are over stops paying: a ractor actor costs more
+/// memory and time than the whole rest of an activation, and a burst of alarms to many runs
+/// spent a fifth of its CPU on the kernel zeroing fresh memory for actors that then sat
+/// idle (`bench alarms`). Closed when the run leaves memory, so an event that still holds
+/// the old [`LiveRun`] cannot spawn an actor for a run that is gone.
+///
+/// Each event is counted from the moment its sender takes the actor ([`Mailbox::actor`])
+/// until the actor has handled it ([`Mailbox::handled`]). Senders count under the slot's
+/// lock, and the actor gives up the slot only under that lock with nothing counted, so no
+/// event is ever sent to an actor that is stopping: the next one spawns a fresh actor.
 #[derive(Default)]
-pub(crate) struct Mailbox(tokio::sync::Mutex<Slot>);
+pub(crate) struct Mailbox {
+    slot: tokio::sync::Mutex<Slot>,
+    /// Events taken for the actor and not yet handled by it.
+    on_the_way: AtomicUsize,
+}
 
 #[derive(Default)]
 enum Slot {
@@ -44,27 +59,51 @@ enum Slot {
 }
 
 impl Mailbox {
-    /// The actor, spawned by `spawn` if there is none yet; `None` once the run left memory.
-    /// `spawn` is not polled when the actor exists.
+    /// The actor, for one event the caller sends it right away, spawned by `spawn` if there
+    /// is none; `None` once the run left memory. `spawn` is not polled when the actor exists.
+    /// The event counts as on its way until the actor has handled it.
     pub async fn actor<E>(
         &self,
         spawn: impl std::future::Future<Output = Result<ActorRef<RunMsg>, E>>,
     ) -> Result<Option<ActorRef<RunMsg>>, E> {
-        let mut slot = self.0.lock().await;
-        match &*slot {
-            Slot::Open(actor) => Ok(Some(actor.clone())),
-            Slot::Closed => Ok(None),
+        let mut slot = self.slot.lock().await;
+        let actor = match &*slot {
+            Slot::Open(actor) => actor.clone(),
+            Slot::Closed => return Ok(None),
             Slot::Empty => {
                 let actor = spawn.await?;
                 *slot = Slot::Open(actor.clone());
-                Ok(Some(actor))
+                actor
             }
+        };
+        self.on_the_way.fetch_add(1, Ordering::SeqCst);
+        Ok(Some(actor))
+    }
+
+    /// Called by the actor `me` after each event it handled. True when nothing else is on
+    /// its way: the slot is empty again and `me` is to stop.
+    pub async fn handled(&self, me: ActorId) -> bool {
+        let before = self.on_the_way.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if before != Ok(1) {
+            return false;
+        }
+        let mut slot = self.slot.lock().await;
+        // A sender may have counted an event meanwhile, under the lock now held.
+        if self.on_the_way.load(Ordering::SeqCst) != 0 {
+            return false;
+        }
+        match &*slot {
+            Slot::Open(actor) if actor.get_id() == me => {
+                *slot = Slot::Empty;
+                true
+            }
+            Slot::Open(_) | Slot::Empty | Slot::Closed => false,
         }
     }
 
-    /// Closes the mailbox for good; the actor to stop, if one was spawned.
+    /// Closes the mailbox for good; the actor to stop, if one is there.
     pub async fn close(&self) -> Option<ActorRef<RunMsg>> {
-        match std::mem::replace(&mut *self.0.lock().await, Slot::Closed) {
+        match std::mem::replace(&mut *self.slot.lock().await, Slot::Closed) {
             Slot::Open(actor) => Some(actor),
             Slot::Empty | Slot::Closed => None,
         }
@@ -122,5 +161,87 @@ impl Registry {
     /// Adds a run that was just activated.
     pub fn insert(&self, run_id: &str, run: LiveRun) {
         self.map().insert(run_id.to_string(), run);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU32;
+
+    use ractor::{Actor, ActorProcessingErr};
+
+    use super::*;
+
+    /// An actor that takes `RunMsg`s and handles none: the mailbox only needs its address.
+    struct Silent;
+
+    impl Actor for Silent {
+        type Msg = RunMsg;
+        type State = ();
+        type Arguments = ();
+
+        async fn pre_start(&self, _: ActorRef<RunMsg>, _: ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+    }
+
+    /// Takes the mailbox's actor for one event, counting the spawns it asks for.
+    async fn take(mailbox: &Mailbox, spawns: &AtomicU32) -> Option<ActorRef<RunMsg>> {
+        let spawn = async {
+            spawns.fetch_add(1, Ordering::SeqCst);
+            Actor::spawn(None, Silent, ()).await.map(|(actor, _)| actor)
+        };
+        mailbox.actor(spawn).await.expect("spawn")
+    }
+
+    #[tokio::test]
+    async fn an_actor_whose_last_event_is_handled_gives_up_the_slot_and_the_next_event_spawns_anew() {
+        let (mailbox, spawns) = (Mailbox::default(), AtomicU32::new(0));
+        let first = take(&mailbox, &spawns).await.expect("open");
+        assert!(mailbox.handled(first.get_id()).await, "nothing else on its way: it stops");
+        let second = take(&mailbox, &spawns).await.expect("open");
+        assert_ne!(first.get_id(), second.get_id(), "a fresh actor");
+        assert_eq!(spawns.load(Ordering::SeqCst), 2);
+        first.stop(None);
+        second.stop(None);
+    }
+
+    #[tokio::test]
+    async fn an_actor_keeps_the_slot_while_another_event_is_on_its_way() {
+        let (mailbox, spawns) = (Mailbox::default(), AtomicU32::new(0));
+        let actor = take(&mailbox, &spawns).await.expect("open");
+        let again = take(&mailbox, &spawns).await.expect("open");
+        assert_eq!(actor.get_id(), again.get_id(), "the same actor, not spawned twice");
+        assert!(!mailbox.handled(actor.get_id()).await, "one event is still on its way");
+        let third = take(&mailbox, &spawns).await.expect("open");
+        assert_eq!(third.get_id(), actor.get_id(), "taken again before its last event was handled");
+        assert!(!mailbox.handled(actor.get_id()).await);
+        assert!(mailbox.handled(actor.get_id()).await, "the last one handled");
+        assert_eq!(spawns.load(Ordering::SeqCst), 1);
+        actor.stop(None);
+    }
+
+    #[tokio::test]
+    async fn a_closed_mailbox_hands_its_actor_to_the_closer_and_never_spawns_again() {
+        let (mailbox, spawns) = (Mailbox::default(), AtomicU32::new(0));
+        let actor = take(&mailbox, &spawns).await.expect("open");
+        let closed = mailbox.close().await.expect("the actor, to stop");
+        assert_eq!(closed.get_id(), actor.get_id());
+        assert!(!mailbox.handled(actor.get_id()).await, "the closer stops it, not the actor itself");
+        assert!(take(&mailbox, &spawns).await.is_none(), "the run left memory");
+        assert_eq!(spawns.load(Ordering::SeqCst), 1);
+        actor.stop(None);
+    }
+
+    #[tokio::test]
+    async fn an_uncounted_report_neither_wraps_the_count_nor_stops_the_actor() {
+        let (mailbox, spawns) = (Mailbox::default(), AtomicU32::new(0));
+        let actor = take(&mailbox, &spawns).await.expect("open");
+        assert!(mailbox.handled(actor.get_id()).await);
+        assert!(!mailbox.handled(actor.get_id()).await, "nothing was counted");
+        let next = take(&mailbox, &spawns).await.expect("open");
+        assert!(mailbox.handled(next.get_id()).await, "the count still works");
+        actor.stop(None);
+        next.stop(None);
     }
 }

@@ -3,7 +3,8 @@
 //! Activation is the only code that makes a run live. A cold start reads the run from the
 //! store once, under its lock, builds the cell from that read, decides and registers the
 //! fiber (`fiber::decide`), starts it, and puts the run in the registry. The run's actor is
-//! spawned by the first inbound event that needs it (`actor_of`). Features below the runs
+//! spawned by the first inbound event that needs it (`actor_of`) and stops once it has
+//! handled every event on its way (`Mailbox::handled`). Features below the runs
 //! layer that need a run re-entered call `Shared::reactivate`, which the runtime points here
 //! when it opens.
 //!
@@ -26,7 +27,7 @@ use crate::{
     hooks::AlarmEvent,
     kernel::cell::RunCell,
     kernel::inbox::{Activation, RunMsg},
-    kernel::registry::LiveRun,
+    kernel::registry::{LiveRun, Mailbox},
     kernel::shared::{BoxFuture, RawCtx, Shared},
     kernel::stash_record::Stored,
     metrics::Metrics,
@@ -130,7 +131,8 @@ pub(crate) async fn activate(shared: &Arc<Shared>, run_id: &str) -> Result<LiveR
 /// An error when the run left memory meanwhile, as when its actor stopped.
 pub(crate) async fn actor_of(shared: &Arc<Shared>, live: &LiveRun) -> Result<ActorRef<RunMsg>, RuntimeError> {
     let spawn = async {
-        Actor::spawn(None, RunActor { shared: shared.clone() }, live.cell.clone())
+        let actor = RunActor { shared: shared.clone(), mailbox: live.mailbox.clone() };
+        Actor::spawn(None, actor, live.cell.clone())
             .await
             .map(|(actor, _join)| actor)
             .map_err(|e| RuntimeError::Agent(AgentError::Runtime(format!("spawn: {e}"))))
@@ -194,6 +196,9 @@ pub(crate) fn reactivate_boxed(shared: Arc<Shared>, run_id: String, since: Stopw
 
 pub(crate) struct RunActor {
     pub shared: Arc<Shared>,
+    /// The slot this actor fills: it reports each event handled there, and stops when the
+    /// last one on its way is done.
+    pub mailbox: Arc<Mailbox>,
 }
 
 impl Actor for RunActor {
@@ -211,15 +216,15 @@ impl Actor for RunActor {
 
     async fn handle(
         &self,
-        _me: ActorRef<RunMsg>,
+        me: ActorRef<RunMsg>,
         msg: RunMsg,
         cell: &mut Arc<RunCell>,
     ) -> Result<(), ActorProcessingErr> {
         let attempt = cell.attempt.load(std::sync::atomic::Ordering::SeqCst);
         let span = tracing::info_span!("run_event", run_id = %cell.run_id, kind = %cell.kind, attempt);
-        // Each event's work is boxed: the actor's task holds `handle`'s future for as long as
-        // the actor lives, and the largest event's state would otherwise sit in every idle
-        // actor (about 2 KB each, in `bench alarms`' burst of fresh actors).
+        // Each event's work is boxed: the actor's task reserves room for `handle`'s future
+        // from its spawn, and the largest event's state would otherwise be allocated with
+        // every actor (about 2 KB each, in `bench alarms`' burst of fresh actors).
         match msg {
             RunMsg::Activate { busy, since, decided } => {
                 Box::pin(fiber::on_activate(&self.shared, cell, since, decided).instrument(span)).await;
@@ -237,6 +242,10 @@ impl Actor for RunActor {
                 let result = Box::pin(self.on_alarm(cell, event).instrument(span)).await;
                 let _ = reply.send(result);
             }
+        }
+        if self.mailbox.handled(me.get_id()).await {
+            tracing::trace!(run_id = %cell.run_id, "the run's actor handled its last event; it stops");
+            me.stop(None);
         }
         Ok(())
     }
