@@ -229,7 +229,7 @@ pub struct LivenessViolation {
     pub run_id: String,
     /// Its stored state.
     pub status: durafiber_store::tables::RunStatus,
-    /// Whether it has a live actor (without a fiber).
+    /// Whether it is live in memory (without a fiber).
     pub live: bool,
 }
 

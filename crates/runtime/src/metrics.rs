@@ -222,8 +222,8 @@ pub fn describe() {
         describe_histogram!(histogram.name, Unit::Seconds, help);
     }
     describe_gauge!("durafiber_runs", Unit::Count, "Runs in each state (label state).");
-    describe_gauge!("durafiber_live_actors", Unit::Count, "Runs with a live actor in this process.");
-    describe_gauge!("durafiber_hibernated_runs", Unit::Count, "Open runs with no live actor.");
+    describe_gauge!("durafiber_live_actors", Unit::Count, "Runs live in this process.");
+    describe_gauge!("durafiber_hibernated_runs", Unit::Count, "Open runs not live in this process.");
     describe_gauge!("durafiber_pending_alarms", Unit::Count, "Alarms not yet delivered.");
 }
 

@@ -420,7 +420,7 @@ impl Shared {
     }
 
     /// The context of a hook that runs outside the fiber (`on_escalate`,
-    /// `on_alarm_exhausted`): the live run's cell, or, for a run with no live actor — an
+    /// `on_alarm_exhausted`): the live run's cell, or, for a run not live in memory — an
     /// escalated run is finished and is not activated again for its hook — a cell of its own.
     pub fn hook_ctx(self: &Arc<Self>, run_id: &str, kind: &str) -> RawCtx {
         let cell = match self.registry.get(run_id) {

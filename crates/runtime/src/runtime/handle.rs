@@ -297,12 +297,12 @@ impl Runtime {
         idle::evict(&self.shared, run_id, "forced").await
     }
 
-    /// Whether the run has a live actor.
+    /// Whether the run is live in this process (in memory, not hibernated or evicted).
     pub async fn is_live(&self, run_id: &str) -> bool {
         self.shared.registry.get(run_id).is_some()
     }
 
-    /// Number of live actors.
+    /// Number of runs live in this process.
     pub async fn live_count(&self) -> usize {
         self.shared.registry.len()
     }

@@ -108,9 +108,10 @@ pub struct RunPage {
 pub struct Gauges {
     /// Runs in each state, by the state's name (`running`, `waiting_approval`, ...).
     pub runs_by_state: std::collections::BTreeMap<&'static str, u64>,
-    /// Runs with a live actor in this process.
+    /// Runs live in this process: in memory, with an actor while one of their events is
+    /// handled. The name is older than actors that come and go.
     pub live_actors: u64,
-    /// Open runs with no live actor: hibernated, evicted or waiting for a wake.
+    /// Open runs not live in this process: hibernated, evicted or waiting for a wake.
     pub hibernated_runs: u64,
     /// Alarms not yet delivered, the runtime's own among them.
     pub pending_alarms: u64,
