@@ -304,7 +304,7 @@ async fn a_shutdown_right_after_starts_leaves_no_run_behind_holding_the_store() 
     reopened.close();
 }
 
-/// A run's actor stops once it has handled every event on its way, and the next event
+/// A run's actor stops once it has been idle for its grace (100 ms), and the next event
 /// spawns a fresh one: senders racing that hand-over lose no event, and no two of the run's
 /// events are ever handled at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,11 +313,13 @@ async fn events_to_one_run_are_all_handled_one_at_a_time_while_its_actor_comes_a
     let serial = Serial::default();
     let rt = runtime_with(dir.path(), serial.clone()).await;
     let run_id = rt.start::<Serial>("serial-1", &()).await.expect("start").run_id;
-    // One sender at a time: each event finds the actor gone and spawns one.
-    for i in 0..20 {
+    // One sender at a time, each event sent about when the actor's grace runs out: some
+    // find it, some find it stopping, some find the slot empty and spawn one.
+    for i in 0..30u64 {
         rt.send::<Serial>(&run_id, &format!("alone {i}")).await.expect("send");
+        tokio::time::sleep(std::time::Duration::from_millis(94 + i % 12)).await;
     }
-    assert_eq!(serial.handled.load(Ordering::SeqCst), 20);
+    assert_eq!(serial.handled.load(Ordering::SeqCst), 30);
     // Eight senders at once, each waiting for its answer before the next: the actor is
     // sometimes busy, sometimes idle and stopping, when an event arrives.
     let mut senders = Vec::new();
@@ -340,7 +342,7 @@ async fn events_to_one_run_are_all_handled_one_at_a_time_while_its_actor_comes_a
     for sender in senders {
         sender.await.expect("sender task").expect("every event answered");
     }
-    assert_eq!(serial.handled.load(Ordering::SeqCst), 20 + 8 * 40, "every event handled, once");
+    assert_eq!(serial.handled.load(Ordering::SeqCst), 30 + 8 * 40, "every event handled, once");
     assert_eq!(serial.overlaps.load(Ordering::SeqCst), 0, "never two at once");
     rt.cancel(&run_id, "done").await.expect("cancel");
     assert!(matches!(rt.wait(&run_id).await.expect("wait"), RunStatus::Cancelled { .. }));

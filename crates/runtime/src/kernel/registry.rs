@@ -5,7 +5,7 @@
 use durafiber_store::lock::{Mutex, MutexGuard};
 use std::sync::{
     Arc,
-    atomic::{AtomicUsize, Ordering},
+    atomic::{AtomicU64, AtomicUsize, Ordering},
 };
 
 use ractor::{ActorId, ActorRef};
@@ -31,23 +31,26 @@ impl LiveRun {
 }
 
 /// A live run's actor, spawned by the first inbound event that needs one (a message, a
-/// request, an alarm, an activation of a live run) and stopped once it has handled every
-/// event on its way to it. A run that only runs its fiber — most recovered runs — never pays
-/// for an actor, and one whose events are over stops paying: a ractor actor costs more
-/// memory and time than the whole rest of an activation, and a burst of alarms to many runs
-/// spent a fifth of its CPU on the kernel zeroing fresh memory for actors that then sat
-/// idle (`bench alarms`). Closed when the run leaves memory, so an event that still holds
-/// the old [`LiveRun`] cannot spawn an actor for a run that is gone.
+/// request, an alarm, an activation of a live run) and stopped once it has been idle for
+/// [`ACTOR_IDLE_GRACE`](limits::ACTOR_IDLE_GRACE). A run that only runs its fiber — most
+/// recovered runs — never pays for an actor, and one whose events are over stops paying: a
+/// ractor actor costs more memory and time than the whole rest of an activation, and a
+/// burst of alarms to many runs spent a fifth of its CPU on the kernel zeroing fresh memory
+/// for actors that then sat idle (`bench alarms`). Closed when the run leaves memory, so an
+/// event that still holds the old [`LiveRun`] cannot spawn an actor for a run that is gone.
 ///
 /// Each event is counted from the moment its sender takes the actor ([`Mailbox::actor`])
 /// until the actor has handled it ([`Mailbox::handled`]). Senders count under the slot's
-/// lock, and the actor gives up the slot only under that lock with nothing counted, so no
-/// event is ever sent to an actor that is stopping: the next one spawns a fresh actor.
+/// lock, and the actor gives up the slot only under that lock with nothing counted
+/// ([`Mailbox::retire_if_idle`]), so no event is ever sent to an actor that is stopping: the
+/// next one spawns a fresh actor.
 #[derive(Default)]
 pub(crate) struct Mailbox {
     slot: tokio::sync::Mutex<Slot>,
     /// Events taken for the actor and not yet handled by it.
     on_the_way: AtomicUsize,
+    /// Events ever taken: an idle actor stops only if none was taken since it went idle.
+    taken: AtomicU64,
 }
 
 #[derive(Default)]
@@ -77,19 +80,22 @@ impl Mailbox {
             }
         };
         self.on_the_way.fetch_add(1, Ordering::SeqCst);
+        self.taken.fetch_add(1, Ordering::SeqCst);
         Ok(Some(actor))
     }
 
-    /// Called by the actor `me` after each event it handled. True when nothing else is on
-    /// its way: the slot is empty again and `me` is to stop.
-    pub async fn handled(&self, me: ActorId) -> bool {
+    /// Called by the actor after each event it handled. When nothing else is on its way, a
+    /// mark of this moment, for [`Mailbox::retire_if_idle`] once the grace is over.
+    pub fn handled(&self) -> Option<u64> {
         let before = self.on_the_way.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-        if before != Ok(1) {
-            return false;
-        }
+        (before == Ok(1)).then(|| self.taken.load(Ordering::SeqCst))
+    }
+
+    /// Empties the slot if the actor `me` still fills it, nothing is on its way and no event
+    /// was taken since `mark`. True when `me` is to stop.
+    pub async fn retire_if_idle(&self, me: ActorId, mark: u64) -> bool {
         let mut slot = self.slot.lock().await;
-        // A sender may have counted an event meanwhile, under the lock now held.
-        if self.on_the_way.load(Ordering::SeqCst) != 0 {
+        if self.on_the_way.load(Ordering::SeqCst) != 0 || self.taken.load(Ordering::SeqCst) != mark {
             return false;
         }
         match &*slot {
@@ -195,10 +201,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_actor_whose_last_event_is_handled_gives_up_the_slot_and_the_next_event_spawns_anew() {
+    async fn an_idle_actor_gives_up_the_slot_and_the_next_event_spawns_anew() {
         let (mailbox, spawns) = (Mailbox::default(), AtomicU32::new(0));
         let first = take(&mailbox, &spawns).await.expect("open");
-        assert!(mailbox.handled(first.get_id()).await, "nothing else on its way: it stops");
+        let mark = mailbox.handled().expect("nothing else on its way: idle");
+        assert!(mailbox.retire_if_idle(first.get_id(), mark).await, "still idle: it stops");
         let second = take(&mailbox, &spawns).await.expect("open");
         assert_ne!(first.get_id(), second.get_id(), "a fresh actor");
         assert_eq!(spawns.load(Ordering::SeqCst), 2);
@@ -212,11 +219,26 @@ mod tests {
         let actor = take(&mailbox, &spawns).await.expect("open");
         let again = take(&mailbox, &spawns).await.expect("open");
         assert_eq!(actor.get_id(), again.get_id(), "the same actor, not spawned twice");
-        assert!(!mailbox.handled(actor.get_id()).await, "one event is still on its way");
+        assert_eq!(mailbox.handled(), None, "one event is still on its way");
+        let mark = mailbox.handled().expect("idle");
         let third = take(&mailbox, &spawns).await.expect("open");
-        assert_eq!(third.get_id(), actor.get_id(), "taken again before its last event was handled");
-        assert!(!mailbox.handled(actor.get_id()).await);
-        assert!(mailbox.handled(actor.get_id()).await, "the last one handled");
+        assert_eq!(third.get_id(), actor.get_id(), "taken again during the grace");
+        assert!(!mailbox.retire_if_idle(actor.get_id(), mark).await, "an event is on its way");
+        let mark = mailbox.handled().expect("idle");
+        assert!(mailbox.retire_if_idle(actor.get_id(), mark).await);
+        assert_eq!(spawns.load(Ordering::SeqCst), 1);
+        actor.stop(None);
+    }
+
+    #[tokio::test]
+    async fn an_actor_that_was_busy_again_during_the_grace_is_kept() {
+        let (mailbox, spawns) = (Mailbox::default(), AtomicU32::new(0));
+        let actor = take(&mailbox, &spawns).await.expect("open");
+        let first_idle = mailbox.handled().expect("idle");
+        take(&mailbox, &spawns).await.expect("open");
+        let second_idle = mailbox.handled().expect("idle again");
+        assert!(!mailbox.retire_if_idle(actor.get_id(), first_idle).await, "an event came since");
+        assert!(mailbox.retire_if_idle(actor.get_id(), second_idle).await, "none since the last");
         assert_eq!(spawns.load(Ordering::SeqCst), 1);
         actor.stop(None);
     }
@@ -227,21 +249,22 @@ mod tests {
         let actor = take(&mailbox, &spawns).await.expect("open");
         let closed = mailbox.close().await.expect("the actor, to stop");
         assert_eq!(closed.get_id(), actor.get_id());
-        assert!(!mailbox.handled(actor.get_id()).await, "the closer stops it, not the actor itself");
+        let mark = mailbox.handled().expect("idle");
+        assert!(!mailbox.retire_if_idle(actor.get_id(), mark).await, "the closer stops it");
         assert!(take(&mailbox, &spawns).await.is_none(), "the run left memory");
         assert_eq!(spawns.load(Ordering::SeqCst), 1);
         actor.stop(None);
     }
 
     #[tokio::test]
-    async fn an_uncounted_report_neither_wraps_the_count_nor_stops_the_actor() {
+    async fn an_uncounted_report_neither_wraps_the_count_nor_marks_the_actor_idle() {
         let (mailbox, spawns) = (Mailbox::default(), AtomicU32::new(0));
         let actor = take(&mailbox, &spawns).await.expect("open");
-        assert!(mailbox.handled(actor.get_id()).await);
-        assert!(!mailbox.handled(actor.get_id()).await, "nothing was counted");
-        let next = take(&mailbox, &spawns).await.expect("open");
-        assert!(mailbox.handled(next.get_id()).await, "the count still works");
+        assert!(mailbox.handled().is_some());
+        assert_eq!(mailbox.handled(), None, "nothing was counted");
+        take(&mailbox, &spawns).await.expect("open");
+        let mark = mailbox.handled().expect("the count still works");
+        assert!(mailbox.retire_if_idle(actor.get_id(), mark).await);
         actor.stop(None);
-        next.stop(None);
     }
 }

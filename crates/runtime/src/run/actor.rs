@@ -3,8 +3,8 @@
 //! Activation is the only code that makes a run live. A cold start reads the run from the
 //! store once, under its lock, builds the cell from that read, decides and registers the
 //! fiber (`fiber::decide`), starts it, and puts the run in the registry. The run's actor is
-//! spawned by the first inbound event that needs it (`actor_of`) and stops once it has
-//! handled every event on its way (`Mailbox::handled`). Features below the runs
+//! spawned by the first inbound event that needs it (`actor_of`) and stops once it has been
+//! idle for `limits::ACTOR_IDLE_GRACE` (`Mailbox::retire_if_idle`). Features below the runs
 //! layer that need a run re-entered call `Shared::reactivate`, which the runtime points here
 //! when it opens.
 //!
@@ -30,6 +30,7 @@ use crate::{
     kernel::registry::{LiveRun, Mailbox},
     kernel::shared::{BoxFuture, RawCtx, Shared},
     kernel::stash_record::Stored,
+    limits,
     metrics::Metrics,
     run::fiber,
 };
@@ -196,8 +197,8 @@ pub(crate) fn reactivate_boxed(shared: Arc<Shared>, run_id: String, since: Stopw
 
 pub(crate) struct RunActor {
     pub shared: Arc<Shared>,
-    /// The slot this actor fills: it reports each event handled there, and stops when the
-    /// last one on its way is done.
+    /// The slot this actor fills: it reports each event handled there, and stops once it
+    /// has been idle for the grace.
     pub mailbox: Arc<Mailbox>,
 }
 
@@ -243,9 +244,16 @@ impl Actor for RunActor {
                 let _ = reply.send(result);
             }
         }
-        if self.mailbox.handled(me.get_id()).await {
-            tracing::trace!(run_id = %cell.run_id, "the run's actor handled its last event; it stops");
-            me.stop(None);
+        if let Some(mark) = self.mailbox.handled() {
+            let (mailbox, run_id) = (self.mailbox.clone(), cell.run_id.clone());
+            // Not tracked: it holds no run state, and the run's closing mailbox ends it.
+            tokio::spawn(async move {
+                tokio::time::sleep(limits::ACTOR_IDLE_GRACE).await;
+                if mailbox.retire_if_idle(me.get_id(), mark).await {
+                    tracing::trace!(run_id, "the run's actor was idle for its grace; it stops");
+                    me.stop(None);
+                }
+            });
         }
         Ok(())
     }
