@@ -41,9 +41,9 @@ impl LiveRun {
 ///
 /// Each event is counted from the moment its sender takes the actor ([`Mailbox::actor`])
 /// until the actor has handled it ([`Mailbox::handled`]). Senders count under the slot's
-/// lock, and the actor gives up the slot only under that lock with nothing counted
-/// ([`Mailbox::retire_if_idle`]), so no event is ever sent to an actor that is stopping: the
-/// next one spawns a fresh actor.
+/// lock, and the actor gives up the slot only under that lock, with nothing counted and no
+/// event taken since it went idle ([`Mailbox::retire_if_idle`]), so no event is ever sent to
+/// an actor that is stopping: the next one spawns a fresh actor.
 #[derive(Default)]
 pub(crate) struct Mailbox {
     slot: tokio::sync::Mutex<Slot>,

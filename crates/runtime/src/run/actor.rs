@@ -246,7 +246,8 @@ impl Actor for RunActor {
         }
         if let Some(mark) = self.mailbox.handled() {
             let (mailbox, run_id) = (self.mailbox.clone(), cell.run_id.clone());
-            // Not tracked: it holds no run state, and the run's closing mailbox ends it.
+            // Not tracked: it holds no run state, and once the run's mailbox is closed it
+            // finds nothing to stop.
             tokio::spawn(async move {
                 tokio::time::sleep(limits::ACTOR_IDLE_GRACE).await;
                 if mailbox.retire_if_idle(me.get_id(), mark).await {
