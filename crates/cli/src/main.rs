@@ -8,7 +8,7 @@ use durafiber_cli::{args::Cli, commands};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
-    use_huge_pages();
+    small_pages_only();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -26,19 +26,23 @@ fn main() {
     }
 }
 
-/// Asks mimalloc to back its arenas with transparent huge pages, unless the environment
-/// says otherwise (`MIMALLOC_LARGE_OS_PAGES=0`). A recovery of 100,000 runs spends a fifth
-/// of its CPU on the kernel zeroing freshly touched memory; one fault per 2 MiB instead of
-/// one per 4 KiB took a tenth less CPU (1.64 s against 1.84 s, `bench recover-child` on
-/// copies of one killed store). It matters where THP is set to
-/// `madvise`; with `always` the kernel does this anyway, with `never` nothing changes.
-fn use_huge_pages() {
-    let set_by_user = ["MIMALLOC_LARGE_OS_PAGES", "MIMALLOC_ALLOW_LARGE_OS_PAGES"]
-        .iter()
-        .any(|name| std::env::var_os(name).is_some());
-    if !set_by_user {
-        // SAFETY: `mi_option_set` is not thread-safe; this runs first in `main`, before any
-        // thread of ours exists.
-        unsafe { libmimalloc_sys::mi_option_set(libmimalloc_sys::mi_option_large_os_pages, 1) };
+/// Keeps the kernel from backing this process's memory with transparent huge pages, unless
+/// the environment asks for them (`MIMALLOC_ALLOW_THP=1`). mimalloc asks for them on every
+/// arena it maps. A virtual machine whose balloon reports free memory to its host (as this
+/// project's does) hands back exactly the free 2 MiB blocks a huge page is made from, so the
+/// host must back each huge page anew at its first touch, as slowly as the host's moment
+/// makes it. Without them, a recovery of 100,000 runs there took a median of 1,252 ms
+/// instead of 1,599 ms, with under half the spread and 45 MB less memory
+/// (`benches/RESULTS.md`). The setting is the process's (`prctl`): it holds for pages mapped
+/// before `main` too, and the command's child processes inherit it.
+#[cfg(target_os = "linux")]
+fn small_pages_only() {
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
+        return;
     }
+    // A kernel that refuses leaves the process as it was: slower to recover, no less correct.
+    let _ = rustix::thread::disable_transparent_huge_pages(true);
 }
+
+#[cfg(not(target_os = "linux"))]
+fn small_pages_only() {}
