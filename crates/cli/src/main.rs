@@ -31,10 +31,12 @@ fn main() {
 /// arena it maps. A virtual machine whose balloon reports free memory to its host (as this
 /// project's does) hands back exactly the free 2 MiB blocks a huge page is made from, so the
 /// host must back each huge page anew at its first touch, as slowly as the host's moment
-/// makes it. Without them, a recovery of 100,000 runs there took a median of 1,252 ms
-/// instead of 1,599 ms, with under half the spread and 45 MB less memory
-/// (`benches/RESULTS.md`). The setting is the process's (`prctl`): it holds for pages mapped
-/// before `main` too, and the command's child processes inherit it.
+/// makes it. Without them, a recovery of 100,000 runs there, started as a process of its
+/// own, took 1,118–1,431 ms instead of 1,159–2,059 ms, with 45 MB less memory; inside `bench
+/// recover --repeat`, whose recoveries follow each other closely, the medians were alike
+/// (`benches/RESULTS.md`). Small pages cost a little more CPU, huge pages an unpredictable
+/// wait, and a recovery has a deadline. The setting is the process's (`prctl`): it holds for
+/// pages mapped before `main` too, and the command's child processes inherit it.
 #[cfg(target_os = "linux")]
 fn small_pages_only() {
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
