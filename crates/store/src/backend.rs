@@ -7,6 +7,10 @@ use crate::{batch::Batch, error::StoreError};
 /// Raw entries, `(key, sealed value)`, in key order.
 pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 
+/// When a marked read ([`Backend::range_marked`]) was made, in the backend's own terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadMark(pub u64);
+
 /// What a rollback took: how far the store got, how far it had been (at its last clean close,
 /// or in its write-ahead log), and the runs it changed.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -129,6 +133,22 @@ pub trait Backend: Send + Sync + 'static {
                 None => return Ok(out),
             }
         }
+    }
+    /// [`Backend::range`], and a mark by which [`Backend::unchanged_since`] later tells
+    /// whether a key read then still holds what was read. `None` when the backend cannot
+    /// tell (the default).
+    fn range_marked(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+    ) -> Result<(Entries, Option<ReadMark>), StoreError> {
+        Ok((self.range(start, end, limit)?, None))
+    }
+    /// Whether nothing can have written `key` since the read that gave `mark`: `false`
+    /// whenever the backend cannot be sure.
+    fn unchanged_since(&self, _mark: ReadMark, _key: &[u8]) -> bool {
+        false
     }
     /// Applies every op of `batch`, atomically.
     fn apply(&self, batch: &Batch) -> Result<(), StoreError>;

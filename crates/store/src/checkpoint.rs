@@ -241,6 +241,7 @@ impl Checkpointer {
                         let mut overlay = overlay.write();
                         overlay.frozen = None;
                         overlay.checkpoints += 1;
+                        overlay.dropped_through = overlay.dropped_through.max(lsn);
                     }
                     let (lock, done) = &*thread_state;
                     let mut state = lock.lock();

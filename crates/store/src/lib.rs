@@ -29,6 +29,7 @@
 //! - [`store`]: the typed front door the runtime uses.
 //! - [`repair`]: verify, salvage, backup and restore, for operators.
 //! - [`wal`]: the write-ahead log in front of sled: one `fdatasync` per barrier.
+//! - [`prefetch`]: records of one table read in one walk, for single reads later.
 //! - [`witness`]: catches a log that went back in time (sled drops a damaged tail silently).
 //! - [`lock`]: the locks durafiber's threads share: waiters sleep, never yield the CPU.
 #![deny(missing_docs)]
@@ -47,6 +48,7 @@ pub mod lock;
 mod memtable;
 #[cfg(feature = "postgres")]
 pub mod pg_backend;
+pub mod prefetch;
 pub mod repair;
 pub mod shard;
 pub mod sim_backend;

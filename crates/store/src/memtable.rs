@@ -16,19 +16,32 @@ use crate::{backend::Entries, batch::Op, error::StoreError};
 /// Keys to their newest value, or `None` for a delete.
 pub(crate) type Table = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
-/// The two tables, and how many checkpoints have completed (a reader that spans one starts
-/// again).
+/// The two tables, how many checkpoints have completed (a reader that spans one starts
+/// again), and which batches it has taken and let go of, by LSN.
 #[derive(Default)]
 pub(crate) struct Overlay {
     pub active: Table,
     pub frozen: Option<Arc<Table>>,
     pub checkpoints: u64,
+    /// The LSN of the newest batch applied.
+    pub applied_lsn: u64,
+    /// Every batch up to this LSN has left the overlay: sled holds it.
+    pub dropped_through: u64,
 }
 
 impl Overlay {
-    /// Applies a batch's writes, in order, to the active table.
-    pub fn apply(&mut self, ops: &[Op]) {
+    /// Applies the writes of batch `lsn`, in order, to the active table.
+    pub fn apply(&mut self, lsn: u64, ops: &[Op]) {
         apply_to(&mut self.active, ops);
+        self.applied_lsn = self.applied_lsn.max(lsn);
+    }
+
+    /// Whether nothing can have written `key` since the overlay had applied batch `lsn`: a
+    /// later batch stays in the overlay until a checkpoint drops it, which raises
+    /// `dropped_through` past `lsn`. Conservative: any write of the key the overlay holds
+    /// counts, however old.
+    pub fn unchanged_since(&self, lsn: u64, key: &[u8]) -> bool {
+        self.dropped_through <= lsn && !self.holds(key)
     }
 
     /// What the overlay says of `key`: `Some(None)` when it was deleted, `None` when only
@@ -38,6 +51,11 @@ impl Overlay {
             return Some(v.clone());
         }
         self.frozen.as_ref().and_then(|f| f.get(key).cloned())
+    }
+
+    /// Whether the overlay holds a write of `key` (a value or a delete).
+    fn holds(&self, key: &[u8]) -> bool {
+        self.active.contains_key(key) || self.frozen.as_ref().is_some_and(|f| f.contains_key(key))
     }
 
     /// The overlay's entries with `start <= key < end`, the active table winning, up to and
@@ -137,9 +155,9 @@ mod tests {
     #[test]
     fn a_limited_range_reads_past_tombstones_to_the_live_entries_behind_them() {
         let mut o = Overlay::default();
-        o.apply(&(0..10).map(|i| put(&format!("k{i}"), "old")).collect::<Vec<_>>());
+        o.apply(1, &(0..10).map(|i| put(&format!("k{i}"), "old")).collect::<Vec<_>>());
         o.freeze();
-        o.apply(&(0..5).map(|i| Op::Delete { key: format!("k{i}").into_bytes() }).collect::<Vec<_>>());
+        o.apply(1, &(0..5).map(|i| Op::Delete { key: format!("k{i}").into_bytes() }).collect::<Vec<_>>());
         let none = std::iter::empty();
         let merged = merge(o.range(b"k", b"l", 3), none, 3).expect("merge");
         let keys: Vec<String> =
@@ -150,9 +168,9 @@ mod tests {
     #[test]
     fn the_active_table_wins_over_the_frozen_one_and_both_over_sled() {
         let mut o = Overlay::default();
-        o.apply(&[put("a", "1"), put("b", "1")]);
+        o.apply(1, &[put("a", "1"), put("b", "1")]);
         o.freeze();
-        o.apply(&[put("b", "2"), Op::Delete { key: b"c".to_vec() }]);
+        o.apply(1, &[put("b", "2"), Op::Delete { key: b"c".to_vec() }]);
         assert_eq!(o.get(b"a"), Some(Some(b"1".to_vec())));
         assert_eq!(o.get(b"b"), Some(Some(b"2".to_vec())));
         assert_eq!(o.get(b"c"), Some(None));

@@ -14,6 +14,7 @@ use std::{
 use crate::{
     backend::Backend,
     backend::Entries,
+    backend::ReadMark,
     backend::Rollback,
     batch::Batch,
     checkpoint::{Checkpointer, Engine, contained},
@@ -312,7 +313,7 @@ impl SledBackend {
         // written anew and the loss is found again at the next open.
         let wal_bytes = if replay.lost.is_some() { log.size.unwrap_or(wal_bytes) } else { wal_bytes };
         let wal = Wal::open(dir, wal_bytes, behind_open.map_or(0, |half| 1 - half))?;
-        let overlay = Arc::new(RwLock::new(Overlay::default()));
+        let overlay = Arc::new(RwLock::new(Overlay { applied_lsn: replay.highest, ..Overlay::default() }));
         let checkpoints = Checkpointer::start(engine.clone(), overlay.clone())?;
         if behind_open.is_some() {
             let table = Arc::new(replay.table);
@@ -363,11 +364,22 @@ impl Backend for SledBackend {
     }
 
     fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Entries, StoreError> {
+        Ok(self.range_marked(start, end, limit)?.0)
+    }
+
+    /// The mark is the LSN of the newest batch the overlay had applied when it was read
+    /// ([`Overlay::unchanged_since`]).
+    fn range_marked(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+    ) -> Result<(Entries, Option<ReadMark>), StoreError> {
         let mut attempt = 0;
         loop {
-            let (overlay, seen) = {
+            let (overlay, seen, applied) = {
                 let o = self.overlay.read();
-                (o.range(start, end, limit), o.checkpoints)
+                (o.range(start, end, limit), o.checkpoints, o.applied_lsn)
             };
             let entries = contained(&self.engine.dir, || {
                 let sled = self
@@ -380,10 +392,17 @@ impl Backend for SledBackend {
             // sled changes only at a checkpoint: with none since the overlay was read, the
             // two together are one moment's state.
             attempt += 1;
-            if self.overlay.read().checkpoints == seen || attempt > RANGE_RETRIES {
-                return Ok(entries);
+            if self.overlay.read().checkpoints == seen {
+                return Ok((entries, Some(ReadMark(applied))));
+            }
+            if attempt > RANGE_RETRIES {
+                return Ok((entries, None));
             }
         }
+    }
+
+    fn unchanged_since(&self, mark: ReadMark, key: &[u8]) -> bool {
+        self.overlay.read().unchanged_since(mark.0, key)
     }
 
     fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
@@ -399,13 +418,13 @@ impl Backend for SledBackend {
             if logged.wal.append(lsn, &batch.ops) == Appended::Full {
                 // Larger than a log half: it goes into sled at once, durably, with all
                 // before it.
-                self.overlay.write().apply(&batch.ops);
+                self.overlay.write().apply(lsn, &batch.ops);
                 logged.last_lsn = lsn;
                 self.rotate(&mut logged)?;
                 return self.checkpoints.wait_idle();
             }
         }
-        self.overlay.write().apply(&batch.ops);
+        self.overlay.write().apply(lsn, &batch.ops);
         logged.last_lsn = lsn;
         Ok(())
     }
@@ -515,6 +534,36 @@ mod tests {
         assert!((0..4_000).all(|i| value(&third, i).is_some()));
         third.checkpoint().expect("checkpoint");
         assert_eq!(third.engine.stored_lsn().expect("lsn"), 4_000);
+    }
+
+    #[test]
+    fn a_marked_read_stays_current_only_until_its_key_is_written_even_through_checkpoints() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let backend = SledBackend::open_sized(dir.path(), wal::MIN_BYTES).expect("open");
+        write(&backend, 0, 10);
+        backend.checkpoint().expect("checkpoint");
+        let key = |i: u32| format!("k{i:06}").into_bytes();
+        let (entries, mark) = backend.range_marked(&key(0), &key(10), 100).expect("range");
+        let mark = mark.expect("sled marks its reads");
+        assert_eq!(entries.len(), 10);
+        assert!((0..12).all(|i| backend.unchanged_since(mark, &key(i))));
+
+        // Rewriting one key, or creating one, spoils the mark for that key alone...
+        write(&backend, 3, 4);
+        write(&backend, 11, 12);
+        assert!(!backend.unchanged_since(mark, &key(3)) && !backend.unchanged_since(mark, &key(11)));
+        assert!(backend.unchanged_since(mark, &key(4)));
+        // ...and once a checkpoint has taken those writes out of memory, for every key.
+        backend.checkpoint().expect("checkpoint");
+        assert!(!backend.unchanged_since(mark, &key(3)) && !backend.unchanged_since(mark, &key(4)));
+
+        // A checkpoint of writes made before a mark leaves it good.
+        write(&backend, 1_000, 1_200);
+        let (_, mark) = backend.range_marked(&key(0), &key(10), 100).expect("range");
+        let mark = mark.expect("mark");
+        assert!(!backend.unchanged_since(mark, &key(1_100)), "held in memory until the checkpoint");
+        backend.checkpoint().expect("checkpoint");
+        assert!(backend.unchanged_since(mark, &key(5)) && backend.unchanged_since(mark, &key(1_100)));
     }
 
     #[test]

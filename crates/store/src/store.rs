@@ -18,6 +18,7 @@ use crate::{
     codec, envelope,
     error::StoreError,
     lock::{Mutex, RwLock},
+    prefetch::{self, Prefetched},
     sled_backend::SledBackend,
     tables::Table,
 };
@@ -408,6 +409,44 @@ impl Store {
         }
     }
 
+    /// Reads the records under `keys` (ascending, as full keys) in one walk of the span from
+    /// the first to the last, walking at most `limit` records, for
+    /// [`Store::get_prefetched`]: one [`Prefetched`] per key, in order. A span holding more
+    /// records is covered as far as the walk went; a backend that cannot tell later
+    /// whether a record read now is still current covers nothing (reading each key is then
+    /// as good).
+    pub fn prefetch(&self, keys: &[Vec<u8>], limit: usize) -> Result<Vec<Prefetched>, StoreError> {
+        let (Some(first), Some(last)) = (keys.first(), keys.last()) else { return Ok(Vec::new()) };
+        if first > last || limit == 0 {
+            return Ok(keys.iter().map(|_| Prefetched::default()).collect());
+        }
+        let mut end = last.clone();
+        end.push(0);
+        Ok(match self.inner.backend.range_marked(first, &end, limit)? {
+            (entries, Some(mark)) => prefetch::deal(entries, keys, limit, mark),
+            (_, None) => keys.iter().map(|_| Prefetched::default()).collect(),
+        })
+    }
+
+    /// [`Store::get`], answered from `prefetched` when its walk reached `key` and nothing
+    /// wrote the key since; read anew otherwise.
+    pub fn get_prefetched<T: DeserializeOwned>(
+        &self,
+        table: Table,
+        key: &[u8],
+        prefetched: Prefetched,
+    ) -> Result<Option<T>, StoreError> {
+        if let Some((value, mark)) = prefetched.read
+            && self.inner.backend.unchanged_since(mark, key)
+        {
+            return match value {
+                None => Ok(None),
+                Some(sealed) => decode_sealed(table, key, &sealed).map(Some).map_err(|e| self.located(e)),
+            };
+        }
+        self.get(table, key)
+    }
+
     /// A bad record's error names the store it was read from, beside its table and key.
     fn located(&self, e: StoreError) -> StoreError {
         let place = self.inner.backend.location();
@@ -503,6 +542,44 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_prefetched_read_answers_as_a_read_now_would() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("open");
+        let table = crate::tables::STORAGE;
+        let key = |i: u32| table.key(&[format!("k{i:03}").as_bytes()]);
+        let put = |i: u32, v: &str| {
+            let mut batch = Batch::new();
+            batch.put(table, key(i), &v.to_string()).expect("put");
+            batch
+        };
+        for i in (0..20).step_by(2) {
+            store.commit(put(i, "old"), Durability::Sync).await.expect("commit");
+        }
+        let keys: Vec<Vec<u8>> = (0..20).map(key).collect();
+        // A walk of at most 8 records reaches key 14 and answers for nothing after it.
+        let prefetched = store.prefetch(&keys, 8).expect("prefetch");
+        let reached: Vec<bool> = prefetched.iter().map(Prefetched::is_read).collect();
+        assert_eq!(reached, (0..20).map(|i| i <= 14).collect::<Vec<_>>());
+
+        store.commit(put(4, "new"), Durability::Sync).await.expect("commit");
+        store.commit(put(5, "created"), Durability::Sync).await.expect("commit");
+        let read: Vec<Option<String>> = prefetched
+            .into_iter()
+            .zip(0..)
+            .map(|(p, i)| store.get_prefetched(table, &key(i), p).expect("read"))
+            .collect();
+        let want: Vec<Option<String>> = (0..20)
+            .map(|i| match i {
+                4 => Some("new".into()),
+                5 => Some("created".into()),
+                i if i % 2 == 0 => Some("old".into()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(read, want);
+    }
 
     #[test]
     fn prefix_end_is_the_next_prefix() {

@@ -138,9 +138,10 @@ pub(crate) fn stripe(key: &str, n: usize) -> usize {
 /// Locks the stripes of `keys` in `locks`, in stripe order and each once.
 pub(crate) async fn lock_stripes<'a>(
     locks: &'a [tokio::sync::Mutex<()>],
-    keys: &[String],
+    keys: &[impl AsRef<str>],
 ) -> Vec<tokio::sync::MutexGuard<'a, ()>> {
-    let stripes: std::collections::BTreeSet<usize> = keys.iter().map(|k| stripe(k, locks.len())).collect();
+    let stripes: std::collections::BTreeSet<usize> =
+        keys.iter().map(|k| stripe(k.as_ref(), locks.len())).collect();
     let mut guards = Vec::with_capacity(stripes.len());
     for i in stripes {
         guards.push(locks[i].lock().await);

@@ -160,7 +160,7 @@ impl Registry {
     }
 
     /// [`Registry::transition`] for many runs at once (see [`lock_stripes`]).
-    pub async fn transitions(&self, run_ids: &[String]) -> Vec<tokio::sync::MutexGuard<'_, ()>> {
+    pub async fn transitions(&self, run_ids: &[impl AsRef<str>]) -> Vec<tokio::sync::MutexGuard<'_, ()>> {
         lock_stripes(&self.transitions, run_ids).await
     }
 

@@ -11,7 +11,7 @@ use std::{
     sync::{Arc, atomic::Ordering},
 };
 
-use durafiber_store::{Batch, Durability, Store, tables};
+use durafiber_store::{Batch, Durability, Store, prefetch::Prefetched, tables};
 use serde::Serialize;
 use tokio::sync::{Notify, watch};
 
@@ -234,8 +234,18 @@ impl Shared {
     }
 
     pub fn load_run(&self, run_id: &str) -> Result<tables::RunRecord, RuntimeError> {
+        self.load_run_prefetched(run_id, Prefetched::default())
+    }
+
+    /// [`Shared::load_run`], from a page's prefetched records when they cover the run and
+    /// are still current.
+    pub fn load_run_prefetched(
+        &self,
+        run_id: &str,
+        prefetched: Prefetched,
+    ) -> Result<tables::RunRecord, RuntimeError> {
         self.store
-            .get(tables::RUNS, &tables::RUNS.key(&[run_id.as_bytes()]))?
+            .get_prefetched(tables::RUNS, &tables::RUNS.key(&[run_id.as_bytes()]), prefetched)?
             .ok_or_else(|| RuntimeError::UnknownRun { run_id: run_id.to_string() })
     }
 
@@ -289,7 +299,7 @@ impl Shared {
     /// callers never wait on each other in a circle.
     pub async fn lock_runs(
         &self,
-        run_ids: &[String],
+        run_ids: &[impl AsRef<str>],
     ) -> Result<Vec<tokio::sync::MutexGuard<'_, ()>>, RuntimeError> {
         let guards = lock_stripes(&self.run_locks, run_ids).await;
         if self.closed.load(Ordering::SeqCst) {

@@ -5,6 +5,7 @@
 
 use durafiber_store::{
     Batch, Store, StoreError,
+    prefetch::Prefetched,
     tables::{self, StashRecord},
 };
 
@@ -29,16 +30,22 @@ impl Stored {
 
 /// The run's last stash with its version (1 when none is recorded); `None` before the first.
 pub(crate) fn read(store: &Store, run_id: &str) -> Result<Option<Stored>, StoreError> {
-    let Some(record) =
-        store.get::<StashRecord>(tables::STASHES, &tables::STASHES.key(&[run_id.as_bytes()]))?
-    else {
-        return Ok(None);
-    };
-    Ok(Some(Stored { record, version: version_of(store, run_id)? }))
+    read_prefetched(store, run_id, Prefetched::default(), Prefetched::default())
 }
 
-/// The stash version of the run's last stash (1 when none is recorded).
-pub(crate) fn version_of(store: &Store, run_id: &str) -> Result<u32, StoreError> {
+/// [`read`], from the stashes and versions prefetched with the run's page where they cover
+/// it and are still current.
+pub(crate) fn read_prefetched(
+    store: &Store,
+    run_id: &str,
+    stash: Prefetched,
+    version: Prefetched,
+) -> Result<Option<Stored>, StoreError> {
+    let key = tables::STASHES.key(&[run_id.as_bytes()]);
+    let Some(record) = store.get_prefetched::<StashRecord>(tables::STASHES, &key, stash)? else {
+        return Ok(None);
+    };
     let key = tables::STASH_VERSIONS.key(&[run_id.as_bytes()]);
-    Ok(store.get::<u32>(tables::STASH_VERSIONS, &key)?.unwrap_or(1))
+    let version = store.get_prefetched::<u32>(tables::STASH_VERSIONS, &key, version)?.unwrap_or(1);
+    Ok(Some(Stored { record, version }))
 }

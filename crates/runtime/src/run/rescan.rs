@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use durafiber_store::{
-    Batch, Durability,
+    Batch, Durability, Store,
+    prefetch::Prefetched,
     tables::{self, RunStatus},
 };
 
@@ -16,6 +17,7 @@ use crate::{
     kernel::inbox::{Activation, Registered},
     kernel::registry::LiveRun,
     kernel::shared::Shared,
+    kernel::stash_record,
     limits,
     run::{actor, fiber},
 };
@@ -25,12 +27,47 @@ pub(crate) async fn scan_and_reactivate(shared: &Arc<Shared>) -> Result<usize, R
     reactivate_interrupted(shared, &|run_id| shared.ownership.owns(run_id)).await
 }
 
+/// A run found in the open-run index, with its records as read in its page's walks
+/// ([`Store::prefetch`]): a batch takes the run's record and stash from here, under the
+/// run's locks, when nothing wrote them since, instead of looking each up in the store.
+struct Found {
+    run_id: String,
+    run: Prefetched,
+    stash: Prefetched,
+    stash_version: Prefetched,
+}
+
+/// The page's runs with their records, each table read in one walk over the page's span of
+/// at most twice as many records as the page has runs: past that, finished runs outnumber
+/// the open ones, and the rest of the span is read a record at a time as before. A walk
+/// that fails leaves its records to be read one at a time, where a damaged one is reported
+/// against its run.
+fn with_records(store: &Store, run_ids: Vec<String>) -> Vec<Found> {
+    let limit = run_ids.len().saturating_mul(2).saturating_add(16);
+    let walk = |table: tables::Table| {
+        let keys: Vec<Vec<u8>> = run_ids.iter().map(|id| table.key(&[id.as_bytes()])).collect();
+        store.prefetch(&keys, limit).unwrap_or_default().into_iter()
+    };
+    let (mut runs, mut stashes, mut versions) =
+        (walk(tables::RUNS), walk(tables::STASHES), walk(tables::STASH_VERSIONS));
+    run_ids
+        .into_iter()
+        .map(|run_id| Found {
+            run_id,
+            run: runs.next().unwrap_or_default(),
+            stash: stashes.next().unwrap_or_default(),
+            stash_version: versions.next().unwrap_or_default(),
+        })
+        .collect()
+}
+
 /// Re-activates the interrupted runs among those `keep` accepts: every one at start-up, the
 /// runs of shards a node just acquired, or runs another node accepted into its shards and
 /// has not seen live. The open-run index is read a page at a time; its runs are dealt into
 /// lanes by lock stripe and each lane re-activates its runs in batches of
 /// `RECOVERY_BATCH_MAX`, one batch at a time. Two lanes never share a stripe, so their
-/// batches never wait for each other's locks and run side by side.
+/// batches never wait for each other's locks and run side by side. Each page's records are
+/// read in one walk per table before its runs are dealt.
 pub(crate) async fn reactivate_interrupted(
     shared: &Arc<Shared>,
     keep: &(dyn Fn(&str) -> bool + Sync),
@@ -41,7 +78,7 @@ pub(crate) async fn reactivate_interrupted(
     for _ in 0..lanes {
         // One batch queued behind the one running: the scan stays a little ahead, and the
         // memory of a large recovery stays bounded.
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<String>>(1);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<Found>>(1);
         let shared = shared.clone();
         workers.spawn(async move {
             let mut found = 0;
@@ -52,7 +89,7 @@ pub(crate) async fn reactivate_interrupted(
         });
         senders.push(tx);
     }
-    let mut dealt: Vec<Vec<String>> = vec![Vec::new(); lanes];
+    let mut dealt: Vec<Vec<Found>> = (0..lanes).map(|_| Vec::new()).collect();
     let mut after: Option<Vec<u8>> = None;
     let mut scanned = Ok(());
     'pages: loop {
@@ -63,9 +100,10 @@ pub(crate) async fn reactivate_interrupted(
                 break;
             }
         };
-        for id in ids.into_iter().filter(|id| keep(id)) {
-            let lane = crate::kernel::cell::stripe(&id, limits::ACTIVATION_STRIPES) % lanes;
-            dealt[lane].push(id);
+        let ids: Vec<String> = ids.into_iter().filter(|id| keep(id)).collect();
+        for found in with_records(&shared.store, ids) {
+            let lane = crate::kernel::cell::stripe(&found.run_id, limits::ACTIVATION_STRIPES) % lanes;
+            dealt[lane].push(found);
             if dealt[lane].len() >= limits::RECOVERY_BATCH_MAX
                 && senders[lane].send(std::mem::take(&mut dealt[lane])).await.is_err()
             {
@@ -100,7 +138,7 @@ pub(crate) async fn reactivate_interrupted(
 /// lifted by a resume the process died in) is re-entered alone after the batch. Each run of
 /// the batch is made live as a cold start would: its cell, its fiber, then its place in the
 /// registry. Returns how many runs were found interrupted.
-async fn reactivate_batch(shared: &Arc<Shared>, run_ids: Vec<String>) -> Result<usize, RuntimeError> {
+async fn reactivate_batch(shared: &Arc<Shared>, found: Vec<Found>) -> Result<usize, RuntimeError> {
     if shared.passive {
         return Ok(0);
     }
@@ -109,12 +147,14 @@ async fn reactivate_batch(shared: &Arc<Shared>, run_ids: Vec<String>) -> Result<
     let _busy = shared.busy();
     let since = shared.opened;
     let watch = Stopwatch::start();
+    let run_ids: Vec<&str> = found.iter().map(|f| f.run_id.as_str()).collect();
     let transitions = shared.registry.transitions(&run_ids).await;
     // A run already live was activated by an event meanwhile; its actor re-enters it.
-    let run_ids: Vec<String> = run_ids
+    let found: Vec<Found> = found
         .into_iter()
-        .filter(|id| shared.registry.get(id).is_none() && shared.ownership.owns(id))
+        .filter(|f| shared.registry.get(&f.run_id).is_none() && shared.ownership.owns(&f.run_id))
         .collect();
+    let run_ids: Vec<&str> = found.iter().map(|f| f.run_id.as_str()).collect();
     let Ok(locks) = shared.lock_runs(&run_ids).await else { return Ok(0) };
     // One read of the budget keys between the batch's least and greatest run spares the
     // runs without a budget a read each (a lane holds about an eighth of that range).
@@ -122,13 +162,13 @@ async fn reactivate_batch(shared: &Arc<Shared>, run_ids: Vec<String>) -> Result<
         (Some(first), Some(last)) => Budgets::between(shared, first, last, 4 * limits::RECOVERY_BATCH_MAX),
         _ => Budgets::Unknown,
     };
-    let mut found = 0;
+    let mut interrupted = 0;
     let mut writes = Batch::new();
     let mut registered = Vec::with_capacity(run_ids.len());
     let mut alone = Vec::new();
     let mut lifted = Vec::new();
-    for run_id in run_ids {
-        let mut run = match shared.load_run(&run_id) {
+    for Found { run_id, run, stash, stash_version } in found {
+        let mut run = match shared.load_run_prefetched(&run_id, run) {
             Ok(run) => run,
             Err(e) => {
                 tracing::error!(run_id, error = %e, "run record unreadable; the run cannot continue");
@@ -137,11 +177,11 @@ async fn reactivate_batch(shared: &Arc<Shared>, run_ids: Vec<String>) -> Result<
             }
         };
         match run.status {
-            RunStatus::Accepted | RunStatus::Running => found += 1,
+            RunStatus::Accepted | RunStatus::Running => interrupted += 1,
             // Paused, but its pause was lifted by a resume the process died in: no run is
             // left behind.
             RunStatus::Paused { .. } if shared.pause_reason(&run.kind, &run.run_id).is_none() => {
-                found += 1;
+                interrupted += 1;
                 lifted.push(run_id);
                 continue;
             }
@@ -150,7 +190,8 @@ async fn reactivate_batch(shared: &Arc<Shared>, run_ids: Vec<String>) -> Result<
         match fiber::register(shared, &mut run, &budgets) {
             Ok(mode) => {
                 run.updated_at_ms = shared.now_ms();
-                let stash = fiber::read_stash(shared, &run_id);
+                let stash = stash_record::read_prefetched(&shared.store, &run_id, stash, stash_version)
+                    .map_err(|e| e.to_string());
                 // Only the record: the run stays in the open-run index it was found in. A
                 // run whose cell cannot be built is left for the single activation to report.
                 let key = tables::RUNS.key(&[run.run_id.as_bytes()]);
@@ -196,5 +237,5 @@ async fn reactivate_batch(shared: &Arc<Shared>, run_ids: Vec<String>) -> Result<
     for run_id in lifted {
         crate::pause::reenter(shared, &run_id).await?;
     }
-    Ok(found)
+    Ok(interrupted)
 }
