@@ -10,7 +10,7 @@
 
 use durafiber_store::lock::{Mutex, MutexGuard};
 use std::{
-    collections::BTreeSet,
+    collections::BTreeMap,
     sync::{Arc, atomic::Ordering},
 };
 
@@ -41,10 +41,13 @@ struct LiveState {
 }
 
 /// Live runs and their deadlines, indexed by time so a tick touches only the due ones.
+/// The index orders runs of one deadline by their activation's epoch, which is unique: many
+/// runs share a millisecond, and comparing numbers instead of run ids made each move in
+/// the index cheaper (a recovery moves every run twice).
 #[derive(Default)]
 struct Table {
     states: super::RunMap<Arc<str>, LiveState>,
-    by_deadline: BTreeSet<(u64, Arc<str>)>,
+    by_deadline: BTreeMap<(u64, u64), Arc<str>>,
 }
 
 impl LiveState {
@@ -101,11 +104,11 @@ impl Liveness {
             return;
         }
         if let Some(old) = state.indexed_at_ms.take() {
-            table.by_deadline.remove(&(old, state.id.clone()));
+            table.by_deadline.remove(&(old, state.epoch));
         }
         if let Some(at) = at {
             state.indexed_at_ms = Some(at);
-            table.by_deadline.insert((at, state.id.clone()));
+            table.by_deadline.insert((at, state.epoch), state.id.clone());
         }
     }
 
@@ -149,7 +152,7 @@ impl Liveness {
         let id: Arc<str> = match table.states.get(run_id) {
             Some(old) => {
                 if let Some(at) = old.indexed_at_ms {
-                    table.by_deadline.remove(&(at, old.id.clone()));
+                    table.by_deadline.remove(&(at, old.epoch));
                 }
                 old.id.clone()
             }
@@ -226,7 +229,7 @@ impl Liveness {
         if let Some(state) = table.states.remove(run_id)
             && let Some(at) = state.indexed_at_ms
         {
-            table.by_deadline.remove(&(at, state.id));
+            table.by_deadline.remove(&(at, state.epoch));
         }
     }
 
@@ -246,7 +249,7 @@ impl Liveness {
     }
 
     pub fn next_deadline_ms(&self) -> Option<u64> {
-        self.lock().by_deadline.first().map(|(at, _)| *at)
+        self.lock().by_deadline.first_key_value().map(|((at, _), _)| *at)
     }
 
     /// Counts due heartbeats (returned as `heartbeats`) and returns the runs to hibernate or
@@ -259,8 +262,12 @@ impl Liveness {
     ) -> Vec<(String, Action)> {
         let mut table = self.lock();
         let mut out = Vec::new();
-        let due: Vec<Arc<str>> =
-            table.by_deadline.iter().take_while(|(at, _)| *at <= now_ms).map(|(_, id)| id.clone()).collect();
+        let due: Vec<Arc<str>> = table
+            .by_deadline
+            .iter()
+            .take_while(|((at, _), _)| *at <= now_ms)
+            .map(|(_, id)| id.clone())
+            .collect();
         for run_id in due {
             let Some(s) = table.states.get_mut(&run_id) else { continue };
             if s.held_since_ms.is_some() {

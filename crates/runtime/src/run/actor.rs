@@ -98,13 +98,14 @@ pub(crate) fn new_cell(
 /// the fiber can start, so the event log's order does not depend on which task the
 /// scheduler runs first.
 pub(crate) fn activated(shared: &Shared, run: &RunRecord, watch: &Stopwatch) {
+    let now_ms = shared.now_ms();
     let stream = {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        (&run.kind, &run.key, shared.now_ms()).hash(&mut h);
+        (&run.kind, &run.key, now_ms).hash(&mut h);
         h.finish()
     };
-    shared.liveness.activated(&run.run_id, shared.now_ms(), stream);
+    shared.liveness.activated(&run.run_id, now_ms, stream);
     Metrics::bump(&shared.metrics.activations);
     shared.metrics.cold_start.record_us(watch.elapsed_us());
     shared.event(&run.run_id, "activated", format!("cold start {} µs", watch.elapsed_us()));
