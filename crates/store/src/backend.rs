@@ -134,16 +134,16 @@ pub trait Backend: Send + Sync + 'static {
             }
         }
     }
-    /// [`Backend::range`], and a mark by which [`Backend::unchanged_since`] later tells
-    /// whether a key read then still holds what was read. `None` when the backend cannot
-    /// tell (the default).
+    /// [`Backend::range`], with a mark by which [`Backend::unchanged_since`] later tells
+    /// whether a key read then still holds what was read. `None`, without reading, when the
+    /// backend cannot tell (the default): reading each key later is then as good.
     fn range_marked(
         &self,
-        start: &[u8],
-        end: &[u8],
-        limit: usize,
-    ) -> Result<(Entries, Option<ReadMark>), StoreError> {
-        Ok((self.range(start, end, limit)?, None))
+        _start: &[u8],
+        _end: &[u8],
+        _limit: usize,
+    ) -> Result<Option<(Entries, ReadMark)>, StoreError> {
+        Ok(None)
     }
     /// Whether nothing can have written `key` since the read that gave `mark`: `false`
     /// whenever the backend cannot be sure.

@@ -24,15 +24,19 @@ impl Prefetched {
 
 /// Deals the `entries` a walk read (in key order, at most `limit`) to `keys` (ascending):
 /// one [`Prefetched`] per key, in order. A walk stopped by its limit answers only for keys
-/// up to the last entry it read.
+/// up to the last entry it read; a key out of order (not above the one before) gets no
+/// answer either, and is read anew.
 pub(crate) fn deal(entries: Entries, keys: &[Vec<u8>], limit: usize, mark: ReadMark) -> Vec<Prefetched> {
     let stopped_at = (entries.len() >= limit).then(|| entries.last().map(|(k, _)| k.clone())).flatten();
     let mut entries = entries.into_iter().peekable();
+    let mut before: Option<&Vec<u8>> = None;
     keys.iter()
         .map(|key| {
-            if stopped_at.as_ref().is_some_and(|last| key > last) {
+            // The walk's entries are passed only for keys above every key before them.
+            if before.is_some_and(|b| key <= b) || stopped_at.as_ref().is_some_and(|last| key > last) {
                 return Prefetched::default();
             }
+            before = Some(key);
             while entries.next_if(|(k, _)| k < key).is_some() {}
             let value = entries.next_if(|(k, _)| k == key).map(|(_, v)| v);
             Prefetched { read: Some((value, mark)) }
@@ -65,6 +69,13 @@ mod tests {
         let some = |v: &str| Some(Some(v.to_string()));
         assert_eq!(values(&dealt), vec![some("va"), some("vc"), Some(None), some("ve")]);
         assert!(dealt.iter().all(|p| p.read.as_ref().is_some_and(|(_, m)| *m == ReadMark(3))));
+    }
+
+    #[test]
+    fn a_key_out_of_order_is_left_to_be_read_anew() {
+        let dealt = deal(entries(&["a", "b", "c"]), &keys(&["a", "a", "c", "b"]), 100, ReadMark(0));
+        let some = |v: &str| Some(Some(v.to_string()));
+        assert_eq!(values(&dealt), vec![some("va"), None, some("vc"), None]);
     }
 
     #[test]

@@ -335,41 +335,11 @@ impl SledBackend {
         &self.engine.dir
     }
 
-    /// Syncs this half, then hands its table to the checkpoint thread once it has finished
-    /// the other half's, and moves the log to the other half.
-    fn rotate(&self, logged: &mut Logged) -> Result<(), StoreError> {
-        logged.wal.sync()?;
-        self.checkpoints.wait_idle()?;
-        let table = self.overlay.write().freeze();
-        self.checkpoints.hand_over(table, logged.last_lsn)?;
-        logged.wal.switch();
-        Ok(())
-    }
-}
-
-impl Drop for SledBackend {
-    fn drop(&mut self) {
-        // The checkpoint thread writes sled: it ends before the directory's lock is let go.
-        self.checkpoints.stop();
-    }
-}
-
-impl Backend for SledBackend {
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        if let Some(value) = self.overlay.read().get(key) {
-            return Ok(value);
-        }
-        // Not logged since the last checkpoint: sled has the newest value.
-        Ok(contained(&self.engine.dir, || self.engine.db.get(key))??.map(|v| v.to_vec()))
-    }
-
-    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Entries, StoreError> {
-        Ok(self.range_marked(start, end, limit)?.0)
-    }
-
-    /// The mark is the LSN of the newest batch the overlay had applied when it was read
-    /// ([`Overlay::unchanged_since`]).
-    fn range_marked(
+    /// Entries with `start <= key < end` as one moment's state: the overlay merged over
+    /// sled, read again if a checkpoint landed in between. With the LSN of the newest batch
+    /// the overlay had applied ([`Overlay::unchanged_since`]), unless checkpoints kept
+    /// landing and the last attempt is returned as it is.
+    fn range_read(
         &self,
         start: &[u8],
         end: &[u8],
@@ -399,6 +369,52 @@ impl Backend for SledBackend {
                 return Ok((entries, None));
             }
         }
+    }
+
+    /// Syncs this half, then hands its table to the checkpoint thread once it has finished
+    /// the other half's, and moves the log to the other half.
+    fn rotate(&self, logged: &mut Logged) -> Result<(), StoreError> {
+        logged.wal.sync()?;
+        self.checkpoints.wait_idle()?;
+        let table = self.overlay.write().freeze();
+        self.checkpoints.hand_over(table, logged.last_lsn)?;
+        logged.wal.switch();
+        Ok(())
+    }
+}
+
+impl Drop for SledBackend {
+    fn drop(&mut self) {
+        // The checkpoint thread writes sled: it ends before the directory's lock is let go.
+        self.checkpoints.stop();
+    }
+}
+
+impl Backend for SledBackend {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if let Some(value) = self.overlay.read().get(key) {
+            return Ok(value);
+        }
+        // Not logged since the last checkpoint: sled has the newest value.
+        Ok(contained(&self.engine.dir, || self.engine.db.get(key))??.map(|v| v.to_vec()))
+    }
+
+    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Entries, StoreError> {
+        self.range_read(start, end, limit).map(|(entries, _)| entries)
+    }
+
+    /// The mark is the LSN of the newest batch the overlay had applied when it was read
+    /// ([`Overlay::unchanged_since`]).
+    fn range_marked(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+    ) -> Result<Option<(Entries, ReadMark)>, StoreError> {
+        Ok(match self.range_read(start, end, limit)? {
+            (entries, Some(mark)) => Some((entries, mark)),
+            (_, None) => None,
+        })
     }
 
     fn unchanged_since(&self, mark: ReadMark, key: &[u8]) -> bool {
@@ -543,8 +559,7 @@ mod tests {
         write(&backend, 0, 10);
         backend.checkpoint().expect("checkpoint");
         let key = |i: u32| format!("k{i:06}").into_bytes();
-        let (entries, mark) = backend.range_marked(&key(0), &key(10), 100).expect("range");
-        let mark = mark.expect("sled marks its reads");
+        let (entries, mark) = backend.range_marked(&key(0), &key(10), 100).expect("range").expect("a mark");
         assert_eq!(entries.len(), 10);
         assert!((0..12).all(|i| backend.unchanged_since(mark, &key(i))));
 
@@ -559,8 +574,7 @@ mod tests {
 
         // A checkpoint of writes made before a mark leaves it good.
         write(&backend, 1_000, 1_200);
-        let (_, mark) = backend.range_marked(&key(0), &key(10), 100).expect("range");
-        let mark = mark.expect("mark");
+        let (_, mark) = backend.range_marked(&key(0), &key(10), 100).expect("range").expect("a mark");
         assert!(!backend.unchanged_since(mark, &key(1_100)), "held in memory until the checkpoint");
         backend.checkpoint().expect("checkpoint");
         assert!(backend.unchanged_since(mark, &key(5)) && backend.unchanged_since(mark, &key(1_100)));

@@ -423,8 +423,8 @@ impl Store {
         let mut end = last.clone();
         end.push(0);
         Ok(match self.inner.backend.range_marked(first, &end, limit)? {
-            (entries, Some(mark)) => prefetch::deal(entries, keys, limit, mark),
-            (_, None) => keys.iter().map(|_| Prefetched::default()).collect(),
+            Some((entries, mark)) => prefetch::deal(entries, keys, limit, mark),
+            None => keys.iter().map(|_| Prefetched::default()).collect(),
         })
     }
 
