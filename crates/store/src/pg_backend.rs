@@ -127,9 +127,14 @@ pub struct PgBackend {
     news: tokio::sync::watch::Sender<u64>,
 }
 
+/// How long one statement may run unless the store's owner says otherwise: a shared
+/// store's nodes keep it, so a statement stuck behind a paused node's locks fails.
+const STATEMENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A connection that is opened again after it closed.
 struct Connection {
     config: tokio_postgres::Config,
+    statement_timeout: std::time::Duration,
     client: tokio::sync::Mutex<Option<Arc<Client>>>,
 }
 
@@ -169,8 +174,8 @@ fn shown(config: &tokio_postgres::Config) -> String {
 }
 
 impl Connection {
-    fn new(config: tokio_postgres::Config) -> Self {
-        Connection { config, client: tokio::sync::Mutex::new(None) }
+    fn new(config: tokio_postgres::Config, statement_timeout: std::time::Duration) -> Self {
+        Connection { config, statement_timeout, client: tokio::sync::Mutex::new(None) }
     }
 
     /// The open client, connecting when there is none or the last one closed.
@@ -188,11 +193,13 @@ impl Connection {
             }
         });
         // A session paused mid-transaction (a stopped node) must not hold locks for long.
+        // PostgreSQL takes up to i32::MAX milliseconds; 0 would mean none at all.
+        let timeout_ms = self.statement_timeout.as_millis().clamp(1, i32::MAX as u128);
         client
-            .batch_execute(
-                "SET synchronous_commit = on; SET statement_timeout = '30s'; \
-                 SET idle_in_transaction_session_timeout = '10s'",
-            )
+            .batch_execute(&format!(
+                "SET synchronous_commit = on; SET statement_timeout = {timeout_ms}; \
+                 SET idle_in_transaction_session_timeout = '10s'"
+            ))
             .await
             .map_err(db_error)?;
         let client = Arc::new(client);
@@ -206,7 +213,17 @@ impl PgBackend {
     /// creates the store's tables when they are missing, and takes the owner lock: this
     /// process is the database's one user.
     pub fn open(url: &str) -> Result<PgBackend, StoreError> {
-        PgBackend::connect(url, None)
+        PgBackend::connect(url, None, STATEMENT_TIMEOUT)
+    }
+
+    /// [`PgBackend::open`], with statements allowed to run for `statement_timeout`: the
+    /// store's own bound on a barrier ([`crate::StoreConfig::barrier_timeout`]), so that the
+    /// database does not give up on a slow commit before the store would.
+    pub fn open_with_timeout(
+        url: &str,
+        statement_timeout: std::time::Duration,
+    ) -> Result<PgBackend, StoreError> {
+        PgBackend::connect(url, None, statement_timeout)
     }
 
     /// Connects as node `node_id` of several that share the database: no owner lock; each
@@ -215,10 +232,14 @@ impl PgBackend {
         if node_id.is_empty() || node_id.len() > 200 {
             return Err(StoreError::Database { reason: "a node id is 1 to 200 bytes".into() });
         }
-        PgBackend::connect(url, Some(node_id.to_string()))
+        PgBackend::connect(url, Some(node_id.to_string()), STATEMENT_TIMEOUT)
     }
 
-    fn connect(url: &str, node: Option<String>) -> Result<PgBackend, StoreError> {
+    fn connect(
+        url: &str,
+        node: Option<String>,
+        statement_timeout: std::time::Duration,
+    ) -> Result<PgBackend, StoreError> {
         let config = tokio_postgres::Config::from_str(url)
             .map_err(|e| StoreError::Database { reason: format!("bad PostgreSQL URL: {e}") })?;
         let shown = shown(&config);
@@ -226,8 +247,8 @@ impl PgBackend {
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
         let lock_lost = Arc::new(AtomicBool::new(false));
         let conns = Arc::new(Connections {
-            reads: Connection::new(config.clone()),
-            writes: Connection::new(config.clone()),
+            reads: Connection::new(config.clone(), statement_timeout),
+            writes: Connection::new(config.clone(), statement_timeout),
             lock_lost: lock_lost.clone(),
         });
         let where_ = shown.clone();

@@ -226,7 +226,8 @@ impl Store {
     /// Opens the store in the PostgreSQL database at `url`, creating its tables if needed.
     #[cfg(feature = "postgres")]
     pub fn open_postgres(url: &str, config: StoreConfig) -> Result<Store, StoreError> {
-        Store::with_backend(Arc::new(crate::pg_backend::PgBackend::open(url)?), config)
+        let backend = crate::pg_backend::PgBackend::open_with_timeout(url, config.barrier_timeout)?;
+        Store::with_backend(Arc::new(backend), config)
     }
 
     /// A store over any backend.
