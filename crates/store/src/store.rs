@@ -404,7 +404,17 @@ impl Store {
 
     /// The record under `key` of `table`.
     pub fn get<T: DeserializeOwned>(&self, table: Table, key: &[u8]) -> Result<Option<T>, StoreError> {
-        match self.inner.backend.get(key)? {
+        self.decoded(table, key, self.inner.backend.get(key)?)
+    }
+
+    /// The record `sealed` holds for `key`, if any; a bad one names its store.
+    fn decoded<T: DeserializeOwned>(
+        &self,
+        table: Table,
+        key: &[u8],
+        sealed: Option<Vec<u8>>,
+    ) -> Result<Option<T>, StoreError> {
+        match sealed {
             None => Ok(None),
             Some(sealed) => decode_sealed(table, key, &sealed).map(Some).map_err(|e| self.located(e)),
         }
@@ -437,15 +447,12 @@ impl Store {
         key: &[u8],
         prefetched: Prefetched,
     ) -> Result<Option<T>, StoreError> {
-        if let Some((value, mark)) = prefetched.read
-            && self.inner.backend.unchanged_since(mark, key)
-        {
-            return match value {
-                None => Ok(None),
-                Some(sealed) => decode_sealed(table, key, &sealed).map(Some).map_err(|e| self.located(e)),
-            };
+        match prefetched.read {
+            Some((value, mark)) if self.inner.backend.unchanged_since(mark, key) => {
+                self.decoded(table, key, value)
+            }
+            _ => self.get(table, key),
         }
-        self.get(table, key)
     }
 
     /// A bad record's error names the store it was read from, beside its table and key.
