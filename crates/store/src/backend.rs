@@ -154,6 +154,13 @@ pub trait Backend: Send + Sync + 'static {
     fn apply(&self, batch: &Batch) -> Result<(), StoreError>;
     /// Makes everything applied so far durable.
     fn barrier(&self) -> Result<(), StoreError>;
+    /// Whether a lone `Sync` commit may be applied and synced on its committer's thread
+    /// instead of the writer thread's (`barrier::Writer::write_inline`): for a backend
+    /// whose writes are local file i/o, quick and bounded. One that waits on a network
+    /// keeps every write on the writer thread.
+    fn writes_inline(&self) -> bool {
+        false
+    }
     /// The writer has had nothing to do for a while: a moment to move logged writes into
     /// the engine in the background, so that the next burst of writes and the next open
     /// find less to do. Returns without waiting for that work.

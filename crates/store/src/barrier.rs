@@ -15,6 +15,13 @@
 //! [`StoreError::Failed`], and the process must restart to reopen the store — sled 0.34
 //! cannot be trusted in-process after a failed flush.
 //!
+//! A lone `Sync` commit that finds the writer idle and nothing queued writes itself: it
+//! takes the writer's state and applies and syncs its batch on its own thread, as the
+//! writer thread would have (`Writer::write_inline`). A task that commits now and then is
+//! then not woken twice per commit; whoever holds the state writes, so groups and lone
+//! commits never interleave. Only a local backend's commits do, and only while its syncs
+//! are quick: the committer's thread, often an async runtime's worker, waits out the sync.
+//!
 //! A writer whose last commits came from one task committing in a loop looks for the next
 //! for `SPIN_FOR` before it sleeps (see `Cadence`): waking it would cost that task about as
 //! much as its own work between commits. Only while it has not been waiting for a core
@@ -28,7 +35,7 @@ use std::{
     sync::{
         Arc,
         atomic::{
-            AtomicBool, AtomicU64,
+            AtomicBool, AtomicU64, AtomicUsize,
             Ordering::{Relaxed, SeqCst},
         },
         mpsc,
@@ -38,13 +45,17 @@ use std::{
 
 use tokio::sync::{OwnedSemaphorePermit, oneshot, watch};
 
-use crate::{backend::Backend, batch::Batch, error::StoreError};
+use crate::{backend::Backend, batch::Batch, error::StoreError, lock::Mutex};
 
 /// How long the writer waits with nothing to do before it tells the backend it is quiet.
 const QUIET_AFTER: Duration = Duration::from_millis(200);
 
 /// How long the writer looks for a looping task's next commit before it sleeps.
 const SPIN_FOR: Duration = Duration::from_micros(100);
+
+/// A lone commit is written on its committer's thread only while the last barrier took at
+/// most this long: a disk that syncs slowly keeps its waits on the writer thread.
+const INLINE_BARRIER_MAX: Duration = Duration::from_millis(2);
 
 /// How durable a batch must be before `commit` returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -94,6 +105,8 @@ pub struct WriterStats {
     pub batches: AtomicU64,
     /// Barriers run.
     pub barriers: AtomicU64,
+    /// Batches written on their committer's thread, not the writer's (lone `Sync` commits).
+    pub inline: AtomicU64,
 }
 
 /// The writer's condition, shared with the store's front door and the watchdog.
@@ -159,23 +172,81 @@ impl Health {
     }
 }
 
+/// The writer's bookkeeping, held by whoever writes: the writer thread for each group it
+/// gathered, or a lone committer on its own thread ([`Writer::write_inline`]).
+struct State {
+    /// Set while async writes are applied but not yet covered by a barrier.
+    flush_due: Option<Instant>,
+    /// Set by each applied group: a writer that then gets nothing for `QUIET_AFTER` tells
+    /// the backend it is quiet (a moment to checkpoint), once.
+    quiet_due: Option<Instant>,
+    /// Every group also writes its sequence number, atomically with it (see `witness`).
+    /// Only a store with a data directory keeps a witness to compare it with; a shared
+    /// database would make the sequence one row every node's commits queue on.
+    witnessed: bool,
+    commit_seq: u64,
+    /// Groups applied, for `Health::applied` and `Health::durable`.
+    groups: u64,
+    /// How long the last barrier took: after a slow one, lone commits go to the thread.
+    last_barrier: Duration,
+    /// The thread has closed the store: nothing more is written.
+    closed: bool,
+}
+
+/// The store's one writer: what it writes to, its settings and its state. Its thread
+/// gathers what is queued into groups; a lone `Sync` commit may write itself.
+pub(crate) struct Writer {
+    backend: Arc<dyn Backend>,
+    config: WriterConfig,
+    stats: Arc<WriterStats>,
+    health: Arc<Health>,
+    state: Mutex<State>,
+    /// Commands sent to the thread and not yet gathered: a commit that finds any joins them.
+    queued: AtomicUsize,
+}
+
+/// A writer with its thread running: the thread takes what is sent on `tx`.
+pub(crate) struct Spawned {
+    pub writer: Arc<Writer>,
+    pub tx: mpsc::Sender<Cmd>,
+    pub thread: std::thread::JoinHandle<()>,
+}
+
 pub(crate) fn spawn_writer(
     backend: Arc<dyn Backend>,
     config: WriterConfig,
     stats: Arc<WriterStats>,
     health: Arc<Health>,
-) -> Result<(mpsc::Sender<Cmd>, std::thread::JoinHandle<()>), StoreError> {
+) -> Result<Spawned, StoreError> {
+    let witnessed = backend.data_dir().is_some();
+    let commit_seq = if witnessed { crate::witness::stored_seq(backend.as_ref()).unwrap_or(0) } else { 0 };
+    let writer = Arc::new(Writer {
+        backend,
+        config,
+        stats,
+        health: health.clone(),
+        state: Mutex::new(State {
+            flush_due: None,
+            quiet_due: None,
+            witnessed,
+            commit_seq,
+            groups: 0,
+            last_barrier: Duration::ZERO,
+            closed: false,
+        }),
+        queued: AtomicUsize::new(0),
+    });
     let (tx, rx) = mpsc::channel();
-    let writer_health = health.clone();
+    let thread_writer = writer.clone();
     let handle = std::thread::Builder::new()
         .name("durafiber-writer".into())
-        .spawn(move || writer_loop(backend.as_ref(), &rx, config, &stats, &writer_health))
+        .spawn(move || writer_loop(&thread_writer, &rx))
         .map_err(|source| StoreError::Io { path: "writer thread".into(), source })?;
     std::thread::Builder::new()
         .name("durafiber-watchdog".into())
         .spawn(move || watchdog(&health, config.barrier_timeout))
         .map_err(|source| StoreError::Io { path: "watchdog thread".into(), source })?;
-    Ok((tx, handle))
+    Ok(Spawned { writer, tx, thread: handle })
 }
 
 /// Fails the store when an engine call has run longer than `timeout`. Ends with the store.
@@ -198,7 +269,7 @@ enum Next {
     Command(Cmd),
     /// Async writes wait for their barrier.
     FlushDue,
-    /// Nothing came for `QUIET_AFTER`.
+    /// Nothing came for `QUIET_AFTER`, or nothing at all was due.
     Quiet,
     /// Every sender is gone.
     Closed,
@@ -238,7 +309,9 @@ impl Cadence {
 }
 
 /// Waits for the next command, for the async flush deadline, or for a quiet spell to end.
-/// `spin`: look for the next command for `SPIN_FOR` before sleeping (see `Cadence`).
+/// With neither due it still looks again after `QUIET_AFTER`: a lone commit written on its
+/// own thread may have started a quiet spell the thread did not see. `spin`: look for the
+/// next command for `SPIN_FOR` before sleeping (see `Cadence`).
 fn next_command(
     rx: &mpsc::Receiver<Cmd>,
     flush_due: Option<Instant>,
@@ -254,9 +327,7 @@ fn next_command(
             }
         }
     }
-    let Some(until) = flush_due.into_iter().chain(quiet_due).min() else {
-        return rx.recv().map_or(Next::Closed, Next::Command);
-    };
+    let until = flush_due.into_iter().chain(quiet_due).min().unwrap_or_else(|| Instant::now() + QUIET_AFTER);
     match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
         Ok(cmd) => Next::Command(cmd),
         Err(mpsc::RecvTimeoutError::Timeout) if flush_due.is_some_and(|due| Instant::now() >= due) => {
@@ -290,37 +361,38 @@ struct Group {
 
 impl Group {
     /// Everything queued behind `first`: what arrived during the last barrier.
-    fn gather(
-        first: Option<Cmd>,
-        rx: &mpsc::Receiver<Cmd>,
-        config: &WriterConfig,
-        stats: &WriterStats,
-    ) -> Group {
+    fn gather(first: Option<Cmd>, rx: &mpsc::Receiver<Cmd>, writer: &Writer) -> Group {
         let mut g = Group::default();
         let mut next = first;
         let mut count = 0usize;
         while let Some(cmd) = next {
             count += 1;
+            writer.queued.fetch_sub(1, SeqCst);
             match cmd {
                 Cmd::Write { batch, durability, ack, room } => {
-                    stats.batches.fetch_add(1, Relaxed);
-                    let (ops, absent) = (g.merged.ops.len(), g.merged.absent.len());
-                    g.merged.extend(batch);
-                    g.parts.push(Part {
-                        ops: ops..g.merged.ops.len(),
-                        absent: absent..g.merged.absent.len(),
-                        durability,
-                        ack,
-                        refused: None,
-                    });
+                    g.add(batch, durability, ack, &writer.stats);
                     g.rooms.push(room);
                 }
                 Cmd::Barrier { ack } => g.barrier_acks.push(ack),
                 Cmd::Snapshot { ack } => g.snapshot_acks.push(ack),
             }
-            next = if count < config.group_batches_max { rx.try_recv().ok() } else { None };
+            next = if count < writer.config.group_batches_max { rx.try_recv().ok() } else { None };
         }
         g
+    }
+
+    /// Adds one write to the merged batch.
+    fn add(&mut self, batch: Batch, durability: Durability, ack: Ack, stats: &WriterStats) {
+        stats.batches.fetch_add(1, Relaxed);
+        let (ops, absent) = (self.merged.ops.len(), self.merged.absent.len());
+        self.merged.extend(batch);
+        self.parts.push(Part {
+            ops: ops..self.merged.ops.len(),
+            absent: absent..self.merged.absent.len(),
+            durability,
+            ack,
+            refused: None,
+        });
     }
 
     /// After the merged write was refused for one batch's sake (a key that exists, a shard
@@ -363,6 +435,13 @@ impl Group {
     }
 }
 
+/// Whether a write's caller has just seen the disk above the free-space floor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Space {
+    Checked,
+    Unchecked,
+}
+
 fn below_floor(backend: &dyn Backend, config: &WriterConfig) -> bool {
     backend.free_bytes().is_some_and(|free| free < config.disk_floor_bytes)
 }
@@ -390,110 +469,133 @@ fn wait_for_space(backend: &dyn Backend, config: &WriterConfig, health: &Health)
     true
 }
 
-/// Runs one barrier; on success everything applied so far (`groups`) is durable.
-fn run_barrier(
-    backend: &dyn Backend,
-    stats: &WriterStats,
-    health: &Health,
-    groups: u64,
-) -> Result<(), StoreError> {
-    let result = health.working(|| backend.barrier());
-    stats.barriers.fetch_add(1, Relaxed);
-    match &result {
-        Ok(()) => {
-            health.durable.send_replace(groups);
+impl Writer {
+    /// Sends `cmd` to the thread, counted as queued until it is gathered.
+    pub(crate) fn queue(&self, tx: &mpsc::Sender<Cmd>, cmd: Cmd) -> Result<(), StoreError> {
+        self.queued.fetch_add(1, SeqCst);
+        tx.send(cmd).map_err(|_| {
+            self.queued.fetch_sub(1, SeqCst);
+            StoreError::Closed
+        })
+    }
+
+    /// Writes a lone `Sync` batch on the calling thread, when the writer thread is idle and
+    /// nothing is queued for it. Handing a commit to the thread and being woken by it cost
+    /// a task that commits now and then — a step, its wait, the next step — two wake-ups
+    /// of an idle core, together about half a sync of this project's disk again (`bench
+    /// steps`, sequential steps). The caller's thread then waits out the barrier, as the
+    /// writer thread would have: that is why only a backend whose writes are local and
+    /// quick writes inline ([`Backend::writes_inline`]), and only while its last barrier
+    /// took at most `INLINE_BARRIER_MAX`. Anything else — a queue to join, a failed or
+    /// closed store, a disk below the floor — is the thread's: the batch comes back.
+    pub(crate) fn write_inline(&self, batch: Batch) -> Result<Result<(), StoreError>, Batch> {
+        if !self.backend.writes_inline() || self.queued.load(SeqCst) != 0 {
+            return Err(batch);
         }
-        Err(e) => {
-            tracing::error!(error = %e, "durability barrier failed");
-            if e.is_engine_failure() {
-                health.fail(format!("a durability barrier failed: {e}"));
-            }
+        let Some(mut state) = self.state.try_lock() else { return Err(batch) };
+        if state.closed
+            || state.last_barrier > INLINE_BARRIER_MAX
+            || self.queued.load(SeqCst) != 0
+            || self.health.failure().is_some()
+            || below_floor(self.backend.as_ref(), &self.config)
+        {
+            return Err(batch);
+        }
+        self.stats.inline.fetch_add(1, Relaxed);
+        let (ack, mut done) = oneshot::channel();
+        let mut group = Group::default();
+        group.add(batch, Durability::Sync, ack, &self.stats);
+        // Above the floor a moment ago: asking the filesystem again would cost as much as
+        // the rest of the write.
+        self.write(&mut state, group, Space::Checked);
+        drop(state);
+        Ok(done.try_recv().unwrap_or(Err(StoreError::Closed)))
+    }
+
+    /// When the thread's wait ran out: after `QUIET_AFTER` with nothing written, tells the
+    /// backend it is quiet, once per spell.
+    fn quiet(&self) {
+        let mut state = self.state.lock();
+        if state.quiet_due.is_none_or(|due| Instant::now() < due) {
+            return;
+        }
+        state.quiet_due = None;
+        // Not below the free-space floor: a checkpoint writes sled, and sled must not meet
+        // a full disk.
+        if self.health.failure().is_none()
+            && !below_floor(self.backend.as_ref(), &self.config)
+            && let Err(e) = self.health.working(|| self.backend.quiet())
+        {
+            tracing::warn!(error = %e, "could not start a checkpoint while quiet");
         }
     }
-    result
-}
 
-fn writer_loop(
-    backend: &dyn Backend,
-    rx: &mpsc::Receiver<Cmd>,
-    config: WriterConfig,
-    stats: &WriterStats,
-    health: &Health,
-) {
-    // Set while async writes are applied but not yet covered by a barrier.
-    let mut flush_due: Option<Instant> = None;
-    // Every group also writes its sequence number, atomically with it (see `witness`).
-    // Only a store with a data directory keeps a witness to compare it with; a shared
-    // database would make the sequence one row every node's commits queue on.
-    let witnessed = backend.data_dir().is_some();
-    let mut commit_seq = if witnessed { crate::witness::stored_seq(backend).unwrap_or(0) } else { 0 };
-    // Groups applied, for `Health::applied` and `Health::durable`.
-    let mut groups = 0u64;
-    // Set by each applied group: a writer that then gets nothing for `QUIET_AFTER` tells the
-    // backend it is quiet (a moment to checkpoint), once.
-    let mut quiet_due: Option<Instant> = None;
-    let mut cadence = Cadence::default();
-    let mut crowding = crate::crowding::Crowding::of_this_thread();
-    loop {
-        let idle_from = Instant::now();
-        let spin = cadence.looping && !crowding.crowded(idle_from);
-        let first = match next_command(rx, flush_due, quiet_due, spin) {
-            Next::Command(cmd) => Some(cmd),
-            Next::FlushDue => None,
-            Next::Quiet => {
-                quiet_due = None;
-                // Not below the free-space floor: a checkpoint writes sled, and sled must
-                // not meet a full disk.
-                if health.failure().is_none()
-                    && !below_floor(backend, &config)
-                    && let Err(e) = health.working(|| backend.quiet())
-                {
-                    tracing::warn!(error = %e, "could not start a checkpoint while quiet");
-                }
-                continue;
+    /// Every sender is gone: a last checkpoint, and nothing is written after it.
+    fn close(&self) {
+        let mut state = self.state.lock();
+        state.closed = true;
+        if self.health.failure().is_none() {
+            let _ = self.health.working(|| self.backend.checkpoint());
+        }
+    }
+
+    /// Runs one barrier; on success everything applied so far is durable.
+    fn barrier(&self, state: &mut State) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let result = self.health.working(|| self.backend.barrier());
+        state.last_barrier = started.elapsed();
+        self.stats.barriers.fetch_add(1, Relaxed);
+        match &result {
+            Ok(()) => {
+                state.flush_due = None;
+                self.health.durable.send_replace(state.groups);
             }
-            Next::Closed => {
-                if health.failure().is_none() {
-                    let _ = health.working(|| backend.checkpoint());
+            Err(e) => {
+                tracing::error!(error = %e, "durability barrier failed");
+                if e.is_engine_failure() {
+                    self.health.fail(format!("a durability barrier failed: {e}"));
                 }
-                return;
             }
-        };
-        let waited = idle_from.elapsed();
-        let mut group = Group::gather(first, rx, &config, stats);
-        cadence.observe(&group, waited);
+        }
+        result
+    }
+
+    /// Applies `group` as one write, covers it with a barrier if it needs one, and answers
+    /// every waiter. Below the free-space floor it first parks, unless `space` says the
+    /// caller just found the disk above it.
+    fn write(&self, state: &mut State, mut group: Group, space: Space) {
+        let (backend, config, health) = (self.backend.as_ref(), &self.config, self.health.as_ref());
         if let Some(reason) = health.failure() {
             group.fail_all(&StoreError::Failed { reason });
-            continue;
+            return;
         }
         // Async writes applied earlier are covered before the writer parks, so that what
         // readers saw is durable however long the disk stays full.
-        if flush_due.is_some()
-            && !group.merged.is_empty()
-            && below_floor(backend, &config)
-            && run_barrier(backend, stats, health, groups).is_ok()
-        {
-            flush_due = None;
+        let check_space = space == Space::Unchecked && !group.merged.is_empty();
+        if check_space && state.flush_due.is_some() && below_floor(backend, config) {
+            let _ = self.barrier(state);
         }
-        if !group.merged.is_empty() && !wait_for_space(backend, &config, health) {
+        if check_space && !wait_for_space(backend, config, health) {
             let free_bytes = backend.free_bytes().unwrap_or(0);
             let reserve_bytes = config.disk_floor_bytes;
             group.fail_all(&StoreError::StorageFull { path: backend.location(), free_bytes, reserve_bytes });
-            continue;
+            return;
         }
-        if witnessed && !group.merged.is_empty() {
-            commit_seq += 1;
-            if let Err(e) = group.merged.put(crate::tables::META, crate::witness::seq_key(), &commit_seq) {
+        if state.witnessed && !group.merged.is_empty() {
+            state.commit_seq += 1;
+            if let Err(e) =
+                group.merged.put(crate::tables::META, crate::witness::seq_key(), &state.commit_seq)
+            {
                 group.fail_all(&e);
-                continue;
+                return;
             }
         }
         if !group.merged.is_empty() {
-            quiet_due = Some(Instant::now() + QUIET_AFTER);
+            state.quiet_due = Some(Instant::now() + QUIET_AFTER);
             // Counted before the apply: a reader that sees the group's writes (sled's own
             // synchronisation orders them after this store) also sees it counted.
-            groups += 1;
-            health.applied.store(groups, SeqCst);
+            state.groups += 1;
+            health.applied.store(state.groups, SeqCst);
         }
         let mut applied =
             if group.merged.is_empty() { Ok(()) } else { health.working(|| backend.apply(&group.merged)) };
@@ -523,10 +625,8 @@ fn writer_loop(
                         }
                         (None, Durability::Async) => {
                             let _ = part.ack.send(Ok(()));
-                            let flush_every = Duration::from_micros(
-                                health.flush_every_us.load(std::sync::atomic::Ordering::Relaxed),
-                            );
-                            flush_due.get_or_insert_with(|| Instant::now() + flush_every);
+                            let flush_every = Duration::from_micros(health.flush_every_us.load(Relaxed));
+                            state.flush_due.get_or_insert_with(|| Instant::now() + flush_every);
                         }
                         (None, Durability::Sync) => waiting.push(part.ack),
                     }
@@ -534,17 +634,49 @@ fn writer_loop(
             }
         }
         group.answer_snapshots(backend);
-        let flush_now = flush_due.is_some_and(|due| Instant::now() >= due);
+        let flush_now = state.flush_due.is_some_and(|due| Instant::now() >= due);
         if waiting.is_empty() && group.barrier_acks.is_empty() && !flush_now {
-            continue;
+            return;
         }
-        let result = run_barrier(backend, stats, health, groups);
-        if result.is_ok() {
-            flush_due = None;
-        }
+        let result = self.barrier(state);
         for ack in waiting.into_iter().chain(group.barrier_acks) {
             let _ = ack.send(result.as_ref().map(|_| ()).map_err(StoreError::duplicate));
         }
+    }
+
+    /// When the thread's next wait ends: the async flush deadline and the quiet spell's end.
+    fn dues(&self) -> (Option<Instant>, Option<Instant>) {
+        let state = self.state.lock();
+        (state.flush_due, state.quiet_due)
+    }
+}
+
+fn writer_loop(writer: &Writer, rx: &mpsc::Receiver<Cmd>) {
+    let mut cadence = Cadence::default();
+    let mut crowding = crate::crowding::Crowding::of_this_thread();
+    loop {
+        let idle_from = Instant::now();
+        let spin = cadence.looping && !crowding.crowded(idle_from);
+        let (flush_due, quiet_due) = writer.dues();
+        let first = match next_command(rx, flush_due, quiet_due, spin) {
+            Next::Command(cmd) => Some(cmd),
+            Next::FlushDue => None,
+            Next::Quiet => {
+                // Nothing came for a while: whatever loop there was has ended.
+                cadence.looping = false;
+                writer.quiet();
+                continue;
+            }
+            Next::Closed => {
+                writer.close();
+                return;
+            }
+        };
+        let waited = idle_from.elapsed();
+        let mut state = writer.state.lock();
+        let group = Group::gather(first, rx, writer);
+        cadence.observe(&group, waited);
+        writer.write(&mut state, group, Space::Unchecked);
     }
 }
 
@@ -577,6 +709,121 @@ mod tests {
             wait_for("a quiet spell", || sim.quiet_spells() == spell);
             std::thread::sleep(QUIET_AFTER * 3);
             assert_eq!(sim.quiet_spells(), spell, "told once per spell, not at every wait");
+        }
+        store.close();
+    }
+
+    fn put(store: &Store, key: &str, durability: Durability) {
+        let mut batch = Batch::new();
+        batch.put(tables::META, tables::META.key(&[key.as_bytes()]), &key.to_string()).expect("encode");
+        store.commit_blocking(batch, durability).expect("commit");
+    }
+
+    fn count(counter: &AtomicU64) -> u64 {
+        counter.load(SeqCst)
+    }
+
+    #[test]
+    fn a_lone_sync_commit_writes_itself_and_still_starts_a_quiet_spell() {
+        let sim = SimBackend::new();
+        sim.write_inline(true);
+        let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
+        put(&store, "lone", Durability::Sync);
+        let stats = store.writer_stats();
+        assert_eq!((count(&stats.inline), count(&stats.batches), count(&stats.barriers)), (1, 1, 1));
+        assert!(sim.durable_len() > 0, "the barrier ran before the commit returned");
+        // The writer thread never saw the write, and still tells the backend once it is quiet.
+        wait_for("a quiet spell after a write of its own", || sim.quiet_spells() == 1);
+        put(&store, "async", Durability::Async);
+        assert_eq!(count(&stats.inline), 1, "an async commit is the thread's");
+        store.close();
+    }
+
+    #[test]
+    fn a_commit_that_finds_the_writer_busy_or_the_disk_slow_goes_to_the_thread() {
+        let sim = SimBackend::new();
+        sim.write_inline(true);
+        let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
+        let stats = store.writer_stats();
+        // The first commit writes itself and hangs in its barrier, holding the writer.
+        sim.stall_barriers(true);
+        let first = std::thread::spawn({
+            let store = store.clone();
+            move || put(&store, "first", Durability::Sync)
+        });
+        wait_for("the first commit to write itself", || count(&stats.inline) == 1);
+        let second = std::thread::spawn({
+            let store = store.clone();
+            move || put(&store, "second", Durability::Sync)
+        });
+        wait_for("the second commit to be queued", || store.writer().queued.load(SeqCst) == 1);
+        std::thread::sleep(INLINE_BARRIER_MAX * 2);
+        sim.stall_barriers(false);
+        first.join().expect("first");
+        second.join().expect("second");
+        assert_eq!(count(&stats.inline), 1, "the writer was busy: the second waited for the thread");
+        // A lone commit whose barrier is slow: until a quick one, lone commits go to the thread.
+        sim.stall_barriers(true);
+        let slow = std::thread::spawn({
+            let store = store.clone();
+            move || put(&store, "slow", Durability::Sync)
+        });
+        wait_for("the slow commit to write itself", || count(&stats.inline) == 2);
+        std::thread::sleep(INLINE_BARRIER_MAX * 2);
+        sim.stall_barriers(false);
+        slow.join().expect("slow");
+        put(&store, "after a slow barrier", Durability::Sync);
+        assert_eq!(count(&stats.inline), 2);
+        put(&store, "after a quick one", Durability::Sync);
+        assert_eq!(count(&stats.inline), 3);
+        assert_eq!(count(&stats.batches), 5);
+        store.close();
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_single_threaded_runtime_never_waits_on_the_disk_itself() {
+        let sim = SimBackend::new();
+        sim.write_inline(true);
+        let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
+        let mut batch = Batch::new();
+        batch.put(tables::META, tables::META.key(&[b"k"]), &1u32).expect("encode");
+        store.commit(batch, Durability::Sync).await.expect("commit");
+        assert_eq!(count(&store.writer_stats().inline), 0);
+        store.close();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_commits_on_a_local_disk_write_themselves_or_group_and_all_last() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("store");
+        let tasks: Vec<_> = (0..16)
+            .map(|t| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    for i in 0..25 {
+                        let mut batch = Batch::new();
+                        let key = format!("t{t:02}-{i:02}");
+                        batch.put(tables::META, tables::META.key(&[key.as_bytes()]), &key).expect("encode");
+                        store.commit(batch, Durability::Sync).await.expect("commit");
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("task");
+        }
+        let stats = store.writer_stats();
+        assert_eq!(count(&stats.batches), 16 * 25);
+        assert!(count(&stats.barriers) <= count(&stats.batches));
+        drop(store);
+        let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("reopen");
+        for t in 0..16 {
+            for i in 0..25 {
+                let key = format!("t{t:02}-{i:02}");
+                let found: Option<String> =
+                    store.get(tables::META, &tables::META.key(&[key.as_bytes()])).expect("read");
+                assert_eq!(found.as_deref(), Some(key.as_str()));
+            }
         }
         store.close();
     }

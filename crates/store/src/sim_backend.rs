@@ -58,6 +58,8 @@ pub struct SimBackend {
     state: Arc<Mutex<SimState>>,
     /// While set, every barrier hangs, as on a disk that stopped answering.
     stalled: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether lone commits write themselves ([`Backend::writes_inline`]); off unless asked.
+    inline: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl SimBackend {
@@ -106,6 +108,12 @@ impl SimBackend {
         s.crashed_tx.send_replace(false);
         s.applies = 0;
         s.barriers = 0;
+    }
+
+    /// Lets lone `Sync` commits be written on their committers' threads, as a local disk's
+    /// are ([`Backend::writes_inline`]).
+    pub fn write_inline(&self, inline: bool) {
+        self.inline.store(inline, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Makes every barrier hang (as on a disk that stopped answering) until unset.
@@ -189,6 +197,10 @@ impl Backend for SimBackend {
     fn quiet(&self) -> Result<(), StoreError> {
         self.live()?.quiet_spells += 1;
         Ok(())
+    }
+
+    fn writes_inline(&self) -> bool {
+        self.inline.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn barrier(&self) -> Result<(), StoreError> {

@@ -451,6 +451,11 @@ impl Backend for SledBackend {
         self.checkpoints.check()
     }
 
+    /// A file on a local disk: a sync takes a fraction of a millisecond.
+    fn writes_inline(&self) -> bool {
+        true
+    }
+
     /// Starts a checkpoint of the half being written when it holds enough to be worth one
     /// and no checkpoint is running: the writer never waits here. A burst of writes after
     /// a quiet spell then starts on an empty half, with no checkpoint beside it taking CPU

@@ -13,7 +13,7 @@ use tokio::sync::{Semaphore, TryAcquireError, oneshot};
 use crate::{
     backend::Backend,
     backend::Entries,
-    barrier::{Cmd, Durability, Health, WriterConfig, WriterStats, spawn_writer},
+    barrier::{Cmd, Durability, Health, Writer, WriterConfig, WriterStats, spawn_writer},
     batch::Batch,
     codec, envelope,
     error::StoreError,
@@ -87,7 +87,8 @@ struct Inner {
     room: Arc<Semaphore>,
     /// Senders share it: a send wakes the writer, and others need not wait for that.
     tx: RwLock<Option<mpsc::Sender<Cmd>>>,
-    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    writer: Arc<Writer>,
+    writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Drop for Inner {
@@ -114,7 +115,7 @@ impl Inner {
         // a last barrier.
         self.health.closing.store(true, std::sync::atomic::Ordering::Relaxed);
         drop(self.tx.write().take());
-        if let Some(h) = self.writer.lock().take() {
+        if let Some(h) = self.writer_thread.lock().take() {
             // A failed store's writer may be stuck inside the engine for good: leave it.
             if self.health.failure().is_none() && h.join().is_ok() {
                 self.write_witness();
@@ -239,7 +240,7 @@ impl Store {
         };
         let stats = Arc::new(WriterStats::default());
         let health = Arc::new(Health::new(config.flush_every));
-        let (tx, handle) = spawn_writer(backend.clone(), writer_config, stats.clone(), health.clone())?;
+        let spawned = spawn_writer(backend.clone(), writer_config, stats.clone(), health.clone())?;
         Ok(Store {
             inner: Arc::new(Inner {
                 backend,
@@ -248,8 +249,9 @@ impl Store {
                 disk_reserve_bytes: config.disk_reserve_bytes,
                 witness_ok: std::sync::atomic::AtomicBool::new(true),
                 room: Arc::new(Semaphore::new(config.queued_writes_max.max(1))),
-                tx: RwLock::new(Some(tx)),
-                writer: Mutex::new(Some(handle)),
+                tx: RwLock::new(Some(spawned.tx)),
+                writer: spawned.writer,
+                writer_thread: Mutex::new(Some(spawned.thread)),
             }),
         })
     }
@@ -266,6 +268,11 @@ impl Store {
         &self.inner.stats
     }
 
+    #[cfg(test)]
+    pub(crate) fn writer(&self) -> &Writer {
+        &self.inner.writer
+    }
+
     /// The backend, for raw access in tests and inspection.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.inner.backend
@@ -273,7 +280,7 @@ impl Store {
 
     fn send(&self, cmd: Cmd) -> Result<(), StoreError> {
         let tx = self.inner.tx.read();
-        tx.as_ref().ok_or(StoreError::Closed)?.send(cmd).map_err(|_| StoreError::Closed)
+        self.inner.writer.queue(tx.as_ref().ok_or(StoreError::Closed)?, cmd)
     }
 
     fn check_failed(&self) -> Result<(), StoreError> {
@@ -293,8 +300,25 @@ impl Store {
     }
 
     /// Commits `batch` atomically; returns once it is as durable as `durability` says.
+    ///
+    /// A `Sync` commit that finds the writer idle and nothing queued is written and synced
+    /// on the caller's thread, blocking it for the disk's sync (a local store's only, only
+    /// while its syncs are quick, and only on a multi-threaded runtime, whose other workers
+    /// go on meanwhile): a task committing now and then is not woken twice for each commit.
+    /// Anything else waits for the writer thread.
     pub async fn commit(&self, batch: Batch, durability: Durability) -> Result<(), StoreError> {
         self.check_failed()?;
+        // A single-threaded runtime has no other thread to go on with while this one
+        // waits for a disk: on a disk that stopped answering, it would stop as a whole.
+        let other_workers = tokio::runtime::Handle::try_current()
+            .is_ok_and(|rt| rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let batch = match durability {
+            Durability::Sync if other_workers => match self.inner.writer.write_inline(batch) {
+                Ok(written) => return written,
+                Err(batch) => batch,
+            },
+            _ => batch,
+        };
         let room = self.inner.room.clone().acquire_owned().await.map_err(|_| StoreError::Closed)?;
         let (ack, done) = oneshot::channel();
         self.send(Cmd::Write { batch, durability, ack, room })?;
@@ -331,9 +355,17 @@ impl Store {
         self.inner.health.failed.subscribe()
     }
 
-    /// `commit` for callers outside an async runtime.
+    /// `commit` for callers outside an async runtime. A lone `Sync` commit is written on
+    /// the caller's thread, as in `commit`.
     pub fn commit_blocking(&self, batch: Batch, durability: Durability) -> Result<(), StoreError> {
         self.check_failed()?;
+        let batch = match durability {
+            Durability::Sync => match self.inner.writer.write_inline(batch) {
+                Ok(written) => return written,
+                Err(batch) => batch,
+            },
+            Durability::Async => batch,
+        };
         let room = loop {
             match self.inner.room.clone().try_acquire_owned() {
                 Ok(room) => break room,
