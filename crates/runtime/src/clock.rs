@@ -172,6 +172,11 @@ impl Future for VirtualSleep {
 
 impl Drop for VirtualSleep {
     fn drop(&mut self) {
+        // Closed first, so the clock cannot wake it after it looked: a wake sent between the
+        // look and the receiver's own drop would be counted by neither side, and the sleeper
+        // would stay counted woken for good. Closed, a wake either came before (it is there
+        // to take, and this side uncounts it) or fails to send (and the clock uncounts it).
+        self.rx.close();
         // Fired and resumed, or woken but dropped before resuming (an evicted fiber).
         if self.fired || self.rx.try_recv().is_ok() {
             self.woken.send_modify(|n| *n = n.saturating_sub(1));
@@ -198,6 +203,29 @@ impl Stopwatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sleeper dropped while the clock wakes it (an evicted fiber, a handler past its wall
+    /// limit) is uncounted exactly once: counted woken for good, it would keep
+    /// `woken_resumed`, and every `advance`, waiting forever.
+    #[test]
+    fn a_sleeper_dropped_as_it_is_woken_is_uncounted_once() {
+        for round in 0..2_000u64 {
+            let clock = VirtualClock::new(0);
+            let sleeper = clock.sleep_until(1);
+            let start = std::sync::Arc::new(std::sync::Barrier::new(2));
+            let dropper = std::thread::spawn({
+                let start = start.clone();
+                move || {
+                    start.wait();
+                    drop(sleeper);
+                }
+            });
+            start.wait();
+            clock.set(1);
+            dropper.join().expect("dropper");
+            assert_eq!(clock.woken_pending(), 0, "round {round}: a dropped sleeper stayed counted woken");
+        }
+    }
 
     #[tokio::test]
     async fn a_virtual_sleeper_wakes_exactly_when_time_reaches_it() {
