@@ -57,6 +57,11 @@ const SPIN_FOR: Duration = Duration::from_micros(100);
 /// most this long: a disk that syncs slowly keeps its waits on the writer thread.
 const INLINE_BARRIER_MAX: Duration = Duration::from_millis(2);
 
+/// A commit of more writes than this goes to the writer thread even when it is idle: a
+/// step, a delivery or a start is a few writes, while a recovery batch registers hundreds
+/// of runs, and its committer's worker has other work to do than wait out a long write.
+const INLINE_OPS_MAX: usize = 32;
+
 /// How durable a batch must be before `commit` returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Durability {
@@ -486,10 +491,12 @@ impl Writer {
     /// steps`, sequential steps). The caller's thread then waits out the barrier, as the
     /// writer thread would have: that is why only a backend whose writes are local and
     /// quick writes inline ([`Backend::writes_inline`]), and only while its last barrier
-    /// took at most `INLINE_BARRIER_MAX`. Anything else — a queue to join, a failed or
-    /// closed store, a disk below the floor — is the thread's: the batch comes back.
+    /// took at most `INLINE_BARRIER_MAX`. Anything else — a queue to join, a batch of more
+    /// than `INLINE_OPS_MAX` writes, a failed or closed store, a disk below the floor — is
+    /// the thread's: the batch comes back.
     pub(crate) fn write_inline(&self, batch: Batch) -> Result<Result<(), StoreError>, Batch> {
-        if !self.backend.writes_inline() || self.queued.load(SeqCst) != 0 {
+        if !self.backend.writes_inline() || batch.ops.len() > INLINE_OPS_MAX || self.queued.load(SeqCst) != 0
+        {
             return Err(batch);
         }
         let Some(mut state) = self.state.try_lock() else { return Err(batch) };
@@ -736,6 +743,12 @@ mod tests {
         wait_for("a quiet spell after a write of its own", || sim.quiet_spells() == 1);
         put(&store, "async", Durability::Async);
         assert_eq!(count(&stats.inline), 1, "an async commit is the thread's");
+        let mut many = Batch::new();
+        for i in 0..=INLINE_OPS_MAX {
+            many.put(tables::META, tables::META.key(&[format!("many-{i}").as_bytes()]), &i).expect("encode");
+        }
+        store.commit_blocking(many, Durability::Sync).expect("commit");
+        assert_eq!(count(&stats.inline), 1, "a commit of many writes is the thread's");
         store.close();
     }
 
