@@ -13,8 +13,8 @@ use crate::upstream::post_idempotent;
 /// Acknowledged stashes, `(run_id, done)`, in order.
 pub type AckLog = std::sync::Arc<parking_lot::Mutex<Vec<(String, u32)>>>;
 
-/// How long each stash took as the agent saw it, µs, in order.
-pub type StashTimes = std::sync::Arc<parking_lot::Mutex<Vec<u64>>>;
+/// When each stash started and how long it took as the agent saw it (µs), in order.
+pub type StashTimes = std::sync::Arc<parking_lot::Mutex<Vec<(std::time::Instant, u64)>>>;
 
 /// Stashes `done = 1..=steps`, sleeping `pause_ms` (clock time) between stashes.
 #[derive(Default, Clone)]
@@ -63,7 +63,7 @@ impl Steps {
             let started = std::time::Instant::now();
             ctx.stash("step", &s).await?;
             if let Some(times) = &self.stash_times {
-                times.lock().push(started.elapsed().as_micros() as u64);
+                times.lock().push((started, started.elapsed().as_micros() as u64));
             }
             if self.print_acks {
                 println!("ack {} {}", ctx.run_id(), s.done);

@@ -41,6 +41,7 @@ pub mod batch;
 mod checkpoint;
 pub mod codec;
 mod crowding;
+mod direct;
 pub mod envelope;
 mod error;
 mod fsync;

@@ -445,7 +445,7 @@ impl Backend for SledBackend {
         Ok(())
     }
 
-    /// One `pwrite` and one `fdatasync` of the write-ahead log.
+    /// One durable write of the write-ahead log (`Wal::sync`).
     fn barrier(&self) -> Result<(), StoreError> {
         self.log.lock().wal.sync()?;
         self.checkpoints.check()

@@ -1,10 +1,12 @@
-//! The write-ahead log in front of sled: one `fdatasync` of one pre-written file per barrier.
+//! The write-ahead log in front of sled: one durable write of one pre-written file per barrier.
 //!
 //! sled makes a batch durable with two trips to the disk (it writes and `sync_file_range`s
 //! its buffer before *and* after every atomic batch), and only an `fdatasync` after that
 //! reaches the disk's cache flush. Here a batch is encoded into this log and kept in memory
-//! ([`crate::memtable`]); a barrier writes the new records and `fdatasync`s the file once.
-//! sled receives the batches a whole log half at a time, from a checkpoint thread. After a crash, opening the store applies the records sled lacks.
+//! ([`crate::memtable`]); a barrier writes the new records once, durably: a direct write
+//! where the filesystem takes one ([`crate::direct`]), else a `pwrite` and an `fdatasync`.
+//! sled receives the batches a whole log half at a time, from a checkpoint thread. After a
+//! crash, opening the store applies the records sled lacks.
 //!
 //! Why a re-apply is safe: each record carries a log sequence number (LSN), and every
 //! checkpoint writes into sled, after its keys, the LSN of the last record it covers
@@ -14,7 +16,7 @@
 //! never a mix of an old and a new batch.
 //!
 //! The file has a fixed size, two halves, and is written full of zeros when created, so a
-//! barrier never changes its length or allocates blocks: the `fdatasync` flushes data, no
+//! barrier never changes its length or allocates blocks: its sync flushes data, no
 //! metadata. Records go into one half until it is full; then the log moves to the other
 //! half, once the checkpoint of what that half held is complete, under a new random
 //! *generation*. Reading a half stops at a record of another generation (stale), at a
@@ -33,7 +35,12 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::{batch::Op, error::StoreError, fsync::io};
+use crate::{
+    batch::Op,
+    direct::{self, DirectFile},
+    error::StoreError,
+    fsync::io,
+};
 
 /// The log's file name in the data directory.
 pub const FILE: &str = "durafiber.wal";
@@ -67,6 +74,9 @@ pub(crate) struct Wal {
     offset: u64,
     /// Records encoded since the last sync.
     pending: Vec<u8>,
+    /// The file opened for direct writes, when its filesystem takes them and the halves
+    /// start on a block; otherwise the log writes through the page cache.
+    direct: Option<DirectFile>,
 }
 
 /// Whether [`Wal::append`] took the record.
@@ -316,14 +326,23 @@ impl Wal {
         } else {
             create(dir, &path, capacity)?
         };
+        let half_bytes = capacity / 2;
+        let direct = match half_bytes % direct::BLOCK as u64 {
+            0 => DirectFile::open(&path).map_err(io(&path))?,
+            _ => None,
+        };
+        if direct.is_none() {
+            tracing::info!(path = %path.display(), "the write-ahead log writes through the page cache");
+        }
         Ok(Wal {
             file,
             path,
-            half_bytes: capacity / 2,
+            half_bytes,
             half: half.min(1),
             generation: new_generation(),
             offset: 0,
             pending: Vec::new(),
+            direct,
         })
     }
 
@@ -348,14 +367,24 @@ impl Wal {
         Appended::Logged
     }
 
-    /// Writes the pending records and makes them durable: one `pwrite`, one `fdatasync`.
+    /// Writes the pending records and makes them durable: one direct `pwrite`, or one
+    /// `pwrite` and one `fdatasync` through the page cache.
     pub fn sync(&mut self) -> Result<(), StoreError> {
         if self.pending.is_empty() {
             return Ok(());
         }
         let at = self.half * self.half_bytes + self.offset;
-        self.file.write_all_at(&self.pending, at).map_err(io(&self.path))?;
-        self.file.sync_data().map_err(io(&self.path))?;
+        match self.direct.as_mut().map(|file| file.write(at, &self.pending)) {
+            Some(Ok(())) => {}
+            Some(Err(e)) if direct::refused(&e) => {
+                tracing::warn!(path = %self.path.display(), error = %e,
+                    "direct writes refused; the write-ahead log writes through the page cache from now on");
+                self.direct = None;
+                self.write_buffered(at)?;
+            }
+            Some(Err(e)) => return Err(io(&self.path)(e)),
+            None => self.write_buffered(at)?,
+        }
         self.offset += self.pending.len() as u64;
         self.pending.clear();
         Ok(())
@@ -384,6 +413,21 @@ impl Wal {
         self.generation = new_generation();
         self.offset = 0;
         self.pending.clear();
+        if let Some(file) = &mut self.direct {
+            file.restart();
+        }
+    }
+
+    /// The pending records at `at` through the page cache, then `fdatasync`.
+    fn write_buffered(&self, at: u64) -> Result<(), StoreError> {
+        self.file.write_all_at(&self.pending, at).map_err(io(&self.path))?;
+        self.file.sync_data().map_err(io(&self.path))
+    }
+
+    /// Whether the log's writes bypass the page cache.
+    #[cfg(test)]
+    pub fn writes_direct(&self) -> bool {
+        self.direct.is_some()
     }
 }
 
@@ -452,6 +496,38 @@ mod tests {
         assert_eq!(wal.append(lsn, &ops(3)), Appended::Logged);
         wal.sync().expect("sync");
         assert_eq!(lsns(dir.path()), vec![first_half + 1, first_half + 2, first_half + 3, lsn]);
+    }
+
+    #[test]
+    fn records_synced_one_at_a_time_read_back_whole_across_blocks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wal = Wal::open(dir.path(), MIN_BYTES, 0).expect("open");
+        assert!(wal.writes_direct(), "the test directory's filesystem takes direct writes");
+        let sized = |lsn: u64| {
+            vec![Op::Put { key: lsn.to_be_bytes().to_vec(), value: vec![lsn as u8; lsn as usize * 7 % 900] }]
+        };
+        for lsn in 1..=120 {
+            assert_eq!(wal.append(lsn, &sized(lsn)), Appended::Logged);
+            wal.sync().expect("sync");
+        }
+        let records = Wal::read(dir.path()).expect("read").records;
+        assert_eq!(records.len(), 120);
+        assert!(records.iter().zip(1..).all(|(r, lsn)| r.lsn == lsn && r.ops == sized(lsn)));
+    }
+
+    #[test]
+    fn a_log_whose_halves_start_within_a_block_writes_through_the_page_cache() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wal = Wal::open(dir.path(), MIN_BYTES + 2 * 1000, 0).expect("open");
+        assert!(!wal.writes_direct());
+        for lsn in 1..=3 {
+            assert_eq!(wal.append(lsn, &ops(lsn as u8)), Appended::Logged);
+            wal.sync().expect("sync");
+        }
+        wal.switch();
+        assert_eq!(wal.append(4, &ops(4)), Appended::Logged);
+        wal.sync().expect("sync");
+        assert_eq!(lsns(dir.path()), vec![1, 2, 3, 4]);
     }
 
     #[test]

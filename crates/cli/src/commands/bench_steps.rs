@@ -3,8 +3,9 @@
 //!
 //! 1. `runs` concurrent runs of `steps` sync stashes each: durable steps per second;
 //! 2. one run of `sequential` steps, `gap_ms` apart: the latency of one step (its stash, as
-//!    the agent times it), beside raw write + `fdatasync` just as far apart (a sync after an
-//!    idle gap costs a disk more than back-to-back ones); `--out` writes both sets of times;
+//!    the agent times it), beside raw write + `fdatasync` just as far apart as the steps
+//!    really were, at the median (a sync after an idle gap costs a disk more than
+//!    back-to-back ones, and more the longer the gap); `--out` writes both sets of times;
 //! 3. `kill_runs` runs in flight in a child process that is SIGKILLed: the time from the
 //!    restarted process's spawn to its first resumed step, and the steps re-run — steps whose
 //!    stash was acknowledged before the kill and that ran again (must be 0).
@@ -90,10 +91,14 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
     let id = rt.start::<Steps>("sequential", &input).await?.run_id;
     rt.wait(&id).await?;
     rt.shutdown().await;
-    let mut step = Samples(std::mem::take(&mut *times.lock()));
-    progress(&format!("raw write + fdatasync, {} times {} ms apart", plan.sequential, plan.gap_ms));
+    let timed = std::mem::take(&mut *times.lock());
+    // A clock sleep ends on the runtime timer's next millisecond: the steps' real gaps are
+    // longer than `gap_ms`, and the raw syncs are paced by the gaps the steps had.
+    let gap = Samples(timed.windows(2).map(|w| gap_us(w[0], w[1].0)).collect()).quantile(0.5);
+    let mut step = Samples(timed.into_iter().map(|(_, took)| took).collect());
+    progress(&format!("raw write + fdatasync, {} times {} µs apart", plan.sequential, gap));
     let mut raw_gapped =
-        raw_gapped_fdatasync_us(dir.path(), plan.sequential as usize, Duration::from_millis(plan.gap_ms))?;
+        raw_gapped_fdatasync_us(dir.path(), plan.sequential as usize, Duration::from_micros(gap))?;
     if let Some(out) = out {
         // Written before the quantiles sort them: the files keep the steps' order.
         step.write(out, "step", "us")?;
@@ -110,7 +115,7 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
         "raw_fdatasync_per_s": raw.round(),
         "runs": plan.runs, "steps": plan.steps, "steps_per_s": steps_per_s.round(),
         "steps_ratio_to_raw": (steps_per_s / raw * 100.0).round() / 100.0,
-        "sequential_steps": plan.sequential, "gap_ms": plan.gap_ms,
+        "sequential_steps": plan.sequential, "gap_ms": plan.gap_ms, "step_gap_p50_ms": ms(gap),
         "step_p50_ms": ms(step_p50), "step_p99_ms": ms(step_p99),
         "raw_gapped_fdatasync_p50_ms": ms(raw_gapped_p50), "raw_gapped_fdatasync_p99_ms": ms(raw_gapped_p99),
         "kill_runs": plan.kill_runs, "acked_before_kill": killed.acked,
@@ -124,7 +129,12 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
             plan.steps,
             steps_per_s / raw
         ),
-        format!("sequential step:            p50 {} ms, p99 {} ms", ms(step_p50), ms(step_p99)),
+        format!(
+            "sequential step:            p50 {} ms, p99 {} ms ({} ms apart at the median)",
+            ms(step_p50),
+            ms(step_p99),
+            ms(gap)
+        ),
         format!("raw fdatasync, as far apart: p50 {} ms, p99 {} ms", ms(raw_gapped_p50), ms(raw_gapped_p99)),
         format!(
             "SIGKILL with {} runs:       first resumed step {} ms after restart, {} acknowledged steps re-run",
@@ -133,6 +143,12 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
     ];
     print_bench_report(lines, report, json)?;
     Ok(if killed.rerun == 0 { 0 } else { 1 })
+}
+
+/// µs from the end of a step (`started` + `took`) to the start of the next.
+fn gap_us((started, took): (Instant, u64), next: Instant) -> u64 {
+    let gap = next.saturating_duration_since(started).saturating_sub(Duration::from_micros(took));
+    u64::try_from(gap.as_micros()).unwrap_or(u64::MAX)
 }
 
 struct Killed {
