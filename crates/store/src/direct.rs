@@ -4,7 +4,7 @@
 //! that finds them, starts their writeback and waits for it and the disk's cache flush.
 //! Opened `O_DIRECT | O_DSYNC`, one `pwrite` hands the blocks to the disk and returns once
 //! they and the flush are done. On this project's machines that took 10–15% off a lone
-//! sync a millisecond after the last (`benches/RESULTS.md`, 3 December).
+//! sync a millisecond after the last (`benches/RESULTS.md`, "2 December, late night").
 //!
 //! Direct writes must be whole blocks, from a block-aligned buffer, at a block-aligned
 //! offset. Appends are not: the block the last write ended in is kept here and written
