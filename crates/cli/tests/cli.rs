@@ -188,7 +188,9 @@ fn bench_steps_kills_with_runs_in_flight_and_reruns_no_acknowledged_step() {
             && report["raw_fdatasync_per_s"].as_f64().is_some_and(|r| r > 0.0),
         "{report}"
     );
-    // The sequential steps' own baseline: raw syncs as far apart, measured in the same run.
+    // The sequential steps' own baseline: raw syncs as far apart as the steps were (a clock
+    // sleep of `--gap-ms 1` lasts at least that), measured in the same run.
+    assert!(report["step_gap_p50_ms"].as_f64().is_some_and(|ms| ms >= 1.0), "{report}");
     assert!(report["raw_gapped_fdatasync_p50_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "{report}");
 }
 

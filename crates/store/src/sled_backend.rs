@@ -489,8 +489,10 @@ impl Backend for SledBackend {
         self.engine.db.size_on_disk().unwrap_or(0) + self.log.lock().wal.file_bytes()
     }
 
+    /// Asked of sled's open log file, in the data directory: `fstatvfs` skips the path
+    /// lookup `statvfs` makes, which was most of its cost on every lone commit.
     fn free_bytes(&self) -> Option<u64> {
-        let stat = rustix::fs::statvfs(&self.engine.dir).ok()?;
+        let stat = rustix::fs::fstatvfs(&self.engine.log_file).ok()?;
         Some(stat.f_bavail.saturating_mul(stat.f_frsize))
     }
 
