@@ -32,7 +32,7 @@ use crate::{
 pub(crate) struct Engine {
     pub db: sled::Db,
     pub dir: PathBuf,
-    /// sled's log file, for `fdatasync`.
+    /// sled's log file, for `fdatasync` (and the data filesystem's free space).
     pub log_file: File,
     pub log_path: PathBuf,
     pub blob_dir: PathBuf,

@@ -8,11 +8,12 @@
 //!   [`Durability::Sync`] mode, whole. A batch is applied atomically, so a crash never leaves
 //!   half of one behind. In [`Durability::Async`] mode, the writes of the last `flush_every`
 //!   window may be lost, and nothing older.
-//! - **A power loss**: the same, because an acknowledged barrier has `fdatasync`ed the
-//!   write-ahead log ([`wal`]) that holds the batch, and sled receives batches only as whole
-//!   checkpoints that are made durable (new blob files, the blob directory, sled's flush, then
-//!   `fdatasync` of its log: sled 0.34's own flush stops at `sync_file_range`, which leaves
-//!   the data in the disk's volatile cache) before the log lets go of them.
+//! - **A power loss**: the same, because an acknowledged barrier has made the write-ahead
+//!   log ([`wal`]) that holds the batch durable (a direct `O_DSYNC` write, or `fdatasync`),
+//!   and sled receives batches only as whole checkpoints that are made durable (new blob
+//!   files, the blob directory, sled's flush, then `fdatasync` of its log: sled 0.34's own
+//!   flush stops at `sync_file_range`, which leaves the data in the disk's volatile cache)
+//!   before the log lets go of them.
 //! - **Bit rot or a bad write inside a record**: every record is sealed in a checksummed,
 //!   versioned [`envelope`]; reading it back yields [`StoreError::Corrupt`] naming the key, and
 //!   every other record stays readable.
@@ -28,7 +29,7 @@
 //! - [`barrier`]: group commit: many batches, one barrier, then acknowledge.
 //! - [`store`]: the typed front door the runtime uses.
 //! - [`repair`]: verify, salvage, backup and restore, for operators.
-//! - [`wal`]: the write-ahead log in front of sled: one `fdatasync` per barrier.
+//! - [`wal`]: the write-ahead log in front of sled: one durable write per barrier.
 //! - [`prefetch`]: records of one table read in one walk, for single reads later.
 //! - [`witness`]: catches a log that went back in time (sled drops a damaged tail silently).
 //! - [`lock`]: the locks durafiber's threads share: waiters sleep, never yield the CPU.

@@ -1,7 +1,7 @@
 //! The embedded backend: one sled tree in one data directory, owned by one process.
 //!
 //! A batch is logged in the write-ahead log ([`crate::wal`]) and kept in memory
-//! ([`crate::memtable`]), where reads find it; a barrier is one `fdatasync` of that log. sled
+//! ([`crate::memtable`]), where reads find it; a barrier is one durable write of that log. sled
 //! receives the logged batches a log half at a time ([`crate::checkpoint`]). This module
 //! opens sled and repairs what durafiber can when sled refuses to open.
 
