@@ -94,7 +94,10 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
     let timed = std::mem::take(&mut *times.lock());
     // A clock sleep ends on the runtime timer's next millisecond: the steps' real gaps are
     // longer than `gap_ms`, and the raw syncs are paced by the gaps the steps had.
-    let gap = Samples(timed.windows(2).map(|w| gap_us(w[0], w[1].0)).collect()).quantile(0.5);
+    let gap = match timed.len() {
+        0 | 1 => plan.gap_ms.saturating_mul(1_000),
+        _ => Samples(timed.windows(2).map(|w| gap_us(w[0], w[1].0)).collect()).quantile(0.5),
+    };
     let mut step = Samples(timed.into_iter().map(|(_, took)| took).collect());
     progress(&format!("raw write + fdatasync, {} times {} µs apart", plan.sequential, gap));
     let mut raw_gapped =
