@@ -152,7 +152,7 @@ async fn tokens_are_made_used_and_revoked_from_the_command_line() {
 
 /// `bench steps` at a small size: it runs every part, the kill lands with steps acknowledged,
 /// and no acknowledged step runs again after the restart. `--out` writes each sequential
-/// step's time and each gapped raw sync's, with their histograms.
+/// step's time and each gapped raw sync's, with their histograms, across the turns they take.
 #[test]
 fn bench_steps_kills_with_runs_in_flight_and_reruns_no_acknowledged_step() {
     let out = tempfile::tempdir().expect("tempdir");
@@ -166,7 +166,7 @@ fn bench_steps_kills_with_runs_in_flight_and_reruns_no_acknowledged_step() {
         "--steps",
         "5",
         "--sequential",
-        "10",
+        "50",
         "--kill-runs",
         "10",
         "--out",
@@ -174,7 +174,7 @@ fn bench_steps_kills_with_runs_in_flight_and_reruns_no_acknowledged_step() {
     ]);
     for name in ["step", "raw-gapped-fdatasync"] {
         let csv = std::fs::read_to_string(out.path().join(format!("{name}-samples.csv"))).expect("samples");
-        assert_eq!(csv.lines().count(), 1 + 10, "a header and one time per step: {csv}");
+        assert_eq!(csv.lines().count(), 1 + 50, "a header and one time per step: {csv}");
         assert!(out.path().join(format!("{name}-histogram.svg")).exists(), "{name}");
     }
     assert_eq!(report["steps_rerun"], 0, "{report}");
@@ -192,6 +192,8 @@ fn bench_steps_kills_with_runs_in_flight_and_reruns_no_acknowledged_step() {
     // sleep of `--gap-ms 1` lasts at least that), measured in the same run.
     assert!(report["step_gap_p50_ms"].as_f64().is_some_and(|ms| ms >= 1.0), "{report}");
     assert!(report["raw_gapped_fdatasync_p50_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "{report}");
+    // 50 steps take two turns of 25 with their raw syncs: a disk that drifts weighs on both.
+    assert_eq!(report["sequential_turns"], 2, "{report}");
 }
 
 /// `bench recover --repeat` recovers every run of the killed store on each fresh copy of it.

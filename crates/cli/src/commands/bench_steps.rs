@@ -2,10 +2,11 @@
 //! command, beside raw `fdatasync` measured in the same run:
 //!
 //! 1. `runs` concurrent runs of `steps` sync stashes each: durable steps per second;
-//! 2. one run of `sequential` steps, `gap_ms` apart: the latency of one step (its stash, as
-//!    the agent times it), beside raw write + `fdatasync` just as far apart as the steps
-//!    really were, at the median (a sync after an idle gap costs a disk more than
-//!    back-to-back ones, and more the longer the gap); `--out` writes both sets of times;
+//! 2. `sequential` steps, `gap_ms` apart: the latency of one step (its stash, as the agent
+//!    times it), beside raw write + `fdatasync` just as far apart as the steps really were
+//!    (a sync after an idle gap costs a disk more than back-to-back ones, and more the
+//!    longer the gap). Steps and raw syncs take turns of up to 25 each, so a disk whose
+//!    speed drifts over the run weighs on both alike; `--out` writes both sets of times;
 //! 3. `kill_runs` runs in flight in a child process that is SIGKILLed: the time from the
 //!    restarted process's spawn to its first resumed step, and the steps re-run — steps whose
 //!    stash was acknowledged before the kill and that ran again (must be 0).
@@ -80,28 +81,7 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
     let steps_per_s = (plan.runs as f64 * f64::from(plan.steps)) / elapsed;
     rt.shutdown().await;
 
-    progress(&format!("one run of {} sequential steps, {} ms apart", plan.sequential, plan.gap_ms));
-    let times = durafiber_demo::agents::StashTimes::default();
-    let rt = runtime(
-        &dir.path().join("sequential"),
-        Steps { stash_times: Some(times.clone()), ..Steps::default() },
-    )
-    .await?;
-    let input = StepsInput { steps: plan.sequential, pause_ms: plan.gap_ms };
-    let id = rt.start::<Steps>("sequential", &input).await?.run_id;
-    rt.wait(&id).await?;
-    rt.shutdown().await;
-    let timed = std::mem::take(&mut *times.lock());
-    // A clock sleep ends on the runtime timer's next millisecond: the steps' real gaps are
-    // longer than `gap_ms`, and the raw syncs are paced by the gaps the steps had.
-    let gap = match timed.len() {
-        0 | 1 => plan.gap_ms.saturating_mul(1_000),
-        _ => Samples(timed.windows(2).map(|w| gap_us(w[0], w[1].0)).collect()).quantile(0.5),
-    };
-    let mut step = Samples(timed.into_iter().map(|(_, took)| took).collect());
-    progress(&format!("raw write + fdatasync, {} times {} µs apart", plan.sequential, gap));
-    let mut raw_gapped =
-        raw_gapped_fdatasync_us(dir.path(), plan.sequential as usize, Duration::from_micros(gap))?;
+    let Sequential { mut step, mut raw_gapped, gap, turns } = sequential(dir.path(), &plan).await?;
     if let Some(out) = out {
         // Written before the quantiles sort them: the files keep the steps' order.
         step.write(out, "step", "us")?;
@@ -118,7 +98,7 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
         "raw_fdatasync_per_s": raw.round(),
         "runs": plan.runs, "steps": plan.steps, "steps_per_s": steps_per_s.round(),
         "steps_ratio_to_raw": (steps_per_s / raw * 100.0).round() / 100.0,
-        "sequential_steps": plan.sequential, "gap_ms": plan.gap_ms, "step_gap_p50_ms": ms(gap),
+        "sequential_steps": plan.sequential, "sequential_turns": turns, "gap_ms": plan.gap_ms, "step_gap_p50_ms": ms(gap),
         "step_p50_ms": ms(step_p50), "step_p99_ms": ms(step_p99),
         "raw_gapped_fdatasync_p50_ms": ms(raw_gapped_p50), "raw_gapped_fdatasync_p99_ms": ms(raw_gapped_p99),
         "kill_runs": plan.kill_runs, "acked_before_kill": killed.acked,
@@ -146,6 +126,61 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
     ];
     print_bench_report(lines, report, json)?;
     Ok(if killed.rerun == 0 { 0 } else { 1 })
+}
+
+/// Sequential steps per turn, at most: a turn of these and then as many raw syncs.
+const STEPS_PER_TURN: u32 = 25;
+/// Turns the sequential steps and their raw syncs take, at most.
+const TURNS_MAX: u32 = 8;
+
+/// The sequential steps' times and their baseline's, µs, and the steps' median gap.
+struct Sequential {
+    step: Samples,
+    raw_gapped: Samples,
+    gap: u64,
+    turns: u32,
+}
+
+/// `plan.sequential` steps `gap_ms` apart, in turns with raw write + `fdatasync` just as
+/// far apart, so that a disk whose speed drifts over the run weighs on both alike. Each turn
+/// is a run of its own; its raw syncs are paced by the gaps its steps had, since a clock
+/// sleep ends on the runtime timer's next millisecond and the steps' real gaps are longer
+/// than `gap_ms`.
+async fn sequential(dir: &Path, plan: &Plan) -> anyhow::Result<Sequential> {
+    let turns = (plan.sequential / STEPS_PER_TURN).clamp(1, TURNS_MAX);
+    progress(&format!(
+        "{} sequential steps {} ms apart, in {turns} turns with raw write + fdatasync as far apart",
+        plan.sequential, plan.gap_ms
+    ));
+    let times = durafiber_demo::agents::StashTimes::default();
+    let rt = runtime(&dir.join("sequential"), Steps { stash_times: Some(times.clone()), ..Steps::default() })
+        .await?;
+    let (mut step, mut raw_gapped, mut gaps) = (Vec::new(), Vec::new(), Vec::new());
+    for turn in 0..turns {
+        let steps = plan.sequential / turns + u32::from(turn < plan.sequential % turns);
+        let input = StepsInput { steps, pause_ms: plan.gap_ms };
+        let id = rt.start::<Steps>(&format!("sequential-{turn}"), &input).await?.run_id;
+        rt.wait(&id).await?;
+        let timed = std::mem::take(&mut *times.lock());
+        let turn_gaps: Vec<u64> = timed.windows(2).map(|w| gap_us(w[0], w[1].0)).collect();
+        let gap = match turn_gaps.len() {
+            0 => plan.gap_ms.saturating_mul(1_000),
+            _ => Samples(turn_gaps.clone()).quantile(0.5),
+        };
+        gaps.extend(turn_gaps);
+        step.extend(timed.iter().map(|&(_, took)| took));
+        let (dir, n) = (dir.to_path_buf(), timed.len());
+        let synced =
+            tokio::task::spawn_blocking(move || raw_gapped_fdatasync_us(&dir, n, Duration::from_micros(gap)))
+                .await??;
+        raw_gapped.extend(synced.0);
+    }
+    rt.shutdown().await;
+    let gap = match gaps.len() {
+        0 => plan.gap_ms.saturating_mul(1_000),
+        _ => Samples(gaps).quantile(0.5),
+    };
+    Ok(Sequential { step: Samples(step), raw_gapped: Samples(raw_gapped), gap, turns })
 }
 
 /// µs from the end of a step (`started` + `took`) to the start of the next.
