@@ -163,10 +163,7 @@ async fn sequential(dir: &Path, plan: &Plan) -> anyhow::Result<Sequential> {
         rt.wait(&id).await?;
         let timed = std::mem::take(&mut *times.lock());
         let turn_gaps: Vec<u64> = timed.windows(2).map(|w| gap_us(w[0], w[1].0)).collect();
-        let gap = match turn_gaps.len() {
-            0 => plan.gap_ms.saturating_mul(1_000),
-            _ => Samples(turn_gaps.clone()).quantile(0.5),
-        };
+        let gap = median_gap(turn_gaps.clone(), plan.gap_ms);
         gaps.extend(turn_gaps);
         step.extend(timed.iter().map(|&(_, took)| took));
         let (dir, n) = (dir.to_path_buf(), timed.len());
@@ -176,11 +173,16 @@ async fn sequential(dir: &Path, plan: &Plan) -> anyhow::Result<Sequential> {
         raw_gapped.extend(synced.0);
     }
     rt.shutdown().await;
-    let gap = match gaps.len() {
-        0 => plan.gap_ms.saturating_mul(1_000),
-        _ => Samples(gaps).quantile(0.5),
-    };
+    let gap = median_gap(gaps, plan.gap_ms);
     Ok(Sequential { step: Samples(step), raw_gapped: Samples(raw_gapped), gap, turns })
+}
+
+/// The median of `gaps`, µs; the requested gap when there are none (a turn of one step).
+fn median_gap(gaps: Vec<u64>, requested_ms: u64) -> u64 {
+    match gaps.len() {
+        0 => requested_ms.saturating_mul(1_000),
+        _ => Samples(gaps).quantile(0.5),
+    }
 }
 
 /// µs from the end of a step (`started` + `took`) to the start of the next.
