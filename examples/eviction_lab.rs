@@ -4,7 +4,7 @@
 //!
 //! Run: `cargo run -p durafiber-examples --example eviction_lab -- [SEED]`
 
-use durafiber_testkit::sim;
+use durafiber_demo::sim;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -2,17 +2,15 @@
 //! idempotent upstream → confirmation email, each side effect through the ledger. If nobody
 //! answers, the escalation alarm (72 h by default) escalates the run.
 //!
-//! The agent itself is `durafiber_testkit::agents::Refund` (crates/testkit/src/agents.rs);
+//! The agent itself is `durafiber_demo::agents::Refund` (crates/testkit/src/agents.rs);
 //! this example drives it the way a reviewer's screen would: list the pending approval,
 //! approve it by quoting the payload hash it showed, then check the upstream.
 //!
 //! Run: `cargo run -p durafiber-examples --example refund_agent`
 
+use durafiber_demo::agents::{Refund, RefundInput, RefundOutput};
 use durafiber_runtime::{Decision, RunStatus};
-use durafiber_testkit::{
-    agents::{Refund, RefundInput, RefundOutput},
-    upstream::Upstream,
-};
+use durafiber_testkit::upstream::Upstream;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -8,13 +8,13 @@ use std::{
     time::Duration,
 };
 
+use durafiber_demo::sim;
 use durafiber_runtime::testing::RuntimeTestExt;
 use durafiber_runtime::{
     Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered, Runtime, RuntimeConfig, clock::VirtualClock,
     limits,
 };
 use durafiber_store::{SimBackend, Store, StoreConfig};
-use durafiber_testkit::sim;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_alarm_is_retried_at_2_4_8_16_32_64_seconds_then_dead_lettered() {
@@ -135,7 +135,7 @@ async fn a_million_pending_alarms_keep_memory_bounded_and_the_earliest_fires_on_
     rt.shutdown().await;
 
     let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
-    durafiber_testkit::bulk::write_pending_alarms(
+    durafiber_demo::bulk::write_pending_alarms(
         &store,
         &[run.to_string()],
         "later",

@@ -9,12 +9,12 @@ use std::{
     time::Duration,
 };
 
+use durafiber_demo::sim::SIM_EPOCH_MS;
 use durafiber_runtime::{
     Agent, AgentError, Ctx, Decision, ListFilter, Recovered, RunStatus, Runtime, RuntimeError,
     clock::VirtualClock,
 };
 use durafiber_store::{SimBackend, Store, StoreConfig};
-use durafiber_testkit::sim::SIM_EPOCH_MS;
 
 /// Asks for approval of a payment and returns the decision.
 struct Payout {

@@ -9,12 +9,12 @@ use std::{
     time::Duration,
 };
 
+use durafiber_demo::sim::SIM_EPOCH_MS as T0;
 use durafiber_runtime::{
     Agent, AgentError, Budget, Ctx, EffectError, Recovered, RunOptions, RunStatus, Runtime, RuntimeConfig,
     clock::VirtualClock,
 };
 use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig};
-use durafiber_testkit::sim::SIM_EPOCH_MS as T0;
 use serde::{Deserialize, Serialize};
 
 /// The idempotency keys the outside world was called with.

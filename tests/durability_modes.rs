@@ -9,12 +9,12 @@
 
 use std::{sync::Arc, time::Duration};
 
+use durafiber_demo::agents::{Steps, StepsInput};
 use durafiber_runtime::{
     Agent, AgentError, Ctx, Decision, DurabilityMode, Recovered, RunStatus, Runtime, RuntimeConfig,
     clock::VirtualClock,
 };
 use durafiber_store::{SimBackend, Store, StoreConfig};
-use durafiber_testkit::agents::{Steps, StepsInput};
 
 const EPOCH_MS: u64 = 1_000_000_000;
 

@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 
+use durafiber_demo::agents::{Refund, RefundInput};
 use durafiber_runtime::{Decision, RunStatus, Runtime, payload_hash};
 use durafiber_testkit::{
-    agents::{Refund, RefundInput},
     check::{AgentCheck, CrashPoint},
     upstream::Upstream,
 };

@@ -5,13 +5,13 @@
 
 use std::time::Duration;
 
+use durafiber_demo::agents::{Steps, StepsInput, StepsOutput};
+use durafiber_demo::sim;
 use durafiber_runtime::{
     Agent, AgentError, Ctx, Event, Recovered, RunOptions, RunStatus, Runtime, RuntimeConfig,
     clock::VirtualClock,
 };
 use durafiber_store::{SimBackend, Store, StoreConfig};
-use durafiber_testkit::agents::{Steps, StepsInput, StepsOutput};
-use durafiber_testkit::sim;
 
 /// Stashes, then waits in memory; its recovery does the same, so it can be evicted again.
 struct Sleeper;

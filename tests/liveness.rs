@@ -14,13 +14,13 @@ use std::{
     time::Duration,
 };
 
+use durafiber_demo::agents::{Steps, StepsInput, StepsOutput};
 use durafiber_runtime::testing::RuntimeTestExt;
 use durafiber_runtime::{
     Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered, RunOptions, RunStatus, Runtime, RuntimeConfig,
     RuntimeError, clock::VirtualClock,
 };
 use durafiber_store::{Batch, Durability, SimBackend, Store, StoreConfig, tables};
-use durafiber_testkit::agents::{Steps, StepsInput, StepsOutput};
 
 const EPOCH_MS: u64 = 1_000_000_000;
 

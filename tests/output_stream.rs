@@ -6,9 +6,9 @@
 
 use std::{sync::Arc, time::Duration};
 
+use durafiber_demo::agents::{Writer, WriterInput};
 use durafiber_runtime::{Agent, AgentError, Ctx, Recovered, RunStatus, Runtime, RuntimeConfig, StreamChunk};
 use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig};
-use durafiber_testkit::agents::{Writer, WriterInput};
 use futures::StreamExt;
 
 fn store(sim: &SimBackend) -> Store {

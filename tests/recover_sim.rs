@@ -5,10 +5,8 @@
 //! disk, a repeated start finds the same run, and the run finishes all ten steps. A crash
 //! right after the k-th stash was acknowledged resumes from exactly k — never earlier.
 
-use durafiber_testkit::{
-    agents::{Steps, StepsInput, StepsOutput},
-    check::{AgentCheck, CrashPoint},
-};
+use durafiber_demo::agents::{Steps, StepsInput, StepsOutput};
+use durafiber_testkit::check::{AgentCheck, CrashPoint};
 use serde_json::Value;
 
 fn done(output: &Value) -> Option<u64> {

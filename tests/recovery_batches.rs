@@ -5,9 +5,9 @@
 
 use std::{sync::Arc, time::Duration};
 
+use durafiber_demo::agents::{Steps, StepsInput, StepsOutput};
 use durafiber_runtime::{RunStatus, Runtime, clock::VirtualClock};
 use durafiber_store::{SimBackend, Store, StoreConfig, tables};
-use durafiber_testkit::agents::{Steps, StepsInput, StepsOutput};
 
 const EPOCH_MS: u64 = 1_000_000_000;
 /// More than three batches of 256.

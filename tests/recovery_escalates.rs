@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use durafiber_demo::agents::{Steps, StepsInput};
 use durafiber_runtime::{Agent, AgentError, Ctx, Recovered, RunStatus, Runtime, clock::VirtualClock};
 use durafiber_store::{SimBackend, Store, StoreConfig};
-use durafiber_testkit::agents::{Steps, StepsInput};
 
 struct Fragile;
 

@@ -10,13 +10,13 @@ use std::{
     time::Duration,
 };
 
+use durafiber_demo::sim::SIM_EPOCH_MS as T0;
 use durafiber_runtime::{
     Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, ExhaustedAction, Recovered, RunStatus, Runtime,
     clock::{Clock, VirtualClock},
     rng::SeededRng,
 };
 use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig};
-use durafiber_testkit::sim::SIM_EPOCH_MS as T0;
 use serde::{Deserialize, Serialize};
 
 const SECOND: u64 = 1_000;

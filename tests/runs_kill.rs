@@ -14,12 +14,10 @@ use std::{
     time::Duration,
 };
 
+use durafiber_demo::agents::{Steps, StepsOutput};
 use durafiber_runtime::{ListFilter, RunStatus, Runtime};
 use durafiber_store::{Store, StoreConfig};
-use durafiber_testkit::{
-    agents::{Steps, StepsOutput},
-    postgres::PgServer,
-};
+use durafiber_testkit::postgres::PgServer;
 
 const RUNS: usize = 100;
 

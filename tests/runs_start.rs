@@ -7,12 +7,12 @@ use std::sync::{
     atomic::{AtomicBool, AtomicUsize, Ordering},
 };
 
+use durafiber_demo::agents::{Steps, StepsInput, StepsOutput};
 use durafiber_runtime::{
     Agent, AgentError, Ctx, DurabilityMode, ListFilter, RunOptions, RunState, RunStatus, Runtime,
     RuntimeError,
 };
 use durafiber_store::{Store, StoreConfig};
-use durafiber_testkit::agents::{Steps, StepsInput, StepsOutput};
 use serde::{Deserialize, Serialize};
 
 /// Stashes whatever it is sent; finishes when sent "stop"; stashes a huge value on "big".

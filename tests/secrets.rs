@@ -6,9 +6,9 @@
 use std::sync::{Arc, Mutex};
 
 use axum::{Json, Router, http::HeaderMap, routing::post};
+use durafiber_demo::agents::{Refund, RefundInput};
 use durafiber_runtime::{AgentError, Decision, RunStatus, Runtime, RuntimeError, Secret, Secrets};
 use durafiber_store::{Store, StoreConfig};
-use durafiber_testkit::agents::{Refund, RefundInput};
 use serde_json::json;
 
 const SECRET: &str = "sk_live_TOPSECRET_4242_never_on_disk";

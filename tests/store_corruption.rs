@@ -12,12 +12,10 @@ use std::{
     sync::Arc,
 };
 
+use durafiber_demo::agents::{Steps, StepsInput};
 use durafiber_runtime::Runtime;
 use durafiber_store::{Store, StoreConfig, StoreError, repair, tables::Table};
-use durafiber_testkit::{
-    SeededRng,
-    agents::{Steps, StepsInput},
-};
+use durafiber_testkit::SeededRng;
 
 type Entries = BTreeMap<Vec<u8>, Vec<u8>>;
 

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
+use durafiber_demo::agents::{Steps, StepsInput};
 use durafiber_runtime::{ListFilter, RunStatus, Runtime};
 use durafiber_store::{Store, StoreConfig};
-use durafiber_testkit::agents::{Steps, StepsInput};
 
 #[tokio::main]
 async fn main() {

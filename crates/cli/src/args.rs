@@ -4,9 +4,10 @@ use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Parser, Subcommand};
 
-/// durafiber: durable runs for long-running agents.
+/// Durable runs for long-running agents: serve them, inspect and decide on them, keep their
+/// store.
 #[derive(Debug, Parser)]
-#[command(name = "durafiber", version, about)]
+#[command(name = "durafiber", version)]
 pub struct Cli {
     /// The command.
     #[command(subcommand)]
@@ -31,11 +32,11 @@ impl Target {
     /// The token to present: the one given, else the admin token the server wrote into the
     /// data directory, when this user can read it.
     pub fn token(&self) -> Option<String> {
-        self.token.clone().or_else(|| self.data.as_deref().and_then(crate::auth::read_admin_token))
+        self.token.clone().or_else(|| self.data.as_deref().and_then(durafiber_server::read_admin_token))
     }
 }
 
-/// Every command.
+/// Every operational command.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Host the runtime and its HTTP JSON API.
@@ -84,51 +85,6 @@ pub enum Command {
         #[arg(long)]
         insecure_plain_http: bool,
     },
-    /// The kill-and-resume drill, end to end, with real processes.
-    Drill {
-        /// Print a JSON object as the last line.
-        #[arg(long)]
-        json: bool,
-        /// Seed of the drill's random choices.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Where to write the recording (server logs and the JSON report).
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// The boundary the second kill lands on: `after_effect_prepare:refund`,
-        /// `after_effect_call:refund` (between the upstream call and the receipt commit) or
-        /// `after_effect_commit:refund`.
-        #[arg(long, default_value = "after_effect_call:refund")]
-        stop_at: String,
-        /// Run the drill across this many nodes sharing the PostgreSQL server of `--pg-url`
-        /// (a scratch database is created there and dropped after). The second stop is then
-        /// always between the refund call and its receipt, and a SIGSTOP.
-        #[arg(long, requires = "pg_url")]
-        nodes: Option<usize>,
-        /// The PostgreSQL server for `--nodes` (`postgres://user@host:port/db`; the user
-        /// needs CREATEDB).
-        #[arg(long, requires = "nodes", env = "DURAFIBER_PG_URL")]
-        pg_url: Option<String>,
-    },
-    /// The random-kill torture: a server SIGKILLed at seeded random times while runs keep
-    /// starting; then every promise is checked against an independent upstream.
-    Torture {
-        /// Print a JSON object as the last line.
-        #[arg(long)]
-        json: bool,
-        /// Seed of every random choice (kill times, inputs, the server's chaos).
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// How many times the server is SIGKILLed.
-        #[arg(long, default_value_t = 100)]
-        kills: u32,
-        /// Chaos eviction rate inside the server, per committed boundary (0..=1).
-        #[arg(long, default_value_t = 0.05)]
-        chaos: f64,
-        /// Where to write the server logs and the report.
-        #[arg(long)]
-        out: Option<PathBuf>,
-    },
     /// Check or repair a data directory: `verify`, `salvage`.
     Store {
         /// What to do.
@@ -157,18 +113,6 @@ pub enum Command {
         /// The data directory to create (it must not hold a store).
         #[arg(long)]
         data: PathBuf,
-    },
-    /// Simulations on the virtual clock.
-    Sim {
-        /// Which simulation.
-        #[command(subcommand)]
-        which: Sim,
-    },
-    /// Benchmarks, each beside a baseline measured in the same run.
-    Bench {
-        /// Which benchmark.
-        #[command(subcommand)]
-        which: Bench,
     },
     /// Runs: list or show.
     Runs {
@@ -239,159 +183,6 @@ pub enum Command {
         /// What to do.
         #[command(subcommand)]
         action: AlarmsAction,
-    },
-}
-
-/// `sim` subcommands.
-#[derive(Debug, Subcommand)]
-pub enum Sim {
-    /// Hibernation, keep-alive heartbeats, eviction mid-fiber and recovery.
-    Eviction {
-        /// Print a JSON object as the last line.
-        #[arg(long)]
-        json: bool,
-        /// Seed of the eviction draws.
-        #[arg(long, default_value_t = 7)]
-        seed: u64,
-    },
-    /// An alarm whose handler fails K times (default: always).
-    AlarmRetry {
-        /// Print a JSON object as the last line.
-        #[arg(long)]
-        json: bool,
-        /// Failures before the handler succeeds.
-        #[arg(long)]
-        fail_times: Option<u32>,
-        /// Seed of the jitter.
-        #[arg(long, default_value_t = 7)]
-        seed: u64,
-    },
-}
-
-/// `bench` subcommands.
-#[derive(Debug, Subcommand)]
-pub enum Bench {
-    /// Sync-mode commits per second against the raw fdatasync rate.
-    Stash {
-        /// Print a JSON object as the last line.
-        #[arg(long)]
-        json: bool,
-        /// Concurrent writers (the 1-writer figure is always measured too).
-        #[arg(long, default_value_t = 1000)]
-        writers: usize,
-        /// Seconds per measurement.
-        #[arg(long, default_value_t = 2.0)]
-        seconds: f64,
-        /// Where to write samples and the histogram.
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Measure fenced commits across this many node processes sharing the PostgreSQL
-        /// server of `--pg-url` (a scratch database is created there and dropped after).
-        #[arg(long, requires = "pg_url")]
-        nodes: Option<usize>,
-        /// The PostgreSQL server for `--nodes` (the user needs CREATEDB).
-        #[arg(long, requires = "nodes", env = "DURAFIBER_PG_URL")]
-        pg_url: Option<String>,
-    },
-    /// Time from a restarted process's start to every interrupted run recovered.
-    Recover {
-        /// Print a JSON object as the last line.
-        #[arg(long)]
-        json: bool,
-        /// Runs in flight when the process is killed.
-        #[arg(long, default_value_t = 1000)]
-        runs: usize,
-        /// Time each run waits before each of its steps, before and after the kill: with
-        /// many runs, a short one makes their own steps compete with the recovery measured.
-        #[arg(long, default_value_t = 1000)]
-        pause_ms: u64,
-        /// Recover N times, each on a fresh copy of the killed process's data directory,
-        /// and report every time with the median and the best (the machine's noise shows).
-        #[arg(long, default_value_t = 1)]
-        repeat: usize,
-        /// Where to write samples and the histogram.
-        #[arg(long)]
-        out: Option<PathBuf>,
-    },
-    /// Alarm lateness with many alarms due at once, and memory per pending alarm.
-    Alarms {
-        /// Print a JSON object as the last line.
-        #[arg(long)]
-        json: bool,
-        /// Alarms due within the same second.
-        #[arg(long, default_value_t = 10_000)]
-        alarms: usize,
-        /// Extra alarms pending far in the future.
-        #[arg(long, default_value_t = 0)]
-        pending: usize,
-        /// Where to write samples and the histogram.
-        #[arg(long)]
-        out: Option<PathBuf>,
-    },
-    /// The side-by-side workload: concurrent runs of stash steps, one run's sequential steps
-    /// with a gap, and a SIGKILL with runs in flight (restart to first resumed step, steps
-    /// re-run), beside raw fdatasync.
-    Steps {
-        /// Print a JSON object as the last line.
-        #[arg(long)]
-        json: bool,
-        /// Concurrent runs.
-        #[arg(long, default_value_t = 100)]
-        runs: usize,
-        /// Stash steps per concurrent run.
-        #[arg(long, default_value_t = 50)]
-        steps: u32,
-        /// Steps of the sequential run.
-        #[arg(long, default_value_t = 200)]
-        sequential: u32,
-        /// Gap between the sequential run's steps, ms.
-        #[arg(long, default_value_t = 1)]
-        gap_ms: u64,
-        /// Runs in flight when the process is killed.
-        #[arg(long, default_value_t = 200)]
-        kill_runs: usize,
-        /// Where to write the sequential steps' samples and histogram.
-        #[arg(long)]
-        out: Option<PathBuf>,
-    },
-    /// Internal: one node of `bench stash --nodes`.
-    #[command(hide = true)]
-    StashNode {
-        /// The database.
-        url: String,
-        /// This node's id.
-        node_id: String,
-        /// Nodes in the measurement (this one takes 1/nodes of the shards).
-        nodes: usize,
-        /// Concurrent writers in this node.
-        writers: usize,
-        /// When to start committing, ms since the epoch (every node starts together).
-        start_at_ms: u64,
-        /// Seconds to commit for.
-        seconds: f64,
-    },
-    /// Internal: the process `bench steps` kills and restarts.
-    #[command(hide = true)]
-    StepsChild {
-        /// The data directory.
-        data: PathBuf,
-        /// `start` or `resume`.
-        mode: String,
-        /// Runs.
-        runs: usize,
-    },
-    /// Internal: the process `bench recover` kills and restarts.
-    #[command(hide = true)]
-    RecoverChild {
-        /// The data directory.
-        data: PathBuf,
-        /// `start N` or `recover N`.
-        mode: String,
-        /// Runs.
-        runs: usize,
-        /// Time each run waits before each step.
-        #[arg(long, default_value_t = 1000)]
-        pause_ms: u64,
     },
 }
 

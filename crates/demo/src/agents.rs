@@ -8,7 +8,7 @@ use durafiber_runtime::{Agent, AgentError, Ctx, Recovered, Secret};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::upstream::post_idempotent;
+use durafiber_testkit::upstream::post_idempotent;
 
 /// Acknowledged stashes, `(run_id, done)`, in order.
 pub type AckLog = std::sync::Arc<parking_lot::Mutex<Vec<(String, u32)>>>;
@@ -515,7 +515,7 @@ impl<S: OrderStash> Order<S> {
 
     async fn delivered(&self, upstream: &str, run_id: &str, i: usize) -> bool {
         let key = format!("{run_id}:alarm:{i}");
-        crate::upstream::list_remote(&self.http, upstream, ORDER_ALARMS)
+        durafiber_testkit::upstream::list_remote(&self.http, upstream, ORDER_ALARMS)
             .await
             .is_ok_and(|objects| objects.iter().any(|o| o["idempotency_key"] == key.as_str()))
     }

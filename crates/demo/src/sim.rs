@@ -20,8 +20,7 @@ use durafiber_runtime::{
 use durafiber_store::{SimBackend, Store, StoreConfig};
 use serde::Serialize;
 
-/// Where every simulation's virtual clock starts (2026-01-01T00:00:00Z).
-pub const SIM_EPOCH_MS: u64 = 1_767_225_600_000;
+pub use durafiber_testkit::SIM_EPOCH_MS;
 
 /// The eviction lab's agent: `idle` finishes at once; `fiber` stashes and then waits an
 /// hour in memory, which eviction interrupts.

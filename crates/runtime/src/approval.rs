@@ -132,7 +132,7 @@ async fn wait_for_decision(raw: &RawCtx, approval_id: &str, key: &[u8]) -> Resul
 
 /// What `approve` did.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ApproveOutcome {
     /// The run.
     pub run_id: String,
@@ -240,7 +240,7 @@ pub(crate) async fn on_escalation_alarm(
 
 /// A pause waiting for a reviewer, as a reviewer's screen loads it.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct PendingApproval {
     /// The run's handle.
     pub run_id: String,

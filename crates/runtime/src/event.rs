@@ -31,7 +31,7 @@ use crate::{
 
 /// What `send_event` did with an event.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SendOutcome {
     /// A wait for it was pending: the run has it now (or will as soon as it is re-entered).

@@ -50,7 +50,7 @@ use std::{
     time::Duration,
 };
 
-use durafiber_demo::{sim::SIM_EPOCH_MS, upstream::Upstream};
+use crate::{SIM_EPOCH_MS, upstream::Upstream};
 use durafiber_runtime::{
     Agent, CrashHook, Decision, Event, PendingApproval, RunStatus, Runtime, RuntimeConfig,
     clock::VirtualClock, testing::BuilderTestExt,

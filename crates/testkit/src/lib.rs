@@ -3,16 +3,18 @@
 //! - [`check`]: the crash and eviction checker, for any agent.
 //! - [`conformance`]: the store conformance suite; every backend runs it.
 //! - [`postgres`]: a private PostgreSQL server per test.
-//! - [`upstream`], [`agents`], [`bulk`]: from `durafiber-demo` — the idempotent upstream,
-//!   the agents the server hosts, bulk alarm data, the eviction and alarm simulations.
+//! - [`upstream`]: a real HTTP server on 127.0.0.1 that deduplicates by `Idempotency-Key`
+//!   as payment APIs do, so "side effects once" is counted upstream, not by our own flag.
 
 pub mod check;
 pub mod conformance;
 pub mod postgres;
-
-pub use durafiber_demo::{agents, bulk, sim, upstream};
+pub mod upstream;
 
 pub use durafiber_runtime::rng::SeededRng;
+
+/// Where every simulation's virtual clock starts (2026-01-01T00:00:00Z).
+pub const SIM_EPOCH_MS: u64 = 1_767_225_600_000;
 
 /// Installs a tracing subscriber once, filtered by `RUST_LOG` (warnings by default). It writes
 /// through the test harness, so a passing test stays quiet and a failing one shows its log.

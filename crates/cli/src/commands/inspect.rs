@@ -8,7 +8,10 @@ use durafiber_runtime::{Decision, ListFilter, Runtime};
 use durafiber_store::{Store, StoreConfig, StoreError, access};
 use serde_json::{Value, json};
 
-use crate::{args::Target, auth, http::client::Client};
+use durafiber_client::Client;
+use durafiber_server::auth;
+
+use crate::{Agents, args::Target};
 
 /// Where a command's answer comes from.
 pub enum Source {
@@ -19,9 +22,9 @@ pub enum Source {
 }
 
 /// Picks the server when it answers, else the data directory.
-pub async fn source(target: &Target) -> anyhow::Result<Source> {
+pub async fn source(target: &Target, agents: Agents<'_>) -> anyhow::Result<Source> {
     if let Some(addr) = target.server {
-        let client = Client::new(addr).with_token(target.token());
+        let client = Client::from_addr(addr).with_token(target.token());
         if client.is_up().await {
             return Ok(Source::Server(client));
         }
@@ -38,7 +41,7 @@ pub async fn source(target: &Target) -> anyhow::Result<Source> {
         }
         Err(e) => return Err(e).with_context(|| format!("opening {}", dir.display())),
     };
-    let runtime = crate::agents::register(Runtime::builder(store)).passive().open().await?;
+    let runtime = agents(Runtime::builder(store)).passive().open().await?;
     Ok(Source::Direct(runtime))
 }
 
@@ -47,8 +50,8 @@ fn to_json<T: serde::Serialize>(value: T) -> anyhow::Result<Value> {
 }
 
 /// `runs list`.
-pub async fn runs_list(target: &Target, filter: ListFilter) -> anyhow::Result<Value> {
-    match source(target).await? {
+pub async fn runs_list(agents: Agents<'_>, target: &Target, filter: ListFilter) -> anyhow::Result<Value> {
+    match source(target, agents).await? {
         Source::Server(c) => {
             let mut q = vec![("limit", filter.limit.to_string())];
             if let Some(below) = filter.stash_version_below {
@@ -60,41 +63,42 @@ pub async fn runs_list(target: &Target, filter: ListFilter) -> anyhow::Result<Va
                     q.push((k, v));
                 }
             }
-            c.get_query("/runs", &q).await
+            Ok(c.get_query("/runs", &q).await?)
         }
         Source::Direct(rt) => to_json(rt.list(&filter)?),
     }
 }
 
 /// `runs show`.
-pub async fn runs_show(target: &Target, run_id: &str) -> anyhow::Result<Value> {
-    match source(target).await? {
-        Source::Server(c) => c.get(&format!("/runs/{run_id}")).await,
+pub async fn runs_show(agents: Agents<'_>, target: &Target, run_id: &str) -> anyhow::Result<Value> {
+    match source(target, agents).await? {
+        Source::Server(c) => Ok(c.get_json(&format!("/runs/{run_id}")).await?),
         Source::Direct(rt) => to_json(rt.inspect(run_id)?),
     }
 }
 
 /// `approvals list`.
-pub async fn approvals_list(target: &Target) -> anyhow::Result<Value> {
-    match source(target).await? {
-        Source::Server(c) => c.get("/approvals").await,
+pub async fn approvals_list(agents: Agents<'_>, target: &Target) -> anyhow::Result<Value> {
+    match source(target, agents).await? {
+        Source::Server(c) => Ok(c.get_json("/approvals").await?),
         Source::Direct(rt) => to_json(rt.pending_approvals(None)?),
     }
 }
 
 /// `approve`.
 pub async fn approve(
+    agents: Agents<'_>,
     target: &Target,
     run_id: &str,
     approval_id: &str,
     hash: &str,
     decision: Decision,
 ) -> anyhow::Result<Value> {
-    match source(target).await? {
+    match source(target, agents).await? {
         Source::Server(c) => {
             let body =
                 json!({"payload_hash": hash, "approved": decision.approved, "comment": decision.comment});
-            c.post(&format!("/runs/{run_id}/approvals/{approval_id}"), &body, None).await
+            Ok(c.post_json(&format!("/runs/{run_id}/approvals/{approval_id}"), &body, None).await?)
         }
         Source::Direct(rt) => to_json(rt.approve(run_id, approval_id, hash, decision).await?),
     }
@@ -102,6 +106,7 @@ pub async fn approve(
 
 /// `send-event`.
 pub async fn send_event(
+    agents: Agents<'_>,
     target: &Target,
     run_id: &str,
     name: &str,
@@ -109,10 +114,10 @@ pub async fn send_event(
     key: Option<&str>,
 ) -> anyhow::Result<Value> {
     let payload: Value = serde_json::from_str(payload_json).context("--payload is not JSON")?;
-    match source(target).await? {
+    match source(target, agents).await? {
         Source::Server(c) => {
             let body = json!({"payload": payload, "idempotency_key": key});
-            c.post(&format!("/runs/{run_id}/events/{name}"), &body, None).await
+            Ok(c.post_json(&format!("/runs/{run_id}/events/{name}"), &body, None).await?)
         }
         Source::Direct(rt) => {
             let outcome = rt.send_event_json(run_id, name, &payload.to_string(), key).await?;
@@ -122,19 +127,24 @@ pub async fn send_event(
 }
 
 /// `cancel`.
-pub async fn cancel(target: &Target, run_id: &str, reason: &str) -> anyhow::Result<Value> {
-    match source(target).await? {
+pub async fn cancel(
+    agents: Agents<'_>,
+    target: &Target,
+    run_id: &str,
+    reason: &str,
+) -> anyhow::Result<Value> {
+    match source(target, agents).await? {
         Source::Server(c) => {
-            c.post(&format!("/runs/{run_id}/cancel"), &json!({"reason": reason}), None).await
+            Ok(c.post_json(&format!("/runs/{run_id}/cancel"), &json!({"reason": reason}), None).await?)
         }
         Source::Direct(rt) => to_json(json!({"run_id": run_id, "status": rt.cancel(run_id, reason).await?})),
     }
 }
 
 /// `alarms list`.
-pub async fn alarms_list(target: &Target, run_id: &str) -> anyhow::Result<Value> {
-    match source(target).await? {
-        Source::Server(c) => c.get(&format!("/runs/{run_id}/alarms")).await,
+pub async fn alarms_list(agents: Agents<'_>, target: &Target, run_id: &str) -> anyhow::Result<Value> {
+    match source(target, agents).await? {
+        Source::Server(c) => Ok(c.get_json(&format!("/runs/{run_id}/alarms")).await?),
         Source::Direct(rt) => to_json(rt.alarms(run_id)?),
     }
 }
@@ -153,7 +163,7 @@ async fn bare_store(target: &Target) -> anyhow::Result<Store> {
 
 /// The server's client when one answers on `target`, else `None`.
 async fn server_of(target: &Target) -> Option<Client> {
-    let client = Client::new(target.server?).with_token(target.token());
+    let client = Client::from_addr(target.server?).with_token(target.token());
     client.is_up().await.then_some(client)
 }
 
@@ -167,7 +177,7 @@ fn now_ms() -> u64 {
 /// `tokens create`.
 pub async fn tokens_create(target: &Target, name: &str, role: &str) -> anyhow::Result<Value> {
     if let Some(c) = server_of(target).await {
-        return c.post("/tokens", &json!({"name": name, "role": role}), None).await;
+        return Ok(c.post_json("/tokens", &json!({"name": name, "role": role}), None).await?);
     }
     let store = bare_store(target).await?;
     let role: auth::Role = role.parse()?;
@@ -188,7 +198,7 @@ pub async fn tokens_create(target: &Target, name: &str, role: &str) -> anyhow::R
 /// `tokens list`.
 pub async fn tokens_list(target: &Target) -> anyhow::Result<Value> {
     if let Some(c) = server_of(target).await {
-        return c.get("/tokens").await;
+        return Ok(c.get_json("/tokens").await?);
     }
     let store = bare_store(target).await?;
     let tokens = auth::shown(&store)?;
@@ -199,7 +209,7 @@ pub async fn tokens_list(target: &Target) -> anyhow::Result<Value> {
 /// `tokens revoke`.
 pub async fn tokens_revoke(target: &Target, name: &str) -> anyhow::Result<Value> {
     if let Some(c) = server_of(target).await {
-        return c.delete(&format!("/tokens/{name}")).await;
+        return Ok(c.delete_json(&format!("/tokens/{name}")).await?);
     }
     let store = bare_store(target).await?;
     let revoked = auth::revoke(&store, name).await?;

@@ -7,7 +7,7 @@ use std::{net::SocketAddr, path::Path};
 use anyhow::{Context as _, bail};
 use durafiber_store::{Store, StoreConfig, StoreError, repair, sled_backend::is_store, witness::Rollback};
 
-use crate::http::client::Client;
+use durafiber_client::Client;
 
 fn in_use(path: &Path) -> anyhow::Error {
     anyhow::anyhow!("{} is in use by a running server; stop it, or use `backup --server`", path.display())
@@ -123,7 +123,7 @@ pub async fn backup(
     out: &Path,
 ) -> anyhow::Result<i32> {
     let bytes = match (server, data) {
-        (Some(addr), _) if Client::new(addr).is_up().await => Client::new(addr)
+        (Some(addr), _) if Client::from_addr(addr).is_up().await => Client::from_addr(addr)
             .with_token(token)
             .get_bytes("/backup")
             .await

@@ -128,7 +128,7 @@ impl AlarmSpec {
 /// A pending alarm as listed: its record (the next due time, attempts), its cron schedule if
 /// it has one, and the failed occurrences of a periodic or cron alarm still being retried.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct Alarm {
     /// The alarm's record; its fields read through (`alarm.due_at_ms`).
     #[serde(flatten)]

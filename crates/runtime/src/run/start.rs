@@ -25,7 +25,7 @@ use crate::{
 
 /// What `start` returns: the run's handle and whether this call created it.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct StartOutcome {
     /// The run's id: the handle to keep.
     pub run_id: RunId,

@@ -94,7 +94,7 @@ pub struct ListFilter {
 
 /// One page of runs.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct RunPage {
     /// The runs.
     pub runs: Vec<RunRecord>,

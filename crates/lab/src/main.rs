@@ -1,29 +1,16 @@
-//! `durafiber`: parses arguments, runs the command, prints one readable error line and
-//! exits non-zero on failure.
+//! `durafiber`: the demo agents behind every operational command, and the lab's commands.
+//! Prints one readable error line and exits non-zero on failure.
 
-use clap::Parser;
-use durafiber_cli::{args::Cli, commands};
+use durafiber_lab::{agents::Hosting, args::LabCli, commands};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     small_pages_only();
-    let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("durafiber: cannot start the async runtime: {e}");
-            std::process::exit(1);
-        }
-    };
-    match runtime.block_on(commands::run(cli.command)) {
-        Ok(code) => std::process::exit(code),
-        Err(e) => {
-            eprintln!("durafiber: {}", format!("{e:#}").replace('\n', " "));
-            std::process::exit(1);
-        }
-    }
+    let cli: LabCli = durafiber_cli::parse_args();
+    let hosting = Hosting { order_stash_version: cli.order_stash_version, stop_at: cli.stop_at };
+    durafiber_cli::run_to_exit(commands::run(cli.command, hosting))
 }
 
 /// Keeps the kernel from backing this process's memory with transparent huge pages, unless

@@ -13,7 +13,7 @@ use axum::{
 use durafiber_runtime::{Runtime, RuntimeError, Secrets};
 use serde_json::json;
 
-use super::session::Sessions;
+use crate::session::Sessions;
 
 /// What every handler shares.
 #[derive(Clone)]

@@ -1,5 +1,18 @@
-//! The server's HTTP JSON API ([`server`]) and the client the command line uses
-//! ([`client`]).
+//! durafiber's server as a library: the HTTP JSON API, the reviewer console, tokens, roles
+//! and the audit trail, Host/Origin checks, TLS, request limits, Prometheus, OpenAPI,
+//! server-sent events, backups, and several nodes on PostgreSQL with forwarding — for
+//! whatever agents the caller registers.
+//!
+//! ```no_run
+//! use durafiber_server::{ServerOptions, serve};
+//! # async fn demo() -> Result<(), durafiber_server::ServeError> {
+//! let options = ServerOptions::new("127.0.0.1:7878".parse().unwrap(), "./data");
+//! serve(&options, |builder| builder /* .agent(MyAgent) */).await
+//! # }
+//! ```
+//!
+//! [`serve`] opens the store [`ServerOptions`] names, hands the runtime's builder to the
+//! caller to register its agents, and serves until SIGTERM. The routes:
 //!
 //! | method | path                                   | what                                  |
 //! |--------|----------------------------------------|---------------------------------------|
@@ -21,24 +34,30 @@
 //! | GET    | `/events?run_id=&after=`               | the event log; server-sent events with `Accept: text/event-stream` |
 //! | POST, GET, DELETE | `/tokens`, `/tokens/{name}`, GET `/audit` | tokens and the audit trail (admin) |
 //! | GET    | `/openapi.json`                        | this API as an OpenAPI 3.1 document   |
-//! | GET, POST | `/ui/...`                           | the reviewer console (HTML; `console/`) |
+//! | GET, POST | `/ui/...`                           | the reviewer console (HTML) |
 //!
 //! On a store several nodes share, a request that changes a run (any method but GET under
-//! `/runs/{id}/`) is passed on to the node that owns the run ([`forward`]).
+//! `/runs/{id}/`) is passed on to the node that owns the run (`forward.rs`).
 //!
 //! Every error is a JSON object `{"error": "...", "kind": "..."}` with a 4xx status for bad
 //! requests and a 5xx status for the runtime's own failures.
 
 mod admin;
-pub mod client;
+pub mod auth;
 mod console;
 mod forward;
 pub mod guard;
+mod handlers;
 pub mod listen;
 mod openapi;
 pub mod routes;
 pub mod schema;
-pub mod server;
+mod serve;
 pub mod session;
 pub mod state;
 mod view;
+
+pub use auth::{Role, read_admin_token};
+pub use serve::{
+    EXIT_STORE_FAILED, ServeError, ServerOptions, TlsFiles, load_config, open_runtime, open_store, serve,
+};

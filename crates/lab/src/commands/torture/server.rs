@@ -30,13 +30,11 @@ impl Server {
     ) -> anyhow::Result<Server> {
         let log_file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let mut child = Command::new(exe)
-            .args(["serve", "--data"])
+            .args(["--order-stash-version", &order_version.to_string(), "serve", "--data"])
             .arg(data)
             .args(["--listen", "127.0.0.1:0", "--config"])
             .arg(config)
             .env("RUST_LOG", "warn")
-            .env_remove("DURAFIBER_STOP_AT")
-            .env(crate::agents::ORDER_STASH_VERSION_ENV, order_version.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log_file)

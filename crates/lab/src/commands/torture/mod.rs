@@ -49,11 +49,11 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use durafiber_demo::upstream::Upstream;
 use durafiber_runtime::rng::SeededRng;
+use durafiber_testkit::upstream::Upstream;
 use serde_json::{Value, json};
 
-use crate::http::client::Client;
+use durafiber_client::Client;
 
 /// How long the last server may take to finish every run.
 const FINISH_DEADLINE: Duration = Duration::from_secs(90);
@@ -113,8 +113,13 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
             if client.is_none()
                 && let Some(addr) = server.poll_addr()
             {
-                let token = crate::auth::read_admin_token(&data);
-                client = Some(Client::with_timeout(addr, Duration::from_secs(2)).with_token(token));
+                let token = durafiber_server::read_admin_token(&data);
+                client = Some(
+                    Client::from_addr(addr)
+                        .with_timeout(Duration::from_secs(2))
+                        .with_retry_budget(Duration::ZERO)
+                        .with_token(token),
+                );
                 kill_at.get_or_insert(Instant::now() + kill_after);
             }
             if let (Some(client), Some(at)) = (&client, kill_at) {
@@ -194,8 +199,10 @@ async fn finish(
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    let client =
-        Client::with_timeout(addr, Duration::from_secs(10)).with_token(crate::auth::read_admin_token(data));
+    let client = Client::from_addr(addr)
+        .with_timeout(Duration::from_secs(10))
+        .with_retry_budget(Duration::ZERO)
+        .with_token(durafiber_server::read_admin_token(data));
     for (key, input) in std::mem::take(&mut h.unanswered) {
         h.start(&client, key, input).await;
     }
@@ -211,7 +218,7 @@ async fn finish(
         approve_pending(&client).await;
         runs.clear();
         for id in &run_ids {
-            if let Ok(run) = client.get(&format!("/runs/{id}")).await {
+            if let Ok(run) = client.get_json(&format!("/runs/{id}")).await {
                 runs.insert(id.clone(), run);
             }
         }
@@ -233,13 +240,13 @@ async fn finish(
     }
     let mut streams = BTreeMap::new();
     for id in &run_ids {
-        if let Ok(chunks) = client.get(&format!("/runs/{id}/stream")).await {
+        if let Ok(chunks) = client.get_json(&format!("/runs/{id}/stream")).await {
             streams.insert(id.clone(), chunks.as_array().cloned().unwrap_or_default());
         }
     }
     let mut storage = BTreeMap::new();
     for id in &run_ids {
-        if let Ok(page) = client.get(&format!("/runs/{id}/storage")).await {
+        if let Ok(page) = client.get_json(&format!("/runs/{id}/storage")).await {
             let entries = page["entries"].as_array().cloned().unwrap_or_default();
             let by_key: BTreeMap<String, Value> = entries
                 .into_iter()

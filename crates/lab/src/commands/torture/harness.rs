@@ -3,11 +3,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use durafiber_demo::upstream::Upstream;
 use durafiber_runtime::rng::SeededRng;
+use durafiber_testkit::upstream::Upstream;
 use serde_json::{Value, json};
 
-use crate::http::client::Client;
+use durafiber_client::Client;
 
 /// New runs started per server life, at most.
 const STARTS_PER_LIFE_MAX: usize = 3;
@@ -46,7 +46,7 @@ impl Harness {
 
     pub(super) async fn start(&mut self, client: &Client, key: String, input: Value) {
         self.inputs.insert(key.clone(), input.clone());
-        match client.post("/runs", &json!({"kind": "order", "input": input}), Some(&key)).await {
+        match client.post_json("/runs", &json!({"kind": "order", "input": input}), Some(&key)).await {
             Ok(answer) => {
                 if let Some(id) = answer["run_id"].as_str() {
                     if self.ids.get(&key).is_none_or(|ids| !ids.contains(id)) {
@@ -89,19 +89,19 @@ impl Harness {
 /// The one `packed` event of the order started under `key`: the outcome the server gave.
 pub(super) async fn send_packed(client: &Client, run_id: &str, key: &str) -> anyhow::Result<String> {
     let body = json!({"payload": {"box": format!("box-{key}")}, "idempotency_key": format!("packed-{key}")});
-    let answer = client.post(&format!("/runs/{run_id}/events/packed"), &body, None).await?;
+    let answer = client.post_json(&format!("/runs/{run_id}/events/packed"), &body, None).await?;
     Ok(answer["outcome"].as_str().unwrap_or("?").to_string())
 }
 
 /// Approves every pending `ship` approval with the hash the view shows.
 pub(super) async fn approve_pending(client: &Client) {
-    let Ok(view) = client.get("/approvals").await else { return };
+    let Ok(view) = client.get_json("/approvals").await else { return };
     for pending in view.as_array().cloned().unwrap_or_default() {
         let (Some(run_id), Some(hash)) = (pending["run_id"].as_str(), pending["payload_hash"].as_str())
         else {
             continue;
         };
         let body = json!({"payload_hash": hash, "approved": true, "comment": "torture"});
-        let _ = client.post(&format!("/runs/{run_id}/approvals/ship"), &body, None).await;
+        let _ = client.post_json(&format!("/runs/{run_id}/approvals/ship"), &body, None).await;
     }
 }

@@ -92,27 +92,27 @@ where
 }
 
 /// A TLS acceptor from PEM files: the certificate chain and its private key.
-pub fn tls_acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
-    use anyhow::Context as _;
+pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, crate::ServeError> {
+    use crate::ServeError::Tls;
     use tokio_rustls::rustls::{
         self,
         pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
     };
     let certs = CertificateDer::pem_file_iter(cert)
-        .with_context(|| format!("reading {}", cert.display()))?
+        .map_err(|e| Tls(format!("reading {}: {e}", cert.display())))?
         .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("a certificate in {}", cert.display()))?;
+        .map_err(|e| Tls(format!("a certificate in {}: {e}", cert.display())))?;
     if certs.is_empty() {
-        anyhow::bail!("{} holds no certificate", cert.display());
+        return Err(Tls(format!("{} holds no certificate", cert.display())));
     }
-    let key =
-        PrivateKeyDer::from_pem_file(key).with_context(|| format!("the private key in {}", key.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| Tls(format!("the private key in {}: {e}", key.display())))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?
+        .map_err(|e| Tls(format!("TLS protocol versions: {e}")))?
         .with_no_client_auth()
         .with_single_cert(certs, key)
-        .context("the certificate and key do not make a TLS configuration")?;
+        .map_err(|e| Tls(format!("the certificate and key do not make a TLS configuration: {e}")))?;
     Ok(TlsAcceptor::from(Arc::new(config)))
 }

@@ -18,13 +18,13 @@ use durafiber_runtime::{
 };
 use futures::StreamExt as _;
 
-use super::schema::{
+use crate::schema::{
     AlarmBody, AlarmCancelled, AlarmSet, ApproveBody, CancelBody, Cancelled, ErrorBody, EventBody, EventSent,
     Handled, Health, PauseBody, PauseOutcome, Paused, PausedEntry, Reply, RunView, StartBody, StorageEntry,
     StoragePage,
 };
 
-use super::{
+use crate::{
     state::{ApiError, ApiResult, AppState, Params, bad_request, ok, parse},
     view,
 };

@@ -14,10 +14,10 @@ use durafiber_runtime::limits;
 use durafiber_store::access;
 use serde_json::{Value, json};
 
-#[cfg(test)]
-use super::state::Access;
-use super::state::{ApiError, AppState};
 use crate::auth::{self, Role};
+#[cfg(test)]
+use crate::state::Access;
+use crate::state::{ApiError, AppState};
 
 fn refuse(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Response {
     ApiError(status, message.into(), kind).into_response()

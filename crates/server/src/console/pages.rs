@@ -4,7 +4,7 @@
 use maud::{DOCTYPE, Markup, html};
 use serde_json::Value;
 
-use crate::{auth::Role, http::session::Session};
+use crate::{auth::Role, session::Session};
 
 /// What every page's frame needs: who is signed in (none on the sign-in page) and the
 /// CSRF token of its forms.

@@ -6,7 +6,7 @@ use durafiber_runtime::RuntimeError;
 use durafiber_store::access::{self, AuditRecord};
 use serde_json::{Value, json};
 
-use super::state::{ApiError, AppState};
+use crate::state::{ApiError, AppState};
 
 /// The run's inspection with `audit` and each decided approval's `decided_by`, redacted.
 pub fn run(app: &AppState, run_id: &str) -> Result<Value, ApiError> {

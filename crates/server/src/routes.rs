@@ -11,8 +11,8 @@ use axum::{
 };
 use durafiber_runtime::RuntimeError;
 
-use super::{
-    admin, console, forward, guard, openapi, server,
+use crate::{
+    admin, console, forward, guard, handlers, openapi,
     state::{ApiError, AppState},
 };
 
@@ -47,28 +47,28 @@ pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     use utoipa::OpenApi as _;
     use utoipa_axum::{router::OpenApiRouter, routes};
     OpenApiRouter::with_openapi(openapi::Base::openapi())
-        .routes(routes!(server::health))
-        .routes(routes!(server::start, server::list))
-        .routes(routes!(server::show))
-        .routes(routes!(server::cancel))
-        .routes(routes!(server::message))
-        .routes(routes!(server::request))
-        .routes(routes!(server::storage))
-        .routes(routes!(server::send_event))
-        .routes(routes!(server::approve))
-        .routes(routes!(server::alarms))
-        .routes(routes!(server::stream))
-        .routes(routes!(server::pause_kind))
-        .routes(routes!(server::resume_kind))
-        .routes(routes!(server::pause_run))
-        .routes(routes!(server::resume_run))
-        .routes(routes!(server::paused))
-        .routes(routes!(server::set_alarm, server::cancel_alarm))
-        .routes(routes!(server::approvals))
-        .routes(routes!(server::metrics))
-        .routes(routes!(server::metrics_json))
-        .routes(routes!(server::backup))
-        .routes(routes!(server::events))
+        .routes(routes!(handlers::health))
+        .routes(routes!(handlers::start, handlers::list))
+        .routes(routes!(handlers::show))
+        .routes(routes!(handlers::cancel))
+        .routes(routes!(handlers::message))
+        .routes(routes!(handlers::request))
+        .routes(routes!(handlers::storage))
+        .routes(routes!(handlers::send_event))
+        .routes(routes!(handlers::approve))
+        .routes(routes!(handlers::alarms))
+        .routes(routes!(handlers::stream))
+        .routes(routes!(handlers::pause_kind))
+        .routes(routes!(handlers::resume_kind))
+        .routes(routes!(handlers::pause_run))
+        .routes(routes!(handlers::resume_run))
+        .routes(routes!(handlers::paused))
+        .routes(routes!(handlers::set_alarm, handlers::cancel_alarm))
+        .routes(routes!(handlers::approvals))
+        .routes(routes!(handlers::metrics))
+        .routes(routes!(handlers::metrics_json))
+        .routes(routes!(handlers::backup))
+        .routes(routes!(handlers::events))
         .routes(routes!(admin::create_token, admin::list_tokens))
         .routes(routes!(admin::revoke_token))
         .routes(routes!(admin::audit))

@@ -20,7 +20,8 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use durafiber_demo::{agents::RefundDraft, upstream::Upstream};
+use durafiber_demo::agents::RefundDraft;
+use durafiber_testkit::upstream::Upstream;
 use serde_json::{Value, json};
 
 use super::drill::{
@@ -111,7 +112,7 @@ async fn owned_by(
 ) -> anyhow::Result<(usize, Value)> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(run) = via.client.get(&format!("/runs/{run_id}")).await
+        if let Ok(run) = via.client.get_json(&format!("/runs/{run_id}")).await
             && let Some(i) = owner_index(&run, ids)
             && alive[i]
         {
@@ -183,7 +184,7 @@ async fn run_nodes(
     let mut alive = vec![true; n];
     let key = format!("drill-{seed}");
     let started_run =
-        nodes[0].client.post("/runs", &json!({"kind": "refund", "input": input}), Some(&key)).await?;
+        nodes[0].client.post_json("/runs", &json!({"kind": "refund", "input": input}), Some(&key)).await?;
     let run_id = started_run["run_id"].as_str().context("no run id")?.to_string();
     let before_kill_1 = wait_run(&nodes[0].client, &run_id, "pause for approval", |r| {
         r["run"]["status"].get("waiting_approval").is_some()
@@ -202,7 +203,7 @@ async fn run_nodes(
     owners.push(second);
 
     eprintln!("drill: [3/5] approve through a node that does not run it, with the hash the view shows");
-    let view = nodes[via].client.get("/approvals").await?;
+    let view = nodes[via].client.get_json("/approvals").await?;
     let pending = view.as_array().and_then(|a| a.iter().find(|p| p["run_id"] == run_id.as_str())).cloned();
     let draft_json = serde_json::to_value(&draft)?;
     let human_sees_context = pending
@@ -214,7 +215,7 @@ async fn run_nodes(
     let other = (0..n).find(|i| alive[*i] && *i != second).unwrap_or(second);
     nodes[other]
         .client
-        .post(
+        .post_json(
             &format!("/runs/{run_id}/approvals/refund"),
             &json!({"payload_hash": hash, "approved": true, "comment": "drill"}),
             None,
@@ -227,7 +228,7 @@ async fn run_nodes(
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let before_kill_2 = nodes[other].client.get(&format!("/runs/{run_id}")).await?;
+    let before_kill_2 = nodes[other].client.get_json(&format!("/runs/{run_id}")).await?;
 
     eprintln!(
         "drill: [4/5] stop node {} between the refund call and its receipt; the run goes on elsewhere",
@@ -246,7 +247,7 @@ async fn run_nodes(
     let woke = Instant::now();
     let mut let_go = false;
     while woke.elapsed() < Duration::from_secs(5) {
-        if let Ok(run) = nodes[second].client.get(&format!("/runs/{run_id}")).await
+        if let Ok(run) = nodes[second].client.get_json(&format!("/runs/{run_id}")).await
             && run["node"].as_str() != Some(ids[second].as_str())
         {
             let_go = true;
@@ -254,7 +255,7 @@ async fn run_nodes(
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let after_wake = nodes[third].client.get(&format!("/runs/{run_id}")).await?;
+    let after_wake = nodes[third].client.get_json(&format!("/runs/{run_id}")).await?;
     let zombie_fenced = let_go && after_wake["ledger"] == done["ledger"] && after_wake["run"] == done["run"];
     sigkill(&mut nodes[second]);
     let runs =

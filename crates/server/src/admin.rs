@@ -1,10 +1,10 @@
 //! The admin endpoints: API tokens (`/tokens`) and the audit trail (`/audit`).
 
-use super::{
+use crate::auth::{self, AccessError, Role};
+use crate::{
     schema::{AuditPage, ErrorBody, TokenBody, TokenCreated, TokenRevoked, TokenShown},
     state::{ApiError, ApiResult, AppState, Params, bad_request, ok, parse},
 };
-use crate::auth::{self, AccessError, Role};
 use axum::{
     Json,
     body::Bytes,

@@ -28,13 +28,13 @@ use maud::Markup;
 use serde_json::{Value, json};
 
 use self::pages::{Frame, Notice};
-use super::{
+use crate::auth::{self, Role};
+use crate::{
     guard,
     session::{self, SESSION_COOKIE, SIGN_IN_COOKIE, Session},
     state::{AppState, Params},
     view,
 };
-use crate::auth::{self, Role};
 
 /// How many recent events a decision page shows.
 const RECENT_EVENTS: usize = 20;
@@ -356,7 +356,7 @@ async fn decide(
             show_decision(&app, &session, &run_id, &approval_id, Some(notice), StatusCode::CONFLICT)
         }
         Err(e) => {
-            let refused = super::state::ApiError::from(e);
+            let refused = crate::state::ApiError::from(e);
             refusal(&app, &session, refused.0, &format!("The decision was refused: {}", refused.1), &here)
         }
     })
@@ -498,7 +498,7 @@ async fn cancel(
         Ok(_) => see_other(&format!("{here}?cancelled=1")),
         Err(e) => {
             let why = format!("The run was not cancelled: {e}");
-            refusal(&app, &session, super::state::ApiError::from(e).0, &why, &here)
+            refusal(&app, &session, crate::state::ApiError::from(e).0, &why, &here)
         }
     })
 }

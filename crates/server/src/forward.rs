@@ -22,7 +22,7 @@ use axum::{
 };
 use durafiber_runtime::{RunOwner, limits};
 
-use super::state::{ApiError, AppState};
+use crate::state::{ApiError, AppState};
 
 /// Marks a request one node passed to another.
 const FORWARDED: &str = "x-durafiber-forwarded-by";

@@ -18,12 +18,13 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use durafiber_demo::{agents::RefundDraft, upstream::Upstream};
+use durafiber_demo::agents::RefundDraft;
 use durafiber_runtime::payload_hash;
+use durafiber_testkit::upstream::Upstream;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::http::client::Client;
+use durafiber_client::Client;
 
 /// The drill's score and the facts behind it.
 #[derive(Debug, Clone, Serialize)]
@@ -74,18 +75,17 @@ pub(super) fn spawn_server_with(
 ) -> anyhow::Result<Server> {
     let log_file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let mut cmd = Command::new(exe);
+    if let Some(point) = stop_at {
+        cmd.args(["--stop-at", point]);
+    }
     cmd.args(["serve", "--data"])
         .arg(data)
         .args(["--listen", "127.0.0.1:0"])
         .args(extra)
         .env("RUST_LOG", "info")
-        .env_remove("DURAFIBER_STOP_AT")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log_file);
-    if let Some(point) = stop_at {
-        cmd.env("DURAFIBER_STOP_AT", point);
-    }
     let mut child = cmd.spawn().with_context(|| format!("starting {}", exe.display()))?;
     let stdout = child.stdout.take().context("server stdout")?;
     let (tx, rx) = std::sync::mpsc::channel();
@@ -99,7 +99,9 @@ pub(super) fn spawn_server_with(
         .strip_prefix("listening on ")
         .and_then(|a| a.parse().ok())
         .with_context(|| format!("unexpected first line from the server: {line}"))?;
-    let client = Client::new(addr).with_token(crate::auth::read_admin_token(data));
+    let client = Client::from_addr(addr)
+        .with_retry_budget(Duration::ZERO)
+        .with_token(durafiber_server::read_admin_token(data));
     Ok(Server { child, client, log: log.to_path_buf() })
 }
 
@@ -125,7 +127,7 @@ pub(super) async fn wait_run(
 ) -> anyhow::Result<Value> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(run) = client.get(&format!("/runs/{run_id}")).await
+        if let Ok(run) = client.get_json(&format!("/runs/{run_id}")).await
             && pred(&run)
         {
             return Ok(run);
@@ -188,7 +190,7 @@ pub async fn drill(exe: &Path, seed: u64, out: &Path, stop_at: &str) -> anyhow::
     let mut s1 = spawn_server(exe, &data, &out.join("server-1.log"), None)?;
     let started_run = s1
         .client
-        .post("/runs", &json!({"kind": "refund", "input": input}), Some(&format!("drill-{seed}")))
+        .post_json("/runs", &json!({"kind": "refund", "input": input}), Some(&format!("drill-{seed}")))
         .await?;
     let run_id = started_run["run_id"].as_str().context("no run id")?.to_string();
     let before_kill_1 = wait_run(&s1.client, &run_id, "pause for approval", |r| {
@@ -199,8 +201,8 @@ pub async fn drill(exe: &Path, seed: u64, out: &Path, stop_at: &str) -> anyhow::
     eprintln!("drill: [2/5] SIGKILL the server mid-wait, restart it");
     sigkill(&mut s1);
     let mut s2 = spawn_server(exe, &data, &out.join("server-2.log"), Some(stop_at))?;
-    let after_kill_1 = s2.client.get(&format!("/runs/{run_id}")).await?;
-    let view = s2.client.get("/approvals").await?;
+    let after_kill_1 = s2.client.get_json(&format!("/runs/{run_id}")).await?;
+    let view = s2.client.get_json("/approvals").await?;
     let pending = view.as_array().and_then(|a| a.iter().find(|p| p["run_id"] == run_id.as_str())).cloned();
     let draft_json = serde_json::to_value(&draft)?;
     let human_sees_context = pending
@@ -213,19 +215,19 @@ pub async fn drill(exe: &Path, seed: u64, out: &Path, stop_at: &str) -> anyhow::
         .and_then(|p| p["payload_hash"].as_str())
         .context("no pending approval after the restart")?;
     s2.client
-        .post(
+        .post_json(
             &format!("/runs/{run_id}/approvals/refund"),
             &json!({"payload_hash": hash, "approved": true, "comment": "drill"}),
             None,
         )
         .await?;
     wait_log(&s2.log, &format!("STOPPED AT {stop_at}")).await?;
-    let before_kill_2 = s2.client.get(&format!("/runs/{run_id}")).await?;
+    let before_kill_2 = s2.client.get_json(&format!("/runs/{run_id}")).await?;
 
     eprintln!("drill: [4/5] SIGKILL at {stop_at}, restart");
     sigkill(&mut s2);
     let mut s3 = spawn_server(exe, &data, &out.join("server-3.log"), None)?;
-    let after_kill_2 = s3.client.get(&format!("/runs/{run_id}")).await?;
+    let after_kill_2 = s3.client.get_json(&format!("/runs/{run_id}")).await?;
     let done =
         wait_run(&s3.client, &run_id, "complete", |r| r["run"]["status"].get("completed").is_some()).await?;
     let runs = s3.client.get_query("/runs", &[("kind", "refund".into()), ("limit", "100".into())]).await?;

@@ -1,0 +1,168 @@
+//! Following a run's output stream over server-sent events, reopened with `Last-Event-ID`
+//! when the connection drops, so that every chunk arrives once and in order.
+
+use std::time::{Duration, Instant};
+
+use durafiber_runtime::StreamChunk;
+use futures::{SinkExt as _, Stream, StreamExt as _, channel::mpsc};
+use reqwest::Method;
+
+use crate::{Client, ClientError};
+
+/// How long to wait before reopening a dropped stream.
+const REOPEN_PAUSE: Duration = Duration::from_millis(200);
+
+/// One event of the stream as the server frames it.
+#[derive(Debug, Default)]
+struct Frame {
+    event: String,
+    id: Option<String>,
+    data: String,
+}
+
+/// Splits server-sent events out of the bytes received so far; what is left is an
+/// incomplete event.
+fn frames(buffer: &mut String) -> Vec<Frame> {
+    let mut out = Vec::new();
+    while let Some(end) = buffer.find("\n\n") {
+        let block: String = buffer.drain(..end + 2).collect();
+        let mut frame = Frame::default();
+        for line in block.lines() {
+            let (field, value) = line.split_once(':').unwrap_or((line, ""));
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            match field {
+                "event" => frame.event = value.to_string(),
+                "id" => frame.id = Some(value.to_string()),
+                "data" => {
+                    if !frame.data.is_empty() {
+                        frame.data.push('\n');
+                    }
+                    frame.data.push_str(value);
+                }
+                _ => {}
+            }
+        }
+        if !frame.event.is_empty() || !frame.data.is_empty() {
+            out.push(frame);
+        }
+    }
+    out
+}
+
+/// Why one connection of the stream ended.
+enum Ended {
+    /// The server said the run ended: the stream is complete.
+    Complete,
+    /// The connection dropped: reopen after the last chunk.
+    Dropped,
+    /// The consumer went away.
+    Abandoned,
+}
+
+/// Reads one connection, sending each chunk on; `next` is the first chunk not yet sent.
+async fn one_connection(
+    client: &Client,
+    path: &str,
+    next: &mut u64,
+    tx: &mut mpsc::Sender<Result<StreamChunk, ClientError>>,
+) -> Result<Ended, ClientError> {
+    let from = *next;
+    let response = client
+        .send(Method::GET, path, |r| {
+            let r = r.header(reqwest::header::ACCEPT, "text/event-stream");
+            match from.checked_sub(1) {
+                Some(last) => r.header("Last-Event-ID", last.to_string()),
+                None => r,
+            }
+        })
+        .await?;
+    let mut body = response.bytes_stream();
+    let mut buffer = String::new();
+    while let Some(bytes) = body.next().await {
+        let Ok(bytes) = bytes else { return Ok(Ended::Dropped) };
+        buffer.push_str(&String::from_utf8_lossy(&bytes));
+        for frame in frames(&mut buffer) {
+            match frame.event.as_str() {
+                "chunk" => {
+                    let Some(seq) = frame.id.as_deref().and_then(|id| id.parse::<u64>().ok()) else {
+                        return Err(ClientError::Decode(format!(
+                            "a chunk without a sequence number: {frame:?}"
+                        )));
+                    };
+                    if seq < *next {
+                        continue;
+                    }
+                    *next = seq.saturating_add(1);
+                    let chunk = StreamChunk { seq, data_json: frame.data, emitted_at_ms: 0 };
+                    if tx.send(Ok(chunk)).await.is_err() {
+                        return Ok(Ended::Abandoned);
+                    }
+                }
+                "end" => return Ok(Ended::Complete),
+                "error" => return Err(ClientError::Decode(frame.data)),
+                _ => {}
+            }
+        }
+    }
+    Ok(Ended::Dropped)
+}
+
+/// The chunks of `path` from `from` on; see [`Client::stream`].
+pub(crate) fn follow(
+    client: Client,
+    path: String,
+    from: u64,
+) -> impl Stream<Item = Result<StreamChunk, ClientError>> + Send + 'static {
+    let (mut tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let mut next = from;
+        let mut failing_since: Option<Instant> = None;
+        loop {
+            match one_connection(&client, &path, &mut next, &mut tx).await {
+                Ok(Ended::Complete | Ended::Abandoned) => return,
+                Ok(Ended::Dropped) => failing_since = None,
+                Err(e @ ClientError::Unreachable { .. }) => {
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= client.retry_budget {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            }
+            tracing::debug!(path, next, "the stream's connection dropped; reopening");
+            tokio::time::sleep(REOPEN_PAUSE).await;
+        }
+    });
+    rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_split_on_blank_lines_and_keep_the_rest() {
+        let mut buffer = "event: chunk\nid: 3\ndata: \"a\"\n\nevent: end\ndata: compl".to_string();
+        let got = frames(&mut buffer);
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            (got[0].event.as_str(), got[0].id.as_deref(), got[0].data.as_str()),
+            ("chunk", Some("3"), "\"a\"")
+        );
+        assert_eq!(buffer, "event: end\ndata: compl");
+        buffer.push_str("eted\n\n");
+        let got = frames(&mut buffer);
+        assert_eq!((got[0].event.as_str(), got[0].data.as_str()), ("end", "completed"));
+        assert!(buffer.is_empty());
+    }
+
+    #[test]
+    fn keep_alive_comments_are_no_frames() {
+        let mut buffer = ":\n\n".to_string();
+        assert!(frames(&mut buffer).is_empty());
+    }
+}

@@ -1,0 +1,223 @@
+//! The answers of the HTTP API this client reads, as the server writes them (the server's
+//! `schema.rs` and `/openapi.json` are their reference). Fields a caller rarely needs stay
+//! JSON, so a newer server's additions never break an older client.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use durafiber_runtime::SendOutcome;
+
+/// `GET /health`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Health {
+    /// Whether the store takes writes.
+    pub ok: bool,
+    /// Why the store failed, if it did.
+    pub failed: Option<String>,
+    /// Whether writes wait for disk space.
+    #[serde(default)]
+    pub parked: bool,
+    /// Whether free space is below twice the reserve.
+    #[serde(default)]
+    pub low_on_space: bool,
+    /// This node's id on a shared store.
+    pub node_id: Option<String>,
+}
+
+/// A run's state as the API shows it: a completed run's output as JSON.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Durably recorded; no fiber has started yet.
+    Accepted,
+    /// A fiber is registered.
+    Running,
+    /// Waits for a human.
+    WaitingApproval {
+        /// The approval.
+        approval_id: String,
+    },
+    /// Waits for an alarm.
+    WaitingAlarm {
+        /// The alarm.
+        name: String,
+    },
+    /// Waits for an external event.
+    WaitingEvent {
+        /// The event.
+        name: String,
+    },
+    /// Finished with an output.
+    Completed {
+        /// The output.
+        output: Value,
+    },
+    /// Finished with an error.
+    Failed {
+        /// What went wrong.
+        error: String,
+    },
+    /// Stopped on request.
+    Cancelled {
+        /// Why.
+        reason: String,
+    },
+    /// A human must look.
+    Escalated {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Status {
+    /// Whether the run has finished for good.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            Status::Completed { .. }
+                | Status::Failed { .. }
+                | Status::Cancelled { .. }
+                | Status::Escalated { .. }
+        )
+    }
+
+    /// The state's name, as `GET /runs?state=` takes it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Status::Accepted => "accepted",
+            Status::Running => "running",
+            Status::WaitingApproval { .. } => "waiting_approval",
+            Status::WaitingAlarm { .. } => "waiting_alarm",
+            Status::WaitingEvent { .. } => "waiting_event",
+            Status::Completed { .. } => "completed",
+            Status::Failed { .. } => "failed",
+            Status::Cancelled { .. } => "cancelled",
+            Status::Escalated { .. } => "escalated",
+        }
+    }
+
+    /// What it waits for, or why it ended; empty for the rest.
+    pub fn detail(&self) -> &str {
+        match self {
+            Status::WaitingApproval { approval_id: s }
+            | Status::WaitingAlarm { name: s }
+            | Status::WaitingEvent { name: s }
+            | Status::Failed { error: s }
+            | Status::Cancelled { reason: s }
+            | Status::Escalated { reason: s } => s,
+            _ => "",
+        }
+    }
+}
+
+/// A run's record as `GET /runs/{id}` shows it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RunSummary {
+    /// The run's id.
+    pub run_id: String,
+    /// The agent kind.
+    pub kind: String,
+    /// The idempotency key it was started with.
+    pub key: String,
+    /// Its input.
+    pub input: Value,
+    /// Where it is.
+    pub status: Status,
+    /// When it was accepted, ms.
+    pub created_at_ms: u64,
+    /// When it last changed, ms.
+    pub updated_at_ms: u64,
+    /// Activations so far.
+    pub attempt: u32,
+}
+
+/// `GET /runs/{id}`: the run, and the rest (stash, ledger, alarms, approvals, dead letters,
+/// budget, audit) as the server shows it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RunView {
+    /// The run's record.
+    pub run: RunSummary,
+    /// The last stash, the ledger, alarms, approvals, dead letters, budget and audit.
+    #[serde(flatten)]
+    pub more: serde_json::Map<String, Value>,
+}
+
+/// `POST /runs/{id}/cancel`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Cancelled {
+    /// The run.
+    pub run_id: String,
+    /// Its state after the request (a running fiber stops at its next boundary).
+    pub status: Value,
+}
+
+/// `POST /runs/{id}/requests`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Reply {
+    /// The run.
+    pub run_id: String,
+    /// What `on_request` answered.
+    pub reply: Value,
+}
+
+/// `POST /runs/{id}/events/{name}`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct EventSent {
+    /// The run.
+    pub run_id: String,
+    /// The event.
+    pub name: String,
+    /// Delivered, buffered, or a duplicate.
+    pub outcome: SendOutcome,
+}
+
+/// One key of a run's storage.
+#[derive(Debug, Clone, Deserialize)]
+pub struct StorageEntry {
+    /// The key.
+    pub key: String,
+    /// Its value.
+    pub value: Value,
+}
+
+/// `GET /runs/{id}/storage`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct StoragePage {
+    /// The run.
+    pub run_id: String,
+    /// The keys, in order.
+    pub entries: Vec<StorageEntry>,
+    /// Pass as `start_after` for the next page; `None` on the last one.
+    pub next: Option<String>,
+}
+
+/// `POST /tokens`: the only time a token is shown.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TokenCreated {
+    /// Its name.
+    pub name: String,
+    /// Its role.
+    pub role: String,
+    /// The secret to present as `Authorization: Bearer`.
+    pub token: String,
+}
+
+/// A token as an admin sees it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TokenShown {
+    /// Its name.
+    pub name: String,
+    /// Its role.
+    pub role: String,
+    /// When it was created, ms.
+    pub created_at_ms: u64,
+}
+
+/// `DELETE /tokens/{name}`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TokenRevoked {
+    /// Its name.
+    pub name: String,
+    /// False when no token had that name.
+    pub revoked: bool,
+}

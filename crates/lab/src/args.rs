@@ -1,0 +1,243 @@
+//! The `durafiber` command: every operational command of `durafiber-cli` for the demo
+//! agents, and the lab's commands — the drill, the torture, the simulations and the
+//! benchmarks.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// durafiber: durable runs for long-running agents — the demo agents, and the lab that
+/// kills, measures and simulates them.
+#[derive(Debug, Parser)]
+#[command(name = "durafiber", version, about)]
+pub struct LabCli {
+    /// The version of the demo order agent's stash to host (1 or 2): how the torture deploys
+    /// a new stash shape over a store full of version 1 runs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
+    pub order_stash_version: u32,
+    /// Stop at this boundary (for example `after_effect_call:refund`) and wait there to be
+    /// killed: the drill's deterministic crash.
+    #[arg(long)]
+    pub stop_at: Option<String>,
+    /// The command.
+    #[command(subcommand)]
+    pub command: LabCommand,
+}
+
+/// Every command: the operational ones, then the lab's.
+#[derive(Debug, Subcommand)]
+pub enum LabCommand {
+    /// The operational commands, as every durafiber binary has them.
+    #[command(flatten)]
+    Ops(durafiber_cli::Command),
+    /// The kill-and-resume drill, end to end, with real processes.
+    Drill {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Seed of the drill's random choices.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Where to write the recording (server logs and the JSON report).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The boundary the second kill lands on: `after_effect_prepare:refund`,
+        /// `after_effect_call:refund` (between the upstream call and the receipt commit) or
+        /// `after_effect_commit:refund`.
+        #[arg(long, default_value = "after_effect_call:refund")]
+        stop_at: String,
+        /// Run the drill across this many nodes sharing the PostgreSQL server of `--pg-url`
+        /// (a scratch database is created there and dropped after). The second stop is then
+        /// always between the refund call and its receipt, and a SIGSTOP.
+        #[arg(long, requires = "pg_url")]
+        nodes: Option<usize>,
+        /// The PostgreSQL server for `--nodes` (`postgres://user@host:port/db`; the user
+        /// needs CREATEDB).
+        #[arg(long, requires = "nodes", env = "DURAFIBER_PG_URL")]
+        pg_url: Option<String>,
+    },
+    /// The random-kill torture: a server SIGKILLed at seeded random times while runs keep
+    /// starting; then every promise is checked against an independent upstream.
+    Torture {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Seed of every random choice (kill times, inputs, the server's chaos).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// How many times the server is SIGKILLed.
+        #[arg(long, default_value_t = 100)]
+        kills: u32,
+        /// Chaos eviction rate inside the server, per committed boundary (0..=1).
+        #[arg(long, default_value_t = 0.05)]
+        chaos: f64,
+        /// Where to write the server logs and the report.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Simulations on the virtual clock.
+    Sim {
+        /// Which simulation.
+        #[command(subcommand)]
+        which: Sim,
+    },
+    /// Benchmarks, each beside a baseline measured in the same run.
+    Bench {
+        /// Which benchmark.
+        #[command(subcommand)]
+        which: Bench,
+    },
+}
+
+/// `sim` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Sim {
+    /// Hibernation, keep-alive heartbeats, eviction mid-fiber and recovery.
+    Eviction {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Seed of the eviction draws.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
+    /// An alarm whose handler fails K times (default: always).
+    AlarmRetry {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Failures before the handler succeeds.
+        #[arg(long)]
+        fail_times: Option<u32>,
+        /// Seed of the jitter.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
+}
+
+/// `bench` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Bench {
+    /// Sync-mode commits per second against the raw fdatasync rate.
+    Stash {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Concurrent writers (the 1-writer figure is always measured too).
+        #[arg(long, default_value_t = 1000)]
+        writers: usize,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        /// Where to write samples and the histogram.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Measure fenced commits across this many node processes sharing the PostgreSQL
+        /// server of `--pg-url` (a scratch database is created there and dropped after).
+        #[arg(long, requires = "pg_url")]
+        nodes: Option<usize>,
+        /// The PostgreSQL server for `--nodes` (the user needs CREATEDB).
+        #[arg(long, requires = "nodes", env = "DURAFIBER_PG_URL")]
+        pg_url: Option<String>,
+    },
+    /// Time from a restarted process's start to every interrupted run recovered.
+    Recover {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Runs in flight when the process is killed.
+        #[arg(long, default_value_t = 1000)]
+        runs: usize,
+        /// Time each run waits before each of its steps, before and after the kill: with
+        /// many runs, a short one makes their own steps compete with the recovery measured.
+        #[arg(long, default_value_t = 1000)]
+        pause_ms: u64,
+        /// Recover N times, each on a fresh copy of the killed process's data directory,
+        /// and report every time with the median and the best (the machine's noise shows).
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
+        /// Where to write samples and the histogram.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Alarm lateness with many alarms due at once, and memory per pending alarm.
+    Alarms {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Alarms due within the same second.
+        #[arg(long, default_value_t = 10_000)]
+        alarms: usize,
+        /// Extra alarms pending far in the future.
+        #[arg(long, default_value_t = 0)]
+        pending: usize,
+        /// Where to write samples and the histogram.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// The side-by-side workload: concurrent runs of stash steps, one run's sequential steps
+    /// with a gap, and a SIGKILL with runs in flight (restart to first resumed step, steps
+    /// re-run), beside raw fdatasync.
+    Steps {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Concurrent runs.
+        #[arg(long, default_value_t = 100)]
+        runs: usize,
+        /// Stash steps per concurrent run.
+        #[arg(long, default_value_t = 50)]
+        steps: u32,
+        /// Steps of the sequential run.
+        #[arg(long, default_value_t = 200)]
+        sequential: u32,
+        /// Gap between the sequential run's steps, ms.
+        #[arg(long, default_value_t = 1)]
+        gap_ms: u64,
+        /// Runs in flight when the process is killed.
+        #[arg(long, default_value_t = 200)]
+        kill_runs: usize,
+        /// Where to write the sequential steps' samples and histogram.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Internal: one node of `bench stash --nodes`.
+    #[command(hide = true)]
+    StashNode {
+        /// The database.
+        url: String,
+        /// This node's id.
+        node_id: String,
+        /// Nodes in the measurement (this one takes 1/nodes of the shards).
+        nodes: usize,
+        /// Concurrent writers in this node.
+        writers: usize,
+        /// When to start committing, ms since the epoch (every node starts together).
+        start_at_ms: u64,
+        /// Seconds to commit for.
+        seconds: f64,
+    },
+    /// Internal: the process `bench steps` kills and restarts.
+    #[command(hide = true)]
+    StepsChild {
+        /// The data directory.
+        data: PathBuf,
+        /// `start` or `resume`.
+        mode: String,
+        /// Runs.
+        runs: usize,
+    },
+    /// Internal: the process `bench recover` kills and restarts.
+    #[command(hide = true)]
+    RecoverChild {
+        /// The data directory.
+        data: PathBuf,
+        /// `start N` or `recover N`.
+        mode: String,
+        /// Runs.
+        runs: usize,
+        /// Time each run waits before each step.
+        #[arg(long, default_value_t = 1000)]
+        pause_ms: u64,
+    },
+}

@@ -1,0 +1,304 @@
+//! Serving a runtime: the store opened from [`ServerOptions`], the caller's agents registered
+//! on its [`RuntimeBuilder`], the routes bound, and a graceful stop on SIGTERM or Ctrl-C.
+//!
+//! Prints `listening on ADDR` on standard output once it accepts connections. SIGKILL is safe
+//! by design: nothing acknowledged lives only in memory.
+
+use std::{
+    io::Write,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use durafiber_runtime::{Runtime, RuntimeBuilder, RuntimeConfig, RuntimeError, Secrets, limits};
+use durafiber_store::{Store, StoreError};
+
+use crate::{
+    auth::{self, AccessError},
+    listen,
+    routes::router,
+    session::Sessions,
+    state::{Access, AppState, prometheus},
+};
+
+/// Everything `serve` needs to know, in one typed place. `listen` and `data` have no useful
+/// default; everything else is off or empty by default.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), durafiber_server::ServeError> {
+/// let options = durafiber_server::ServerOptions::new("127.0.0.1:7878".parse().unwrap(), "./data");
+/// durafiber_server::serve(&options, |builder| builder /* .agent(MyAgent) */).await
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// The address to listen on; port 0 picks a free one (the `listening on` line names it).
+    pub listen: SocketAddr,
+    /// The server's own files (the admin token), and the store unless `store` is given.
+    pub data: PathBuf,
+    /// A `postgres://` URL: the runs live in that database.
+    pub store: Option<String>,
+    /// This node's id among several sharing `store`.
+    pub node_id: Option<String>,
+    /// Their lease on shards, overriding the configuration's `lease_ttl`.
+    pub lease_ttl: Option<Duration>,
+    /// Where the others reach this node; the listen address by default.
+    pub advertise: Option<String>,
+    /// A JSON configuration file (durations as "10s", "72h"); defaults without one.
+    pub config: Option<PathBuf>,
+    /// Names clients may reach it by, beyond the listen address and localhost.
+    pub allowed_hosts: Vec<String>,
+    /// `GET /metrics` without a token.
+    pub open_metrics: bool,
+    /// HTTPS: the certificate chain and key files (PEM).
+    pub tls: Option<TlsFiles>,
+    /// Off loopback without TLS, on purpose (behind a proxy that terminates TLS).
+    pub insecure_plain_http: bool,
+}
+
+impl ServerOptions {
+    /// Options for a lone server on `listen` keeping its runs in `data`.
+    pub fn new(listen: SocketAddr, data: impl Into<PathBuf>) -> Self {
+        ServerOptions {
+            listen,
+            data: data.into(),
+            store: None,
+            node_id: None,
+            lease_ttl: None,
+            advertise: None,
+            config: None,
+            allowed_hosts: Vec::new(),
+            open_metrics: false,
+            tls: None,
+            insecure_plain_http: false,
+        }
+    }
+}
+
+/// A certificate chain and its private key, both PEM files.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The certificate chain.
+    pub cert: PathBuf,
+    /// The certificate's private key.
+    pub key: PathBuf,
+}
+
+/// Why the server could not start, or had to stop.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The configuration file could not be read.
+    #[error("reading {path}: {source}")]
+    ConfigFile {
+        /// The file.
+        path: PathBuf,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+    /// The configuration is not valid.
+    #[error("in {path}: {source}")]
+    Config {
+        /// The file (or `defaults`).
+        path: String,
+        /// What is wrong.
+        source: RuntimeError,
+    },
+    /// A `DURAFIBER_SECRET_*` variable is malformed.
+    #[error("DURAFIBER_SECRET_*: {0}")]
+    Secrets(String),
+    /// `store` is not a `postgres://` URL.
+    #[error("--store takes a postgres:// URL, not {0:?}")]
+    NotADatabaseUrl(String),
+    /// Listening off loopback over plain HTTP without saying so.
+    #[error(
+        "{0} is off loopback: tokens would cross the network in clear text; give --tls-cert and --tls-key, or pass --insecure-plain-http behind a proxy that terminates TLS"
+    )]
+    PlainHttpOffLoopback(SocketAddr),
+    /// The certificate or key could not be used.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// A file or socket operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+    /// The store could not be opened.
+    #[error("opening the store at {place}: {source}")]
+    Store {
+        /// The directory or database.
+        place: String,
+        /// Why.
+        source: StoreError,
+    },
+    /// The runtime could not open (an unknown stash version, a store another node holds, …).
+    #[error("{0}")]
+    Runtime(#[from] RuntimeError),
+    /// The tokens could not be read or written.
+    #[error("{0}")]
+    Access(#[from] AccessError),
+    /// The store failed while serving; a supervisor should restart the process, which
+    /// recovers every run ([`EXIT_STORE_FAILED`] is the exit code for it).
+    #[error("the store failed ({0}); exiting so a supervisor can restart the server")]
+    StoreFailed(String),
+}
+
+/// Exit code when the store failed under a running server (`EX_TEMPFAIL`: try again).
+pub const EXIT_STORE_FAILED: i32 = 75;
+
+/// Reads a JSON configuration file; defaults when there is none.
+pub fn load_config(path: Option<&Path>) -> Result<RuntimeConfig, ServeError> {
+    match path {
+        None => Ok(RuntimeConfig::default()),
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|source| ServeError::ConfigFile { path: p.to_path_buf(), source })?;
+            RuntimeConfig::from_json(&text)
+                .map_err(|source| ServeError::Config { path: p.display().to_string(), source })
+        }
+    }
+}
+
+/// Opens the store `options` names (the database of `options.store`, or the data directory),
+/// as node `options.node_id` when several share it.
+pub fn open_store(options: &ServerOptions, config: &RuntimeConfig) -> Result<Store, ServeError> {
+    let store_config =
+        config.store_config().map_err(|source| ServeError::Config { path: "config".into(), source })?;
+    let opened = match (&options.store, &options.node_id) {
+        (Some(url), _) if !durafiber_store::store::is_database_url(url) => {
+            return Err(ServeError::NotADatabaseUrl(url.clone()));
+        }
+        (Some(url), Some(node)) => durafiber_store::PgBackend::open_node(url, node)
+            .and_then(|backend| Store::with_backend(Arc::new(backend), store_config)),
+        (Some(url), None) => Store::open_postgres(url, store_config),
+        (None, _) => Store::open_dir(&options.data, store_config),
+    };
+    opened.map_err(|source| ServeError::Store { place: store_place(options), source })
+}
+
+/// The store's place for messages: the data directory, or the database without its password.
+fn store_place(options: &ServerOptions) -> String {
+    match &options.store {
+        Some(url) => match url::Url::parse(url) {
+            Ok(mut parsed) => {
+                let _ = parsed.set_password(None);
+                parsed.to_string()
+            }
+            Err(_) => "the --store database".into(),
+        },
+        None => options.data.display().to_string(),
+    }
+}
+
+/// Opens the store and the runtime for serving, with the agents `register` adds: on a shared
+/// database as node `options.node_id`, advertising `advertise`.
+pub async fn open_runtime(
+    options: &ServerOptions,
+    advertise: &str,
+    mut config: RuntimeConfig,
+    secrets: Secrets,
+    register: impl FnOnce(RuntimeBuilder) -> RuntimeBuilder,
+) -> Result<Runtime, ServeError> {
+    if let Some(ttl) = options.lease_ttl {
+        config.lease_ttl = ttl;
+    }
+    let store = open_store(options, &config)?;
+    let builder = register(Runtime::builder(store).config(config).secrets(secrets));
+    Ok(builder.advertise(advertise).open().await?)
+}
+
+/// Serves the agents `register` adds until SIGTERM or Ctrl-C; then stops gracefully.
+///
+/// `register` is handed the builder of the runtime, with its store, configuration and
+/// secrets already set; it adds the agents (and may change anything else a builder can).
+pub async fn serve(
+    options: &ServerOptions,
+    register: impl FnOnce(RuntimeBuilder) -> RuntimeBuilder,
+) -> Result<(), ServeError> {
+    let tls = match &options.tls {
+        Some(files) => Some(listen::tls_acceptor(&files.cert, &files.key)?),
+        None => None,
+    };
+    let addr = options.listen;
+    if !addr.ip().is_loopback() && tls.is_none() {
+        if !options.insecure_plain_http {
+            return Err(ServeError::PlainHttpOffLoopback(addr));
+        }
+        tracing::warn!(%addr, "serving plain HTTP off loopback; tokens and payloads cross the network unencrypted");
+        eprintln!(
+            "durafiber: WARNING: serving plain HTTP on {addr}; tokens and payloads cross the network unencrypted"
+        );
+    }
+    // Installed before the runtime opens, so the recoveries at open are counted too.
+    let prometheus = prometheus();
+    let config = load_config(options.config.as_deref())?;
+    let secrets = Secrets::from_env().map_err(ServeError::Secrets)?;
+    let data = options.data.as_path();
+    std::fs::create_dir_all(data)
+        .map_err(|source| ServeError::Io { what: format!("creating {}", data.display()), source })?;
+    // Bound first, so that a node can tell the others the address it really listens on.
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Io { what: format!("binding {addr}"), source })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| ServeError::Io { what: "reading the bound address".into(), source })?;
+    let advertise = options.advertise.clone().unwrap_or_else(|| addr.to_string());
+    let runtime = open_runtime(options, &advertise, config, secrets.clone(), register).await?;
+    if let Some(path) = auth::bootstrap(runtime.store(), data, runtime.now_ms()).await? {
+        eprintln!("durafiber: created the admin token; it is in {} (readable by you only)", path.display());
+    }
+    let access = Access::new(addr, &options.allowed_hosts, options.open_metrics);
+    let (stop_streams, stopping) = tokio::sync::watch::channel(false);
+    let sessions = Arc::new(Sessions::new(tls.is_some()));
+    let app = router(AppState { runtime: runtime.clone(), secrets, prometheus, access, sessions, stopping });
+    println!("listening on {addr}");
+    let _ = std::io::stdout().flush();
+    tracing::info!(%addr, data = %data.display(), "serving");
+    let shutdown = async {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    tracing::info!(tls = tls.is_some(), "accepting connections");
+    let server = listen::serve(listener, app, tls, async move {
+        shutdown.await;
+        // Event streams never finish on their own: end them so their connections close.
+        let _ = stop_streams.send(true);
+        let _ = stop_tx.send(());
+    });
+    let mut failed = runtime.store().failed_signal();
+    tokio::select! {
+        () = server => {}
+        // Requests waiting for disk space must not hold a stop forever.
+        () = async {
+            let _ = stop_rx.await;
+            tokio::time::sleep(limits::STOP_GRACE).await;
+        } => tracing::warn!("requests still open after the stop grace period; stopping anyway"),
+        reason = failed.wait_for(|f| f.is_some()) => {
+            let reason = reason.map(|r| r.clone().unwrap_or_default()).unwrap_or_default();
+            // sled cannot be trusted in this process any more: the caller exits so that a
+            // supervisor restarts the server, which reopens the store and recovers every run.
+            return Err(ServeError::StoreFailed(reason));
+        }
+    }
+    tracing::info!("stopping");
+    let stop = async {
+        runtime.shutdown().await;
+        runtime.store().close();
+    };
+    if tokio::time::timeout(limits::STOP_GRACE, stop).await.is_err() {
+        tracing::warn!("the store did not stop within the grace period; exiting");
+    }
+    Ok(())
+}
