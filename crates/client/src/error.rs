@@ -31,9 +31,13 @@ pub enum ApiErrorKind {
     ShuttingDown,
     /// The run left memory while the request waited.
     Evicted,
+    /// The run's shard has no live owner yet (503, with `Retry-After`).
+    NoOwner,
+    /// The run's owner did not answer the node that passed the request on (502).
+    OwnerUnreachable,
     /// The server's disk is below its reserve (507).
     StorageFull,
-    /// The server's store failed, or no node owns the run yet (503).
+    /// The server's store failed (503).
     StoreFailed,
     /// No such endpoint, or nothing at that path.
     NotFound,
@@ -82,6 +86,8 @@ impl ApiErrorKind {
             "Agent" => Agent,
             "ShuttingDown" => ShuttingDown,
             "Evicted" => Evicted,
+            "NoOwner" => NoOwner,
+            "OwnerUnreachable" => OwnerUnreachable,
             "StorageFull" => StorageFull,
             "StoreFailed" => StoreFailed,
             "NotFound" => NotFound,

@@ -9,14 +9,14 @@
 use std::time::{Duration, Instant};
 
 use durafiber_testkit::upstream::Upstream;
-use fantoccini::{Client, Locator};
+use fantoccini::Locator;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 mod common;
 use common::{
     Served,
-    browser::{Driver, has, screenshot, text_of, wait_for_text},
+    browser::{Driver, click, has, screenshot, sign_in, text_of, wait_for_path, wait_for_text},
 };
 
 async fn create_token(server: &Served, name: &str, role: &str) -> String {
@@ -68,42 +68,6 @@ async fn refund_waiting(server: &Served, order: &str, cents: u64, upstream: &str
 async fn run_view(server: &Served, run_id: &str) -> Value {
     let r = server.client().get(server.url(&format!("/runs/{run_id}"))).send().await.expect("run");
     r.json().await.expect("json")
-}
-
-async fn sign_in(browser: &Client, server: &Served, token: &str) {
-    browser.goto(&server.url("/ui/sign-in")).await.expect("sign-in page");
-    let field = browser.wait().for_element(Locator::Css("#token")).await.expect("token field");
-    field.send_keys(token).await.expect("type the token");
-    click(browser, "#sign-in").await;
-    // Signed in, or refused: either way the answer to the form has loaded.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !has(browser, "#signed-in-as").await && !has(browser, "#refused").await {
-        assert!(Instant::now() < deadline, "no answer to the sign-in form after 30 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn click(browser: &Client, css: &str) {
-    let element = browser
-        .wait()
-        .at_most(Duration::from_secs(30))
-        .for_element(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("no {css} to click: {e}"));
-    element.click().await.unwrap_or_else(|e| panic!("clicking {css}: {e}"));
-}
-
-/// Waits until the browser is at `path` (a click's navigation may still be under way).
-async fn wait_for_path(browser: &Client, path: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let now = browser.current_url().await.expect("url").path().to_string();
-        if now == path {
-            return;
-        }
-        assert!(Instant::now() < deadline, "at {now}, not {path}, after 30 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -167,6 +167,16 @@ pub trait Agent: Send + Sync + Sized + 'static {
         if alarm.recurring { ExhaustedAction::Ignore } else { ExhaustedAction::Escalate }
     }
 
+    /// How the console shows the payload of approval `approval_id` to a reviewer: a title,
+    /// a one-line summary and labelled, formatted fields. `payload` is exactly what
+    /// `request_approval` stored (secrets redacted). `None`, the default, shows the payload's
+    /// own fields with their names as labels. The decision always quotes the exact payload's
+    /// hash, whatever this shows.
+    fn approval_view(&self, approval_id: &str, payload: &serde_json::Value) -> Option<crate::ApprovalView> {
+        let _ = (approval_id, payload);
+        None
+    }
+
     /// Runs once when the run enters `Escalated` (approval timeout, exhausted alarm, ...),
     /// outside the fiber: tell a human through `ctx.effect`, whose idempotency key keeps the
     /// notice single however often the hook is re-entered, or note it in `ctx.storage()`.

@@ -22,6 +22,7 @@
 pub mod agent;
 mod alarm;
 mod approval;
+mod approval_view;
 mod budget;
 pub mod clock;
 mod config;
@@ -52,6 +53,7 @@ pub use agent::Ctx;
 pub use agent::{Agent, AlarmEvent, ExhaustedAction, Recovered, RecoveryReason};
 pub use alarm::{Alarm, AlarmAt, AlarmSpec, CronSchedule};
 pub use approval::{ApproveOutcome, PendingApproval};
+pub use approval_view::{ApprovalView, FieldValue, ViewField};
 pub use config::{Budget, DurabilityMode, RuntimeConfig, parse_bytes, parse_range};
 pub use durafiber_store::tables::{
     AlarmRecord, ApprovalRecord, BudgetLimits, BudgetRecord, BudgetSpent, CronRecord, DeadLetter, Decision,

@@ -8,6 +8,7 @@ use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
     agent::{Agent, Ctx, Recovered},
+    approval_view::ApprovalView,
     error::AgentError,
     hooks::{AlarmEvent, ExhaustedAction},
     json,
@@ -123,5 +124,9 @@ impl<A: Agent> ErasedAgent for Typed<A> {
     fn on_escalate(&self, raw: RawCtx, reason: String) -> BoxFuture<()> {
         let agent = self.0.clone();
         Box::pin(async move { agent.on_escalate(&mut Ctx::<A>::new(raw), &reason).await })
+    }
+
+    fn approval_view(&self, approval_id: &str, payload: &serde_json::Value) -> Option<ApprovalView> {
+        self.0.approval_view(approval_id, payload)
     }
 }

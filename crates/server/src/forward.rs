@@ -9,7 +9,9 @@
 //! the owner (ownership moved meanwhile) is answered 421, for the caller to send again. With
 //! no owner (its node died and no node's tick took the shard yet) this node takes the shard
 //! and serves the request; if it cannot (another node took it meanwhile, or the database
-//! does not answer) the answer is 503 with `Retry-After`.
+//! does not answer) the answer is 503 with `Retry-After`. An owner that cannot be reached is
+//! 502 `OwnerUnreachable`, with `Retry-After` when the request never reached it (its lease
+//! runs out and another node takes the run over).
 
 use std::time::Duration;
 
@@ -117,12 +119,21 @@ async fn pass_on(req: Request, addr: &str, node_id: &str) -> Response {
             }
             response
         }
-        Err(e) => ApiError(
-            StatusCode::BAD_GATEWAY,
-            format!("the run's owner, node {node_id} at {addr}, did not answer: {e}"),
-            "OwnerUnreachable",
-        )
-        .into_response(),
+        Err(e) => {
+            let never_reached = e.is_connect();
+            let mut response = ApiError(
+                StatusCode::BAD_GATEWAY,
+                format!("the run's owner, node {node_id} at {addr}, did not answer: {e}"),
+                "OwnerUnreachable",
+            )
+            .into_response();
+            // Nothing reached a dead owner: once its lease runs out a live node takes its
+            // shards over, so the same request may be sent again.
+            if never_reached {
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            response
+        }
     }
 }
 

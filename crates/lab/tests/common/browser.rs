@@ -10,6 +10,8 @@ use std::{
 
 use fantoccini::{Client, ClientBuilder, Locator};
 
+use super::Served;
+
 /// `chromedriver` on a free loopback port, stopped when dropped.
 pub struct Driver {
     child: Child,
@@ -125,4 +127,42 @@ pub async fn screenshot(browser: &Client, name: &str) {
     let dir = target.join("ui-screenshots");
     std::fs::create_dir_all(&dir).expect("screenshot dir");
     std::fs::write(dir.join(format!("{name}.png")), png).expect("write screenshot");
+}
+
+/// Signs `browser` in to `server`'s console with `token`; returns once the answer loaded.
+pub async fn sign_in(browser: &Client, server: &Served, token: &str) {
+    browser.goto(&server.url("/ui/sign-in")).await.expect("sign-in page");
+    let field = browser.wait().for_element(Locator::Css("#token")).await.expect("token field");
+    field.send_keys(token).await.expect("type the token");
+    click(browser, "#sign-in").await;
+    // Signed in, or refused: either way the answer to the form has loaded.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !has(browser, "#signed-in-as").await && !has(browser, "#refused").await {
+        assert!(Instant::now() < deadline, "no answer to the sign-in form after 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Clicks the element `css`, once there is one (within 30 s).
+pub async fn click(browser: &Client, css: &str) {
+    let element = browser
+        .wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("no {css} to click: {e}"));
+    element.click().await.unwrap_or_else(|e| panic!("clicking {css}: {e}"));
+}
+
+/// Waits until the browser is at `path` (a click's navigation may still be under way).
+pub async fn wait_for_path(browser: &Client, path: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = browser.current_url().await.expect("url").path().to_string();
+        if now == path {
+            return;
+        }
+        assert!(Instant::now() < deadline, "at {now}, not {path}, after 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

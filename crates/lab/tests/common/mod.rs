@@ -35,8 +35,20 @@ impl Served {
 
     /// `serve` with more arguments and environment variables (`DURAFIBER_SECRET_*`).
     pub fn start_env(data: &Path, extra: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> Served {
+        Served::start_program(Path::new(BIN), data, extra, env)
+    }
+
+    /// `PROGRAM serve` of any binary built on `durafiber-cli`, with more arguments and
+    /// environment variables. The admin token is read when the data directory has one (a
+    /// node that joins a database whose tokens exist writes none).
+    pub fn start_program(
+        program: &Path,
+        data: &Path,
+        extra: &[&std::ffi::OsStr],
+        env: &[(&str, &str)],
+    ) -> Served {
         let log = tempfile::NamedTempFile::new().expect("log file");
-        let mut child = Command::new(BIN)
+        let mut child = Command::new(program)
             .args(["serve", "--data"])
             .arg(data)
             .args(["--listen", "127.0.0.1:0"])
@@ -55,8 +67,7 @@ impl Served {
         });
         let line = rx.recv_timeout(Duration::from_secs(60)).expect("the server announces its address");
         let addr = line.strip_prefix("listening on ").expect("listening line").parse().expect("address");
-        let token =
-            std::fs::read_to_string(data.join("admin.token")).expect("admin.token").trim().to_string();
+        let token = std::fs::read_to_string(data.join("admin.token")).unwrap_or_default().trim().to_string();
         Served { child, addr, token, log }
     }
 

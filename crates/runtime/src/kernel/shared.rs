@@ -504,4 +504,9 @@ pub(crate) trait ErasedAgent: Send + Sync + 'static {
     fn on_request(&self, ctx: RawCtx, message_json: String) -> BoxFuture<Result<String, AgentError>>;
     fn on_alarm_exhausted(&self, ctx: RawCtx, alarm: &AlarmEvent) -> ExhaustedAction;
     fn on_escalate(&self, ctx: RawCtx, reason: String) -> BoxFuture<()>;
+    fn approval_view(
+        &self,
+        approval_id: &str,
+        payload: &serde_json::Value,
+    ) -> Option<crate::approval_view::ApprovalView>;
 }

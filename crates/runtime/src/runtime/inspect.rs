@@ -347,4 +347,26 @@ impl Runtime {
     pub fn pending_approvals(&self, run_id: Option<&str>) -> Result<Vec<PendingApproval>, RuntimeError> {
         approval::pending(&self.shared, run_id)
     }
+
+    /// How the agent of `kind` would like approval `approval_id`'s `payload` shown
+    /// ([`crate::Agent::approval_view`]); `None` when it says nothing, the kind is not
+    /// registered, or its code panicked (a reviewer's screen never fails on it).
+    pub fn approval_view(
+        &self,
+        kind: &str,
+        approval_id: &str,
+        payload: &serde_json::Value,
+    ) -> Option<crate::ApprovalView> {
+        let agent = self.shared.agent(kind).ok()?;
+        let shown = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            agent.approval_view(approval_id, payload)
+        }));
+        match shown {
+            Ok(view) => view,
+            Err(_) => {
+                tracing::warn!(kind, approval_id, "approval_view panicked; showing the payload's own fields");
+                None
+            }
+        }
+    }
 }

@@ -27,7 +27,7 @@ use durafiber_runtime::{Decision, ListFilter, RunState, RuntimeError};
 use maud::Markup;
 use serde_json::{Value, json};
 
-use self::pages::{Frame, Notice};
+use self::pages::{Frame, Notice, Section};
 use crate::auth::{self, Role};
 use crate::{
     guard,
@@ -126,19 +126,32 @@ fn signed_in(app: &AppState, headers: &HeaderMap, back_to: &str) -> Result<Sessi
     }
 }
 
-fn frame<'a>(app: &AppState, session: Option<&'a Session>) -> Frame<'a> {
-    Frame { session, now_ms: app.runtime.now_ms() }
+/// The frame of a page in `section`: the navigation counts what needs a human, read at
+/// each page (a console page is not a hot path).
+fn frame<'a>(app: &AppState, session: Option<&'a Session>, section: Section) -> Frame<'a> {
+    let (mut waiting, mut attention) = (None, None);
+    if session.is_some() {
+        waiting = app.runtime.pending_approvals(None).ok().map(|p| p.len());
+        let escalated =
+            ListFilter { state: Some(RunState::Escalated), limit: ATTENTION_MAX, ..ListFilter::default() };
+        let runs = app.runtime.list(&escalated).map(|p| p.runs.len());
+        let letters = app.runtime.dead_letters(ATTENTION_MAX).map(|l| l.len());
+        if let (Ok(runs), Ok(letters)) = (runs, letters) {
+            attention = Some(runs + letters);
+        }
+    }
+    Frame { session, now_ms: app.runtime.now_ms(), section, waiting, attention }
 }
 
 fn failure(app: &AppState, session: Option<&Session>, why: &str) -> Response {
     page(
         StatusCode::SERVICE_UNAVAILABLE,
-        pages::message(&frame(app, session), "Something failed", why, "/ui/approvals"),
+        pages::message(&frame(app, session, Section::Other), "Something failed", why, "/ui/approvals"),
     )
 }
 
 fn refusal(app: &AppState, session: &Session, status: StatusCode, why: &str, back: &str) -> Response {
-    page(status, pages::message(&frame(app, Some(session)), "Not done", why, back))
+    page(status, pages::message(&frame(app, Some(session), Section::Other), "Not done", why, back))
 }
 
 /// A state-changing form: signed in, carrying the session's CSRF token, with the role the
@@ -206,7 +219,7 @@ fn sign_in_form(app: &AppState, next: &str, refused: Option<&str>, status: Statu
         Ok(csrf) => csrf,
         Err(e) => return failure(app, None, &e.to_string()),
     };
-    let mut response = page(status, pages::sign_in(&frame(app, None), &csrf, next, refused));
+    let mut response = page(status, pages::sign_in(&frame(app, None, Section::Other), &csrf, next, refused));
     response.headers_mut().append(header::SET_COOKIE, app.sessions.set_cookie(SIGN_IN_COOKIE, &csrf));
     response
 }
@@ -258,17 +271,19 @@ async fn inbox(State(app): State<AppState>, headers: HeaderMap) -> PageResult {
                 Ok(run) => (run.kind, run.key),
                 Err(_) => (String::new(), String::new()),
             };
+            let view = app.runtime.approval_view(&kind, &p.approval_id, &p.payload);
             pages::InboxRow {
                 run_id: p.run_id,
                 approval_id: p.approval_id,
                 kind,
                 key,
+                view,
                 age_ms: p.age_ms,
                 escalate_at_ms: p.escalate_at_ms,
             }
         })
         .collect();
-    Ok(page(StatusCode::OK, pages::inbox(&frame(&app, Some(&session)), &rows)))
+    Ok(page(StatusCode::OK, pages::inbox(&frame(&app, Some(&session), Section::Approvals), &rows)))
 }
 
 async fn decision_page(
@@ -300,8 +315,10 @@ fn show_decision(
     let mut events = app.runtime.events_since(0, Some(run_id), usize::MAX);
     let keep_from = events.len().saturating_sub(RECENT_EVENTS);
     events.drain(..keep_from);
-    let view = pages::DecisionView { run: &run, approval, events: &events, notice };
-    page(status, pages::decision(&frame(app, Some(session)), &view))
+    let kind = run["run"]["kind"].as_str().unwrap_or_default();
+    let shown = app.runtime.approval_view(kind, approval_id, &approval["payload"]);
+    let view = pages::DecisionView { run: &run, approval, shown: shown.as_ref(), events: &events, notice };
+    page(status, pages::decision(&frame(app, Some(session), Section::Approvals), &view))
 }
 
 fn find_approval<'a>(run: &'a Value, approval_id: &str) -> Option<&'a Value> {
@@ -399,8 +416,13 @@ async fn runs(State(app): State<AppState>, headers: HeaderMap, Query(q): Params)
         Err(e) => return Ok(failure(&app, Some(&session), &e.to_string())),
     };
     let rows: Vec<pages::RunRow> = page_of_runs.runs.iter().map(|run| pages::RunRow { run }).collect();
-    let markup =
-        pages::runs(&frame(&app, Some(&session)), &rows, &state_text, &kind, page_of_runs.next.as_deref());
+    let markup = pages::runs(
+        &frame(&app, Some(&session), Section::Runs),
+        &rows,
+        &state_text,
+        &kind,
+        page_of_runs.next.as_deref(),
+    );
     Ok(page(StatusCode::OK, markup))
 }
 
@@ -426,7 +448,7 @@ async fn run_page(
         _ => q.get("cancelled").map(|_| Notice { good: true, text: "Cancellation requested.".into() }),
     };
     let view = pages::RunView { run: &run, timeline: &timeline, last_seq, notice };
-    Ok(page(StatusCode::OK, pages::run(&frame(&app, Some(&session)), &view)))
+    Ok(page(StatusCode::OK, pages::run(&frame(&app, Some(&session), Section::Runs), &view)))
 }
 
 /// The run's durable facts (accepted, the last stash, each effect prepared and committed,
@@ -510,9 +532,10 @@ async fn attention(State(app): State<AppState>, headers: HeaderMap) -> PageResul
     let escalated = app.runtime.list(&filter).map(|p| p.runs);
     let letters = app.runtime.dead_letters(ATTENTION_MAX);
     Ok(match (escalated, letters) {
-        (Ok(escalated), Ok(letters)) => {
-            page(StatusCode::OK, pages::attention(&frame(&app, Some(&session)), &escalated, &letters))
-        }
+        (Ok(escalated), Ok(letters)) => page(
+            StatusCode::OK,
+            pages::attention(&frame(&app, Some(&session), Section::Attention), &escalated, &letters),
+        ),
         (Err(e), _) | (_, Err(e)) => failure(&app, Some(&session), &e.to_string()),
     })
 }

@@ -13,6 +13,25 @@ pub struct Frame<'a> {
     pub session: Option<&'a Session>,
     /// Clock time now, ms (ages are shown against it).
     pub now_ms: u64,
+    /// Which part of the navigation the page belongs to.
+    pub section: Section,
+    /// Approvals waiting for a decision, when they could be counted.
+    pub waiting: Option<usize>,
+    /// Escalated runs and dead letters, when they could be counted.
+    pub attention: Option<usize>,
+}
+
+/// The parts of the console the navigation names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Section {
+    /// The inbox and the decision pages.
+    Approvals,
+    /// The runs and a run's page.
+    Runs,
+    /// Escalated runs and dead letters.
+    Attention,
+    /// Sign-in and messages.
+    Other,
 }
 
 impl Frame<'_> {
@@ -41,9 +60,9 @@ pub fn layout(frame: &Frame, title: &str, body: Markup) -> Markup {
                     a.brand href="/ui/approvals" { "durafiber" }
                     @if let Some(session) = frame.session {
                         nav {
-                            a href="/ui/approvals" { "Approvals" }
-                            a href="/ui/runs" { "Runs" }
-                            a href="/ui/attention" { "Needs attention" }
+                            (nav_link(frame, Section::Approvals, "/ui/approvals", "Approvals", frame.waiting, "nav-approvals"))
+                            (nav_link(frame, Section::Runs, "/ui/runs", "Runs", None, "nav-runs"))
+                            (nav_link(frame, Section::Attention, "/ui/attention", "Needs attention", frame.attention, "nav-attention"))
                         }
                         form.who method="post" action="/ui/sign-out" {
                             span #signed-in-as { (session.caller.name) " (" (session.caller.role) ")" }
@@ -54,6 +73,25 @@ pub fn layout(frame: &Frame, title: &str, body: Markup) -> Markup {
                 }
                 main { h1 { (title) } (body) }
             }
+        }
+    }
+}
+
+/// One link of the navigation: marked when the page is in its section, with a count of
+/// what waits there when there is any.
+fn nav_link(
+    frame: &Frame,
+    section: Section,
+    href: &str,
+    name: &str,
+    count: Option<usize>,
+    id: &str,
+) -> Markup {
+    let current = frame.section == section;
+    html! {
+        a #(id) href=(href) class=[current.then_some("current")] aria-current=[current.then_some("page")] {
+            (name)
+            @if let Some(n) = count.filter(|n| *n > 0) { " " span.count { (n) } }
         }
     }
 }
@@ -87,6 +125,8 @@ pub struct InboxRow {
     pub kind: String,
     /// The run's idempotency key.
     pub key: String,
+    /// How the agent would like it shown, if it says.
+    pub view: Option<durafiber_runtime::ApprovalView>,
     /// How long it has waited, ms.
     pub age_ms: u64,
     /// When silence escalates it, ms.
@@ -103,14 +143,22 @@ pub fn inbox(frame: &Frame, rows: &[InboxRow]) -> Markup {
                 p #inbox-empty { "Nothing waits for a decision." }
             } @else {
                 table #inbox {
-                    thead { tr { th { "Waiting" } th { "Kind" } th { "Run key" } th { "Approval" } th { "Escalates in" } th {} } }
+                    thead { tr { th { "Waiting" } th { "What" } th { "Kind" } th { "Run key" } th { "Escalates in" } th {} } }
                     tbody {
                         @for row in rows {
                             tr {
                                 td { (age(row.age_ms)) }
+                                td {
+                                    @match &row.view {
+                                        Some(view) => {
+                                            b.title { (view.title) }
+                                            @if let Some(summary) = &view.summary { br; span.summary { (summary) } }
+                                        }
+                                        None => { (row.approval_id) }
+                                    }
+                                }
                                 td { (row.kind) }
                                 td { code { (row.key) } }
-                                td { (row.approval_id) }
                                 td { (age(row.escalate_at_ms.saturating_sub(frame.now_ms))) }
                                 td { a.review href=(decision_url(&row.run_id, &row.approval_id)) { "Review" } }
                             }
@@ -128,6 +176,8 @@ pub struct DecisionView<'a> {
     pub run: &'a Value,
     /// The approval record in it.
     pub approval: &'a Value,
+    /// How the agent would like the payload shown, if it says.
+    pub shown: Option<&'a durafiber_runtime::ApprovalView>,
     /// The run's recent events, oldest first.
     pub events: &'a [durafiber_runtime::Event],
     /// What happened to an earlier attempt to decide, if anything.
@@ -161,13 +211,17 @@ pub fn decision(frame: &Frame, view: &DecisionView) -> Markup {
             }
             section.card #payload {
                 h2 { "What the run asks" }
-                (readable(&approval["payload"]))
-                details open {
+                @match view.shown {
+                    Some(shown) => (approval_view(shown)),
+                    None => (readable(&approval["payload"])),
+                }
+                details open[view.shown.is_none()] {
                     summary { "Exact JSON" }
                     pre #payload-json { (pretty(&approval["payload"])) }
                 }
                 p.hash { "Payload hash " code #payload-hash { (text(&approval["payload_hash"])) } }
             }
+            (context(run, &approval_id, view.events))
             @if decided {
                 (decided_box(approval))
             } @else if approval["escalated"].as_bool() == Some(true) {
@@ -175,6 +229,7 @@ pub fn decision(frame: &Frame, view: &DecisionView) -> Markup {
             } @else if frame.may(Role::Reviewer) {
                 form.card #decide method="post" action=(decision_url(&run_id, &approval_id)) {
                     h2 { "Your decision" }
+                    p.hint { "You decide on the payload above; its hash goes with your decision, so a payload changed since is refused." }
                     input type="hidden" name="csrf" value=(frame.csrf());
                     input type="hidden" name="payload_hash" value=(text(&approval["payload_hash"]));
                     label for="comment" { "Comment (kept with the decision)" }
@@ -187,9 +242,34 @@ pub fn decision(frame: &Frame, view: &DecisionView) -> Markup {
             } @else {
                 p.notice #read-only { "Your token is a reader: you can see this approval but not decide it." }
             }
-            (context(run, &approval_id, view.events))
         },
     )
+}
+
+/// An approval as its agent would like it shown: the title, the summary, each field in its
+/// format. A link is followed only when it is http or https.
+fn approval_view(view: &durafiber_runtime::ApprovalView) -> Markup {
+    use durafiber_runtime::FieldValue;
+    html! {
+        div #approval-view {
+            p.title #approval-title { b { (view.title) } }
+            @if let Some(summary) = &view.summary { p.summary #approval-summary { (summary) } }
+            dl.readable {
+                @for field in &view.fields {
+                    dt { (field.label) }
+                    dd {
+                        @match &field.value {
+                            FieldValue::Link { text, url } if url.starts_with("https://") || url.starts_with("http://") => {
+                                a href=(url) rel="noopener noreferrer" { (text) }
+                            }
+                            FieldValue::Json(value) => (readable(value)),
+                            other => (other.display()),
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn decided_box(approval: &Value) -> Markup {
