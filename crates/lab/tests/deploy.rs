@@ -74,7 +74,7 @@ fn cli(args: &[&str]) -> Value {
 
 /// Runs `expenses ARGS`; its exit code.
 fn cli_code(args: &[&str]) -> Option<i32> {
-    Command::new(expenses()).args(args).status().expect("run expenses").code()
+    Command::new(expenses()).args(args).output().expect("run expenses").status.code()
 }
 
 fn claim(employee: &str, cents: i64) -> Value {
@@ -167,6 +167,8 @@ async fn a_users_own_binary_serves_its_agent_through_a_kill_and_a_console_approv
     // The host dies while the run waits for a human; a new process serves the same data.
     server.sigkill();
     let server = serve(&data, &[]);
+    let addr = server.addr.to_string();
+    let target = ["--server", addr.as_str(), "--data", data_arg];
     let client = Client::from_addr(server.addr).with_token(Some(server.token.clone()));
     assert_eq!(
         client.status(&run_id).await.expect("status"),
@@ -232,24 +234,12 @@ async fn a_users_own_binary_serves_its_agent_through_a_kill_and_a_console_approv
     // does the served store itself once the server has stopped.
     let backup = dir.path().join("expenses.backup");
     let restored = dir.path().join("restored");
-    cli(&[
-        "backup",
-        "--server",
-        &addr_of(&server),
-        "--data",
-        data_arg,
-        "--out",
-        backup.to_str().expect("path"),
-    ]);
+    cli(&["backup", "--server", &addr, "--data", data_arg, "--out", backup.to_str().expect("path")]);
     cli(&["restore", backup.to_str().expect("path"), "--data", restored.to_str().expect("path")]);
     assert_eq!(cli_code(&["store", "verify", "--data", restored.to_str().expect("path")]), Some(0));
     let mut server = server;
     assert_eq!(server.sigterm(), Some(0));
     assert_eq!(cli_code(&["store", "verify", "--data", data_arg]), Some(0));
-}
-
-fn addr_of(server: &Served) -> String {
-    server.addr.to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

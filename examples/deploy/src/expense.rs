@@ -67,20 +67,33 @@ impl Agent for Expense {
     }
 
     // Every step below answers from its record when re-entered: resuming is running again.
-    async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: Recovered<Self>) -> Result<Settled, AgentError> {
+    async fn on_fiber_recovered(
+        &self,
+        ctx: &mut Ctx<Self>,
+        r: Recovered<Self>,
+    ) -> Result<Settled, AgentError> {
         settle(ctx, r.input).await
     }
 
-    fn approval_view(&self, _approval_id: &str, payload: &durafiber::serde_json::Value) -> Option<ApprovalView> {
+    fn approval_view(
+        &self,
+        _approval_id: &str,
+        payload: &durafiber::serde_json::Value,
+    ) -> Option<ApprovalView> {
         let shown: ForApproval = durafiber::serde_json::from_value(payload.clone()).ok()?;
-        let amount = FieldValue::Money { minor_units: shown.claim.amount_cents, currency: shown.claim.currency };
-        let summary = format!("{}: {} for {}", shown.claim.employee, amount.display(), shown.claim.description);
+        let amount =
+            FieldValue::Money { minor_units: shown.claim.amount_cents, currency: shown.claim.currency };
+        let summary =
+            format!("{}: {} for {}", shown.claim.employee, amount.display(), shown.claim.description);
         Some(
             ApprovalView::new(format!("Reimburse {}", shown.claim.employee))
                 .summary(summary)
                 .field("Amount", amount)
                 .field("For", FieldValue::Text(shown.claim.description))
-                .field("Receipt", FieldValue::Link { text: "the scanned receipt".into(), url: shown.receipt_url }),
+                .field(
+                    "Receipt",
+                    FieldValue::Link { text: "the scanned receipt".into(), url: shown.receipt_url },
+                ),
         )
     }
 }
@@ -98,7 +111,9 @@ async fn settle(ctx: &mut Ctx<Expense>, claim: Claim) -> Result<Settled, AgentEr
     // pays once however often this line is re-entered.
     let payment_id: String = ctx
         .effect("reimburse", claim, |idempotency_key, _claim| async move {
-            Ok::<_, AgentError>(format!("pay_{}", &idempotency_key[..idempotency_key.len().min(16)]))
+            // Stands in for the payment API's call; its id is derived from the key.
+            let tail = idempotency_key.rsplit(':').next().unwrap_or(&idempotency_key).to_string();
+            Ok::<_, AgentError>(format!("pay_{tail}"))
         })
         .await?;
     Ok(Settled { approved: true, payment_id: Some(payment_id) })

@@ -433,12 +433,14 @@ async fn run_page(
     Query(q): Params,
 ) -> PageResult {
     let session = signed_in(&app, &headers, &pages::run_url(&run_id))?;
+    // The events before the run: a change made between the two reads then still reaches the
+    // page live, after `last_seq`, instead of falling between the record and the stream.
+    let events = app.runtime.events_since(0, Some(&run_id), usize::MAX);
+    let last_seq = events.last().map_or(0, |e| e.seq);
     let run = match view::run(&app, &run_id) {
         Ok(run) => run,
         Err(e) => return Ok(refusal(&app, &session, e.0, &e.1, "/ui/runs")),
     };
-    let events = app.runtime.events_since(0, Some(&run_id), usize::MAX);
-    let last_seq = events.last().map_or(0, |e| e.seq);
     let timeline = timeline(&run, &events);
     let notice = match q.get("decided").map(String::as_str) {
         Some(answer @ ("approved" | "declined")) => Some(Notice {
