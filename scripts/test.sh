@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every test, on a fresh machine: installs what the tests need beyond Rust, then runs
-# `cargo test --workspace` (extra arguments are passed to it).
+# `cargo test --workspace` (extra arguments are passed to it). The deploy example's tests
+# build examples/deploy, a crate outside the workspace, into target/deploy-example.
 #
 # - Debian's chromium and chromium-driver, for the console's browser tests
-#   (crates/cli/tests/console.rs), with apt-get when missing;
+#   (crates/lab/tests/console.rs and deploy.rs), with apt-get when missing;
 # - Debian's postgresql-15, for the PostgreSQL backend's tests: each such test starts a
 #   private server of its own on a free loopback port and stops it when it ends
 #   (durafiber-testkit's `postgres::PgServer`; `DURAFIBER_PG_URL` points them at a running one).
@@ -33,6 +34,9 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
         as_root apt-get install -y -qq postgresql-15 >/dev/null
     fi
 fi
+
+# The API reference is rustdoc: a broken or private link fails the run like a failed test.
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
 
 # A clean run (CI) builds every crate once, so incremental state would only take disk
 # (1.6 GB of the target); CARGO_INCREMENTAL=1 keeps it for repeated local runs.

@@ -2,7 +2,7 @@
 //! several threads and prints `ack <thread> <seq>` after each commit returns. The parent
 //! SIGKILLs it at a random moment.
 //!
-//! Usage: store-writer DIR THREADS FIRST_SEQ [WAL_BYTES]
+//! Usage: `store-writer DIR THREADS FIRST_SEQ [WAL_BYTES]`
 
 use std::{io::Write, sync::Arc};
 

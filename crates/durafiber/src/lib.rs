@@ -7,9 +7,9 @@
 //!   effects, approvals, alarms, streams, budgets;
 //! - [`Store`], [`StoreConfig`] and the rest of the store a caller touches, and the whole
 //!   store crate as [`store`];
-//! - with the feature `server`: [`server`] (the HTTP API, console, tokens, audit, TLS,
-//!   Prometheus, OpenAPI, several nodes), [`cli`] (every operational command for your agents:
-//!   `durafiber::cli::main(|b| b.agent(MyAgent))`) and [`client`] (a typed HTTP client);
+//! - with the feature `server`: `server` (the HTTP API, console, tokens, audit, TLS,
+//!   Prometheus, OpenAPI, several nodes), `cli` (every operational command for your agents:
+//!   `durafiber::cli::main(|b| b.agent(MyAgent))`) and `client` (a typed HTTP client);
 //! - with `client` alone: the typed client;
 //! - with `postgres`: the PostgreSQL store, for several nodes;
 //! - with `testkit` (a dev-dependency): the crash and eviction checker and test helpers;

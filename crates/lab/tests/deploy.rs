@@ -121,6 +121,39 @@ fn serve(data: &Path, extra: &[&str]) -> Served {
     Served::start_program(expenses(), data, &extra, &[])
 }
 
+#[test]
+fn a_users_binary_has_every_operational_command_and_no_lab_command() {
+    let out = Command::new(expenses()).arg("--help").output().expect("expenses --help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{help}");
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    for wanted in [
+        "serve",
+        "store",
+        "backup",
+        "restore",
+        "runs",
+        "tokens",
+        "approvals",
+        "approve",
+        "send-event",
+        "cancel",
+        "alarms",
+    ] {
+        assert!(commands.contains(&wanted), "no {wanted} in {commands:?}");
+    }
+    for lab in ["drill", "torture", "bench", "sim"] {
+        assert!(!commands.contains(&lab), "the lab's {lab} is in {commands:?}");
+    }
+    assert!(help.contains("Usage: expenses"), "{help}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_users_own_binary_serves_its_agent_through_a_kill_and_a_console_approval() {
     let dir = tempfile::tempdir().expect("tempdir");

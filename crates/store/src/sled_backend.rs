@@ -1,8 +1,8 @@
 //! The embedded backend: one sled tree in one data directory, owned by one process.
 //!
 //! A batch is logged in the write-ahead log ([`crate::wal`]) and kept in memory
-//! ([`crate::memtable`]), where reads find it; a barrier is one durable write of that log. sled
-//! receives the logged batches a log half at a time ([`crate::checkpoint`]). This module
+//! (`memtable.rs`), where reads find it; a barrier is one durable write of that log. sled
+//! receives the logged batches a log half at a time (`checkpoint.rs`). This module
 //! opens sled and repairs what durafiber can when sled refuses to open.
 
 use std::{
@@ -48,7 +48,7 @@ fn lock_briefly(lock: &File, dir: &Path, lock_path: &Path) -> Result<(), StoreEr
 }
 
 /// sled in a locked data directory, behind a write-ahead log ([`crate::wal`]) and the
-/// tables of what it logged ([`crate::memtable`]).
+/// tables of what it logged (`memtable.rs`).
 pub struct SledBackend {
     engine: Arc<Engine>,
     overlay: Arc<RwLock<Overlay>>,
@@ -337,7 +337,7 @@ impl SledBackend {
 
     /// Entries with `start <= key < end` as one moment's state: the overlay merged over
     /// sled, read again if a checkpoint landed in between. With the LSN of the newest batch
-    /// the overlay had applied ([`Overlay::unchanged_since`]), unless checkpoints kept
+    /// the overlay had applied (`Overlay::unchanged_since`), unless checkpoints kept
     /// landing and the last attempt is returned as it is.
     fn range_read(
         &self,
@@ -404,7 +404,7 @@ impl Backend for SledBackend {
     }
 
     /// The mark is the LSN of the newest batch the overlay had applied when it was read
-    /// ([`Overlay::unchanged_since`]).
+    /// (`Overlay::unchanged_since`).
     fn range_marked(
         &self,
         start: &[u8],

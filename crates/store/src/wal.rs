@@ -3,8 +3,8 @@
 //! sled makes a batch durable with two trips to the disk (it writes and `sync_file_range`s
 //! its buffer before *and* after every atomic batch), and only an `fdatasync` after that
 //! reaches the disk's cache flush. Here a batch is encoded into this log and kept in memory
-//! ([`crate::memtable`]); a barrier writes the new records once, durably: a direct write
-//! where the filesystem takes one ([`crate::direct`]), else a `pwrite` and an `fdatasync`.
+//! (`memtable.rs`); a barrier writes the new records once, durably: a direct write
+//! where the filesystem takes one (`direct.rs`), else a `pwrite` and an `fdatasync`.
 //! sled receives the batches a whole log half at a time, from a checkpoint thread. After a
 //! crash, opening the store applies the records sled lacks.
 //!
