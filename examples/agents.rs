@@ -1,8 +1,8 @@
 //! The agents of the examples, in the library so that the examples run them and
 //! `cargo test -p durafiber-examples` checks them with the crash and eviction checker.
 
-use durafiber_runtime::{Agent, AgentError, Ctx, Recovered};
-use serde::{Deserialize, Serialize};
+use durafiber::{Agent, AgentError, Ctx, Recovered};
+use durafiber::serde::{Deserialize, Serialize};
 
 /// The README's summarizer: stashes after every document.
 #[derive(Clone, Copy, Default)]
@@ -10,6 +10,7 @@ pub struct Summarizer;
 
 /// What the summarizer has done so far.
 #[derive(Clone, Default, Serialize, Deserialize)]
+#[serde(crate = "durafiber::serde")]
 pub struct Progress {
     /// Documents summarized.
     pub done: usize,
@@ -50,6 +51,7 @@ pub struct InvoicePaid;
 
 /// An `invoice.paid` webhook's payload.
 #[derive(Clone, Serialize, Deserialize)]
+#[serde(crate = "durafiber::serde")]
 pub struct Event {
     /// The invoice.
     pub invoice: String,

@@ -3,8 +3,8 @@
 #[path = "agents.rs"]
 pub mod agents;
 
-use durafiber_runtime::{Runtime, RuntimeBuilder};
-use durafiber_store::{Store, StoreConfig};
+use durafiber::{Runtime, RuntimeBuilder};
+use durafiber::{Store, StoreConfig};
 
 /// Opens a runtime on a new temporary directory; `register` adds the agent kinds.
 pub async fn fresh_runtime(

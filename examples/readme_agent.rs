@@ -4,10 +4,9 @@
 //! Run: `cargo run -p durafiber-examples --example readme_agent`
 
 use durafiber_examples::agents::Summarizer;
-use durafiber_runtime::Runtime;
-use durafiber_store::{Store, StoreConfig};
+use durafiber::{Runtime, Store, StoreConfig};
 
-#[tokio::main]
+#[durafiber::tokio::main(crate = "durafiber::tokio")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = Store::open_dir(&std::env::temp_dir().join("durafiber-readme"), StoreConfig::default())?;
     let rt = Runtime::builder(store).agent(Summarizer).open().await?;

@@ -5,7 +5,7 @@
 //! Run: `cargo run -p durafiber-examples --example webhook_dedupe`
 
 use durafiber_examples::agents::{Event, InvoicePaid};
-use durafiber_runtime::{ListFilter, RuntimeError};
+use durafiber::{ListFilter, RuntimeError};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
