@@ -2,7 +2,7 @@
 //! idempotent upstream → confirmation email, each side effect through the ledger. If nobody
 //! answers, the escalation alarm (72 h by default) escalates the run.
 //!
-//! The agent itself is `durafiber_demo::agents::Refund` (crates/testkit/src/agents.rs);
+//! The agent itself is `durafiber_demo::agents::Refund` (crates/demo/src/agents.rs);
 //! this example drives it the way a reviewer's screen would: list the pending approval,
 //! approve it by quoting the payload hash it showed, then check the upstream.
 //!
