@@ -1,8 +1,8 @@
 //! The agents of the examples, in the library so that the examples run them and
 //! `cargo test -p durafiber-examples` checks them with the crash and eviction checker.
 
-use durafiber::{Agent, AgentError, Ctx, Recovered};
 use durafiber::serde::{Deserialize, Serialize};
+use durafiber::{Agent, AgentError, Ctx, Recovered};
 
 /// The README's summarizer: stashes after every document.
 #[derive(Clone, Copy, Default)]

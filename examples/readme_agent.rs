@@ -3,8 +3,8 @@
 //!
 //! Run: `cargo run -p durafiber-examples --example readme_agent`
 
-use durafiber_examples::agents::Summarizer;
 use durafiber::{Runtime, Store, StoreConfig};
+use durafiber_examples::agents::Summarizer;
 
 #[durafiber::tokio::main(crate = "durafiber::tokio")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

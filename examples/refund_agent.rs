@@ -8,9 +8,9 @@
 //!
 //! Run: `cargo run -p durafiber-examples --example refund_agent`
 
-use durafiber_demo::agents::{Refund, RefundInput, RefundOutput};
-use durafiber::{Decision, RunStatus};
 use durafiber::testkit::upstream::Upstream;
+use durafiber::{Decision, RunStatus};
+use durafiber_demo::agents::{Refund, RefundInput, RefundOutput};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

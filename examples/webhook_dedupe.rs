@@ -4,8 +4,8 @@
 //!
 //! Run: `cargo run -p durafiber-examples --example webhook_dedupe`
 
-use durafiber_examples::agents::{Event, InvoicePaid};
 use durafiber::{ListFilter, RuntimeError};
+use durafiber_examples::agents::{Event, InvoicePaid};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

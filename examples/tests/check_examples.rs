@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use durafiber_demo::agents::{Refund, RefundInput};
-use durafiber_examples::agents::{Event, InvoicePaid, Summarizer};
 use durafiber::Decision;
 use durafiber::testkit::{check::AgentCheck, upstream::Upstream};
+use durafiber_demo::agents::{Refund, RefundInput};
+use durafiber_examples::agents::{Event, InvoicePaid, Summarizer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_summarizer_survives_every_crash_and_eviction() {

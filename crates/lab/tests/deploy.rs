@@ -163,6 +163,15 @@ async fn a_users_own_binary_serves_its_agent_through_a_kill_and_a_console_approv
     let addr = server.addr.to_string();
     let target = ["--server", addr.as_str(), "--data", data_arg];
 
+    // The OpenAPI document shows this kind's start body, from the input's schema.
+    let document: Value =
+        reqwest::get(server.url("/openapi.json")).await.expect("openapi").json().await.expect("json");
+    let body = &document["components"]["schemas"]["StartBody_expense"];
+    assert_eq!(body["properties"]["kind"]["const"], json!("expense"), "{body}");
+    assert_eq!(body["properties"]["input"]["properties"]["amount_cents"]["type"], json!("integer"), "{body}");
+    let start = &document["paths"]["/runs"]["post"]["requestBody"]["content"]["application/json"]["schema"];
+    assert_eq!(start, &json!({"oneOf": [{"$ref": "#/components/schemas/StartBody_expense"}]}));
+
     // A reviewer's token, from the binary's own command (the admin token is in the data
     // directory, which the command reads).
     let mut args = vec!["tokens", "create", "--role", "reviewer", "--name", "mia"];
@@ -231,6 +240,8 @@ async fn a_users_own_binary_serves_its_agent_through_a_kill_and_a_console_approv
     wait_for_text(&browser, "#state", |s| s == "completed").await;
     let output: Value = client.wait_output(&run_id, Duration::from_secs(60)).await.expect("output");
     let first_payment = payment_of(&output).to_string();
+    browser.goto(&server.url("/ui/runs")).await.expect("runs page");
+    assert_eq!(text_of(&browser, "#kind").await.split_whitespace().collect::<Vec<_>>(), ["any", "expense"]);
 
     // A second claim, decided from the command line with the hash it lists.
     let second = client

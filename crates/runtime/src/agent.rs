@@ -167,6 +167,20 @@ pub trait Agent: Send + Sync + Sized + 'static {
         if alarm.recurring { ExhaustedAction::Ignore } else { ExhaustedAction::Escalate }
     }
 
+    /// The JSON Schema of [`Agent::Input`], for the server's OpenAPI document: with one, the
+    /// document shows the start body of this kind; without one (the default), its input is
+    /// free JSON. With the feature `schemars` and an input that derives
+    /// `schemars::JsonSchema`, it is one line:
+    ///
+    /// ```ignore
+    /// fn input_schema() -> Option<serde_json::Value> {
+    ///     Some(durafiber::input_schema_of::<Claim>())
+    /// }
+    /// ```
+    fn input_schema() -> Option<serde_json::Value> {
+        None
+    }
+
     /// How the console shows the payload of approval `approval_id` to a reviewer: a title,
     /// a one-line summary and labelled, formatted fields. `payload` is exactly what
     /// `request_approval` stored (secrets redacted). `None`, the default, shows the payload's

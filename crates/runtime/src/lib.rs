@@ -54,6 +54,16 @@ pub use agent::{Agent, AlarmEvent, ExhaustedAction, Recovered, RecoveryReason};
 pub use alarm::{Alarm, AlarmAt, AlarmSpec, CronSchedule};
 pub use approval::{ApproveOutcome, PendingApproval};
 pub use approval_view::{ApprovalView, FieldValue, ViewField};
+
+/// JSON Schemas of agents' inputs, for the server's OpenAPI document (feature `schemars`).
+#[cfg(feature = "schemars")]
+pub use schemars;
+
+/// The JSON Schema of `T`, as [`Agent::input_schema`] returns it (feature `schemars`).
+#[cfg(feature = "schemars")]
+pub fn input_schema_of<T: schemars::JsonSchema>() -> serde_json::Value {
+    schemars::schema_for!(T).to_value()
+}
 pub use config::{Budget, DurabilityMode, RuntimeConfig, parse_bytes, parse_range};
 pub use durafiber_store::tables::{
     AlarmRecord, ApprovalRecord, BudgetLimits, BudgetRecord, BudgetSpent, CronRecord, DeadLetter, Decision,

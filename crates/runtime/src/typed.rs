@@ -129,4 +129,8 @@ impl<A: Agent> ErasedAgent for Typed<A> {
     fn approval_view(&self, approval_id: &str, payload: &serde_json::Value) -> Option<ApprovalView> {
         self.0.approval_view(approval_id, payload)
     }
+
+    fn input_schema(&self) -> Option<serde_json::Value> {
+        A::input_schema()
+    }
 }

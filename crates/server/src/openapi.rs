@@ -5,6 +5,9 @@
 
 use std::sync::OnceLock;
 
+use durafiber_runtime::Runtime;
+use serde_json::{Value, json};
+
 use axum::{
     http::header,
     response::{IntoResponse, Response},
@@ -67,10 +70,96 @@ impl Modify for Security {
 /// registers.
 static DOCUMENT: OnceLock<String> = OnceLock::new();
 
-/// Serves `document` from now on (the first one published: every router makes the same).
-pub fn publish(document: &utoipa::openapi::OpenApi) {
-    if let Ok(text) = serde_json::to_string(document) {
+/// Serves `document` from now on, with the start body of each kind `runtime` hosts that gives
+/// its input's schema (the first one published: a process serves one runtime).
+pub fn publish(document: &utoipa::openapi::OpenApi, runtime: &Runtime) {
+    let Ok(mut document) = serde_json::to_value(document) else { return };
+    with_start_bodies(&mut document, runtime);
+    if let Ok(text) = serde_json::to_string(&document) {
         let _ = DOCUMENT.set(text);
+    }
+}
+
+/// A component name from a kind: OpenAPI allows letters, digits, `.`, `-` and `_`.
+fn component_name(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' })
+        .collect()
+}
+
+/// Points every `#/$defs/NAME` reference in `value` at the component `PREFIXNAME`.
+fn rewrite_refs(value: &mut Value, prefix: &str) {
+    match value {
+        Value::Object(map) => {
+            for (key, field) in map.iter_mut() {
+                match field {
+                    Value::String(target) if key == "$ref" => {
+                        if let Some(name) = target.strip_prefix("#/$defs/") {
+                            *target = format!("#/components/schemas/{prefix}{}", component_name(name));
+                        }
+                    }
+                    other => rewrite_refs(other, prefix),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|item| rewrite_refs(item, prefix)),
+        _ => {}
+    }
+}
+
+/// `POST /runs` takes, for each kind whose agent gives its input's schema
+/// (`Agent::input_schema`), a start body of its own (`StartBody_KIND`); a kind without one
+/// keeps the free-JSON `StartBody`.
+fn with_start_bodies(document: &mut Value, runtime: &Runtime) {
+    let kinds = runtime.kinds();
+    let mut bodies = Vec::new();
+    let mut components = serde_json::Map::new();
+    for kind in &kinds {
+        let Some(mut input) = runtime.input_schema(kind) else { continue };
+        let prefix = format!("{}_", component_name(kind));
+        if let Some(input) = input.as_object_mut() {
+            input.remove("$schema");
+            if let Some(Value::Object(defs)) = input.remove("$defs") {
+                for (name, mut def) in defs {
+                    rewrite_refs(&mut def, &prefix);
+                    components.insert(format!("{prefix}{}", component_name(&name)), def);
+                }
+            }
+        }
+        rewrite_refs(&mut input, &prefix);
+        let name = format!("StartBody_{}", component_name(kind));
+        components.insert(
+            name.clone(),
+            json!({
+                "type": "object",
+                "description": format!("starts a run of `{kind}`"),
+                "required": ["kind", "input"],
+                "properties": {
+                    "kind": {"type": "string", "const": kind},
+                    "input": input,
+                    "options": {"$ref": "#/components/schemas/StartOptions"},
+                },
+            }),
+        );
+        bodies.push(json!({"$ref": format!("#/components/schemas/{name}")}));
+    }
+    if bodies.is_empty() {
+        return;
+    }
+    // A kind without a schema may still be started, with any input.
+    let choice = if bodies.len() < kinds.len() {
+        bodies.push(json!({"$ref": "#/components/schemas/StartBody"}));
+        "anyOf"
+    } else {
+        "oneOf"
+    };
+    if let Some(Value::Object(schemas)) = document.pointer_mut("/components/schemas") {
+        schemas.extend(components);
+    }
+    if let Some(body) =
+        document.pointer_mut("/paths/~1runs/post/requestBody/content/application~1json/schema")
+    {
+        *body = json!({ choice: bodies });
     }
 }
 

@@ -79,7 +79,7 @@ pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
 /// The server's routes: the API, the console, and the layers every request passes.
 pub fn router(state: AppState) -> Router {
     let (api, document) = api();
-    openapi::publish(&document);
+    openapi::publish(&document, &state.runtime);
     api.merge(console::router())
         .fallback(not_found)
         .method_not_allowed_fallback(|| async {

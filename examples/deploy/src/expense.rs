@@ -6,15 +6,18 @@
 
 use std::time::Duration;
 
+use durafiber::schemars::JsonSchema;
 use durafiber::serde::{Deserialize, Serialize};
 use durafiber::{Agent, AgentError, ApprovalView, Ctx, FieldValue, Recovered};
 
 /// The agent. It keeps nothing in memory: everything it knows is in the run's records.
 pub struct Expense;
 
-/// A claim, as an employee files it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// A claim, as an employee files it. Its schema is the start body the server's OpenAPI
+/// document shows for this kind.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(crate = "durafiber::serde")]
+#[schemars(crate = "durafiber::schemars")]
 pub struct Claim {
     /// Who is owed.
     pub employee: String,
@@ -73,6 +76,10 @@ impl Agent for Expense {
         r: Recovered<Self>,
     ) -> Result<Settled, AgentError> {
         settle(ctx, r.input).await
+    }
+
+    fn input_schema() -> Option<durafiber::serde_json::Value> {
+        Some(durafiber::input_schema_of::<Claim>())
     }
 
     fn approval_view(

@@ -509,4 +509,5 @@ pub(crate) trait ErasedAgent: Send + Sync + 'static {
         approval_id: &str,
         payload: &serde_json::Value,
     ) -> Option<crate::approval_view::ApprovalView>;
+    fn input_schema(&self) -> Option<serde_json::Value>;
 }

@@ -348,6 +348,18 @@ impl Runtime {
         approval::pending(&self.shared, run_id)
     }
 
+    /// The agent kinds this runtime hosts, in order.
+    pub fn kinds(&self) -> Vec<String> {
+        let mut kinds: Vec<String> = self.shared.kinds.keys().cloned().collect();
+        kinds.sort();
+        kinds
+    }
+
+    /// The JSON Schema of `kind`'s input, when its agent gives one ([`crate::Agent::input_schema`]).
+    pub fn input_schema(&self, kind: &str) -> Option<serde_json::Value> {
+        self.shared.agent(kind).ok()?.input_schema()
+    }
+
     /// How the agent of `kind` would like approval `approval_id`'s `payload` shown
     /// ([`crate::Agent::approval_view`]); `None` when it says nothing, the kind is not
     /// registered, or its code panicked (a reviewer's screen never fails on it).

@@ -420,7 +420,7 @@ async fn runs(State(app): State<AppState>, headers: HeaderMap, Query(q): Params)
         &frame(&app, Some(&session), Section::Runs),
         &rows,
         &state_text,
-        &kind,
+        (&kind, &app.runtime.kinds()),
         page_of_runs.next.as_deref(),
     );
     Ok(page(StatusCode::OK, markup))

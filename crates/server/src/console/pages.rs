@@ -369,8 +369,15 @@ pub struct RunRow<'a> {
     pub run: &'a durafiber_store::tables::RunRecord,
 }
 
-/// The runs list with its filters and the link to the next page.
-pub fn runs(frame: &Frame, rows: &[RunRow], state: &str, kind: &str, next: Option<&str>) -> Markup {
+/// The runs list with its filters (a state, one of the kinds the server hosts) and the link
+/// to the next page.
+pub fn runs(
+    frame: &Frame,
+    rows: &[RunRow],
+    state: &str,
+    (kind, kinds): (&str, &[String]),
+    next: Option<&str>,
+) -> Markup {
     let states = [
         "accepted",
         "running",
@@ -394,7 +401,10 @@ pub fn runs(frame: &Frame, rows: &[RunRow], state: &str, kind: &str, next: Optio
                     @for s in states { option value=(s) selected[s == state] { (s) } }
                 }
                 label for="kind" { "Kind" }
-                input #kind name="kind" value=(kind);
+                select #kind name="kind" {
+                    option value="" { "any" }
+                    @for k in kinds { option value=(k) selected[k == kind] { (k) } }
+                }
                 button type="submit" { "Filter" }
             }
             table #runs {
