@@ -18,16 +18,29 @@
 //!   then chaos evictions with each seed of [`AgentCheck::seeds`].
 //!
 //! ```no_run
+//! # use durafiber_runtime::{Agent, AgentError, Ctx, Recovered};
+//! # #[derive(Clone)]
+//! # struct Refund;
+//! # impl Agent for Refund {
+//! #     const KIND: &'static str = "refund";
+//! #     type Input = u64;
+//! #     type Stash = ();
+//! #     type Output = bool;
+//! #     type Message = ();
+//! #     async fn run_fiber(&self, ctx: &mut Ctx<Self>, cents: u64) -> Result<bool, AgentError> {
+//! #         Ok(ctx.request_approval("refund", &cents).await?.approved)
+//! #     }
+//! #     async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: Recovered<Self>) -> Result<bool, AgentError> {
+//! #         self.run_fiber(ctx, r.input).await
+//! #     }
+//! # }
 //! # async fn check() {
-//! use durafiber_testkit::{agents::{Refund, RefundInput}, check::AgentCheck, upstream::Upstream};
+//! use durafiber_testkit::{check::AgentCheck, upstream::Upstream};
 //!
+//! // An upstream that counts its own objects, so "once" is checked where it happened.
 //! let upstream = std::sync::Arc::new(Upstream::start().await.expect("upstream"));
-//! let input = RefundInput {
-//!     order_id: "ord_1".into(), amount_cents: 4_200, customer_email: "ada@example.com".into(),
-//!     upstream: upstream.url(), api_key: None,
-//! };
-//! AgentCheck::new(Refund::default())
-//!     .input(&input)
+//! AgentCheck::new(Refund)
+//!     .input(&4_200u64)
 //!     .upstream(upstream)
 //!     .approve_with(|_pending| durafiber_runtime::Decision { approved: true, comment: "ok".into() })
 //!     .crash_at_every_boundary()
