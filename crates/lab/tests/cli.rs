@@ -235,3 +235,15 @@ fn bench_stash_across_nodes_commits_fenced_boundaries_on_every_node() {
     assert!(nodes.iter().all(|n| n["commits"].as_u64().is_some_and(|c| c > 0)), "{report}");
     assert!(report["raw_fdatasync_per_s"].as_f64().is_some_and(|r| r > 0.0), "{report}");
 }
+
+/// SIGTERM is the server's from its first moment: sent the instant it says it listens, it
+/// still stops the server gracefully (exit 0), never kills the process by the signal.
+#[test]
+fn a_sigterm_right_after_listening_stops_the_server_cleanly() {
+    for attempt in 0..8 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut server = Served::start(dir.path());
+        let code = server.sigterm();
+        assert_eq!(code, Some(0), "start {attempt}: ended by the signal, not a clean stop\n{}", server.log());
+    }
+}

@@ -219,6 +219,11 @@ pub async fn serve(
     options: &ServerOptions,
     register: impl FnOnce(RuntimeBuilder) -> RuntimeBuilder,
 ) -> Result<(), ServeError> {
+    // Taken over before anything else: a SIGTERM from the first moment (say, right after the
+    // `listening on` line) stops the server gracefully instead of killing the process.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| tracing::warn!(error = %e, "SIGTERM cannot be handled; only Ctrl-C stops gracefully"))
+        .ok();
     let tls = match &options.tls {
         Some(files) => Some(listen::tls_acceptor(&files.cert, &files.key)?),
         None => None,
@@ -259,13 +264,17 @@ pub async fn serve(
     println!("listening on {addr}");
     let _ = std::io::stdout().flush();
     tracing::info!(%addr, data = %data.display(), "serving");
-    let shutdown = async {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => return std::future::pending().await,
+    let shutdown = async move {
+        let terminated = async {
+            match term.as_mut() {
+                Some(term) => {
+                    term.recv().await;
+                }
+                None => std::future::pending().await,
+            }
         };
         tokio::select! {
-            _ = term.recv() => {}
+            () = terminated => {}
             _ = tokio::signal::ctrl_c() => {}
         }
     };
