@@ -188,3 +188,55 @@ async fn a_full_disk_refuses_new_work_parks_boundaries_and_resumes_when_space_re
         .await;
     }
 }
+
+/// A disk another process fills to the last byte: every write request is answered within
+/// `barrier_timeout` (507, the audit entry included), `/health` says the store is parked,
+/// and when space returns every acknowledged run finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_filled_to_the_last_byte_answers_every_write_in_bounded_time() {
+    let fs = Tmpfs::mount("48m");
+    let data = fs.path().join("data");
+    let config = fs.path().join("config.json");
+    std::fs::write(&config, r#"{"disk_reserve": "16MiB", "barrier_timeout": "3s"}"#).expect("config");
+    let server = Server::start(&data, &config);
+    let mut runs = Vec::new();
+    for i in 0..6 {
+        let (status, answer) = server.start_run(&format!("r{i}")).await;
+        assert_eq!(status, 201, "{answer}");
+        runs.push(answer["run_id"].as_str().expect("run id").to_string());
+    }
+
+    // Another process takes every byte: the running runs' boundaries park.
+    let filler = fs.fill_to("filler", 0);
+    wait_until("the store parks for space", Duration::from_secs(30), || async {
+        server.call(reqwest::Method::GET, "/health", None).await.1["parked"] == true
+    })
+    .await;
+    let (status, health) = server.call(reqwest::Method::GET, "/health", None).await;
+    assert_eq!((status, health["ok"].as_bool()), (503, Some(false)), "{health}");
+
+    let bound = Duration::from_secs(3 + 2);
+    let began = Instant::now();
+    let (status, answer) = server.start_run("refused").await;
+    assert_eq!((status, answer["kind"].as_str()), (507, Some("StorageFull")), "{answer}");
+    let alarm = json!({"delay_ms": 1000, "payload": null});
+    let (status, answer) =
+        server.call(reqwest::Method::PUT, &format!("/runs/{}/alarms/late", runs[0]), Some(alarm)).await;
+    assert_eq!(status, 507, "{answer}");
+    let (status, answer) = server
+        .call(reqwest::Method::POST, &format!("/runs/{}/cancel", runs[1]), Some(json!({"reason": "x"})))
+        .await;
+    assert_eq!(status, 507, "{answer}");
+    assert!(began.elapsed() < bound, "three writes took {:?}", began.elapsed());
+
+    // Space returns: every acknowledged run finishes, and new work is taken again.
+    std::fs::remove_file(&filler).expect("free");
+    for run in &runs {
+        wait_until(&format!("{run} completes"), Duration::from_secs(90), || async {
+            server.status(run).await == "completed"
+        })
+        .await;
+    }
+    let (status, answer) = server.start_run("after").await;
+    assert_eq!(status, 201, "{answer}");
+}

@@ -172,6 +172,11 @@ pub async fn record(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<(), Response> {
+    // Below the disk's reserve nothing new is written, the audit entry included: refused at
+    // once, instead of an entry that waits for space with the request behind it.
+    if let Err(e) = app.runtime.store().check_room() {
+        return Err(crate::state::ApiError::from(durafiber_runtime::RuntimeError::from(e)).into_response());
+    }
     let (action, run_id, detail) = describe(method, path, headers, body);
     access::append(
         app.runtime.store(),

@@ -489,14 +489,16 @@ pub(super) async fn backup(State(s): State<AppState>) -> ApiResult {
     Ok(([(axum::http::header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
-/// 200 while the store takes writes (saying when space is low); 503 once it has failed.
+/// 200 while the store takes writes (saying when space is low); 503 while its writes wait
+/// for disk space (`parked`) and once it has failed.
 #[utoipa::path(get, path = "/health", tag = "operations", security(()),
     responses((status = 200, description = "the store takes writes", body = Health),
-        (status = 503, description = "the store has failed", body = Health)))]
+        (status = 503, description = "the store has failed, or its writes wait for disk space (`parked`)", body = Health)))]
 pub(super) async fn health(State(s): State<AppState>) -> Response {
     let h = s.runtime.store().health();
     let body = Health {
-        ok: h.failed.is_none(),
+        // Parked for space, the store takes no write: not healthy, though nothing is lost.
+        ok: h.failed.is_none() && !h.parked,
         failed: h.failed,
         parked: h.parked,
         low_on_space: h.low_on_space,

@@ -37,6 +37,45 @@ async fn durable_reads(State(app): State<AppState>, req: Request, next: Next) ->
     response
 }
 
+/// A request that changes state is answered within the store's `barrier_timeout` while the
+/// disk is full: once it has waited that long with the store's writes parked for space, the
+/// answer is `507 StorageFull` (what it asked may still be carried out when space returns,
+/// so a client retries with the same idempotency key). A slow handler on a disk with room is
+/// not cut short.
+async fn bounded_writes(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    if req.method() == Method::GET || req.method() == Method::HEAD {
+        return next.run(req).await;
+    }
+    let limit = app.runtime.config().barrier_timeout;
+    let handled = next.run(req);
+    tokio::pin!(handled);
+    tokio::select! {
+        response = &mut handled => return response,
+        () = tokio::time::sleep(limit) => {}
+    }
+    loop {
+        if app.runtime.store().health().parked {
+            tracing::warn!(waited = ?limit, "a write waited for disk space past barrier_timeout; answered 507");
+            return ApiError(
+                StatusCode::INSUFFICIENT_STORAGE,
+                format!(
+                    "the disk is full: the request waited {} for space; it may still be carried out when space returns",
+                    humantime::format_duration(limit)
+                ),
+                "StorageFull",
+            )
+            .into_response();
+        }
+        tokio::select! {
+            response = &mut handled => return response,
+            () = tokio::time::sleep(PARKED_POLL) => {}
+        }
+    }
+}
+
+/// How often a write past `barrier_timeout` looks whether the store is parked for space.
+const PARKED_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
 async fn not_found() -> ApiError {
     ApiError(StatusCode::NOT_FOUND, "no such endpoint".into(), "NotFound")
 }
@@ -88,6 +127,7 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), forward::to_owner))
         .layer(middleware::from_fn_with_state(state.clone(), durable_reads))
         .layer(middleware::from_fn_with_state(state.clone(), guard::authorize))
+        .layer(middleware::from_fn_with_state(state.clone(), bounded_writes))
         .layer(middleware::from_fn_with_state(state.clone(), guard::browser_safe))
         .layer(middleware::from_fn(guard::size_limits))
         .layer(axum::extract::DefaultBodyLimit::max(durafiber_runtime::limits::HTTP_BODY_BYTES_MAX))
