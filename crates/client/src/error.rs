@@ -61,6 +61,10 @@ pub enum ApiErrorKind {
     UriTooLong,
     /// The headers are over the server's limit.
     HeadersTooLarge,
+    /// The request's body did not arrive in time (408).
+    RequestTimeout,
+    /// The server holds as many connections as it takes (503, with `Retry-After`).
+    Busy,
     /// That method is not served at that path.
     MethodNotAllowed,
     /// The server's own failure.
@@ -101,6 +105,8 @@ impl ApiErrorKind {
             "PayloadTooLarge" => PayloadTooLarge,
             "UriTooLong" => UriTooLong,
             "HeadersTooLarge" => HeadersTooLarge,
+            "RequestTimeout" => RequestTimeout,
+            "Busy" => Busy,
             "MethodNotAllowed" => MethodNotAllowed,
             "Internal" => Internal,
             other => Other(other.to_string()),

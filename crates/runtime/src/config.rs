@@ -161,6 +161,11 @@ pub struct RuntimeConfig {
     /// due index and are read in as the window runs down. A burst of alarms due together
     /// that is larger than this fires while the index is read, which costs some lateness.
     pub alarm_window: usize,
+    /// Time a client has to send a request's whole body once its headers are in ("5s"):
+    /// a slower one is refused with 408 and its connection closed, so a stalled body holds
+    /// no slot for long.
+    #[serde(with = "humantime_serde")]
+    pub http_body_timeout: Duration,
 }
 
 impl Default for RuntimeConfig {
@@ -192,6 +197,7 @@ impl Default for RuntimeConfig {
             chaos_evict_rate: 0.0,
             lease_ttl: limits::LEASE_TTL_DEFAULT,
             alarm_window: limits::ALARM_WINDOW_DEFAULT,
+            http_body_timeout: limits::HTTP_BODY_TIMEOUT_DEFAULT,
         }
     }
 }
@@ -242,6 +248,9 @@ impl RuntimeConfig {
             return Err(RuntimeError::Config("chaos_evict_rate must be within 0..=1".into()));
         }
         self.disk_reserve_bytes()?;
+        if self.http_body_timeout.is_zero() {
+            return Err(RuntimeError::Config("http_body_timeout must be above zero".into()));
+        }
         if self.barrier_timeout.is_zero() {
             return Err(RuntimeError::Config("barrier_timeout must be above zero".into()));
         }

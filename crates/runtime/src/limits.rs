@@ -111,8 +111,20 @@ pub const HTTP_HEADER_BYTES_MAX: usize = 16 * 1024;
 /// A client must send a request's headers within this time, and an idle connection is
 /// closed after it: a slow or silent client holds nothing for long.
 pub const HTTP_HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-/// Most connections the server holds open at once; more are closed on accept.
+/// Most connections the server holds open at once; past it, a few more are taken to answer
+/// `/health` only ([`HTTP_HEALTH_CONNECTIONS_MAX`]) and the rest are closed on accept.
 pub const HTTP_CONNECTIONS_MAX: usize = 256;
+/// Connections beyond [`HTTP_CONNECTIONS_MAX`] that are answered only on `/health` (503 to
+/// anything else): a server whose slots are held still says how it is.
+pub const HTTP_HEALTH_CONNECTIONS_MAX: usize = 32;
+/// Most connections one client address may hold open at once: one client cannot take the
+/// slots of all the others.
+pub const HTTP_CONNECTIONS_PER_CLIENT_MAX: usize = 64;
+/// Time a client has, by default, to send a request's whole body once its headers are in
+/// (`http_body_timeout`); a body still coming after it is refused with 408 and the
+/// connection closed.
+pub const HTTP_BODY_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(5);
+const _: () = assert!(HTTP_CONNECTIONS_PER_CLIENT_MAX < HTTP_CONNECTIONS_MAX);
 
 /// Interrupted runs re-activated side by side at start-up, in lanes of one batch each: enough
 /// lanes that some compute while others wait for their barrier, few enough to bound the

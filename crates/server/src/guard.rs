@@ -240,6 +240,32 @@ fn describe(
     }
 }
 
+/// Reads a request's whole body within `http_body_timeout` of its headers, before anything
+/// else looks at it (the sign-in form included): a body that stalls is refused with 408 and
+/// its connection closed, so it holds its slot for seconds, not for as long as the client
+/// likes. A body over the size limit is 413, also with the connection closed.
+pub async fn read_body(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let limit = app.runtime.config().http_body_timeout;
+    let close = [(header::CONNECTION, "close")];
+    let bytes = match tokio::time::timeout(limit, to_bytes(body, limits::HTTP_BODY_BYTES_MAX)).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e)) => {
+            let message = format!("the body is over {} bytes or broke off: {e}", limits::HTTP_BODY_BYTES_MAX);
+            let body = axum::Json(json!({"error": message, "kind": "PayloadTooLarge"}));
+            return (StatusCode::PAYLOAD_TOO_LARGE, close, body).into_response();
+        }
+        Err(_) => {
+            tracing::debug!(path = %parts.uri.path(), ?limit, "a request body did not arrive in time");
+            let message =
+                format!("the request body did not arrive within {}", humantime::format_duration(limit));
+            let body = axum::Json(json!({"error": message, "kind": "RequestTimeout"}));
+            return (StatusCode::REQUEST_TIMEOUT, close, body).into_response();
+        }
+    };
+    next.run(Request::from_parts(parts, Body::from(bytes))).await
+}
+
 /// Refuses a request target or headers larger than the limits, as JSON (414, 431).
 pub async fn size_limits(req: Request, next: Next) -> Response {
     let target = req.uri().path_and_query().map(|p| p.as_str().len()).unwrap_or(0);

@@ -1,10 +1,14 @@
 //! Accepting connections, with limits a slow or hostile client cannot outlast: at most
-//! `HTTP_CONNECTIONS_MAX` open at once (more are closed as they are accepted), request
-//! headers within `HTTP_HEADER_READ_TIMEOUT`, and a connection idle that long closed. On
-//! shutdown every connection finishes the request it is serving and closes. With a TLS
-//! acceptor every connection is TLS (rustls), the handshake within the same timeout.
+//! `HTTP_CONNECTIONS_MAX` open at once and `HTTP_CONNECTIONS_PER_CLIENT_MAX` from one client
+//! address (more are closed as they are accepted), request headers within
+//! `HTTP_HEADER_READ_TIMEOUT` (the body within `http_body_timeout`, `guard::read_body`), and
+//! a connection idle that long closed. Past the global limit, `HTTP_HEALTH_CONNECTIONS_MAX`
+//! more connections are served `/health` only, so a server whose slots are all held still
+//! answers how it is. On shutdown every connection finishes the request it is serving and
+//! closes. With a TLS acceptor every connection is TLS (rustls), the handshake within the
+//! header timeout.
 
-use std::{future::Future, path::Path, pin::pin, sync::Arc};
+use std::{collections::HashMap, future::Future, net::IpAddr, path::Path, pin::pin, sync::Arc};
 
 use axum::Router;
 use durafiber_runtime::limits;
@@ -29,6 +33,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let permits = Arc::new(Semaphore::new(limits::HTTP_CONNECTIONS_MAX));
+    let health_permits = Arc::new(Semaphore::new(limits::HTTP_HEALTH_CONNECTIONS_MAX));
+    let clients = Clients::default();
     let (stopping, stop) = watch::channel(false);
     let mut connections = JoinSet::new();
     let mut shutdown = pin!(shutdown);
@@ -46,13 +52,24 @@ pub async fn serve(
             },
         };
         while connections.try_join_next().is_some() {}
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, max = limits::HTTP_CONNECTIONS_MAX, "too many connections; closing this one");
+        let Some(client) = clients.enter(peer.ip()) else {
+            tracing::warn!(%peer, max = limits::HTTP_CONNECTIONS_PER_CLIENT_MAX, "too many connections from this client; closing this one");
             drop(stream);
             continue;
         };
+        let (permit, app) = match permits.clone().try_acquire_owned() {
+            Ok(permit) => (permit, app.clone()),
+            Err(_) => match health_permits.clone().try_acquire_owned() {
+                Ok(permit) => (permit, health_only(app.clone())),
+                Err(_) => {
+                    tracing::warn!(%peer, max = limits::HTTP_CONNECTIONS_MAX, "too many connections; closing this one");
+                    drop(stream);
+                    continue;
+                }
+            },
+        };
         let _ = stream.set_nodelay(true);
-        let (app, stop, tls) = (app.clone(), stop.clone(), tls.clone());
+        let (stop, tls) = (stop.clone(), tls.clone());
         connections.spawn(async move {
             match tls {
                 None => serve_one(TokioIo::new(stream), app, stop).await,
@@ -66,10 +83,69 @@ pub async fn serve(
                 }
             }
             drop(permit);
+            drop(client);
         });
     }
     let _ = stopping.send(true);
     while connections.join_next().await.is_some() {}
+}
+
+/// The app as a connection past the global limit sees it: `/health`, and 503 for the rest.
+fn health_only(app: Router) -> Router {
+    use axum::{
+        http::StatusCode,
+        response::{IntoResponse, Response},
+    };
+    let busy = || async {
+        let body = serde_json::json!({
+            "error": "the server holds as many connections as it takes; try again shortly",
+            "kind": "Busy",
+        });
+        let mut response: Response = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+        response
+            .headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+        response
+            .headers_mut()
+            .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+        response
+    };
+    Router::new().route("/health", axum::routing::any_service(app)).fallback(busy)
+}
+
+/// Open connections per client address.
+#[derive(Clone, Default)]
+struct Clients(Arc<parking_lot::Mutex<HashMap<IpAddr, usize>>>);
+
+/// One client's connection, counted until it is dropped.
+struct ClientSlot {
+    clients: Clients,
+    ip: IpAddr,
+}
+
+impl Clients {
+    /// A slot for one more connection from `ip`, unless it holds the most one client may.
+    fn enter(&self, ip: IpAddr) -> Option<ClientSlot> {
+        let mut open = self.0.lock();
+        let count = open.entry(ip).or_insert(0);
+        if *count >= limits::HTTP_CONNECTIONS_PER_CLIENT_MAX {
+            return None;
+        }
+        *count += 1;
+        Some(ClientSlot { clients: self.clone(), ip })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut open = self.clients.0.lock();
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 async fn serve_one<I>(io: TokioIo<I>, app: Router, mut stop: watch::Receiver<bool>)

@@ -132,5 +132,6 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn(guard::size_limits))
         .layer(axum::extract::DefaultBodyLimit::max(durafiber_runtime::limits::HTTP_BODY_BYTES_MAX))
         .layer(middleware::from_fn(guard::json_errors))
+        .layer(middleware::from_fn_with_state(state.clone(), guard::read_body))
         .with_state(state)
 }
