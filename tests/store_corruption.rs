@@ -233,3 +233,88 @@ async fn every_damage_is_contained_and_never_silently_changes_a_surviving_run() 
     assert!(n >= 24, "only {n} cases ran");
     let _ = Arc::new(());
 }
+
+/// The runs a SIGKILLed `runs-child` had acknowledged starting, and its data directory.
+fn killed_store(dir: &Path, runs: usize) -> Vec<String> {
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_runs-child"))
+        .arg(dir)
+        .args(["start", &runs.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn runs-child");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut started = Vec::new();
+    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        if let Some(id) = line.strip_prefix("started ") {
+            started.push(id.to_string());
+            if started.len() == runs {
+                break;
+            }
+        }
+    }
+    let _ = child.kill(); // SIGKILL
+    let _ = child.wait();
+    assert_eq!(started.len(), runs, "the child acknowledged {} starts", started.len());
+    started
+}
+
+/// Where the log's records end: the last byte that is not zero, in its first half (where a
+/// store that has not filled a half yet keeps everything).
+fn written_extent(log: &[u8]) -> usize {
+    let half = &log[..log.len() / 2];
+    half.iter().rposition(|b| *b != 0).map_or(0, |at| at + 1)
+}
+
+/// One flipped bit in the write-ahead log of a SIGKILLed store, at several offsets of what it
+/// holds: an acknowledged run is never lost without the open, `verify` or `salvage` naming
+/// it. Before the log looked past a bad record, a flip anywhere ended the log there and
+/// silently dropped every run acknowledged after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_bit_in_the_log_of_a_killed_store_never_loses_a_run_silently() {
+    let base = tempfile::tempdir().expect("tempdir");
+    let original = base.path().join("original");
+    let started = killed_store(&original, 200);
+    let log = std::fs::read(original.join("durafiber.wal")).expect("the log");
+    let extent = written_extent(&log);
+    assert!(extent > 10_000, "the log holds {extent} bytes");
+    let offsets = [100, extent / 8, extent / 4, extent / 2, extent * 3 / 4];
+    let mut refused = 0;
+    for (n, at) in offsets.into_iter().enumerate() {
+        let case = format!("bit flipped at {at} of {extent}");
+        let copy = base.path().join(format!("case-{n}"));
+        copy_dir(&original, &copy);
+        let path = copy.join("durafiber.wal");
+        let mut bytes = std::fs::read(&path).expect("read");
+        bytes[at] ^= 0x10;
+        std::fs::write(&path, bytes).expect("write");
+        let (store, named) = match Store::open_existing_dir(&copy, StoreConfig::default()) {
+            Ok(store) => (store, BTreeSet::new()),
+            Err(StoreError::RolledBack { runs, .. }) => {
+                refused += 1;
+                let (store, rollback) = Store::open_for_repair(&copy, StoreConfig::default())
+                    .unwrap_or_else(|e| panic!("{case}: {e}"));
+                let verified = repair::verify(&store).unwrap_or_else(|e| panic!("{case}: {e}"));
+                let rolled: Vec<String> = rollback.map(|r| r.runs).unwrap_or_default();
+                assert!(!rolled.is_empty() || !verified.bad.is_empty(), "{case}: verify says nothing");
+                (store, runs.into_iter().chain(rolled).collect())
+            }
+            Err(e) => panic!("{case}: the store does not open: {e}"),
+        };
+        let present: BTreeSet<String> = entries(&store).keys().filter_map(|k| run_of(k)).collect();
+        let verified = repair::verify(&store).unwrap_or_else(|e| panic!("{case}: {e}"));
+        let damaged: BTreeSet<String> = verified.damaged_runs().into_iter().collect();
+        let silent: Vec<&String> = started
+            .iter()
+            .filter(|run| !present.contains(*run) && !named.contains(*run) && !damaged.contains(*run))
+            .collect();
+        assert!(
+            silent.is_empty(),
+            "{case}: {} acknowledged runs lost without a word: {:?}",
+            silent.len(),
+            &silent[..silent.len().min(3)]
+        );
+        store.close();
+    }
+    assert!(refused >= 1, "no flip was found as damage");
+}

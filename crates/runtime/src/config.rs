@@ -147,6 +147,11 @@ pub struct RuntimeConfig {
     /// A durability barrier that has not returned after this long fails the store.
     #[serde(with = "humantime_serde")]
     pub barrier_timeout: Duration,
+    /// A quiet store moves its logged writes into sled at most this long after its last
+    /// checkpoint, however few they are ("30s"), so that acknowledged writes do not live
+    /// only in the write-ahead log for long.
+    #[serde(with = "humantime_serde")]
+    pub checkpoint_after: Duration,
     /// Seed of every random draw (eviction times, jitter, chaos).
     pub seed: u64,
     /// Probability, drawn at each boundary a fiber commits, that chaos evicts the run right
@@ -193,6 +198,7 @@ impl Default for RuntimeConfig {
             fiber_keep_alive: true,
             disk_reserve: "64MiB".into(),
             barrier_timeout: limits::BARRIER_TIMEOUT_DEFAULT,
+            checkpoint_after: durafiber_store::sled_backend::CHECKPOINT_AFTER_DEFAULT,
             seed: 0,
             chaos_evict_rate: 0.0,
             lease_ttl: limits::LEASE_TTL_DEFAULT,
@@ -222,6 +228,7 @@ impl RuntimeConfig {
             flush_every: self.flush_every,
             disk_reserve_bytes: self.disk_reserve_bytes()?,
             barrier_timeout: self.barrier_timeout,
+            checkpoint_after: self.checkpoint_after,
             ..Default::default()
         })
     }
@@ -248,6 +255,9 @@ impl RuntimeConfig {
             return Err(RuntimeError::Config("chaos_evict_rate must be within 0..=1".into()));
         }
         self.disk_reserve_bytes()?;
+        if self.checkpoint_after.is_zero() {
+            return Err(RuntimeError::Config("checkpoint_after must be above zero".into()));
+        }
         if self.http_body_timeout.is_zero() {
             return Err(RuntimeError::Config("http_body_timeout must be above zero".into()));
         }

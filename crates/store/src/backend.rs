@@ -163,9 +163,10 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// The writer has had nothing to do for a while: a moment to move logged writes into
     /// the engine in the background, so that the next burst of writes and the next open
-    /// find less to do. Returns without waiting for that work.
-    fn quiet(&self) -> Result<(), StoreError> {
-        Ok(())
+    /// find less to do. Returns without waiting for that work; `Some(after)` asks to be told
+    /// again after that long if the writer is still quiet then.
+    fn quiet(&self) -> Result<Option<std::time::Duration>, StoreError> {
+        Ok(None)
     }
     /// A barrier that also leaves nothing to re-apply at the next open: run at a clean close.
     fn checkpoint(&self) -> Result<(), StoreError> {

@@ -529,11 +529,13 @@ impl Writer {
         state.quiet_due = None;
         // Not below the free-space floor: a checkpoint writes sled, and sled must not meet
         // a full disk.
-        if self.health.failure().is_none()
-            && !below_floor(self.backend.as_ref(), &self.config)
-            && let Err(e) = self.health.working(|| self.backend.quiet())
-        {
-            tracing::warn!(error = %e, "could not start a checkpoint while quiet");
+        if self.health.failure().is_none() && !below_floor(self.backend.as_ref(), &self.config) {
+            match self.health.working(|| self.backend.quiet()) {
+                // Still quiet then, the backend is told again (a checkpoint on a timer).
+                Ok(Some(after)) => state.quiet_due = Instant::now().checked_add(after),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "could not start a checkpoint while quiet"),
+            }
         }
     }
 

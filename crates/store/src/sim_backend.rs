@@ -194,9 +194,9 @@ impl Backend for SimBackend {
         Ok(())
     }
 
-    fn quiet(&self) -> Result<(), StoreError> {
+    fn quiet(&self) -> Result<Option<std::time::Duration>, StoreError> {
         self.live()?.quiet_spells += 1;
-        Ok(())
+        Ok(None)
     }
 
     fn writes_inline(&self) -> bool {

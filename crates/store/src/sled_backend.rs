@@ -56,6 +56,8 @@ pub struct SledBackend {
     checkpoints: Checkpointer,
     /// Records the write-ahead log held that could not be re-applied, found at open.
     lost_tail: Option<Rollback>,
+    /// A quiet store's logged writes reach sled at most this long after its last checkpoint.
+    checkpoint_after: std::time::Duration,
     // Held for the life of the backend: dropping the file releases the lock.
     _lock: File,
 }
@@ -64,6 +66,8 @@ pub struct SledBackend {
 struct Logged {
     wal: Wal,
     last_lsn: u64,
+    /// When the last checkpoint was handed over (or the store opened).
+    checkpointed_at: std::time::Instant,
 }
 
 /// How many times a range read starts again when a checkpoint changed sled under it.
@@ -73,6 +77,14 @@ const RANGE_RETRIES: usize = 8;
 /// that, the next open re-applies little, and a trickle of writes with pauses between them
 /// does not checkpoint at every pause.
 const QUIET_CHECKPOINT_SHARE: u64 = 8;
+
+/// How long, by default, logged writes of a quiet store wait for their checkpoint at most
+/// ([`SledBackend::with_checkpoint_after`]), however little the log holds: like PostgreSQL's
+/// `checkpoint_timeout`, it bounds how long acknowledged writes live only in the log.
+pub const CHECKPOINT_AFTER_DEFAULT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How soon a quiet writer is told again when a checkpoint is still running.
+const CHECKPOINT_BUSY_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 const LOCK_FILE: &str = "durafiber.lock";
 /// Written once sled has created its files: from then on, a missing `sled/` is damage, not
@@ -238,6 +250,13 @@ impl SledBackend {
         Self::open_sized(dir, wal_bytes)
     }
 
+    /// The same backend, checkpointing a quiet store's logged writes into sled at most
+    /// `after` after the last checkpoint ([`CHECKPOINT_AFTER_DEFAULT`] unless set).
+    pub fn with_checkpoint_after(mut self, after: std::time::Duration) -> Self {
+        self.checkpoint_after = after;
+        self
+    }
+
     /// Opens (creating if needed) the store in `dir`, with a write-ahead log of the default
     /// size. A second opener gets `DirLocked`.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
@@ -323,7 +342,12 @@ impl SledBackend {
         Ok(SledBackend {
             engine,
             overlay,
-            log: Mutex::new(Logged { wal, last_lsn: replay.highest }),
+            log: Mutex::new(Logged {
+                wal,
+                last_lsn: replay.highest,
+                checkpointed_at: std::time::Instant::now(),
+            }),
+            checkpoint_after: CHECKPOINT_AFTER_DEFAULT,
             checkpoints,
             lost_tail: replay.lost,
             _lock: lock,
@@ -379,6 +403,7 @@ impl SledBackend {
         let table = self.overlay.write().freeze();
         self.checkpoints.hand_over(table, logged.last_lsn)?;
         logged.wal.switch();
+        logged.checkpointed_at = std::time::Instant::now();
         Ok(())
     }
 }
@@ -461,12 +486,23 @@ impl Backend for SledBackend {
     /// a quiet spell then starts on an empty half, with no checkpoint beside it taking CPU
     /// and disk from its barriers, and a process killed after a quiet spell leaves its
     /// next open nothing to re-apply.
-    fn quiet(&self) -> Result<(), StoreError> {
+    ///
+    /// However little the half holds, its writes go to sled once they are `checkpoint_after`
+    /// old: a quiet store's acknowledged writes do not live only in the log for long.
+    fn quiet(&self) -> Result<Option<std::time::Duration>, StoreError> {
         let mut logged = self.log.lock();
-        if !logged.wal.filled_past(QUIET_CHECKPOINT_SHARE) || self.checkpoints.is_busy() {
-            return Ok(());
+        if self.overlay.read().active.is_empty() {
+            return Ok(None);
         }
-        self.rotate(&mut logged)
+        if self.checkpoints.is_busy() {
+            return Ok(Some(CHECKPOINT_BUSY_RETRY));
+        }
+        let age = logged.checkpointed_at.elapsed();
+        if logged.wal.filled_past(QUIET_CHECKPOINT_SHARE) || age >= self.checkpoint_after {
+            self.rotate(&mut logged)?;
+            return Ok(None);
+        }
+        Ok(Some(self.checkpoint_after.saturating_sub(age)))
     }
 
     /// Everything logged goes into sled, durably: the next open has nothing to re-apply.
@@ -611,5 +647,26 @@ mod tests {
         let reopened = SledBackend::open_sized(dir.path(), wal::MIN_BYTES).expect("reopen");
         assert_eq!(reopened.engine.stored_lsn().expect("lsn"), 200);
         assert!((0..200).all(|i| value(&reopened, i).is_some_and(|v| v == vec![(i % 251) as u8; 40])));
+    }
+
+    #[test]
+    fn a_quiet_store_checkpoints_a_few_records_once_they_are_old_enough() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let after = std::time::Duration::from_millis(300);
+        let backend =
+            SledBackend::open_sized(dir.path(), wal::MIN_BYTES).expect("open").with_checkpoint_after(after);
+        write(&backend, 0, 3);
+        // Too few and too young: told to ask again within the interval.
+        let again = backend.quiet().expect("quiet").expect("asked to be told again");
+        assert!(again <= after, "{again:?}");
+        backend.checkpoints.wait_idle().expect("idle");
+        assert_eq!(backend.engine.stored_lsn().expect("lsn"), 0);
+        // Old enough: into sled, however few.
+        std::thread::sleep(again);
+        assert_eq!(backend.quiet().expect("quiet"), None);
+        backend.checkpoints.wait_idle().expect("idle");
+        assert_eq!(backend.engine.stored_lsn().expect("lsn"), 3);
+        // Nothing logged since: nothing to ask.
+        assert_eq!(backend.quiet().expect("quiet"), None);
     }
 }

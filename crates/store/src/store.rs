@@ -41,6 +41,9 @@ pub struct StoreConfig {
     /// Bytes of the sled store's write-ahead log ([`crate::wal`]): sled itself is synced
     /// each time this much has been logged.
     pub wal_bytes: u64,
+    /// A quiet sled store moves its logged writes into sled at most this long after its last
+    /// checkpoint, however few they are.
+    pub checkpoint_after: Duration,
 }
 
 impl Default for StoreConfig {
@@ -52,6 +55,7 @@ impl Default for StoreConfig {
             disk_reserve_bytes: 64 * 1024 * 1024,
             barrier_timeout: Duration::from_secs(30),
             wal_bytes: crate::wal::DEFAULT_BYTES,
+            checkpoint_after: crate::sled_backend::CHECKPOINT_AFTER_DEFAULT,
         }
     }
 }
@@ -160,7 +164,13 @@ impl Store {
     pub fn open_dir(dir: &Path, config: StoreConfig) -> Result<Store, StoreError> {
         Store::checked(
             dir,
-            Store::with_backend(Arc::new(SledBackend::open_sized(dir, config.wal_bytes)?), config)?,
+            Store::with_backend(
+                Arc::new(
+                    SledBackend::open_sized(dir, config.wal_bytes)?
+                        .with_checkpoint_after(config.checkpoint_after),
+                ),
+                config,
+            )?,
         )
     }
 
@@ -168,7 +178,13 @@ impl Store {
     pub fn open_existing_dir(dir: &Path, config: StoreConfig) -> Result<Store, StoreError> {
         Store::checked(
             dir,
-            Store::with_backend(Arc::new(SledBackend::open_existing_sized(dir, config.wal_bytes)?), config)?,
+            Store::with_backend(
+                Arc::new(
+                    SledBackend::open_existing_sized(dir, config.wal_bytes)?
+                        .with_checkpoint_after(config.checkpoint_after),
+                ),
+                config,
+            )?,
         )
     }
 
@@ -178,8 +194,9 @@ impl Store {
         dir: &Path,
         config: StoreConfig,
     ) -> Result<(Store, Option<crate::witness::Rollback>), StoreError> {
-        let store =
-            Store::with_backend(Arc::new(SledBackend::open_existing_sized(dir, config.wal_bytes)?), config)?;
+        let backend = SledBackend::open_existing_sized(dir, config.wal_bytes)?
+            .with_checkpoint_after(config.checkpoint_after);
+        let store = Store::with_backend(Arc::new(backend), config)?;
         let rollback = store.rollback(dir)?;
         if rollback.is_some() {
             store.inner.witness_ok.store(false, std::sync::atomic::Ordering::Relaxed);

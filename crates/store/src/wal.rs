@@ -20,7 +20,9 @@
 //! metadata. Records go into one half until it is full; then the log moves to the other
 //! half, once the checkpoint of what that half held is complete, under a new random
 //! *generation*. Reading a half stops at a record of another generation (stale), at a
-//! checksum that fails (a write torn by the crash), or at a break in the LSNs.
+//! checksum that fails (a write torn by the crash), or at a break in the LSNs — unless a
+//! valid record of the same generation follows further on: that is damage, and the records
+//! past it are read, so that the open sees their gap and refuses with the runs they hold.
 //!
 //! Record layout, little endian:
 //! ```text
@@ -191,39 +193,112 @@ impl FileHalf<'_> {
     }
 }
 
+/// One record read at `at`: the record and where the next one starts, or `None` when the
+/// bytes there are not a valid record of `generation` (any generation when `None`).
+fn record_at(bytes: &mut FileHalf, at: usize, generation: Option<u64>) -> Option<(u64, Record, usize)> {
+    let header: [u8; HEADER_LEN] = bytes.bytes_at(at..at.checked_add(HEADER_LEN)?)?.try_into().ok()?;
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+    let record_generation = u64::from_le_bytes(header[8..16].try_into().ok()?);
+    let lsn = u64::from_le_bytes(header[16..24].try_into().ok()?);
+    if record_generation == 0 || generation.is_some_and(|g| g != record_generation) {
+        return None;
+    }
+    let start = at + HEADER_LEN;
+    let payload = bytes.bytes_at(start..start.checked_add(len)?)?;
+    if checksum(record_generation, lsn, payload) != crc {
+        return None;
+    }
+    let ops = decode_payload(payload)?;
+    Some((record_generation, Record { lsn, ops }, start + len))
+}
+
+/// Where, after `from`, the next valid record of `generation` numbered above `after` starts:
+/// a record past a bad one means the bad one is damage, not the end of the log.
+fn next_valid(bytes: &mut FileHalf, from: usize, generation: u64, after: u64) -> Option<usize> {
+    let pattern = generation.to_le_bytes();
+    let mut at = from;
+    loop {
+        // Read the rest of the half as the search needs it.
+        let end = bytes.len;
+        let window = bytes.bytes_at(at..end)?;
+        let found = memchr::memmem::find(window, &pattern)?;
+        // The generation sits 8 bytes into a record's header.
+        let candidate = (at + found).checked_sub(8);
+        if let Some(start) = candidate.filter(|s| *s >= from)
+            && let Some((_, record, _)) = record_at(bytes, start, Some(generation))
+            && record.lsn > after
+        {
+            return Some(start);
+        }
+        at += found + 1;
+    }
+}
+
 /// The records of one half: from its start, each valid, of the first record's generation,
-/// and numbered one after the other. Reading stops at the first that is not.
+/// and numbered one after the other. Reading stops at the first that is not — the log's end
+/// after a crash: zeros, an older generation's stale records, or a record the crash cut
+/// short. Unless a valid record of the same generation, numbered further on, follows it:
+/// then the bad record is damage (a flipped bit, a bad sector), and reading goes on from the
+/// next valid record, so that the records past it are seen and the gap in their numbers
+/// refuses the open (`Engine::replay`) instead of silently ending the log there.
 fn read_half(bytes: &mut FileHalf) -> Vec<Record> {
-    let mut records = Vec::new();
+    let mut records: Vec<Record> = Vec::new();
     let mut at = 0usize;
     let mut generation = None;
     loop {
-        let start = at;
-        let Some(header) = bytes.bytes_at(at..at + HEADER_LEN) else { break };
-        let header: [u8; HEADER_LEN] = header.try_into().unwrap_or([0; HEADER_LEN]);
-        at += HEADER_LEN;
-        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
-        let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-        let record_generation = u64::from_le_bytes(header[8..16].try_into().unwrap_or_default());
-        let lsn = u64::from_le_bytes(header[16..24].try_into().unwrap_or_default());
-        let chained = records.last().is_none_or(|r: &Record| r.lsn.checked_add(1) == Some(lsn));
-        if record_generation == 0 || generation.is_some_and(|g| g != record_generation) || !chained {
-            if generation == Some(record_generation) && header.iter().any(|b| *b != 0) {
-                tracing::info!(offset = start, "the write-ahead log ends in a record a crash cut short");
+        let chained = |record: &Record, records: &[Record]| {
+            records.last().is_none_or(|last| last.lsn.checked_add(1) == Some(record.lsn))
+        };
+        match record_at(bytes, at, generation) {
+            Some((record_generation, record, next)) if chained(&record, &records) => {
+                generation = Some(record_generation);
+                records.push(record);
+                at = next;
             }
-            break;
-        }
-        let Some(payload) = at.checked_add(len).and_then(|end| bytes.bytes_at(at..end)) else { break };
-        if checksum(record_generation, lsn, payload) != crc {
-            if generation == Some(record_generation) {
-                tracing::info!(offset = start, "the write-ahead log ends in a record a crash cut short");
+            _ => {
+                // Before the first record, the generation its header names: a damaged first
+                // record is damage too when its generation's records follow.
+                let header_generation = || {
+                    let header = bytes.bytes_at(at..at + HEADER_LEN)?;
+                    let named = u64::from_le_bytes(header[8..16].try_into().ok()?);
+                    (named != 0).then_some(named)
+                };
+                let Some(generation) = generation.or_else(header_generation) else { break };
+                let last = records.last().map_or(0, |r| r.lsn);
+                match next_valid(bytes, at, generation, last) {
+                    Some(next) => {
+                        tracing::error!(
+                            offset = at,
+                            resumed_at = next,
+                            after_lsn = last,
+                            "the write-ahead log is damaged: valid records follow a bad one"
+                        );
+                        at = next;
+                        // The records past the damage are read; their numbers do not follow on.
+                        match record_at(bytes, at, Some(generation)) {
+                            Some((_, record, next)) => {
+                                records.push(record);
+                                at = next;
+                            }
+                            None => break,
+                        }
+                    }
+                    None => {
+                        if bytes
+                            .bytes_at(at..at + HEADER_LEN)
+                            .is_some_and(|h| h[8..16] == generation.to_le_bytes())
+                        {
+                            tracing::info!(
+                                offset = at,
+                                "the write-ahead log ends in a record a crash cut short"
+                            );
+                        }
+                        break;
+                    }
+                }
             }
-            break;
         }
-        let Some(ops) = decode_payload(payload) else { break };
-        generation = Some(record_generation);
-        records.push(Record { lsn, ops });
-        at += len;
     }
     records
 }
@@ -542,7 +617,7 @@ mod tests {
     }
 
     #[test]
-    fn a_log_read_a_chunk_at_a_time_yields_every_record_and_stops_at_a_tear() {
+    fn a_log_read_a_chunk_at_a_time_yields_every_record_and_reads_past_damage() {
         let dir = tempfile::tempdir().expect("tempdir");
         // Halves of 4 MiB: a megabyte and a half of records spans two chunks of the first.
         let mut wal = Wal::open(dir.path(), 8 << 20, 0).expect("open");
@@ -556,12 +631,41 @@ mod tests {
         assert!(read.records.iter().zip(1..).all(|(r, lsn)| r.lsn == lsn && r.ops == big(lsn)));
         assert_eq!((read.newer_half, read.size), (Some(0), Some(8 << 20)));
 
-        // A record torn where the second chunk begins ends the log there.
+        // Bytes damaged where the second chunk begins, with valid records after them: the
+        // damaged record is missing, and every record past it is read, with a gap in the
+        // numbers that the open refuses.
         let file = OpenOptions::new().write(true).open(dir.path().join(FILE)).expect("open");
-        file.write_all_at(&[0xff; 8], 1 << 20).expect("tear");
-        let torn = Wal::read(dir.path()).expect("read").records;
-        assert!(torn.len() < 1_500 && torn.len() > 1_000, "{} records", torn.len());
-        assert_eq!(torn[..], read.records[..torn.len()]);
+        file.write_all_at(&[0xff; 8], 1 << 20).expect("damage");
+        let damaged = Wal::read(dir.path()).expect("read").records;
+        assert_eq!(damaged.len(), 1_499, "one record lost to the damage");
+        let gap = damaged.windows(2).position(|w| w[1].lsn != w[0].lsn + 1).expect("a gap");
+        assert!(gap > 1_000, "the damage is past the first chunk: {gap}");
+        assert_eq!(damaged[..=gap], read.records[..=gap]);
+        assert_eq!(damaged[gap + 1..], read.records[gap + 2..]);
+    }
+
+    #[test]
+    fn a_bad_first_record_followed_by_valid_ones_is_damage_and_a_bad_last_one_is_the_end() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wal = Wal::open(dir.path(), MIN_BYTES, 0).expect("open");
+        for lsn in 1..=5 {
+            assert_eq!(wal.append(lsn, &ops(lsn as u8)), Appended::Logged);
+        }
+        wal.sync().expect("sync");
+        let bytes = std::fs::read(dir.path().join(FILE)).expect("read");
+        let record_len = HEADER_LEN + 4 + (1 + 4 + 2 + 4 + 3) + (1 + 4 + 3);
+        // The first record's payload damaged: the four after it are read.
+        let mut first = bytes.clone();
+        first[HEADER_LEN + 3] ^= 0x01;
+        assert_eq!(records_of(&first).iter().map(|r| r.lsn).collect::<Vec<_>>(), vec![2, 3, 4, 5]);
+        // The last record's: the log ends after the fourth, as after a torn write.
+        let mut last = bytes.clone();
+        last[4 * record_len + HEADER_LEN + 3] ^= 0x01;
+        assert_eq!(records_of(&last).iter().map(|r| r.lsn).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+        // A middle record's length field damaged: the records after it are still found.
+        let mut length = bytes;
+        length[2 * record_len] ^= 0x04;
+        assert_eq!(records_of(&length).iter().map(|r| r.lsn).collect::<Vec<_>>(), vec![1, 2, 4, 5]);
     }
 
     #[test]
