@@ -442,6 +442,12 @@ async fn alarm_times_never_wrap_and_short_periods_keep_their_period() {
     assert!(refused(rt.set_alarm(&run, "late", AlarmSpec::after(huge, &()).expect("spec")).await));
     assert!(refused(rt.set_alarm(&run, "slow", AlarmSpec::every(huge, &()).expect("spec")).await));
     assert!(refused(rt.set_alarm(&run, "zero", AlarmSpec::every(Duration::ZERO, &()).expect("spec")).await));
+    // Below the shortest period, refused with the limit named.
+    let too_fast = AlarmSpec::every(Duration::from_millis(1), &()).expect("spec");
+    match rt.set_alarm(&run, "too-fast", too_fast).await {
+        Err(RuntimeError::InvalidInput(why)) => assert!(why.contains("ALARM_PERIOD_MIN"), "{why}"),
+        other => panic!("a 1 ms period was not refused: {other:?}"),
+    }
     assert!(refused(rt.set_alarm(&run, "far", AlarmSpec::at_ms(u64::MAX, &()).expect("spec")).await));
     assert!(rt.alarms(&run).expect("alarms").is_empty(), "nothing refused was stored");
 

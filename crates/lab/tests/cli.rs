@@ -247,3 +247,55 @@ fn a_sigterm_right_after_listening_stops_the_server_cleanly() {
         assert_eq!(code, Some(0), "start {attempt}: ended by the signal, not a clean stop\n{}", server.log());
     }
 }
+
+/// Everything the server keeps is its owner's only: the data directory 0700, every file in
+/// it (the log, sled's files, the admin token, the witness) and a backup 0600; a data
+/// directory others may write to is refused.
+#[test]
+fn the_data_directory_and_every_file_are_the_owners_only() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let mut server = Served::start(&data);
+    let backup = dir.path().join("all.backup");
+    let out = std::process::Command::new(common::BIN)
+        .args(["backup", "--server", &server.addr.to_string(), "--data"])
+        .arg(&data)
+        .arg("--out")
+        .arg(&backup)
+        .output()
+        .expect("backup");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(server.sigterm(), Some(0));
+    let mode = |p: &std::path::Path| std::fs::metadata(p).expect("metadata").permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o700);
+    let mut files = 0;
+    let mut folders = vec![data.clone()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).expect("read_dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                assert_eq!(mode(&path), 0o700, "{}", path.display());
+                folders.push(path);
+            } else {
+                assert_eq!(mode(&path), 0o600, "{}", path.display());
+                files += 1;
+            }
+        }
+    }
+    assert!(files >= 5, "{files} files checked");
+    assert_eq!(mode(&backup), 0o600);
+
+    // A data directory others may write to is refused, with the reason.
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).expect("mkdir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let out = std::process::Command::new(common::BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&shared)
+        .output()
+        .expect("serve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("others may write to") && err.contains("chmod 700"), "{err}");
+}

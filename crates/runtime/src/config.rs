@@ -144,6 +144,10 @@ pub struct RuntimeConfig {
     /// and alarm sets are refused with `StorageFull`; running boundaries go on down to a
     /// quarter of it, then wait for space.
     pub disk_reserve: String,
+    /// Memory for sled's page cache ("192MiB"): what reads of stored runs may keep in memory.
+    /// A smaller cache costs reads of cold runs; the default keeps a million pending alarms'
+    /// bulk load under 1 GiB.
+    pub cache: String,
     /// A durability barrier that has not returned after this long fails the store.
     #[serde(with = "humantime_serde")]
     pub barrier_timeout: Duration,
@@ -197,6 +201,7 @@ impl Default for RuntimeConfig {
             keep_alive_heartbeat: limits::KEEP_ALIVE_HEARTBEAT_DEFAULT,
             fiber_keep_alive: true,
             disk_reserve: "64MiB".into(),
+            cache: "192MiB".into(),
             barrier_timeout: limits::BARRIER_TIMEOUT_DEFAULT,
             checkpoint_after: durafiber_store::sled_backend::CHECKPOINT_AFTER_DEFAULT,
             seed: 0,
@@ -229,6 +234,7 @@ impl RuntimeConfig {
             disk_reserve_bytes: self.disk_reserve_bytes()?,
             barrier_timeout: self.barrier_timeout,
             checkpoint_after: self.checkpoint_after,
+            cache_bytes: parse_bytes(&self.cache)?,
             ..Default::default()
         })
     }
@@ -241,6 +247,7 @@ impl RuntimeConfig {
     /// Checks every relation between settings.
     pub fn validate(&self) -> Result<(), RuntimeError> {
         let (lo, hi) = self.evict_after_range()?;
+        parse_bytes(&self.cache).map_err(|e| RuntimeError::Config(format!("cache: {e}")))?;
         if self.keep_alive_heartbeat.is_zero() || self.keep_alive_heartbeat >= lo {
             return Err(RuntimeError::Config(format!(
                 "keep_alive_heartbeat ({}) must be above zero and below the shortest eviction ({})",

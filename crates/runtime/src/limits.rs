@@ -41,6 +41,10 @@ pub const ALARM_RUNTIME_BACKOFF_MAX: Duration = Duration::from_secs(1024);
 /// The furthest ahead an alarm may be due, and the longest period: every time computed from
 /// a due time stays far from `u64::MAX` ms, so no arithmetic on it can wrap.
 pub const ALARM_HORIZON_MAX: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+/// The shortest period of a periodic alarm: ten deliveries a second. A shorter one is
+/// refused, naming this limit (a period of 1 ms was thousands of deliveries a second, each a
+/// boundary, for as long as the run lived).
+pub const ALARM_PERIOD_MIN: Duration = Duration::from_millis(100);
 /// An `on_message` handler running longer than this has failed, and its caller is answered.
 pub const MESSAGE_WALL_LIMIT_DEFAULT: Duration = Duration::from_secs(60);
 /// A durability barrier that has not returned after this long fails the store.

@@ -127,6 +127,16 @@ pub enum ServeError {
         /// What the operating system said.
         source: std::io::Error,
     },
+    /// Others than its owner may write to the data directory.
+    #[error(
+        "others may write to {path} (mode {mode:o}): chmod 700 it, or choose a directory only you can write"
+    )]
+    UnsafeDataDir {
+        /// The data directory.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
     /// The store could not be opened.
     #[error("opening the store at {place}: {source}")]
     Store {
@@ -194,6 +204,30 @@ fn store_place(options: &ServerOptions) -> String {
     }
 }
 
+/// The data directory, created 0700 when missing; refused when others may write to it (they
+/// could replace the store or the admin token), with a warning when others may read it.
+fn private_data_dir(data: &Path) -> Result<(), ServeError> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    let io = |what: &str| {
+        let what = format!("{what} {}", data.display());
+        move |source| ServeError::Io { what, source }
+    };
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(data).map_err(io("creating"))?;
+    let mode = std::fs::metadata(data).map_err(io("reading"))?.permissions().mode();
+    if mode & 0o022 != 0 {
+        return Err(ServeError::UnsafeDataDir { path: data.to_path_buf(), mode: mode & 0o777 });
+    }
+    if mode & 0o044 != 0 {
+        tracing::warn!(path = %data.display(), mode = format!("{:o}", mode & 0o777), "others may read the data directory: chmod 700 it");
+        eprintln!(
+            "durafiber: WARNING: others may read {} (mode {:o}); its files are 0600, but chmod 700 it",
+            data.display(),
+            mode & 0o777
+        );
+    }
+    Ok(())
+}
+
 /// Opens the store and the runtime for serving, with the agents `register` adds: on a shared
 /// database as node `options.node_id`, advertising `advertise`.
 pub async fn open_runtime(
@@ -243,8 +277,7 @@ pub async fn serve(
     let config = load_config(options.config.as_deref())?;
     let secrets = Secrets::from_env().map_err(ServeError::Secrets)?;
     let data = options.data.as_path();
-    std::fs::create_dir_all(data)
-        .map_err(|source| ServeError::Io { what: format!("creating {}", data.display()), source })?;
+    private_data_dir(data)?;
     // Bound first, so that a node can tell the others the address it really listens on.
     let listener = tokio::net::TcpListener::bind(addr)
         .await

@@ -277,7 +277,7 @@ pub async fn backup_bytes(store: &Store) -> Result<Vec<u8>, StoreError> {
 pub fn write_backup_file(bytes: &[u8], out: &Path) -> Result<(), StoreError> {
     let io = |source| StoreError::Io { path: out.to_path_buf(), source };
     let tmp = out.with_extension("partial");
-    let mut file = std::fs::File::create(&tmp).map_err(io)?;
+    let mut file = crate::fsync::create_private(&tmp).map_err(io)?;
     file.write_all(bytes).and_then(|()| file.sync_all()).map_err(io)?;
     std::fs::rename(&tmp, out).map_err(io)?;
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {

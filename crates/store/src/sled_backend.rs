@@ -7,6 +7,7 @@
 
 use std::{
     fs::{File, OpenOptions},
+    os::unix::fs::OpenOptionsExt as _,
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -83,6 +84,30 @@ const QUIET_CHECKPOINT_SHARE: u64 = 8;
 /// `checkpoint_timeout`, it bounds how long acknowledged writes live only in the log.
 pub const CHECKPOINT_AFTER_DEFAULT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// sled's cache by default: it keeps a million pending alarms' bulk load under 1 GiB.
+pub const CACHE_BYTES_DEFAULT: u64 = 192 * 1024 * 1024;
+
+/// How a sled store is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SledOptions {
+    /// Bytes of the write-ahead log (two halves; at least [`wal::MIN_BYTES`]).
+    pub wal_bytes: u64,
+    /// Bytes of sled's page cache: memory spent for reads of stored runs.
+    pub cache_bytes: u64,
+    /// A quiet store's logged writes reach sled at most this long after its last checkpoint.
+    pub checkpoint_after: std::time::Duration,
+}
+
+impl Default for SledOptions {
+    fn default() -> Self {
+        SledOptions {
+            wal_bytes: wal::DEFAULT_BYTES,
+            cache_bytes: CACHE_BYTES_DEFAULT,
+            checkpoint_after: CHECKPOINT_AFTER_DEFAULT,
+        }
+    }
+}
+
 /// How soon a quiet writer is told again when a checkpoint is still running.
 const CHECKPOINT_BUSY_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -100,15 +125,16 @@ pub fn is_store(dir: &Path) -> bool {
 /// Opens sled. We hold the directory's lock file, so no other store owns it; a refusal of
 /// sled's own file lock can only come from the background threads of a store this process
 /// just closed, which let go within milliseconds. Retry briefly before giving up.
-fn open_sled(sled_dir: &Path) -> Result<sled::Db, StoreError> {
+fn open_sled(sled_dir: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> {
     // Everything explicit: no background flusher (checkpoints decide when to sync), a mode
-    // that favours small writes, and a cache that keeps a million pending alarms' bulk load
-    // under 1 GiB of memory while their deliveries stay on time (`bench alarms --pending`).
+    // that favours small writes, and the cache of `SledOptions::cache_bytes` (by default one
+    // that keeps a million pending alarms' bulk load under 1 GiB of memory while their
+    // deliveries stay on time, `bench alarms --pending`).
     let config = sled::Config::new()
         .path(sled_dir)
         .flush_every_ms(None)
         .mode(sled::Mode::HighThroughput)
-        .cache_capacity(192 * 1024 * 1024);
+        .cache_capacity(cache_bytes);
     let mut last = None;
     for _ in 0..2_000 {
         match contained(sled_dir, || config.open())? {
@@ -168,7 +194,7 @@ fn has_snapshots(sled_dir: &Path) -> bool {
 /// Moves every snapshot into `quarantine/` beside the store, where an operator can look.
 fn quarantine_snapshots(dir: &Path, sled_dir: &Path) -> Result<(), StoreError> {
     let quarantine = dir.join("quarantine");
-    std::fs::create_dir_all(&quarantine).map_err(io(&quarantine))?;
+    crate::fsync::create_private_dir(&quarantine).map_err(io(&quarantine))?;
     for path in snapshots(sled_dir) {
         let Some(name) = path.file_name() else { continue };
         let target = quarantine.join(name);
@@ -213,15 +239,15 @@ fn restore_conf(dir: &Path, sled_dir: &Path) -> Result<bool, StoreError> {
 /// Opens sled, repairing what durafiber can when it refuses: a damaged `conf` is put back
 /// from durafiber's copy, then damaged snapshots are set aside so sled rebuilds from its
 /// log. Each step is logged with the file it concerns.
-fn open_with_repairs(dir: &Path, sled_dir: &Path) -> Result<sled::Db, StoreError> {
-    let first = match open_sled(sled_dir) {
+fn open_with_repairs(dir: &Path, sled_dir: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> {
+    let first = match open_sled(sled_dir, cache_bytes) {
         Ok(db) => return Ok(db),
         Err(StoreError::Engine(e)) => e,
         Err(e) => return Err(e),
     };
     tracing::warn!(error = %first, "sled refused to open; repairing what durafiber can");
     if restore_conf(dir, sled_dir)? {
-        match open_sled(sled_dir) {
+        match open_sled(sled_dir, cache_bytes) {
             Ok(db) => return Ok(db),
             Err(StoreError::Engine(_)) => {}
             Err(e) => return Err(e),
@@ -230,7 +256,7 @@ fn open_with_repairs(dir: &Path, sled_dir: &Path) -> Result<sled::Db, StoreError
     if has_snapshots(sled_dir) {
         // A damaged snapshot is fatal to sled even when its log is intact.
         quarantine_snapshots(dir, sled_dir)?;
-        return open_sled(sled_dir);
+        return open_sled(sled_dir, cache_bytes);
     }
     Err(StoreError::Engine(first))
 }
@@ -244,17 +270,15 @@ impl SledBackend {
 
     /// [`SledBackend::open_existing`] with a write-ahead log of `wal_bytes`.
     pub fn open_existing_sized(dir: &Path, wal_bytes: u64) -> Result<Self, StoreError> {
+        Self::open_existing_with(dir, &SledOptions { wal_bytes, ..SledOptions::default() })
+    }
+
+    /// [`SledBackend::open_existing`] with `options`.
+    pub fn open_existing_with(dir: &Path, options: &SledOptions) -> Result<Self, StoreError> {
         if !is_store(dir) {
             return Err(StoreError::NotAStore { path: dir.to_path_buf() });
         }
-        Self::open_sized(dir, wal_bytes)
-    }
-
-    /// The same backend, checkpointing a quiet store's logged writes into sled at most
-    /// `after` after the last checkpoint ([`CHECKPOINT_AFTER_DEFAULT`] unless set).
-    pub fn with_checkpoint_after(mut self, after: std::time::Duration) -> Self {
-        self.checkpoint_after = after;
-        self
+        Self::open_with(dir, options)
     }
 
     /// Opens (creating if needed) the store in `dir`, with a write-ahead log of the default
@@ -266,8 +290,14 @@ impl SledBackend {
     /// [`SledBackend::open`] with a write-ahead log of `wal_bytes` (at least 64 KiB): a
     /// smaller log checkpoints sled more often.
     pub fn open_sized(dir: &Path, wal_bytes: u64) -> Result<Self, StoreError> {
+        Self::open_with(dir, &SledOptions { wal_bytes, ..SledOptions::default() })
+    }
+
+    /// Opens (creating if needed) the store in `dir` with `options`.
+    pub fn open_with(dir: &Path, options: &SledOptions) -> Result<Self, StoreError> {
+        let wal_bytes = options.wal_bytes;
         if !dir.exists() {
-            std::fs::create_dir_all(dir).map_err(io(dir))?;
+            crate::fsync::create_private_dir(dir).map_err(io(dir))?;
             if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
                 sync_dir(parent)?;
             }
@@ -277,6 +307,7 @@ impl SledBackend {
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(crate::fsync::PRIVATE_FILE)
             .open(&lock_path)
             .map_err(io(&lock_path))?;
         lock_briefly(&lock, dir, &lock_path)?;
@@ -293,7 +324,7 @@ impl SledBackend {
                 .name("durafiber-wal-read".into())
                 .spawn_scoped(scope, || Wal::read(dir))
                 .map_err(|source| StoreError::Io { path: dir.join(wal::FILE), source });
-            let db = open_with_repairs(dir, &sled_dir);
+            let db = open_with_repairs(dir, &sled_dir, options.cache_bytes);
             let log = match reading {
                 Ok(reading) => reading.join().unwrap_or_else(|_| {
                     Err(StoreError::Engine("reading the write-ahead log panicked".into()))
@@ -304,10 +335,12 @@ impl SledBackend {
         });
         let (db, log) = (db?, log?);
         save_conf(dir, &sled_dir)?;
+        // sled creates its files with the process's umask: its owner's only, as ours are.
+        crate::fsync::make_private(dir).map_err(io(dir))?;
         if !marker.exists() {
             // sled's new files and folder, then the marker, each durable with its parent.
             sync_dir(&sled_dir)?;
-            File::create(&marker).and_then(|f| f.sync_all()).map_err(io(&marker))?;
+            crate::fsync::create_private(&marker).and_then(|f| f.sync_all()).map_err(io(&marker))?;
             sync_dir(dir)?;
         }
         let engine = Arc::new(Engine::new(db, dir, &sled_dir)?);
@@ -347,7 +380,7 @@ impl SledBackend {
                 last_lsn: replay.highest,
                 checkpointed_at: std::time::Instant::now(),
             }),
-            checkpoint_after: CHECKPOINT_AFTER_DEFAULT,
+            checkpoint_after: options.checkpoint_after,
             checkpoints,
             lost_tail: replay.lost,
             _lock: lock,
@@ -653,8 +686,9 @@ mod tests {
     fn a_quiet_store_checkpoints_a_few_records_once_they_are_old_enough() {
         let dir = tempfile::tempdir().expect("tempdir");
         let after = std::time::Duration::from_millis(300);
-        let backend =
-            SledBackend::open_sized(dir.path(), wal::MIN_BYTES).expect("open").with_checkpoint_after(after);
+        let options =
+            SledOptions { wal_bytes: wal::MIN_BYTES, checkpoint_after: after, ..SledOptions::default() };
+        let backend = SledBackend::open_with(dir.path(), &options).expect("open");
         write(&backend, 0, 3);
         // Too few and too young: told to ask again within the interval.
         let again = backend.quiet().expect("quiet").expect("asked to be told again");

@@ -44,6 +44,19 @@ pub struct StoreConfig {
     /// A quiet sled store moves its logged writes into sled at most this long after its last
     /// checkpoint, however few they are.
     pub checkpoint_after: Duration,
+    /// Bytes of sled's page cache: memory spent to read stored runs quickly.
+    pub cache_bytes: u64,
+}
+
+impl StoreConfig {
+    /// How the sled backend opens with this configuration.
+    fn sled(&self) -> crate::sled_backend::SledOptions {
+        crate::sled_backend::SledOptions {
+            wal_bytes: self.wal_bytes,
+            cache_bytes: self.cache_bytes,
+            checkpoint_after: self.checkpoint_after,
+        }
+    }
 }
 
 impl Default for StoreConfig {
@@ -56,6 +69,7 @@ impl Default for StoreConfig {
             barrier_timeout: Duration::from_secs(30),
             wal_bytes: crate::wal::DEFAULT_BYTES,
             checkpoint_after: crate::sled_backend::CHECKPOINT_AFTER_DEFAULT,
+            cache_bytes: crate::sled_backend::CACHE_BYTES_DEFAULT,
         }
     }
 }
@@ -164,13 +178,7 @@ impl Store {
     pub fn open_dir(dir: &Path, config: StoreConfig) -> Result<Store, StoreError> {
         Store::checked(
             dir,
-            Store::with_backend(
-                Arc::new(
-                    SledBackend::open_sized(dir, config.wal_bytes)?
-                        .with_checkpoint_after(config.checkpoint_after),
-                ),
-                config,
-            )?,
+            Store::with_backend(Arc::new(SledBackend::open_with(dir, &config.sled())?), config)?,
         )
     }
 
@@ -178,13 +186,7 @@ impl Store {
     pub fn open_existing_dir(dir: &Path, config: StoreConfig) -> Result<Store, StoreError> {
         Store::checked(
             dir,
-            Store::with_backend(
-                Arc::new(
-                    SledBackend::open_existing_sized(dir, config.wal_bytes)?
-                        .with_checkpoint_after(config.checkpoint_after),
-                ),
-                config,
-            )?,
+            Store::with_backend(Arc::new(SledBackend::open_existing_with(dir, &config.sled())?), config)?,
         )
     }
 
@@ -194,8 +196,7 @@ impl Store {
         dir: &Path,
         config: StoreConfig,
     ) -> Result<(Store, Option<crate::witness::Rollback>), StoreError> {
-        let backend = SledBackend::open_existing_sized(dir, config.wal_bytes)?
-            .with_checkpoint_after(config.checkpoint_after);
+        let backend = SledBackend::open_existing_with(dir, &config.sled())?;
         let store = Store::with_backend(Arc::new(backend), config)?;
         let rollback = store.rollback(dir)?;
         if rollback.is_some() {

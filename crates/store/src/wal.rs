@@ -361,7 +361,7 @@ fn in_lsn_order([first, second]: [Vec<Record>; 2], size: u64) -> Contents {
 fn create(dir: &Path, path: &Path, capacity: u64) -> Result<File, StoreError> {
     let tmp = dir.join(format!("{FILE}.partial"));
     {
-        let mut f = File::create(&tmp).map_err(io(&tmp))?;
+        let mut f = crate::fsync::create_private(&tmp).map_err(io(&tmp))?;
         let zeros = vec![0u8; 1024 * 1024];
         let mut left = capacity;
         while left > 0 {

@@ -86,7 +86,11 @@ pub fn write(dir: &Path, backend: &dyn Backend) -> Result<(), StoreError> {
     let path = dir.join(FILE);
     let tmp = dir.join(format!("{FILE}.partial"));
     let io = |source| StoreError::Io { path: path.clone(), source };
-    std::fs::write(&tmp, envelope::seal(SEAL_KEY, &body)).map_err(io)?;
+    {
+        use std::io::Write as _;
+        let mut file = crate::fsync::create_private(&tmp).map_err(io)?;
+        file.write_all(&envelope::seal(SEAL_KEY, &body)).map_err(io)?;
+    }
     std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io)?;
     std::fs::rename(&tmp, &path).map_err(io)?;
     crate::fsync::sync_dir(dir)

@@ -164,12 +164,13 @@ pub(crate) fn due_at(now_ms: u64, at: AlarmAt) -> Result<u64, RuntimeError> {
     })
 }
 
-/// A periodic alarm's period in ms: at least 1 ms, at most the horizon.
+/// A periodic alarm's period in ms: at least [`limits::ALARM_PERIOD_MIN`], at most the horizon.
 fn check_period(every: Duration) -> Result<u64, RuntimeError> {
     let ms = u64::try_from(every.as_millis()).unwrap_or(u64::MAX);
-    if ms == 0 || every > limits::ALARM_HORIZON_MAX {
+    if every < limits::ALARM_PERIOD_MIN || every > limits::ALARM_HORIZON_MAX {
         return Err(RuntimeError::InvalidInput(format!(
-            "alarm period must be between 1ms and {}",
+            "alarm period must be between {} (limits::ALARM_PERIOD_MIN) and {}",
+            humantime::format_duration(limits::ALARM_PERIOD_MIN),
             humantime::format_duration(limits::ALARM_HORIZON_MAX)
         )));
     }
