@@ -170,7 +170,7 @@ async fn check_case(case: &str, copy: &Path, before: &Entries, scratch: &Path) -
     // it was, or listed as lost or damaged.
     let out = scratch.join("salvaged");
     let fresh = Store::open_dir(&out, StoreConfig::default()).expect("fresh store");
-    let report = repair::salvage(&store, &fresh, rollback.as_ref())
+    let report = repair::salvage(&store, &fresh, rollback.as_ref(), &[])
         .await
         .unwrap_or_else(|e| panic!("{case}: salvage failed: {e}"));
     store.close();

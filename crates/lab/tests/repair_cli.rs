@@ -74,3 +74,64 @@ async fn verify_backup_restore_and_a_typo_in_data() {
         durafiber(&["restore", file.to_str().expect("path"), "--data", restored.to_str().expect("path")]);
     assert!(!ok && text.contains("already holds a store"), "{text}");
 }
+
+/// sled cannot open at all, but the write-ahead log holds the runs: `salvage` copies them
+/// from the log instead of giving up, and a run it cannot copy is listed as lost — every run
+/// the witness knew, whichever part of the store held it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn salvage_reads_the_log_when_sled_will_not_open_and_lists_every_run_it_cannot_copy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let mut served = common::Served::start(&data);
+    let http = served.client();
+    for i in 0..20 {
+        let start = http
+            .post(served.url("/runs"))
+            .header("Idempotency-Key", format!("s{i}"))
+            .json(&serde_json::json!({"kind": "steps", "input": {"steps": 2, "pause_ms": 0}}))
+            .send()
+            .await
+            .expect("start");
+        assert!(start.status().is_success());
+    }
+    assert_eq!(served.sigterm(), Some(0), "a clean close writes the witness");
+    // sled's file replaced by something it cannot open.
+    let db = data.join("sled").join("db");
+    std::fs::remove_file(&db).expect("rm db");
+    std::fs::create_dir(&db).expect("a folder where sled's file was");
+
+    let out = dir.path().join("out");
+    let (ok, text) = durafiber(&[
+        "store",
+        "salvage",
+        "--json",
+        "--data",
+        data.to_str().expect("path"),
+        "--out",
+        out.to_str().expect("path"),
+    ]);
+    assert!(ok, "{text}");
+    let report: serde_json::Value =
+        serde_json::from_str(text.lines().find(|l| l.starts_with('{')).expect("a report")).expect("JSON");
+    assert_eq!(report["copied"]["runs"], 20, "{report}");
+    assert_eq!(report["lost_runs"].as_array().map(Vec::len), Some(0), "{report}");
+    let (ok, text) = durafiber(&["store", "verify", "--data", out.to_str().expect("path")]);
+    assert!(ok, "{text}");
+
+    // The log gone too: nothing can be copied, and every run the witness knew is named.
+    std::fs::write(data.join("durafiber.wal"), vec![0u8; 1 << 20]).expect("zero the log");
+    let out = dir.path().join("out-2");
+    let (ok, text) = durafiber(&[
+        "store",
+        "salvage",
+        "--json",
+        "--data",
+        data.to_str().expect("path"),
+        "--out",
+        out.to_str().expect("path"),
+    ]);
+    assert!(ok, "{text}");
+    let report: serde_json::Value =
+        serde_json::from_str(text.lines().find(|l| l.starts_with('{')).expect("a report")).expect("JSON");
+    assert_eq!(report["lost_runs"].as_array().map(Vec::len), Some(20), "{report}");
+}

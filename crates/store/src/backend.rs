@@ -21,6 +21,11 @@ pub struct Rollback {
     pub found_seq: u64,
     /// Runs whose records differ from the witness (changed, lost, or older).
     pub runs: Vec<String>,
+    /// Writes the write-ahead log still holds past the gap that lost the others, in log
+    /// order: `salvage` applies them, so what reads is kept (the runs they touch are among
+    /// `runs`, and arrive escalated for a human).
+    #[serde(skip)]
+    pub stranded: Vec<crate::batch::Op>,
 }
 
 /// A node's lease on one shard: the epoch its writes into the shard are fenced by.

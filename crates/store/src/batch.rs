@@ -5,7 +5,7 @@ use serde::Serialize;
 use crate::{codec, envelope, error::StoreError, tables::Table};
 
 /// One write in a batch: a sealed value, or a removal.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
     /// Store `value` (already sealed) under `key`.
     Put {

@@ -182,7 +182,8 @@ impl Engine {
             highest,
             "the write-ahead log's records after sled's last one do not follow on"
         );
-        let lost = Rollback { expected_seq: highest, found_seq: last, runs };
+        let stranded = lost.iter().flat_map(|r| r.ops.iter().cloned()).collect();
+        let lost = Rollback { expected_seq: highest, found_seq: last, runs, stranded };
         Ok(Replay { table, from: held + 1, last, highest, lost: Some(lost) })
     }
 }

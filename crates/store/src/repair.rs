@@ -148,36 +148,111 @@ pub struct SalvageReport {
 
 /// Copies every readable record of `from` into the empty store `to`, rebuilding the indexes.
 /// The runs a rollback changed (see [`crate::witness`]) count as damaged: they are kept as
-/// the log holds them, escalated for a human.
+/// the log holds them — with the writes the log still held past a gap (`stranded`) applied —
+/// and escalated for a human. Every run in `known` (the witness's, [`crate::witness::known_runs`])
+/// that is not copied is listed as lost.
 pub async fn salvage(
     from: &Store,
     to: &Store,
     rollback: Option<&crate::witness::Rollback>,
+    known: &[String],
 ) -> Result<SalvageReport, StoreError> {
     let verified = verify(from)?;
     let mut damaged = verified.damaged_runs();
     damaged.extend(rollback.iter().flat_map(|r| r.runs.iter().cloned()));
-    let mut report = SalvageReport {
+    let report = SalvageReport {
         bad: verified.bad.clone(),
         rolled_back: rollback.map(|r| (r.found_seq, r.expected_seq)),
         ..Default::default()
     };
+    let mut entries: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    each_entry(from, |key, sealed| {
+        entries.insert(key.to_vec(), sealed.to_vec());
+    })?;
+    for op in rollback.iter().flat_map(|r| &r.stranded) {
+        apply_op(&mut entries, op);
+    }
+    copy_entries(entries, to, damaged, known, report).await
+}
+
+/// The newest value of each key after `op`.
+fn apply_op(entries: &mut BTreeMap<Vec<u8>, Vec<u8>>, op: &crate::batch::Op) {
+    match op {
+        crate::batch::Op::Put { key, value } => {
+            entries.insert(key.clone(), value.clone());
+        }
+        crate::batch::Op::Delete { key } => {
+            entries.remove(key);
+        }
+    }
+}
+
+/// A store whose engine (sled) cannot be opened at all, salvaged from its write-ahead log
+/// alone: every record the log holds is applied in order and copied into `to` as `salvage`
+/// copies; the runs whose records were only in sled are listed as lost (every run of the
+/// witness that is not copied), and the runs the log touches arrive escalated, since their
+/// older records may be gone.
+pub async fn salvage_from_log(
+    dir: &Path,
+    to: &Store,
+    error: &StoreError,
+) -> Result<SalvageReport, StoreError> {
+    let log = crate::wal::Wal::read(dir)?;
+    let mut entries: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let mut touched = BTreeSet::new();
+    for record in &log.records {
+        for op in &record.ops {
+            let (crate::batch::Op::Put { key, .. } | crate::batch::Op::Delete { key }) = op;
+            if let Some(run) = tables::run_of_key(key) {
+                touched.insert(run.to_string());
+            }
+            apply_op(&mut entries, op);
+        }
+    }
+    // A run created within what the log holds has every record there; the rest may not.
+    let whole: BTreeSet<String> =
+        log.records.first().filter(|first| first.lsn == 1).map(|_| touched.clone()).unwrap_or_default();
+    let damaged = touched.difference(&whole).cloned().collect();
+    let report = SalvageReport {
+        bad: vec![BadRecord {
+            table: "engine",
+            key: dir.display().to_string(),
+            run_id: None,
+            error: error.to_string(),
+        }],
+        ..Default::default()
+    };
+    copy_entries(entries, to, damaged, &crate::witness::known_runs(dir), report).await
+}
+
+/// Copies readable `entries` into `to` (see [`salvage`]): indexes rebuilt, records of a run
+/// without its run record dropped with it, `damaged` runs escalated, runs of `known` not
+/// copied listed as lost.
+async fn copy_entries(
+    entries: BTreeMap<Vec<u8>, Vec<u8>>,
+    to: &Store,
+    damaged: BTreeSet<String>,
+    known: &[String],
+    mut report: SalvageReport,
+) -> Result<SalvageReport, StoreError> {
     let mut runs: BTreeMap<String, RunRecord> = BTreeMap::new();
     let mut kept: Vec<(Table, Vec<u8>, Vec<u8>)> = Vec::new();
-    each_entry(from, |key, sealed| {
-        let Some(table) = Table::of_key(key) else { return };
-        if check(table, key, sealed).is_err() || [b'o', b'k', b'd', b'm'].contains(&table.prefix) {
-            return;
+    for (key, sealed) in entries {
+        let Some(table) = Table::of_key(&key) else { continue };
+        if check(table, &key, &sealed).is_err() || [b'o', b'k', b'd', b'm'].contains(&table.prefix) {
+            continue;
         }
         if table.prefix == tables::RUNS.prefix
-            && let Ok(run) = crate::store::decode_sealed::<RunRecord>(table, key, sealed)
+            && let Ok(run) = crate::store::decode_sealed::<RunRecord>(table, &key, &sealed)
         {
             runs.insert(run.run_id.clone(), run);
         } else {
-            kept.push((table, key.to_vec(), sealed.to_vec()));
+            kept.push((table, key, sealed));
         }
-    })?;
-    report.lost_runs = damaged.iter().filter(|id| !runs.contains_key(*id)).cloned().collect();
+    }
+    let mut lost: BTreeSet<String> = damaged.iter().filter(|id| !runs.contains_key(*id)).cloned().collect();
+    lost.extend(known.iter().filter(|id| !runs.contains_key(*id)).cloned());
+    report.lost_runs = lost.into_iter().collect();
     let mut batch = Batch::new();
     for (table, key, sealed) in kept {
         // Records of a run whose own record is gone would be orphans: they go with it.

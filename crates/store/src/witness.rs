@@ -142,5 +142,5 @@ pub fn check(dir: &Path, backend: &dyn Backend) -> Result<Option<Rollback>, Stor
     if found_seq == witness.commit_seq && runs.is_empty() {
         return Ok(None);
     }
-    Ok(Some(Rollback { expected_seq: witness.commit_seq, found_seq, runs }))
+    Ok(Some(Rollback { expected_seq: witness.commit_seq, found_seq, runs, stranded: Vec::new() }))
 }

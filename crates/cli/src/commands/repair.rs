@@ -79,16 +79,23 @@ pub async fn salvage(data: &Path, out: &Path, json: bool) -> anyhow::Result<i32>
     let report = match Store::open_for_repair(data, StoreConfig::default()) {
         Ok((from, rollback)) => {
             let to = open_new(out)?;
-            let report = repair::salvage(&from, &to, rollback.as_ref()).await?;
+            let known = durafiber_store::witness::known_runs(data);
+            let report = repair::salvage(&from, &to, rollback.as_ref(), &known).await?;
             from.close();
             to.close();
             report
         }
         Err(StoreError::DirLocked { path }) => return Err(in_use(&path)),
         Err(e @ StoreError::Engine(_)) => {
-            eprintln!("durafiber: the engine cannot read {} at all ({e}); restore a backup", data.display());
-            open_new(out)?.close();
-            repair::salvage_unopenable(data, &e)
+            eprintln!(
+                "{}: the engine cannot read {} ({e}); salvaging what its write-ahead log holds",
+                crate::bin_name(),
+                data.display()
+            );
+            let to = open_new(out)?;
+            let report = repair::salvage_from_log(data, &to, &e).await?;
+            to.close();
+            report
         }
         Err(e) => return Err(e).with_context(|| format!("opening {}", data.display())),
     };
