@@ -47,6 +47,8 @@ pub enum ApiErrorKind {
     Forbidden,
     /// A token of that name exists.
     NameTaken,
+    /// The last admin token cannot be revoked (409).
+    LastAdmin,
     /// The request is malformed.
     BadRequest,
     /// The `Host` header names no allowed host.
@@ -98,6 +100,7 @@ impl ApiErrorKind {
             "Unauthorized" => Unauthorized,
             "Forbidden" => Forbidden,
             "NameTaken" => NameTaken,
+            "LastAdmin" => LastAdmin,
             "BadRequest" => BadRequest,
             "HostNotAllowed" => HostNotAllowed,
             "OriginNotAllowed" => OriginNotAllowed,

@@ -241,3 +241,70 @@ async fn a_sigkill_mid_request_loses_nothing_that_was_acknowledged() {
         assert_eq!(r.status().as_u16(), 200, "acknowledged run {id} was lost");
     }
 }
+
+/// The API as its document says: the token is checked before the body's type, an
+/// undeclared method is 405 and is not audited, a body-less POST needs no content type,
+/// empty filters filter nothing, `null` is an empty optional body, numbers past a declared
+/// maximum are refused rather than clamped, and the last admin token cannot be revoked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_does_what_its_document_says() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Served::start(dir.path());
+    let http = server.client();
+    let bare = reqwest::Client::new();
+
+    // No token: 401, whatever the content type.
+    let (s, e) = send(bare.post(server.url("/kinds/steps/resume"))).await;
+    assert_eq!((s, e["kind"].as_str()), (401, Some("Unauthorized")), "{e}");
+    let (s, _) = send(bare.post(server.url("/runs")).header("content-type", "text/plain").body("x")).await;
+    assert_eq!(s, 401);
+
+    // An undeclared method: 405, JSON, and nothing in the audit trail.
+    let audit_len = |v: Value| v["entries"].as_array().map_or(0, Vec::len);
+    let before = audit_len(send(http.get(server.url("/audit"))).await.1);
+    for path in ["/health", "/approvals", "/runs/run_x", "/tokens/x"] {
+        let (s, e) = send(http.put(server.url(path))).await;
+        assert_eq!((s, e["kind"].as_str()), (405, Some("MethodNotAllowed")), "PUT {path}: {e}");
+    }
+    let (s, _) =
+        send(http.request(reqwest::Method::from_bytes(b"TRACE").expect("method"), server.url("/runs"))).await;
+    assert_eq!(s, 405);
+    assert_eq!(
+        audit_len(send(http.get(server.url("/audit"))).await.1),
+        before,
+        "an undeclared method was audited"
+    );
+
+    // A POST whose schema has no body needs no content type.
+    let no_type = reqwest::Client::new();
+    let (s, e) = send(no_type.post(server.url("/kinds/steps/resume")).bearer_auth(&server.token)).await;
+    assert_eq!(s, 200, "{e}");
+
+    // Empty filters are no filters; `null` is an absent optional body.
+    let (s, page) = send(http.get(server.url("/runs?kind=&after="))).await;
+    assert_eq!(s, 200, "{page}");
+    let (s, e) = send(http.get(server.url("/runs?state="))).await;
+    assert_eq!(s, 400, "a state is one of the document's names: {e}");
+    let start = http
+        .post(server.url("/runs"))
+        .header("Idempotency-Key", "c1")
+        .json(&json!({"kind": "steps", "input": {"steps": 1000, "pause_ms": 50}}));
+    let (_, run) = send(start).await;
+    let run_id = run["run_id"].as_str().expect("run id");
+    let (s, e) = send(http.post(server.url(&format!("/runs/{run_id}/cancel"))).body("null")).await;
+    assert_eq!(s, 200, "{e}");
+
+    // Past a declared maximum: refused, never clamped.
+    for path in
+        ["/audit?limit=2147483648", "/audit?limit=0", "/events?after=9223372036854775808", "/runs?limit=1001"]
+    {
+        let (s, e) = send(http.get(server.url(path))).await;
+        assert_eq!((s, e["kind"].as_str()), (400, Some("BadRequest")), "GET {path}: {e}");
+    }
+
+    // The last admin token stays.
+    let (s, e) = send(http.delete(server.url("/tokens/admin"))).await;
+    assert_eq!((s, e["kind"].as_str()), (409, Some("LastAdmin")), "{e}");
+    let (s, _) = send(http.get(server.url("/tokens"))).await;
+    assert_eq!(s, 200, "the admin token still works");
+}

@@ -181,9 +181,20 @@ async fn browsers_cannot_be_turned_against_the_server() {
         .await
         .expect("answer");
     assert_eq!(r.status().as_u16(), 403, "another origin is refused first");
+    // Without a token that is 401 first; with one, a body that is not JSON is 415.
     let r = http
         .post(server.url("/runs"))
         .header("content-type", "text/plain")
+        .header("idempotency-key", "x")
+        .body(body.clone())
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = http
+        .post(server.url("/runs"))
+        .header("content-type", "text/plain")
+        .header("authorization", &bearer)
         .header("idempotency-key", "x")
         .body(body.clone())
         .send()

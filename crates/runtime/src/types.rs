@@ -127,6 +127,7 @@ impl RunOptions {
 }
 
 /// A run's state without its details, to filter lists by (§2.4).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunState {

@@ -3,7 +3,7 @@
 use crate::auth::{self, AccessError, Role};
 use crate::{
     schema::{AuditPage, ErrorBody, TokenBody, TokenCreated, TokenRevoked, TokenShown},
-    state::{ApiError, ApiResult, AppState, Params, bad_request, ok, parse},
+    state::{ApiError, ApiResult, AppState, Params, ok, parse},
 };
 use axum::{
     Json,
@@ -19,6 +19,7 @@ impl From<AccessError> for ApiError {
         match e {
             AccessError::Invalid(m) => ApiError(StatusCode::BAD_REQUEST, m, "InvalidInput"),
             e @ AccessError::NameTaken(_) => ApiError(StatusCode::CONFLICT, e.to_string(), "NameTaken"),
+            e @ AccessError::LastAdmin(_) => ApiError(StatusCode::CONFLICT, e.to_string(), "LastAdmin"),
             e => ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), "StoreFailed"),
         }
     }
@@ -50,20 +51,19 @@ pub async fn revoke_token(State(app): State<AppState>, Path(name): Path<String>)
     ok(TokenRevoked { name, revoked })
 }
 
+/// The largest page of the audit trail.
+const AUDIT_PAGE_MAX: u64 = 1_000;
+
 /// A page of the audit trail, oldest first: `?after=SEQ&limit=N`; `next` is the `after` of
 /// the next page, present when this one is full.
 #[utoipa::path(get, path = "/audit", tag = "admin",
-    params(("after" = Option<u64>, Query, description = "the previous page's `next`"),
-        ("limit" = Option<u32>, Query, description = "page size, 1 to 1,000 (default 100)")),
+    params(("after" = Option<u64>, Query, description = "the previous page's `next`", maximum = 9223372036854775807_u64),
+        ("limit" = Option<u32>, Query, description = "page size, 1 to 1,000 (default 100)", minimum = 1, maximum = 1000)),
     responses((status = 200, description = "a page of the audit trail", body = AuditPage), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub async fn audit(State(app): State<AppState>, Query(q): Params) -> ApiResult {
-    let number = |name: &str| -> Result<Option<u64>, ApiError> {
-        q.get(name)
-            .map(|t| t.parse::<u64>().map_err(|_| bad_request(format!("{name} must be a number, not {t:?}"))))
-            .transpose()
-    };
-    let limit = number("limit")?.unwrap_or(100).clamp(1, 1_000) as usize;
-    let entries = access::page(app.runtime.store(), number("after")?, limit).map_err(AccessError::from)?;
+    let limit = crate::state::bounded(&q, "limit", 1, AUDIT_PAGE_MAX)?.unwrap_or(100) as usize;
+    let after = crate::state::bounded(&q, "after", 0, i64::MAX as u64)?;
+    let entries = access::page(app.runtime.store(), after, limit).map_err(AccessError::from)?;
     let next = if entries.len() == limit { entries.last().map(|e| e.seq) } else { None };
     ok(AuditPage { entries, next })
 }

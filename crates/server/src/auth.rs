@@ -87,6 +87,9 @@ pub enum AccessError {
     /// A token of that name exists.
     #[error("a token named {0:?} exists; revoke it first or pick another name")]
     NameTaken(String),
+    /// Revoking it would leave no admin token: nobody could manage tokens any more.
+    #[error("token {0:?} is the last admin token: create another admin token before revoking it")]
+    LastAdmin(String),
     /// The operating system gave no randomness.
     #[error("no randomness for a token: {0}")]
     Random(String),
@@ -176,8 +179,14 @@ pub fn shown(store: &Store) -> Result<Vec<serde_json::Value>, AccessError> {
 /// Revokes the token called `name`; false when there was none.
 pub async fn revoke(store: &Store, name: &str) -> Result<bool, AccessError> {
     let key = tables::TOKENS.key(&[name.as_bytes()]);
-    if store.get::<TokenRecord>(tables::TOKENS, &key)?.is_none() {
+    let Some(token) = store.get::<TokenRecord>(tables::TOKENS, &key)? else {
         return Ok(false);
+    };
+    if token.role == Role::Admin.name() {
+        let admins = list(store)?.into_iter().filter(|t| t.role == Role::Admin.name()).count();
+        if admins <= 1 {
+            return Err(AccessError::LastAdmin(name.to_string()));
+        }
     }
     let mut batch = Batch::new();
     batch.delete(key);

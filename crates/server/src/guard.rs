@@ -23,9 +23,8 @@ fn refuse(status: StatusCode, kind: &'static str, message: impl Into<String>) ->
     ApiError(status, message.into(), kind).into_response()
 }
 
-/// `Host` must be one the server answers to (no DNS rebinding); a state-changing request
-/// must be JSON (a cross-site form or `text/plain` POST is 415) and, when it has an
-/// `Origin`, come from one of those hosts. No CORS headers are ever sent.
+/// `Host` must be one the server answers to (no DNS rebinding); a request with an `Origin`
+/// must come from one of those hosts. No CORS headers are ever sent.
 pub async fn browser_safe(State(app): State<AppState>, req: Request, next: Next) -> Response {
     let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_string);
     let host = host.or_else(|| req.uri().authority().map(|a| a.to_string()));
@@ -50,15 +49,29 @@ pub async fn browser_safe(State(app): State<AppState>, req: Request, next: Next)
             );
         }
     }
-    let changes_state = matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH);
+    next.run(req).await
+}
+
+/// A request that changes state and carries a body must be JSON (a cross-site form or a
+/// `text/plain` POST is 415); one without a body must not claim another type. Checked after
+/// the token (`authorize`) and only on routes that exist, so that a caller without a token
+/// hears 401 and an undeclared method 405, whatever its body.
+pub async fn json_bodies(req: Request, next: Next) -> Response {
+    let declared = crate::openapi::declares(req.method().as_str(), req.uri().path());
+    let changes_state = declared && matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH);
     // The console's forms are not JSON: they carry a CSRF token, and its cookie is
     // SameSite=Strict, so another site can neither read nor send it.
-    if changes_state && !is_console(req.uri().path()) && !is_json(req.headers()) {
-        return refuse(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "UnsupportedMediaType",
-            "a request that changes state must be Content-Type: application/json",
-        );
+    if changes_state && !is_console(req.uri().path()) {
+        let declared = req.headers().contains_key(header::CONTENT_TYPE);
+        let has_body = req.headers().get(header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0")
+            || req.headers().contains_key(header::TRANSFER_ENCODING);
+        if (has_body || declared) && !is_json(req.headers()) {
+            return refuse(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "UnsupportedMediaType",
+                "a request that changes state must be Content-Type: application/json",
+            );
+        }
     }
     next.run(req).await
 }
@@ -101,6 +114,11 @@ fn required_role(method: &Method, path: &str, open_metrics: bool) -> Option<Role
 /// browser sends on its own can change nothing outside the console's CSRF-checked forms.
 pub async fn authorize(State(app): State<AppState>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
+    // A method the API does not declare on this path is the router's to refuse (405): it is
+    // not authorized, checked or audited as if it were an action.
+    if !is_console(&path) && !crate::openapi::declares(req.method().as_str(), &path) {
+        return next.run(req).await;
+    }
     let Some(needed) = required_role(req.method(), &path, app.access.open_metrics) else {
         return next.run(req).await;
     };

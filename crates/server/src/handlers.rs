@@ -74,30 +74,24 @@ pub(super) async fn start(State(app): State<AppState>, headers: HeaderMap, body:
 }
 
 #[utoipa::path(get, path = "/runs", tag = "runs",
-    params(("state" = Option<String>, Query, description = "only runs in this state"),
+    params(("state" = Option<RunState>, Query, description = "only runs in this state"),
         ("kind" = Option<String>, Query, description = "only runs of this kind"),
         ("after" = Option<String>, Query, description = "the previous page's `next`"),
-        ("limit" = Option<u32>, Query, description = "page size (default 50)"),
+        ("limit" = Option<u32>, Query, description = "page size (default 50)", minimum = 1, maximum = 1000),
         ("stash_version_below" = Option<u32>, Query, description = "only open runs whose last stash is older than this STASH_VERSION")),
     responses((status = 200, description = "a page of runs, in run-id order", body = RunPage), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn list(State(app): State<AppState>, Query(q): Params) -> ApiResult {
-    let limit = match q.get("limit") {
-        None => 50,
-        Some(text) => {
-            text.parse().map_err(|_| bad_request(format!("limit must be a number, not {text:?}")))?
-        }
-    };
+    let max = durafiber_runtime::limits::LIST_PAGE_MAX as u64;
+    let limit = crate::state::bounded(&q, "limit", 1, max)?.unwrap_or(50) as usize;
+    // An empty kind or `after` is no filter; a state is one of the document's names.
+    let given = |name: &str| q.get(name).filter(|v| !v.is_empty()).cloned();
     let filter = ListFilter {
         state: q.get("state").map(|s| s.parse::<RunState>()).transpose()?,
-        kind: q.get("kind").cloned(),
-        after: q.get("after").cloned(),
+        kind: given("kind"),
+        after: given("after"),
         limit,
-        stash_version_below: q
-            .get("stash_version_below")
-            .map(|t| {
-                t.parse().map_err(|_| bad_request(format!("stash_version_below must be a number, not {t:?}")))
-            })
-            .transpose()?,
+        stash_version_below: crate::state::bounded(&q, "stash_version_below", 0, u64::from(u32::MAX))?
+            .map(|v| v as u32),
     };
     ok(app.runtime.list(&filter)?)
 }
@@ -118,7 +112,12 @@ pub(super) async fn cancel(
     Path(run_id): Path<String>,
     body: Bytes,
 ) -> ApiResult {
-    let body: CancelBody = if body.is_empty() { CancelBody::default() } else { parse(&body)? };
+    // No body, or `null`, is a cancel without a reason.
+    let body: CancelBody = if body.is_empty() {
+        CancelBody::default()
+    } else {
+        parse::<Option<CancelBody>>(&body)?.unwrap_or_default()
+    };
     let reason = body.reason.unwrap_or_else(|| "cancelled through the API".into());
     ok(Cancelled { status: app.runtime.cancel(&run_id, &reason).await?, run_id })
 }
@@ -211,20 +210,15 @@ pub(super) async fn request(
 #[utoipa::path(get, path = "/runs/{id}/storage", tag = "runs",
     params(("id" = String, Path, description = "the run id"), ("prefix" = Option<String>, Query, description = "only keys with this prefix"),
         ("start_after" = Option<String>, Query, description = "the previous page's `next`"),
-        ("limit" = Option<u32>, Query, description = "page size (default 100)")),
+        ("limit" = Option<u32>, Query, description = "page size (default 100)", minimum = 1, maximum = 10000)),
     responses((status = 200, description = "a page of the run's storage", body = StoragePage), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn storage(
     State(app): State<AppState>,
     Path(run_id): Path<String>,
     Query(q): Params,
 ) -> ApiResult {
-    let limit: usize = match q.get("limit") {
-        None => 100,
-        Some(text) => {
-            text.parse().map_err(|_| bad_request(format!("limit must be a number, not {text:?}")))?
-        }
-    };
-    let limit = limit.clamp(1, durafiber_runtime::limits::STORAGE_LIST_MAX);
+    let max = durafiber_runtime::limits::STORAGE_LIST_MAX as u64;
+    let limit = crate::state::bounded(&q, "limit", 1, max)?.unwrap_or(100) as usize;
     let prefix = q.get("prefix").map(String::as_str).unwrap_or("");
     let page = app.runtime.storage_list(&run_id, prefix, q.get("start_after").map(String::as_str), limit)?;
     let next = if page.len() == limit { page.last().map(|(k, _)| k.clone()) } else { None };
@@ -376,17 +370,18 @@ const EVENT_BATCH: usize = 256;
 /// and the event as JSON.
 #[utoipa::path(get, path = "/events", tag = "operations",
     params(("run_id" = Option<String>, Query, description = "only this run's events"),
-        ("after" = Option<u64>, Query, description = "only events after this `seq` (or `Last-Event-ID`)")),
+        ("after" = Option<u64>, Query, description = "only events after this `seq` (or `Last-Event-ID`)", maximum = 9223372036854775807_u64)),
     responses((status = 200, description = "the event log, oldest first; with `Accept: text/event-stream`, server-sent events (`event: run`, `id: seq`) that follow it",
         content((Vec<Event> = "application/json"), (String = "text/event-stream"))), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn events(State(app): State<AppState>, headers: HeaderMap, Query(q): Params) -> ApiResult {
     let run_id = q.get("run_id").cloned();
     let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).map(str::to_string);
-    let after = match q.get("after").or(resume.as_ref()) {
-        None => 0,
-        Some(text) => {
-            text.parse::<u64>().map_err(|_| bad_request(format!("after must be a number, not {text:?}")))?
-        }
+    let after = match (crate::state::bounded(&q, "after", 0, i64::MAX as u64)?, resume) {
+        (Some(after), _) => after,
+        (None, Some(text)) => text
+            .parse::<u64>()
+            .map_err(|_| bad_request(format!("Last-Event-ID must be a number, not {text:?}")))?,
+        (None, None) => 0,
     };
     let streams = headers
         .get(axum::http::header::ACCEPT)

@@ -75,9 +75,46 @@ static DOCUMENT: OnceLock<String> = OnceLock::new();
 pub fn publish(document: &utoipa::openapi::OpenApi, runtime: &Runtime) {
     let Ok(mut document) = serde_json::to_value(document) else { return };
     with_start_bodies(&mut document, runtime);
+    let _ = ROUTES.set(routes_of(&document));
     if let Ok(text) = serde_json::to_string(&document) {
         let _ = DOCUMENT.set(text);
     }
+}
+
+/// Each path of the document, split into segments (`{id}` matches any one), with the
+/// methods it declares, upper case.
+type Routes = Vec<(Vec<String>, Vec<String>)>;
+
+/// The routes of the published document.
+static ROUTES: OnceLock<Routes> = OnceLock::new();
+
+fn routes_of(document: &Value) -> Routes {
+    let Some(paths) = document["paths"].as_object() else { return Vec::new() };
+    paths
+        .iter()
+        .map(|(path, item)| {
+            let segments = path.trim_start_matches('/').split('/').map(str::to_string).collect();
+            let methods = item
+                .as_object()
+                .map_or_else(Vec::new, |m| m.keys().map(|k| k.to_ascii_uppercase()).collect());
+            (segments, methods)
+        })
+        .collect()
+}
+
+/// Whether the API document declares `method` on `path` (a path of no route is `false`):
+/// what is not declared is answered 405 or 404 without a token being looked at or an audit
+/// entry written.
+pub fn declares(method: &str, path: &str) -> bool {
+    let Some(routes) = ROUTES.get() else { return true };
+    // The router answers HEAD wherever it answers GET.
+    let method = if method == "HEAD" { "GET" } else { method };
+    let asked: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    routes.iter().any(|(segments, methods)| {
+        segments.len() == asked.len()
+            && segments.iter().zip(&asked).all(|(s, a)| s.starts_with('{') || s == a)
+            && methods.iter().any(|m| m == method)
+    })
 }
 
 /// A component name from a kind: OpenAPI allows letters, digits, `.`, `-` and `_`.

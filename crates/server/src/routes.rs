@@ -124,9 +124,13 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here".into(), "MethodNotAllowed")
         })
-        .layer(middleware::from_fn_with_state(state.clone(), forward::to_owner))
-        .layer(middleware::from_fn_with_state(state.clone(), durable_reads))
-        .layer(middleware::from_fn_with_state(state.clone(), guard::authorize))
+        // Route layers run only for a route that exists: an undeclared method is 405 and a
+        // path of no route 404, before any token is looked at, any body checked or any
+        // audit entry written.
+        .route_layer(middleware::from_fn_with_state(state.clone(), forward::to_owner))
+        .route_layer(middleware::from_fn_with_state(state.clone(), durable_reads))
+        .route_layer(middleware::from_fn(guard::json_bodies))
+        .route_layer(middleware::from_fn_with_state(state.clone(), guard::authorize))
         .layer(middleware::from_fn_with_state(state.clone(), bounded_writes))
         .layer(middleware::from_fn_with_state(state.clone(), guard::browser_safe))
         .layer(middleware::from_fn(guard::size_limits))

@@ -95,6 +95,7 @@ pub struct CancelBody {
 #[serde(deny_unknown_fields)]
 pub struct PauseBody {
     /// Why: shown as the runs' `Paused{reason}`.
+    #[schema(min_length = 1)]
     pub reason: String,
 }
 
@@ -257,8 +258,10 @@ pub struct AlarmCancelled {
 #[serde(deny_unknown_fields)]
 pub struct TokenBody {
     /// 1–64 letters, digits, `-`, `_` or `.`; shown in the audit trail.
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,64}$")]
     pub name: String,
     /// `reader`, `reviewer`, `operator` or `admin`.
+    #[schema(value_type = Role)]
     pub role: String,
 }
 

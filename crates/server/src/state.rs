@@ -158,3 +158,18 @@ pub fn ok(value: impl serde::Serialize) -> ApiResult {
 
 /// Query strings are read as plain pairs, so a malformed one gets the same JSON error shape.
 pub type Params = Query<std::collections::HashMap<String, String>>;
+
+/// The query parameter `name` as a whole number from `min` to `max`, as the API's document
+/// declares it: anything else is refused, never clamped. An empty value is as if absent.
+pub fn bounded(
+    query: &std::collections::HashMap<String, String>,
+    name: &str,
+    min: u64,
+    max: u64,
+) -> Result<Option<u64>, ApiError> {
+    let Some(text) = query.get(name).filter(|t| !t.is_empty()) else { return Ok(None) };
+    match text.parse::<u64>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(Some(n)),
+        _ => Err(bad_request(format!("{name} must be a whole number from {min} to {max}, not {text:?}"))),
+    }
+}
