@@ -5,6 +5,8 @@
 #
 # - Debian's chromium and chromium-driver, for the console's browser tests
 #   (crates/lab/tests/console.rs and deploy.rs), with apt-get when missing;
+# - schemathesis from PyPI (pinned, in target/schemathesis-VERSION), for the API's check
+#   against its OpenAPI document (crates/lab/tests/deploy.rs);
 # - Debian's postgresql-15, for the PostgreSQL backend's tests: each such test starts a
 #   private server of its own on a free loopback port and stops it when it ends
 #   (durafiber-testkit's `postgres::PgServer`; `DURAFIBER_PG_URL` points them at a running one).
@@ -34,6 +36,18 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
         as_root apt-get install -y -qq postgresql-15 >/dev/null
     fi
 fi
+
+# schemathesis, pinned, in a virtual environment of its own: the deploy example's test runs
+# it against a real `serve` and fails on any difference between the API and its document.
+SCHEMATHESIS_VERSION=4.32.5
+venv="target/schemathesis-${SCHEMATHESIS_VERSION}"
+if [ ! -x "$venv/bin/schemathesis" ]; then
+    echo "test.sh: installing schemathesis ${SCHEMATHESIS_VERSION} into $venv" >&2
+    mkdir -p target
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet "schemathesis==${SCHEMATHESIS_VERSION}"
+fi
+export DURAFIBER_SCHEMATHESIS="$PWD/$venv/bin/schemathesis"
 
 # The API reference is rustdoc: a broken or private link fails the run like a failed test.
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet

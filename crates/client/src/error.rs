@@ -25,8 +25,10 @@ pub enum ApiErrorKind {
     RunFinished,
     /// The request is malformed or its values out of range.
     InvalidInput,
-    /// The agent refused it.
+    /// The agent refused it (409).
     Agent,
+    /// The run's agent does not take this message or request (409).
+    WrongMessage,
     /// The server is stopping.
     ShuttingDown,
     /// The run left memory while the request waited.
@@ -90,6 +92,7 @@ impl ApiErrorKind {
             "RunFinished" => RunFinished,
             "InvalidInput" => InvalidInput,
             "Agent" => Agent,
+            "WrongMessage" => WrongMessage,
             "ShuttingDown" => ShuttingDown,
             "Evicted" => Evicted,
             "NoOwner" => NoOwner,

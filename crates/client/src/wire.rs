@@ -67,6 +67,11 @@ pub enum Status {
         /// Why.
         reason: String,
     },
+    /// Held by an operator; a resume lets it continue where it stopped.
+    Paused {
+        /// Why.
+        reason: String,
+    },
 }
 
 impl Status {
@@ -93,6 +98,7 @@ impl Status {
             Status::Failed { .. } => "failed",
             Status::Cancelled { .. } => "cancelled",
             Status::Escalated { .. } => "escalated",
+            Status::Paused { .. } => "paused",
         }
     }
 
@@ -104,7 +110,8 @@ impl Status {
             | Status::WaitingEvent { name: s }
             | Status::Failed { error: s }
             | Status::Cancelled { reason: s }
-            | Status::Escalated { reason: s } => s,
+            | Status::Escalated { reason: s }
+            | Status::Paused { reason: s } => s,
             _ => "",
         }
     }

@@ -365,3 +365,43 @@ async fn the_same_binary_runs_as_two_nodes_on_postgres() {
     cli(&["restore", backup.to_str().expect("path"), "--data", restored.to_str().expect("path")]);
     assert_eq!(cli_code(&["store", "verify", "--data", restored.to_str().expect("path")]), Some(0));
 }
+
+/// The API is its document: schemathesis (pinned; `scripts/test.sh` installs it) generates
+/// requests from `/openapi.json` of a real `serve` of the example's binary — valid ones,
+/// invalid ones, undeclared methods, missing tokens, and sequences of calls — and every
+/// answer must be what the document says, with every check on.
+#[test]
+fn the_api_is_what_its_document_says_to_schemathesis() {
+    let tool = std::env::var("DURAFIBER_SCHEMATHESIS").unwrap_or_else(|_| {
+        panic!("DURAFIBER_SCHEMATHESIS is not set: run the tests with scripts/test.sh, which installs schemathesis")
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = serve(&dir.path().join("data"), &[]);
+    let report = dir.path().join("report");
+    // Its output goes to a file: a pipe nobody reads while it runs could fill and stop it.
+    let log = dir.path().join("schemathesis.log");
+    let log_file = std::fs::File::create(&log).expect("log file");
+    let mut child = Command::new(&tool)
+        .args(["run", &server.url("/openapi.json"), "--checks", "all", "--max-examples", "30", "--seed", "1"])
+        .args(["--no-color", "--report-dir"])
+        .arg(&report)
+        .arg("-H")
+        .arg(format!("Authorization: Bearer {}", server.token))
+        .stdout(log_file.try_clone().expect("log file"))
+        .stderr(log_file)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{tool}: {e}"));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("schemathesis") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("schemathesis ran for more than two minutes");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.success(), "schemathesis found differences:\n{text}");
+}

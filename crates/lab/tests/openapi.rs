@@ -206,7 +206,7 @@ async fn every_operation_is_documented_and_every_answer_matches_its_schema() {
         .await;
     assert_eq!(s, 200);
 
-    // A steps run: a message (the hosted agents take none: 422, the agent's refusal), then cancel.
+    // A steps run: a message (the hosted agents take none: 409, the agent's refusal), then cancel.
     let steps = json!({"kind": "steps", "input": {"steps": 1000, "pause_ms": 1000}});
     let (_, started) = c.call(Method::POST, "/runs", start("s-1", &steps)).await;
     let steps_run = format!("/runs/{}", started["run_id"].as_str().expect("id"));
@@ -217,7 +217,7 @@ async fn every_operation_is_documented_and_every_answer_matches_its_schema() {
             http.post(url(&format!("{steps_run}/messages"))).body("null"),
         )
         .await;
-    assert_eq!(s, 422);
+    assert_eq!(s, 409);
     let cancel = http.post(url(&format!("{steps_run}/cancel"))).body(json!({"reason": "enough"}).to_string());
     let (s, _) = c.call(Method::POST, "/runs/{id}/cancel", cancel).await;
     assert_eq!(s, 200);

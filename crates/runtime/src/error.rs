@@ -25,6 +25,15 @@ pub enum RuntimeError {
         /// The kind asked for.
         kind: String,
     },
+    /// The run's agent does not take this message or request: it does not decode as the
+    /// agent's `Message`.
+    #[error("the {kind} agent does not take this message: {reason}")]
+    WrongMessage {
+        /// The run's agent kind.
+        kind: String,
+        /// Why it does not decode.
+        reason: String,
+    },
     /// The idempotency key was used before with another input.
     #[error("idempotency key {key:?} was used for run {run_id} with a different input")]
     KeyConflict {

@@ -178,6 +178,7 @@ pub fn shown(store: &Store) -> Result<Vec<serde_json::Value>, AccessError> {
 
 /// Revokes the token called `name`; false when there was none.
 pub async fn revoke(store: &Store, name: &str) -> Result<bool, AccessError> {
+    check_name(name)?;
     let key = tables::TOKENS.key(&[name.as_bytes()]);
     let Some(token) = store.get::<TokenRecord>(tables::TOKENS, &key)? else {
         return Ok(false);

@@ -25,7 +25,7 @@ use crate::schema::{
 };
 
 use crate::{
-    state::{ApiError, ApiResult, AppState, Params, bad_request, ok, parse},
+    state::{ApiError, ApiResult, AppState, Params, bad_request, ok, parse, parse_value},
     view,
 };
 use serde_json::{Value, json};
@@ -41,6 +41,19 @@ pub(super) async fn start(State(app): State<AppState>, headers: HeaderMap, body:
         .and_then(|v| v.to_str().ok())
         .ok_or_else(|| bad_request("an Idempotency-Key header is required"))?
         .to_string();
+    // As the document says: visible ASCII, spaces only within, at most ID_CHARS_MAX.
+    let printable = |b: &u8| (0x21..=0x7e).contains(b);
+    let bytes = key.as_bytes();
+    let shaped = bytes.first().is_some_and(printable)
+        && bytes.last().is_some_and(printable)
+        && bytes.iter().all(|b| *b == b' ' || printable(b))
+        && bytes.len() <= durafiber_store::tables::ID_CHARS_MAX;
+    if !shaped {
+        return Err(bad_request(format!(
+            "an Idempotency-Key is 1 to {} visible ASCII characters, spaces only within",
+            durafiber_store::tables::ID_CHARS_MAX
+        )));
+    }
     let body: StartBody = parse(&body)?;
     let options = body.options.unwrap_or_default();
     let input = canonical_json(&body.input).map_err(bad_request)?;
@@ -90,7 +103,7 @@ pub(super) async fn list(State(app): State<AppState>, Query(q): Params) -> ApiRe
         kind: given("kind"),
         after: given("after"),
         limit,
-        stash_version_below: crate::state::bounded(&q, "stash_version_below", 0, u64::from(u32::MAX))?
+        stash_version_below: crate::state::bounded(&q, "stash_version_below", 0, i32::MAX as u64)?
             .map(|v| v as u32),
     };
     ok(app.runtime.list(&filter)?)
@@ -138,6 +151,9 @@ pub(super) async fn pause_kind(
 #[utoipa::path(post, path = "/kinds/{kind}/resume", tag = "operations", params(("kind" = String, Path, description = "the agent kind")),
     responses((status = 200, description = "resumed (or was not paused): its runs continue in the order they were paused", body = PauseOutcome), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn resume_kind(State(app): State<AppState>, Path(kind): Path<String>) -> ApiResult {
+    if !app.runtime.kinds().contains(&kind) {
+        return Err(RuntimeError::UnknownKind { kind }.into());
+    }
     let changed = app.runtime.resume_kind(&kind).await?;
     ok(PauseOutcome { target: kind, paused: false, changed })
 }
@@ -185,7 +201,7 @@ pub(super) async fn message(
     Path(run_id): Path<String>,
     body: Bytes,
 ) -> ApiResult {
-    let value: Value = parse(&body)?;
+    let value: Value = parse_value(&body)?;
     app.runtime.send_json(&run_id, &value.to_string()).await?;
     ok(Handled { run_id, handled: true })
 }
@@ -198,7 +214,7 @@ pub(super) async fn request(
     Path(run_id): Path<String>,
     body: Bytes,
 ) -> ApiResult {
-    let value: Value = parse(&body)?;
+    let value: Value = parse_value(&body)?;
     let reply = app.runtime.request_json(&run_id, &value.to_string()).await?;
     let reply: Value = serde_json::from_str(&app.secrets.redact(&reply))
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "Internal"))?;

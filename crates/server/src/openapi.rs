@@ -5,7 +5,7 @@
 
 use std::sync::OnceLock;
 
-use durafiber_runtime::Runtime;
+use durafiber_runtime::{Runtime, limits};
 use serde_json::{Value, json};
 
 use axum::{
@@ -75,9 +75,107 @@ static DOCUMENT: OnceLock<String> = OnceLock::new();
 pub fn publish(document: &utoipa::openapi::OpenApi, runtime: &Runtime) {
     let Ok(mut document) = serde_json::to_value(document) else { return };
     with_start_bodies(&mut document, runtime);
+    make_precise(&mut document, runtime);
     let _ = ROUTES.set(routes_of(&document));
     if let Ok(text) = serde_json::to_string(&document) {
         let _ = DOCUMENT.set(text);
+    }
+}
+
+/// An id as every table takes it (`tables::check_id`): 1 to 512 characters, no NUL.
+fn id_schema() -> Value {
+    json!({"type": "string", "minLength": 1, "maxLength": durafiber_store::tables::ID_CHARS_MAX, "pattern": "^[^\\u0000]*$"})
+}
+
+/// The cron expressions the document promises the server takes: five fields, each `*` or a
+/// number within its range (days of the month up to 28, so that every one has a next time).
+const CRON_PATTERN: &str =
+    "^(\\*|[1-5]?[0-9]) (\\*|1?[0-9]|2[0-3]) (\\*|[1-9]|1[0-9]|2[0-8]) (\\*|[1-9]|1[0-2]) (\\*|[0-6])$";
+
+/// Says exactly what the server takes where the derived schemas say less: ids' lengths and
+/// characters, the kinds the runtime hosts, an alarm's three shapes, a cron expression, the
+/// time zones, an event's idempotency key.
+fn make_precise(document: &mut Value, runtime: &Runtime) {
+    let kinds = runtime.kinds();
+    if let Some(Value::Object(paths)) = document.get_mut("paths") {
+        for (path, item) in paths.iter_mut() {
+            let tokens = path.starts_with("/tokens/");
+            let Some(item) = item.as_object_mut() else { continue };
+            for operation in item.values_mut() {
+                let Some(Value::Array(params)) = operation.get_mut("parameters") else { continue };
+                for param in params {
+                    let name = param["name"].as_str().unwrap_or_default().to_string();
+                    let place = param["in"].as_str().unwrap_or_default().to_string();
+                    match (place.as_str(), name.as_str()) {
+                        ("path", "kind") => param["schema"] = json!({"type": "string", "enum": kinds}),
+                        ("path", "name") if tokens => {
+                            param["schema"] = json!({"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"});
+                        }
+                        ("path", "name" | "approval_id") => param["schema"] = id_schema(),
+                        // A header's value is visible ASCII, spaces within, none around it.
+                        ("header", "Idempotency-Key") => {
+                            param["schema"] = json!({"type": "string", "maxLength": durafiber_store::tables::ID_CHARS_MAX,
+                                "pattern": "^[\\x21-\\x7e]([\\x20-\\x7e]*[\\x21-\\x7e])?$"});
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    let horizon_ms = limits::ALARM_HORIZON_MAX.as_millis() as u64;
+    let period_ms = limits::ALARM_PERIOD_MIN.as_millis() as u64;
+    // Due times an alarm may name: from the epoch to the start of 2100, always within the
+    // horizon from now.
+    let latest_at_ms: u64 = 4_102_444_800_000;
+    let every = json!({"type": ["integer", "null"], "minimum": period_ms, "maximum": horizon_ms});
+    let payload = json!({"description": "given to `on_alarm`"});
+    let zones: Vec<&str> = durafiber_runtime::CronSchedule::time_zone_names().collect();
+    let none = json!({"type": "null"});
+    let alarm = json!({
+        "description": "exactly one of `delay_ms`, `at_ms` and `cron`; `every_ms` repeats a `delay_ms` or `at_ms` alarm; an absent field may also be `null`",
+        "oneOf": [
+            {"type": "object", "additionalProperties": false, "required": ["delay_ms"], "properties": {
+                "delay_ms": {"type": "integer", "minimum": 0, "maximum": horizon_ms},
+                "every_ms": every, "payload": payload, "at_ms": none, "cron": none, "time_zone": none}},
+            {"type": "object", "additionalProperties": false, "required": ["at_ms"], "properties": {
+                "at_ms": {"type": "integer", "minimum": 0, "maximum": latest_at_ms},
+                "every_ms": every, "payload": payload, "delay_ms": none, "cron": none, "time_zone": none}},
+            {"type": "object", "additionalProperties": false, "required": ["cron"], "properties": {
+                "cron": {"type": "string", "pattern": CRON_PATTERN},
+                "time_zone": {"type": ["string", "null"], "enum": zones.iter().map(|z| json!(z)).chain([Value::Null]).collect::<Vec<_>>()},
+                "payload": payload, "delay_ms": none, "at_ms": none, "every_ms": none}},
+        ],
+    });
+    if let Some(schema) = document.pointer_mut("/components/schemas/AlarmBody") {
+        *schema = alarm;
+    }
+    if let Some(durability) = document.pointer_mut("/components/schemas/StartOptions/properties/durability") {
+        *durability = json!({"type": ["string", "null"], "enum": ["sync", "async", "exit", null]});
+    }
+    // The whole ranges of the server's unsigned fields, not the signed formats derived.
+    for (field, max) in [
+        ("effects_max", u64::from(u32::MAX)),
+        ("recoveries_max", u64::from(u32::MAX)),
+        ("cost_units_max", u64::MAX),
+    ] {
+        if let Some(limit) =
+            document.pointer_mut(&format!("/components/schemas/BudgetBody/properties/{field}"))
+        {
+            *limit = json!({"type": ["integer", "null"], "minimum": 0, "maximum": max});
+        }
+    }
+    if let Some(wall) = document.pointer_mut("/components/schemas/BudgetBody/properties/wall_time_max") {
+        *wall = json!({"type": ["string", "null"], "pattern": "^[0-9]{1,6}(ms|s|m|h|d)$",
+            "description": "how long after its start it may go on starting work (`90m`, `2h`)"});
+    }
+    if let Some(reason) = document.pointer_mut("/components/schemas/PauseBody/properties/reason") {
+        *reason = id_schema();
+    }
+    if let Some(key) = document.pointer_mut("/components/schemas/EventBody/properties/idempotency_key") {
+        let mut id = id_schema();
+        id["type"] = json!(["string", "null"]);
+        *key = id;
     }
 }
 
@@ -144,15 +242,16 @@ fn rewrite_refs(value: &mut Value, prefix: &str) {
     }
 }
 
-/// `POST /runs` takes, for each kind whose agent gives its input's schema
-/// (`Agent::input_schema`), a start body of its own (`StartBody_KIND`); a kind without one
-/// keeps the free-JSON `StartBody`.
+/// `POST /runs` takes a start body of each kind the runtime hosts (`StartBody_KIND`), its
+/// `input` typed when the agent gives its input's schema (`Agent::input_schema`) and any
+/// JSON otherwise: a kind the server does not host is not in the document.
 fn with_start_bodies(document: &mut Value, runtime: &Runtime) {
     let kinds = runtime.kinds();
     let mut bodies = Vec::new();
     let mut components = serde_json::Map::new();
     for kind in &kinds {
-        let Some(mut input) = runtime.input_schema(kind) else { continue };
+        // A kind whose agent gives no schema takes any JSON as its input.
+        let mut input = runtime.input_schema(kind).unwrap_or_else(|| json!({}));
         let prefix = format!("{}_", component_name(kind));
         if let Some(input) = input.as_object_mut() {
             input.remove("$schema");
@@ -171,10 +270,11 @@ fn with_start_bodies(document: &mut Value, runtime: &Runtime) {
                 "type": "object",
                 "description": format!("starts a run of `{kind}`"),
                 "required": ["kind", "input"],
+                "additionalProperties": false,
                 "properties": {
                     "kind": {"type": "string", "const": kind},
                     "input": input,
-                    "options": {"$ref": "#/components/schemas/StartOptions"},
+                    "options": {"anyOf": [{"$ref": "#/components/schemas/StartOptions"}, {"type": "null"}]},
                 },
             }),
         );
@@ -183,13 +283,8 @@ fn with_start_bodies(document: &mut Value, runtime: &Runtime) {
     if bodies.is_empty() {
         return;
     }
-    // A kind without a schema may still be started, with any input.
-    let choice = if bodies.len() < kinds.len() {
-        bodies.push(json!({"$ref": "#/components/schemas/StartBody"}));
-        "anyOf"
-    } else {
-        "oneOf"
-    };
+    // The kinds are distinct constants: exactly one body matches.
+    let choice = "oneOf";
     if let Some(Value::Object(schemas)) = document.pointer_mut("/components/schemas") {
         schemas.extend(components);
     }

@@ -84,6 +84,7 @@ pub struct BudgetBody {
 
 /// `POST /runs/{id}/cancel`.
 #[derive(Debug, Deserialize, Default, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CancelBody {
     /// Why; kept as the run's cancel reason.
     #[serde(default)]
@@ -409,6 +410,11 @@ pub enum StatusShown {
     },
     /// A human must look.
     Escalated {
+        /// Why.
+        reason: String,
+    },
+    /// Held by an operator; a resume lets it continue where it stopped.
+    Paused {
         /// Why.
         reason: String,
     },

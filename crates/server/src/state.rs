@@ -90,7 +90,9 @@ impl From<RuntimeError> for ApiError {
             AlreadyDecided { .. } => (StatusCode::CONFLICT, "AlreadyDecided"),
             RunFinished { .. } => (StatusCode::CONFLICT, "RunFinished"),
             InvalidInput(_) | Config(_) => (StatusCode::BAD_REQUEST, "InvalidInput"),
-            Agent(_) => (StatusCode::UNPROCESSABLE_ENTITY, "Agent"),
+            // The agent refused what the request asked: it conflicts with the run as it is.
+            Agent(_) => (StatusCode::CONFLICT, "Agent"),
+            WrongMessage { .. } => (StatusCode::CONFLICT, "WrongMessage"),
             ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "ShuttingDown"),
             Evicted { .. } => (StatusCode::SERVICE_UNAVAILABLE, "Evicted"),
             Store(durafiber_store::StoreError::StorageFull { .. }) => {
@@ -142,8 +144,62 @@ pub fn bad_request(msg: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, msg.into(), "BadRequest")
 }
 
-pub fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+/// Any JSON value of a body, as it is (a message's or a request's).
+pub fn parse_value(body: &Bytes) -> Result<serde_json::Value, ApiError> {
     serde_json::from_slice(body).map_err(|e| bad_request(format!("malformed JSON body: {e}")))
+}
+
+/// A body of the API's shapes, read as its document says: an object of fields (never an
+/// array, which serde would otherwise take for a struct's fields in order), whose integer
+/// fields may be written `5272.0` as JSON Schema allows. The agents' own values (`input`,
+/// `payload`) are left exactly as sent.
+pub fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    let mut value = parse_value(body)?;
+    shape(&mut value, true)?;
+    serde_json::from_value(value).map_err(|e| bad_request(format!("malformed JSON body: {e}")))
+}
+
+/// The fields whose values are the agents' own JSON.
+const FREE_FIELDS: [&str; 2] = ["input", "payload"];
+
+fn shape(value: &mut serde_json::Value, top: bool) -> Result<(), ApiError> {
+    use serde_json::Value;
+    match value {
+        Value::Array(_) => Err(bad_request("an array where the API takes an object or a single value")),
+        Value::Object(fields) => {
+            for (name, field) in fields.iter_mut() {
+                if FREE_FIELDS.contains(&name.as_str()) {
+                    integers(field);
+                } else {
+                    shape(field, false)?;
+                }
+            }
+            Ok(())
+        }
+        Value::Number(_) if !top => {
+            integers(value);
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Every float in `value` with no fraction, within `i64`/`u64`, as the integer it equals:
+/// `5272.0` is `5272` in JSON's own terms (and in its canonical form).
+fn integers(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            // Only where a float holds every integer exactly (below 2^53): a larger one may
+            // not be the integer that was written.
+            const EXACT: f64 = 9_007_199_254_740_992.0;
+            let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < EXACT) else { return };
+            *n = serde_json::Number::from(f as i64);
+        }
+        Value::Array(items) => items.iter_mut().for_each(integers),
+        Value::Object(fields) => fields.values_mut().for_each(integers),
+        _ => {}
+    }
 }
 
 pub type ApiResult = Result<Response, ApiError>;
@@ -160,14 +216,14 @@ pub fn ok(value: impl serde::Serialize) -> ApiResult {
 pub type Params = Query<std::collections::HashMap<String, String>>;
 
 /// The query parameter `name` as a whole number from `min` to `max`, as the API's document
-/// declares it: anything else is refused, never clamped. An empty value is as if absent.
+/// declares it: anything else (an empty value too) is refused, never clamped.
 pub fn bounded(
     query: &std::collections::HashMap<String, String>,
     name: &str,
     min: u64,
     max: u64,
 ) -> Result<Option<u64>, ApiError> {
-    let Some(text) = query.get(name).filter(|t| !t.is_empty()) else { return Ok(None) };
+    let Some(text) = query.get(name) else { return Ok(None) };
     match text.parse::<u64>() {
         Ok(n) if (min..=max).contains(&n) => Ok(Some(n)),
         _ => Err(bad_request(format!("{name} must be a whole number from {min} to {max}, not {text:?}"))),

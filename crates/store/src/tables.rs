@@ -220,8 +220,9 @@ pub fn check_id(what: &str, id: &str) -> Result<(), String> {
     if id.is_empty() {
         return Err(format!("{what} is empty"));
     }
-    if id.len() > ID_BYTES_MAX {
-        return Err(format!("{what} is {} bytes, more than {ID_BYTES_MAX}", id.len()));
+    let chars = id.chars().count();
+    if chars > ID_CHARS_MAX {
+        return Err(format!("{what} is {chars} characters, more than {ID_CHARS_MAX}"));
     }
     if id.contains('\0') {
         return Err(format!("{what} contains a NUL byte"));
@@ -229,8 +230,9 @@ pub fn check_id(what: &str, id: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Ids (run ids, keys, effect ids, alarm names) are bounded so keys stay small.
-pub const ID_BYTES_MAX: usize = 512;
+/// Ids (run ids, keys, effect ids, alarm names) are bounded so keys stay small: at most this
+/// many characters (2 KiB of UTF-8), as the API's document declares them.
+pub const ID_CHARS_MAX: usize = 512;
 
 /// A key in a readable form for errors: text stays text, other bytes become `\xNN`.
 pub fn printable(key: &[u8]) -> String {

@@ -34,6 +34,11 @@ impl CronSchedule {
         Ok(schedule)
     }
 
+    /// Every time zone name `in_time_zone` takes (the IANA database).
+    pub fn time_zone_names() -> impl Iterator<Item = &'static str> {
+        chrono_tz::TZ_VARIANTS.iter().map(|tz| tz.name())
+    }
+
     /// The expression, as given.
     pub fn expr(&self) -> &str {
         &self.expr

@@ -127,7 +127,10 @@ impl Runtime {
         if message_json.len() > limits::PAYLOAD_BYTES_MAX {
             return Err(RuntimeError::InvalidInput("message is over the payload limit".into()));
         }
-        self.shared.agent(&run.kind)?.check_message(message_json).map_err(RuntimeError::InvalidInput)?;
+        self.shared
+            .agent(&run.kind)?
+            .check_message(message_json)
+            .map_err(|reason| RuntimeError::WrongMessage { kind: run.kind.clone(), reason })?;
         let live = activate(&self.shared, run_id).await?;
         self.shared.liveness.activity(run_id, self.now_ms());
         Ok(live)
