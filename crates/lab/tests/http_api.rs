@@ -105,7 +105,7 @@ async fn every_endpoint_answers_and_every_refusal_is_a_json_error() {
     let (s, gone) = send(http.delete(server.url(&alarm))).await;
     assert_eq!((s, gone["cancelled"].as_bool()), (200, Some(true)));
     let (s, e) = send(post(&format!("/runs/{long_id}/messages")).body("{}")).await;
-    assert_eq!((s, e["kind"].as_str()), (400, Some("InvalidInput")), "steps takes `()` messages only");
+    assert_eq!((s, e["kind"].as_str()), (409, Some("WrongMessage")), "steps takes `()` messages only");
     let (s, c) = send(post(&format!("/runs/{long_id}/cancel")).body(r#"{"reason":"test"}"#)).await;
     assert_eq!(s, 200, "{c}");
     let (s, e) = send(http.get(server.url("/runs?state=bogus"))).await;
@@ -165,7 +165,7 @@ async fn every_endpoint_answers_and_every_refusal_is_a_json_error() {
     let (s, reply) = send(post(&format!("/runs/{order_id}/requests")).body("null")).await;
     assert_eq!((s, &reply["reply"]), (200, &json!({})), "{reply}");
     let (s, e) = send(post(&format!("/runs/{order_id}/requests")).body(r#"{"not": "unit"}"#)).await;
-    assert_eq!((s, e["kind"].as_str()), (400, Some("InvalidInput")));
+    assert_eq!((s, e["kind"].as_str()), (409, Some("WrongMessage")));
     let packed = json!({"payload": {"box": 7}, "idempotency_key": "p1"});
     let (s, sent) = send(post(&format!("/runs/{order_id}/events/packed")).body(packed.to_string())).await;
     assert_eq!((s, sent["outcome"].as_str()), (200, Some("buffered")), "{sent}");

@@ -87,10 +87,19 @@ fn id_schema() -> Value {
     json!({"type": "string", "minLength": 1, "maxLength": durafiber_store::tables::ID_CHARS_MAX, "pattern": "^[^\\u0000]*$"})
 }
 
-/// The cron expressions the document promises the server takes: five fields, each `*` or a
-/// number within its range (days of the month up to 28, so that every one has a next time).
-const CRON_PATTERN: &str =
-    "^(\\*|[1-5]?[0-9]) (\\*|1?[0-9]|2[0-3]) (\\*|[1-9]|1[0-9]|2[0-8]) (\\*|[1-9]|1[0-2]) (\\*|[0-6])$";
+/// The cron expressions the document promises the server takes (what `ctx.set_alarm` takes
+/// is wider: lists, ranges, `L`, `#`, `W`): five fields, or six with seconds first; each `*`,
+/// `*/step` (1–9) or a number within its range (days of the month up to 28, so every
+/// expression has a next time); months and weekdays also by name, weekdays also `MON-FRI`
+/// or `SAT-SUN`.
+const CRON_PATTERN: &str = concat!(
+    "^((\\*(/[1-9])?|[1-5]?[0-9]) )?",
+    "(\\*(/[1-9])?|[1-5]?[0-9]) ",
+    "(\\*(/[1-9])?|1?[0-9]|2[0-3]) ",
+    "(\\*|[1-9]|1[0-9]|2[0-8]) ",
+    "(\\*|[1-9]|1[0-2]|JAN|FEB|MAR|APR|MAY|JUN|JUL|AUG|SEP|OCT|NOV|DEC) ",
+    "(\\*|[0-6]|MON|TUE|WED|THU|FRI|SAT|SUN|MON-FRI|SAT-SUN)$"
+);
 
 /// Says exactly what the server takes where the derived schemas say less: ids' lengths and
 /// characters, the kinds the runtime hosts, an alarm's three shapes, a cron expression, the
