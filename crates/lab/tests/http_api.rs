@@ -308,3 +308,29 @@ async fn the_api_does_what_its_document_says() {
     let (s, _) = send(http.get(server.url("/tokens"))).await;
     assert_eq!(s, 200, "the admin token still works");
 }
+
+/// Every refusal of any size is JSON: a request line of 70 KiB and a header of 1 MB, past
+/// what the HTTP parser itself takes, are answered 414 and 431 in the API's error shape.
+#[test]
+fn heads_too_large_for_the_parser_are_refused_as_json() {
+    use std::io::{Read as _, Write as _};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Served::start(dir.path());
+    let ask = |head: String| {
+        let mut stream = std::net::TcpStream::connect(server.addr).expect("connect");
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).expect("timeout");
+        // The server may close before all of it is sent: what it answered is what counts.
+        let _ = stream.write_all(head.as_bytes());
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer
+    };
+    let long_uri =
+        ask(format!("GET /runs?x={} HTTP/1.1\r\nHost: {}\r\n\r\n", "a".repeat(70 * 1024), server.addr));
+    assert!(long_uri.starts_with("HTTP/1.1 414"), "{long_uri:.200}");
+    assert!(long_uri.contains(r#""kind":"UriTooLong""#), "{long_uri:.400}");
+    let big_header =
+        ask(format!("GET /runs HTTP/1.1\r\nHost: {}\r\nx-big: {}\r\n\r\n", server.addr, "b".repeat(1 << 20)));
+    assert!(big_header.starts_with("HTTP/1.1 431"), "{big_header:.200}");
+    assert!(big_header.contains(r#""kind":"HeadersTooLarge""#), "{big_header:.400}");
+}

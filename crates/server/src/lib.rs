@@ -48,6 +48,7 @@ mod console;
 mod forward;
 pub mod guard;
 mod handlers;
+mod head_guard;
 pub mod listen;
 mod openapi;
 pub mod routes;

@@ -24,6 +24,8 @@ use tokio::{
 };
 use tokio_rustls::TlsAcceptor;
 
+use crate::head_guard::HeadGuard;
+
 /// Serves `app` on `listener` until `shutdown` completes, then lets open connections finish
 /// their request. With `tls`, every connection is TLS.
 pub async fn serve(
@@ -72,11 +74,11 @@ pub async fn serve(
         let (stop, tls) = (stop.clone(), tls.clone());
         connections.spawn(async move {
             match tls {
-                None => serve_one(TokioIo::new(stream), app, stop).await,
+                None => serve_one(TokioIo::new(HeadGuard::new(stream)), app, stop).await,
                 Some(acceptor) => {
                     let handshake = acceptor.accept(stream);
                     match tokio::time::timeout(limits::HTTP_HEADER_READ_TIMEOUT, handshake).await {
-                        Ok(Ok(stream)) => serve_one(TokioIo::new(stream), app, stop).await,
+                        Ok(Ok(stream)) => serve_one(TokioIo::new(HeadGuard::new(stream)), app, stop).await,
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
