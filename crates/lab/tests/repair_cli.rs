@@ -75,6 +75,21 @@ async fn verify_backup_restore_and_a_typo_in_data() {
     assert!(!ok && text.contains("already holds a store"), "{text}");
 }
 
+/// `store salvage --json` of `data` into `out`: its report.
+fn salvage(data: &std::path::Path, out: &std::path::Path) -> serde_json::Value {
+    let (ok, text) = durafiber(&[
+        "store",
+        "salvage",
+        "--json",
+        "--data",
+        data.to_str().expect("path"),
+        "--out",
+        out.to_str().expect("path"),
+    ]);
+    assert!(ok, "{text}");
+    serde_json::from_str(text.lines().find(|l| l.starts_with('{')).expect("a report")).expect("JSON")
+}
+
 /// sled cannot open at all, but the write-ahead log holds the runs: `salvage` copies them
 /// from the log instead of giving up, and a run it cannot copy is listed as lost — every run
 /// the witness knew, whichever part of the store held it.
@@ -101,18 +116,7 @@ async fn salvage_reads_the_log_when_sled_will_not_open_and_lists_every_run_it_ca
     std::fs::create_dir(&db).expect("a folder where sled's file was");
 
     let out = dir.path().join("out");
-    let (ok, text) = durafiber(&[
-        "store",
-        "salvage",
-        "--json",
-        "--data",
-        data.to_str().expect("path"),
-        "--out",
-        out.to_str().expect("path"),
-    ]);
-    assert!(ok, "{text}");
-    let report: serde_json::Value =
-        serde_json::from_str(text.lines().find(|l| l.starts_with('{')).expect("a report")).expect("JSON");
+    let report = salvage(&data, &out);
     assert_eq!(report["copied"]["runs"], 20, "{report}");
     assert_eq!(report["lost_runs"].as_array().map(Vec::len), Some(0), "{report}");
     let (ok, text) = durafiber(&["store", "verify", "--data", out.to_str().expect("path")]);
@@ -121,17 +125,6 @@ async fn salvage_reads_the_log_when_sled_will_not_open_and_lists_every_run_it_ca
     // The log gone too: nothing can be copied, and every run the witness knew is named.
     std::fs::write(data.join("durafiber.wal"), vec![0u8; 1 << 20]).expect("zero the log");
     let out = dir.path().join("out-2");
-    let (ok, text) = durafiber(&[
-        "store",
-        "salvage",
-        "--json",
-        "--data",
-        data.to_str().expect("path"),
-        "--out",
-        out.to_str().expect("path"),
-    ]);
-    assert!(ok, "{text}");
-    let report: serde_json::Value =
-        serde_json::from_str(text.lines().find(|l| l.starts_with('{')).expect("a report")).expect("JSON");
+    let report = salvage(&data, &out);
     assert_eq!(report["lost_runs"].as_array().map(Vec::len), Some(20), "{report}");
 }
