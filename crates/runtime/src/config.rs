@@ -170,6 +170,10 @@ pub struct RuntimeConfig {
     /// due index and are read in as the window runs down. A burst of alarms due together
     /// that is larger than this fires while the index is read, which costs some lateness.
     pub alarm_window: usize,
+    /// Time a client has to send a request's headers ("10s"); an idle connection is closed
+    /// after it too. A whole request arrives within this and `http_body_timeout`.
+    #[serde(with = "humantime_serde")]
+    pub http_header_timeout: Duration,
     /// Time a client has to send a request's whole body once its headers are in ("5s"):
     /// a slower one is refused with 408 and its connection closed, so a stalled body holds
     /// no slot for long.
@@ -208,6 +212,7 @@ impl Default for RuntimeConfig {
             chaos_evict_rate: 0.0,
             lease_ttl: limits::LEASE_TTL_DEFAULT,
             alarm_window: limits::ALARM_WINDOW_DEFAULT,
+            http_header_timeout: limits::HTTP_HEADER_READ_TIMEOUT,
             http_body_timeout: limits::HTTP_BODY_TIMEOUT_DEFAULT,
         }
     }
@@ -264,6 +269,9 @@ impl RuntimeConfig {
         self.disk_reserve_bytes()?;
         if self.checkpoint_after.is_zero() {
             return Err(RuntimeError::Config("checkpoint_after must be above zero".into()));
+        }
+        if self.http_header_timeout.is_zero() {
+            return Err(RuntimeError::Config("http_header_timeout must be above zero".into()));
         }
         if self.http_body_timeout.is_zero() {
             return Err(RuntimeError::Config("http_body_timeout must be above zero".into()));
@@ -325,6 +333,25 @@ pub fn parse_range(text: &str) -> Result<(Duration, Duration), RuntimeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cache_and_the_http_timeouts_are_settings() {
+        let c = RuntimeConfig::from_json(
+            r#"{"cache": "16MiB", "http_header_timeout": "3s", "http_body_timeout": "2s"}"#,
+        )
+        .expect("config");
+        assert_eq!(c.store_config().expect("store config").cache_bytes, 16 * 1024 * 1024);
+        assert_eq!(
+            (c.http_header_timeout, c.http_body_timeout),
+            (Duration::from_secs(3), Duration::from_secs(2))
+        );
+        assert!(RuntimeConfig::from_json(r#"{"cache": "lots"}"#).is_err());
+        assert!(RuntimeConfig::from_json(r#"{"http_body_timeout": "0s"}"#).is_err());
+        assert_eq!(
+            RuntimeConfig::default().store_config().expect("store config").cache_bytes,
+            192 * 1024 * 1024
+        );
+    }
 
     #[test]
     fn the_defaults_are_the_contracts() {

@@ -112,8 +112,9 @@ pub const HTTP_BODY_BYTES_MAX: usize = 2 * 1024 * 1024;
 pub const HTTP_URI_BYTES_MAX: usize = 8 * 1024;
 /// Most bytes of request headers; more is 431.
 pub const HTTP_HEADER_BYTES_MAX: usize = 16 * 1024;
-/// A client must send a request's headers within this time, and an idle connection is
-/// closed after it: a slow or silent client holds nothing for long.
+/// A client must send a request's headers within this time by default
+/// (`http_header_timeout`), and an idle connection is closed after it: a slow or silent
+/// client holds nothing for long.
 pub const HTTP_HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Most connections the server holds open at once; past it, a few more are taken to answer
 /// `/health` only ([`HTTP_HEALTH_CONNECTIONS_MAX`]) and the rest are closed on accept.

@@ -1,8 +1,8 @@
 //! Accepting connections, with limits a slow or hostile client cannot outlast: at most
 //! `HTTP_CONNECTIONS_MAX` open at once and `HTTP_CONNECTIONS_PER_CLIENT_MAX` from one client
 //! address (more are closed as they are accepted), request headers within
-//! `HTTP_HEADER_READ_TIMEOUT` (the body within `http_body_timeout`, `guard::read_body`), and
-//! a connection idle that long closed. Past the global limit, `HTTP_HEALTH_CONNECTIONS_MAX`
+//! `http_header_timeout` (the body within `http_body_timeout`, `guard::read_body`: a whole
+//! request within the two), and a connection idle that long closed. Past the global limit, `HTTP_HEALTH_CONNECTIONS_MAX`
 //! more connections are served `/health` only, so a server whose slots are all held still
 //! answers how it is. On shutdown every connection finishes the request it is serving and
 //! closes. With a TLS acceptor every connection is TLS (rustls), the handshake within the
@@ -32,6 +32,7 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     tls: Option<TlsAcceptor>,
+    header_timeout: std::time::Duration,
     shutdown: impl Future<Output = ()>,
 ) {
     let permits = Arc::new(Semaphore::new(limits::HTTP_CONNECTIONS_MAX));
@@ -74,11 +75,13 @@ pub async fn serve(
         let (stop, tls) = (stop.clone(), tls.clone());
         connections.spawn(async move {
             match tls {
-                None => serve_one(TokioIo::new(HeadGuard::new(stream)), app, stop).await,
+                None => serve_one(TokioIo::new(HeadGuard::new(stream)), app, stop, header_timeout).await,
                 Some(acceptor) => {
                     let handshake = acceptor.accept(stream);
-                    match tokio::time::timeout(limits::HTTP_HEADER_READ_TIMEOUT, handshake).await {
-                        Ok(Ok(stream)) => serve_one(TokioIo::new(HeadGuard::new(stream)), app, stop).await,
+                    match tokio::time::timeout(header_timeout, handshake).await {
+                        Ok(Ok(stream)) => {
+                            serve_one(TokioIo::new(HeadGuard::new(stream)), app, stop, header_timeout).await
+                        }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
@@ -150,13 +153,17 @@ impl Drop for ClientSlot {
     }
 }
 
-async fn serve_one<I>(io: TokioIo<I>, app: Router, mut stop: watch::Receiver<bool>)
-where
+async fn serve_one<I>(
+    io: TokioIo<I>,
+    app: Router,
+    mut stop: watch::Receiver<bool>,
+    header_timeout: std::time::Duration,
+) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let connection = http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits::HTTP_HEADER_READ_TIMEOUT)
+        .header_read_timeout(header_timeout)
         .serve_connection(io, TowerToHyperService::new(app));
     let mut connection = pin!(connection);
     let stopped = tokio::select! {

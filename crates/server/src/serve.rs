@@ -313,7 +313,8 @@ pub async fn serve(
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     tracing::info!(tls = tls.is_some(), "accepting connections");
-    let server = listen::serve(listener, app, tls, async move {
+    let header_timeout = runtime.config().http_header_timeout;
+    let server = listen::serve(listener, app, tls, header_timeout, async move {
         shutdown.await;
         // Event streams never finish on their own: end them so their connections close.
         let _ = stop_streams.send(true);
