@@ -80,7 +80,7 @@ const RANGE_RETRIES: usize = 8;
 const QUIET_CHECKPOINT_SHARE: u64 = 8;
 
 /// How long, by default, logged writes of a quiet store wait for their checkpoint at most
-/// ([`SledBackend::with_checkpoint_after`]), however little the log holds: like PostgreSQL's
+/// ([`SledOptions::checkpoint_after`]), however little the log holds: like PostgreSQL's
 /// `checkpoint_timeout`, it bounds how long acknowledged writes live only in the log.
 pub const CHECKPOINT_AFTER_DEFAULT: std::time::Duration = std::time::Duration::from_secs(30);
 
