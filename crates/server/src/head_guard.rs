@@ -136,8 +136,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for HeadGuard<S> {
             return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, "refused")));
         }
         let written = ready!(Pin::new(&mut this.inner).poll_write(cx, data))?;
-        // A response is going out: the next bytes read begin the next request's head.
-        if written > 0 && matches!(this.phase, Phase::Past) {
+        // A final response is going out: the next bytes read begin the next request's head.
+        // An informational one (`100 Continue`) is answered with the body of the same request.
+        let informational = data.starts_with(b"HTTP/1.1 1") || data.starts_with(b"HTTP/1.0 1");
+        if written > 0 && !informational && matches!(this.phase, Phase::Past) {
             this.phase = Phase::Head { bytes: 0, tail: [0; 3], line_ended: false };
         }
         Poll::Ready(Ok(written))
@@ -180,6 +182,23 @@ mod tests {
         reader.read_to_string(&mut answer).await.expect("answer");
         assert!(answer.starts_with("HTTP/1.1 414"), "{answer}");
         assert!(answer.contains(r#""kind":"UriTooLong""#), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn a_large_body_after_100_continue_is_no_head() {
+        let (client, server) = tokio::io::duplex(1 << 20);
+        let mut guarded = HeadGuard::new(server);
+        let (_reader, mut writer) = tokio::io::split(client);
+        let head = "POST /runs HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 200000\r\n\r\n";
+        writer.write_all(head.as_bytes()).await.expect("send");
+        let mut seen = vec![0u8; head.len()];
+        guarded.read_exact(&mut seen).await.expect("read the head");
+        guarded.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.expect("continue");
+        let body = vec![b'x'; 200_000];
+        writer.write_all(&body).await.expect("send the body");
+        let mut read = vec![0u8; body.len()];
+        guarded.read_exact(&mut read).await.expect("the whole body reaches the parser");
+        assert_eq!(read, body);
     }
 
     #[tokio::test]
