@@ -190,7 +190,7 @@ async fn bad_input_gets_typed_errors_and_other_runs_carry_on() {
         rt.send::<Inbox>(&inbox.run_id, &"stash".to_string()).await,
         Err(RuntimeError::Agent(AgentError::StashFromHandler))
     ));
-    assert!(matches!(rt.send_json(&inbox.run_id, "42").await, Err(RuntimeError::InvalidInput(_))));
+    assert!(matches!(rt.send_json(&inbox.run_id, "42").await, Err(RuntimeError::WrongMessage { .. })));
     let stored = rt.storage_list(&inbox.run_id, "", None, 10).expect("storage");
     assert_eq!(stored, vec![("seen".to_string(), "[\"hello\"]".to_string())]);
     assert!(rt.inspect(&inbox.run_id).expect("inspect").stash.is_none(), "a handler never stashes");

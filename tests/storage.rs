@@ -205,7 +205,7 @@ async fn requests_get_typed_replies_and_their_failures() {
     ask(&rt, &run, Ask::Put("n".into(), json!(7))).await.expect("put");
     let n: Option<u64> = rt.request::<Transfers, _>(&run, &Ask::Get("n".into())).await.expect("typed");
     assert_eq!(n, Some(7));
-    assert!(matches!(rt.request_json(&run, "\"nonsense\"").await, Err(RuntimeError::InvalidInput(_))));
+    assert!(matches!(rt.request_json(&run, "\"nonsense\"").await, Err(RuntimeError::WrongMessage { .. })));
 
     // A handler past the wall limit fails, and its caller is answered.
     let stalled = tokio::spawn({
