@@ -1,13 +1,16 @@
 //! Durable output streams on the crash-simulating store: a reader gets every chunk once and in
 //! order, from any sequence number, and never a chunk a crash takes back; a run crashed at
-//! every barrier finishes with a stream that has no gap and no repeat; `emit_sync` with
-//! `stream_len` does the same for a fiber that makes each chunk durable at once; the limit
-//! and the handler rule are typed errors.
+//! every barrier finishes with a stream that has no gap and no repeat; `emit_sync` does the
+//! same for a fiber that makes each chunk durable at once; a fiber re-entered at its last
+//! stash after a wait or an eviction repeats no chunk, and one that emits something else is
+//! escalated; the limit and the handler rule are typed errors.
 
 use std::{sync::Arc, time::Duration};
 
 use durafiber_demo::agents::{Writer, WriterInput};
-use durafiber_runtime::{Agent, AgentError, Ctx, Recovered, RunStatus, Runtime, RuntimeConfig, StreamChunk};
+use durafiber_runtime::{
+    Agent, AgentError, Ctx, Recovered, RunStatus, Runtime, RuntimeConfig, StreamChunk, clock::VirtualClock,
+};
 use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig};
 use futures::StreamExt;
 
@@ -183,8 +186,9 @@ async fn a_reader_that_comes_while_a_write_is_not_durable_never_sees_it() {
     rt.shutdown().await;
 }
 
-/// Makes every chunk durable as it goes, and skips on re-entry what its stream holds. Asked
-/// for no chunk, it waits to be cancelled, so that a test can send it messages.
+/// Makes every chunk durable as it goes, and never stashes: re-entered, it emits everything
+/// again from the top, which the stream takes as what it holds. Asked for no chunk, it waits
+/// to be cancelled, so that a test can send it messages.
 struct SyncWriter;
 
 impl SyncWriter {
@@ -192,7 +196,7 @@ impl SyncWriter {
         if chunks == 0 {
             ctx.cancelled().await;
         }
-        for n in ctx.stream_len()?..u64::from(chunks) {
+        for n in 0..chunks {
             ctx.emit_sync(&format!("token {n}")).await?;
         }
         Ok(chunks)
@@ -223,7 +227,7 @@ impl Agent for SyncWriter {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn emit_sync_with_stream_len_survives_a_crash_at_every_barrier() {
+async fn emit_sync_survives_a_crash_at_every_barrier_without_a_guard() {
     for n in 1..=25 {
         let sim = SimBackend::new();
         let mut crashed = sim.crashed_signal();
@@ -288,4 +292,90 @@ async fn a_full_stream_is_a_typed_error_and_a_handler_cannot_emit() {
     let run_id = rt.start::<SyncWriter>("s", &0).await.expect("start").run_id;
     rt.send::<SyncWriter>(&run_id, &()).await.expect("the handler found emit refused");
     rt.shutdown().await;
+}
+
+/// The contract's minimal case: emit `a`, stash, emit `b`, sleep durably, emit `c`, stash.
+/// Re-entered at its stash after the sleep, it emits `b` again, as the code says. With
+/// `diverge`, its re-entry emits `B` instead.
+struct Sleeper {
+    diverge: bool,
+}
+
+impl Sleeper {
+    async fn after_a(&self, ctx: &mut Ctx<Self>, reentered: bool) -> Result<u32, AgentError> {
+        ctx.emit(if self.diverge && reentered { "B" } else { "b" })?;
+        ctx.sleep_for("nap", Duration::from_secs(60)).await?;
+        ctx.emit("c")?;
+        ctx.stash("c", &2).await?;
+        Ok(3)
+    }
+}
+
+impl Agent for Sleeper {
+    const KIND: &'static str = "sleeper";
+    type Input = ();
+    type Stash = u32;
+    type Output = u32;
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<u32, AgentError> {
+        ctx.emit("a")?;
+        ctx.stash("a", &1).await?;
+        self.after_a(ctx, false).await
+    }
+
+    async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: Recovered<Self>) -> Result<u32, AgentError> {
+        match r.stash {
+            Some(1) => self.after_a(ctx, true).await,
+            other => Err(AgentError::fail(format!("re-entered at {other:?}"))),
+        }
+    }
+}
+
+/// Runs a [`Sleeper`] to its end with an eviction during the sleep or a crash of the process;
+/// returns its status and stream.
+async fn sleep_through(diverge: bool, crash: bool) -> (RunStatus, Vec<String>) {
+    let (sim, clock) = (SimBackend::new(), VirtualClock::new(1_000_000_000));
+    let open = || async {
+        Runtime::builder(store(&sim))
+            .virtual_clock(clock.clone())
+            .agent(Sleeper { diverge })
+            .open()
+            .await
+            .expect("runtime")
+    };
+    let mut rt = open().await;
+    let run_id = rt.start::<Sleeper>("s", &()).await.expect("start").run_id;
+    rt.advance(Duration::from_secs(1)).await.expect("advance");
+    assert_eq!(rt.status(&run_id).expect("status"), RunStatus::WaitingAlarm { name: "nap".into() });
+    if crash {
+        sim.crash();
+        rt.shutdown().await;
+        sim.revive();
+        rt = open().await;
+    } else {
+        rt.evict(&run_id).await;
+    }
+    rt.advance(Duration::from_secs(120)).await.expect("advance");
+    let status = rt.status(&run_id).expect("status");
+    let chunks = rt.stream_chunks(&run_id, 0, 100).expect("chunks");
+    rt.shutdown().await;
+    (status, chunks.iter().map(|c| c.data::<String>().expect("a string")).collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fiber_re_entered_at_its_stash_repeats_no_chunk() {
+    for crash in [false, true] {
+        let (status, stream) = sleep_through(false, crash).await;
+        assert!(matches!(status, RunStatus::Completed { .. }), "crash {crash}: {status:?}");
+        assert_eq!(stream, ["a", "b", "c"], "crash {crash}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_entered_fiber_that_emits_another_chunk_is_escalated_with_its_place() {
+    let (status, stream) = sleep_through(true, false).await;
+    let RunStatus::Escalated { reason } = status else { panic!("not escalated: {status:?}") };
+    assert!(reason.contains("chunk 1 differs"), "{reason}");
+    assert_eq!(stream, ["a", "b"], "nothing of the other chunk reached the stream");
 }

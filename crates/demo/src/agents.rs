@@ -387,8 +387,9 @@ pub const ORDER_ALARMS: &str = "alarm_deliveries";
 pub const ORDER_STORAGE: [&str; 3] = ["charge_id", "cool_off", "packed"];
 
 impl<S: OrderStash> Order<S> {
-    /// Emits phase `n` unless the stream holds it already: the flow re-enters from the top,
-    /// and a phase's chunk is durable with the stash that follows it.
+    /// Emits phase `n` when the fiber stands at its place in the stream. The flow re-enters
+    /// from the top rather than at its last stash, where the stream stands past the phases
+    /// before it: those are skipped, not emitted again out of place.
     fn phase(ctx: &Ctx<Self>, n: u32) -> Result<(), AgentError> {
         if ctx.stream_len()? == u64::from(n) {
             ctx.emit(ORDER_PHASES[n as usize])?;

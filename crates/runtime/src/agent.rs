@@ -266,12 +266,19 @@ impl<A: Agent> Ctx<A> {
 
     /// Appends `chunk` to the run's durable output stream (model tokens, progress lines) and
     /// returns its sequence number. It becomes durable with the run's next boundary — a
-    /// stash, an effect, a wait, the fiber's end — in the same write, so a crash loses at most
-    /// the chunks emitted since the last boundary, the very work the fiber redoes from there.
-    /// Readers (`Runtime::stream`, `GET /runs/{id}/stream`) see only durable chunks, so
-    /// nothing they were shown is ever taken back. Emit in the step whose stash records the
-    /// progress, and a re-entered fiber's chunks continue the stream without a gap or a
-    /// repeat. Past `stream_bytes_max` it is [`AgentError::StreamFull`]. Fiber only.
+    /// stash, an effect, a wait, the fiber's end — in the same write. Readers
+    /// (`Runtime::stream`, `GET /runs/{id}/stream`) see only durable chunks, so nothing they
+    /// were shown is ever taken back.
+    ///
+    /// **The stream is exactly what an uninterrupted run would emit.** Each stash records the
+    /// fiber's place in the stream. A fiber re-entered at its last stash (after a crash, an
+    /// eviction, a wait) stands at that place again: a chunk it emits where the stream already
+    /// holds one is matched with it — not stored, not shown again, its sequence number
+    /// returned — and the first chunk past the stream's end continues it. So write the fiber
+    /// plainly, with no guard against repeats; a re-entered fiber that emits a *different*
+    /// chunk at a place the stream holds gets [`AgentError::StreamDiverged`] and the run is
+    /// escalated (its code or inputs changed since). Past `stream_bytes_max` it is
+    /// [`AgentError::StreamFull`]. Fiber only.
     ///
     /// ```no_run
     /// # use durafiber_runtime::{Agent, AgentError, Ctx, Recovered};
@@ -302,15 +309,16 @@ impl<A: Agent> Ctx<A> {
     }
 
     /// [`Ctx::emit`], durable before it returns: one commit per chunk (group commit shares
-    /// the barrier among runs). A crash then loses no chunk, but a fiber re-entered at its
-    /// last stash must not emit again what its stream already holds: compare with
-    /// [`Ctx::stream_len`].
+    /// the barrier among runs). A crash then loses no chunk, and a fiber re-entered at its
+    /// last stash emits again as [`Ctx::emit`] says: what the stream holds is matched, not
+    /// repeated.
     pub async fn emit_sync<T: Serialize + ?Sized>(&mut self, chunk: &T) -> Result<u64, AgentError> {
         Box::pin(stream::emit_sync(&self.raw, chunk)).await
     }
 
-    /// Chunks in the run's output stream so far (the next one's sequence number): after a
-    /// re-entry, the durable ones.
+    /// The sequence number the fiber's next chunk gets: its place in the output stream. After
+    /// a re-entry, the place recorded with the stash it re-entered, which may be behind the
+    /// stream's end while the fiber emits again what the stream holds (see [`Ctx::emit`]).
     pub fn stream_len(&self) -> Result<u64, AgentError> {
         stream::next_seq(&self.raw)
     }

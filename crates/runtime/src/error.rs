@@ -193,6 +193,16 @@ pub enum AgentError {
         /// The limit.
         max: u64,
     },
+    /// A re-entered fiber emitted, at place `seq` of its stream, a chunk other than the one
+    /// the stream holds there: its code or its inputs changed since. The run escalates.
+    #[error(
+        "output stream: chunk {seq} differs from the one the stream already holds; a re-entered \
+         fiber must emit again what it emitted after its last stash"
+    )]
+    StreamDiverged {
+        /// The chunk's place in the stream.
+        seq: u64,
+    },
     /// A value could not be encoded or decoded.
     #[error("serialization: {0}")]
     Serialization(String),

@@ -63,9 +63,11 @@ pub(crate) async fn write(
         stash_json,
         written_at_ms: shared.now_ms(),
     };
+    let stream_mark = crate::stream::new_mark(raw);
     let durability = match raw.cell.durability {
         DurabilityMode::Exit => {
-            *raw.cell.pending_exit.lock() = Some(Box::new(Stored { record, version }));
+            // The mark goes with the stash when it is written; the buffer keeps the stored one.
+            *raw.cell.pending_exit.lock() = Some(Box::new(Stored { record, version, stream_mark }));
             return Ok(());
         }
         DurabilityMode::Sync => Durability::Sync,
@@ -73,10 +75,13 @@ pub(crate) async fn write(
     };
     let watch = Stopwatch::start();
     let mut batch = Batch::new();
-    let stored = Stored { record, version };
+    let stored = Stored { record, version, stream_mark };
     stored.stage(&mut batch)?;
     let record = stored.record;
     shared.commit_boundary(&raw.cell, batch, durability).await?;
+    if let Some(mark) = stream_mark {
+        crate::stream::marked(raw, mark);
+    }
     shared.metrics.stash_commit.record_us(watch.elapsed_us());
     shared.event(&run_id, "stashed", format!("step {step}, seq {}", record.seq));
     crate::eviction::idle::boundary(raw, &format!("after_stash:{step}")).await;

@@ -3,11 +3,12 @@
 //! point, exactly once and in order.
 //!
 //! A chunk gets its sequence number when emitted and becomes durable with the run's next
-//! boundary (a stash, an effect, a wait, the fiber's end), in the same batch, so a crash
-//! loses at most the chunks emitted since the last boundary — exactly the work the fiber
-//! redoes when it re-enters there. `emit_sync` makes a chunk durable before it returns, at
-//! the price of a commit per chunk. Readers only ever see durable chunks: a chunk a reader
-//! has seen is never taken back.
+//! boundary (a stash, an effect, a wait, the fiber's end), in the same batch. Each stash
+//! stores the fiber's place in the stream beside it (its mark), so a fiber re-entered there
+//! emits again from that place: chunks the stream already holds are matched, not repeated,
+//! and the first new one continues the stream. `emit_sync` makes a chunk durable before it
+//! returns, at the price of a commit per chunk. Readers only ever see durable chunks: a chunk
+//! a reader has seen is never taken back.
 
 use std::sync::Arc;
 
@@ -44,14 +45,22 @@ impl StreamChunk {
     }
 }
 
-/// The stream's head as stored: how many chunks are durable and their size.
-fn stored_head(shared: &Shared, run_id: &str) -> Result<StreamHead, RuntimeError> {
+/// The stream as stored, for a fiber entering the run: its head, and its cursor at the mark
+/// of the stash the fiber re-enters (0 for a fiber that starts from the top).
+fn load(shared: &Shared, run_id: &str) -> Result<StreamBuffer, RuntimeError> {
     let key = tables::STREAM_HEADS.key(&[run_id.as_bytes()]);
-    Ok(shared.store.get::<StreamHead>(tables::STREAM_HEADS, &key)?.unwrap_or_default())
+    let head = shared.store.get::<StreamHead>(tables::STREAM_HEADS, &key)?.unwrap_or_default();
+    let key = tables::STREAM_MARKS.key(&[run_id.as_bytes()]);
+    let mark = shared.store.get::<u64>(tables::STREAM_MARKS, &key)?.unwrap_or(0);
+    Ok(StreamBuffer { head, pending: Vec::new(), cursor: mark.min(head.next_seq), mark })
 }
 
-/// Appends `chunk` to the run's stream; returns its sequence number. It becomes durable with
-/// the run's next boundary.
+/// Emits `chunk` at the fiber's place in the run's stream; returns its sequence number.
+///
+/// A fiber re-entered at its last stash emits again what it emitted after that stash: where
+/// the stream already holds a chunk at that place, the same chunk is taken as that one (not
+/// stored, not shown again) and a different one is [`AgentError::StreamDiverged`]. Past the
+/// stream's end the chunk is appended, durable with the run's next boundary.
 pub(crate) fn emit<T: Serialize + ?Sized>(raw: &RawCtx, chunk: &T) -> Result<u64, AgentError> {
     if !raw.in_fiber {
         return Err(AgentError::EmitFromHandler);
@@ -62,17 +71,25 @@ pub(crate) fn emit<T: Serialize + ?Sized>(raw: &RawCtx, chunk: &T) -> Result<u64
     let mut guard = raw.cell.stream.lock();
     let buffer = match guard.as_mut() {
         Some(buffer) => buffer,
-        None => {
-            guard.insert(StreamBuffer { head: stored_head(shared, &raw.cell.run_id)?, pending: Vec::new() })
-        }
+        None => guard.insert(load(shared, &raw.cell.run_id)?),
     };
+    let seq = buffer.cursor;
+    if seq < buffer.head.next_seq {
+        let key = tables::stream_key(&raw.cell.run_id, seq);
+        let held = shared.store.get::<StreamChunkRecord>(tables::STREAM, &key)?;
+        if held.is_some_and(|held| held.data_json == data_json) {
+            buffer.cursor = seq.saturating_add(1);
+            return Ok(seq);
+        }
+        return Err(AgentError::StreamDiverged { seq });
+    }
     let max = shared.config.stream_bytes_max;
     let bytes = buffer.head.bytes.saturating_add(data_json.len() as u64);
     if bytes > max {
         return Err(AgentError::StreamFull { bytes, max });
     }
-    let seq = buffer.head.next_seq;
     buffer.head = StreamHead { next_seq: seq.saturating_add(1), bytes };
+    buffer.cursor = buffer.head.next_seq;
     buffer.pending.push((seq, StreamChunkRecord { data_json, emitted_at_ms: shared.now_ms() }));
     Ok(seq)
 }
@@ -85,13 +102,26 @@ pub(crate) async fn emit_sync<T: Serialize + ?Sized>(raw: &RawCtx, chunk: &T) ->
     Ok(seq)
 }
 
-/// The sequence number the next chunk of this activation gets: after a re-entry, how many
-/// chunks are durable, so a fiber can skip what its stream already holds.
+/// The sequence number the fiber's next chunk gets: after a re-entry, its place in the
+/// stream at the stash it re-entered.
 pub(crate) fn next_seq(raw: &RawCtx) -> Result<u64, AgentError> {
-    if let Some(buffer) = raw.cell.stream.lock().as_ref() {
-        return Ok(buffer.head.next_seq);
+    let mut guard = raw.cell.stream.lock();
+    if let Some(buffer) = guard.as_ref() {
+        return Ok(buffer.cursor);
     }
-    Ok(stored_head(&raw.shared, &raw.cell.run_id)?.next_seq)
+    Ok(guard.insert(load(&raw.shared, &raw.cell.run_id)?).cursor)
+}
+
+/// The mark a stash written now stores with it, when it changed (see [`StreamBuffer::new_mark`]).
+pub(crate) fn new_mark(raw: &RawCtx) -> Option<u64> {
+    raw.cell.stream.lock().as_ref().and_then(StreamBuffer::new_mark)
+}
+
+/// After a stash with mark `mark` committed: the buffer knows it is stored.
+pub(crate) fn marked(raw: &RawCtx, mark: u64) {
+    if let Some(buffer) = raw.cell.stream.lock().as_mut() {
+        buffer.mark = mark;
+    }
 }
 
 /// Up to `limit` durable chunks of `run_id` from `from_seq` on.

@@ -18,6 +18,7 @@
 //! | alarm_retries | `q` run_id NUL name NUL scheduled_at_ms (u64 BE) | [`AlarmRecord`] |
 //! | stream    | `b` run_id NUL seq (u64 BE)           | [`StreamChunkRecord`] |
 //! | stream_heads | `h` run_id                         | [`StreamHead`]   |
+//! | stream_marks | `B` run_id                         | u64 (stream length at the last stash) |
 //! | budgets   | `f` run_id                            | [`BudgetRecord`] |
 //! | paused_kinds | `z` kind                           | [`PauseRecord`]  |
 //! | paused_runs | `j` run_id                          | [`PauseRecord`]  |
@@ -64,6 +65,9 @@ pub const ALARM_RETRIES: Table = Table { name: "alarm_retries", prefix: b'q' };
 pub const STREAM: Table = Table { name: "stream", prefix: b'b' };
 /// Each run's stream length and size, written with its chunks.
 pub const STREAM_HEADS: Table = Table { name: "stream_heads", prefix: b'h' };
+/// Each run's stream length at its last stash (u64): where a fiber re-entered there stands in
+/// its stream. Written with a stash when the run's stream is not empty; none reads as 0.
+pub const STREAM_MARKS: Table = Table { name: "stream_marks", prefix: b'B' };
 /// Each run's budget and what it has spent, for runs that have one.
 pub const BUDGETS: Table = Table { name: "budgets", prefix: b'f' };
 /// Agent kinds an operator paused.
@@ -108,7 +112,7 @@ pub fn run_of_key(key: &[u8]) -> Option<&str> {
 }
 
 /// Every table, for inspection and tests.
-pub const ALL: [Table; 26] = [
+pub const ALL: [Table; 27] = [
     RUNS,
     RUN_KEYS,
     OPEN_RUNS,
@@ -122,6 +126,7 @@ pub const ALL: [Table; 26] = [
     ALARM_RETRIES,
     STREAM,
     STREAM_HEADS,
+    STREAM_MARKS,
     BUDGETS,
     PAUSED_KINDS,
     PAUSED_RUNS,

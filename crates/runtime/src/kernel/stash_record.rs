@@ -14,15 +14,22 @@ use durafiber_store::{
 pub(crate) struct Stored {
     pub record: StashRecord,
     pub version: u32,
+    /// The fiber's place in its output stream, to store with the stash when it changed
+    /// (`tables::STREAM_MARKS`); `None` when read back or unchanged.
+    pub stream_mark: Option<u64>,
 }
 
 impl Stored {
-    /// Puts the stash, and its version when it is not 1, into `batch`.
+    /// Puts the stash, its version when it is not 1 and its stream mark when it changed,
+    /// into `batch`.
     pub fn stage(&self, batch: &mut Batch) -> Result<(), StoreError> {
         let run = self.record.run_id.as_bytes();
         batch.put(tables::STASHES, tables::STASHES.key(&[run]), &self.record)?;
         if self.version != 1 {
             batch.put(tables::STASH_VERSIONS, tables::STASH_VERSIONS.key(&[run]), &self.version)?;
+        }
+        if let Some(mark) = self.stream_mark {
+            batch.put(tables::STREAM_MARKS, tables::STREAM_MARKS.key(&[run]), &mark)?;
         }
         Ok(())
     }
@@ -47,5 +54,5 @@ pub(crate) fn read_prefetched(
     };
     let key = tables::STASH_VERSIONS.key(&[run_id.as_bytes()]);
     let version = store.get_prefetched::<u32>(tables::STASH_VERSIONS, &key, version)?.unwrap_or(1);
-    Ok(Some(Stored { record, version }))
+    Ok(Some(Stored { record, version, stream_mark: None }))
 }

@@ -228,6 +228,9 @@ async fn call_agent(
 ) -> FiberResult {
     let mut raw = RawCtx::new(shared.clone(), cell.clone(), registered.run.attempt);
     raw.in_fiber = true;
+    // A fiber enters at its last stash, and so stands in its stream at that stash's mark:
+    // what an earlier attempt in this cell knew is read again.
+    *cell.stream.lock() = None;
     // An operator's pause holds a run before its fiber's first step.
     if let Err(e) = crate::pause::gate(&raw).await {
         return Ok(Err(e));
@@ -303,6 +306,12 @@ async fn finish(
                 }
                 Ok(Err(AgentError::Escalate(reason))) => {
                     run.status = RunStatus::Escalated { reason: shared.redact(reason.clone()) };
+                    None
+                }
+                // A fiber that does not emit what its stream holds would do so again on every
+                // re-entry: a human must look at the code.
+                Ok(Err(diverged @ AgentError::StreamDiverged { .. })) => {
+                    run.status = RunStatus::Escalated { reason: diverged.to_string() };
                     None
                 }
                 Ok(Err(AgentError::Cancelled(reason))) => {
