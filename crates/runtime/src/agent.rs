@@ -257,6 +257,7 @@ impl<A: Agent> Ctx<A> {
         if !self.raw.in_fiber {
             return Err(AgentError::StashFromHandler);
         }
+        self.raw.refuse_if_cancelled("stash")?;
         let text = json::canonical(value).map_err(AgentError::Serialization)?;
         budget::check(&self.raw)?;
         // Boxed, as every durable call here is: its state lives while it runs, not in the
@@ -313,6 +314,7 @@ impl<A: Agent> Ctx<A> {
     /// last stash emits again as [`Ctx::emit`] says: what the stream holds is matched, not
     /// repeated.
     pub async fn emit_sync<T: Serialize + ?Sized>(&mut self, chunk: &T) -> Result<u64, AgentError> {
+        self.raw.refuse_if_cancelled("emit_sync")?;
         Box::pin(stream::emit_sync(&self.raw, chunk)).await
     }
 
@@ -357,6 +359,7 @@ impl<A: Agent> Ctx<A> {
         Fut: Future<Output = Result<R, E>> + Send,
         E: std::fmt::Display,
     {
+        self.raw.refuse_if_cancelled(&format!("effect {effect_id}"))?;
         let mut f = f;
         let call = move |key, args| {
             let answer = f(key, args);
@@ -407,6 +410,7 @@ impl<A: Agent> Ctx<A> {
         F: FnMut(String, Args) -> Fut + Send,
         Fut: Future<Output = Result<R, EffectError>> + Send,
     {
+        self.raw.refuse_if_cancelled(&format!("effect {effect_id}"))?;
         Box::pin(effect::perform(&mut self.raw, effect_id, args, options, f)).await
     }
 
@@ -417,6 +421,7 @@ impl<A: Agent> Ctx<A> {
         approval_id: &str,
         payload: &P,
     ) -> Result<Decision, AgentError> {
+        self.raw.refuse_if_cancelled(&format!("approval {approval_id}"))?;
         // What a reviewer is shown never holds a secret value.
         let (payload_json, payload_hash) =
             self.raw.shared.redacted_with_hash(payload).map_err(AgentError::Serialization)?;
@@ -489,12 +494,14 @@ impl<A: Agent> Ctx<A> {
     /// # }
     /// ```
     pub async fn sleep_for(&mut self, name: &str, d: Duration) -> Result<(), AgentError> {
+        self.raw.refuse_if_cancelled(&format!("sleep {name}"))?;
         budget::check(&self.raw)?;
         Box::pin(crate::sleep::sleep(&mut self.raw, name, crate::alarm::AlarmAt::In(d))).await
     }
 
     /// Sleeps durably under `name` until the clock reads `at_ms`; see [`Ctx::sleep_for`].
     pub async fn sleep_until(&mut self, name: &str, at_ms: u64) -> Result<(), AgentError> {
+        self.raw.refuse_if_cancelled(&format!("sleep {name}"))?;
         budget::check(&self.raw)?;
         Box::pin(crate::sleep::sleep(&mut self.raw, name, crate::alarm::AlarmAt::AtMs(at_ms))).await
     }
@@ -525,6 +532,7 @@ impl<A: Agent> Ctx<A> {
         name: &str,
         timeout: Option<Duration>,
     ) -> Result<Option<T>, AgentError> {
+        self.raw.refuse_if_cancelled(&format!("wait for event {name}"))?;
         budget::check(&self.raw)?;
         match Box::pin(crate::event::wait(&mut self.raw, name, timeout)).await? {
             Some(payload) => Ok(Some(json::parse(&payload).map_err(AgentError::Serialization)?)),

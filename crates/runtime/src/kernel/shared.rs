@@ -478,6 +478,19 @@ impl RawCtx {
     pub fn new(shared: Arc<Shared>, cell: Arc<RunCell>, attempt: u32) -> Self {
         RawCtx { shared, cell, attempt, in_fiber: false }
     }
+
+    /// The cooperative cancel (§2.3): once the run was asked to stop, the fiber's next
+    /// boundary (`what`) is refused with `AgentError::Cancelled`, and a fiber that returns it
+    /// ends the run `Cancelled` there.
+    pub fn refuse_if_cancelled(&self, what: &str) -> Result<(), AgentError> {
+        if !self.in_fiber {
+            return Ok(());
+        }
+        match self.cell.cancel.reason() {
+            Some(reason) => Err(AgentError::Cancelled(format!("{what} not started: cancelled ({reason})"))),
+            None => Ok(()),
+        }
+    }
 }
 
 pub(crate) type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'static>>;

@@ -228,12 +228,14 @@ async fn finish(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Every event once more: a duplicate for an open run, refused for a finished one.
+    // Every event once more: a duplicate whatever became of the run, once a send of it was
+    // acknowledged; one never acknowledged may find its run finished.
     for (key, ids) in &h.ids {
         for run_id in ids {
+            let acknowledged = !h.unsent.contains_key(run_id);
             match send_packed(&client, run_id, key).await {
                 Ok(outcome) if outcome != "duplicate" => report.events_twice += 1,
-                Err(e) if !e.to_string().contains("has finished") => report.events_twice += 1,
+                Err(e) if acknowledged || !e.to_string().contains("has finished") => report.events_twice += 1,
                 _ => {}
             }
         }
