@@ -1,8 +1,10 @@
-//! A recovery hook that kills the process (§3.6), with real processes: the recovery count is
-//! written before the hook runs, so each death is counted, and after five the next process
-//! start escalates the run instead of dying a sixth time. A death outside a recovery (the
-//! first one, in the fresh fiber) is an interruption and is not counted. On the embedded
-//! store and on PostgreSQL.
+//! A recovery hook that kills the process (§3.6), with real processes and three healthy runs
+//! beside it: the first death makes every run whose hook was in flight a suspect; a suspect
+//! is then recovered alone, its lone recovery counted before the hook runs, so the poisoned
+//! hook's deaths are counted against it alone, and after five the next process start
+//! escalates it instead of dying again. The healthy runs are never escalated. A death outside
+//! a recovery (the first one, in the fresh fibers) is an interruption and is not counted. On
+//! the embedded store and on PostgreSQL.
 
 use std::process::Command;
 
@@ -18,13 +20,13 @@ fn child(location: &str, mode: &str, now_ms: u64) -> std::process::Output {
 }
 
 #[test]
-fn a_hook_that_kills_the_process_is_escalated_after_five_deaths() {
+fn a_hook_that_kills_the_process_is_escalated_after_five_deaths_alone_and_no_bystander_is() {
     let dir = tempfile::tempdir().expect("tempdir");
     escalated_after_five_deaths(dir.path().to_str().expect("utf-8 path"));
 }
 
 #[test]
-fn a_hook_that_kills_the_process_is_escalated_after_five_deaths_on_postgres() {
+fn a_hook_that_kills_the_process_is_escalated_after_five_deaths_alone_on_postgres() {
     let server = durafiber_testkit::postgres::PgServer::start().expect("a PostgreSQL server");
     escalated_after_five_deaths(&server.fresh_database().expect("a database"));
 }
@@ -34,14 +36,25 @@ fn escalated_after_five_deaths(location: &str) {
     assert!(!out.status.success(), "the first process dies in its fiber");
     let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(said.contains("stashed"), "{said}");
-    // An hour apart, so every recovery backoff has passed when the next process opens.
-    for death in 1..=5 {
+    // An hour apart, so every recovery backoff has passed when the next process opens. The
+    // first death comes with the hooks of the healthy runs in flight: a suspicion; the five
+    // after it, alone.
+    for death in 1..=6 {
         let out = child(location, "recover", EPOCH_MS + death * 3_600_000);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(!out.status.success(), "death {death}: the hook should have killed the process: {stdout}");
     }
-    let out = child(location, "recover", EPOCH_MS + 6 * 3_600_000);
+    let out = child(location, "recover", EPOCH_MS + 7 * 3_600_000);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(stdout.trim(), "ended escalated interrupted 5 times without progress");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "ended escalated its recovery hook ended the process 5 times in a row, each time running alone",
+            "bystander running",
+            "bystander running",
+            "bystander running",
+        ]
+    );
 }

@@ -468,6 +468,10 @@ impl<A: Agent> Ctx<A> {
 
     /// Completes when the run is asked to stop.
     pub async fn cancelled(&self) {
+        if self.raw.in_fiber {
+            // A fiber that waits here has nothing more to do: its recovery has settled.
+            self.raw.shared.settle_hook(&self.raw.cell).await;
+        }
         self.raw.shared.parked(self.raw.in_fiber, self.raw.cell.cancel.requested()).await;
     }
 

@@ -20,6 +20,17 @@ pub const RECOVER_ATTEMPTS_MAX_DEFAULT: u32 = 5;
 pub const RECOVER_BACKOFF_BASE: Duration = Duration::from_secs(1);
 /// Recovery backoff never exceeds five minutes.
 pub const RECOVER_BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// A recovery hook running this long without settling no longer holds a suspect's lone
+/// recovery back (`kernel/hook_gate.rs`): the process has survived it this long.
+pub const HOOK_SETTLE_MAX: Duration = Duration::from_secs(1);
+/// A suspect's lone recovery running this long without settling no longer holds other
+/// recoveries back: no run waits behind one whose hook hangs.
+pub const PROBE_ALONE_MAX: Duration = Duration::from_secs(10);
+/// How soon a recovery that the hook gate held back asks again.
+pub const HOOK_GATE_RETRY: Duration = Duration::from_millis(20);
+/// How long a suspect that asked for its lone recovery keeps new hooks from starting, so
+/// that the hooks running drain and it gets its turn.
+pub const PROBE_ASK_HOLD: Duration = Duration::from_millis(500);
 /// A run found interrupted after this age is escalated, not resumed.
 pub const MAX_AGE_DEFAULT: Duration = Duration::from_secs(24 * 3600);
 /// Effect calls per re-entry before the failure reaches the fiber (§5.5).

@@ -19,6 +19,7 @@
 //! | stream    | `b` run_id NUL seq (u64 BE)           | [`StreamChunkRecord`] |
 //! | stream_heads | `h` run_id                         | [`StreamHead`]   |
 //! | stream_marks | `B` run_id                         | u64 (stream length at the last stash) |
+//! | hook_probes | `P` run_id                          | u32 (lone recoveries the process died in) |
 //! | budgets   | `f` run_id                            | [`BudgetRecord`] |
 //! | paused_kinds | `z` kind                           | [`PauseRecord`]  |
 //! | paused_runs | `j` run_id                          | [`PauseRecord`]  |
@@ -68,6 +69,10 @@ pub const STREAM_HEADS: Table = Table { name: "stream_heads", prefix: b'h' };
 /// Each run's stream length at its last stash (u64): where a fiber re-entered there stands in
 /// its stream. Written with a stash when the run's stream is not empty; none reads as 0.
 pub const STREAM_MARKS: Table = Table { name: "stream_marks", prefix: b'B' };
+/// Runs whose recovery hook is running alone (a suspect's probe, `runtime/kernel/hook_gate.rs`):
+/// how many such recoveries in a row the process did not survive (u32). Written before the
+/// hook runs, removed when it settles.
+pub const HOOK_PROBES: Table = Table { name: "hook_probes", prefix: b'P' };
 /// Each run's budget and what it has spent, for runs that have one.
 pub const BUDGETS: Table = Table { name: "budgets", prefix: b'f' };
 /// Agent kinds an operator paused.
@@ -112,7 +117,7 @@ pub fn run_of_key(key: &[u8]) -> Option<&str> {
 }
 
 /// Every table, for inspection and tests.
-pub const ALL: [Table; 27] = [
+pub const ALL: [Table; 28] = [
     RUNS,
     RUN_KEYS,
     OPEN_RUNS,
@@ -127,6 +132,7 @@ pub const ALL: [Table; 27] = [
     STREAM,
     STREAM_HEADS,
     STREAM_MARKS,
+    HOOK_PROBES,
     BUDGETS,
     PAUSED_KINDS,
     PAUSED_RUNS,

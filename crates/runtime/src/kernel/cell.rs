@@ -29,6 +29,9 @@ pub(crate) struct RunCell {
     /// A recovery was counted at registration and the fiber has committed no boundary since:
     /// an interruption the runtime itself causes now gives that count back (§3.6).
     pub recovering: std::sync::atomic::AtomicBool,
+    /// The recovery hook's place at the hook gate, until the hook settles (first boundary,
+    /// durable wait, end): see `kernel/hook_gate.rs`.
+    pub hook: Mutex<Option<super::hook_gate::HookPermit>>,
     /// Set when the runtime evicts this cell. Its fiber's task is aborted, but an abort takes
     /// effect only at the task's next yield (and the task may be running right now): from
     /// here on anything that fiber still does writes nothing — the next cell owns the run.
@@ -115,6 +118,7 @@ impl RunCell {
             event_waiter: Mutex::new(None),
             fiber: Mutex::new(None),
             recovering: std::sync::atomic::AtomicBool::new(false),
+            hook: Mutex::new(None),
             evicted: std::sync::atomic::AtomicBool::new(false),
             pending_exit: Mutex::new(None),
             storage_keys: tokio::sync::Mutex::new(None),

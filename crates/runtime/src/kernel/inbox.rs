@@ -45,6 +45,8 @@ pub(crate) struct Registered {
     pub mode: FiberMode,
     /// The run's last stash, read with the record; an error is a corrupt stash.
     pub stash: Result<Option<super::stash_record::Stored>, String>,
+    /// A recovery's place at the hook gate, for the run's cell to hold until it settles.
+    pub hook: Option<super::hook_gate::HookPermit>,
 }
 
 /// A fresh fiber (`run_fiber`) or a recovery (`on_fiber_recovered`).

@@ -8,6 +8,7 @@ pub(crate) mod activity;
 pub(crate) mod alarm_window;
 pub(crate) mod busy;
 pub(crate) mod cell;
+pub(crate) mod hook_gate;
 pub(crate) mod inbox;
 pub(crate) mod ownership;
 pub(crate) mod pauses;

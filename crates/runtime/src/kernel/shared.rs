@@ -47,6 +47,8 @@ pub(crate) struct Shared {
     pub registry: Registry,
     pub liveness: Liveness,
     pub scheduler: Scheduler,
+    /// Which recovery hooks may run at once (`kernel/hook_gate.rs`).
+    pub hook_gate: Arc<super::hook_gate::HookGate>,
     pub metrics: Metrics,
     pub events: EventLog,
     /// Jitter of retries and backoffs.
@@ -327,16 +329,42 @@ impl Shared {
         // Checked under the run's lock, so an eviction is either before the write (refused)
         // or after it (as if the fiber had written just before it was evicted).
         let mut streamed = false;
+        let probe = cell.hook.lock().as_ref().is_some_and(|hook| hook.is_probe());
         let written = self
             .update_run(&cell.run_id, |run, batch| {
                 self.check_not_evicted(cell)?;
                 let changed = change(run, batch)?;
                 streamed = changed && self.stage_pending(cell, batch)?;
+                if changed && probe {
+                    batch.delete(tables::HOOK_PROBES.key(&[cell.run_id.as_bytes()]));
+                }
                 Ok(changed)
             })
             .await;
         self.streamed(cell, streamed, written.is_ok());
+        if matches!(written, Ok(Some(_))) {
+            // The run's own write: its recovery hook, if one runs, has settled.
+            cell.hook.lock().take();
+        }
         written
+    }
+
+    /// A recovery hook that parks on a durable wait without a write has settled: a probe's
+    /// count is cleared (`kernel/hook_gate.rs`), and its place at the gate given up.
+    pub async fn settle_hook(&self, cell: &RunCell) {
+        let probe = match cell.hook.lock().as_ref() {
+            None => return,
+            Some(hook) => hook.is_probe(),
+        };
+        if probe {
+            let mut batch = Batch::new();
+            batch.delete(tables::HOOK_PROBES.key(&[cell.run_id.as_bytes()]));
+            if let Err(e) = self.store.commit(batch, Durability::Sync).await {
+                // Still counted: if the process dies now, the run is suspected once more.
+                tracing::warn!(run_id = %cell.run_id, error = %e, "could not clear the recovery's probe");
+            }
+        }
+        cell.hook.lock().take();
     }
 
     /// Refuses a write of an evicted cell's fiber.

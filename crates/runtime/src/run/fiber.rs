@@ -27,6 +27,7 @@ use crate::{
     hooks::RecoveryReason,
     kernel::busy::BusyGuard,
     kernel::cell::RunCell,
+    kernel::hook_gate::HookPermit,
     kernel::inbox::{Activation, FiberMode, Registered},
     kernel::shared::{BoxFuture, LockedRun, RawCtx, RawRecovered, Shared},
     kernel::stash_record::Stored,
@@ -119,12 +120,13 @@ pub(crate) async fn decide(
     if shared.check_not_evicted(cell).is_err() {
         return Activation::Nothing;
     }
-    let mode = match register(shared, &mut locked.run, &Budgets::Unknown) {
-        Ok(mode) => mode,
+    let mut batch = Batch::new();
+    let (mode, hook) = match register(shared, &mut locked.run, &Budgets::Unknown, &mut batch) {
+        Ok(registration) => registration,
         Err(other) => return other,
     };
-    match shared.write_locked(locked, Batch::new()).await {
-        Ok(()) => registered(cell, Box::new(Registered { run: locked.run.clone(), mode, stash })),
+    match shared.write_locked(locked, batch).await {
+        Ok(()) => registered(cell, Box::new(Registered { run: locked.run.clone(), mode, stash, hook })),
         Err(RuntimeError::ShuttingDown | RuntimeError::Evicted { .. }) => Activation::Nothing,
         Err(e) => {
             tracing::error!(run_id = %cell.run_id, error = %e, "could not register the fiber; retrying in 1 s");
@@ -135,13 +137,18 @@ pub(crate) async fn decide(
 
 /// What a run without a live fiber needs (`recovery::plan`). When a fiber is to run, `run`
 /// is changed into its registration — `Running`, attempt counted, a recovery counted and
-/// backed off — for the caller to write before any user code runs; otherwise `run` is left
-/// as it was and the decision comes back as the error.
+/// backed off — for the caller to write, with what `batch` gained, before any user code
+/// runs; otherwise `run` is left as it was and the decision comes back as the error.
+///
+/// A recovery takes its place at the hook gate here (`kernel/hook_gate.rs`): a suspect — a
+/// run whose last recovery made no progress — is recovered alone, its probe counted in
+/// `batch`; while the gate holds a recovery back, it is asked again shortly.
 pub(crate) fn register(
     shared: &Shared,
     run: &mut tables::RunRecord,
     budgets: &Budgets,
-) -> Result<FiberMode, Activation> {
+    batch: &mut Batch,
+) -> Result<(FiberMode, Option<HookPermit>), Activation> {
     let mode = match recovery::plan(shared, run, budgets) {
         Plan::Fresh => FiberMode::Fresh,
         Plan::Recover(reason) => FiberMode::Recover(reason),
@@ -149,22 +156,42 @@ pub(crate) fn register(
         Plan::Escalate(reason) => return Err(Activation::Escalate(reason)),
         Plan::Nothing => return Err(Activation::Nothing),
     };
-    run.attempt = run.attempt.saturating_add(1);
-    run.status = RunStatus::Running;
-    run.wake_reason = None;
+    let mut hook = None;
     if let FiberMode::Recover(_) = mode {
+        let now = shared.now_ms();
+        let suspect = run.recover_attempts > 0;
+        let permit = match suspect {
+            true => shared.hook_gate.try_probe(now),
+            false => shared.hook_gate.try_hook(now),
+        };
+        let Some(permit) = permit else {
+            return Err(Activation::Later(now.saturating_add(limits::HOOK_GATE_RETRY.as_millis() as u64)));
+        };
+        if permit.is_probe() {
+            let deaths = recovery::probe_deaths(shared, &run.run_id).unwrap_or(0);
+            let key = tables::HOOK_PROBES.key(&[run.run_id.as_bytes()]);
+            if let Err(e) = batch.put(tables::HOOK_PROBES, key, &deaths.saturating_add(1)) {
+                tracing::error!(run_id = %run.run_id, error = %e, "could not count the probe; retrying in 1 s");
+                return Err(Activation::Later(now.saturating_add(1_000)));
+            }
+        }
+        hook = Some(permit);
         // Counted before the hook runs, so a hook that kills the process is counted too;
         // progress or an interruption the runtime causes gives it back.
         run.recover_attempts = run.recover_attempts.saturating_add(1);
-        run.next_recover_at_ms = shared.now_ms().saturating_add(recovery::backoff_ms(run.recover_attempts));
+        run.next_recover_at_ms = now.saturating_add(recovery::backoff_ms(run.recover_attempts));
     }
-    Ok(mode)
+    run.attempt = run.attempt.saturating_add(1);
+    run.status = RunStatus::Running;
+    run.wake_reason = None;
+    Ok((mode, hook))
 }
 
 /// A registration that is durable now, as the fiber to start.
-pub(crate) fn registered(cell: &RunCell, registered: Box<Registered>) -> Activation {
+pub(crate) fn registered(cell: &RunCell, mut registered: Box<Registered>) -> Activation {
     cell.recovering.store(matches!(registered.mode, FiberMode::Recover(_)), Ordering::SeqCst);
     cell.attempt.store(registered.run.attempt, Ordering::SeqCst);
+    *cell.hook.lock() = registered.hook.take();
     Activation::Start(registered)
 }
 
@@ -208,6 +235,8 @@ async fn drive(
         // activation that wake causes sees no fiber and starts one. Then, still counted
         // busy, hand over the wake: virtual time cannot pass it meanwhile.
         cell.fiber.lock().take();
+        // A hook that ended has settled, whatever its end wrote.
+        cell.hook.lock().take();
         shared.liveness.fiber_ended(&cell.run_id, shared.now_ms());
         if let Some(at_ms) = retry_at {
             shared.wake_at(at_ms, &cell.run_id);
@@ -255,7 +284,7 @@ fn enter(
     registered: Registered,
     since: Stopwatch,
 ) -> Result<BoxFuture<Result<String, AgentError>>, AgentError> {
-    let Registered { run, mode, stash } = registered;
+    let Registered { run, mode, stash, .. } = registered;
     let agent = shared.agent(&run.kind).map_err(|e| AgentError::escalate(e.to_string()))?;
     Ok(match mode {
         FiberMode::Fresh => agent.run_fiber(raw, run.input_json),

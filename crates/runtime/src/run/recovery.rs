@@ -1,7 +1,8 @@
 //! Recovery: what to do with a run found without a live fiber (§3.4–§3.6). The scan that
-//! finds them at start-up is `rescan.rs`.
+//! finds them at start-up is `rescan.rs`; which hooks run at once, and so which deaths count
+//! against a run, is `kernel/hook_gate.rs`.
 
-use durafiber_store::tables::{RunRecord, RunStatus, WakeReason};
+use durafiber_store::tables::{self, RunRecord, RunStatus, WakeReason};
 
 use crate::{budget::Budgets, hooks::RecoveryReason, kernel::shared::Shared, limits};
 
@@ -43,10 +44,15 @@ pub(crate) fn plan(shared: &Shared, run: &RunRecord, budgets: &Budgets) -> Plan 
                 })
             {
                 Plan::Escalate("budget: recoveries".into())
-            } else if run.recover_attempts >= shared.config.max_recover_attempts {
-                // A failing hook is escalated where it fails; what is left here are recoveries
-                // the process died in, with no boundary committed since.
-                Plan::Escalate(format!("interrupted {} times without progress", run.recover_attempts))
+            } else if let Some(deaths) = (run.recover_attempts > 0)
+                .then(|| probe_deaths(shared, &run.run_id).unwrap_or(0))
+                .filter(|deaths| *deaths >= shared.config.max_recover_attempts)
+            {
+                // A failing hook is escalated where it fails; what is left here are hooks the
+                // process died in while they ran alone (`kernel/hook_gate.rs`).
+                Plan::Escalate(format!(
+                    "its recovery hook ended the process {deaths} times in a row, each time running alone"
+                ))
             } else if run.next_recover_at_ms > now {
                 Plan::Later(run.next_recover_at_ms)
             } else {
@@ -55,6 +61,12 @@ pub(crate) fn plan(shared: &Shared, run: &RunRecord, budgets: &Budgets) -> Plan 
         }
         _ => Plan::Nothing,
     }
+}
+
+/// How many lone recoveries of `run_id` in a row the process died in (`tables::HOOK_PROBES`).
+pub(crate) fn probe_deaths(shared: &Shared, run_id: &str) -> Result<u32, durafiber_store::StoreError> {
+    let key = tables::HOOK_PROBES.key(&[run_id.as_bytes()]);
+    Ok(shared.store.get::<u32>(tables::HOOK_PROBES, &key)?.unwrap_or(0))
 }
 
 /// Delay before recovery attempt `n + 1` after `n` failed ones: 1 s doubling, capped at 5 min.

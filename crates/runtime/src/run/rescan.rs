@@ -187,8 +187,8 @@ async fn reactivate_batch(shared: &Arc<Shared>, found: Vec<Found>) -> Result<usi
             }
             _ => continue,
         }
-        match fiber::register(shared, &mut run, &budgets) {
-            Ok(mode) => {
+        match fiber::register(shared, &mut run, &budgets, &mut writes) {
+            Ok((mode, hook)) => {
                 run.updated_at_ms = shared.now_ms();
                 let stash = stash_record::read_prefetched(&shared.store, &run_id, stash, stash_version)
                     .map_err(|e| e.to_string());
@@ -198,7 +198,7 @@ async fn reactivate_batch(shared: &Arc<Shared>, found: Vec<Found>) -> Result<usi
                 match actor::new_cell(shared, &run, &stash) {
                     Ok(cell) if writes.put(tables::RUNS, key, &run).is_ok() => {
                         // Boxed now, as the fiber takes it: the batch's list stays small.
-                        registered.push((cell, Box::new(Registered { run, mode, stash })))
+                        registered.push((cell, Box::new(Registered { run, mode, stash, hook })))
                     }
                     _ => alone.push(run_id),
                 }

@@ -114,6 +114,7 @@ impl RuntimeBuilder {
             kinds: self.kinds,
             registry: Registry::default(),
             scheduler,
+            hook_gate: Default::default(),
             metrics: Metrics::default(),
             events: EventLog::default(),
             rng_jitter: Mutex::new(SeededRng::new(seed ^ 0x6a69_7474_6572)),
