@@ -36,7 +36,8 @@ impl Stubborn {
                 }
                 "sleep" => ctx.sleep_for(&format!("nap:{round}"), Duration::from_millis(1)).await?,
                 "event" => {
-                    ctx.wait_for_event::<u32>(&format!("tick:{round}"), Some(Duration::from_millis(1))).await?;
+                    ctx.wait_for_event::<u32>(&format!("tick:{round}"), Some(Duration::from_millis(1)))
+                        .await?;
                 }
                 _ => {
                     ctx.emit_sync(&round).await?;
@@ -86,7 +87,11 @@ async fn a_fiber_that_never_asks_is_cancelled_at_its_next_boundary() {
             RunStatus::Cancelled { reason: "no longer needed".into() },
             "{boundary}"
         );
-        assert_eq!(calls.load(Ordering::SeqCst), calls_at_cancel, "{boundary}: an effect started after the cancel");
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            calls_at_cancel,
+            "{boundary}: an effect started after the cancel"
+        );
         assert_eq!(rt.stream_chunks(&run_id, 0, 100).expect("chunks").len(), chunks_at_cancel, "{boundary}");
     }
     rt.shutdown().await;

@@ -1,14 +1,19 @@
 //! The public checker finds what is wrong with an agent: one that calls the outside world
 //! before its idempotency key is durable, and one that keeps its progress only in memory,
 //! each make an effect twice under the checker's crashes or evictions; their correct twins
-//! pass.
+//! pass. Its verdict does not depend on the machine's speed (real I/O inside an effect with
+//! a timeout finishes before virtual time moves); it compares output streams and storage with
+//! the baseline; it delivers external events, while the run waits and before; and it starts
+//! each case with the options given.
 
 use std::sync::{
     Arc,
     atomic::{AtomicU32, Ordering},
 };
 
-use durafiber_runtime::{Agent, AgentError, Ctx, EffectError, Recovered};
+use durafiber_runtime::{
+    Agent, AgentError, Budget, Ctx, EffectError, EffectOptions, Recovered, RunOptions, RunStatus,
+};
 use durafiber_testkit::{
     check::AgentCheck,
     upstream::{Upstream, post_idempotent},
@@ -188,4 +193,221 @@ async fn progress_kept_only_in_memory_is_caught_and_the_correct_agent_passes() {
         .run()
         .await
         .assert_ok();
+}
+
+/// Charges through an effect with the README's policy (five attempts, ten seconds each)
+/// whose call takes 100 ms of real time, then stashes.
+#[derive(Clone, Default)]
+struct SlowCharger {
+    http: reqwest::Client,
+}
+
+impl SlowCharger {
+    async fn charge(
+        &self,
+        ctx: &mut Ctx<Self>,
+        upstream: String,
+        done: Option<String>,
+    ) -> Result<String, AgentError> {
+        if let Some(charged) = done {
+            return Ok(charged);
+        }
+        let policy = EffectOptions {
+            attempts: 5,
+            timeout: Some(std::time::Duration::from_secs(10)),
+            ..EffectOptions::default()
+        };
+        let http = self.http.clone();
+        let charge: Value = ctx
+            .effect_with("charge", json!({"amount_cents": 700}), policy, move |key, body| {
+                let (http, upstream) = (http.clone(), upstream.clone());
+                async move {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    post_idempotent(&http, &upstream, "charges", &key, None, &body)
+                        .await
+                        .map_err(EffectError::retryable)
+                }
+            })
+            .await?;
+        let charged = charge["object"].as_str().unwrap_or_default().to_string();
+        ctx.stash("charged", &Some(charged.clone())).await?;
+        Ok(charged)
+    }
+}
+
+impl Agent for SlowCharger {
+    const KIND: &'static str = "slow_charger";
+    type Input = String;
+    type Stash = Option<String>;
+    type Output = String;
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, upstream: String) -> Result<String, AgentError> {
+        self.charge(ctx, upstream, None).await
+    }
+
+    async fn on_fiber_recovered(
+        &self,
+        ctx: &mut Ctx<Self>,
+        r: Recovered<Self>,
+    ) -> Result<String, AgentError> {
+        self.charge(ctx, r.input, r.stash.flatten()).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_io_inside_an_effect_with_a_timeout_finishes_before_virtual_time_moves() {
+    let upstream = Arc::new(Upstream::start().await.expect("upstream"));
+    let report = AgentCheck::new(SlowCharger::default())
+        .input(&upstream.url())
+        .upstream(upstream.clone())
+        .crash_at_every_boundary()
+        .run()
+        .await;
+    assert!(
+        matches!(report.baseline.final_state, Some(RunStatus::Completed { .. })),
+        "the uninterrupted run: {:?}",
+        report.baseline.final_state
+    );
+    assert_eq!(report.baseline.requests.len(), 1, "one call, no timeout: {:?}", report.baseline.requests);
+    report.assert_ok();
+}
+
+/// Emits and stores a line per step, with a stash after each. `broken`: its recovery
+/// forgets the line and the storage of the step it re-enters after.
+#[derive(Clone, Default)]
+struct Diarist {
+    broken: bool,
+}
+
+impl Diarist {
+    async fn write(&self, ctx: &mut Ctx<Self>, from: u32, recovered: bool) -> Result<u32, AgentError> {
+        for day in from..3 {
+            if !(self.broken && recovered && day == from) {
+                ctx.emit(&format!("day {day}"))?;
+                ctx.storage().put(&format!("day:{day}"), &day).await?;
+            }
+            ctx.stash("day", &(day + 1)).await?;
+        }
+        Ok(3)
+    }
+}
+
+impl Agent for Diarist {
+    const KIND: &'static str = "diarist";
+    type Input = ();
+    type Stash = u32;
+    type Output = u32;
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<u32, AgentError> {
+        self.write(ctx, 0, false).await
+    }
+
+    async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: Recovered<Self>) -> Result<u32, AgentError> {
+        self.write(ctx, r.stash.unwrap_or(0), true).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_or_storage_unlike_the_baselines_is_caught() {
+    let report = AgentCheck::new(Diarist { broken: true }).input(&()).eviction_matrix().run().await;
+    let failures = report.failures();
+    assert!(
+        failures.iter().any(|c| c.problems.iter().any(|p| p.contains("output stream differs"))),
+        "{failures:#?}"
+    );
+    assert!(
+        failures.iter().any(|c| c.problems.iter().any(|p| p.contains("storage differs"))),
+        "{failures:#?}"
+    );
+    assert!(failures.iter().all(|c| c.final_state == report.baseline.final_state), "only records differ");
+
+    let report = AgentCheck::new(Diarist::default()).input(&()).crash_at_every_boundary().eviction_matrix();
+    let report = report.run().await;
+    assert_eq!(report.baseline.stream.len(), 3);
+    assert_eq!(report.baseline.storage.len(), 3);
+    report.assert_ok();
+}
+
+/// Waits an hour for the event `go` and returns its payload (or "late").
+#[derive(Clone, Default)]
+struct Listener;
+
+impl Agent for Listener {
+    const KIND: &'static str = "listener";
+    type Input = ();
+    type Stash = u32;
+    type Output = String;
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<String, AgentError> {
+        ctx.stash("listening", &1).await?;
+        let go: Option<String> = ctx.wait_for_event("go", Some(std::time::Duration::from_secs(3600))).await?;
+        ctx.stash("heard", &2).await?;
+        Ok(go.unwrap_or_else(|| "late".into()))
+    }
+
+    async fn on_fiber_recovered(
+        &self,
+        ctx: &mut Ctx<Self>,
+        _: Recovered<Self>,
+    ) -> Result<String, AgentError> {
+        self.run_fiber(ctx, ()).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_is_delivered_while_the_run_waits_and_before() {
+    let report = AgentCheck::new(Listener)
+        .input(&())
+        .send_event("go", json!("now"))
+        .crash_at_every_boundary()
+        .eviction_matrix()
+        .run()
+        .await;
+    let completed = RunStatus::Completed { output_json: "\"now\"".into() };
+    assert_eq!(report.baseline.final_state, Some(completed));
+    assert!(report.cases.iter().any(|c| c.name == "events sent before the run waits"));
+    report.assert_ok();
+}
+
+/// Makes two effects; a budget of one effect stops it at the second.
+#[derive(Clone, Default)]
+struct Spender;
+
+impl Agent for Spender {
+    const KIND: &'static str = "spender";
+    type Input = ();
+    type Stash = u32;
+    type Output = u32;
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<u32, AgentError> {
+        for n in 0..2u32 {
+            ctx.effect(&format!("spend:{n}"), n, |_key, n| async move { Ok::<u32, String>(n) }).await?;
+            ctx.stash("spent", &(n + 1)).await?;
+        }
+        Ok(2)
+    }
+
+    async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, _: Recovered<Self>) -> Result<u32, AgentError> {
+        self.run_fiber(ctx, ()).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_case_starts_with_the_options_given() {
+    let budget = Budget { effects_max: Some(1), ..Budget::default() };
+    let report = AgentCheck::new(Spender)
+        .input(&())
+        .options(RunOptions { budget, ..RunOptions::default() })
+        .crash_at_every_boundary()
+        .run()
+        .await;
+    let Some(RunStatus::Escalated { reason }) = &report.baseline.final_state else {
+        panic!("the budget did not stop the run: {:?}", report.baseline.final_state)
+    };
+    assert!(reason.contains("budget"), "{reason}");
+    report.assert_ok();
 }

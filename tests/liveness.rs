@@ -258,7 +258,8 @@ async fn a_process_dying_in_every_lone_recovery_escalates_the_run() {
             assert_eq!(record.status, RunStatus::Running, "death {death}");
             assert_eq!(record.recover_attempts, death, "death {death}");
         } else {
-            let reason = "its recovery hook ended the process 5 times in a row, each time running alone".to_string();
+            let reason =
+                "its recovery hook ended the process 5 times in a row, each time running alone".to_string();
             assert_eq!(record.status, RunStatus::Escalated { reason });
         }
     }

@@ -63,7 +63,9 @@ async fn run(args: &[String]) -> Result<(), String> {
     let e = |e: durafiber_runtime::RuntimeError| e.to_string();
     if mode == "start" {
         let mut runs = Vec::new();
-        for (key, poisoned) in [("healthy-1", false), ("healthy-2", false), ("doomed", true), ("healthy-3", false)] {
+        for (key, poisoned) in
+            [("healthy-1", false), ("healthy-2", false), ("doomed", true), ("healthy-3", false)]
+        {
             runs.push(rt.start::<Doomed>(key, &poisoned).await.map_err(e)?.run_id);
         }
         // The first process dies while the fresh fibers wait, after their stashes are durable.

@@ -363,6 +363,9 @@ pub struct OrderInput {
     /// Alarm `alarm:0` fires on this cron schedule instead of after its delay.
     #[serde(default)]
     pub cron: Option<String>,
+    /// How long each alarm delivery's handler works before it reports, ms (0: at once).
+    #[serde(default)]
+    pub alarm_handler_ms: u64,
 }
 
 /// What [`Order`] writes to its output stream, one chunk per phase, each once.
@@ -401,7 +404,7 @@ impl<S: OrderStash> Order<S> {
         Self::phase(ctx, 0)?;
         ctx.stash("received", &S::at(0)).await?;
         for (i, delay_ms) in input.alarm_delays_ms.iter().enumerate() {
-            let payload = json!({"upstream": input.upstream});
+            let payload = json!({"upstream": input.upstream, "handler_ms": input.alarm_handler_ms});
             let spec = match &input.cron {
                 Some(cron) if i == 0 => durafiber_runtime::AlarmSpec::cron(cron, &payload)?,
                 _ => durafiber_runtime::AlarmSpec::after(
@@ -498,7 +501,7 @@ impl<S: OrderStash> Order<S> {
                     if !self.delivered(&input.upstream, ctx.run_id(), i).await {
                         let spec = durafiber_runtime::AlarmSpec::after(
                             std::time::Duration::ZERO,
-                            &json!({"upstream": input.upstream}),
+                            &json!({"upstream": input.upstream, "handler_ms": input.alarm_handler_ms}),
                         )?;
                         ctx.set_alarm(&format!("alarm:{i}"), spec).await?;
                     }
@@ -584,6 +587,9 @@ impl<S: OrderStash> Agent for Order<S> {
     ) -> Result<(), AgentError> {
         let payload: Value = alarm.payload()?;
         let base = payload["upstream"].as_str().unwrap_or_default();
+        // A handler that works a while: kills land in the middle of deliveries.
+        let work = payload["handler_ms"].as_u64().unwrap_or(0);
+        ctx.sleep_in_memory(std::time::Duration::from_millis(work)).await;
         let key = format!("{}:{}", ctx.run_id(), alarm.name);
         let body = json!({"run_id": ctx.run_id(), "alarm": alarm.name});
         post_idempotent(&self.http, base, ORDER_ALARMS, &key, None, &body).await.map_err(AgentError::fail)?;

@@ -4,9 +4,11 @@
 //!
 //! - [`agents`]: the refund, steps, order and writer agents (the refund and order agents
 //!   call the test kit's idempotent upstream).
+//! - [`poison`]: the torture's agent whose recovery hook aborts the process.
 //! - [`bulk`]: many pending alarms written straight into a store, for benchmarks.
 //! - [`sim`]: the eviction and alarm-retry simulations on a virtual clock (`durafiber sim`).
 
 pub mod agents;
 pub mod bulk;
+pub mod poison;
 pub mod sim;

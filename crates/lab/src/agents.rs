@@ -1,10 +1,14 @@
 //! The agents the `durafiber` binary hosts: the refund job of the drill, the order job of the
-//! torture, the `steps` agent of the benchmarks and the `writer` of the output-stream tests,
-//! all from the demo crate, so the server, the drill and the tests run the same code.
+//! torture and its poison, the `steps` agent of the benchmarks and the `writer` of the
+//! output-stream tests, all from the demo crate, so the server, the drill and the tests run
+//! the same code.
 
 use std::{io::Write as _, sync::Arc};
 
-use durafiber_demo::agents::{Order, OrderV2, Refund, Steps, Writer};
+use durafiber_demo::{
+    agents::{Order, OrderV2, Refund, Steps, Writer},
+    poison::Poison,
+};
 use durafiber_runtime::{CrashHook, RuntimeBuilder, testing::BuilderTestExt as _};
 
 /// How the lab's global flags shape the hosted runtime.
@@ -18,7 +22,7 @@ pub struct Hosting {
 
 /// Registers every demo agent kind, and the stop point if one is asked for.
 pub fn register(builder: RuntimeBuilder, hosting: &Hosting) -> RuntimeBuilder {
-    let builder = builder.agent(Refund::default()).agent(Steps::default()).agent(Writer);
+    let builder = builder.agent(Refund::default()).agent(Steps::default()).agent(Writer).agent(Poison);
     let builder = match hosting.order_stash_version {
         2 => builder.agent(OrderV2::default()),
         _ => builder.agent(Order::<u32>::default()),

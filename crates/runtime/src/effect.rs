@@ -181,6 +181,18 @@ where
         let call = f(entry.idempotency_key.clone(), args.clone());
         let answer = match options.timeout {
             None => call.await,
+            Some(limit) if shared.clock.is_virtual() => {
+                // On a virtual clock the call is still real I/O: it is work in flight, which
+                // virtual time waits for, and its deadline is on the real clock — so whether
+                // it times out does not depend on how fast the machine moves virtual time.
+                match tokio::time::timeout(limit, call).await {
+                    Ok(answer) => answer,
+                    Err(_) => Err(EffectError::Retryable(format!(
+                        "no answer within {}",
+                        humantime::format_duration(limit)
+                    ))),
+                }
+            }
             Some(limit) => {
                 // Waiting for an answer with a deadline is waiting on the clock: on a virtual
                 // clock, time may move to the deadline meanwhile.

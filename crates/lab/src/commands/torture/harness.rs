@@ -11,6 +11,13 @@ use durafiber_client::Client;
 
 /// New runs started per server life, at most.
 const STARTS_PER_LIFE_MAX: usize = 3;
+/// The orders after which a poison run is started too (`durafiber_demo::poison`).
+const POISON_AFTER_ORDERS: [u64; 2] = [2, 60];
+
+/// The agent kind a key's runs are of.
+pub(super) fn kind_of(key: &str) -> &'static str {
+    if key.starts_with("poison-") { "poison" } else { "order" }
+}
 
 /// The harness's memory of what it asked for and what it was told.
 pub(super) struct Harness {
@@ -41,15 +48,19 @@ impl Harness {
             "cool_off_ms": self.rng.between(10, 200),
             "wait_for_packing": true,
             "cron": cron,
+            // A third of the orders wait on alarms whose handlers work a while.
+            "alarm_handler_ms": if self.rng.chance(0.33) { self.rng.between(50, 300) } else { 0 },
         })
     }
 
     pub(super) async fn start(&mut self, client: &Client, key: String, input: Value) {
         self.inputs.insert(key.clone(), input.clone());
-        match client.post_json("/runs", &json!({"kind": "order", "input": input}), Some(&key)).await {
+        let kind = kind_of(&key);
+        match client.post_json("/runs", &json!({"kind": kind, "input": input}), Some(&key)).await {
             Ok(answer) => {
                 if let Some(id) = answer["run_id"].as_str() {
-                    if self.ids.get(&key).is_none_or(|ids| !ids.contains(id)) {
+                    // Only orders wait for an event.
+                    if kind == "order" && self.ids.get(&key).is_none_or(|ids| !ids.contains(id)) {
                         self.unsent.insert(id.to_string(), key.clone());
                     }
                     self.ids.entry(key).or_default().insert(id.to_string());
@@ -80,6 +91,9 @@ impl Harness {
             let input = self.input(order);
             self.start(client, format!("order-{order}"), input).await;
             *started_here += 1;
+            if POISON_AFTER_ORDERS.contains(&order) {
+                self.start(client, format!("poison-{order}"), Value::Null).await;
+            }
         }
         self.send_events(client).await;
         approve_pending(client).await;

@@ -24,8 +24,14 @@ pub struct TortureReport {
     pub runs: usize,
     /// Runs that ended `Completed`.
     pub completed: usize,
-    /// Runs that ended `Escalated`.
+    /// Order runs that ended `Escalated` (must be 0: only the poison may).
     pub escalated: usize,
+    /// Poison runs started: their recovery hook aborts the process.
+    pub poison_runs: usize,
+    /// Poison runs that ended `Escalated` for their hook's deaths (must be all of them).
+    pub poison_escalated: usize,
+    /// Server lives the poison ended (not counted as server exits).
+    pub poison_exits: usize,
     /// The most run ids any one idempotency key was answered with (must be 1).
     pub ids_per_key_max: usize,
     /// Upstream objects beyond one per order and effect.
@@ -56,6 +62,6 @@ pub struct TortureReport {
     pub server_exits: usize,
     /// Wall time, ms.
     pub elapsed_ms: u64,
-    /// All failure counts are 0 and every run completed.
+    /// All failure counts are 0, every order completed and every poison run escalated.
     pub pass: bool,
 }

@@ -34,6 +34,16 @@ pub(super) fn score(h: &Harness, finished: &Finished, report: &mut TortureReport
     let (charges, emails, alarms) = (upstream("charges"), upstream("emails"), upstream(ORDER_ALARMS));
     for run in finished.runs.values() {
         let status = &run["run"]["status"];
+        if run["run"]["kind"] == "poison" {
+            report.poison_runs += 1;
+            let reason = status["escalated"]["reason"].as_str().unwrap_or_default();
+            if reason.contains("ended the process") {
+                report.poison_escalated += 1;
+            } else {
+                report.stuck += 1;
+            }
+            continue;
+        }
         if status.get("completed").is_some() {
             report.completed += 1;
         } else if status.get("escalated").is_some() {

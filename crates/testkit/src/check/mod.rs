@@ -1,0 +1,322 @@
+//! The crash and eviction checker: point it at any agent and it runs the agent's run through
+//! every crash point and eviction it can reach, on the crash-simulating store and a virtual
+//! clock, and says what broke.
+//!
+//! Each case starts from a fresh simulated disk and must end the way the uninterrupted run
+//! (the *baseline*) ended — the same state, the same output — with the same side effects
+//! upstream: no effect twice, none missing, none new. Cases:
+//!
+//! - **crash at every boundary** ([`AgentCheck::crash_at_every_boundary`]): for each boundary
+//!   a dry run passes (a stash, an effect's prepare or commit, an approval request), the store
+//!   crashes right after it, and for each store write, right after the write is applied and
+//!   before its barrier (the write is lost). A new runtime opens the same disk and drives the
+//!   run to its end.
+//! - **kill during effects** ([`AgentCheck::kill_during_effects`]): the store crashes after an
+//!   effect's call returned and before its receipt is committed: the upstream has seen the
+//!   call, the ledger has not.
+//! - **eviction matrix** ([`AgentCheck::eviction_matrix`]): evicted at each boundary in turn,
+//!   then chaos evictions with each seed of [`AgentCheck::seeds`].
+//! - **an event before its wait**, for each event given with [`AgentCheck::send_event`]: sent
+//!   right after the start instead of while the run waits for it, so it is buffered.
+//!
+//! A case's end is compared with the baseline's whole: its state and output, its output
+//! stream chunk for chunk, its storage key for key, and the upstream's objects. The verdict
+//! does not depend on the machine's speed: virtual time moves only when every fiber waits on
+//! it, so an effect's real I/O finishes (or times out on the real clock) first.
+//!
+//! ```no_run
+//! # use durafiber_runtime::{Agent, AgentError, Ctx, Recovered};
+//! # #[derive(Clone)]
+//! # struct Refund;
+//! # impl Agent for Refund {
+//! #     const KIND: &'static str = "refund";
+//! #     type Input = u64;
+//! #     type Stash = ();
+//! #     type Output = bool;
+//! #     type Message = ();
+//! #     async fn run_fiber(&self, ctx: &mut Ctx<Self>, cents: u64) -> Result<bool, AgentError> {
+//! #         Ok(ctx.request_approval("refund", &cents).await?.approved)
+//! #     }
+//! #     async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: Recovered<Self>) -> Result<bool, AgentError> {
+//! #         self.run_fiber(ctx, r.input).await
+//! #     }
+//! # }
+//! # async fn check() {
+//! use durafiber_testkit::{check::AgentCheck, upstream::Upstream};
+//!
+//! // An upstream that counts its own objects, so "once" is checked where it happened.
+//! let upstream = std::sync::Arc::new(Upstream::start().await.expect("upstream"));
+//! AgentCheck::new(Refund)
+//!     .input(&4_200u64)
+//!     .upstream(upstream)
+//!     .approve_with(|_pending| durafiber_runtime::Decision { approved: true, comment: "ok".into() })
+//!     .crash_at_every_boundary()
+//!     .kill_during_effects()
+//!     .eviction_matrix()
+//!     .run()
+//!     .await
+//!     .assert_ok();
+//! # }
+//! ```
+
+mod play;
+mod report;
+mod upstream;
+
+pub use report::{CaseReport, CheckReport, CrashPoint};
+pub use upstream::{CheckUpstream, UpstreamFuture};
+
+use std::{collections::BTreeMap, ops::Range, sync::Arc, time::Duration};
+
+use durafiber_runtime::{
+    Agent, CrashHook, Decision, PendingApproval, RunOptions, Runtime, RuntimeConfig, clock::VirtualClock,
+    testing::BuilderTestExt,
+};
+use durafiber_store::{SimBackend, Store, StoreConfig};
+use parking_lot::Mutex;
+use serde_json::Value;
+
+type Approver = Arc<dyn Fn(&PendingApproval) -> Decision + Send + Sync>;
+type OutputMatch = Arc<dyn Fn(&Value, &Value) -> bool + Send + Sync>;
+type StorageMatch = Arc<dyn Fn(&BTreeMap<String, Value>, &BTreeMap<String, Value>) -> bool + Send + Sync>;
+
+/// A crash and eviction check of one agent's run; see the [module](self) documentation.
+pub struct AgentCheck<A: Agent + Clone> {
+    agent: A,
+    input: Option<Value>,
+    crashes: bool,
+    effect_kills: bool,
+    evictions: bool,
+    seeds: Range<u64>,
+    approver: Option<Approver>,
+    upstream: Option<Arc<dyn CheckUpstream>>,
+    time_limit: Duration,
+    config: RuntimeConfig,
+    options: RunOptions,
+    events: BTreeMap<String, Value>,
+    output_matches: Option<OutputMatch>,
+    storage_matches: Option<StorageMatch>,
+}
+
+/// What is done to one case.
+#[derive(Clone, Default)]
+struct Trouble {
+    /// Crash the store right after the n-th boundary (1-based).
+    crash_after_boundary: Option<usize>,
+    /// Crash the store right after write n is applied.
+    lose_write: Option<u64>,
+    /// Evict the run at the n-th boundary.
+    evict_at_boundary: Option<usize>,
+    /// Chaos evictions with this seed.
+    chaos_seed: Option<u64>,
+    /// Send the events right after the start, before the run waits for them.
+    events_early: bool,
+}
+
+/// What a dry run saw.
+struct Dry {
+    report: CaseReport,
+    boundaries: Vec<String>,
+    writes: u64,
+}
+
+impl<A: Agent + Clone> AgentCheck<A> {
+    /// A check of `agent`; give it an input, then choose the cases.
+    pub fn new(agent: A) -> Self {
+        AgentCheck {
+            agent,
+            input: None,
+            crashes: false,
+            effect_kills: false,
+            evictions: false,
+            seeds: 1..4,
+            approver: None,
+            upstream: None,
+            time_limit: Duration::from_secs(3600),
+            config: RuntimeConfig::default(),
+            options: RunOptions::default(),
+            events: BTreeMap::new(),
+            output_matches: None,
+            storage_matches: None,
+        }
+    }
+
+    /// The run's input.
+    pub fn input(mut self, input: &A::Input) -> Self {
+        self.input = serde_json::to_value(input).ok();
+        self
+    }
+
+    /// Crash after every boundary, and lose every store write in turn.
+    pub fn crash_at_every_boundary(mut self) -> Self {
+        self.crashes = true;
+        self
+    }
+
+    /// Crash between each effect's call and its receipt's commit.
+    pub fn kill_during_effects(mut self) -> Self {
+        self.effect_kills = true;
+        self
+    }
+
+    /// Evict at every boundary in turn, then with seeded chaos.
+    pub fn eviction_matrix(mut self) -> Self {
+        self.evictions = true;
+        self
+    }
+
+    /// The seeds of the chaos evictions (default `1..4`).
+    pub fn seeds(mut self, seeds: Range<u64>) -> Self {
+        self.seeds = seeds;
+        self
+    }
+
+    /// How a pending approval is decided (default: none is; a run that asks waits forever).
+    pub fn approve_with(
+        mut self,
+        decide: impl Fn(&PendingApproval) -> Decision + Send + Sync + 'static,
+    ) -> Self {
+        self.approver = Some(Arc::new(decide));
+        self
+    }
+
+    /// The outside world the agent calls, to count its effects per case.
+    pub fn upstream(mut self, upstream: Arc<dyn CheckUpstream>) -> Self {
+        self.upstream = Some(upstream);
+        self
+    }
+
+    /// How much virtual time a case may take to finish (default one hour).
+    pub fn virtual_time(mut self, limit: Duration) -> Self {
+        self.time_limit = limit;
+        self
+    }
+
+    /// How a case's output is compared with the uninterrupted run's (default: equal), for an
+    /// agent whose output tells its own history (how often it was recovered).
+    pub fn output_matches(mut self, same: impl Fn(&Value, &Value) -> bool + Send + Sync + 'static) -> Self {
+        self.output_matches = Some(Arc::new(same));
+        self
+    }
+
+    /// How a case's storage is compared with the uninterrupted run's (default: equal), for an
+    /// agent that stores its own history: `same(baseline, case)`, values as JSON.
+    pub fn storage_matches(
+        mut self,
+        same: impl Fn(&BTreeMap<String, Value>, &BTreeMap<String, Value>) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.storage_matches = Some(Arc::new(same));
+        self
+    }
+
+    /// Delivers the external event `name` with `payload` whenever the run waits for it (with
+    /// one idempotency key, so a re-send after a crash is a duplicate), and adds a case that
+    /// sends it right after the start, before the run waits, to check that it is buffered.
+    pub fn send_event(mut self, name: &str, payload: Value) -> Self {
+        self.events.insert(name.to_string(), payload);
+        self
+    }
+
+    /// The options every case's run starts with: a budget, a durability mode, a keep-alive.
+    pub fn options(mut self, options: RunOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The runtime configuration every case starts from.
+    pub fn config(mut self, config: RuntimeConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The crash points a dry run passes, in order.
+    pub async fn crash_points(&self) -> Vec<CrashPoint> {
+        let dry = self.dry_run().await;
+        let mut points: Vec<CrashPoint> = dry.boundaries.iter().map(|b| CrashPoint::parse(b)).collect();
+        points.extend((1..=dry.writes).map(CrashPoint::WriteLost));
+        points
+    }
+
+    /// Runs every chosen case.
+    pub async fn run(&self) -> CheckReport {
+        let dry = self.dry_run().await;
+        let baseline = dry.report;
+        let mut cases = Vec::new();
+        if self.crashes || self.effect_kills {
+            for (i, name) in dry.boundaries.iter().enumerate() {
+                let point = CrashPoint::parse(name);
+                let wanted = match point {
+                    CrashPoint::AfterEffectCall(_) => self.effect_kills || self.crashes,
+                    _ => self.crashes,
+                };
+                if wanted {
+                    let trouble = Trouble { crash_after_boundary: Some(i + 1), ..Trouble::default() };
+                    let case = format!("crash {point} (boundary {})", i + 1);
+                    cases.push(self.case(&case, Some(point), trouble, &baseline).await);
+                }
+            }
+        }
+        if self.crashes {
+            for n in 1..=dry.writes {
+                let trouble = Trouble { lose_write: Some(n), ..Trouble::default() };
+                let point = CrashPoint::WriteLost(n);
+                cases.push(self.case(&format!("crash {point}"), Some(point), trouble, &baseline).await);
+            }
+        }
+        if self.evictions {
+            for k in 1..=dry.boundaries.len() {
+                let trouble = Trouble { evict_at_boundary: Some(k), ..Trouble::default() };
+                let name = format!("evicted at boundary {k} ({})", dry.boundaries[k - 1]);
+                cases.push(self.case(&name, None, trouble, &baseline).await);
+            }
+            for seed in self.seeds.clone() {
+                let trouble = Trouble { chaos_seed: Some(seed), ..Trouble::default() };
+                cases.push(
+                    self.case(&format!("chaos evictions, seed {seed}"), None, trouble, &baseline).await,
+                );
+            }
+        }
+        if !self.events.is_empty() {
+            let trouble = Trouble { events_early: true, ..Trouble::default() };
+            cases.push(self.case("events sent before the run waits", None, trouble, &baseline).await);
+        }
+        CheckReport { baseline, cases }
+    }
+
+    async fn dry_run(&self) -> Dry {
+        let boundaries = Arc::new(Mutex::new(Vec::new()));
+        let (report, writes) =
+            self.play("baseline", None, Trouble::default(), None, Some(boundaries.clone())).await;
+        let boundaries = boundaries.lock().clone();
+        Dry { report, boundaries, writes }
+    }
+
+    async fn case(
+        &self,
+        name: &str,
+        point: Option<CrashPoint>,
+        trouble: Trouble,
+        baseline: &CaseReport,
+    ) -> CaseReport {
+        self.play(name, point, trouble, Some(baseline), None).await.0
+    }
+
+    pub(super) async fn open(
+        &self,
+        sim: &SimBackend,
+        now_ms: u64,
+        config: RuntimeConfig,
+        hook: Option<CrashHook>,
+    ) -> Result<Runtime, String> {
+        let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default())
+            .map_err(|e| format!("the simulated store does not open: {e}"))?;
+        let mut builder = Runtime::builder(store)
+            .config(config)
+            .virtual_clock(VirtualClock::new(now_ms))
+            .agent(self.agent.clone());
+        if let Some(hook) = hook {
+            builder = builder.crash_hook(hook);
+        }
+        builder.open().await.map_err(|e| format!("the runtime does not open: {e}"))
+    }
+}

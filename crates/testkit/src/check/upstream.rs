@@ -1,0 +1,38 @@
+//! The outside world a checked agent calls, as the checker sees it: reset before each case,
+//! counted after it. Asynchronous, so that an upstream behind a socket or a database is
+//! asked as it is reached.
+
+use std::{future::Future, pin::Pin};
+
+use serde_json::Value;
+
+use crate::upstream::Upstream;
+
+/// What a [`CheckUpstream`] answers with.
+pub type UpstreamFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The outside world a checked agent calls: reset before each case, counted after it.
+pub trait CheckUpstream: Send + Sync {
+    /// Forgets every object.
+    fn reset(&self) -> UpstreamFuture<'_, ()>;
+    /// Every object created since the reset: `(collection, idempotency key, request body)`.
+    fn objects(&self) -> UpstreamFuture<'_, Vec<(String, String, Value)>>;
+}
+
+impl CheckUpstream for Upstream {
+    fn reset(&self) -> UpstreamFuture<'_, ()> {
+        Box::pin(async move { Upstream::reset(self) })
+    }
+
+    fn objects(&self) -> UpstreamFuture<'_, Vec<(String, String, Value)>> {
+        Box::pin(async move {
+            self.all()
+                .into_iter()
+                .map(|(collection, o)| {
+                    let key = o["idempotency_key"].as_str().unwrap_or_default().to_string();
+                    (collection, key, o["request"].clone())
+                })
+                .collect()
+        })
+    }
+}
