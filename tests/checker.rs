@@ -6,9 +6,12 @@
 //! the baseline; it delivers external events, while the run waits and before; and it starts
 //! each case with the options given.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicU32, Ordering},
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
 };
 
 use durafiber_runtime::{
@@ -21,10 +24,12 @@ use durafiber_testkit::{
 use serde_json::{Value, json};
 
 /// Charges once. `broken`: mints its key in memory and calls before anything is durable,
-/// then stashes; correct: through `ctx.effect`.
+/// then stashes; correct: through an effect. `slow`: the effect has the README's policy
+/// (five attempts, ten seconds each) and its call takes 100 ms of real time.
 #[derive(Clone, Default)]
 struct Charger {
     broken: bool,
+    slow: bool,
     http: reqwest::Client,
 }
 
@@ -48,10 +53,21 @@ impl Charger {
                 .await
                 .map_err(AgentError::fail)?
         } else {
-            let http = self.http.clone();
-            ctx.effect("charge", body, move |key, body| {
+            let (http, slow) = (self.http.clone(), self.slow);
+            let policy = match slow {
+                true => EffectOptions {
+                    attempts: 5,
+                    timeout: Some(Duration::from_secs(10)),
+                    ..Default::default()
+                },
+                false => EffectOptions::default(),
+            };
+            ctx.effect_with("charge", body, policy, move |key, body| {
                 let (http, upstream) = (http.clone(), upstream.clone());
                 async move {
+                    if slow {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
                     post_idempotent(&http, &upstream, "charges", &key, None, &body)
                         .await
                         .map_err(EffectError::retryable)
@@ -195,70 +211,10 @@ async fn progress_kept_only_in_memory_is_caught_and_the_correct_agent_passes() {
         .assert_ok();
 }
 
-/// Charges through an effect with the README's policy (five attempts, ten seconds each)
-/// whose call takes 100 ms of real time, then stashes.
-#[derive(Clone, Default)]
-struct SlowCharger {
-    http: reqwest::Client,
-}
-
-impl SlowCharger {
-    async fn charge(
-        &self,
-        ctx: &mut Ctx<Self>,
-        upstream: String,
-        done: Option<String>,
-    ) -> Result<String, AgentError> {
-        if let Some(charged) = done {
-            return Ok(charged);
-        }
-        let policy = EffectOptions {
-            attempts: 5,
-            timeout: Some(std::time::Duration::from_secs(10)),
-            ..EffectOptions::default()
-        };
-        let http = self.http.clone();
-        let charge: Value = ctx
-            .effect_with("charge", json!({"amount_cents": 700}), policy, move |key, body| {
-                let (http, upstream) = (http.clone(), upstream.clone());
-                async move {
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    post_idempotent(&http, &upstream, "charges", &key, None, &body)
-                        .await
-                        .map_err(EffectError::retryable)
-                }
-            })
-            .await?;
-        let charged = charge["object"].as_str().unwrap_or_default().to_string();
-        ctx.stash("charged", &Some(charged.clone())).await?;
-        Ok(charged)
-    }
-}
-
-impl Agent for SlowCharger {
-    const KIND: &'static str = "slow_charger";
-    type Input = String;
-    type Stash = Option<String>;
-    type Output = String;
-    type Message = ();
-
-    async fn run_fiber(&self, ctx: &mut Ctx<Self>, upstream: String) -> Result<String, AgentError> {
-        self.charge(ctx, upstream, None).await
-    }
-
-    async fn on_fiber_recovered(
-        &self,
-        ctx: &mut Ctx<Self>,
-        r: Recovered<Self>,
-    ) -> Result<String, AgentError> {
-        self.charge(ctx, r.input, r.stash.flatten()).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_io_inside_an_effect_with_a_timeout_finishes_before_virtual_time_moves() {
     let upstream = Arc::new(Upstream::start().await.expect("upstream"));
-    let report = AgentCheck::new(SlowCharger::default())
+    let report = AgentCheck::new(Charger { slow: true, ..Charger::default() })
         .input(&upstream.url())
         .upstream(upstream.clone())
         .crash_at_every_boundary()
@@ -343,7 +299,7 @@ impl Agent for Listener {
 
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<String, AgentError> {
         ctx.stash("listening", &1).await?;
-        let go: Option<String> = ctx.wait_for_event("go", Some(std::time::Duration::from_secs(3600))).await?;
+        let go: Option<String> = ctx.wait_for_event("go", Some(Duration::from_secs(3600))).await?;
         ctx.stash("heard", &2).await?;
         Ok(go.unwrap_or_else(|| "late".into()))
     }
