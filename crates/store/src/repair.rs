@@ -71,6 +71,8 @@ fn check(table: Table, key: &[u8], sealed: &[u8]) -> Result<(), StoreError> {
         b'q' => d::<tables::AlarmRecord>(table, key, sealed).map(drop),
         b'b' => d::<tables::StreamChunkRecord>(table, key, sealed).map(drop),
         b'h' => d::<tables::StreamHead>(table, key, sealed).map(drop),
+        b'B' => d::<u64>(table, key, sealed).map(drop),
+        b'P' => d::<u32>(table, key, sealed).map(drop),
         b'f' => d::<tables::BudgetRecord>(table, key, sealed).map(drop),
         b'z' | b'j' => d::<tables::PauseRecord>(table, key, sealed).map(drop),
         b'x' => d::<tables::DeadLetter>(table, key, sealed).map(drop),
