@@ -234,12 +234,18 @@ async fn finish(
         .with_timeout(Duration::from_secs(10))
         .with_retry_budget(Duration::ZERO)
         .with_token(durafiber_server::read_admin_token(data));
+    // A poison run started now would never be killed, so never recovered and never
+    // escalated: only orders are started here for the first time.
     for (key, input) in std::mem::take(&mut h.unanswered) {
-        h.start(&client, key, input).await;
+        if harness::kind_of(&key) == "order" {
+            h.start(&client, key, input).await;
+        }
     }
     // Every key once more, with its input: the answer must be the run it already has.
     for (key, input) in h.inputs.clone() {
-        h.start(&client, key, input).await;
+        if harness::kind_of(&key) == "order" || h.ids.contains_key(&key) {
+            h.start(&client, key, input).await;
+        }
     }
     let run_ids: BTreeSet<String> = h.ids.values().flatten().cloned().collect();
     let deadline = Instant::now() + FINISH_DEADLINE;
