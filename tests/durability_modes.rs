@@ -135,7 +135,7 @@ async fn the_runtimes_flush_every_holds_for_a_store_opened_with_another() {
     let barriers = || store.writer_stats().barriers.load(std::sync::atomic::Ordering::SeqCst);
     let before = barriers();
     let mut batch = Batch::new();
-    batch.put(tables::STORAGE, tables::STORAGE.key(&[b"run_x", b"k"]), &"v".to_string()).expect("put");
+    batch.put(tables::keys::storage("run_x", "k"), &"v".to_string()).expect("put");
     store.commit(batch, Durability::Async).await.expect("async write");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while barriers() == before {
@@ -146,7 +146,6 @@ async fn the_runtimes_flush_every_holds_for_a_store_opened_with_another() {
     rt.shutdown().await;
     sim.revive();
     let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("reopen");
-    let survived: Option<String> =
-        store.get(tables::STORAGE, &tables::STORAGE.key(&[b"run_x", b"k"])).expect("read");
+    let survived: Option<String> = store.get(&tables::keys::storage("run_x", "k")).expect("read");
     assert_eq!(survived.as_deref(), Some("v"), "covered by the barrier before the crash");
 }

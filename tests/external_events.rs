@@ -9,7 +9,8 @@ use std::{sync::Arc, time::Duration};
 use durafiber_runtime::{
     Agent, AgentError, Ctx, Recovered, RunStatus, Runtime, RuntimeError, SendOutcome, clock::VirtualClock,
 };
-use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig, tables};
+use durafiber_store::tables::keys;
+use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig};
 
 const EPOCH_MS: u64 = 1_000_000_000;
 
@@ -109,7 +110,7 @@ async fn the_same_key_twice_is_delivered_once() {
     assert_eq!(rt.send_event(&run, "go", &"once", Some("k1")).await.expect("send"), SendOutcome::Duplicate);
     rt.advance(Duration::from_secs(1)).await.expect("advance");
     assert_eq!(rt.output::<Option<String>>(&run).expect("output"), Some(Some("once".into())));
-    let leftover = rt.store().keys_and_sizes(&[tables::EVENTS.prefix], 10).expect("scan");
+    let leftover = rt.store().keys_and_sizes(&keys::EVENTS.all(), 10).expect("scan");
     assert!(leftover.is_empty(), "the one event was consumed, none left: {leftover:?}");
 }
 
@@ -153,7 +154,7 @@ async fn crash_once(point: CrashPoint) -> bool {
     rt.advance(Duration::ZERO).await.expect("advance");
     assert_eq!(rt.output::<Option<String>>(&run).expect("output"), Some(Some("payload".into())), "{point:?}");
     assert!(
-        rt.store().keys_and_sizes(&[tables::EVENTS.prefix], 10).expect("scan").is_empty(),
+        rt.store().keys_and_sizes(&keys::EVENTS.all(), 10).expect("scan").is_empty(),
         "{point:?}: consumed once"
     );
     rt.shutdown().await;

@@ -189,7 +189,7 @@ async fn a_run_left_paused_by_a_resume_that_died_midway_is_reentered_at_start() 
     // The resume removed the pause and died before it re-entered the run.
     let store = store(&sim);
     let mut batch = durafiber_store::Batch::new();
-    batch.delete(durafiber_store::tables::PAUSED_KINDS.key(&[b"worker"]));
+    batch.delete(durafiber_store::tables::keys::paused_kind("worker"));
     store.commit(batch, durafiber_store::Durability::Sync).await.expect("lift the pause");
     drop(store);
     let rt = open(&sim, &outside).await;

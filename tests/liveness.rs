@@ -20,6 +20,7 @@ use durafiber_runtime::{
     Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered, RunOptions, RunStatus, Runtime, RuntimeConfig,
     RuntimeError, clock::VirtualClock,
 };
+use durafiber_store::tables::keys;
 use durafiber_store::{Batch, Durability, SimBackend, Store, StoreConfig, tables};
 
 const EPOCH_MS: u64 = 1_000_000_000;
@@ -144,8 +145,8 @@ async fn a_message_to_an_interrupted_run_re_enters_its_fiber() {
         .expect("runtime");
     let run = interrupted_run("run_restored", Listener::KIND, EPOCH_MS);
     let mut batch = Batch::new();
-    batch.put(tables::RUNS, tables::RUNS.key(&[run.run_id.as_bytes()]), &run).expect("encode");
-    batch.put(tables::OPEN_RUNS, tables::OPEN_RUNS.key(&[run.run_id.as_bytes()]), &()).expect("encode");
+    batch.put(keys::run(&run.run_id), &run).expect("encode");
+    batch.put(keys::open_run(&run.run_id), &()).expect("encode");
     store.commit(batch, Durability::Sync).await.expect("commit");
     let violations = rt.check_liveness().expect("check");
     assert_eq!(violations.len(), 1, "the checker sees the run nothing moves: {violations:?}");

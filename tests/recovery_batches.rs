@@ -7,6 +7,7 @@ use std::{sync::Arc, time::Duration};
 
 use durafiber_demo::agents::{Steps, StepsInput, StepsOutput};
 use durafiber_runtime::{RunStatus, Runtime, clock::VirtualClock};
+use durafiber_store::tables::keys;
 use durafiber_store::{SimBackend, Store, StoreConfig, tables};
 
 const EPOCH_MS: u64 = 1_000_000_000;
@@ -59,8 +60,7 @@ async fn hundreds_of_interrupted_runs_are_each_re_entered_once_from_where_they_w
     for run in &interrupted {
         let recovered = events.iter().filter(|e| &e.run_id == run && e.kind == "recovered").count();
         assert_eq!(recovered, 1, "{run} re-entered once");
-        let record: tables::RunRecord =
-            rt.store().get(tables::RUNS, &tables::RUNS.key(&[run.as_bytes()])).expect("read").expect("run");
+        let record: tables::RunRecord = rt.store().get(&keys::run(run)).expect("read").expect("run");
         assert_eq!((record.attempt, record.recover_attempts), (2, 1), "{run}: one registration");
     }
     for run in &finished {

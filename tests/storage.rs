@@ -19,7 +19,7 @@ use durafiber_runtime::{
     Agent, AgentError, CrashHook, Ctx, Recovered, RunStatus, Runtime, RuntimeConfig, RuntimeError,
     clock::VirtualClock,
 };
-use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig, tables};
+use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig, tables::keys};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -266,13 +266,11 @@ async fn storage_limits_are_typed_errors() {
 /// b = steps logged, so any other reading is half a transaction.
 fn units_in(sim: &SimBackend) -> (u64, u64, u64) {
     let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
-    let rows = store.raw_scan(tables::STORAGE, usize::MAX).expect("scan");
+    let rows = store.scan(&keys::STORAGE.all(), None, usize::MAX).expect("scan");
     let mut found = (UNITS, 0, 0);
-    for (key, value) in rows {
-        let text: String =
-            durafiber_store::store::decode_sealed(tables::STORAGE, &key, &value).expect("decode");
-        let name = String::from_utf8_lossy(&key).rsplit('\0').next().unwrap_or_default().to_string();
-        match name.as_str() {
+    for (key, text) in rows {
+        let text = text.expect("decode");
+        match keys::storage_name(&key).unwrap_or_default() {
             "a" => found.0 = text.parse().expect("a"),
             "b" => found.1 = text.parse().expect("b"),
             _ => found.2 += 1,

@@ -14,7 +14,7 @@ use std::{
 
 use durafiber_demo::agents::{Steps, StepsInput};
 use durafiber_runtime::Runtime;
-use durafiber_store::{Store, StoreConfig, StoreError, repair, tables::Table};
+use durafiber_store::{Store, StoreConfig, StoreError, repair, tables::TableInfo};
 use durafiber_testkit::SeededRng;
 
 type Entries = BTreeMap<Vec<u8>, Vec<u8>>;
@@ -25,7 +25,7 @@ fn entries(store: &Store) -> Entries {
 
 /// The run a key belongs to (runs, stashes, ledger, approvals, alarms, sleeps).
 fn run_of(key: &[u8]) -> Option<String> {
-    let table = Table::of_key(key)?;
+    let table = TableInfo::of_key(key)?;
     if ![b'r', b's', b'l', b'p', b'a', b'w', b'x', b'o'].contains(&table.prefix) {
         return None;
     }

@@ -16,21 +16,20 @@ use std::{
 };
 
 use durafiber_store::{
-    Batch, Durability, SimBackend, SledBackend, Store, StoreConfig, StoreError, tables::Table,
+    Batch, Durability, SimBackend, SledBackend, Store, StoreConfig, StoreError, tables::keys,
 };
 use durafiber_testkit::SeededRng;
 
-const T: Table = Table { name: "kill_test", prefix: b'w' };
-
-type Value = (u32, u64, u8, Vec<u8>);
-
-/// Every (thread, seq) batch in the store.
+/// Every (thread, seq) batch in the store (the records `store-writer` writes).
 fn batches_in(store: &Store) -> HashSet<(u32, u64)> {
     let mut found = HashSet::new();
-    for (key, value) in store.raw_scan(T, usize::MAX).expect("scan") {
-        let (t, seq, _, _) =
-            durafiber_store::store::decode_sealed::<Value>(T, &key, &value).expect("no record is torn");
-        found.insert((t, seq));
+    for (_, value) in store.scan(&keys::STORAGE.of_run("kill_test"), None, usize::MAX).expect("scan") {
+        let value = value.expect("no record is torn");
+        let mut fields = value.split(' ').map(|f| f.parse::<u64>());
+        let (Some(Ok(t)), Some(Ok(seq))) = (fields.next(), fields.next()) else {
+            panic!("a record reads `thread seq part padding`: {}", &value[..value.len().min(40)]);
+        };
+        found.insert((t as u32, seq));
     }
     found
 }
@@ -100,7 +99,7 @@ fn an_unfinished_snapshot_is_removed_and_the_store_opens() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("store");
     let mut batch = Batch::new();
-    batch.put(T, T.key(&[b"k"]), &(1u32, 1u64, 0u8, vec![1u8])).expect("encode");
+    batch.put(keys::storage("kill_test", "k"), &"1 1 0".to_string()).expect("encode");
     store.commit_blocking(batch, Durability::Sync).expect("commit");
     store.close();
     drop(store);
@@ -110,7 +109,7 @@ fn an_unfinished_snapshot_is_removed_and_the_store_opens() {
     let store =
         Store::open_dir(dir.path(), StoreConfig::default()).expect("opens despite the unfinished snapshot");
     assert!(!generating.exists(), "the unfinished snapshot was removed");
-    assert_eq!(store.raw_scan(T, 10).expect("scan").len(), 1, "the record is there");
+    assert_eq!(store.raw_scan(keys::STORAGE.info(), 10).expect("scan").len(), 1, "the record is there");
 }
 
 #[test]
@@ -140,7 +139,7 @@ async fn a_barrier_that_never_returns_fails_the_store_and_every_write_after_it()
     let store = Store::with_backend(Arc::new(sim.clone()), config).expect("store");
     let write = |n: u64| {
         let mut batch = Batch::new();
-        batch.put(T, T.key(&[&n.to_be_bytes()]), &(0u32, n, 0u8, Vec::<u8>::new())).expect("encode");
+        batch.put(keys::storage("kill_test", &format!("{n:012}")), &format!("0 {n} 0")).expect("encode");
         batch
     };
     store.commit(write(1), Durability::Sync).await.expect("a healthy commit");

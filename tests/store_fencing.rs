@@ -7,21 +7,26 @@ use std::{sync::Arc, time::Duration};
 use durafiber_store::{
     Backend, Batch, Durability, Leases, PgBackend, Store, StoreConfig, StoreError,
     shard::{self, SHARDS},
-    tables::{self, RUNS},
+    tables::{Key, decode_sealed, keys},
 };
 use durafiber_testkit::postgres::PgServer;
 
 const TTL: Duration = Duration::from_secs(2);
 
+/// The record these tests write for a run: text in its storage, in the run's shard.
+fn run_key(run_id: &str) -> Key<String> {
+    keys::storage(run_id, "value")
+}
+
 fn run_put(run_id: &str, value: &str) -> Batch {
     let mut b = Batch::new();
-    b.put(RUNS, RUNS.key(&[run_id.as_bytes()]), &value.to_string()).expect("encode");
+    b.put(run_key(run_id), &value.to_string()).expect("encode");
     b
 }
 
 fn run_insert(run_id: &str, value: &str) -> Batch {
     let mut b = Batch::new();
-    b.insert(RUNS, RUNS.key(&[run_id.as_bytes()]), &value.to_string()).expect("encode");
+    b.insert(run_key(run_id), &value.to_string()).expect("encode");
     b
 }
 
@@ -59,9 +64,9 @@ fn only_the_owner_of_a_shard_writes_it_and_a_steal_fences_the_old_owner() {
     assert_eq!(a.renew(TTL).expect("renew").len(), SHARDS as usize, "a learns it lost every shard");
     assert!(a.held().is_empty());
     b.apply(&run_put("run_x", "b2")).expect("the new owner writes");
-    let raw = b.get(&RUNS.key(&[b"run_x"])).expect("get").expect("present");
-    let v: String =
-        durafiber_store::store::decode_sealed(RUNS, &RUNS.key(&[b"run_x"]), &raw).expect("decode");
+    let key = run_key("run_x");
+    let raw = b.get(key.as_bytes()).expect("get").expect("present");
+    let v: String = decode_sealed(key.table(), key.as_bytes(), &raw).expect("decode");
     assert_eq!(v, "b2", "no write of the old owner landed after the steal");
     let stale =
         server.sql(&url, "SELECT count(*) FROM df_shards WHERE owner = 'a' OR epoch <> 2").expect("count");
@@ -84,9 +89,7 @@ fn a_record_is_created_once_whichever_node_creates_it() {
         other => panic!("a record was created twice: {other:?}"),
     }
     let mut key_claim = Batch::new();
-    key_claim
-        .insert(tables::RUN_KEYS, tables::RUN_KEYS.key(&[b"steps", b"k"]), &"run_1".to_string())
-        .expect("e");
+    key_claim.insert(keys::run_by_key("steps", "k"), &"run_1".to_string()).expect("e");
     a.apply(&key_claim).expect("first claim");
     assert!(matches!(b.apply(&key_claim), Err(StoreError::Exists { .. })), "second claim refused");
 }

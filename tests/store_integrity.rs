@@ -8,19 +8,20 @@ use std::sync::Arc;
 use durafiber_store::PgBackend;
 use durafiber_store::{
     Backend, Batch, CrashPoint, Durability, SimBackend, SledBackend, Store, StoreConfig, StoreError,
-    batch::Op, tables::Table,
+    batch::Op,
+    tables::{Key, keys},
 };
 use durafiber_testkit::{conformance, postgres::PgServer};
 
-const T: Table = Table { name: "things", prefix: b't' };
-
-fn key(name: &str) -> Vec<u8> {
-    T.key(&[name.as_bytes()])
+/// The records these tests write: text under idempotency keys of a kind `things`, which
+/// belong to no run (the rollback witness, which sums each run's records, leaves them out).
+fn key(name: &str) -> Key<String> {
+    keys::run_by_key("things", name)
 }
 
 fn put(store: &Store, name: &str, value: &str, durability: Durability) {
     let mut b = Batch::new();
-    b.put(T, key(name), &value.to_string()).expect("encode");
+    b.put(key(name), &value.to_string()).expect("encode");
     store.commit_blocking(b, durability).expect("commit");
 }
 
@@ -70,25 +71,25 @@ fn a_flipped_byte_in_one_record_is_a_typed_error_and_the_others_stay_readable() 
     {
         // Damage record "b" under the envelope, as bit rot or a bad write would.
         let backend = SledBackend::open(dir.path()).expect("open raw");
-        let mut sealed = backend.get(&key("b")).expect("get").expect("present");
+        let mut sealed = backend.get(key("b").as_bytes()).expect("get").expect("present");
         let last = sealed.len() - 1;
         sealed[last] ^= 0x5a;
         let mut b = Batch::new();
-        b.ops.push(Op::Put { key: key("b"), value: sealed });
+        b.ops.push(Op::Put { key: key("b").into_bytes(), value: sealed });
         backend.apply(&b).expect("apply");
         backend.barrier().expect("barrier");
     }
     let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("reopen");
-    assert_eq!(store.get::<String>(T, &key("a")).expect("a reads"), Some("value of a".into()));
-    assert_eq!(store.get::<String>(T, &key("c")).expect("c reads"), Some("value of c".into()));
-    match store.get::<String>(T, &key("b")) {
+    assert_eq!(store.get::<String>(&key("a")).expect("a reads"), Some("value of a".into()));
+    assert_eq!(store.get::<String>(&key("c")).expect("c reads"), Some("value of c".into()));
+    match store.get::<String>(&key("b")) {
         Err(StoreError::Corrupt { table, key, .. }) => {
-            assert_eq!(table, "things");
+            assert_eq!(table, "run_keys");
             assert!(key.contains('b'), "the error names the record: {key}");
         }
         other => panic!("expected Corrupt for b, got {other:?}"),
     }
-    let scanned = store.scan::<String>(T, &[T.prefix], None, 10).expect("scan");
+    let scanned = store.scan(&keys::RUN_KEYS.of_run("things"), None, 10).expect("scan");
     assert_eq!(scanned.iter().filter(|(_, r)| r.is_ok()).count(), 2);
     assert_eq!(scanned.iter().filter(|(_, r)| r.is_err()).count(), 1);
 }
@@ -120,14 +121,14 @@ fn the_simulated_crash_loses_exactly_the_writes_after_the_last_barrier() {
     put(&store, "durable", "1", Durability::Sync);
     // Async writes are applied but, until a barrier, not durable.
     let mut b = Batch::new();
-    b.put(T, key("volatile"), &"2".to_string()).expect("encode");
+    b.put(key("volatile"), &"2".to_string()).expect("encode");
     sim.crash_at(CrashPoint::AfterApply(1));
     assert!(store.commit_blocking(b, Durability::Async).is_ok());
     assert!(sim.is_crashed());
     sim.revive();
     let after = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
-    assert_eq!(after.get::<String>(T, &key("durable")).expect("get"), Some("1".into()));
-    assert_eq!(after.get::<String>(T, &key("volatile")).expect("get"), None);
+    assert_eq!(after.get::<String>(&key("durable")).expect("get"), Some("1".into()));
+    assert_eq!(after.get::<String>(&key("volatile")).expect("get"), None);
 }
 
 #[test]
@@ -136,12 +137,12 @@ fn a_crash_right_after_a_barrier_keeps_what_it_covered() {
     let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
     sim.crash_at(CrashPoint::AfterBarrier(1));
     let mut b = Batch::new();
-    b.put(T, key("covered"), &"3".to_string()).expect("encode");
+    b.put(key("covered"), &"3".to_string()).expect("encode");
     // The barrier completed, but the writer "died" before acknowledging.
     assert!(store.commit_blocking(b, Durability::Sync).is_err());
     sim.revive();
     let after = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
-    assert_eq!(after.get::<String>(T, &key("covered")).expect("get"), Some("3".into()));
+    assert_eq!(after.get::<String>(&key("covered")).expect("get"), Some("3".into()));
 }
 
 /// A read may see a group the writer applied before its barrier returned; `settle_reads`
@@ -163,11 +164,11 @@ async fn settle_reads_waits_until_what_a_read_saw_is_durable() {
     let writer = store.clone();
     let commit = tokio::spawn(async move {
         let mut b = Batch::new();
-        b.put(T, key("in flight"), &"2".to_string()).expect("encode");
+        b.put(key("in flight"), &"2".to_string()).expect("encode");
         writer.commit(b, Durability::Sync).await
     });
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while store.get::<String>(T, &key("in flight")).expect("read").is_none() {
+    while store.get::<String>(&key("in flight")).expect("read").is_none() {
         assert!(std::time::Instant::now() < deadline, "the write was never applied");
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
@@ -184,5 +185,5 @@ async fn settle_reads_waits_until_what_a_read_saw_is_durable() {
     sim.crash();
     sim.revive();
     let reopened = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("reopen");
-    assert_eq!(reopened.get::<String>(T, &key("in flight")).expect("read"), Some("2".to_string()));
+    assert_eq!(reopened.get::<String>(&key("in flight")).expect("read"), Some("2".to_string()));
 }

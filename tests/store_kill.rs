@@ -19,27 +19,28 @@ use std::{
     time::Duration,
 };
 
-use durafiber_store::{Store, StoreConfig, tables::Table};
+use durafiber_store::{Store, StoreConfig, tables::keys};
 use durafiber_testkit::{SeededRng, postgres::PgServer};
 
-const T: Table = Table { name: "kill_test", prefix: b'w' };
 const THREADS: u32 = 4;
 /// How long the child may go without an acknowledgement before it counts as stuck: generous,
 /// because under a loaded CI machine one `fsync` (of sled's log, or PostgreSQL's WAL) can
 /// take many seconds. This is a liveness check, not a timing figure.
 const ACK_PATIENCE: Duration = Duration::from_secs(120);
 
-type Value = (u32, u64, u8, Vec<u8>);
-
 /// Reads every batch in the store: (thread, seq) → parts present.
 fn batches_in(location: &str, wal_bytes: u64) -> BTreeMap<(u32, u64), Vec<u8>> {
     let config = StoreConfig { wal_bytes, ..StoreConfig::default() };
     let store = Store::open_at(location, config).expect("the store reopens after SIGKILL");
     let mut found: BTreeMap<(u32, u64), Vec<u8>> = BTreeMap::new();
-    for (key, value) in store.raw_scan(T, usize::MAX).expect("scan") {
-        let (t, seq, part, _) =
-            durafiber_store::store::decode_sealed::<Value>(T, &key, &value).expect("no record is torn");
-        found.entry((t, seq)).or_default().push(part);
+    for (_, value) in store.scan(&keys::STORAGE.of_run("kill_test"), None, usize::MAX).expect("scan") {
+        let value = value.expect("no record is torn");
+        let mut fields = value.split(' ').map(|f| f.parse::<u64>());
+        let (Some(Ok(t)), Some(Ok(seq)), Some(Ok(part))) = (fields.next(), fields.next(), fields.next())
+        else {
+            panic!("a record reads `thread seq part padding`: {}", &value[..value.len().min(40)]);
+        };
+        found.entry((t as u32, seq)).or_default().push(part as u8);
     }
     found
 }

@@ -6,10 +6,7 @@
 
 use std::{io::Write, sync::Arc};
 
-use durafiber_store::{Batch, Durability, Store, StoreConfig, tables::Table};
-
-/// The table the kill test writes.
-const T: Table = Table { name: "kill_test", prefix: b'w' };
+use durafiber_store::{Batch, Durability, Store, StoreConfig, tables::keys};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -51,10 +48,11 @@ fn main() {
                 for seq in first.. {
                     let mut batch = Batch::new();
                     for part in 0..3u8 {
-                        let key = T.key(&[&t.to_be_bytes(), &seq.to_be_bytes(), &[part]]);
-                        // The value is large enough that some batches cross sled's blob threshold.
-                        let value = (t, seq, part, vec![part; if seq % 7 == 0 { 70_000 } else { 64 }]);
-                        if batch.put(T, key, &value).is_err() {
+                        // One run's storage holds the records: `thread seq part` and padding,
+                        // large enough that some batches cross sled's blob threshold.
+                        let key = keys::storage("kill_test", &format!("{t:04}/{seq:012}/{part}"));
+                        let padding = "x".repeat(if seq % 7 == 0 { 70_000 } else { 64 });
+                        if batch.put(key, &format!("{t} {seq} {part} {padding}")).is_err() {
                             std::process::exit(3);
                         }
                     }

@@ -4,7 +4,7 @@
 
 use durafiber_store::{
     Batch, Durability, Store, StoreError,
-    tables::{self, AlarmRecord},
+    tables::{AlarmRecord, keys},
 };
 
 /// Writes `count` alarms named `{prefix}-{i}`, spread over `runs` round-robin, due at
@@ -33,8 +33,8 @@ pub async fn write_pending_alarms(
             generation: 1,
             system: None,
         };
-        batch.put(tables::ALARMS, tables::ALARMS.key(&[run.as_bytes(), name.as_bytes()]), &alarm)?;
-        batch.put(tables::ALARM_DUE, tables::alarm_due_key(due, run, &name), &())?;
+        batch.put(keys::alarm(run, &name), &alarm)?;
+        batch.put(keys::alarm_due(due, run, &name), &())?;
         if batch.ops.len() >= 20_000 {
             store.commit(std::mem::take(&mut batch), Durability::Sync).await?;
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use durafiber_store::{
     Batch,
-    tables::{self, AlarmRecord, ApprovalRecord, Decision, RunStatus, SystemAlarm, WakeReason},
+    tables::{self, AlarmRecord, ApprovalRecord, Decision, Key, RunStatus, SystemAlarm, WakeReason, keys},
 };
 use serde::Serialize;
 use tokio::sync::oneshot;
@@ -31,10 +31,6 @@ pub(crate) fn escalation_alarm_name(approval_id: &str) -> String {
     format!("escalate:{approval_id}")
 }
 
-fn approval_key(run_id: &str, approval_id: &str) -> Vec<u8> {
-    tables::APPROVALS.key(&[run_id.as_bytes(), approval_id.as_bytes()])
-}
-
 pub(crate) async fn request(
     raw: &mut RawCtx,
     approval_id: &str,
@@ -50,8 +46,8 @@ pub(crate) async fn request(
     }
     let shared = raw.shared.clone();
     let run_id = raw.cell.run_id.clone();
-    let key = approval_key(&run_id, approval_id);
-    let existing: Option<ApprovalRecord> = shared.store.get(tables::APPROVALS, &key)?;
+    let key = keys::approval(&run_id, approval_id);
+    let existing: Option<ApprovalRecord> = shared.store.get(&key)?;
     match &existing {
         Some(r) if !same_payload(&r.payload_hash, &payload_json)? => {
             return Err(AgentError::ApprovalConflict { approval_id: approval_id.to_string() });
@@ -90,7 +86,7 @@ pub(crate) async fn request(
     // One boundary: the pause, the waiting state, the escalation alarm, an exit-mode stash.
     shared
         .update_run_from(&raw.cell, |run, batch| {
-            batch.put(tables::APPROVALS, key.clone(), &record)?;
+            batch.put(key.clone(), &record)?;
             alarm::stage(batch, &escalation)?;
             if let Some(stash) = &pending_stash {
                 stash.stage(batch)?;
@@ -110,12 +106,16 @@ pub(crate) async fn request(
     wait_for_decision(raw, approval_id, &key).await
 }
 
-async fn wait_for_decision(raw: &RawCtx, approval_id: &str, key: &[u8]) -> Result<Decision, AgentError> {
+async fn wait_for_decision(
+    raw: &RawCtx,
+    approval_id: &str,
+    key: &Key<ApprovalRecord>,
+) -> Result<Decision, AgentError> {
     let shared = &raw.shared;
     let (tx, rx) = oneshot::channel();
     *raw.cell.approval_waiter.lock() = Some((approval_id.to_string(), tx));
     // A decision may have landed between the pause's write and the waiter's registration.
-    if let Some(ApprovalRecord { decision: Some(d), .. }) = shared.store.get(tables::APPROVALS, key)? {
+    if let Some(ApprovalRecord { decision: Some(d), .. }) = shared.store.get(key)? {
         raw.cell.approval_waiter.lock().take();
         return Ok(d);
     }
@@ -151,10 +151,10 @@ pub(crate) async fn approve(
 ) -> Result<ApproveOutcome, RuntimeError> {
     let _one_at_a_time = shared.inbound_lock(run_id).await;
     let run = shared.load_run(run_id)?;
-    let key = approval_key(run_id, approval_id);
+    let key = keys::approval(run_id, approval_id);
     let not_pending =
         || RuntimeError::NotPending { run_id: run_id.to_string(), approval_id: approval_id.to_string() };
-    let mut record: ApprovalRecord = shared.store.get(tables::APPROVALS, &key)?.ok_or_else(not_pending)?;
+    let mut record: ApprovalRecord = shared.store.get(&key)?.ok_or_else(not_pending)?;
     if record.escalated {
         return Err(not_pending());
     }
@@ -185,7 +185,7 @@ pub(crate) async fn approve(
     let escalation = escalation_alarm_name(approval_id);
     shared
         .update_run(run_id, |run, batch| {
-            batch.put(tables::APPROVALS, key.clone(), &record)?;
+            batch.put(key.clone(), &record)?;
             alarm::unstage(batch, run_id, &escalation, record.escalate_at_ms);
             if run.status == (RunStatus::WaitingApproval { approval_id: approval_id.to_string() }) {
                 run.status = RunStatus::Running;
@@ -225,8 +225,8 @@ pub(crate) async fn on_escalation_alarm(
     approval_id: &str,
 ) -> Result<(), RuntimeError> {
     let _one_at_a_time = shared.inbound_lock(run_id).await;
-    let key = approval_key(run_id, approval_id);
-    let Some(mut record) = shared.store.get::<ApprovalRecord>(tables::APPROVALS, &key)? else {
+    let key = keys::approval(run_id, approval_id);
+    let Some(mut record) = shared.store.get::<ApprovalRecord>(&key)? else {
         return Ok(());
     };
     if record.decision.is_some() || record.escalated {
@@ -234,7 +234,7 @@ pub(crate) async fn on_escalation_alarm(
     }
     record.escalated = true;
     let mut extra = Batch::new();
-    extra.put(tables::APPROVALS, key, &record)?;
+    extra.put(key, &record)?;
     escalation::escalate(shared, run_id, "approval_timeout", extra).await
 }
 
@@ -260,16 +260,16 @@ pub struct PendingApproval {
 
 pub(crate) fn pending(shared: &Shared, run_id: Option<&str>) -> Result<Vec<PendingApproval>, RuntimeError> {
     let prefix = match run_id {
-        Some(id) => tables::APPROVALS.prefix_of(&[id.as_bytes()]),
-        None => vec![tables::APPROVALS.prefix],
+        Some(id) => keys::APPROVALS.of_run(id),
+        None => keys::APPROVALS.all(),
     };
     let now = shared.now_ms();
     let mut out = Vec::new();
-    for (key, record) in shared.store.scan::<ApprovalRecord>(tables::APPROVALS, &prefix, None, usize::MAX)? {
+    for (key, record) in shared.store.scan(&prefix, None, usize::MAX)? {
         let record = match record {
             Ok(r) => r,
             Err(e) => {
-                tracing::error!(key = %tables::printable(&key), error = %e, "unreadable approval");
+                tracing::error!(key = %key.printable(), error = %e, "unreadable approval");
                 continue;
             }
         };

@@ -8,7 +8,7 @@
 
 use durafiber_store::{
     Batch,
-    tables::{self, BudgetLimits, BudgetRecord, RunRecord},
+    tables::{BudgetLimits, BudgetRecord, Key, RunRecord, keys},
 };
 
 use crate::{
@@ -28,7 +28,7 @@ pub(crate) fn stage_at_start(
 ) -> Result<(), RuntimeError> {
     if let Some(limits) = limits {
         let record = BudgetRecord { limits, spent: Default::default() };
-        batch.put(tables::BUDGETS, spend::budget_key(run_id), &record)?;
+        batch.put(keys::budget(run_id), &record)?;
     }
     Ok(())
 }
@@ -118,18 +118,15 @@ pub(crate) enum Budgets {
     /// Not looked up: read each run's record.
     Unknown,
     /// Every budget record's key between the batch's first and last run.
-    Among(std::collections::HashSet<Vec<u8>>),
+    Among(std::collections::HashSet<Key<BudgetRecord>>),
 }
 
 impl Budgets {
     /// The budget records of the runs between `first` and `last` (inclusive), when there
     /// are at most `most` of them; `Unknown` when there are more, or the read failed.
     pub(crate) fn between(shared: &Shared, first: &str, last: &str, most: usize) -> Budgets {
-        let start = spend::budget_key(first);
-        let mut end = spend::budget_key(last);
-        end.push(0);
-        match shared.store.keys_between(&start, &end, most.saturating_add(1)) {
-            Ok(keys) if keys.len() <= most => Budgets::Among(keys.into_iter().collect()),
+        match shared.store.keys_from_to(&keys::budget(first), &keys::budget(last), most.saturating_add(1)) {
+            Ok(found) if found.len() <= most => Budgets::Among(found.into_iter().collect()),
             _ => Budgets::Unknown,
         }
     }
@@ -137,7 +134,7 @@ impl Budgets {
     fn may_have(&self, run_id: &str) -> bool {
         match self {
             Budgets::Unknown => true,
-            Budgets::Among(keys) => keys.contains(&spend::budget_key(run_id)),
+            Budgets::Among(found) => found.contains(&keys::budget(run_id)),
         }
     }
 }

@@ -9,7 +9,7 @@ use std::{future::Future, time::Duration};
 
 use durafiber_store::{
     Batch, Durability,
-    tables::{self, LedgerEntry, Receipt},
+    tables::{self, Key, LedgerEntry, Receipt, keys},
 };
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -132,10 +132,10 @@ where
     let run_id = raw.cell.run_id.clone();
     let (_, args_hash) = json::canonical_with_hash(&args).map_err(AgentError::Serialization)?;
     let same_args = |stored: &str| json::hash_matches(stored, &args).map_err(AgentError::Serialization);
-    let key = tables::LEDGER.key(&[run_id.as_bytes(), effect_id.as_bytes()]);
+    let key = keys::ledger(&run_id, effect_id);
     let conflict = || AgentError::EffectConflict { effect_id: effect_id.to_string() };
 
-    let entry = match shared.store.get::<LedgerEntry>(tables::LEDGER, &key)? {
+    let entry = match shared.store.get::<LedgerEntry>(&key)? {
         Some(entry) if !same_args(&entry.args_hash)? => return Err(conflict()),
         Some(LedgerEntry { committed: Some(receipt), .. }) => {
             Metrics::bump(&shared.metrics.effects_prevented);
@@ -165,7 +165,7 @@ where
                 committed: None,
             };
             let mut batch = Batch::new();
-            batch.put(tables::LEDGER, key.clone(), &entry)?;
+            batch.put(key.clone(), &entry)?;
             shared.commit_boundary(&raw.cell, batch, Durability::Sync).await?;
             shared.event(&run_id, "effect_prepared", format!("{effect_id}: key {}", entry.idempotency_key));
             entry
@@ -247,7 +247,7 @@ where
 
 async fn commit<R: Serialize>(
     raw: &RawCtx,
-    key: Vec<u8>,
+    key: Key<LedgerEntry>,
     mut entry: LedgerEntry,
     receipt: &R,
 ) -> Result<(), AgentError> {
@@ -257,7 +257,7 @@ async fn commit<R: Serialize>(
         raw.shared.redacted_with_hash(receipt).map_err(AgentError::Serialization)?;
     entry.committed = Some(Receipt { receipt_json, receipt_hash, committed_at_ms: raw.shared.now_ms() });
     let mut batch = Batch::new();
-    batch.put(tables::LEDGER, key, &entry)?;
+    batch.put(key, &entry)?;
     raw.shared.commit_boundary(&raw.cell, batch, Durability::Sync).await?;
     raw.shared.event(&entry.run_id, "effect_committed", entry.effect_id.clone());
     Metrics::bump(&raw.shared.metrics.effects);

@@ -15,7 +15,9 @@ use std::{sync::Arc, time::Duration};
 
 use durafiber_store::{
     Batch,
-    tables::{self, AlarmRecord, EventRecord, EventWaitRecord, RunStatus, SystemAlarm, WakeReason},
+    tables::{
+        self, AlarmRecord, EventRecord, EventWaitRecord, Key, RunStatus, SystemAlarm, WakeReason, keys,
+    },
 };
 use serde::Serialize;
 use tokio::sync::oneshot;
@@ -46,14 +48,13 @@ fn timeout_alarm_name(name: &str) -> String {
     format!("event:{name}")
 }
 
-fn wait_key(run_id: &str, name: &str) -> Vec<u8> {
-    tables::EVENT_WAITS.key(&[run_id.as_bytes(), name.as_bytes()])
-}
-
 /// The oldest buffered event of `name`, with its key.
-fn oldest(shared: &Shared, run_id: &str, name: &str) -> Result<Option<(Vec<u8>, EventRecord)>, RuntimeError> {
-    let prefix = tables::EVENTS.prefix_of(&[run_id.as_bytes(), name.as_bytes()]);
-    match shared.store.scan::<EventRecord>(tables::EVENTS, &prefix, None, 1)?.into_iter().next() {
+fn oldest(
+    shared: &Shared,
+    run_id: &str,
+    name: &str,
+) -> Result<Option<(Key<EventRecord>, EventRecord)>, RuntimeError> {
+    match shared.store.scan(&keys::events_named(run_id, name), None, 1)?.into_iter().next() {
         Some((key, record)) => Ok(Some((key, record?))),
         None => Ok(None),
     }
@@ -61,15 +62,16 @@ fn oldest(shared: &Shared, run_id: &str, name: &str) -> Result<Option<(Vec<u8>, 
 
 /// Every buffered event of a run: (count, bytes, the next sequence number for `name`).
 fn buffered(shared: &Shared, run_id: &str, name: &str) -> Result<(usize, usize, u64), RuntimeError> {
-    let prefix = tables::EVENTS.prefix_of(&[run_id.as_bytes()]);
-    let same_name = tables::EVENTS.prefix_of(&[run_id.as_bytes(), name.as_bytes()]);
+    let prefix = keys::EVENTS.of_run(run_id);
+    let same_name = keys::events_named(run_id, name);
     let (mut count, mut bytes, mut next_seq) = (0, 0, 1u64);
     for (key, value) in shared.store.keys_and_sizes(&prefix, limits::EVENT_BUFFER_MAX + 1)? {
         count += 1;
         bytes += value;
-        if key.starts_with(&same_name) && key.len() >= same_name.len() + 8 {
-            let tail: [u8; 8] = key[key.len() - 8..].try_into().unwrap_or([0; 8]);
-            next_seq = next_seq.max(u64::from_be_bytes(tail).saturating_add(1));
+        if same_name.holds(&key)
+            && let Some(seq) = keys::event_seq(&key)
+        {
+            next_seq = next_seq.max(seq.saturating_add(1));
         }
     }
     Ok((count, bytes, next_seq))
@@ -100,9 +102,9 @@ pub(crate) async fn send(
     // A repeat is answered as a repeat whatever became of the run since: a caller retrying
     // a send it was not sure of must learn it arrived, even if the run has consumed it and
     // finished meanwhile.
-    let dedupe_key = idempotency_key.map(|k| tables::EVENT_KEYS.key(&[run_id.as_bytes(), k.as_bytes()]));
+    let dedupe_key = idempotency_key.map(|k| keys::event_key(run_id, k));
     if let Some(key) = &dedupe_key
-        && shared.store.get::<()>(tables::EVENT_KEYS, key)?.is_some()
+        && shared.store.get(key)?.is_some()
     {
         return Ok(SendOutcome::Duplicate);
     }
@@ -121,12 +123,12 @@ pub(crate) async fn send(
         sent_at_ms: shared.now_ms(),
     };
     let waiting = run.status == (RunStatus::WaitingEvent { name: name.to_string() });
-    let event_key = tables::EVENTS.key(&[run_id.as_bytes(), name.as_bytes(), &seq.to_be_bytes()]);
+    let event_key = keys::event(run_id, name, seq);
     let written = shared
         .update_run(run_id, |run, batch| {
-            batch.put(tables::EVENTS, event_key.clone(), &record)?;
+            batch.put(event_key.clone(), &record)?;
             if let Some(key) = &dedupe_key {
-                batch.put(tables::EVENT_KEYS, key.clone(), &())?;
+                batch.put(key.clone(), &())?;
             }
             if run.status == (RunStatus::WaitingEvent { name: name.to_string() }) {
                 run.status = RunStatus::Running;
@@ -164,8 +166,8 @@ pub(crate) async fn wait(
     tables::check_id("event name", name).map_err(AgentError::fail)?;
     let shared = raw.shared.clone();
     let run_id = raw.cell.run_id.clone();
-    let wkey = wait_key(&run_id, name);
-    let journaled: Option<EventWaitRecord> = shared.store.get(tables::EVENT_WAITS, &wkey)?;
+    let wkey = keys::event_wait(&run_id, name);
+    let journaled: Option<EventWaitRecord> = shared.store.get(&wkey)?;
     if let Some(EventWaitRecord { result: Some(result), .. }) = journaled {
         return Ok(result);
     }
@@ -233,7 +235,7 @@ async fn park(raw: &mut RawCtx, name: &str, timeout_at_ms: Option<u64>) -> Resul
     let record = EventWaitRecord { timeout_at_ms, result: None };
     shared
         .update_run_from(&raw.cell, |run, batch| {
-            batch.put(tables::EVENT_WAITS, wait_key(&run_id, name), &record)?;
+            batch.put(keys::event_wait(&run_id, name), &record)?;
             if let Some(alarm) = &alarm {
                 alarm::stage(batch, alarm)?;
             }
@@ -264,7 +266,7 @@ async fn finish(
     name: &str,
     timeout_at_ms: Option<u64>,
     result: Option<String>,
-    consumed: Option<Vec<u8>>,
+    consumed: Option<Key<EventRecord>>,
 ) -> Result<(), AgentError> {
     let shared = raw.shared.clone();
     let run_id = raw.cell.run_id.clone();
@@ -279,7 +281,7 @@ async fn finish(
     shared
         .update_run_from(&raw.cell, |run, batch| {
             batch.extend(extra);
-            batch.put(tables::EVENT_WAITS, wait_key(&run_id, name), &record)?;
+            batch.put(keys::event_wait(&run_id, name), &record)?;
             if matches!(run.status, RunStatus::WaitingEvent { .. } | RunStatus::Running) {
                 run.status = RunStatus::Running;
                 run.wake_reason = None;
@@ -307,17 +309,13 @@ pub(crate) async fn on_timeout_alarm(
     name: &str,
     due_at_ms: u64,
 ) -> Result<bool, RuntimeError> {
-    let wkey = wait_key(run_id, name);
-    let pending: Option<EventWaitRecord> = shared.store.get(tables::EVENT_WAITS, &wkey)?;
+    let wkey = keys::event_wait(run_id, name);
+    let pending: Option<EventWaitRecord> = shared.store.get(&wkey)?;
     let resumed = shared
         .update_run(run_id, |run, batch| {
             alarm::unstage(batch, run_id, &timeout_alarm_name(name), due_at_ms);
             if let Some(wait) = pending.filter(|w| w.result.is_none()) {
-                batch.put(
-                    tables::EVENT_WAITS,
-                    wkey.clone(),
-                    &EventWaitRecord { result: Some(None), ..wait },
-                )?;
+                batch.put(wkey.clone(), &EventWaitRecord { result: Some(None), ..wait })?;
             }
             if run.status == (RunStatus::WaitingEvent { name: name.to_string() }) {
                 run.status = RunStatus::Running;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use durafiber_store::{
     Batch, Durability,
-    tables::{self, PauseRecord, RunRecord, RunStatus, WakeReason},
+    tables::{self, Key, PauseRecord, RunRecord, RunStatus, WakeReason, keys},
 };
 
 use crate::{
@@ -116,10 +116,10 @@ pub(crate) enum Target<'a> {
 }
 
 impl Target<'_> {
-    fn key(&self) -> (tables::Table, Vec<u8>) {
+    fn key(&self) -> Key<PauseRecord> {
         match self {
-            Target::Kind(kind) => (tables::PAUSED_KINDS, tables::PAUSED_KINDS.key(&[kind.as_bytes()])),
-            Target::Run(run_id) => (tables::PAUSED_RUNS, tables::PAUSED_RUNS.key(&[run_id.as_bytes()])),
+            Target::Kind(kind) => keys::paused_kind(kind),
+            Target::Run(run_id) => keys::paused_run(run_id),
         }
     }
 
@@ -156,9 +156,8 @@ pub(crate) async fn pause(
     target.check(shared)?;
     tables::check_id("pause reason", reason).map_err(RuntimeError::InvalidInput)?;
     let record = PauseRecord { reason: reason.to_string(), paused_at_ms: shared.now_ms() };
-    let (table, key) = target.key();
     let mut batch = Batch::new();
-    batch.put(table, key, &record)?;
+    batch.put(target.key(), &record)?;
     shared.store.commit(batch, Durability::Sync).await?;
     {
         let mut pauses = shared.pauses.lock();
@@ -175,8 +174,8 @@ pub(crate) async fn pause(
 /// Resumes `target`: held fibers go on, parked runs are re-entered in the order they were
 /// paused, held alarms fall due. False when it was not paused.
 pub(crate) async fn resume(shared: &Arc<Shared>, target: Target<'_>) -> Result<bool, RuntimeError> {
-    let (table, key) = target.key();
-    if shared.store.get::<PauseRecord>(table, &key)?.is_none() {
+    let key = target.key();
+    if shared.store.get(&key)?.is_none() {
         return Ok(false);
     }
     let mut batch = Batch::new();
@@ -193,9 +192,9 @@ pub(crate) async fn resume(shared: &Arc<Shared>, target: Target<'_>) -> Result<b
     shared.pause_version.send_modify(|v| *v += 1);
     // Runs parked with no fiber in memory (paused before a restart) are re-entered.
     let mut parked = Vec::new();
-    let mut after: Option<Vec<u8>> = None;
+    let mut after = None;
     loop {
-        let (ids, next) = shared.open_runs_page(after.as_deref())?;
+        let (ids, next) = shared.open_runs_page(after.as_ref())?;
         for run_id in ids {
             let run = shared.load_run(&run_id)?;
             if matches!(run.status, RunStatus::Paused { .. })

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use durafiber_store::tables::{self, AlarmRecord, RunStatus, SleepRecord, SystemAlarm, WakeReason};
+use durafiber_store::tables::{self, AlarmRecord, RunStatus, SleepRecord, SystemAlarm, WakeReason, keys};
 
 use crate::{
     alarm,
@@ -25,18 +25,14 @@ pub(crate) fn alarm_name(name: &str) -> String {
     format!("sleep:{name}")
 }
 
-fn sleep_key(run_id: &str, name: &str) -> Vec<u8> {
-    tables::SLEEPS.key(&[run_id.as_bytes(), name.as_bytes()])
-}
-
 /// Sleeps until `at` under `name`; see the module's lifecycle.
 pub(crate) async fn sleep(raw: &mut RawCtx, name: &str, at: alarm::AlarmAt) -> Result<(), AgentError> {
     tables::check_id("sleep name", name).map_err(AgentError::fail)?;
     let shared = raw.shared.clone();
     let run_id = raw.cell.run_id.clone();
-    let key = sleep_key(&run_id, name);
+    let key = keys::sleep(&run_id, name);
     let now = shared.now_ms();
-    let record = match shared.store.get::<SleepRecord>(tables::SLEEPS, &key)? {
+    let record = match shared.store.get::<SleepRecord>(&key)? {
         Some(done) if done.done => return Ok(()),
         Some(journaled) => journaled,
         None => SleepRecord {
@@ -60,7 +56,7 @@ pub(crate) async fn sleep(raw: &mut RawCtx, name: &str, at: alarm::AlarmAt) -> R
     if record.wake_at_ms > now {
         shared
             .update_run_from(&raw.cell, |run, batch| {
-                batch.put(tables::SLEEPS, key.clone(), &record)?;
+                batch.put(key.clone(), &record)?;
                 alarm::stage(batch, &wake_alarm)?;
                 run.status = RunStatus::WaitingAlarm { name: name.to_string() };
                 run.recover_attempts = 0;
@@ -91,10 +87,10 @@ async fn woke(
 ) -> Result<(), RuntimeError> {
     record.done = true;
     let run_id = cell.run_id.as_str();
-    let key = sleep_key(run_id, &record.name);
+    let key = keys::sleep(run_id, &record.name);
     shared
         .update_run_from(cell, |run, batch| {
-            batch.put(tables::SLEEPS, key, &record)?;
+            batch.put(key, &record)?;
             alarm::unstage(batch, run_id, &wake.name, wake.due_at_ms);
             if run.status == (RunStatus::WaitingAlarm { name: record.name.clone() }) {
                 run.status = RunStatus::Running;

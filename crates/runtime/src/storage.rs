@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use durafiber_store::{Batch, Durability, Store, tables};
+use durafiber_store::{Batch, Durability, Store, tables::keys};
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
@@ -19,10 +19,6 @@ use crate::{
     kernel::shared::Shared,
     limits,
 };
-
-fn record_key(run_id: &str, key: &str) -> Vec<u8> {
-    tables::STORAGE.key(&[run_id.as_bytes(), key.as_bytes()])
-}
 
 fn check_key(key: &str) -> Result<(), AgentError> {
     if key.is_empty() {
@@ -39,7 +35,7 @@ fn check_key(key: &str) -> Result<(), AgentError> {
 }
 
 fn read_json(store: &Store, run_id: &str, key: &str) -> Result<Option<String>, AgentError> {
-    Ok(store.get::<String>(tables::STORAGE, &record_key(run_id, key))?)
+    Ok(store.get::<String>(&keys::storage(run_id, key))?)
 }
 
 /// One page of a run's storage under `prefix`, after `start_after`, in key order: the keys
@@ -51,16 +47,13 @@ pub(crate) fn list_json(
     start_after: Option<&str>,
     limit: usize,
 ) -> Result<Vec<(String, String)>, RuntimeError> {
-    let run_part = tables::STORAGE.prefix_of(&[run_id.as_bytes()]);
-    let mut scan_prefix = run_part.clone();
-    scan_prefix.extend_from_slice(prefix.as_bytes());
-    let after = start_after.map(|k| record_key(run_id, k));
+    let after = start_after.map(|k| keys::storage(run_id, k));
     let limit = limit.min(limits::STORAGE_LIST_MAX);
-    let rows = store.scan::<String>(tables::STORAGE, &scan_prefix, after.as_deref(), limit)?;
+    let rows = store.scan(&keys::storage_from(run_id, prefix), after.as_ref(), limit)?;
     let mut out = Vec::with_capacity(rows.len());
     for (key, value) in rows {
-        let key = String::from_utf8_lossy(&key[run_part.len()..]).into_owned();
-        out.push((key, value?));
+        let name = keys::storage_name(&key).unwrap_or_default().to_string();
+        out.push((name, value?));
     }
     Ok(out)
 }
@@ -171,20 +164,17 @@ impl<'a> Storage<'a> {
         }
         let keys = match *keys_cached {
             Some(n) => n,
-            None => shared
-                .store
-                .keys_and_sizes(&tables::STORAGE.prefix_of(&[self.run_id().as_bytes()]), usize::MAX)?
-                .len(),
+            None => shared.store.keys_and_sizes(&keys::STORAGE.of_run(self.run_id()), usize::MAX)?.len(),
         };
         let mut batch = Batch::new();
         let mut keys_after = keys;
         for (key, value) in &txn.staged {
             let existed = read_json(&shared.store, self.run_id(), key)?.is_some();
-            let full_key = record_key(self.run_id(), key);
+            let full_key = keys::storage(self.run_id(), key);
             match value {
                 Some(text) => {
                     keys_after += usize::from(!existed);
-                    batch.put(tables::STORAGE, full_key, &shared.redact(text.clone()))?;
+                    batch.put(full_key, &shared.redact(text.clone()))?;
                 }
                 None => {
                     keys_after = keys_after.saturating_sub(usize::from(existed));

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use durafiber_store::tables::{self, StreamChunkRecord, StreamHead};
+use durafiber_store::tables::{StreamChunkRecord, StreamHead, keys};
 use futures::Stream;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
@@ -48,10 +48,10 @@ impl StreamChunk {
 /// The stream as stored, for a fiber entering the run: its head, and its cursor at the mark
 /// of the stash the fiber re-enters (0 for a fiber that starts from the top).
 fn load(shared: &Shared, run_id: &str) -> Result<StreamBuffer, RuntimeError> {
-    let key = tables::STREAM_HEADS.key(&[run_id.as_bytes()]);
-    let head = shared.store.get::<StreamHead>(tables::STREAM_HEADS, &key)?.unwrap_or_default();
-    let key = tables::STREAM_MARKS.key(&[run_id.as_bytes()]);
-    let mark = shared.store.get::<u64>(tables::STREAM_MARKS, &key)?.unwrap_or(0);
+    let key = keys::stream_head(run_id);
+    let head = shared.store.get::<StreamHead>(&key)?.unwrap_or_default();
+    let key = keys::stream_mark(run_id);
+    let mark = shared.store.get::<u64>(&key)?.unwrap_or(0);
     Ok(StreamBuffer { head, pending: Vec::new(), cursor: mark.min(head.next_seq), mark })
 }
 
@@ -75,8 +75,8 @@ pub(crate) fn emit<T: Serialize + ?Sized>(raw: &RawCtx, chunk: &T) -> Result<u64
     };
     let seq = buffer.cursor;
     if seq < buffer.head.next_seq {
-        let key = tables::stream_key(&raw.cell.run_id, seq);
-        let held = shared.store.get::<StreamChunkRecord>(tables::STREAM, &key)?;
+        let key = keys::stream_chunk(&raw.cell.run_id, seq);
+        let held = shared.store.get::<StreamChunkRecord>(&key)?;
         if held.is_some_and(|held| held.data_json == data_json) {
             buffer.cursor = seq.saturating_add(1);
             return Ok(seq);
@@ -131,15 +131,11 @@ pub(crate) fn read(
     from_seq: u64,
     limit: usize,
 ) -> Result<Vec<StreamChunk>, RuntimeError> {
-    let prefix = tables::STREAM.prefix_of(&[run_id.as_bytes()]);
-    let after = from_seq.checked_sub(1).map(|seq| tables::stream_key(run_id, seq));
+    let after = from_seq.checked_sub(1).map(|seq| keys::stream_chunk(run_id, seq));
     let mut out = Vec::new();
-    for (key, chunk) in
-        shared.store.scan::<StreamChunkRecord>(tables::STREAM, &prefix, after.as_deref(), limit)?
-    {
+    for (key, chunk) in shared.store.scan(&keys::STREAM.of_run(run_id), after.as_ref(), limit)? {
         let chunk = chunk?;
-        let seq = key.get(prefix.len()..).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes);
-        let Some(seq) = seq else { continue };
+        let Some(seq) = keys::stream_seq(&key) else { continue };
         out.push(StreamChunk { seq, data_json: chunk.data_json, emitted_at_ms: chunk.emitted_at_ms });
     }
     Ok(out)

@@ -16,7 +16,7 @@ use durafiber_runtime::sha256_hex;
 use durafiber_store::{
     Batch, Durability, Store, StoreError,
     access::{self, TokenRecord},
-    tables,
+    tables::keys,
 };
 use serde::Serialize;
 use subtle::ConstantTimeEq;
@@ -140,8 +140,8 @@ fn new_token() -> Result<String, AccessError> {
 /// Creates a token; returns it (the only time it is shown).
 pub async fn create(store: &Store, name: &str, role: Role, now_ms: u64) -> Result<String, AccessError> {
     check_name(name)?;
-    let key = tables::TOKENS.key(&[name.as_bytes()]);
-    if store.get::<TokenRecord>(tables::TOKENS, &key)?.is_some() {
+    let key = keys::token(name);
+    if store.get::<TokenRecord>(&key)?.is_some() {
         return Err(AccessError::NameTaken(name.to_string()));
     }
     let token = new_token()?;
@@ -152,7 +152,7 @@ pub async fn create(store: &Store, name: &str, role: Role, now_ms: u64) -> Resul
         created_at_ms: now_ms,
     };
     let mut batch = Batch::new();
-    batch.put(tables::TOKENS, key, &record)?;
+    batch.put(key, &record)?;
     store.commit(batch, Durability::Sync).await?;
     Ok(token)
 }
@@ -160,9 +160,7 @@ pub async fn create(store: &Store, name: &str, role: Role, now_ms: u64) -> Resul
 /// Every token's record (hashes, never tokens), by name.
 pub fn list(store: &Store) -> Result<Vec<TokenRecord>, AccessError> {
     let mut out = Vec::new();
-    for (_, record) in
-        store.scan::<TokenRecord>(tables::TOKENS, &[tables::TOKENS.prefix], None, usize::MAX)?
-    {
+    for (_, record) in store.scan::<TokenRecord>(&keys::TOKENS.all(), None, usize::MAX)? {
         out.push(record?);
     }
     Ok(out)
@@ -179,8 +177,8 @@ pub fn shown(store: &Store) -> Result<Vec<serde_json::Value>, AccessError> {
 /// Revokes the token called `name`; false when there was none.
 pub async fn revoke(store: &Store, name: &str) -> Result<bool, AccessError> {
     check_name(name)?;
-    let key = tables::TOKENS.key(&[name.as_bytes()]);
-    let Some(token) = store.get::<TokenRecord>(tables::TOKENS, &key)? else {
+    let key = keys::token(name);
+    let Some(token) = store.get::<TokenRecord>(&key)? else {
         return Ok(false);
     };
     if token.role == Role::Admin.name() {
@@ -214,8 +212,8 @@ pub fn verify(store: &Store, token: &str) -> Result<Option<Caller>, AccessError>
 /// The caller of the token called `name` while its hash is still `hash`; `None` once it was
 /// revoked (or revoked and created again: a new token under the old name is another token).
 pub fn still_valid(store: &Store, name: &str, hash: &str) -> Result<Option<Caller>, AccessError> {
-    let key = tables::TOKENS.key(&[name.as_bytes()]);
-    match store.get::<TokenRecord>(tables::TOKENS, &key)? {
+    let key = keys::token(name);
+    match store.get::<TokenRecord>(&key)? {
         Some(record) if bool::from(record.hash.as_bytes().ct_eq(hash.as_bytes())) => {
             Ok(Some(Caller { name: record.name, role: record.role.parse()? }))
         }

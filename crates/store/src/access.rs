@@ -4,40 +4,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::{Deserialize, Serialize};
-
-use crate::{barrier::Durability, batch::Batch, error::StoreError, store::Store, tables};
-
-/// An API token as stored: its SHA-256, never the token itself.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TokenRecord {
-    /// Unique; shown in the audit trail beside everything the token did.
-    pub name: String,
-    /// `reader`, `reviewer`, `operator` or `admin`.
-    pub role: String,
-    /// Lower-case hex SHA-256 of the token.
-    pub hash: String,
-    /// When it was created.
-    pub created_at_ms: u64,
-}
-
-/// One entry of the append-only audit trail.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AuditRecord {
-    /// Its place in the trail: strictly increasing.
-    pub seq: u64,
-    /// When it was recorded.
-    pub at_ms: u64,
-    /// The name of the token that asked.
-    pub actor: String,
-    /// What was asked: `approve`, `cancel`, `set_alarm`, `token_create`, ...
-    pub action: String,
-    /// The run it concerns, if any.
-    pub run_id: Option<String>,
-    /// The request's particulars (an approval id and decision, an alarm name, ...).
-    pub detail: String,
-}
+pub use crate::tables::{AuditRecord, TokenRecord};
+use crate::{barrier::Durability, batch::Batch, error::StoreError, store::Store, tables::keys};
 
 /// The last sequence number handed out by this process.
 static LAST_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -79,13 +47,9 @@ pub async fn append(
             detail: detail.to_string(),
         };
         let mut batch = Batch::new();
-        batch.put(tables::AUDIT, tables::AUDIT.key(&[&seq.to_be_bytes()]), &entry)?;
+        batch.put(keys::audit(seq), &entry)?;
         if let Some(run_id) = run_id {
-            batch.put(
-                tables::AUDIT_BY_RUN,
-                tables::AUDIT_BY_RUN.key(&[run_id.as_bytes(), &seq.to_be_bytes()]),
-                &(),
-            )?;
+            batch.put(keys::audit_by_run(run_id, seq), &())?;
         }
         batch.all_new();
         match store.commit(batch, Durability::Sync).await {
@@ -101,11 +65,9 @@ const AUDIT_TRIES: usize = 8;
 
 /// Up to `limit` audit entries after sequence number `after`, oldest first.
 pub fn page(store: &Store, after: Option<u64>, limit: usize) -> Result<Vec<AuditRecord>, StoreError> {
-    let after_key = after.map(|seq| tables::AUDIT.key(&[&seq.to_be_bytes()]));
+    let after_key = after.map(keys::audit);
     let mut out = Vec::new();
-    for (_, entry) in
-        store.scan::<AuditRecord>(tables::AUDIT, &[tables::AUDIT.prefix], after_key.as_deref(), limit)?
-    {
+    for (_, entry) in store.scan(&keys::AUDIT.all(), after_key.as_ref(), limit)? {
         out.push(entry?);
     }
     Ok(out)
@@ -113,11 +75,10 @@ pub fn page(store: &Store, after: Option<u64>, limit: usize) -> Result<Vec<Audit
 
 /// Every audit entry about `run_id`, oldest first.
 pub fn of_run(store: &Store, run_id: &str) -> Result<Vec<AuditRecord>, StoreError> {
-    let prefix = tables::AUDIT_BY_RUN.prefix_of(&[run_id.as_bytes()]);
     let mut out = Vec::new();
-    for (key, _) in store.scan::<()>(tables::AUDIT_BY_RUN, &prefix, None, usize::MAX)? {
-        let Some(seq) = key.get(prefix.len()..).and_then(|b| <[u8; 8]>::try_from(b).ok()) else { continue };
-        if let Some(entry) = store.get::<AuditRecord>(tables::AUDIT, &tables::AUDIT.key(&[&seq]))? {
+    for (key, _) in store.scan(&keys::AUDIT_BY_RUN.of_run(run_id), None, usize::MAX)? {
+        let Some(seq) = keys::audit_seq(&key) else { continue };
+        if let Some(entry) = store.get(&keys::audit(seq))? {
             out.push(entry);
         }
     }

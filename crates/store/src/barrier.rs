@@ -592,9 +592,7 @@ impl Writer {
         }
         if state.witnessed && !group.merged.is_empty() {
             state.commit_seq += 1;
-            if let Err(e) =
-                group.merged.put(crate::tables::META, crate::witness::seq_key(), &state.commit_seq)
-            {
+            if let Err(e) = group.merged.put(crate::witness::seq_key(), &state.commit_seq) {
                 group.fail_all(&e);
                 return;
             }
@@ -694,7 +692,7 @@ mod tests {
     use std::{sync::Arc, time::Instant};
 
     use super::*;
-    use crate::{Durability, SimBackend, Store, StoreConfig, tables};
+    use crate::{Durability, SimBackend, Store, StoreConfig, tables::keys};
 
     fn wait_for(what: &str, done: impl Fn() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -713,7 +711,7 @@ mod tests {
         assert_eq!(sim.quiet_spells(), 0);
         for spell in 1..=2u64 {
             let mut batch = Batch::new();
-            batch.put(tables::META, tables::META.key(&[b"quiet"]), &spell).expect("encode");
+            batch.put(keys::meta("quiet"), &spell).expect("encode");
             store.commit_blocking(batch, Durability::Sync).expect("commit");
             wait_for("a quiet spell", || sim.quiet_spells() == spell);
             std::thread::sleep(QUIET_AFTER * 3);
@@ -724,7 +722,7 @@ mod tests {
 
     fn put(store: &Store, key: &str, durability: Durability) {
         let mut batch = Batch::new();
-        batch.put(tables::META, tables::META.key(&[key.as_bytes()]), &key.to_string()).expect("encode");
+        batch.put(keys::meta(key), &key.to_string()).expect("encode");
         store.commit_blocking(batch, durability).expect("commit");
     }
 
@@ -747,7 +745,7 @@ mod tests {
         assert_eq!(count(&stats.inline), 1, "an async commit is the thread's");
         let mut many = Batch::new();
         for i in 0..=INLINE_OPS_MAX {
-            many.put(tables::META, tables::META.key(&[format!("many-{i}").as_bytes()]), &i).expect("encode");
+            many.put(keys::meta(&format!("many-{i}")), &i).expect("encode");
         }
         store.commit_blocking(many, Durability::Sync).expect("commit");
         assert_eq!(count(&stats.inline), 1, "a commit of many writes is the thread's");
@@ -801,7 +799,7 @@ mod tests {
         sim.write_inline(true);
         let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
         let mut batch = Batch::new();
-        batch.put(tables::META, tables::META.key(&[b"k"]), &1u32).expect("encode");
+        batch.put(keys::meta("k"), &1u32).expect("encode");
         store.commit(batch, Durability::Sync).await.expect("commit");
         assert_eq!(count(&store.writer_stats().inline), 0);
         store.close();
@@ -818,7 +816,7 @@ mod tests {
                     for i in 0..25 {
                         let mut batch = Batch::new();
                         let key = format!("t{t:02}-{i:02}");
-                        batch.put(tables::META, tables::META.key(&[key.as_bytes()]), &key).expect("encode");
+                        batch.put(keys::meta(&key), &key).expect("encode");
                         store.commit(batch, Durability::Sync).await.expect("commit");
                     }
                 })
@@ -835,8 +833,7 @@ mod tests {
         for t in 0..16 {
             for i in 0..25 {
                 let key = format!("t{t:02}-{i:02}");
-                let found: Option<String> =
-                    store.get(tables::META, &tables::META.key(&[key.as_bytes()])).expect("read");
+                let found: Option<String> = store.get(&keys::meta::<String>(&key)).expect("read");
                 assert_eq!(found.as_deref(), Some(key.as_str()));
             }
         }

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::{codec, envelope, error::StoreError, tables::Table};
+use crate::{codec, envelope, error::StoreError, tables::Key};
 
 /// One write in a batch: a sealed value, or a removal.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,16 +47,12 @@ impl Batch {
         Self::default()
     }
 
-    /// Encodes `value`, seals it in its envelope and adds it under `key` of `table`.
-    pub fn put<T: Serialize>(
-        &mut self,
-        table: Table,
-        key: Vec<u8>,
-        value: &T,
-    ) -> Result<&mut Self, StoreError> {
-        debug_assert_eq!(key.first(), Some(&table.prefix));
+    /// Encodes `value`, seals it in its envelope and adds it under `key`.
+    pub fn put<V: Serialize>(&mut self, key: Key<V>, value: &V) -> Result<&mut Self, StoreError> {
+        let table = key.table().name;
+        let key = key.into_bytes();
         let value = envelope::seal_encoded(&key, |out| codec::encode_onto(value, out))
-            .map_err(|reason| StoreError::Encode { table: table.name, reason })?;
+            .map_err(|reason| StoreError::Encode { table, reason })?;
         self.ops.push(Op::Put { key, value });
         Ok(self)
     }
@@ -64,14 +60,9 @@ impl Batch {
     /// Like [`Batch::put`], for a key that must not exist yet: the batch fails whole with
     /// [`StoreError::Exists`] when it does. Uniqueness comes from the store, so it holds
     /// across processes that share one.
-    pub fn insert<T: Serialize>(
-        &mut self,
-        table: Table,
-        key: Vec<u8>,
-        value: &T,
-    ) -> Result<&mut Self, StoreError> {
-        self.absent.push(key.clone());
-        self.put(table, key, value)
+    pub fn insert<V: Serialize>(&mut self, key: Key<V>, value: &V) -> Result<&mut Self, StoreError> {
+        self.absent.push(key.as_bytes().to_vec());
+        self.put(key, value)
     }
 
     /// Every key the batch puts must not exist yet: a batch that creates a new record set
@@ -99,7 +90,13 @@ impl Batch {
     }
 
     /// Adds a removal of `key`.
-    pub fn delete(&mut self, key: Vec<u8>) -> &mut Self {
+    pub fn delete<V>(&mut self, key: Key<V>) -> &mut Self {
+        self.ops.push(Op::Delete { key: key.into_bytes() });
+        self
+    }
+
+    /// Adds a removal of a key read from the store as it is (repairs, copies).
+    pub fn delete_stored(&mut self, key: Vec<u8>) -> &mut Self {
         self.ops.push(Op::Delete { key });
         self
     }

@@ -41,7 +41,7 @@ pub(crate) struct Engine {
 
 /// The key under which sled keeps the LSN of the last record it holds.
 fn lsn_key() -> Vec<u8> {
-    tables::META.key(&[b"wal_lsn"])
+    tables::keys::meta::<u64>("wal_lsn").into_bytes()
 }
 
 /// Runs a sled call, turning a panic inside it (sled 0.34 panics on some damaged logs) into
@@ -75,9 +75,9 @@ impl Engine {
     pub fn stored_lsn(&self) -> Result<u64, StoreError> {
         let key = lsn_key();
         let Some(sealed) = contained(&self.dir, || self.db.get(&key))?? else { return Ok(0) };
-        let body = envelope::open(tables::META.name, &key, &sealed)?;
+        let body = envelope::open(tables::keys::META.name, &key, &sealed)?;
         codec::decode(body).map_err(|reason| StoreError::Corrupt {
-            table: tables::META.name,
+            table: tables::keys::META.name,
             key: tables::printable(&key),
             reason,
         })
@@ -92,8 +92,8 @@ impl Engine {
     /// re-applies every record after the older LSN, which rewrites each key this checkpoint
     /// touched.
     pub fn persist(&self, table: &Table, lsn: u64) -> Result<(), StoreError> {
-        let body =
-            codec::encode(&lsn).map_err(|reason| StoreError::Encode { table: tables::META.name, reason })?;
+        let body = codec::encode(&lsn)
+            .map_err(|reason| StoreError::Encode { table: tables::keys::META.name, reason })?;
         let sealed_lsn = envelope::seal(&lsn_key(), &body);
         contained(&self.dir, || {
             for (key, value) in table {
@@ -171,7 +171,7 @@ impl Engine {
             .flat_map(|r| r.ops.iter())
             .filter_map(|op| match op {
                 crate::batch::Op::Put { key, .. } | crate::batch::Op::Delete { key } => {
-                    tables::run_of_key(key).map(str::to_string)
+                    tables::keys::run_of_key(key).map(str::to_string)
                 }
             })
             .collect();

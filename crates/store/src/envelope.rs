@@ -50,7 +50,7 @@ pub fn seal_encoded<E>(key: &[u8], encode: impl FnOnce(&mut Vec<u8>) -> Result<(
 pub fn open<'a>(table: &'static str, key: &[u8], sealed: &'a [u8]) -> Result<&'a [u8], StoreError> {
     let corrupt = |reason: &str| StoreError::Corrupt {
         table,
-        key: crate::tables::printable(key),
+        key: crate::error::printable(key),
         reason: reason.to_string(),
     };
     if sealed.len() < HEADER_LEN {
@@ -67,7 +67,7 @@ pub fn open<'a>(table: &'static str, key: &[u8], sealed: &'a [u8]) -> Result<&'a
         return Err(corrupt("checksum mismatch"));
     }
     if version != FORMAT_VERSION {
-        return Err(StoreError::UnknownVersion { table, key: crate::tables::printable(key), version });
+        return Err(StoreError::UnknownVersion { table, key: crate::error::printable(key), version });
     }
     Ok(body)
 }

@@ -186,3 +186,17 @@ impl From<sled::Error> for StoreError {
         StoreError::Engine(e.to_string())
     }
 }
+
+/// A key in a readable form for errors: text stays text, NUL separators become `/`, other
+/// bytes become `\xNN`.
+pub fn printable(key: &[u8]) -> String {
+    let mut s = String::new();
+    for b in key {
+        match b {
+            0 => s.push('/'),
+            0x20..=0x7e => s.push(*b as char),
+            _ => s.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    s
+}

@@ -844,16 +844,16 @@ impl Drop for PgBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tables::META;
+    use crate::tables::keys;
 
     #[test]
     fn a_batch_reduces_to_each_keys_last_state() {
-        let k = |s: &str| META.key(&[s.as_bytes()]);
+        let k = |s: &str| keys::meta::<()>(s).into_bytes();
         let mut b = Batch::new();
         b.put_sealed(k("a"), vec![1]).put_sealed(k("b"), vec![2]);
-        b.delete(k("a"));
+        b.delete_stored(k("a"));
         b.put_sealed(k("b"), vec![3]).put_sealed(k("c"), vec![4]);
-        b.delete(k("d"));
+        b.delete_stored(k("d"));
         let (gone, keys, values) = final_states(&b);
         assert_eq!(gone, vec![k("a"), k("d")]);
         assert_eq!(keys, vec![k("b"), k("c")]);

@@ -20,7 +20,11 @@ use crate::{
     batch::Batch,
     error::StoreError,
     store::Store,
-    tables::{self, RunRecord, RunStatus, Table},
+    tables::{
+        AlarmRecord, RunRecord, RunStatus, TableInfo, decode_sealed,
+        keys::{self, check_record as check, run_of_key},
+        printable,
+    },
 };
 
 /// Records per batch when copying into a fresh store.
@@ -55,44 +59,6 @@ impl VerifyReport {
     }
 }
 
-/// Opens and decodes one record as its table's type.
-fn check(table: Table, key: &[u8], sealed: &[u8]) -> Result<(), StoreError> {
-    use crate::store::decode_sealed as d;
-    match table.prefix {
-        b'r' => d::<RunRecord>(table, key, sealed).map(drop),
-        b'k' => d::<String>(table, key, sealed).map(drop),
-        b'o' | b'd' => d::<()>(table, key, sealed),
-        b's' => d::<tables::StashRecord>(table, key, sealed).map(drop),
-        b'n' => d::<u32>(table, key, sealed).map(drop),
-        b'l' => d::<tables::LedgerEntry>(table, key, sealed).map(drop),
-        b'p' => d::<tables::ApprovalRecord>(table, key, sealed).map(drop),
-        b'a' => d::<tables::AlarmRecord>(table, key, sealed).map(drop),
-        b'c' => d::<tables::CronRecord>(table, key, sealed).map(drop),
-        b'q' => d::<tables::AlarmRecord>(table, key, sealed).map(drop),
-        b'b' => d::<tables::StreamChunkRecord>(table, key, sealed).map(drop),
-        b'h' => d::<tables::StreamHead>(table, key, sealed).map(drop),
-        b'B' => d::<u64>(table, key, sealed).map(drop),
-        b'P' => d::<u32>(table, key, sealed).map(drop),
-        b'f' => d::<tables::BudgetRecord>(table, key, sealed).map(drop),
-        b'z' | b'j' => d::<tables::PauseRecord>(table, key, sealed).map(drop),
-        b'x' => d::<tables::DeadLetter>(table, key, sealed).map(drop),
-        b'w' => d::<tables::SleepRecord>(table, key, sealed).map(drop),
-        b'm' => d::<u64>(table, key, sealed).map(drop),
-        b'e' => d::<tables::EventRecord>(table, key, sealed).map(drop),
-        b'i' => d::<()>(table, key, sealed),
-        b'v' => d::<tables::EventWaitRecord>(table, key, sealed).map(drop),
-        b'g' => d::<String>(table, key, sealed).map(drop),
-        b't' => d::<crate::access::TokenRecord>(table, key, sealed).map(drop),
-        b'u' => d::<crate::access::AuditRecord>(table, key, sealed).map(drop),
-        b'y' => d::<()>(table, key, sealed),
-        _ => Err(StoreError::Corrupt {
-            table: table.name,
-            key: tables::printable(key),
-            reason: "no such table".into(),
-        }),
-    }
-}
-
 /// Calls `f` with every raw entry of the store, in key order, a page at a time.
 fn each_entry(store: &Store, mut f: impl FnMut(&[u8], &[u8])) -> Result<(), StoreError> {
     let mut start: Vec<u8> = Vec::new();
@@ -113,10 +79,10 @@ fn each_entry(store: &Store, mut f: impl FnMut(&[u8], &[u8])) -> Result<(), Stor
 /// Reads every record; counts the good ones per table and lists the bad ones.
 pub fn verify(store: &Store) -> Result<VerifyReport, StoreError> {
     let mut report = VerifyReport::default();
-    each_entry(store, |key, sealed| match Table::of_key(key) {
+    each_entry(store, |key, sealed| match TableInfo::of_key(key) {
         None => report.bad.push(BadRecord {
             table: "unknown",
-            key: tables::printable(key),
+            key: printable(key),
             run_id: None,
             error: "the key belongs to no table".into(),
         }),
@@ -124,8 +90,8 @@ pub fn verify(store: &Store) -> Result<VerifyReport, StoreError> {
             Ok(()) => *report.records.entry(table.name).or_default() += 1,
             Err(e) => report.bad.push(BadRecord {
                 table: table.name,
-                key: tables::printable(key),
-                run_id: tables::run_of_key(key).map(str::to_string),
+                key: printable(key),
+                run_id: run_of_key(key).map(str::to_string),
                 error: e.to_string(),
             }),
         },
@@ -205,7 +171,7 @@ pub async fn salvage_from_log(
     for record in &log.records {
         for op in &record.ops {
             let (crate::batch::Op::Put { key, .. } | crate::batch::Op::Delete { key }) = op;
-            if let Some(run) = tables::run_of_key(key) {
+            if let Some(run) = run_of_key(key) {
                 touched.insert(run.to_string());
             }
             apply_op(&mut entries, op);
@@ -238,14 +204,15 @@ async fn copy_entries(
     mut report: SalvageReport,
 ) -> Result<SalvageReport, StoreError> {
     let mut runs: BTreeMap<String, RunRecord> = BTreeMap::new();
-    let mut kept: Vec<(Table, Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut kept: Vec<(TableInfo, Vec<u8>, Vec<u8>)> = Vec::new();
     for (key, sealed) in entries {
-        let Some(table) = Table::of_key(&key) else { continue };
-        if check(table, &key, &sealed).is_err() || [b'o', b'k', b'd', b'm'].contains(&table.prefix) {
+        let Some(table) = TableInfo::of_key(&key) else { continue };
+        let index = [keys::OPEN_RUNS.info(), keys::RUN_KEYS.info(), keys::ALARM_DUE.info(), keys::META];
+        if check(table, &key, &sealed).is_err() || index.contains(&table) {
             continue;
         }
-        if table.prefix == tables::RUNS.prefix
-            && let Ok(run) = crate::store::decode_sealed::<RunRecord>(table, &key, &sealed)
+        if table == keys::RUNS.info()
+            && let Ok(run) = decode_sealed::<RunRecord>(table, &key, &sealed)
         {
             runs.insert(run.run_id.clone(), run);
         } else {
@@ -258,27 +225,19 @@ async fn copy_entries(
     let mut batch = Batch::new();
     for (table, key, sealed) in kept {
         // Records of a run whose own record is gone would be orphans: they go with it.
-        if tables::run_of_key(&key).is_some_and(|id| !runs.contains_key(id)) {
+        if run_of_key(&key).is_some_and(|id| !runs.contains_key(id)) {
             continue;
         }
-        if table.prefix == tables::ALARMS.prefix
-            && let Ok(alarm) = crate::store::decode_sealed::<tables::AlarmRecord>(table, &key, &sealed)
+        if table == keys::ALARMS.info()
+            && let Ok(alarm) = decode_sealed::<AlarmRecord>(table, &key, &sealed)
         {
-            batch.put(
-                tables::ALARM_DUE,
-                tables::alarm_due_key(alarm.due_at_ms, &alarm.run_id, &alarm.name),
-                &(),
-            )?;
+            batch.put(keys::alarm_due(alarm.due_at_ms, &alarm.run_id, &alarm.name), &())?;
         }
-        if table.prefix == tables::ALARM_RETRIES.prefix
-            && let Ok(retry) = crate::store::decode_sealed::<tables::AlarmRecord>(table, &key, &sealed)
+        if table == keys::ALARM_RETRIES.info()
+            && let Ok(retry) = decode_sealed::<AlarmRecord>(table, &key, &sealed)
         {
-            let due_name = tables::retry_due_name(&retry.name, retry.scheduled_at_ms);
-            batch.put(
-                tables::ALARM_DUE,
-                tables::alarm_due_key(retry.due_at_ms, &retry.run_id, &due_name),
-                &(),
-            )?;
+            let due_name = keys::retry_due_name(&retry.name, retry.scheduled_at_ms);
+            batch.put(keys::alarm_due(retry.due_at_ms, &retry.run_id, &due_name), &())?;
         }
         batch.put_sealed(key, sealed);
         *report.copied.entry(table.name).or_default() += 1;
@@ -293,16 +252,12 @@ async fn copy_entries(
                 run.status = RunStatus::Escalated { reason: "corrupt: records lost in salvage".into() };
             }
         }
-        batch.put(
-            tables::RUN_KEYS,
-            tables::RUN_KEYS.key(&[run.kind.as_bytes(), run.key.as_bytes()]),
-            &run.run_id,
-        )?;
+        batch.put(keys::run_by_key(&run.kind, &run.key), &run.run_id)?;
         if !run.status.is_terminal() {
-            batch.put(tables::OPEN_RUNS, tables::OPEN_RUNS.key(&[run_id.as_bytes()]), &())?;
+            batch.put(keys::open_run(&run_id), &())?;
         }
-        batch.put(tables::RUNS, tables::RUNS.key(&[run_id.as_bytes()]), &run)?;
-        *report.copied.entry(tables::RUNS.name).or_default() += 1;
+        batch.put(keys::run(&run_id), &run)?;
+        *report.copied.entry(keys::RUNS.name()).or_default() += 1;
         if batch.len() >= COPY_BATCH_RECORDS {
             to.commit(std::mem::take(&mut batch), Durability::Async).await?;
         }
@@ -412,7 +367,7 @@ fn read_backup_bytes(bytes: &[u8], file: &Path) -> Result<crate::backend::Entrie
     while at < body.len() {
         let key = take(&mut at)?;
         let value = take(&mut at)?;
-        let table = Table::of_key(&key).ok_or_else(|| bad("an entry belongs to no table"))?;
+        let table = TableInfo::of_key(&key).ok_or_else(|| bad("an entry belongs to no table"))?;
         check(table, &key, &value)?;
         entries.push((key, value));
     }
@@ -440,8 +395,8 @@ mod tests {
 
     #[test]
     fn every_table_has_a_decoder() {
-        for table in tables::ALL {
-            let key = table.key(&[b"run_x", b"k"]);
+        for &table in keys::ALL {
+            let key = [&[table.prefix][..], b"run_x\0k"].concat();
             let sealed = crate::envelope::seal(&key, b"\xff\xff\xff");
             if let Err(StoreError::Corrupt { reason, .. }) = check(table, &key, &sealed) {
                 assert_ne!(reason, "no such table", "{} has no decoder in verify", table.name);

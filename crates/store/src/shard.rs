@@ -20,7 +20,7 @@ pub fn of_run(run_id: &str) -> u32 {
 /// The shard of a record, from its key; `None` for records that belong to no run (run keys,
 /// tokens, the audit trail, the store's own bookkeeping).
 pub fn of_key(key: &[u8]) -> Option<u32> {
-    tables::run_of_key(key).map(of_run)
+    tables::keys::run_of_key(key).map(of_run)
 }
 
 #[cfg(test)]
@@ -32,9 +32,9 @@ mod tests {
         let run = "run_0190aabbccdd0123456789abcdef0123456789ab";
         let s = of_run(run);
         assert!(s < SHARDS);
-        assert_eq!(of_key(&tables::RUNS.key(&[run.as_bytes()])), Some(s));
-        assert_eq!(of_key(&tables::alarm_due_key(42, run, "tick")), Some(s));
-        assert_eq!(of_key(&tables::RUN_KEYS.key(&[b"steps", b"k1"])), None);
+        assert_eq!(of_key(tables::keys::run(run).as_bytes()), Some(s));
+        assert_eq!(of_key(tables::keys::alarm_due(42, run, "tick").as_bytes()), Some(s));
+        assert_eq!(of_key(tables::keys::run_by_key("steps", "k1").as_bytes()), None);
         // Fixed forever: nodes of different versions must agree.
         assert_eq!(of_run("run_a"), of_run("run_a"));
         assert_ne!(of_run("run_a"), of_run("run_b"));

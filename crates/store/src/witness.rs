@@ -17,11 +17,16 @@ use std::{collections::BTreeMap, path::Path};
 use serde::{Deserialize, Serialize};
 
 pub use crate::backend::Rollback;
-use crate::{backend::Backend, codec, envelope, error::StoreError, tables};
+use crate::{
+    backend::Backend,
+    codec, envelope,
+    error::StoreError,
+    tables::{Key, keys},
+};
 
 /// The key of the commit sequence number.
-pub fn seq_key() -> Vec<u8> {
-    tables::META.key(&[b"commit_seq"])
+pub fn seq_key() -> Key<u64> {
+    keys::meta("commit_seq")
 }
 
 /// The witness file's name in the data directory.
@@ -38,13 +43,13 @@ struct Witness {
 
 /// The commit sequence number the store holds (0 for a new store).
 pub fn stored_seq(backend: &dyn Backend) -> Result<u64, StoreError> {
-    match backend.get(&seq_key())? {
+    match backend.get(seq_key().as_bytes())? {
         None => Ok(0),
         Some(sealed) => {
-            let body = envelope::open(tables::META.name, &seq_key(), &sealed)?;
+            let body = envelope::open(keys::META.name, seq_key().as_bytes(), &sealed)?;
             codec::decode::<u64>(body).map_err(|reason| StoreError::Corrupt {
-                table: tables::META.name,
-                key: tables::printable(&seq_key()),
+                table: keys::META.name,
+                key: seq_key().printable(),
                 reason,
             })
         }
@@ -62,7 +67,7 @@ fn digests(backend: &dyn Backend) -> Result<BTreeMap<String, u32>, StoreError> {
     loop {
         let page = backend.range(&start, &end, PAGE)?;
         for (key, value) in &page {
-            if let Some(run) = tables::run_of_key(key) {
+            if let Some(run) = keys::run_of_key(key) {
                 let h = hashers.entry(run.to_string()).or_default();
                 h.update(key);
                 h.update(value);

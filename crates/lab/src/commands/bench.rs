@@ -22,13 +22,11 @@ use anyhow::{Context as _, bail};
 use durafiber_demo::agents::{Steps, StepsInput};
 use durafiber_runtime::testing::RuntimeTestExt;
 use durafiber_runtime::{Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered, Runtime, RuntimeConfig};
-use durafiber_store::{Store, StoreConfig, tables::Table};
+use durafiber_store::{Store, StoreConfig};
 use serde_json::{Value, json};
 
 use super::measure::{RawSyncs, Samples, bench_began, commit_until, print_bench_report, progress};
 use crate::args::Bench;
-
-const BENCH: Table = Table { name: "bench", prefix: b'b' };
 
 /// Runs one benchmark.
 pub async fn run(which: Bench) -> anyhow::Result<i32> {
@@ -63,9 +61,9 @@ pub async fn run(which: Bench) -> anyhow::Result<i32> {
 /// Commits by `writers` concurrent tasks for `seconds`: the commits made, the seconds they
 /// took, and their latencies.
 async fn commit_for(store: &Store, writers: usize, seconds: f64) -> anyhow::Result<(u64, f64, Samples)> {
-    let keys = (0..writers as u64).map(|w| BENCH.key(&[&w.to_be_bytes()])).collect();
+    let runs = (0..writers).map(|w| format!("run_bench_{w:04}")).collect();
     let start = Instant::now();
-    let (count, samples) = commit_until(store, BENCH, keys, start + Duration::from_secs_f64(seconds)).await?;
+    let (count, samples) = commit_until(store, runs, start + Duration::from_secs_f64(seconds)).await?;
     Ok((count, start.elapsed().as_secs_f64(), samples))
 }
 

@@ -15,7 +15,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use durafiber_store::{Leases, PgBackend, Store, StoreConfig, shard, tables};
+use durafiber_store::{Leases, PgBackend, Store, StoreConfig, shard};
 use serde_json::{Value, json};
 
 use super::{
@@ -139,9 +139,8 @@ pub async fn node(
         }
     }
     tokio::time::sleep(Duration::from_millis(start_at_ms.saturating_sub(epoch_ms()))).await;
-    let keys = runs.iter().map(|run_id| tables::STASHES.key(&[run_id.as_bytes()])).collect();
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-    let (commits, mut samples) = commit_until(&store, tables::STASHES, keys, deadline).await?;
+    let (commits, mut samples) = commit_until(&store, runs, deadline).await?;
     store.close();
     println!(
         "{}",

@@ -14,30 +14,40 @@ use std::{
 };
 
 use anyhow::Context as _;
-use durafiber_store::{Batch, Durability, Store, tables::Table};
+use durafiber_store::{
+    Batch, Durability, Store,
+    tables::{StashRecord, keys},
+};
 use serde_json::Value;
 
 use super::output::print_report;
 
-/// One writer per key of `table`, each committing a stash-sized record under its key in
+/// One writer per run of `runs`, each committing a stash of about 200 bytes for its run in
 /// `sync` mode until `deadline`: the commits made, and each one's latency.
 pub(super) async fn commit_until(
     store: &Store,
-    table: Table,
-    keys: Vec<Vec<u8>>,
+    runs: Vec<String>,
     deadline: Instant,
 ) -> anyhow::Result<(u64, Samples)> {
     let count = Arc::new(AtomicU64::new(0));
     let samples = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    for key in keys {
+    for run_id in runs {
         let (store, count, samples) = (store.clone(), count.clone(), samples.clone());
         tasks.push(tokio::spawn(async move {
             let mut mine = Vec::new();
             let mut seq = 0u64;
             while Instant::now() < deadline {
+                let stash = StashRecord {
+                    run_id: run_id.clone(),
+                    attempt: 1,
+                    step: "step".into(),
+                    seq,
+                    stash_json: "3".repeat(160),
+                    written_at_ms: 0,
+                };
                 let mut batch = Batch::new();
-                batch.put(table, key.clone(), &(seq, "step", vec![3u8; 160]))?;
+                batch.put(keys::stash(&run_id), &stash)?;
                 let t = Instant::now();
                 store.commit(batch, Durability::Sync).await?;
                 mine.push(t.elapsed().as_micros() as u64);

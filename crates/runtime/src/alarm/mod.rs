@@ -10,7 +10,7 @@ use std::{ops::Deref, sync::Arc, time::Duration};
 
 use durafiber_store::{
     Batch,
-    tables::{self, AlarmRecord, CronRecord},
+    tables::{self, AlarmRecord, CronRecord, keys},
 };
 use serde::Serialize;
 
@@ -177,17 +177,9 @@ fn check_period(every: Duration) -> Result<u64, RuntimeError> {
     Ok(ms)
 }
 
-pub(crate) fn alarm_key(run_id: &str, name: &str) -> Vec<u8> {
-    tables::ALARMS.key(&[run_id.as_bytes(), name.as_bytes()])
-}
-
-fn cron_key(run_id: &str, name: &str) -> Vec<u8> {
-    tables::ALARM_CRONS.key(&[run_id.as_bytes(), name.as_bytes()])
-}
-
 /// A cron alarm's schedule; `None` for every other alarm.
 pub(crate) fn cron_of(shared: &Shared, run_id: &str, name: &str) -> Result<Option<CronRecord>, RuntimeError> {
-    Ok(shared.store.get(tables::ALARM_CRONS, &cron_key(run_id, name))?)
+    Ok(shared.store.get(&keys::alarm_cron(run_id, name))?)
 }
 
 /// When a periodic or cron alarm whose occurrence at `scheduled_at_ms` is done fires next, seen
@@ -213,27 +205,23 @@ pub(crate) fn next_occurrence(
 /// Adds a failed occurrence's retry record and its due-index entry to `batch`.
 pub(crate) fn stage_retry(batch: &mut Batch, occurrence: &AlarmRecord) -> Result<(), RuntimeError> {
     let (run_id, name, at) = (&occurrence.run_id, &occurrence.name, occurrence.scheduled_at_ms);
-    batch.put(tables::ALARM_RETRIES, tables::alarm_retry_key(run_id, name, at), occurrence)?;
-    let due_name = tables::retry_due_name(name, at);
-    batch.put(tables::ALARM_DUE, tables::alarm_due_key(occurrence.due_at_ms, run_id, &due_name), &())?;
+    batch.put(keys::alarm_retry(run_id, name, at), occurrence)?;
+    let due_name = keys::retry_due_name(name, at);
+    batch.put(keys::alarm_due(occurrence.due_at_ms, run_id, &due_name), &())?;
     Ok(())
 }
 
 /// Adds the removal of a retried occurrence to `batch`.
 pub(crate) fn unstage_retry(batch: &mut Batch, occurrence: &AlarmRecord) {
     let (run_id, name, at) = (&occurrence.run_id, &occurrence.name, occurrence.scheduled_at_ms);
-    batch.delete(tables::alarm_retry_key(run_id, name, at));
-    batch.delete(tables::alarm_due_key(occurrence.due_at_ms, run_id, &tables::retry_due_name(name, at)));
+    batch.delete(keys::alarm_retry(run_id, name, at));
+    batch.delete(keys::alarm_due(occurrence.due_at_ms, run_id, &keys::retry_due_name(name, at)));
 }
 
 /// The failed occurrences of alarm `name` still being retried; every alarm's with `None`.
 fn retries(shared: &Shared, run_id: &str, name: Option<&str>) -> Result<Vec<AlarmRecord>, RuntimeError> {
-    let prefix = match name {
-        Some(name) => tables::ALARM_RETRIES.prefix_of(&[run_id.as_bytes(), name.as_bytes()]),
-        None => tables::ALARM_RETRIES.prefix_of(&[run_id.as_bytes()]),
-    };
     let mut out = Vec::new();
-    for (_, retry) in shared.store.scan::<AlarmRecord>(tables::ALARM_RETRIES, &prefix, None, usize::MAX)? {
+    for (_, retry) in shared.store.scan(&keys::alarm_retries_of(run_id, name), None, usize::MAX)? {
         out.push(retry?);
     }
     Ok(out)
@@ -249,11 +237,11 @@ fn forget(
     due_at_ms: u64,
 ) -> Result<Vec<(u64, String)>, RuntimeError> {
     unstage(batch, run_id, name, due_at_ms);
-    batch.delete(cron_key(run_id, name));
+    batch.delete(keys::alarm_cron(run_id, name));
     let mut unscheduled = vec![(due_at_ms, name.to_string())];
     for retry in retries(shared, run_id, Some(name))? {
         unstage_retry(batch, &retry);
-        unscheduled.push((retry.due_at_ms, tables::retry_due_name(name, retry.scheduled_at_ms)));
+        unscheduled.push((retry.due_at_ms, keys::retry_due_name(name, retry.scheduled_at_ms)));
     }
     Ok(unscheduled)
 }
@@ -266,15 +254,15 @@ fn unschedule(shared: &Shared, run_id: &str, entries: Vec<(u64, String)>) {
 
 /// Adds an alarm's record and its due-index entry to `batch`.
 pub(crate) fn stage(batch: &mut Batch, alarm: &AlarmRecord) -> Result<(), RuntimeError> {
-    batch.put(tables::ALARMS, alarm_key(&alarm.run_id, &alarm.name), alarm)?;
-    batch.put(tables::ALARM_DUE, tables::alarm_due_key(alarm.due_at_ms, &alarm.run_id, &alarm.name), &())?;
+    batch.put(keys::alarm(&alarm.run_id, &alarm.name), alarm)?;
+    batch.put(keys::alarm_due(alarm.due_at_ms, &alarm.run_id, &alarm.name), &())?;
     Ok(())
 }
 
 /// Adds the removal of an alarm's record and due-index entry to `batch`.
 pub(crate) fn unstage(batch: &mut Batch, run_id: &str, name: &str, due_at_ms: u64) {
-    batch.delete(alarm_key(run_id, name));
-    batch.delete(tables::alarm_due_key(due_at_ms, run_id, name));
+    batch.delete(keys::alarm(run_id, name));
+    batch.delete(keys::alarm_due(due_at_ms, run_id, name));
 }
 
 /// Removes every alarm of a finishing run, in the finishing boundary.
@@ -283,12 +271,12 @@ pub(crate) fn delete_all_in(shared: &Shared, run_id: &str, batch: &mut Batch) ->
     let mut unscheduled = Vec::new();
     for alarm in records(shared, run_id)? {
         unstage(batch, run_id, &alarm.name, alarm.due_at_ms);
-        batch.delete(cron_key(run_id, &alarm.name));
+        batch.delete(keys::alarm_cron(run_id, &alarm.name));
         unscheduled.push((alarm.due_at_ms, alarm.name));
     }
     for retry in retries(shared, run_id, None)? {
         unstage_retry(batch, &retry);
-        unscheduled.push((retry.due_at_ms, tables::retry_due_name(&retry.name, retry.scheduled_at_ms)));
+        unscheduled.push((retry.due_at_ms, keys::retry_due_name(&retry.name, retry.scheduled_at_ms)));
     }
     unschedule(shared, run_id, unscheduled);
     Ok(())
@@ -296,9 +284,9 @@ pub(crate) fn delete_all_in(shared: &Shared, run_id: &str, batch: &mut Batch) ->
 
 /// The alarm records of a run.
 fn records(shared: &Shared, run_id: &str) -> Result<Vec<AlarmRecord>, RuntimeError> {
-    let prefix = tables::ALARMS.prefix_of(&[run_id.as_bytes()]);
+    let prefix = keys::ALARMS.of_run(run_id);
     let mut out = Vec::new();
-    for (_, alarm) in shared.store.scan::<AlarmRecord>(tables::ALARMS, &prefix, None, usize::MAX)? {
+    for (_, alarm) in shared.store.scan::<AlarmRecord>(&prefix, None, usize::MAX)? {
         out.push(alarm?);
     }
     Ok(out)
@@ -339,7 +327,7 @@ pub(crate) async fn set(
     if run.status.is_terminal() {
         return Err(RuntimeError::RunFinished { run_id: run_id.into(), state: run.status.name().into() });
     }
-    let existing: Option<AlarmRecord> = shared.store.get(tables::ALARMS, &alarm_key(run_id, name))?;
+    let existing: Option<AlarmRecord> = shared.store.get(&keys::alarm(run_id, name))?;
     let cron = spec.cron.as_ref().map(CronSchedule::record);
     let every_ms = if cron.is_some() { None } else { spec.every.map(check_period).transpose()? };
     if let Some(old) = &existing
@@ -375,7 +363,7 @@ pub(crate) async fn set(
     };
     stage(&mut batch, &alarm)?;
     if let Some(cron) = &cron {
-        batch.put(tables::ALARM_CRONS, cron_key(run_id, name), cron)?;
+        batch.put(keys::alarm_cron(run_id, name), cron)?;
     }
     match cell {
         Some(cell) => shared.commit_boundary(cell, batch, durafiber_store::Durability::Sync).await?,
@@ -392,7 +380,7 @@ pub(crate) async fn set(
 pub(crate) async fn cancel(shared: &Arc<Shared>, run_id: &str, name: &str) -> Result<bool, RuntimeError> {
     // Checked as `set` checks it, so a name is refused the same way whatever is asked.
     tables::check_id("alarm name", name).map_err(RuntimeError::InvalidInput)?;
-    let Some(old) = shared.store.get::<AlarmRecord>(tables::ALARMS, &alarm_key(run_id, name))? else {
+    let Some(old) = shared.store.get::<AlarmRecord>(&keys::alarm(run_id, name))? else {
         return Ok(false);
     };
     let mut batch = Batch::new();

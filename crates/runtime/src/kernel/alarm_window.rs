@@ -9,7 +9,7 @@
 use std::collections::{BTreeSet, HashSet};
 
 use durafiber_store::lock::{Mutex, MutexGuard};
-use durafiber_store::{Store, StoreError, tables};
+use durafiber_store::{Store, StoreError, tables::keys};
 
 use crate::limits::ALARM_REFILL_MAX;
 
@@ -109,26 +109,22 @@ impl Scheduler {
         shards: Option<&[u32]>,
         keep: impl Fn(&str) -> bool,
     ) -> Result<(), StoreError> {
-        let (start, horizon, want) = {
+        let (after, horizon, want) = {
             let mut w = self.lock();
             if w.horizon == Horizon::Complete || w.refilling.is_some() {
                 return Ok(());
             }
-            let start = match &w.horizon {
-                Horizon::After((due, run, name)) => {
-                    let mut key = tables::alarm_due_key(*due, run, name);
-                    key.push(0); // the first key after it
-                    key
-                }
-                _ => vec![tables::ALARM_DUE.prefix],
+            let after = match &w.horizon {
+                Horizon::After((due, run, name)) => Some(keys::alarm_due(*due, run, name)),
+                _ => None,
             };
             w.refilling = Some(Vec::new());
             let room = w.capacity.saturating_sub(w.due.len());
-            (start, w.horizon.clone(), room.clamp(1, ALARM_REFILL_MAX))
+            (after, w.horizon.clone(), room.clamp(1, ALARM_REFILL_MAX))
         };
-        let read = store.keys_between_in(&start, &[tables::ALARM_DUE.prefix + 1], want, shards);
+        let read = store.keys_in(&keys::ALARM_DUE.all(), after.as_ref(), want, shards);
         let entries: Vec<Entry> = match &read {
-            Ok(keys) => keys.iter().filter_map(|k| tables::parse_alarm_due_key(k)).collect(),
+            Ok(read) => read.iter().filter_map(keys::parse_alarm_due).collect(),
             Err(_) => Vec::new(),
         };
         let mut w = self.lock();

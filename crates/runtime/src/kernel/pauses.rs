@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use durafiber_store::{
     Store, StoreError,
-    tables::{self, PauseRecord},
+    tables::{PauseRecord, keys},
 };
 
 #[derive(Debug, Default)]
@@ -20,11 +20,10 @@ impl Pauses {
     /// Every pause the store holds.
     pub fn load(store: &Store) -> Result<Pauses, StoreError> {
         let mut pauses = Pauses::default();
-        for (table, into) in
-            [(tables::PAUSED_KINDS, &mut pauses.kinds), (tables::PAUSED_RUNS, &mut pauses.runs)]
+        for (table, into) in [(keys::PAUSED_KINDS, &mut pauses.kinds), (keys::PAUSED_RUNS, &mut pauses.runs)]
         {
-            for (key, record) in store.scan::<PauseRecord>(table, &[table.prefix], None, usize::MAX)? {
-                let name = String::from_utf8_lossy(key.get(1..).unwrap_or_default()).into_owned();
+            for (key, record) in store.scan(&table.all(), None, usize::MAX)? {
+                let name = key.first_part().unwrap_or_default().to_string();
                 into.insert(name, record?);
             }
         }

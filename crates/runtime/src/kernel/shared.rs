@@ -11,7 +11,11 @@ use std::{
     sync::{Arc, atomic::Ordering},
 };
 
-use durafiber_store::{Batch, Durability, Store, prefetch::Prefetched, tables};
+use durafiber_store::{
+    Batch, Durability, Store,
+    prefetch::Prefetched,
+    tables::{self, Key, keys},
+};
 use serde::Serialize;
 use tokio::sync::{Notify, watch};
 
@@ -247,19 +251,19 @@ impl Shared {
         prefetched: Prefetched,
     ) -> Result<tables::RunRecord, RuntimeError> {
         self.store
-            .get_prefetched(tables::RUNS, &tables::RUNS.key(&[run_id.as_bytes()]), prefetched)?
+            .get_prefetched(&keys::run(run_id), prefetched)?
             .ok_or_else(|| RuntimeError::UnknownRun { run_id: run_id.to_string() })
     }
 
     /// Writes a run record (and whatever else is in `batch`) as one sync boundary.
     pub async fn commit_run(&self, run: &tables::RunRecord, mut batch: Batch) -> Result<(), RuntimeError> {
-        let key = tables::RUNS.key(&[run.run_id.as_bytes()]);
-        batch.put(tables::RUNS, key, run)?;
-        let open_key = tables::OPEN_RUNS.key(&[run.run_id.as_bytes()]);
+        let key = keys::run(&run.run_id);
+        batch.put(key, run)?;
+        let open_key = keys::open_run(&run.run_id);
         if run.status.is_terminal() {
             batch.delete(open_key);
         } else {
-            batch.put(tables::OPEN_RUNS, open_key, &())?;
+            batch.put(open_key, &())?;
         }
         self.store.commit(batch, Durability::Sync).await?;
         self.status_changed();
@@ -336,7 +340,7 @@ impl Shared {
                 let changed = change(run, batch)?;
                 streamed = changed && self.stage_pending(cell, batch)?;
                 if changed && probe {
-                    batch.delete(tables::HOOK_PROBES.key(&[cell.run_id.as_bytes()]));
+                    batch.delete(keys::hook_probe(&cell.run_id));
                 }
                 Ok(changed)
             })
@@ -358,7 +362,7 @@ impl Shared {
         };
         if probe {
             let mut batch = Batch::new();
-            batch.delete(tables::HOOK_PROBES.key(&[cell.run_id.as_bytes()]));
+            batch.delete(keys::hook_probe(&cell.run_id));
             if let Err(e) = self.store.commit(batch, Durability::Sync).await {
                 // Still counted: if the process dies now, the run is suspected once more.
                 tracing::warn!(run_id = %cell.run_id, error = %e, "could not clear the recovery's probe");
@@ -441,19 +445,18 @@ impl Shared {
     /// comes back for the next call; `None` on the last page.
     pub fn open_runs_page(
         &self,
-        after: Option<&[u8]>,
-    ) -> Result<(Vec<String>, Option<Vec<u8>>), RuntimeError> {
+        after: Option<&Key<()>>,
+    ) -> Result<(Vec<String>, Option<Key<()>>), RuntimeError> {
         // A node on a shared store reads only its own shards' runs.
-        let page = self.store.scan_in::<()>(
-            tables::OPEN_RUNS,
-            &[tables::OPEN_RUNS.prefix],
+        let page = self.store.keys_in(
+            &keys::OPEN_RUNS.all(),
             after,
             crate::limits::RECOVERY_SCAN_PAGE_MAX,
             self.ownership.scan_filter().as_deref(),
         )?;
         let full = page.len() == crate::limits::RECOVERY_SCAN_PAGE_MAX;
-        let next = if full { page.last().map(|(k, _)| k.clone()) } else { None };
-        let ids = page.iter().map(|(key, _)| String::from_utf8_lossy(&key[1..]).to_string()).collect();
+        let next = if full { page.last().cloned() } else { None };
+        let ids = page.iter().filter_map(|key| key.first_part()).map(str::to_string).collect();
         Ok((ids, next))
     }
 

@@ -5,17 +5,12 @@
 
 use durafiber_store::{
     Batch, Store, StoreError,
-    tables::{self, BudgetRecord, BudgetSpent},
+    tables::{BudgetRecord, BudgetSpent, keys},
 };
-
-/// The key of a run's budget record.
-pub(crate) fn budget_key(run_id: &str) -> Vec<u8> {
-    tables::BUDGETS.key(&[run_id.as_bytes()])
-}
 
 /// A run's budget record as stored; `None` for a run with no budget that charged nothing.
 pub(crate) fn stored(store: &Store, run_id: &str) -> Result<Option<BudgetRecord>, StoreError> {
-    store.get(tables::BUDGETS, &budget_key(run_id))
+    store.get(&keys::budget(run_id))
 }
 
 /// Adds `pending` to the run's stored spending in `batch`; true when there was any.
@@ -32,6 +27,6 @@ pub(crate) fn stage(
     record.spent.effects = record.spent.effects.saturating_add(pending.effects);
     record.spent.cost_units = record.spent.cost_units.saturating_add(pending.cost_units);
     *pending = BudgetSpent::default();
-    batch.put(tables::BUDGETS, budget_key(run_id), &record)?;
+    batch.put(keys::budget(run_id), &record)?;
     Ok(true)
 }

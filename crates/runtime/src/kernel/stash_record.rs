@@ -6,7 +6,7 @@
 use durafiber_store::{
     Batch, Store, StoreError,
     prefetch::Prefetched,
-    tables::{self, StashRecord},
+    tables::{StashRecord, keys},
 };
 
 /// A stash as stored: the record and the agent's stash version that wrote it.
@@ -15,7 +15,7 @@ pub(crate) struct Stored {
     pub record: StashRecord,
     pub version: u32,
     /// The fiber's place in its output stream, to store with the stash when it changed
-    /// (`tables::STREAM_MARKS`); `None` when read back or unchanged.
+    /// (`keys::STREAM_MARKS`); `None` when read back or unchanged.
     pub stream_mark: Option<u64>,
 }
 
@@ -23,13 +23,13 @@ impl Stored {
     /// Puts the stash, its version when it is not 1 and its stream mark when it changed,
     /// into `batch`.
     pub fn stage(&self, batch: &mut Batch) -> Result<(), StoreError> {
-        let run = self.record.run_id.as_bytes();
-        batch.put(tables::STASHES, tables::STASHES.key(&[run]), &self.record)?;
+        let run = &self.record.run_id;
+        batch.put(keys::stash(run), &self.record)?;
         if self.version != 1 {
-            batch.put(tables::STASH_VERSIONS, tables::STASH_VERSIONS.key(&[run]), &self.version)?;
+            batch.put(keys::stash_version(run), &self.version)?;
         }
         if let Some(mark) = self.stream_mark {
-            batch.put(tables::STREAM_MARKS, tables::STREAM_MARKS.key(&[run]), &mark)?;
+            batch.put(keys::stream_mark(run), &mark)?;
         }
         Ok(())
     }
@@ -48,11 +48,11 @@ pub(crate) fn read_prefetched(
     stash: Prefetched,
     version: Prefetched,
 ) -> Result<Option<Stored>, StoreError> {
-    let key = tables::STASHES.key(&[run_id.as_bytes()]);
-    let Some(record) = store.get_prefetched::<StashRecord>(tables::STASHES, &key, stash)? else {
+    let key = keys::stash(run_id);
+    let Some(record) = store.get_prefetched::<StashRecord>(&key, stash)? else {
         return Ok(None);
     };
-    let key = tables::STASH_VERSIONS.key(&[run_id.as_bytes()]);
-    let version = store.get_prefetched::<u32>(tables::STASH_VERSIONS, &key, version)?.unwrap_or(1);
+    let key = keys::stash_version(run_id);
+    let version = store.get_prefetched::<u32>(&key, version)?.unwrap_or(1);
     Ok(Some(Stored { record, version, stream_mark: None }))
 }

@@ -6,7 +6,7 @@
 
 use durafiber_store::{
     Batch, StoreError,
-    tables::{self, StreamChunkRecord, StreamHead},
+    tables::{StreamChunkRecord, StreamHead, keys},
 };
 
 /// The stream as this activation knows it.
@@ -30,9 +30,9 @@ impl StreamBuffer {
             return Ok(false);
         }
         for (seq, chunk) in self.pending.drain(..) {
-            batch.put(tables::STREAM, tables::stream_key(run_id, seq), &chunk)?;
+            batch.put(keys::stream_chunk(run_id, seq), &chunk)?;
         }
-        batch.put(tables::STREAM_HEADS, tables::STREAM_HEADS.key(&[run_id.as_bytes()]), &self.head)?;
+        batch.put(keys::stream_head(run_id), &self.head)?;
         Ok(true)
     }
 

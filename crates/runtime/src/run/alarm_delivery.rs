@@ -9,7 +9,7 @@ use std::sync::{Arc, atomic::Ordering};
 
 use durafiber_store::{
     Batch, Durability,
-    tables::{self, AlarmRecord, CronRecord, DeadLetter, SystemAlarm},
+    tables::{AlarmRecord, CronRecord, DeadLetter, SystemAlarm, keys},
 };
 
 use crate::{
@@ -106,7 +106,7 @@ enum Slot {
 
 impl Slot {
     fn of(due_name: &str) -> (&str, Slot) {
-        match tables::parse_due_name(due_name) {
+        match keys::parse_due_name(due_name) {
             (name, Some(scheduled_at_ms)) => (name, Slot::Retry { scheduled_at_ms }),
             (name, None) => (name, Slot::Schedule),
         }
@@ -114,10 +114,10 @@ impl Slot {
 
     fn read(self, shared: &Shared, run_id: &str, name: &str) -> Result<Option<AlarmRecord>, RuntimeError> {
         Ok(match self {
-            Slot::Schedule => shared.store.get(tables::ALARMS, &crate::alarm::alarm_key(run_id, name))?,
-            Slot::Retry { scheduled_at_ms } => shared
-                .store
-                .get(tables::ALARM_RETRIES, &tables::alarm_retry_key(run_id, name, scheduled_at_ms))?,
+            Slot::Schedule => shared.store.get(&keys::alarm(run_id, name))?,
+            Slot::Retry { scheduled_at_ms } => {
+                shared.store.get(&keys::alarm_retry(run_id, name, scheduled_at_ms))?
+            }
         })
     }
 
@@ -138,7 +138,7 @@ impl Slot {
     fn due_name(self, name: &str) -> String {
         match self {
             Slot::Schedule => name.to_string(),
-            Slot::Retry { scheduled_at_ms } => tables::retry_due_name(name, scheduled_at_ms),
+            Slot::Retry { scheduled_at_ms } => keys::retry_due_name(name, scheduled_at_ms),
         }
     }
 }
@@ -209,7 +209,7 @@ async fn deliver(
     alarm.attempts_started = attempt;
     alarm.due_at_ms = now.saturating_add(retry_delay_ms(shared, attempt));
     let mut batch = Batch::new();
-    batch.delete(tables::alarm_due_key(old_due, run_id, due_name));
+    batch.delete(keys::alarm_due(old_due, run_id, due_name));
     slot.stage(&mut batch, &alarm)?;
     shared.store.commit(batch, Durability::Sync).await?;
 
@@ -361,7 +361,7 @@ async fn dead_letter(
     last_error: String,
 ) -> Result<(), RuntimeError> {
     let now = shared.now_ms();
-    let key = tables::DEAD_LETTERS.key(&[alarm.run_id.as_bytes(), alarm.name.as_bytes(), &now.to_be_bytes()]);
+    let key = keys::dead_letter(&alarm.run_id, &alarm.name, now);
     let event = AlarmEvent {
         name: alarm.name.clone(),
         payload_json: alarm.payload_json.clone(),
@@ -377,11 +377,7 @@ async fn dead_letter(
         ),
     };
     let run_id = alarm.run_id.clone();
-    batch.put(
-        tables::DEAD_LETTERS,
-        key,
-        &DeadLetter { alarm, last_error: last_error.clone(), dead_at_ms: now },
-    )?;
+    batch.put(key, &DeadLetter { alarm, last_error: last_error.clone(), dead_at_ms: now })?;
     shared.store.commit(batch, Durability::Sync).await?;
     Metrics::bump(&shared.metrics.dead_letters);
     shared.event(&run_id, "alarm_dead_lettered", format!("{}: {last_error}", event.name));

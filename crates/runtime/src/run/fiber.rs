@@ -13,7 +13,7 @@ use std::{
 
 use durafiber_store::{
     Batch, StoreError,
-    tables::{self, RunStatus},
+    tables::{self, RunStatus, keys},
 };
 use futures::FutureExt;
 use tracing::Instrument;
@@ -169,8 +169,8 @@ pub(crate) fn register(
         };
         if permit.is_probe() {
             let deaths = recovery::probe_deaths(shared, &run.run_id).unwrap_or(0);
-            let key = tables::HOOK_PROBES.key(&[run.run_id.as_bytes()]);
-            if let Err(e) = batch.put(tables::HOOK_PROBES, key, &deaths.saturating_add(1)) {
+            let key = keys::hook_probe(&run.run_id);
+            if let Err(e) = batch.put(key, &deaths.saturating_add(1)) {
                 tracing::error!(run_id = %run.run_id, error = %e, "could not count the probe; retrying in 1 s");
                 return Err(Activation::Later(now.saturating_add(1_000)));
             }

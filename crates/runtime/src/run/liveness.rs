@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 
-use durafiber_store::tables::{self, AlarmRecord, ApprovalRecord, RunStatus};
+use durafiber_store::tables::{self, RunStatus, keys};
 
 use crate::{
     error::{LivenessViolation, RuntimeError},
@@ -22,9 +22,9 @@ pub(crate) fn check(shared: &Shared) -> Result<Vec<LivenessViolation>, RuntimeEr
     }
     let woken: HashSet<String> = shared.wakeups.lock().iter().map(|(_, id)| id.clone()).collect();
     let mut violations = Vec::new();
-    let mut after: Option<Vec<u8>> = None;
+    let mut after = None;
     loop {
-        let (ids, next) = shared.open_runs_page(after.as_deref())?;
+        let (ids, next) = shared.open_runs_page(after.as_ref())?;
         for run_id in ids {
             // Another node's runs are that node's to keep moving.
             if !shared.ownership.owns(&run_id) {
@@ -51,32 +51,24 @@ pub(crate) fn check(shared: &Shared) -> Result<Vec<LivenessViolation>, RuntimeEr
 /// Parked on a durable wait: an operator's pause, a pending approval, or any alarm (its delivery activates the
 /// run, and activation re-enters an interrupted fiber).
 fn parked(shared: &Shared, run: &tables::RunRecord) -> Result<bool, RuntimeError> {
-    let id = run.run_id.as_bytes();
     // Held by an operator, who resumes it: a durable wait for a human.
     if matches!(run.status, RunStatus::Paused { .. }) && shared.pause_reason(&run.kind, &run.run_id).is_some()
     {
         return Ok(true);
     }
     if let RunStatus::WaitingApproval { approval_id } = &run.status {
-        let key = tables::APPROVALS.key(&[id, approval_id.as_bytes()]);
-        let pending = shared
-            .store
-            .get::<ApprovalRecord>(tables::APPROVALS, &key)?
-            .is_some_and(|a| a.decision.is_none() && !a.escalated);
+        let key = keys::approval(&run.run_id, approval_id);
+        let pending = shared.store.get(&key)?.is_some_and(|a| a.decision.is_none() && !a.escalated);
         if pending {
             return Ok(true);
         }
     }
     if let RunStatus::WaitingEvent { name } = &run.status {
-        let key = tables::EVENT_WAITS.key(&[id, name.as_bytes()]);
-        let waiting = shared
-            .store
-            .get::<tables::EventWaitRecord>(tables::EVENT_WAITS, &key)?
-            .is_some_and(|w| w.result.is_none());
+        let key = keys::event_wait(&run.run_id, name);
+        let waiting = shared.store.get(&key)?.is_some_and(|w| w.result.is_none());
         if waiting {
             return Ok(true);
         }
     }
-    let prefix = tables::ALARMS.prefix_of(&[id]);
-    Ok(!shared.store.scan::<AlarmRecord>(tables::ALARMS, &prefix, None, 1)?.is_empty())
+    Ok(!shared.store.scan(&keys::ALARMS.of_run(&run.run_id), None, 1)?.is_empty())
 }

@@ -2,7 +2,7 @@
 //! finds them at start-up is `rescan.rs`; which hooks run at once, and so which deaths count
 //! against a run, is `kernel/hook_gate.rs`.
 
-use durafiber_store::tables::{self, RunRecord, RunStatus, WakeReason};
+use durafiber_store::tables::{RunRecord, RunStatus, WakeReason, keys};
 
 use crate::{budget::Budgets, hooks::RecoveryReason, kernel::shared::Shared, limits};
 
@@ -65,8 +65,8 @@ pub(crate) fn plan(shared: &Shared, run: &RunRecord, budgets: &Budgets) -> Plan 
 
 /// How many lone recoveries of `run_id` in a row the process died in (`tables::HOOK_PROBES`).
 pub(crate) fn probe_deaths(shared: &Shared, run_id: &str) -> Result<u32, durafiber_store::StoreError> {
-    let key = tables::HOOK_PROBES.key(&[run_id.as_bytes()]);
-    Ok(shared.store.get::<u32>(tables::HOOK_PROBES, &key)?.unwrap_or(0))
+    let key = keys::hook_probe(run_id);
+    Ok(shared.store.get::<u32>(&key)?.unwrap_or(0))
 }
 
 /// Delay before recovery attempt `n + 1` after `n` failed ones: 1 s doubling, capped at 5 min.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use durafiber_store::{
     Batch, Durability, Store,
     prefetch::Prefetched,
-    tables::{self, RunStatus},
+    tables::{RunStatus, keys},
 };
 
 use crate::{
@@ -44,12 +44,15 @@ struct Found {
 /// against its run.
 fn with_records(store: &Store, run_ids: Vec<String>) -> Vec<Found> {
     let limit = run_ids.len().saturating_mul(2).saturating_add(16);
-    let walk = |table: tables::Table| {
-        let keys: Vec<Vec<u8>> = run_ids.iter().map(|id| table.key(&[id.as_bytes()])).collect();
-        store.prefetch(&keys, limit).unwrap_or_default().into_iter()
+    let walk = |key_of: &dyn Fn(&str) -> Vec<u8>| {
+        let wanted: Vec<Vec<u8>> = run_ids.iter().map(|id| key_of(id)).collect();
+        store.prefetch(&wanted, limit).unwrap_or_default().into_iter()
     };
-    let (mut runs, mut stashes, mut versions) =
-        (walk(tables::RUNS), walk(tables::STASHES), walk(tables::STASH_VERSIONS));
+    let (mut runs, mut stashes, mut versions) = (
+        walk(&|id| keys::run(id).into_bytes()),
+        walk(&|id| keys::stash(id).into_bytes()),
+        walk(&|id| keys::stash_version(id).into_bytes()),
+    );
     run_ids
         .into_iter()
         .map(|run_id| Found {
@@ -90,10 +93,10 @@ pub(crate) async fn reactivate_interrupted(
         senders.push(tx);
     }
     let mut dealt: Vec<Vec<Found>> = (0..lanes).map(|_| Vec::new()).collect();
-    let mut after: Option<Vec<u8>> = None;
+    let mut after = None;
     let mut scanned = Ok(());
     'pages: loop {
-        let (ids, next) = match shared.open_runs_page(after.as_deref()) {
+        let (ids, next) = match shared.open_runs_page(after.as_ref()) {
             Ok(page) => page,
             Err(e) => {
                 scanned = Err(e);
@@ -194,9 +197,9 @@ async fn reactivate_batch(shared: &Arc<Shared>, found: Vec<Found>) -> Result<usi
                     .map_err(|e| e.to_string());
                 // Only the record: the run stays in the open-run index it was found in. A
                 // run whose cell cannot be built is left for the single activation to report.
-                let key = tables::RUNS.key(&[run.run_id.as_bytes()]);
+                let key = keys::run(&run.run_id);
                 match actor::new_cell(shared, &run, &stash) {
-                    Ok(cell) if writes.put(tables::RUNS, key, &run).is_ok() => {
+                    Ok(cell) if writes.put(key, &run).is_ok() => {
                         // Boxed now, as the fiber takes it: the batch's list stays small.
                         registered.push((cell, Box::new(Registered { run, mode, stash, hook })))
                     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use durafiber_store::{
     Durability, StoreError,
-    tables::{self, RunRecord, RunStatus},
+    tables::{self, Key, RunRecord, RunStatus, keys},
 };
 use serde::Serialize;
 
@@ -65,7 +65,7 @@ pub(crate) async fn start(
         .map_err(|e| RuntimeError::InvalidInput(format!("input for {kind}: {e}")))?;
     let input: serde_json::Value = json::parse(input_json).map_err(RuntimeError::InvalidInput)?;
     let (input_json, input_hash) = json::canonical_with_hash(&input).map_err(RuntimeError::InvalidInput)?;
-    let key_record = tables::RUN_KEYS.key(&[kind.as_bytes(), key.as_bytes()]);
+    let key_record = keys::run_by_key(kind, key);
 
     let _guard = shared.start_locks[stripe(key, shared.start_locks.len())].lock().await;
     if let Some(existing) = existing(shared, &key_record, key, &input)? {
@@ -91,10 +91,10 @@ pub(crate) async fn start(
         options: options.stored(),
     };
     let mut batch = durafiber_store::Batch::new();
-    batch.put(tables::RUN_KEYS, key_record.clone(), &run.run_id)?;
+    batch.put(key_record.clone(), &run.run_id)?;
     crate::budget::stage_at_start(&mut batch, &run.run_id, options.budget.or(shared.config.budget).limits())?;
-    batch.put(tables::RUNS, tables::RUNS.key(&[run.run_id.as_bytes()]), &run)?;
-    batch.put(tables::OPEN_RUNS, tables::OPEN_RUNS.key(&[run.run_id.as_bytes()]), &())?;
+    batch.put(keys::run(&run.run_id), &run)?;
+    batch.put(keys::open_run(&run.run_id), &())?;
     // The key is unique by the store, not by the lock above: on a store that several nodes
     // share, another node may accept the same key at the same moment, and one of the two
     // batches is refused whole. The run's own records are new too, so this needs no lease
@@ -119,11 +119,11 @@ pub(crate) async fn start(
 /// → `KeyConflict`.
 fn existing(
     shared: &Shared,
-    key_record: &[u8],
+    key_record: &Key<String>,
     key: &str,
     input: &serde_json::Value,
 ) -> Result<Option<StartOutcome>, RuntimeError> {
-    let Some(run_id) = shared.store.get::<String>(tables::RUN_KEYS, key_record)? else { return Ok(None) };
+    let Some(run_id) = shared.store.get::<String>(key_record)? else { return Ok(None) };
     let run = shared.load_run(&run_id)?;
     if !json::hash_matches(&run.input_hash, input).map_err(RuntimeError::InvalidInput)? {
         return Err(RuntimeError::KeyConflict { key: key.to_string(), run_id });

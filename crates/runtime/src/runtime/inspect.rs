@@ -4,7 +4,7 @@
 use durafiber_store::{
     Store,
     tables::{
-        self, ApprovalRecord, BudgetRecord, DeadLetter, LedgerEntry, RunRecord, RunStatus, StashRecord,
+        ApprovalRecord, BudgetRecord, DeadLetter, LedgerEntry, RunRecord, RunStatus, StashRecord, Table, keys,
     },
 };
 use serde::{Serialize, de::DeserializeOwned};
@@ -118,13 +118,9 @@ pub struct Gauges {
 }
 
 /// Every record of `table` that belongs to run `id`.
-fn scan_all<T: DeserializeOwned>(
-    store: &Store,
-    table: tables::Table,
-    id: &[u8],
-) -> Result<Vec<T>, RuntimeError> {
+fn scan_all<V: DeserializeOwned>(store: &Store, table: Table<V>, id: &str) -> Result<Vec<V>, RuntimeError> {
     let mut out = Vec::new();
-    for (_, record) in store.scan(table, &table.prefix_of(&[id]), None, usize::MAX)? {
+    for (_, record) in store.scan(&table.of_run(id), None, usize::MAX)? {
         out.push(record?);
     }
     Ok(out)
@@ -178,16 +174,10 @@ impl Runtime {
     /// Lists runs, filtered and paged, in run-id order.
     pub fn list(&self, filter: &ListFilter) -> Result<RunPage, RuntimeError> {
         let limit = filter.limit.clamp(1, limits::LIST_PAGE_MAX);
-        let after_key = filter.after.as_ref().map(|a| tables::RUNS.key(&[a.as_bytes()]));
-        let mut after = after_key;
+        let mut after = filter.after.as_ref().map(|a| keys::run(a));
         let mut runs = Vec::new();
         loop {
-            let page = self.shared.store.scan::<RunRecord>(
-                tables::RUNS,
-                &[tables::RUNS.prefix],
-                after.as_deref(),
-                limit,
-            )?;
+            let page = self.shared.store.scan(&keys::RUNS.all(), after.as_ref(), limit)?;
             let exhausted = page.len() < limit;
             for (key, run) in page {
                 after = Some(key);
@@ -230,15 +220,14 @@ impl Runtime {
     pub fn inspect(&self, run_id: &str) -> Result<RunInspection, RuntimeError> {
         let store = &self.shared.store;
         let run = self.shared.load_run(run_id)?;
-        let id = run_id.as_bytes();
         let stored = crate::kernel::stash_record::read(store, run_id)?;
         Ok(RunInspection {
             stash_version: stored.as_ref().map(|s| s.version),
             stash: stored.map(|s| s.record),
-            ledger: scan_all(store, tables::LEDGER, id)?,
+            ledger: scan_all(store, keys::LEDGER, run_id)?,
             alarms: alarm::list(&self.shared, run_id)?,
-            approvals: scan_all(store, tables::APPROVALS, id)?,
-            dead_letters: scan_all(store, tables::DEAD_LETTERS, id)?,
+            approvals: scan_all(store, keys::APPROVALS, run_id)?,
+            dead_letters: scan_all(store, keys::DEAD_LETTERS, run_id)?,
             budget: crate::kernel::spend::stored(store, run_id)?,
             run,
         })
@@ -305,14 +294,9 @@ impl Runtime {
     pub fn gauges(&self) -> Result<Gauges, RuntimeError> {
         let store = &self.shared.store;
         let mut gauges = Gauges::default();
-        let mut after: Option<Vec<u8>> = None;
+        let mut after = None;
         loop {
-            let page = store.scan::<RunRecord>(
-                tables::RUNS,
-                &[tables::RUNS.prefix],
-                after.as_deref(),
-                limits::LIST_PAGE_MAX,
-            )?;
+            let page = store.scan(&keys::RUNS.all(), after.as_ref(), limits::LIST_PAGE_MAX)?;
             let exhausted = page.len() < limits::LIST_PAGE_MAX;
             for (key, run) in page {
                 after = Some(key);
@@ -324,10 +308,10 @@ impl Runtime {
                 break;
             }
         }
-        let open = store.keys_and_sizes(&[tables::OPEN_RUNS.prefix], usize::MAX)?.len() as u64;
+        let open = store.keys_and_sizes(&keys::OPEN_RUNS.all(), usize::MAX)?.len() as u64;
         gauges.live_actors = self.shared.registry.len() as u64;
         gauges.hibernated_runs = open.saturating_sub(gauges.live_actors);
-        gauges.pending_alarms = store.keys_and_sizes(&[tables::ALARMS.prefix], usize::MAX)?.len() as u64;
+        gauges.pending_alarms = store.keys_and_sizes(&keys::ALARMS.all(), usize::MAX)?.len() as u64;
         Ok(gauges)
     }
 
@@ -335,8 +319,7 @@ impl Runtime {
     /// [`limits::LIST_PAGE_MAX`]).
     pub fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, RuntimeError> {
         let page = self.shared.store.scan::<DeadLetter>(
-            tables::DEAD_LETTERS,
-            &[tables::DEAD_LETTERS.prefix],
+            &keys::DEAD_LETTERS.all(),
             None,
             limit.clamp(1, limits::LIST_PAGE_MAX),
         )?;

@@ -1,262 +1,8 @@
-//! The logical tables, their key layout, and the record types stored in them.
-//!
-//! All tables live in one sled tree under one-byte prefixes, so a boundary that touches several
-//! tables (stash + run status + ledger entry) is one atomic batch. Parts of a key are joined
-//! with a NUL byte, which ids may not contain ([`check_id`]).
-//!
-//! | table     | key                                   | value            |
-//! |-----------|---------------------------------------|------------------|
-//! | runs      | `r` run_id                            | [`RunRecord`]    |
-//! | run_keys  | `k` kind NUL idempotency_key          | run id           |
-//! | open_runs | `o` run_id                            | `()` (not terminal) |
-//! | stashes   | `s` run_id                            | [`StashRecord`]  |
-//! | ledger    | `l` run_id NUL effect_id              | [`LedgerEntry`]  |
-//! | approvals | `p` run_id NUL approval_id            | [`ApprovalRecord`] |
-//! | alarms    | `a` run_id NUL name                   | [`AlarmRecord`]  |
-//! | alarm_due | `d` due_at_ms (u64 BE) run_id NUL name | `()`            |
-//! | alarm_crons | `c` run_id NUL name                 | [`CronRecord`]   |
-//! | alarm_retries | `q` run_id NUL name NUL scheduled_at_ms (u64 BE) | [`AlarmRecord`] |
-//! | stream    | `b` run_id NUL seq (u64 BE)           | [`StreamChunkRecord`] |
-//! | stream_heads | `h` run_id                         | [`StreamHead`]   |
-//! | stream_marks | `B` run_id                         | u64 (stream length at the last stash) |
-//! | hook_probes | `P` run_id                          | u32 (lone recoveries the process died in) |
-//! | budgets   | `f` run_id                            | [`BudgetRecord`] |
-//! | paused_kinds | `z` kind                           | [`PauseRecord`]  |
-//! | paused_runs | `j` run_id                          | [`PauseRecord`]  |
-//! | dead      | `x` run_id NUL name NUL dead_at_ms     | [`DeadLetter`]   |
-//! | storage   | `g` run_id NUL key                    | JSON text        |
+//! The record types the tables hold: what a run, its stash, its effects, approvals, alarms,
+//! stream, events, budget and pauses look like on disk, and the access records behind tokens
+//! and the audit trail.
 
 use serde::{Deserialize, Serialize};
-
-/// A logical table: a name for errors and a one-byte key prefix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Table {
-    /// Printable name, used in errors and inspection.
-    pub name: &'static str,
-    /// The key prefix that separates this table from the others.
-    pub prefix: u8,
-}
-
-/// Runs by id.
-pub const RUNS: Table = Table { name: "runs", prefix: b'r' };
-/// Idempotency keys of `start`, per agent kind.
-pub const RUN_KEYS: Table = Table { name: "run_keys", prefix: b'k' };
-/// Runs that are not terminal: the recovery scan reads only these.
-pub const OPEN_RUNS: Table = Table { name: "open_runs", prefix: b'o' };
-/// The last stash of each run.
-pub const STASHES: Table = Table { name: "stashes", prefix: b's' };
-/// The agent's stash version of each run's last stash: `n` run_id → `u32`, present only when
-/// it is not 1, so the stores of agents that never bump it hold nothing more.
-pub const STASH_VERSIONS: Table = Table { name: "stash_versions", prefix: b'n' };
-/// The effect ledger.
-pub const LEDGER: Table = Table { name: "ledger", prefix: b'l' };
-/// Human approvals, pending and decided.
-pub const APPROVALS: Table = Table { name: "approvals", prefix: b'p' };
-/// Alarms by run and name.
-pub const ALARMS: Table = Table { name: "alarms", prefix: b'a' };
-/// Alarms by due time: the scheduler's index.
-pub const ALARM_DUE: Table = Table { name: "alarm_due", prefix: b'd' };
-/// The cron expression of each cron alarm (its record in `alarms` holds the next due time).
-pub const ALARM_CRONS: Table = Table { name: "alarm_crons", prefix: b'c' };
-/// Failed occurrences of periodic and cron alarms, retried beside the schedule, which goes on:
-/// `q` run_id NUL name NUL scheduled_at_ms (u64 BE) → [`AlarmRecord`] of that occurrence. Their
-/// `alarm_due` entries name them `name NUL scheduled_at_ms` ([`retry_due_name`]).
-pub const ALARM_RETRIES: Table = Table { name: "alarm_retries", prefix: b'q' };
-/// Each run's durable output stream, one chunk per key, in sequence order.
-pub const STREAM: Table = Table { name: "stream", prefix: b'b' };
-/// Each run's stream length and size, written with its chunks.
-pub const STREAM_HEADS: Table = Table { name: "stream_heads", prefix: b'h' };
-/// Each run's stream length at its last stash (u64): where a fiber re-entered there stands in
-/// its stream. Written with a stash when the run's stream is not empty; none reads as 0.
-pub const STREAM_MARKS: Table = Table { name: "stream_marks", prefix: b'B' };
-/// Runs whose recovery hook is running alone (a suspect's probe, `runtime/kernel/hook_gate.rs`):
-/// how many such recoveries in a row the process did not survive (u32). Written before the
-/// hook runs, removed when it settles.
-pub const HOOK_PROBES: Table = Table { name: "hook_probes", prefix: b'P' };
-/// Each run's budget and what it has spent, for runs that have one.
-pub const BUDGETS: Table = Table { name: "budgets", prefix: b'f' };
-/// Agent kinds an operator paused.
-pub const PAUSED_KINDS: Table = Table { name: "paused_kinds", prefix: b'z' };
-/// Runs an operator paused one by one.
-pub const PAUSED_RUNS: Table = Table { name: "paused_runs", prefix: b'j' };
-/// Abandoned alarms.
-pub const DEAD_LETTERS: Table = Table { name: "dead_letters", prefix: b'x' };
-/// External events sent to a run and not consumed yet, FIFO per name.
-pub const EVENTS: Table = Table { name: "events", prefix: b'e' };
-/// Idempotency keys of sent events, so a repeat is a `Duplicate`, delivered once.
-pub const EVENT_KEYS: Table = Table { name: "event_keys", prefix: b'i' };
-/// The journal of event waits: what each wait returned, so a re-entry returns it again.
-pub const EVENT_WAITS: Table = Table { name: "event_waits", prefix: b'v' };
-/// The store's own bookkeeping (the commit sequence number of the rollback witness).
-pub const META: Table = Table { name: "meta", prefix: b'm' };
-/// Durable sleeps by run and name: the journal that makes a sleep wake once, at its time.
-pub const SLEEPS: Table = Table { name: "sleeps", prefix: b'w' };
-/// Each run's own key-value storage (`ctx.storage()`): canonical JSON under the user's key.
-pub const STORAGE: Table = Table { name: "storage", prefix: b'g' };
-/// API tokens by name: `t` name → `access::TokenRecord` (the token's hash, never the token).
-pub const TOKENS: Table = Table { name: "tokens", prefix: b't' };
-/// The audit trail, append-only: `u` seq (u64 big-endian) → `access::AuditRecord`.
-pub const AUDIT: Table = Table { name: "audit", prefix: b'u' };
-/// The audit entries of one run: `y` run_id NUL seq → `()`.
-pub const AUDIT_BY_RUN: Table = Table { name: "audit_by_run", prefix: b'y' };
-
-/// The run a record belongs to, read from its key: the first key part for every table but
-/// `run_keys`, `meta`, `tokens`, `audit` and `paused_kinds` (which belong to no run) and `alarm_due` (after
-/// its due time).
-pub fn run_of_key(key: &[u8]) -> Option<&str> {
-    let table = Table::of_key(key)?;
-    if [RUN_KEYS.prefix, META.prefix, TOKENS.prefix, AUDIT.prefix, PAUSED_KINDS.prefix]
-        .contains(&table.prefix)
-    {
-        return None;
-    }
-    let rest = key.get(1..)?;
-    let rest = if table.prefix == ALARM_DUE.prefix { rest.get(8..)? } else { rest };
-    let id = rest.split(|b| *b == 0).next()?;
-    std::str::from_utf8(id).ok().filter(|s| !s.is_empty())
-}
-
-/// Every table, for inspection and tests.
-pub const ALL: [Table; 28] = [
-    RUNS,
-    RUN_KEYS,
-    OPEN_RUNS,
-    STASHES,
-    STASH_VERSIONS,
-    LEDGER,
-    APPROVALS,
-    ALARMS,
-    ALARM_DUE,
-    ALARM_CRONS,
-    ALARM_RETRIES,
-    STREAM,
-    STREAM_HEADS,
-    STREAM_MARKS,
-    HOOK_PROBES,
-    BUDGETS,
-    PAUSED_KINDS,
-    PAUSED_RUNS,
-    DEAD_LETTERS,
-    SLEEPS,
-    META,
-    EVENTS,
-    EVENT_KEYS,
-    EVENT_WAITS,
-    STORAGE,
-    TOKENS,
-    AUDIT,
-    AUDIT_BY_RUN,
-];
-
-impl Table {
-    /// The full key of a record whose key parts are `parts`.
-    pub fn key(&self, parts: &[&[u8]]) -> Vec<u8> {
-        let mut k = Vec::with_capacity(1 + parts.iter().map(|p| p.len() + 1).sum::<usize>());
-        k.push(self.prefix);
-        for (i, p) in parts.iter().enumerate() {
-            if i > 0 {
-                k.push(0);
-            }
-            k.extend_from_slice(p);
-        }
-        k
-    }
-
-    /// The prefix shared by all keys that start with `parts` (a trailing separator included).
-    pub fn prefix_of(&self, parts: &[&[u8]]) -> Vec<u8> {
-        let mut k = self.key(parts);
-        if !parts.is_empty() {
-            k.push(0);
-        }
-        k
-    }
-
-    /// The table a stored key belongs to, if any.
-    pub fn of_key(key: &[u8]) -> Option<Table> {
-        ALL.iter().copied().find(|t| key.first() == Some(&t.prefix))
-    }
-}
-
-/// The key of an `alarm_due` entry. Big-endian time first, so a range scan is in due order.
-pub fn alarm_due_key(due_at_ms: u64, run_id: &str, name: &str) -> Vec<u8> {
-    let mut k = vec![ALARM_DUE.prefix];
-    k.extend_from_slice(&due_at_ms.to_be_bytes());
-    k.extend_from_slice(run_id.as_bytes());
-    k.push(0);
-    k.extend_from_slice(name.as_bytes());
-    k
-}
-
-/// Splits an `alarm_due` key back into `(due_at_ms, run_id, name)`.
-pub fn parse_alarm_due_key(key: &[u8]) -> Option<(u64, String, String)> {
-    let rest = key.strip_prefix(&[ALARM_DUE.prefix])?;
-    let due = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
-    let rest = &rest[8..];
-    let sep = rest.iter().position(|b| *b == 0)?;
-    let run = String::from_utf8(rest[..sep].to_vec()).ok()?;
-    let name = String::from_utf8(rest[sep + 1..].to_vec()).ok()?;
-    Some((due, run, name))
-}
-
-/// The name under which a retried occurrence of alarm `name` sits in the due index: a NUL
-/// cannot occur in a name, so it cannot collide with an alarm's own entry.
-pub fn retry_due_name(name: &str, scheduled_at_ms: u64) -> String {
-    format!("{name}\0{scheduled_at_ms}")
-}
-
-/// Splits a due-index name back into the alarm's name and, for a retried occurrence, the time
-/// it was scheduled for.
-pub fn parse_due_name(due_name: &str) -> (&str, Option<u64>) {
-    match due_name.split_once('\0') {
-        Some((name, at)) => match at.parse() {
-            Ok(at) => (name, Some(at)),
-            Err(_) => (due_name, None),
-        },
-        None => (due_name, None),
-    }
-}
-
-/// The key of a retried occurrence in [`ALARM_RETRIES`].
-pub fn alarm_retry_key(run_id: &str, name: &str, scheduled_at_ms: u64) -> Vec<u8> {
-    ALARM_RETRIES.key(&[run_id.as_bytes(), name.as_bytes(), &scheduled_at_ms.to_be_bytes()])
-}
-
-/// The key of chunk `seq` of a run's output stream.
-pub fn stream_key(run_id: &str, seq: u64) -> Vec<u8> {
-    STREAM.key(&[run_id.as_bytes(), &seq.to_be_bytes()])
-}
-
-/// Why an id cannot be used as part of a key.
-pub fn check_id(what: &str, id: &str) -> Result<(), String> {
-    if id.is_empty() {
-        return Err(format!("{what} is empty"));
-    }
-    let chars = id.chars().count();
-    if chars > ID_CHARS_MAX {
-        return Err(format!("{what} is {chars} characters, more than {ID_CHARS_MAX}"));
-    }
-    if id.contains('\0') {
-        return Err(format!("{what} contains a NUL byte"));
-    }
-    Ok(())
-}
-
-/// Ids (run ids, keys, effect ids, alarm names) are bounded so keys stay small: at most this
-/// many characters (2 KiB of UTF-8), as the API's document declares them.
-pub const ID_CHARS_MAX: usize = 512;
-
-/// A key in a readable form for errors: text stays text, other bytes become `\xNN`.
-pub fn printable(key: &[u8]) -> String {
-    let mut s = String::new();
-    for b in key {
-        match b {
-            0 => s.push('/'),
-            0x20..=0x7e => s.push(*b as char),
-            _ => s.push_str(&format!("\\x{b:02x}")),
-        }
-    }
-    s
-}
 
 /// The durable record of a run: its handle, its input and where it stands.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -633,34 +379,33 @@ pub struct DeadLetter {
     pub dead_at_ms: u64,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// An API token as stored: its SHA-256, never the token itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenRecord {
+    /// Unique; shown in the audit trail beside everything the token did.
+    pub name: String,
+    /// `reader`, `reviewer`, `operator` or `admin`.
+    pub role: String,
+    /// Lower-case hex SHA-256 of the token.
+    pub hash: String,
+    /// When it was created.
+    pub created_at_ms: u64,
+}
 
-    #[test]
-    fn alarm_due_keys_sort_by_time_and_parse_back() {
-        let a = alarm_due_key(5, "run", "x");
-        let b = alarm_due_key(300, "run", "a");
-        assert!(a < b);
-        assert_eq!(parse_alarm_due_key(&b), Some((300, "run".into(), "a".into())));
-    }
-
-    #[test]
-    fn a_retried_occurrence_has_its_own_due_name() {
-        let due = retry_due_name("tick", 42);
-        assert_eq!(parse_due_name(&due), ("tick", Some(42)));
-        assert_eq!(parse_due_name("tick"), ("tick", None));
-        let key = alarm_due_key(5, "run", &due);
-        assert_eq!(parse_alarm_due_key(&key), Some((5, "run".into(), due)));
-        assert_eq!(run_of_key(&key), Some("run"));
-        assert_eq!(run_of_key(&alarm_retry_key("run", "tick", 42)), Some("run"));
-        assert_eq!(run_of_key(&stream_key("run", 7)), Some("run"));
-    }
-
-    #[test]
-    fn ids_with_nul_are_refused() {
-        assert!(check_id("effect id", "a\0b").is_err());
-        assert!(check_id("effect id", "").is_err());
-        assert!(check_id("effect id", "refund").is_ok());
-    }
+/// One entry of the append-only audit trail.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditRecord {
+    /// Its place in the trail: strictly increasing.
+    pub seq: u64,
+    /// When it was recorded.
+    pub at_ms: u64,
+    /// The name of the token that asked.
+    pub actor: String,
+    /// What was asked: `approve`, `cancel`, `set_alarm`, `token_create`, ...
+    pub action: String,
+    /// The run it concerns, if any.
+    pub run_id: Option<String>,
+    /// The request's particulars (an approval id and decision, an alarm name, ...).
+    pub detail: String,
 }

@@ -1,5 +1,9 @@
-//! The typed front door of the store: reads that open envelopes, and commits that go through
-//! the group-commit writer.
+//! The typed front door of the store: opening it, and commits that go through the
+//! group-commit writer. Its reads are in [`reads`].
+
+mod reads;
+
+pub use reads::Decoded;
 
 use std::{
     path::Path,
@@ -7,20 +11,15 @@ use std::{
     time::Duration,
 };
 
-use serde::de::DeserializeOwned;
 use tokio::sync::{Semaphore, TryAcquireError, oneshot};
 
 use crate::{
     backend::Backend,
-    backend::Entries,
     barrier::{Cmd, Durability, Health, Writer, WriterConfig, WriterStats, spawn_writer},
     batch::Batch,
-    codec, envelope,
     error::StoreError,
     lock::{Mutex, RwLock},
-    prefetch::{self, Prefetched},
     sled_backend::SledBackend,
-    tables::Table,
 };
 
 /// Settings of a store.
@@ -142,34 +141,9 @@ impl Inner {
     }
 }
 
-/// Keys with their decoded records; each record decodes (or fails) on its own.
-pub type Decoded<T> = Vec<(Vec<u8>, Result<T, StoreError>)>;
-
-/// The end of the key range that starts with `prefix`.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0xff; 9]
-}
-
 /// Whether `location` names a database (`postgres://…`) rather than a data directory.
 pub fn is_database_url(location: &str) -> bool {
     location.starts_with("postgres://") || location.starts_with("postgresql://")
-}
-
-/// Opens and decodes one sealed value.
-pub fn decode_sealed<T: DeserializeOwned>(table: Table, key: &[u8], sealed: &[u8]) -> Result<T, StoreError> {
-    let body = envelope::open(table.name, key, sealed)?;
-    codec::decode(body).map_err(|reason| StoreError::Corrupt {
-        table: table.name,
-        key: crate::tables::printable(key),
-        reason,
-    })
 }
 
 impl Store {
@@ -450,198 +424,5 @@ impl Store {
     /// Makes everything durable and stops the writer. Later commits fail with `Closed`.
     pub fn close(&self) {
         self.inner.shut_down();
-    }
-
-    /// The record under `key` of `table`.
-    pub fn get<T: DeserializeOwned>(&self, table: Table, key: &[u8]) -> Result<Option<T>, StoreError> {
-        self.decoded(table, key, self.inner.backend.get(key)?)
-    }
-
-    /// The record `sealed` holds for `key`, if any; a bad one names its store.
-    fn decoded<T: DeserializeOwned>(
-        &self,
-        table: Table,
-        key: &[u8],
-        sealed: Option<Vec<u8>>,
-    ) -> Result<Option<T>, StoreError> {
-        match sealed {
-            None => Ok(None),
-            Some(sealed) => decode_sealed(table, key, &sealed).map(Some).map_err(|e| self.located(e)),
-        }
-    }
-
-    /// Reads the records under `keys` (ascending, as full keys) in one walk of the span from
-    /// the first to the last, walking at most `limit` records, for
-    /// [`Store::get_prefetched`]: one [`Prefetched`] per key, in order. A span holding more
-    /// records is covered as far as the walk went; a backend that cannot tell later
-    /// whether a record read now is still current covers nothing (reading each key is then
-    /// as good).
-    pub fn prefetch(&self, keys: &[Vec<u8>], limit: usize) -> Result<Vec<Prefetched>, StoreError> {
-        let (Some(first), Some(last)) = (keys.first(), keys.last()) else { return Ok(Vec::new()) };
-        if first > last || limit == 0 {
-            return Ok(keys.iter().map(|_| Prefetched::default()).collect());
-        }
-        let mut end = last.clone();
-        end.push(0);
-        Ok(match self.inner.backend.range_marked(first, &end, limit)? {
-            Some((entries, mark)) => prefetch::deal(entries, keys, limit, mark),
-            None => keys.iter().map(|_| Prefetched::default()).collect(),
-        })
-    }
-
-    /// [`Store::get`], answered from `prefetched` when its walk reached `key` and nothing
-    /// wrote the key since; read anew otherwise.
-    pub fn get_prefetched<T: DeserializeOwned>(
-        &self,
-        table: Table,
-        key: &[u8],
-        prefetched: Prefetched,
-    ) -> Result<Option<T>, StoreError> {
-        match prefetched.read {
-            Some((value, mark)) if self.inner.backend.unchanged_since(mark, key) => {
-                self.decoded(table, key, value)
-            }
-            _ => self.get(table, key),
-        }
-    }
-
-    /// A bad record's error names the store it was read from, beside its table and key.
-    fn located(&self, e: StoreError) -> StoreError {
-        let place = self.inner.backend.location();
-        match e {
-            StoreError::Corrupt { table, key, reason } => {
-                StoreError::Corrupt { table, key, reason: format!("{reason} (store {})", place.display()) }
-            }
-            other => other,
-        }
-    }
-
-    /// Up to `limit` records of `table` whose key starts with `prefix` and sorts after
-    /// `after`. A record that fails to decode comes back as its own error, so one corrupt
-    /// record never hides the others.
-    pub fn scan<T: DeserializeOwned>(
-        &self,
-        table: Table,
-        prefix: &[u8],
-        after: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<Decoded<T>, StoreError> {
-        self.scan_in(table, prefix, after, limit, None)
-    }
-
-    /// Up to `limit` keys with `prefix` and the sizes of their values.
-    pub fn keys_and_sizes(&self, prefix: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, usize)>, StoreError> {
-        Ok(self
-            .inner
-            .backend
-            .range(prefix, &prefix_end(prefix), limit)?
-            .into_iter()
-            .map(|(k, v)| (k, v.len()))
-            .collect())
-    }
-
-    /// Raw keys in `[start, end)`, for indexes whose keys carry all the information.
-    pub fn keys_between(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Vec<u8>>, StoreError> {
-        self.keys_between_in(start, end, limit, None)
-    }
-
-    /// [`Store::scan`], restricted to the runs of `shards` when given (a node's own).
-    pub fn scan_in<T: DeserializeOwned>(
-        &self,
-        table: Table,
-        prefix: &[u8],
-        after: Option<&[u8]>,
-        limit: usize,
-        shards: Option<&[u32]>,
-    ) -> Result<Decoded<T>, StoreError> {
-        let start = match after {
-            Some(a) if a >= prefix => {
-                let mut s = a.to_vec();
-                s.push(0);
-                s
-            }
-            _ => prefix.to_vec(),
-        };
-        let end = prefix_end(prefix);
-        let rows = match shards {
-            None => self.inner.backend.range(&start, &end, limit)?,
-            Some(shards) => self.inner.backend.range_in_shards(&start, &end, limit, shards)?,
-        };
-        Ok(rows
-            .into_iter()
-            .map(|(k, v)| {
-                let decoded = decode_sealed(table, &k, &v).map_err(|e| self.located(e));
-                (k, decoded)
-            })
-            .collect())
-    }
-
-    /// [`Store::keys_between`], restricted to the runs of `shards` when given.
-    pub fn keys_between_in(
-        &self,
-        start: &[u8],
-        end: &[u8],
-        limit: usize,
-        shards: Option<&[u32]>,
-    ) -> Result<Vec<Vec<u8>>, StoreError> {
-        let rows = match shards {
-            None => self.inner.backend.range(start, end, limit)?,
-            Some(shards) => self.inner.backend.range_in_shards(start, end, limit, shards)?,
-        };
-        Ok(rows.into_iter().map(|(k, _)| k).collect())
-    }
-
-    /// Every raw entry of a table, for inspection and tests.
-    pub fn raw_scan(&self, table: Table, limit: usize) -> Result<Entries, StoreError> {
-        self.inner.backend.range(&[table.prefix], &prefix_end(&[table.prefix]), limit)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_prefetched_read_answers_as_a_read_now_would() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("open");
-        let table = crate::tables::STORAGE;
-        let key = |i: u32| table.key(&[format!("k{i:03}").as_bytes()]);
-        let put = |i: u32, v: &str| {
-            let mut batch = Batch::new();
-            batch.put(table, key(i), &v.to_string()).expect("put");
-            batch
-        };
-        for i in (0..20).step_by(2) {
-            store.commit(put(i, "old"), Durability::Sync).await.expect("commit");
-        }
-        let keys: Vec<Vec<u8>> = (0..20).map(key).collect();
-        // A walk of at most 8 records reaches key 14 and answers for nothing after it.
-        let prefetched = store.prefetch(&keys, 8).expect("prefetch");
-        let reached: Vec<bool> = prefetched.iter().map(Prefetched::is_read).collect();
-        assert_eq!(reached, (0..20).map(|i| i <= 14).collect::<Vec<_>>());
-
-        store.commit(put(4, "new"), Durability::Sync).await.expect("commit");
-        store.commit(put(5, "created"), Durability::Sync).await.expect("commit");
-        let read: Vec<Option<String>> = prefetched
-            .into_iter()
-            .zip(0..)
-            .map(|(p, i)| store.get_prefetched(table, &key(i), p).expect("read"))
-            .collect();
-        let want: Vec<Option<String>> = (0..20)
-            .map(|i| match i {
-                4 => Some("new".into()),
-                5 => Some("created".into()),
-                i if i % 2 == 0 => Some("old".into()),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(read, want);
-    }
-
-    #[test]
-    fn prefix_end_is_the_next_prefix() {
-        assert_eq!(prefix_end(b"ab"), b"ac".to_vec());
-        assert_eq!(prefix_end(&[b'a', 0xff]), b"b".to_vec());
     }
 }

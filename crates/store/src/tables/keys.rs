@@ -1,0 +1,399 @@
+//! Every table, the type of its values and the layout of its keys: the one place a key is
+//! built. Parts of a key are joined with a NUL byte, which ids may not contain
+//! ([`super::check_id`]); numbers in keys are big-endian, so a range scan is in their order.
+
+use super::{
+    records::*,
+    table::{Key, Prefix, Table, TableInfo, decode_sealed, printable},
+};
+use crate::error::StoreError;
+
+/// Declares each table once: its name, prefix and value type; [`ALL`] and the decoder that
+/// checks any stored record as its table's type follow from the same list.
+macro_rules! tables {
+    ($($(#[$doc:meta])* $table:ident: $value:ty = ($name:literal, $prefix:literal);)*) => {
+        $($(#[$doc])* pub const $table: Table<$value> = Table::new($name, $prefix);)*
+
+        /// Every table, for inspection, repair and tests.
+        pub const ALL: &[TableInfo] = &[$($table.info(),)* META];
+
+        /// Opens and decodes one stored record as the type its table holds.
+        pub fn check_record(table: TableInfo, key: &[u8], sealed: &[u8]) -> Result<(), StoreError> {
+            $(if table.prefix == $prefix {
+                return decode_sealed::<$value>(table, key, sealed).map(drop);
+            })*
+            if table.prefix == META.prefix {
+                return decode_sealed::<u64>(table, key, sealed).map(drop);
+            }
+            Err(StoreError::Corrupt { table: table.name, key: printable(key), reason: "no such table".into() })
+        }
+    };
+}
+
+tables! {
+    /// Runs by id: `r` run_id.
+    RUNS: RunRecord = ("runs", b'r');
+    /// The run id `start` minted for an idempotency key, per agent kind: `k` kind NUL key.
+    RUN_KEYS: String = ("run_keys", b'k');
+    /// Runs that are not terminal, so the recovery scan reads only these: `o` run_id.
+    OPEN_RUNS: () = ("open_runs", b'o');
+    /// The last stash of each run: `s` run_id.
+    STASHES: StashRecord = ("stashes", b's');
+    /// The agent's stash version of each run's last stash: `n` run_id, present only when it is
+    /// not 1, so the stores of agents that never bump it hold nothing more.
+    STASH_VERSIONS: u32 = ("stash_versions", b'n');
+    /// The effect ledger: `l` run_id NUL effect_id.
+    LEDGER: LedgerEntry = ("ledger", b'l');
+    /// Human approvals, pending and decided: `p` run_id NUL approval_id.
+    APPROVALS: ApprovalRecord = ("approvals", b'p');
+    /// Alarms by run and name: `a` run_id NUL name.
+    ALARMS: AlarmRecord = ("alarms", b'a');
+    /// Alarms by due time, the scheduler's index: `d` due_at_ms run_id NUL due name.
+    ALARM_DUE: () = ("alarm_due", b'd');
+    /// The cron expression of each cron alarm (its record in `alarms` holds the next due time):
+    /// `c` run_id NUL name.
+    ALARM_CRONS: CronRecord = ("alarm_crons", b'c');
+    /// Failed occurrences of periodic and cron alarms, retried beside the schedule, which goes
+    /// on: `q` run_id NUL name NUL scheduled_at_ms. Their `alarm_due` entries name them
+    /// `name NUL scheduled_at_ms` ([`retry_due_name`]).
+    ALARM_RETRIES: AlarmRecord = ("alarm_retries", b'q');
+    /// Each run's durable output stream, one chunk per key, in order: `b` run_id NUL seq.
+    STREAM: StreamChunkRecord = ("stream", b'b');
+    /// Each run's stream length and size, written with its chunks: `h` run_id.
+    STREAM_HEADS: StreamHead = ("stream_heads", b'h');
+    /// Each run's stream length at its last stash: where a fiber re-entered there stands in its
+    /// stream. Written with a stash when the run's stream is not empty; none reads as 0.
+    /// `B` run_id.
+    STREAM_MARKS: u64 = ("stream_marks", b'B');
+    /// Runs whose recovery hook is running alone (a suspect's probe): how many such recoveries
+    /// in a row the process did not survive. Written before the hook runs, removed when it
+    /// settles. `P` run_id.
+    HOOK_PROBES: u32 = ("hook_probes", b'P');
+    /// Each run's budget and what it has spent, for runs that have one: `f` run_id.
+    BUDGETS: BudgetRecord = ("budgets", b'f');
+    /// Agent kinds an operator paused: `z` kind.
+    PAUSED_KINDS: PauseRecord = ("paused_kinds", b'z');
+    /// Runs an operator paused one by one: `j` run_id.
+    PAUSED_RUNS: PauseRecord = ("paused_runs", b'j');
+    /// Abandoned alarms: `x` run_id NUL name NUL dead_at_ms.
+    DEAD_LETTERS: DeadLetter = ("dead_letters", b'x');
+    /// Durable sleeps, the journal that makes a sleep wake once, at its time: `w` run_id NUL name.
+    SLEEPS: SleepRecord = ("sleeps", b'w');
+    /// External events sent to a run and not consumed yet, FIFO per name:
+    /// `e` run_id NUL name NUL seq.
+    EVENTS: EventRecord = ("events", b'e');
+    /// Idempotency keys of sent events, so a repeat is a `Duplicate`, delivered once:
+    /// `i` run_id NUL key.
+    EVENT_KEYS: () = ("event_keys", b'i');
+    /// The journal of event waits, what each wait returned, so a re-entry returns it again:
+    /// `v` run_id NUL name.
+    EVENT_WAITS: EventWaitRecord = ("event_waits", b'v');
+    /// Each run's own key-value storage (`ctx.storage()`), canonical JSON under the user's key:
+    /// `g` run_id NUL key.
+    STORAGE: String = ("storage", b'g');
+    /// API tokens by name (the token's hash, never the token): `t` name.
+    TOKENS: TokenRecord = ("tokens", b't');
+    /// The audit trail, append-only: `u` seq.
+    AUDIT: AuditRecord = ("audit", b'u');
+    /// The audit entries of one run: `y` run_id NUL seq.
+    AUDIT_BY_RUN: () = ("audit_by_run", b'y');
+}
+
+/// The store's own bookkeeping (the rollback witness's commit sequence number, the log's
+/// checkpoint): `m` name, each entry its own value type (a `u64` so far).
+pub const META: TableInfo = TableInfo { name: "meta", prefix: b'm' };
+
+impl TableInfo {
+    /// The table a stored key belongs to, if any.
+    pub fn of_key(key: &[u8]) -> Option<TableInfo> {
+        ALL.iter().copied().find(|t| key.first() == Some(&t.prefix))
+    }
+}
+
+/// The run a record belongs to, read from its key: the first key part for every table but
+/// `run_keys`, `meta`, `tokens`, `audit` and `paused_kinds` (which belong to no run) and
+/// `alarm_due` (after its due time).
+pub fn run_of_key(key: &[u8]) -> Option<&str> {
+    let table = TableInfo::of_key(key)?;
+    let no_run = [RUN_KEYS.prefix(), META.prefix, TOKENS.prefix(), AUDIT.prefix(), PAUSED_KINDS.prefix()];
+    if no_run.contains(&table.prefix) {
+        return None;
+    }
+    let rest = key.get(1..)?;
+    let rest = if table.prefix == ALARM_DUE.prefix() { rest.get(8..)? } else { rest };
+    let id = rest.split(|b| *b == 0).next()?;
+    std::str::from_utf8(id).ok().filter(|s| !s.is_empty())
+}
+
+/// A run's record.
+pub fn run(run_id: &str) -> Key<RunRecord> {
+    RUNS.key(&[run_id.as_bytes()])
+}
+
+/// The run `start` minted for idempotency key `key` of agent kind `kind`.
+pub fn run_by_key(kind: &str, key: &str) -> Key<String> {
+    RUN_KEYS.key(&[kind.as_bytes(), key.as_bytes()])
+}
+
+/// The mark that a run is not terminal.
+pub fn open_run(run_id: &str) -> Key<()> {
+    OPEN_RUNS.key(&[run_id.as_bytes()])
+}
+
+/// A run's last stash.
+pub fn stash(run_id: &str) -> Key<StashRecord> {
+    STASHES.key(&[run_id.as_bytes()])
+}
+
+/// The agent's version of a run's last stash.
+pub fn stash_version(run_id: &str) -> Key<u32> {
+    STASH_VERSIONS.key(&[run_id.as_bytes()])
+}
+
+/// Effect `effect_id` of a run.
+pub fn ledger(run_id: &str, effect_id: &str) -> Key<LedgerEntry> {
+    LEDGER.key(&[run_id.as_bytes(), effect_id.as_bytes()])
+}
+
+/// Approval `approval_id` of a run.
+pub fn approval(run_id: &str, approval_id: &str) -> Key<ApprovalRecord> {
+    APPROVALS.key(&[run_id.as_bytes(), approval_id.as_bytes()])
+}
+
+/// Alarm `name` of a run.
+pub fn alarm(run_id: &str, name: &str) -> Key<AlarmRecord> {
+    ALARMS.key(&[run_id.as_bytes(), name.as_bytes()])
+}
+
+/// The schedule of cron alarm `name` of a run.
+pub fn alarm_cron(run_id: &str, name: &str) -> Key<CronRecord> {
+    ALARM_CRONS.key(&[run_id.as_bytes(), name.as_bytes()])
+}
+
+/// The retried occurrence of alarm `name` scheduled for `scheduled_at_ms`.
+pub fn alarm_retry(run_id: &str, name: &str, scheduled_at_ms: u64) -> Key<AlarmRecord> {
+    ALARM_RETRIES.key(&[run_id.as_bytes(), name.as_bytes(), &scheduled_at_ms.to_be_bytes()])
+}
+
+/// Every retried occurrence of a run's alarms, or of its alarm `name` only.
+pub fn alarm_retries_of(run_id: &str, name: Option<&str>) -> Prefix<AlarmRecord> {
+    match name {
+        Some(name) => ALARM_RETRIES.prefix_of(&[run_id.as_bytes(), name.as_bytes()]),
+        None => ALARM_RETRIES.of_run(run_id),
+    }
+}
+
+/// An entry of the due index: time first, so a range scan is in due order.
+pub fn alarm_due(due_at_ms: u64, run_id: &str, due_name: &str) -> Key<()> {
+    ALARM_DUE.key(&[&[due_at_ms.to_be_bytes().as_slice(), run_id.as_bytes()].concat(), due_name.as_bytes()])
+}
+
+/// Splits a due-index key back into `(due_at_ms, run_id, due name)`.
+pub fn parse_alarm_due(key: &Key<()>) -> Option<(u64, String, String)> {
+    parse_alarm_due_bytes(key.as_bytes())
+}
+
+pub(crate) fn parse_alarm_due_bytes(key: &[u8]) -> Option<(u64, String, String)> {
+    let rest = key.strip_prefix(&[ALARM_DUE.prefix()])?;
+    let due = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
+    let rest = rest.get(8..)?;
+    let sep = rest.iter().position(|b| *b == 0)?;
+    let run = String::from_utf8(rest[..sep].to_vec()).ok()?;
+    let name = String::from_utf8(rest[sep + 1..].to_vec()).ok()?;
+    Some((due, run, name))
+}
+
+/// The name under which a retried occurrence of alarm `name` sits in the due index: a NUL
+/// cannot occur in a name, so it cannot collide with an alarm's own entry.
+pub fn retry_due_name(name: &str, scheduled_at_ms: u64) -> String {
+    format!("{name}\0{scheduled_at_ms}")
+}
+
+/// Splits a due-index name back into the alarm's name and, for a retried occurrence, the time
+/// it was scheduled for.
+pub fn parse_due_name(due_name: &str) -> (&str, Option<u64>) {
+    match due_name.split_once('\0') {
+        Some((name, at)) => match at.parse() {
+            Ok(at) => (name, Some(at)),
+            Err(_) => (due_name, None),
+        },
+        None => (due_name, None),
+    }
+}
+
+/// Chunk `seq` of a run's output stream.
+pub fn stream_chunk(run_id: &str, seq: u64) -> Key<StreamChunkRecord> {
+    STREAM.key(&[run_id.as_bytes(), &seq.to_be_bytes()])
+}
+
+/// The sequence number of a stream chunk's key.
+pub fn stream_seq(key: &Key<StreamChunkRecord>) -> Option<u64> {
+    tail_number(key)
+}
+
+/// How far a run's stream has come.
+pub fn stream_head(run_id: &str) -> Key<StreamHead> {
+    STREAM_HEADS.key(&[run_id.as_bytes()])
+}
+
+/// A run's place in its stream at its last stash.
+pub fn stream_mark(run_id: &str) -> Key<u64> {
+    STREAM_MARKS.key(&[run_id.as_bytes()])
+}
+
+/// The lone recoveries of a run the process died in.
+pub fn hook_probe(run_id: &str) -> Key<u32> {
+    HOOK_PROBES.key(&[run_id.as_bytes()])
+}
+
+/// A run's budget and spending.
+pub fn budget(run_id: &str) -> Key<BudgetRecord> {
+    BUDGETS.key(&[run_id.as_bytes()])
+}
+
+/// An operator's pause of agent kind `kind`.
+pub fn paused_kind(kind: &str) -> Key<PauseRecord> {
+    PAUSED_KINDS.key(&[kind.as_bytes()])
+}
+
+/// An operator's pause of one run.
+pub fn paused_run(run_id: &str) -> Key<PauseRecord> {
+    PAUSED_RUNS.key(&[run_id.as_bytes()])
+}
+
+/// Alarm `name` of a run, abandoned at `dead_at_ms`.
+pub fn dead_letter(run_id: &str, name: &str, dead_at_ms: u64) -> Key<DeadLetter> {
+    DEAD_LETTERS.key(&[run_id.as_bytes(), name.as_bytes(), &dead_at_ms.to_be_bytes()])
+}
+
+/// A run's durable sleep `name`.
+pub fn sleep(run_id: &str, name: &str) -> Key<SleepRecord> {
+    SLEEPS.key(&[run_id.as_bytes(), name.as_bytes()])
+}
+
+/// Event number `seq` of name `name` buffered for a run.
+pub fn event(run_id: &str, name: &str, seq: u64) -> Key<EventRecord> {
+    EVENTS.key(&[run_id.as_bytes(), name.as_bytes(), &seq.to_be_bytes()])
+}
+
+/// The events of name `name` buffered for a run, oldest first.
+pub fn events_named(run_id: &str, name: &str) -> Prefix<EventRecord> {
+    EVENTS.prefix_of(&[run_id.as_bytes(), name.as_bytes()])
+}
+
+/// The sequence number of a buffered event's key.
+pub fn event_seq(key: &Key<EventRecord>) -> Option<u64> {
+    tail_number(key)
+}
+
+/// The mark that an event with idempotency key `key` was sent to a run.
+pub fn event_key(run_id: &str, key: &str) -> Key<()> {
+    EVENT_KEYS.key(&[run_id.as_bytes(), key.as_bytes()])
+}
+
+/// A run's wait for event `name`.
+pub fn event_wait(run_id: &str, name: &str) -> Key<EventWaitRecord> {
+    EVENT_WAITS.key(&[run_id.as_bytes(), name.as_bytes()])
+}
+
+/// Key `key` of a run's own storage.
+pub fn storage(run_id: &str, key: &str) -> Key<String> {
+    STORAGE.key(&[run_id.as_bytes(), key.as_bytes()])
+}
+
+/// The keys of a run's own storage that start with `prefix`.
+pub fn storage_from(run_id: &str, prefix: &str) -> Prefix<String> {
+    STORAGE.of_run(run_id).narrowed(prefix.as_bytes())
+}
+
+/// The key in a run's own storage that a storage key names.
+pub fn storage_name(key: &Key<String>) -> Option<&str> {
+    let run_id = key.first_part()?;
+    let rest = key.as_bytes().get(1 + run_id.len() + 1..)?;
+    std::str::from_utf8(rest).ok()
+}
+
+/// The token named `name`.
+pub fn token(name: &str) -> Key<TokenRecord> {
+    TOKENS.key(&[name.as_bytes()])
+}
+
+/// Entry `seq` of the audit trail.
+pub fn audit(seq: u64) -> Key<AuditRecord> {
+    AUDIT.key(&[&seq.to_be_bytes()])
+}
+
+/// The mark that audit entry `seq` concerns a run.
+pub fn audit_by_run(run_id: &str, seq: u64) -> Key<()> {
+    AUDIT_BY_RUN.key(&[run_id.as_bytes(), &seq.to_be_bytes()])
+}
+
+/// The number a key of `audit` or `audit_by_run` ends with.
+pub fn audit_seq<V>(key: &Key<V>) -> Option<u64> {
+    tail_number(key)
+}
+
+/// The big-endian number the last eight bytes of a key hold.
+fn tail_number<V>(key: &Key<V>) -> Option<u64> {
+    let bytes = key.as_bytes();
+    let tail = bytes.get(bytes.len().checked_sub(8)?..)?;
+    Some(u64::from_be_bytes(tail.try_into().ok()?))
+}
+
+/// Entry `name` of the store's own bookkeeping.
+pub(crate) fn meta<V>(name: &str) -> Key<V> {
+    let mut bytes = vec![META.prefix];
+    bytes.extend_from_slice(name.as_bytes());
+    Key::new(META, bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alarm_due_keys_sort_by_time_and_parse_back() {
+        let a = alarm_due(5, "run", "x");
+        let b = alarm_due(300, "run", "a");
+        assert!(a < b);
+        assert_eq!(parse_alarm_due(&b), Some((300, "run".into(), "a".into())));
+    }
+
+    #[test]
+    fn a_retried_occurrence_has_its_own_due_name() {
+        let due = retry_due_name("tick", 42);
+        assert_eq!(parse_due_name(&due), ("tick", Some(42)));
+        assert_eq!(parse_due_name("tick"), ("tick", None));
+        let key = alarm_due(5, "run", &due);
+        assert_eq!(parse_alarm_due(&key), Some((5, "run".into(), due)));
+        assert_eq!(run_of_key(key.as_bytes()), Some("run"));
+        assert_eq!(run_of_key(alarm_retry("run", "tick", 42).as_bytes()), Some("run"));
+        assert_eq!(run_of_key(stream_chunk("run", 7).as_bytes()), Some("run"));
+    }
+
+    #[test]
+    fn keys_that_end_in_a_number_give_it_back() {
+        assert_eq!(event_seq(&event("run", "paid", 9)), Some(9));
+        assert_eq!(stream_seq(&stream_chunk("run", 4)), Some(4));
+        assert_eq!(audit_seq(&audit_by_run("run", 77)), Some(77));
+        assert_eq!(storage_name(&storage("run", "a\u{1}b")), Some("a\u{1}b"));
+        assert!(storage_from("run", "a").holds(&storage("run", "ab")));
+        assert!(!storage_from("run", "a").holds(&storage("runa", "b")));
+    }
+
+    #[test]
+    fn the_architecture_lists_every_table_with_its_prefix() {
+        let doc = include_str!("../../../../ARCHITECTURE.md");
+        for table in ALL {
+            let row = format!("| {} | `{}`", table.name, table.prefix as char);
+            assert!(doc.contains(&row), "ARCHITECTURE.md's records on disk lack `{row}`");
+        }
+    }
+
+    #[test]
+    fn ids_with_nul_are_refused() {
+        assert!(super::super::check_id("effect id", "a\0b").is_err());
+        assert!(super::super::check_id("effect id", "").is_err());
+        assert!(super::super::check_id("effect id", "refund").is_ok());
+    }
+}

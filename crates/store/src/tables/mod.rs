@@ -1,0 +1,13 @@
+//! The logical tables: their value types, key layout and record types.
+//!
+//! All tables live in one ordered key space under one-byte prefixes, so a boundary that
+//! touches several tables (stash + run status + ledger entry) is one atomic batch. Each table
+//! is a [`Table`] that names the type of its values; [`keys`] holds the table list and the
+//! functions that build their keys, the only place a key is built.
+
+pub mod keys;
+mod records;
+mod table;
+
+pub use records::*;
+pub use table::{ID_CHARS_MAX, Key, Prefix, Table, TableInfo, check_id, decode_sealed, printable};
