@@ -21,7 +21,7 @@
 //! may hold the lock by then.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, HashMap},
     future::Future,
     path::PathBuf,
     pin::Pin,
@@ -37,7 +37,7 @@ use tokio_postgres::{Client, NoTls};
 
 use crate::{
     backend::Backend,
-    backend::{Entries, Lease, Leases, ShardOwner},
+    backend::{Entries, Leases},
     batch::Batch,
     batch::Op,
     error::StoreError,
@@ -45,64 +45,13 @@ use crate::{
     shard,
 };
 
-/// The advisory lock a process holds while it uses the database.
-const OWNER_LOCK: i64 = 0x6475_7261_6669_6272; // "durafibr"
+mod leases;
+mod schema;
 
-/// The schema version this build writes; a database with a newer one is refused.
-const SCHEMA_VERSION: i64 = 1;
+use schema::prepare;
 
 /// The longest any one call may take before it fails: longer is a database that is gone.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Serializes the schema's creation between nodes that start together.
-const SCHEMA_LOCK: i64 = 0x6466_5f73_6368_656d; // "df_schem"
-
-/// How long `open` waits for the owner lock of a process that just died.
-const LOCK_WAIT: Duration = Duration::from_secs(3);
-
-const SCHEMA: &str = "
-    CREATE TABLE IF NOT EXISTS df_kv (k bytea PRIMARY KEY, v bytea NOT NULL, shard int);
-    CREATE INDEX IF NOT EXISTS df_kv_shard ON df_kv (shard, k);
-    CREATE TABLE IF NOT EXISTS df_meta (name text PRIMARY KEY, value bigint NOT NULL);
-    CREATE TABLE IF NOT EXISTS df_shards (
-        shard_id int PRIMARY KEY, owner text, epoch bigint NOT NULL DEFAULT 0, lease_until timestamptz);
-    CREATE TABLE IF NOT EXISTS df_nodes (node_id text PRIMARY KEY, http_addr text NOT NULL, seen_at timestamptz NOT NULL);
-    CREATE OR REPLACE FUNCTION df_apply(
-        gone bytea[], keys bytea[], vals bytea[], shards int[], absent bytea[],
-        fence_shards int[], fence_epochs bigint[], node text) RETURNS void AS $$
-    DECLARE
-        lost int;
-        present bytea;
-    BEGIN
-        -- The fence: this node still owns, at the epoch it acquired, every shard written.
-        -- FOR SHARE holds off a steal until this commits; a steal that came first fails it.
-        IF node IS NOT NULL AND cardinality(fence_shards) > 0 THEN
-            SELECT f.shard INTO lost FROM unnest(fence_shards, fence_epochs) AS f(shard, epoch)
-            WHERE NOT EXISTS (
-                SELECT 1 FROM df_shards s
-                WHERE s.shard_id = f.shard AND s.owner = node AND s.epoch = f.epoch FOR SHARE)
-            LIMIT 1;
-            IF lost IS NOT NULL THEN
-                RAISE EXCEPTION 'fenced' USING ERRCODE = 'DF001', DETAIL = lost::text;
-            END IF;
-        END IF;
-        SELECT k INTO present FROM df_kv WHERE k = ANY(absent) LIMIT 1;
-        IF present IS NOT NULL THEN
-            RAISE EXCEPTION 'exists' USING ERRCODE = 'DF002', DETAIL = encode(present, 'hex');
-        END IF;
-        DELETE FROM df_kv WHERE k = ANY(gone);
-        -- Absent keys are inserted plainly: one another node created meanwhile is a
-        -- unique violation, never an overwrite.
-        INSERT INTO df_kv (k, v, shard)
-        SELECT u.k, u.v, u.shard FROM unnest(keys, vals, shards) AS u(k, v, shard) WHERE u.k = ANY(absent);
-        INSERT INTO df_kv (k, v, shard)
-        SELECT u.k, u.v, u.shard FROM unnest(keys, vals, shards) AS u(k, v, shard) WHERE NOT (u.k = ANY(absent))
-        ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v, shard = EXCLUDED.shard;
-    EXCEPTION WHEN unique_violation THEN
-        -- Another node created an absent key between the check and the insert.
-        RAISE EXCEPTION 'exists' USING ERRCODE = 'DF002', DETAIL = '';
-    END $$ LANGUAGE plpgsql;
-";
 
 /// One statement applies a whole group, in `df_apply`: the fence check, the absent keys'
 /// check, the deletes, then the upserts of the keys' last values (a batch is first reduced
@@ -372,77 +321,6 @@ async fn listen(config: tokio_postgres::Config, news: tokio::sync::watch::Sender
     }
 }
 
-/// The session that holds the owner lock, for as long as the process uses the database.
-async fn take_owner_lock(
-    config: &tokio_postgres::Config,
-    lock_lost: Arc<AtomicBool>,
-    shown: &str,
-) -> Result<Client, StoreError> {
-    let (owner, connection) = config.connect(NoTls).await.map_err(db_error)?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-        lock_lost.store(true, Ordering::SeqCst);
-        tracing::error!("the PostgreSQL session holding the store's owner lock ended: writes stop");
-    });
-    // A process killed a moment ago may still hold the lock until the server notices its
-    // session ended: wait that long before refusing.
-    let deadline = tokio::time::Instant::now() + LOCK_WAIT;
-    loop {
-        let locked: bool = owner
-            .query_one("SELECT pg_try_advisory_lock($1)", &[&OWNER_LOCK])
-            .await
-            .map_err(db_error)?
-            .get(0);
-        if locked {
-            return Ok(owner);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(StoreError::DatabaseLocked { url: shown.to_string() });
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Takes the owner lock on a session of its own (for a process alone on the database), and
-/// creates or checks the schema.
-async fn prepare(
-    config: &tokio_postgres::Config,
-    conns: &Connections,
-    lock_lost: Option<Arc<AtomicBool>>,
-    shown: &str,
-) -> Result<Option<Client>, StoreError> {
-    let owner = match lock_lost {
-        Some(lock_lost) => Some(take_owner_lock(config, lock_lost, shown).await?),
-        None => None,
-    };
-    let client = conns.writes.client().await?;
-    // Nodes starting together create the schema one at a time.
-    let schema = format!(
-        "BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {SCHEMA} \
-         INSERT INTO df_shards (shard_id) SELECT generate_series(0, {}) ON CONFLICT DO NOTHING; COMMIT;",
-        shard::SHARDS - 1
-    );
-    client.batch_execute(&schema).await.map_err(db_error)?;
-    client
-        .execute(
-            "INSERT INTO df_meta (name, value) VALUES ('schema_version', $1) ON CONFLICT (name) DO NOTHING",
-            &[&SCHEMA_VERSION],
-        )
-        .await
-        .map_err(db_error)?;
-    let version: i64 = client
-        .query_one("SELECT value FROM df_meta WHERE name = 'schema_version'", &[])
-        .await
-        .map_err(db_error)?
-        .get(0);
-    if version > SCHEMA_VERSION {
-        return Err(StoreError::Database {
-            reason: format!("{shown} has schema version {version}; this build knows up to {SCHEMA_VERSION}"),
-        });
-    }
-    Ok(owner)
-}
-
 /// Keys (or values), as one SQL array.
 type Column = Vec<Vec<u8>>;
 
@@ -578,258 +456,6 @@ impl Backend for PgBackend {
     }
 }
 
-impl PgBackend {
-    /// The shards `batch` writes into and the epochs this node holds them at; a shard it
-    /// does not hold is refused here, without a round trip. Records a batch creates
-    /// (`absent` keys) need no lease: nothing of them can exist to be overwritten.
-    fn fence_for(&self, batch: &Batch) -> Result<(Vec<i32>, Vec<i64>), StoreError> {
-        if self.node.is_none() {
-            return Ok((Vec::new(), Vec::new()));
-        }
-        let created: BTreeSet<&[u8]> = batch.absent.iter().map(Vec::as_slice).collect();
-        let written: BTreeSet<u32> = batch
-            .ops
-            .iter()
-            .map(|op| match op {
-                Op::Put { key, .. } | Op::Delete { key } => key.as_slice(),
-            })
-            .filter(|k| !created.contains(k))
-            .filter_map(shard::of_key)
-            .collect();
-        let fence = self.fence.read();
-        let mut shards = Vec::with_capacity(written.len());
-        let mut epochs = Vec::with_capacity(written.len());
-        for s in written {
-            let epoch = *fence.get(&s).ok_or(StoreError::Fenced { shard: s })?;
-            shards.push(s as i32);
-            epochs.push(epoch);
-        }
-        Ok((shards, epochs))
-    }
-
-    fn node_name(&self) -> String {
-        self.node.clone().unwrap_or_default()
-    }
-}
-
-fn ttl_secs(ttl: Duration) -> f64 {
-    ttl.as_secs_f64()
-}
-
-impl Leases for PgBackend {
-    fn node_id(&self) -> &str {
-        self.node.as_deref().unwrap_or("")
-    }
-
-    fn heartbeat(&self, http_addr: &str) -> Result<(), StoreError> {
-        let (node, addr) = (self.node_name(), http_addr.to_string());
-        self.call(move |c| async move {
-            let client = c.writes.client().await?;
-            client
-                .execute(
-                    "INSERT INTO df_nodes (node_id, http_addr, seen_at) VALUES ($1, $2, now()) \
-                     ON CONFLICT (node_id) DO UPDATE SET http_addr = EXCLUDED.http_addr, seen_at = now()",
-                    &[&node, &addr],
-                )
-                .await
-                .map_err(db_error)?;
-            Ok(())
-        })
-    }
-
-    fn live_nodes(&self, ttl: Duration) -> Result<usize, StoreError> {
-        let secs = ttl_secs(ttl);
-        self.call(move |c| async move {
-            let client = c.reads.client().await?;
-            let row = client
-                .query_one(
-                    "SELECT count(*) FROM df_nodes WHERE seen_at > now() - make_interval(secs => $1)",
-                    &[&secs],
-                )
-                .await
-                .map_err(db_error)?;
-            Ok(usize::try_from(row.get::<_, i64>(0)).unwrap_or(0))
-        })
-    }
-
-    fn acquire(&self, want: usize, ttl: Duration) -> Result<Vec<Lease>, StoreError> {
-        if want == 0 {
-            return Ok(Vec::new());
-        }
-        let (node, secs, want) = (self.node_name(), ttl_secs(ttl), i64::try_from(want).unwrap_or(i64::MAX));
-        let leases = self.call(move |c| async move {
-            let client = c.writes.client().await?;
-            // The database's clock decides expiry; SKIP LOCKED lets nodes acquire side by
-            // side, and a shard a writer holds FOR SHARE waits for its commit.
-            let rows = client
-                .query(
-                    "UPDATE df_shards s SET owner = $1, epoch = s.epoch + 1, \
-                         lease_until = now() + make_interval(secs => $2) \
-                     FROM (SELECT shard_id FROM df_shards \
-                           WHERE owner IS NULL OR lease_until IS NULL OR lease_until < now() \
-                           ORDER BY shard_id LIMIT $3 FOR UPDATE SKIP LOCKED) f \
-                     WHERE s.shard_id = f.shard_id RETURNING s.shard_id, s.epoch",
-                    &[&node, &secs, &want],
-                )
-                .await
-                .map_err(db_error)?;
-            Ok(rows
-                .iter()
-                .map(|r| Lease { shard: r.get::<_, i32>(0) as u32, epoch: r.get(1) })
-                .collect::<Vec<_>>())
-        })?;
-        let mut fence = self.fence.write();
-        for l in &leases {
-            fence.insert(l.shard, l.epoch);
-        }
-        Ok(leases)
-    }
-
-    fn acquire_shard(&self, shard: u32, ttl: Duration) -> Result<Option<Lease>, StoreError> {
-        let (node, secs, id) = (self.node_name(), ttl_secs(ttl), shard as i32);
-        let epoch: Option<i64> = self.call(move |c| async move {
-            let client = c.writes.client().await?;
-            let row = client
-                .query_opt(
-                    "UPDATE df_shards SET owner = $1, epoch = epoch + 1, \
-                         lease_until = now() + make_interval(secs => $2) \
-                     WHERE shard_id = $3 AND (owner IS NULL OR lease_until IS NULL OR lease_until < now()) \
-                     RETURNING epoch",
-                    &[&node, &secs, &id],
-                )
-                .await
-                .map_err(db_error)?;
-            Ok(row.map(|r| r.get::<_, i64>(0)))
-        })?;
-        Ok(epoch.map(|epoch| {
-            self.fence.write().insert(shard, epoch);
-            Lease { shard, epoch }
-        }))
-    }
-
-    fn renew(&self, ttl: Duration) -> Result<Vec<u32>, StoreError> {
-        let held: Vec<(i32, i64)> = self.fence.read().iter().map(|(s, e)| (*s as i32, *e)).collect();
-        if held.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (shards, epochs): (Vec<i32>, Vec<i64>) = held.iter().copied().unzip();
-        let (node, secs) = (self.node_name(), ttl_secs(ttl));
-        let renewed: BTreeSet<u32> = self.call(move |c| async move {
-            let client = c.writes.client().await?;
-            let rows = client
-                .query(
-                    "UPDATE df_shards s SET lease_until = now() + make_interval(secs => $2) \
-                     FROM unnest($3::int[], $4::bigint[]) AS h(shard, epoch) \
-                     WHERE s.shard_id = h.shard AND s.epoch = h.epoch AND s.owner = $1 RETURNING s.shard_id",
-                    &[&node, &secs, &shards, &epochs],
-                )
-                .await
-                .map_err(db_error)?;
-            Ok(rows.iter().map(|r| r.get::<_, i32>(0) as u32).collect())
-        })?;
-        let lost: Vec<u32> = held.iter().map(|(s, _)| *s as u32).filter(|s| !renewed.contains(s)).collect();
-        self.forget(&lost);
-        Ok(lost)
-    }
-
-    fn forget(&self, shards: &[u32]) {
-        let mut fence = self.fence.write();
-        for s in shards {
-            fence.remove(s);
-        }
-    }
-
-    fn release(&self, shards: &[u32]) -> Result<(), StoreError> {
-        self.forget(shards);
-        let node = self.node_name();
-        let shards: Vec<i32> = shards.iter().map(|s| *s as i32).collect();
-        self.call(move |c| async move {
-            let client = c.writes.client().await?;
-            client
-                .execute(
-                    "UPDATE df_shards SET owner = NULL, lease_until = NULL WHERE owner = $1 AND shard_id = ANY($2)",
-                    &[&node, &shards],
-                )
-                .await
-                .map_err(db_error)?;
-            client.execute("SELECT pg_notify('df_shards', $1)", &[&node]).await.map_err(db_error)?;
-            Ok(())
-        })
-    }
-
-    fn leave(&self) -> Result<(), StoreError> {
-        self.release(&self.held())?;
-        let node = self.node_name();
-        self.call(move |c| async move {
-            let client = c.writes.client().await?;
-            client.execute("DELETE FROM df_nodes WHERE node_id = $1", &[&node]).await.map_err(db_error)?;
-            client.execute("SELECT pg_notify('df_shards', $1)", &[&node]).await.map_err(db_error)?;
-            Ok(())
-        })
-    }
-
-    fn announce(&self, shard: u32) -> Result<(), StoreError> {
-        let what = format!("accepted:{shard}");
-        self.call(move |c| async move {
-            let client = c.writes.client().await?;
-            client.execute("SELECT pg_notify('df_shards', $1)", &[&what]).await.map_err(db_error)?;
-            Ok(())
-        })
-    }
-
-    fn news(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.news.subscribe()
-    }
-
-    fn held(&self) -> Vec<u32> {
-        let mut held: Vec<u32> = self.fence.read().keys().copied().collect();
-        held.sort_unstable();
-        held
-    }
-
-    fn owners(&self) -> Result<Vec<ShardOwner>, StoreError> {
-        self.call(|c| async move {
-            let client = c.reads.client().await?;
-            let rows = client
-                .query(
-                    "SELECT s.shard_id, s.owner, n.http_addr FROM df_shards s \
-                     LEFT JOIN df_nodes n ON n.node_id = s.owner \
-                     WHERE s.owner IS NOT NULL AND s.lease_until > now() ORDER BY s.shard_id",
-                    &[],
-                )
-                .await
-                .map_err(db_error)?;
-            Ok(rows
-                .iter()
-                .map(|r| ShardOwner {
-                    shard: r.get::<_, i32>(0) as u32,
-                    node_id: r.get(1),
-                    http_addr: r.get(2),
-                })
-                .collect())
-        })
-    }
-
-    fn next_expiry(&self) -> Result<Option<Duration>, StoreError> {
-        let node = self.node_name();
-        let secs: Option<f64> = self.call(move |c| async move {
-            let client = c.reads.client().await?;
-            let row = client
-                .query_one(
-                    "SELECT extract(epoch FROM min(lease_until) - now())::float8 FROM df_shards \
-                     WHERE owner IS NOT NULL AND owner <> $1 AND lease_until > now()",
-                    &[&node],
-                )
-                .await
-                .map_err(db_error)?;
-            Ok(row.get(0))
-        })?;
-        Ok(secs.map(|s| {
-            if s > 0.0 { Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX) } else { Duration::ZERO }
-        }))
-    }
-}
-
 impl Drop for PgBackend {
     fn drop(&mut self) {
         // Ends the thread's job loop; its runtime then closes every connection, and the
@@ -842,27 +468,4 @@ impl Drop for PgBackend {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tables::keys;
-
-    #[test]
-    fn a_batch_reduces_to_each_keys_last_state() {
-        let k = |s: &str| keys::meta::<()>(s).into_bytes();
-        let mut b = Batch::new();
-        b.put_sealed(k("a"), vec![1]).put_sealed(k("b"), vec![2]);
-        b.delete_stored(k("a"));
-        b.put_sealed(k("b"), vec![3]).put_sealed(k("c"), vec![4]);
-        b.delete_stored(k("d"));
-        let (gone, keys, values) = final_states(&b);
-        assert_eq!(gone, vec![k("a"), k("d")]);
-        assert_eq!(keys, vec![k("b"), k("c")]);
-        assert_eq!(values, vec![vec![3], vec![4]]);
-    }
-
-    #[test]
-    fn the_url_shown_has_no_password() {
-        let config = tokio_postgres::Config::from_str("postgres://u:secret@127.0.0.1:5433/d").unwrap();
-        assert_eq!(shown(&config), "postgres://u@127.0.0.1:5433/d");
-    }
-}
+mod tests;

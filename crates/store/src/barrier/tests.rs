@@ -1,0 +1,191 @@
+//! The writer under test: group commit, lone commits, quiet spells, failures.
+
+use std::{sync::Arc, time::Instant};
+
+use super::*;
+use crate::{Durability, SimBackend, Store, StoreConfig, tables::keys};
+
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_writer_with_nothing_to_do_tells_its_backend_once_per_quiet_spell() {
+    let sim = SimBackend::new();
+    let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
+    // A store that wrote nothing has nothing to move: it is never told.
+    std::thread::sleep(QUIET_AFTER * 2);
+    assert_eq!(sim.quiet_spells(), 0);
+    for spell in 1..=2u64 {
+        let mut batch = Batch::new();
+        batch.put(keys::meta("quiet"), &spell).expect("encode");
+        store.commit_blocking(batch, Durability::Sync).expect("commit");
+        wait_for("a quiet spell", || sim.quiet_spells() == spell);
+        std::thread::sleep(QUIET_AFTER * 3);
+        assert_eq!(sim.quiet_spells(), spell, "told once per spell, not at every wait");
+    }
+    store.close();
+}
+
+fn put(store: &Store, key: &str, durability: Durability) {
+    let mut batch = Batch::new();
+    batch.put(keys::meta(key), &key.to_string()).expect("encode");
+    store.commit_blocking(batch, durability).expect("commit");
+}
+
+fn count(counter: &AtomicU64) -> u64 {
+    counter.load(SeqCst)
+}
+
+#[test]
+fn a_lone_sync_commit_writes_itself_and_still_starts_a_quiet_spell() {
+    let sim = SimBackend::new();
+    sim.write_inline(true);
+    let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
+    put(&store, "lone", Durability::Sync);
+    let stats = store.writer_stats();
+    assert_eq!((count(&stats.inline), count(&stats.batches), count(&stats.barriers)), (1, 1, 1));
+    assert!(sim.durable_len() > 0, "the barrier ran before the commit returned");
+    // The writer thread never saw the write, and still tells the backend once it is quiet.
+    wait_for("a quiet spell after a write of its own", || sim.quiet_spells() == 1);
+    put(&store, "async", Durability::Async);
+    assert_eq!(count(&stats.inline), 1, "an async commit is the thread's");
+    let mut many = Batch::new();
+    for i in 0..=INLINE_OPS_MAX {
+        many.put(keys::meta(&format!("many-{i}")), &i).expect("encode");
+    }
+    store.commit_blocking(many, Durability::Sync).expect("commit");
+    assert_eq!(count(&stats.inline), 1, "a commit of many writes is the thread's");
+    store.close();
+}
+
+#[test]
+fn a_commit_that_finds_the_writer_busy_or_the_disk_slow_goes_to_the_thread() {
+    let sim = SimBackend::new();
+    sim.write_inline(true);
+    let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
+    let stats = store.writer_stats();
+    // The first commit writes itself and hangs in its barrier, holding the writer.
+    sim.stall_barriers(true);
+    let first = std::thread::spawn({
+        let store = store.clone();
+        move || put(&store, "first", Durability::Sync)
+    });
+    wait_for("the first commit to write itself", || count(&stats.inline) == 1);
+    let second = std::thread::spawn({
+        let store = store.clone();
+        move || put(&store, "second", Durability::Sync)
+    });
+    wait_for("the second commit to be queued", || store.writer().queued.load(SeqCst) == 1);
+    std::thread::sleep(INLINE_BARRIER_MAX * 2);
+    sim.stall_barriers(false);
+    first.join().expect("first");
+    second.join().expect("second");
+    assert_eq!(count(&stats.inline), 1, "the writer was busy: the second waited for the thread");
+    // A lone commit whose barrier is slow: until a quick one, lone commits go to the thread.
+    sim.stall_barriers(true);
+    let slow = std::thread::spawn({
+        let store = store.clone();
+        move || put(&store, "slow", Durability::Sync)
+    });
+    wait_for("the slow commit to write itself", || count(&stats.inline) == 2);
+    std::thread::sleep(INLINE_BARRIER_MAX * 2);
+    sim.stall_barriers(false);
+    slow.join().expect("slow");
+    put(&store, "after a slow barrier", Durability::Sync);
+    assert_eq!(count(&stats.inline), 2);
+    put(&store, "after a quick one", Durability::Sync);
+    assert_eq!(count(&stats.inline), 3);
+    assert_eq!(count(&stats.batches), 5);
+    store.close();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_single_threaded_runtime_never_waits_on_the_disk_itself() {
+    let sim = SimBackend::new();
+    sim.write_inline(true);
+    let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
+    let mut batch = Batch::new();
+    batch.put(keys::meta("k"), &1u32).expect("encode");
+    store.commit(batch, Durability::Sync).await.expect("commit");
+    assert_eq!(count(&store.writer_stats().inline), 0);
+    store.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_commits_on_a_local_disk_write_themselves_or_group_and_all_last() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("store");
+    let tasks: Vec<_> = (0..16)
+        .map(|t| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for i in 0..25 {
+                    let mut batch = Batch::new();
+                    let key = format!("t{t:02}-{i:02}");
+                    batch.put(keys::meta(&key), &key).expect("encode");
+                    store.commit(batch, Durability::Sync).await.expect("commit");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("task");
+    }
+    let stats = store.writer_stats();
+    assert_eq!(count(&stats.batches), 16 * 25);
+    assert!(count(&stats.barriers) <= count(&stats.batches));
+    drop(store);
+    let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("reopen");
+    for t in 0..16 {
+        for i in 0..25 {
+            let key = format!("t{t:02}-{i:02}");
+            let found: Option<String> = store.get(&keys::meta::<String>(&key)).expect("read");
+            assert_eq!(found.as_deref(), Some(key.as_str()));
+        }
+    }
+    store.close();
+}
+
+/// A group of `commits` commits, each a put of `key`.
+fn group_of(commits: usize, key: &[u8]) -> Group {
+    let mut group = Group::default();
+    for i in 0..commits {
+        group.merged.ops.push(crate::batch::Op::Put { key: key.to_vec(), value: vec![] });
+        let (ack, _) = oneshot::channel();
+        group.parts.push(Part {
+            ops: i..i + 1,
+            absent: 0..0,
+            durability: Durability::Sync,
+            ack,
+            refused: None,
+        });
+    }
+    group
+}
+
+#[test]
+fn the_writer_spins_only_for_one_task_committing_in_a_loop() {
+    let soon = SPIN_FOR / 5;
+    let mut cadence = Cadence::default();
+    let mut looping_after = |commits: usize, key: &[u8], waited: Duration| {
+        cadence.observe(&group_of(commits, key), waited);
+        cadence.looping
+    };
+    assert!(!looping_after(1, b"run-a", soon), "one commit is not a loop");
+    assert!(looping_after(1, b"run-a", soon), "the same run again, right after its last commit");
+    assert!(looping_after(1, b"run-a", soon));
+    // One commit at a time, each for another run: a burst of alarm deliveries.
+    assert!(!looping_after(1, b"run-b", soon));
+    assert!(!looping_after(1, b"run-c", soon));
+    assert!(!looping_after(1, b"run-c", SPIN_FOR * 2), "after a pause longer than the spin");
+    assert!(looping_after(1, b"run-c", soon));
+    // Writers enough to fill groups keep the writer busy without it.
+    assert!(!looping_after(2, b"run-c", soon));
+    assert!(!looping_after(1, b"run-c", soon), "a loop starts over after a group of many");
+    assert!(looping_after(1, b"run-c", soon));
+}
