@@ -57,6 +57,15 @@ fn every_acknowledged_batch_survives_sigkill_whole_while_the_log_moves_between_h
     kill_rounds(dir.path().to_str().expect("utf-8 path"), 128 * 1024, 12, 30..300);
 }
 
+/// Every batch is larger than a log half, so each goes into sled on its own, and most kills
+/// land while sled writes one: none may be left in part (they were, while such a batch was
+/// written key by key).
+#[test]
+fn batches_larger_than_a_log_half_survive_sigkill_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    kill_rounds_with(dir.path().to_str().expect("utf-8 path"), 128 * 1024, 1, 12, 2..40);
+}
+
 #[test]
 fn every_acknowledged_batch_survives_sigkill_whole_on_postgres() {
     let server = PgServer::start().expect("a PostgreSQL server");
@@ -65,6 +74,17 @@ fn every_acknowledged_batch_survives_sigkill_whole_on_postgres() {
 }
 
 fn kill_rounds(location: &str, wal_bytes: u64, rounds: u32, acks: std::ops::Range<u64>) {
+    kill_rounds_with(location, wal_bytes, 7, rounds, acks);
+}
+
+/// `rounds` SIGKILLs of a writer whose every `large_every`th batch is 210 KB.
+fn kill_rounds_with(
+    location: &str,
+    wal_bytes: u64,
+    large_every: u64,
+    rounds: u32,
+    acks: std::ops::Range<u64>,
+) {
     let seed = std::env::var("KILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20_261_130u64);
     println!("seed {seed}, store at {location}, write-ahead log of {wal_bytes} bytes");
     let mut rng = SeededRng::new(seed);
@@ -73,7 +93,7 @@ fn kill_rounds(location: &str, wal_bytes: u64, rounds: u32, acks: std::ops::Rang
     for round in 0..rounds {
         let mut child = Command::new(env!("CARGO_BIN_EXE_store-writer"))
             .args([location, &THREADS.to_string(), &next_seq.to_string()])
-            .arg(wal_bytes.to_string())
+            .args([wal_bytes.to_string(), large_every.to_string()])
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn store-writer");

@@ -2,7 +2,8 @@
 //! several threads and prints `ack <thread> <seq>` after each commit returns. The parent
 //! SIGKILLs it at a random moment.
 //!
-//! Usage: `store-writer DIR THREADS FIRST_SEQ [WAL_BYTES]`
+//! Usage: `store-writer DIR THREADS FIRST_SEQ [WAL_BYTES [LARGE_EVERY]]`: every
+//! `LARGE_EVERY`th batch (7 unless given) holds 210 KB, more than a small log's half.
 
 use std::{io::Write, sync::Arc};
 
@@ -10,11 +11,20 @@ use durafiber_store::{Batch, Durability, Store, StoreConfig, tables::keys};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let (dir, threads, first, wal_bytes) = match &args[..] {
-        [_, dir, threads, first] => (dir, threads, first, None),
-        [_, dir, threads, first, wal] => (dir, threads, first, Some(wal)),
+    let (dir, threads, first, wal_bytes, large_every) = match &args[..] {
+        [_, dir, threads, first] => (dir, threads, first, None, None),
+        [_, dir, threads, first, wal] => (dir, threads, first, Some(wal), None),
+        [_, dir, threads, first, wal, large] => (dir, threads, first, Some(wal), Some(large)),
         _ => {
-            eprintln!("usage: store-writer DIR THREADS FIRST_SEQ [WAL_BYTES]");
+            eprintln!("usage: store-writer DIR THREADS FIRST_SEQ [WAL_BYTES [LARGE_EVERY]]");
+            std::process::exit(2);
+        }
+    };
+    let large_every = match large_every.map(|l| l.parse::<u64>()) {
+        None => 7,
+        Some(Ok(n)) if n > 0 => n,
+        Some(_) => {
+            eprintln!("LARGE_EVERY is a number above 0");
             std::process::exit(2);
         }
     };
@@ -51,7 +61,7 @@ fn main() {
                         // One run's storage holds the records: `thread seq part` and padding,
                         // large enough that some batches cross sled's blob threshold.
                         let key = keys::storage("kill_test", &format!("{t:04}/{seq:012}/{part}"));
-                        let padding = "x".repeat(if seq % 7 == 0 { 70_000 } else { 64 });
+                        let padding = "x".repeat(if seq % large_every == 0 { 70_000 } else { 64 });
                         if batch.put(key, &format!("{t} {seq} {part} {padding}")).is_err() {
                             std::process::exit(3);
                         }

@@ -19,6 +19,7 @@ use std::{
 
 use crate::{
     backend::Rollback,
+    batch::Op,
     codec, envelope,
     error::StoreError,
     fsync::io,
@@ -107,6 +108,25 @@ impl Engine {
         self.make_durable()
     }
 
+    /// Writes one batch straight into sled, with `lsn`, as one sled batch, then makes sled
+    /// durable: for a batch larger than a log half, which no log record holds, so the next
+    /// open could not re-apply what a crash cut short. sled applies its own batch whole or
+    /// not at all, across a crash too, where `persist` writes key by key.
+    pub fn persist_whole(&self, ops: &[Op], lsn: u64) -> Result<(), StoreError> {
+        let body = codec::encode(&lsn)
+            .map_err(|reason| StoreError::Encode { table: tables::keys::META.name, reason })?;
+        let mut whole = sled::Batch::default();
+        for op in ops {
+            match op {
+                Op::Put { key, value } => whole.insert(key.as_slice(), value.as_slice()),
+                Op::Delete { key } => whole.remove(key.as_slice()),
+            }
+        }
+        whole.insert(lsn_key(), envelope::seal(&lsn_key(), &body));
+        contained(&self.dir, || self.db.apply_batch(whole))??;
+        self.make_durable()
+    }
+
     /// Makes everything sled holds durable across a power loss.
     pub fn make_durable(&self) -> Result<(), StoreError> {
         self.sync_new_blobs()?;
@@ -170,9 +190,7 @@ impl Engine {
             .iter()
             .flat_map(|r| r.ops.iter())
             .filter_map(|op| match op {
-                crate::batch::Op::Put { key, .. } | crate::batch::Op::Delete { key } => {
-                    tables::keys::run_of_key(key).map(str::to_string)
-                }
+                Op::Put { key, .. } | Op::Delete { key } => tables::keys::run_of_key(key).map(str::to_string),
             })
             .collect();
         runs.sort();

@@ -333,12 +333,19 @@ impl Backend for SledBackend {
         if logged.wal.append(lsn, &batch.ops) == Appended::Full {
             self.rotate(&mut logged)?;
             if logged.wal.append(lsn, &batch.ops) == Appended::Full {
-                // Larger than a log half: it goes into sled at once, durably, with all
-                // before it.
-                self.overlay.write().apply(lsn, &batch.ops);
+                // Larger than a log half, so in no log record: everything before it goes
+                // into sled (the rotate above handed it over), then the batch itself, whole,
+                // in one sled batch with its LSN. Written key by key like a checkpoint, a
+                // crash could leave part of it, and nothing would re-apply the rest.
+                self.checkpoints.wait_idle()?;
+                self.engine.persist_whole(&batch.ops, lsn)?;
+                let mut overlay = self.overlay.write();
+                overlay.applied_lsn = overlay.applied_lsn.max(lsn);
+                // A prefetched read from before it is no longer current (`unchanged_since`).
+                overlay.checkpoints += 1;
+                overlay.dropped_through = overlay.dropped_through.max(lsn);
                 logged.last_lsn = lsn;
-                self.rotate(&mut logged)?;
-                return self.checkpoints.wait_idle();
+                return Ok(());
             }
         }
         self.overlay.write().apply(lsn, &batch.ops);
