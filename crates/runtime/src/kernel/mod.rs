@@ -13,6 +13,7 @@ pub(crate) mod inbox;
 pub(crate) mod ownership;
 pub(crate) mod pauses;
 pub(crate) mod registry;
+pub(crate) mod run_writes;
 pub(crate) mod shared;
 pub(crate) mod spend;
 pub(crate) mod stash_record;

@@ -4,7 +4,7 @@
 //! status).
 //!
 //! Before: `actor.rs` (a cold start decides here) or the actor's `Activate`. After:
-//! `agent.rs` (`Ctx`) for what user code calls.
+//! `agent/` (`Ctx`) for what user code calls.
 
 use std::{
     panic::AssertUnwindSafe,
@@ -29,8 +29,11 @@ use crate::{
     kernel::cell::RunCell,
     kernel::hook_gate::HookPermit,
     kernel::inbox::{Activation, FiberMode, Registered},
-    kernel::shared::{BoxFuture, LockedRun, RawCtx, RawRecovered, Shared},
     kernel::stash_record::Stored,
+    kernel::{
+        run_writes::LockedRun,
+        shared::{BoxFuture, RawCtx, RawRecovered, Shared},
+    },
     limits,
     metrics::Metrics,
     run::recovery::{self, Plan},

@@ -1,5 +1,5 @@
 //! The typed front door of the store: opening it, and commits that go through the
-//! group-commit writer. Its reads are in [`reads`].
+//! group-commit writer. Its reads are in `reads.rs`.
 
 mod reads;
 

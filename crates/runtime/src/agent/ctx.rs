@@ -1,18 +1,15 @@
-//! What users write against: the `Agent` trait — typed input, stash, output and messages,
-//! and a handful of hooks with safe defaults — and the `Ctx` its hooks are handed: stash,
-//! storage, effects, approvals, durable sleeps and events, alarms, keep-alive, cancellation,
-//! secrets. Every durable call goes back through the store's group commit. The two refer to
-//! each other (`Ctx<A: Agent>`, hooks taking `&mut Ctx<Self>`), so they share this file.
+//! What a hook does through its `Ctx`: stash and stream, storage, effects, approvals,
+//! alarms, keep-alive, cancellation, budget charges and secrets.
 
-use std::{future::Future, marker::PhantomData, time::Duration};
+use std::{future::Future, marker::PhantomData};
 
 use durafiber_store::{access, tables::Decision};
 use serde::{Serialize, de::DeserializeOwned};
 
-pub use crate::hooks::{AlarmEvent, ExhaustedAction, RecoveryReason};
+use super::{Agent, Ctx};
 use crate::{
     alarm::{self, AlarmSpec},
-    approval, budget, clock,
+    approval, budget,
     effect::{self, EffectError, EffectOptions},
     error::AgentError,
     eviction::keep_alive::KeepAlive,
@@ -23,211 +20,6 @@ use crate::{
     storage::Storage,
     stream,
 };
-
-/// What `on_fiber_recovered` is told: everything needed to continue from the last boundary.
-#[derive(Debug, Clone)]
-pub struct Recovered<A: Agent> {
-    /// The run, under the id it always had.
-    pub run_id: String,
-    /// The agent kind.
-    pub kind: String,
-    /// The last durable stash, if any was written.
-    pub stash: Option<A::Stash>,
-    /// The step named with that stash.
-    pub step: Option<String>,
-    /// The stash's sequence number (0 when there is none).
-    pub seq: u64,
-    /// The original input.
-    pub input: A::Input,
-    /// This fiber attempt's number, from 1.
-    pub attempt: u32,
-    /// Why the run is re-entered.
-    pub reason: RecoveryReason,
-    /// When the run was accepted.
-    pub created_at_ms: u64,
-}
-
-/// A durable agent: one trait impl.
-///
-/// ```
-/// use durafiber_runtime::{Agent, AgentError, Ctx};
-/// use serde::{Deserialize, Serialize};
-///
-/// struct Counter;
-///
-/// #[derive(Serialize, Deserialize, Clone)]
-/// struct Progress { done: u32 }
-///
-/// impl Agent for Counter {
-///     const KIND: &'static str = "counter";
-///     type Input = u32;
-///     type Stash = Progress;
-///     type Output = u32;
-///     type Message = ();
-///
-///     async fn run_fiber(&self, ctx: &mut Ctx<Self>, target: u32) -> Result<u32, AgentError> {
-///         count(ctx, Progress { done: 0 }, target).await
-///     }
-///
-///     async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: durafiber_runtime::Recovered<Self>)
-///         -> Result<u32, AgentError> {
-///         count(ctx, r.stash.unwrap_or(Progress { done: 0 }), r.input).await
-///     }
-/// }
-///
-/// async fn count(ctx: &mut Ctx<Counter>, mut p: Progress, target: u32) -> Result<u32, AgentError> {
-///     while p.done < target {
-///         p.done += 1;
-///         ctx.stash("counting", &p).await?;
-///     }
-///     Ok(p.done)
-/// }
-/// ```
-pub trait Agent: Send + Sync + Sized + 'static {
-    /// The kind name runs are started with.
-    const KIND: &'static str;
-    /// What `start` is given.
-    type Input: Serialize + DeserializeOwned + Clone + Send + Sync + 'static;
-    /// The typed snapshot `stash` writes.
-    type Stash: Serialize + DeserializeOwned + Clone + Send + Sync + 'static;
-    /// What a completed run returns.
-    type Output: Serialize + DeserializeOwned + Send + 'static;
-    /// Messages sent to a run from outside, handled one at a time.
-    type Message: Serialize + DeserializeOwned + Send + 'static;
-
-    /// The shape of [`Agent::Stash`], stored with every stash. Bump it when a deploy changes
-    /// the type in a way old stashes do not decode as (a field without a serde default, a
-    /// renamed or retyped field), and teach [`Agent::upgrade_stash`] the old shape.
-    const STASH_VERSION: u32 = 1;
-
-    /// Turns a stash stored by an older version of this agent (`from_version`, as JSON) into
-    /// this version's `Stash`. Called when a run is recovered (and by `Ctx::last_stash`)
-    /// with a stash older than [`Agent::STASH_VERSION`]; the stored stash itself is replaced
-    /// at the run's next stash. The default has no upgrade: the run escalates with a reason
-    /// that names both versions, so a human decides — never a panic, never a silent default.
-    ///
-    /// ```
-    /// # use durafiber_runtime::AgentError;
-    /// # #[derive(serde::Deserialize)] struct V1 { done: u32 }
-    /// # struct Progress { done: u32, retries: u32 }
-    /// // Version 2 added `retries`: a version 1 stash starts it at 0.
-    /// fn upgrade_stash(from_version: u32, old: serde_json::Value) -> Result<Progress, AgentError> {
-    ///     match from_version {
-    ///         1 => {
-    ///             let v1: V1 = serde_json::from_value(old).map_err(|e| AgentError::fail(e.to_string()))?;
-    ///             Ok(Progress { done: v1.done, retries: 0 })
-    ///         }
-    ///         v => Err(AgentError::escalate(format!("stash_version: no upgrade from {v}"))),
-    ///     }
-    /// }
-    /// # assert_eq!(upgrade_stash(1, serde_json::json!({"done": 3})).map(|p| (p.done, p.retries)).ok(), Some((3, 0)));
-    /// ```
-    fn upgrade_stash(from_version: u32, old: serde_json::Value) -> Result<Self::Stash, AgentError> {
-        let _ = old;
-        Err(AgentError::escalate(format!(
-            "stash_version: the stored stash is version {from_version}, this code is version {} and has no upgrade from it",
-            Self::STASH_VERSION
-        )))
-    }
-
-    /// The job's entry point; runs once per run unless the run is interrupted.
-    fn run_fiber(
-        &self,
-        ctx: &mut Ctx<Self>,
-        input: Self::Input,
-    ) -> impl Future<Output = Result<Self::Output, AgentError>> + Send;
-
-    /// Continues an interrupted run from its last stash. The default never guesses: it
-    /// escalates, so that a human looks.
-    fn on_fiber_recovered(
-        &self,
-        ctx: &mut Ctx<Self>,
-        recovered: Recovered<Self>,
-    ) -> impl Future<Output = Result<Self::Output, AgentError>> + Send {
-        let _ = (ctx, recovered);
-        async { Err(AgentError::escalate("no recovery hook: a human must look")) }
-    }
-
-    /// Handles a due alarm. An error (or a panic, or the wall limit) counts one retry.
-    fn on_alarm(
-        &self,
-        ctx: &mut Ctx<Self>,
-        alarm: AlarmEvent,
-    ) -> impl Future<Output = Result<(), AgentError>> + Send {
-        let _ = (ctx, alarm);
-        async { Ok(()) }
-    }
-
-    /// Decides what an abandoned alarm does to the run. Default: a one-off alarm escalates
-    /// the run; an occurrence of a periodic or cron alarm (`alarm.recurring`) is dead-lettered
-    /// by itself and the run and the schedule go on. `ctx` reads the run (its id, storage,
-    /// alarms) to decide.
-    fn on_alarm_exhausted(&self, ctx: &Ctx<Self>, alarm: &AlarmEvent) -> ExhaustedAction {
-        let _ = ctx;
-        if alarm.recurring { ExhaustedAction::Ignore } else { ExhaustedAction::Escalate }
-    }
-
-    /// The JSON Schema of [`Agent::Input`], for the server's OpenAPI document: with one, the
-    /// document shows the start body of this kind; without one (the default), its input is
-    /// free JSON. With the feature `schemars` and an input that derives
-    /// `schemars::JsonSchema`, it is one line:
-    ///
-    /// ```ignore
-    /// fn input_schema() -> Option<serde_json::Value> {
-    ///     Some(durafiber::input_schema_of::<Claim>())
-    /// }
-    /// ```
-    fn input_schema() -> Option<serde_json::Value> {
-        None
-    }
-
-    /// How the console shows the payload of approval `approval_id` to a reviewer: a title,
-    /// a one-line summary and labelled, formatted fields. `payload` is exactly what
-    /// `request_approval` stored (secrets redacted). `None`, the default, shows the payload's
-    /// own fields with their names as labels. The decision always quotes the exact payload's
-    /// hash, whatever this shows.
-    fn approval_view(&self, approval_id: &str, payload: &serde_json::Value) -> Option<crate::ApprovalView> {
-        let _ = (approval_id, payload);
-        None
-    }
-
-    /// Runs once when the run enters `Escalated` (approval timeout, exhausted alarm, ...),
-    /// outside the fiber: tell a human through `ctx.effect`, whose idempotency key keeps the
-    /// notice single however often the hook is re-entered, or note it in `ctx.storage()`.
-    fn on_escalate(&self, ctx: &mut Ctx<Self>, reason: &str) -> impl Future<Output = ()> + Send {
-        let _ = (ctx, reason);
-        async {}
-    }
-
-    /// Handles a message from outside. The default refuses it.
-    fn on_message(
-        &self,
-        ctx: &mut Ctx<Self>,
-        message: Self::Message,
-    ) -> impl Future<Output = Result<(), AgentError>> + Send {
-        let _ = (ctx, message);
-        async { Err(AgentError::fail("this agent takes no messages")) }
-    }
-
-    /// Answers a request from outside (`Runtime::request`): like `on_message` — one at a
-    /// time, beside the fiber, under the message wall limit — but the caller gets the reply.
-    /// A request is not durable: a caller that got no answer asks again. The default
-    /// refuses it.
-    fn on_request(
-        &self,
-        ctx: &mut Ctx<Self>,
-        message: Self::Message,
-    ) -> impl Future<Output = Result<serde_json::Value, AgentError>> + Send {
-        let _ = (ctx, message);
-        async { Err(AgentError::fail("this agent takes no requests")) }
-    }
-}
-
-/// What an agent's hooks are handed. Typed by the agent, so `stash` takes its `Stash` type.
-pub struct Ctx<A: Agent> {
-    pub(crate) raw: RawCtx,
-    _agent: PhantomData<fn() -> A>,
-}
 
 impl<A: Agent> Ctx<A> {
     pub(crate) fn new(raw: RawCtx) -> Self {
@@ -475,75 +267,6 @@ impl<A: Agent> Ctx<A> {
         self.raw.shared.parked(self.raw.in_fiber, self.raw.cell.cancel.requested()).await;
     }
 
-    /// Sleeps durably for `d` under `name` (§2.4): the wake time is committed as a boundary
-    /// and the run is `Waiting{alarm}` until then — it may be evicted or hibernated, and it
-    /// survives restarts. Names are journaled: re-entered after a recovery, a sleep whose
-    /// time has passed returns at once and a pending one keeps its original wake time. Use
-    /// a new name for each sleep of a run (`"poll:3"`, not `"poll"` in a loop).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use durafiber_runtime::{Agent, AgentError, Ctx};
-    /// # struct Reminder;
-    /// # impl Agent for Reminder {
-    /// #     const KIND: &'static str = "reminder";
-    /// #     type Input = ();
-    /// #     type Stash = ();
-    /// #     type Output = ();
-    /// #     type Message = ();
-    /// async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
-    ///     ctx.sleep_for("cool-off", Duration::from_secs(3 * 24 * 3600)).await?; // three days
-    ///     Ok(())
-    /// }
-    /// # }
-    /// ```
-    pub async fn sleep_for(&mut self, name: &str, d: Duration) -> Result<(), AgentError> {
-        self.raw.refuse_if_cancelled(&format!("sleep {name}"))?;
-        budget::check(&self.raw)?;
-        Box::pin(crate::sleep::sleep(&mut self.raw, name, crate::alarm::AlarmAt::In(d))).await
-    }
-
-    /// Sleeps durably under `name` until the clock reads `at_ms`; see [`Ctx::sleep_for`].
-    pub async fn sleep_until(&mut self, name: &str, at_ms: u64) -> Result<(), AgentError> {
-        self.raw.refuse_if_cancelled(&format!("sleep {name}"))?;
-        budget::check(&self.raw)?;
-        Box::pin(crate::sleep::sleep(&mut self.raw, name, crate::alarm::AlarmAt::AtMs(at_ms))).await
-    }
-
-    /// Waits durably for the external event `name` (sent with `Runtime::send_event`): the run
-    /// is `Waiting{event}` meanwhile and may be evicted. `None` when `timeout` passes first.
-    /// The result is journaled under `name`: re-entered, the call returns it again at once,
-    /// so give each wait of a run its own name (`"payment:2"`).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use durafiber_runtime::{Agent, AgentError, Ctx};
-    /// # struct Checkout;
-    /// # impl Agent for Checkout {
-    /// #     const KIND: &'static str = "checkout";
-    /// #     type Input = ();
-    /// #     type Stash = ();
-    /// #     type Output = bool;
-    /// #     type Message = ();
-    /// async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<bool, AgentError> {
-    ///     let paid: Option<String> = ctx.wait_for_event("paid", Some(Duration::from_secs(3600))).await?;
-    ///     Ok(paid.is_some())
-    /// }
-    /// # }
-    /// ```
-    pub async fn wait_for_event<T: DeserializeOwned>(
-        &mut self,
-        name: &str,
-        timeout: Option<Duration>,
-    ) -> Result<Option<T>, AgentError> {
-        self.raw.refuse_if_cancelled(&format!("wait for event {name}"))?;
-        budget::check(&self.raw)?;
-        match Box::pin(crate::event::wait(&mut self.raw, name, timeout)).await? {
-            Some(payload) => Ok(Some(json::parse(&payload).map_err(AgentError::Serialization)?)),
-            None => Ok(None),
-        }
-    }
-
     /// Records `units` of cost (model tokens, API credits — whatever the run's budget counts)
     /// spent on `what`. Durable with the run's next boundary; once the run's charges pass its
     /// `cost_units_max`, it stops at that boundary with `Escalated{reason: "budget:
@@ -570,13 +293,6 @@ impl<A: Agent> Ctx<A> {
     /// ```
     pub fn charge(&self, units: u64, what: &str) {
         budget::charge(&self.raw, units, what)
-    }
-
-    /// Sleeps on the runtime's clock, in memory only: an interruption loses the wait, and
-    /// recovery re-enters the last boundary. [`Ctx::sleep_for`] is the durable one.
-    pub async fn sleep_in_memory(&self, d: Duration) {
-        let sleep = clock::sleep(self.raw.shared.clock.as_ref(), d);
-        self.raw.shared.parked(self.raw.in_fiber, sleep).await
     }
 
     /// The value behind a secret pointer, to be sent to `url`: handed over only when `url`'s
