@@ -57,6 +57,7 @@ mod serve;
 pub mod session;
 pub mod state;
 mod view;
+mod watch;
 
 pub use auth::{Role, read_admin_token};
 pub use serve::{

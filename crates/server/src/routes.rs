@@ -14,6 +14,7 @@ use durafiber_runtime::RuntimeError;
 use crate::{
     admin, console, forward, guard, handlers, openapi,
     state::{ApiError, AppState},
+    watch,
 };
 
 /// A read of runs, approvals or alarms answers only once what it read is durable: the
@@ -86,7 +87,7 @@ pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     use utoipa::OpenApi as _;
     use utoipa_axum::{router::OpenApiRouter, routes};
     OpenApiRouter::with_openapi(openapi::Base::openapi())
-        .routes(routes!(handlers::health))
+        .routes(routes!(watch::health))
         .routes(routes!(handlers::start, handlers::list))
         .routes(routes!(handlers::show))
         .routes(routes!(handlers::cancel))
@@ -96,7 +97,7 @@ pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(handlers::send_event))
         .routes(routes!(handlers::approve))
         .routes(routes!(handlers::alarms))
-        .routes(routes!(handlers::stream))
+        .routes(routes!(watch::stream))
         .routes(routes!(handlers::pause_kind))
         .routes(routes!(handlers::resume_kind))
         .routes(routes!(handlers::pause_run))
@@ -104,10 +105,10 @@ pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(handlers::paused))
         .routes(routes!(handlers::set_alarm, handlers::cancel_alarm))
         .routes(routes!(handlers::approvals))
-        .routes(routes!(handlers::metrics))
-        .routes(routes!(handlers::metrics_json))
-        .routes(routes!(handlers::backup))
-        .routes(routes!(handlers::events))
+        .routes(routes!(watch::metrics))
+        .routes(routes!(watch::metrics_json))
+        .routes(routes!(watch::backup))
+        .routes(routes!(watch::events))
         .routes(routes!(admin::create_token, admin::list_tokens))
         .routes(routes!(admin::revoke_token))
         .routes(routes!(admin::audit))

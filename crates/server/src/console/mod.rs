@@ -13,27 +13,27 @@
 //! for the same request, and it is audited as that request (`guard::record`) before it is
 //! carried out: a decision made here is the API's decision, under the reviewer's token.
 
+mod approvals;
 mod pages;
+mod runs;
 
 use axum::{
     Router,
     body::Bytes,
-    extract::{Path, Query, State},
-    http::{HeaderMap, HeaderValue, Method, StatusCode, header},
+    extract::{Query, State},
+    http::{HeaderMap, HeaderValue, StatusCode, header},
     response::{IntoResponse, Redirect, Response},
     routing::{get, post},
 };
-use durafiber_runtime::{Decision, ListFilter, RunState, RuntimeError};
+use durafiber_runtime::{ListFilter, RunState};
 use maud::Markup;
-use serde_json::{Value, json};
 
-use self::pages::{Frame, Notice, Section};
+use self::pages::{Frame, Section};
 use crate::auth::{self, Role};
 use crate::{
     guard,
     session::{self, SESSION_COOKIE, SIGN_IN_COOKIE, Session},
     state::{AppState, Params},
-    view,
 };
 
 /// How many recent events a decision page shows.
@@ -50,11 +50,11 @@ pub fn router() -> Router<AppState> {
         .route("/ui/", get(|| async { Redirect::to("/ui/approvals") }))
         .route("/ui/sign-in", get(sign_in_page).post(sign_in))
         .route("/ui/sign-out", post(sign_out))
-        .route("/ui/approvals", get(inbox))
-        .route("/ui/runs", get(runs))
-        .route("/ui/runs/{id}", get(run_page))
-        .route("/ui/runs/{id}/cancel", post(cancel))
-        .route("/ui/runs/{id}/approvals/{approval_id}", get(decision_page).post(decide))
+        .route("/ui/approvals", get(approvals::inbox))
+        .route("/ui/runs", get(runs::runs))
+        .route("/ui/runs/{id}", get(runs::run_page))
+        .route("/ui/runs/{id}/cancel", post(runs::cancel))
+        .route("/ui/runs/{id}/approvals/{approval_id}", get(approvals::decision_page).post(approvals::decide))
         .route("/ui/attention", get(attention))
         .route(
             "/ui/static/console.css",
@@ -255,276 +255,6 @@ async fn sign_out(State(app): State<AppState>, headers: HeaderMap, body: Bytes) 
     let mut response = see_other("/ui/sign-in");
     response.headers_mut().append(header::SET_COOKIE, app.sessions.set_cookie(SESSION_COOKIE, ""));
     Ok(response)
-}
-
-async fn inbox(State(app): State<AppState>, headers: HeaderMap) -> PageResult {
-    let session = signed_in(&app, &headers, "/ui/approvals")?;
-    let mut pending = match app.runtime.pending_approvals(None) {
-        Ok(p) => p,
-        Err(e) => return Ok(failure(&app, Some(&session), &e.to_string())),
-    };
-    pending.sort_by_key(|p| p.requested_at_ms);
-    let rows: Vec<pages::InboxRow> = pending
-        .into_iter()
-        .map(|p| {
-            let (kind, key) = match app.runtime.run(&p.run_id) {
-                Ok(run) => (run.kind, run.key),
-                Err(_) => (String::new(), String::new()),
-            };
-            let view = app.runtime.approval_view(&kind, &p.approval_id, &p.payload);
-            pages::InboxRow {
-                run_id: p.run_id,
-                approval_id: p.approval_id,
-                kind,
-                key,
-                view,
-                age_ms: p.age_ms,
-                escalate_at_ms: p.escalate_at_ms,
-            }
-        })
-        .collect();
-    Ok(page(StatusCode::OK, pages::inbox(&frame(&app, Some(&session), Section::Approvals), &rows)))
-}
-
-async fn decision_page(
-    State(app): State<AppState>,
-    headers: HeaderMap,
-    Path((run_id, approval_id)): Path<(String, String)>,
-) -> PageResult {
-    let here = pages::decision_url(&run_id, &approval_id);
-    let session = signed_in(&app, &headers, &here)?;
-    Ok(show_decision(&app, &session, &run_id, &approval_id, None, StatusCode::OK))
-}
-
-fn show_decision(
-    app: &AppState,
-    session: &Session,
-    run_id: &str,
-    approval_id: &str,
-    notice: Option<Notice>,
-    status: StatusCode,
-) -> Response {
-    let run = match view::run(app, run_id) {
-        Ok(run) => run,
-        Err(e) => return refusal(app, session, e.0, &e.1, "/ui/approvals"),
-    };
-    let Some(approval) = find_approval(&run, approval_id) else {
-        let why = format!("Run {run_id} has no approval {approval_id:?}.");
-        return refusal(app, session, StatusCode::NOT_FOUND, &why, "/ui/approvals");
-    };
-    let mut events = app.runtime.events_since(0, Some(run_id), usize::MAX);
-    let keep_from = events.len().saturating_sub(RECENT_EVENTS);
-    events.drain(..keep_from);
-    let kind = run["run"]["kind"].as_str().unwrap_or_default();
-    let shown = app.runtime.approval_view(kind, approval_id, &approval["payload"]);
-    let view = pages::DecisionView { run: &run, approval, shown: shown.as_ref(), events: &events, notice };
-    page(status, pages::decision(&frame(app, Some(session), Section::Approvals), &view))
-}
-
-fn find_approval<'a>(run: &'a Value, approval_id: &str) -> Option<&'a Value> {
-    run["approvals"].as_array()?.iter().find(|a| a["approval_id"].as_str() == Some(approval_id))
-}
-
-async fn decide(
-    State(app): State<AppState>,
-    headers: HeaderMap,
-    Path((run_id, approval_id)): Path<(String, String)>,
-    body: Bytes,
-) -> PageResult {
-    let here = pages::decision_url(&run_id, &approval_id);
-    let (session, form) = form_of(&app, &headers, &body, Role::Reviewer, &here)?;
-    let approved = match form.get("decision") {
-        Some("approve") => true,
-        Some("decline") => false,
-        _ => {
-            let why = "Choose Approve or Decline.";
-            return Ok(refusal(&app, &session, StatusCode::BAD_REQUEST, why, &here));
-        }
-    };
-    let shown_hash = form.get("payload_hash").unwrap_or("").to_string();
-    let comment = form.get("comment").unwrap_or("").to_string();
-    // Someone else may have decided since this page was shown: say who, decide nothing.
-    if let Some(answer) = already_decided(&app, &run_id, &approval_id) {
-        let notice = Notice { good: false, text: answer };
-        return Ok(show_decision(&app, &session, &run_id, &approval_id, Some(notice), StatusCode::CONFLICT));
-    }
-    let api_path = format!("/runs/{run_id}/approvals/{approval_id}");
-    let api_body = json!({"payload_hash": shown_hash, "approved": approved, "comment": comment});
-    let api_body = api_body.to_string();
-    guard::record(&app, &session.caller, &Method::POST, &api_path, &headers, api_body.as_bytes()).await?;
-    let decision = Decision { approved, comment };
-    Ok(match app.runtime.approve(&run_id, &approval_id, &shown_hash, decision).await {
-        Ok(_) => see_other(&format!(
-            "{}?decided={}",
-            pages::run_url(&run_id),
-            if approved { "approved" } else { "declined" }
-        )),
-        Err(RuntimeError::StaleApproval { .. }) => {
-            let text = "The payload changed since this page was shown, so nothing was decided. \
-                        Read what the run asks now, below, and decide again."
-                .to_string();
-            let notice = Notice { good: false, text };
-            show_decision(&app, &session, &run_id, &approval_id, Some(notice), StatusCode::CONFLICT)
-        }
-        Err(RuntimeError::AlreadyDecided { .. }) => {
-            let text =
-                already_decided(&app, &run_id, &approval_id).unwrap_or_else(|| "Already decided.".into());
-            let notice = Notice { good: false, text };
-            show_decision(&app, &session, &run_id, &approval_id, Some(notice), StatusCode::CONFLICT)
-        }
-        Err(e) => {
-            let refused = crate::state::ApiError::from(e);
-            refusal(&app, &session, refused.0, &format!("The decision was refused: {}", refused.1), &here)
-        }
-    })
-}
-
-/// "Already decided by NAME" when the approval has a decision.
-fn already_decided(app: &AppState, run_id: &str, approval_id: &str) -> Option<String> {
-    let run = view::run(app, run_id).ok()?;
-    let approval = find_approval(&run, approval_id)?;
-    let approved = approval["decision"]["approved"].as_bool()?;
-    let answer = if approved { "approved" } else { "declined" };
-    Some(match approval["decided_by"].as_str() {
-        Some(name) => format!("Already decided by {name}: {answer}. Nothing was changed."),
-        None => format!("Already decided: {answer}. Nothing was changed."),
-    })
-}
-
-async fn runs(State(app): State<AppState>, headers: HeaderMap, Query(q): Params) -> PageResult {
-    let session = signed_in(&app, &headers, "/ui/runs")?;
-    let state_text = q.get("state").cloned().unwrap_or_default();
-    let kind = q.get("kind").cloned().unwrap_or_default();
-    let state = match state_text.as_str() {
-        "" => None,
-        s => match s.parse::<RunState>() {
-            Ok(state) => Some(state),
-            Err(e) => {
-                return Ok(refusal(&app, &session, StatusCode::BAD_REQUEST, &e.to_string(), "/ui/runs"));
-            }
-        },
-    };
-    let filter = ListFilter {
-        state,
-        kind: Some(kind.clone()).filter(|k| !k.is_empty()),
-        after: q.get("after").cloned().filter(|a| !a.is_empty()),
-        limit: RUNS_PER_PAGE,
-        stash_version_below: None,
-    };
-    let page_of_runs = match app.runtime.list(&filter) {
-        Ok(p) => p,
-        Err(e) => return Ok(failure(&app, Some(&session), &e.to_string())),
-    };
-    let rows: Vec<pages::RunRow> = page_of_runs.runs.iter().map(|run| pages::RunRow { run }).collect();
-    let markup = pages::runs(
-        &frame(&app, Some(&session), Section::Runs),
-        &rows,
-        &state_text,
-        (&kind, &app.runtime.kinds()),
-        page_of_runs.next.as_deref(),
-    );
-    Ok(page(StatusCode::OK, markup))
-}
-
-async fn run_page(
-    State(app): State<AppState>,
-    headers: HeaderMap,
-    Path(run_id): Path<String>,
-    Query(q): Params,
-) -> PageResult {
-    let session = signed_in(&app, &headers, &pages::run_url(&run_id))?;
-    // The events before the run: a change made between the two reads then still reaches the
-    // page live, after `last_seq`, instead of falling between the record and the stream.
-    let events = app.runtime.events_since(0, Some(&run_id), usize::MAX);
-    let last_seq = events.last().map_or(0, |e| e.seq);
-    let run = match view::run(&app, &run_id) {
-        Ok(run) => run,
-        Err(e) => return Ok(refusal(&app, &session, e.0, &e.1, "/ui/runs")),
-    };
-    let timeline = timeline(&run, &events);
-    let notice = match q.get("decided").map(String::as_str) {
-        Some(answer @ ("approved" | "declined")) => Some(Notice {
-            good: true,
-            text: format!("You {answer}. The run goes on from its last boundary."),
-        }),
-        _ => q.get("cancelled").map(|_| Notice { good: true, text: "Cancellation requested.".into() }),
-    };
-    let view = pages::RunView { run: &run, timeline: &timeline, last_seq, notice };
-    Ok(page(StatusCode::OK, pages::run(&frame(&app, Some(&session), Section::Runs), &view)))
-}
-
-/// The run's durable facts (accepted, the last stash, each effect prepared and committed,
-/// each approval asked and decided, each dead letter, each audited request) and this
-/// process's events, by time. Events that only repeat a durable fact are left out; the log
-/// is what shows activations, evictions, recoveries and every stash since the process began.
-fn timeline(run: &Value, events: &[durafiber_runtime::Event]) -> Vec<pages::TimelineEntry> {
-    let at = |v: &Value| v.as_u64().unwrap_or(0);
-    let entry =
-        |at_ms: u64, what: &str, detail: String| pages::TimelineEntry { at_ms, what: what.into(), detail };
-    let mut out =
-        vec![entry(at(&run["run"]["created_at_ms"]), "accepted", format!("key {}", run["run"]["key"]))];
-    let stash = &run["stash"];
-    let stash_detail = format!("step {}, seq {}", stash["step"].as_str().unwrap_or(""), stash["seq"]);
-    if !stash.is_null() && !events.iter().any(|e| e.kind == "stashed" && e.detail == stash_detail) {
-        out.push(entry(at(&stash["written_at_ms"]), "stashed", stash_detail));
-    }
-    for e in run["ledger"].as_array().into_iter().flatten() {
-        let id = e["effect_id"].as_str().unwrap_or("").to_string();
-        out.push(entry(
-            at(&e["prepared_at_ms"]),
-            "effect_prepared",
-            format!("{id} (key {})", e["idempotency_key"]),
-        ));
-        if !e["committed"].is_null() {
-            out.push(entry(at(&e["committed"]["committed_at_ms"]), "effect_committed", id));
-        }
-    }
-    for a in run["approvals"].as_array().into_iter().flatten() {
-        let id = a["approval_id"].as_str().unwrap_or("");
-        out.push(entry(at(&a["requested_at_ms"]), "approval_requested", id.to_string()));
-    }
-    for d in run["dead_letters"].as_array().into_iter().flatten() {
-        let detail = format!(
-            "{}: {}",
-            d["alarm"]["name"].as_str().unwrap_or(""),
-            d["last_error"].as_str().unwrap_or("")
-        );
-        out.push(entry(at(&d["dead_at_ms"]), "alarm_dead_lettered", detail));
-    }
-    for a in run["audit"].as_array().into_iter().flatten() {
-        let detail =
-            format!("by {}: {}", a["actor"].as_str().unwrap_or(""), a["detail"].as_str().unwrap_or(""));
-        out.push(entry(at(&a["at_ms"]), a["action"].as_str().unwrap_or(""), detail));
-    }
-    const DURABLE: [&str; 5] =
-        ["accepted", "effect_prepared", "effect_committed", "approval_requested", "alarm_dead_lettered"];
-    for e in events.iter().filter(|e| !DURABLE.contains(&e.kind.as_str())) {
-        out.push(entry(e.at_ms, &e.kind, e.detail.clone()));
-    }
-    out.sort_by_key(|e| e.at_ms);
-    out
-}
-
-async fn cancel(
-    State(app): State<AppState>,
-    headers: HeaderMap,
-    Path(run_id): Path<String>,
-    body: Bytes,
-) -> PageResult {
-    let here = pages::run_url(&run_id);
-    let (session, form) = form_of(&app, &headers, &body, Role::Operator, &here)?;
-    let reason =
-        form.get("reason").map(str::trim).filter(|r| !r.is_empty()).unwrap_or("cancelled in the console");
-    let api_path = format!("/runs/{run_id}/cancel");
-    let api_body = json!({"reason": reason}).to_string();
-    guard::record(&app, &session.caller, &Method::POST, &api_path, &headers, api_body.as_bytes()).await?;
-    Ok(match app.runtime.cancel(&run_id, reason).await {
-        Ok(_) => see_other(&format!("{here}?cancelled=1")),
-        Err(e) => {
-            let why = format!("The run was not cancelled: {e}");
-            refusal(&app, &session, crate::state::ApiError::from(e).0, &why, &here)
-        }
-    })
 }
 
 async fn attention(State(app): State<AppState>, headers: HeaderMap) -> PageResult {

@@ -1,0 +1,229 @@
+//! How the API shows a run: its record, state, stash, ledger, alarms, approvals and dead
+//! letters, each with its JSON schema. The runtime builds this JSON from its records,
+//! embedding each stored JSON text (`input_json`, `output_json`, `stash_json`, ...) as JSON
+//! under the name without `_json`; these types only describe it.
+
+use durafiber_store::{
+    access::AuditRecord,
+    tables::{Decision, RunOptions, SystemAlarm, WakeReason},
+};
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+
+/// `GET /runs/{id}`: everything stored about a run, secrets redacted.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunView {
+    /// The run record.
+    pub run: RunShown,
+    /// Its last stash.
+    pub stash: Option<StashShown>,
+    /// The agent's `STASH_VERSION` that wrote it; null before the first stash.
+    pub stash_version: Option<u32>,
+    /// Its effects.
+    pub ledger: Vec<LedgerShown>,
+    /// Its pending alarms.
+    pub alarms: Vec<AlarmShown>,
+    /// Its approvals, pending and decided.
+    pub approvals: Vec<ApprovalShown>,
+    /// Its abandoned alarms.
+    pub dead_letters: Vec<DeadLetterShown>,
+    /// Its budget and what it has spent; null for a run with no budget that charged nothing.
+    pub budget: Option<durafiber_store::tables::BudgetRecord>,
+    /// The audited requests about it.
+    pub audit: Vec<AuditRecord>,
+    /// On a store several nodes share: the node that runs it now (null while its shard has
+    /// no owner). Absent alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<Option<String>>,
+}
+
+/// A run record with its input (and output) as JSON.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunShown {
+    /// The run's handle.
+    pub run_id: String,
+    /// The agent kind.
+    pub kind: String,
+    /// The idempotency key it was started with.
+    pub key: String,
+    /// Its input.
+    pub input: Value,
+    /// The input's hash.
+    pub input_hash: String,
+    /// Its state.
+    pub status: StatusShown,
+    /// When it was accepted, ms.
+    pub created_at_ms: u64,
+    /// When it last changed, ms.
+    pub updated_at_ms: u64,
+    /// Activations so far.
+    pub attempt: u32,
+    /// Recovery attempts so far.
+    pub recover_attempts: u32,
+    /// When the next recovery may start, ms.
+    pub next_recover_at_ms: u64,
+    /// Why the run is to be woken, if it is.
+    pub wake_reason: Option<WakeReason>,
+    /// Why cancellation was asked, if it was.
+    pub cancel_reason: Option<String>,
+    /// How it is kept.
+    pub options: RunOptions,
+}
+
+/// A run's state, a completed run's output as JSON.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StatusShown {
+    /// Durably recorded; no fiber has started yet.
+    Accepted,
+    /// A fiber is registered.
+    Running,
+    /// Waits for a human.
+    WaitingApproval {
+        /// The approval.
+        approval_id: String,
+    },
+    /// Waits for an alarm.
+    WaitingAlarm {
+        /// The alarm.
+        name: String,
+    },
+    /// Waits for an external event.
+    WaitingEvent {
+        /// The event.
+        name: String,
+    },
+    /// Finished with an output.
+    Completed {
+        /// The output.
+        output: Value,
+    },
+    /// Finished with an error.
+    Failed {
+        /// What went wrong.
+        error: String,
+    },
+    /// Stopped on request.
+    Cancelled {
+        /// Why.
+        reason: String,
+    },
+    /// A human must look.
+    Escalated {
+        /// Why.
+        reason: String,
+    },
+    /// Held by an operator; a resume lets it continue where it stopped.
+    Paused {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The run's last stash.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StashShown {
+    /// The run.
+    pub run_id: String,
+    /// The activation that wrote it.
+    pub attempt: u32,
+    /// The step named.
+    pub step: String,
+    /// Its place among the run's boundaries.
+    pub seq: u64,
+    /// The stash.
+    pub stash: Value,
+    /// When, ms.
+    pub written_at_ms: u64,
+}
+
+/// One effect of the run.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LedgerShown {
+    /// The run.
+    pub run_id: String,
+    /// The effect's id within the run.
+    pub effect_id: String,
+    /// Minted once, reused on every re-entry.
+    pub idempotency_key: String,
+    /// The arguments' hash.
+    pub args_hash: String,
+    /// When the key was minted, ms.
+    pub prepared_at_ms: u64,
+    /// The receipt, once committed.
+    pub committed: Option<ReceiptShown>,
+}
+
+/// An effect's committed receipt.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReceiptShown {
+    /// What the outside world answered, secrets redacted.
+    pub receipt: Value,
+    /// Its hash.
+    pub receipt_hash: String,
+    /// When it was committed, ms.
+    pub committed_at_ms: u64,
+}
+
+/// A pending alarm, its payload as JSON.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AlarmShown {
+    /// The run.
+    pub run_id: String,
+    /// The alarm.
+    pub name: String,
+    /// When it is due, ms.
+    pub due_at_ms: u64,
+    /// When it was set, ms.
+    pub scheduled_at_ms: u64,
+    /// Given to `on_alarm`.
+    pub payload: Value,
+    /// Its period, ms.
+    pub every_ms: Option<u64>,
+    /// Deliveries started for the current occurrence.
+    pub attempts_started: u32,
+    /// Which setting of the alarm this is.
+    pub generation: u64,
+    /// Set by the runtime itself (an escalation, a sleep's wake, an event wait's timeout).
+    pub system: Option<SystemAlarm>,
+    /// A cron alarm's schedule.
+    pub cron: Option<durafiber_store::tables::CronRecord>,
+    /// Failed occurrences of a periodic or cron alarm being retried, each as an alarm record.
+    pub retrying: Vec<Value>,
+}
+
+/// An approval, its payload as JSON.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ApprovalShown {
+    /// The run.
+    pub run_id: String,
+    /// The pause within the run.
+    pub approval_id: String,
+    /// Exactly what the run showed.
+    pub payload: Value,
+    /// The hash a decision must quote.
+    pub payload_hash: String,
+    /// When it was asked, ms.
+    pub requested_at_ms: u64,
+    /// When silence escalates it, ms.
+    pub escalate_at_ms: u64,
+    /// The decision, once made.
+    pub decision: Option<Decision>,
+    /// Nobody answered in time.
+    pub escalated: bool,
+    /// The token that decided, from the audit trail.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+}
+
+/// An abandoned alarm.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeadLetterShown {
+    /// The alarm as it was.
+    pub alarm: AlarmShown,
+    /// Its last delivery's error.
+    pub last_error: String,
+    /// When it was abandoned, ms.
+    pub dead_at_ms: u64,
+}
