@@ -14,7 +14,7 @@ use durafiber_runtime::{
     Agent, AgentError, Budget, Ctx, EffectError, Recovered, RunOptions, RunStatus, Runtime, RuntimeConfig,
     clock::VirtualClock,
 };
-use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig};
+use durafiber_store::{SimBackend, SimCrash, Store, StoreConfig};
 use serde::{Deserialize, Serialize};
 
 /// The idempotency keys the outside world was called with.
@@ -267,7 +267,7 @@ async fn a_crash_at_every_barrier_never_lets_an_effect_past_the_budget() {
         let sim = SimBackend::new();
         let upstream = Upstream::default();
         let mut crashed = sim.crashed_signal();
-        sim.crash_at(CrashPoint::AfterBarrier(n));
+        sim.crash_at(SimCrash::AfterBarrier(n));
         let rt = open(&sim, &upstream, RuntimeConfig::default()).await;
         if let Ok(out) = rt.start_with::<Spender>("x", &plan(6, 0), with(budget)).await {
             tokio::select! {

@@ -10,11 +10,8 @@
 use std::sync::Arc;
 
 use durafiber_demo::agents::{Refund, RefundInput};
-use durafiber_runtime::{Decision, RunStatus, Runtime, payload_hash};
-use durafiber_testkit::{
-    check::{AgentCheck, CrashPoint},
-    upstream::Upstream,
-};
+use durafiber_runtime::{Boundary, Decision, RunStatus, Runtime, payload_hash};
+use durafiber_testkit::{check::AgentCheck, upstream::Upstream};
 
 fn input(upstream: &Upstream) -> RefundInput {
     RefundInput {
@@ -41,11 +38,11 @@ async fn the_refund_flow_crashed_at_every_boundary_and_evicted_everywhere_refund
         check(&upstream).crash_at_every_boundary().kill_during_effects().eviction_matrix().seeds(1..4);
     let points = check.crash_points().await;
     for expected in [
-        CrashPoint::AfterApprovalRequest("refund".into()),
-        CrashPoint::AfterEffectPrepare("refund".into()),
-        CrashPoint::AfterEffectCall("refund".into()),
-        CrashPoint::AfterEffectCommit("email:confirmation".into()),
-        CrashPoint::AfterStash("emailed".into()),
+        Boundary::AfterApprovalRequest("refund".into()).into(),
+        Boundary::AfterEffectPrepare("refund".into()).into(),
+        Boundary::AfterEffectCall("refund".into()).into(),
+        Boundary::AfterEffectCommit("email:confirmation".into()).into(),
+        Boundary::AfterStash("emailed".into()).into(),
     ] {
         assert!(points.contains(&expected), "the dry run passes {expected}: {points:?}");
     }

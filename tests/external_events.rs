@@ -10,7 +10,7 @@ use durafiber_runtime::{
     Agent, AgentError, Ctx, Recovered, RunStatus, Runtime, RuntimeError, SendOutcome, clock::VirtualClock,
 };
 use durafiber_store::tables::keys;
-use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig};
+use durafiber_store::{SimBackend, SimCrash, Store, StoreConfig};
 
 const EPOCH_MS: u64 = 1_000_000_000;
 
@@ -130,7 +130,7 @@ async fn a_timeout_ends_the_wait_with_or_without_a_fiber_in_memory() {
 }
 
 /// Runs the flow with a crash armed at `point`; false when the flow ended before it.
-async fn crash_once(point: CrashPoint) -> bool {
+async fn crash_once(point: SimCrash) -> bool {
     let (sim, clock) = (SimBackend::new(), VirtualClock::new(EPOCH_MS));
     sim.crash_at(point);
     let rt = open(&sim, &clock).await;
@@ -165,8 +165,8 @@ async fn crash_once(point: CrashPoint) -> bool {
 async fn an_event_crashed_at_every_write_is_seen_exactly_once() {
     let mut reached = 0;
     for n in 1..=30 {
-        let before = crash_once(CrashPoint::AfterApply(n)).await;
-        let after = crash_once(CrashPoint::AfterBarrier(n)).await;
+        let before = crash_once(SimCrash::AfterApply(n)).await;
+        let after = crash_once(SimCrash::AfterBarrier(n)).await;
         if !before && !after {
             break;
         }

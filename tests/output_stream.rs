@@ -11,7 +11,7 @@ use durafiber_demo::agents::{Writer, WriterInput};
 use durafiber_runtime::{
     Agent, AgentError, Ctx, Recovered, RunStatus, Runtime, RuntimeConfig, StreamChunk, clock::VirtualClock,
 };
-use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig};
+use durafiber_store::{SimBackend, SimCrash, Store, StoreConfig};
 use futures::StreamExt;
 
 fn store(sim: &SimBackend) -> Store {
@@ -62,7 +62,7 @@ async fn a_reader_gets_every_chunk_once_in_order_from_any_point() {
 /// Crashes the store at `point` while a writer streams with a reader attached; then the run
 /// finishes in a new process. Returns what the reader saw before the crash, the final stream,
 /// and whether the crash happened at all.
-async fn crash_at(point: CrashPoint) -> (Vec<(u64, String)>, Vec<(u64, String)>, bool) {
+async fn crash_at(point: SimCrash) -> (Vec<(u64, String)>, Vec<(u64, String)>, bool) {
     let sim = SimBackend::new();
     let mut crashed = sim.crashed_signal();
     sim.crash_at(point);
@@ -105,7 +105,7 @@ async fn a_crash_at_every_write_leaves_a_stream_without_gap_or_repeat() {
     let mut crashes = 0;
     for n in 1..=30 {
         // After a write and before its barrier (it is lost), and after a barrier (it is kept).
-        for point in [CrashPoint::AfterApply(n), CrashPoint::AfterBarrier(n)] {
+        for point in [SimCrash::AfterApply(n), SimCrash::AfterBarrier(n)] {
             let (before, after, crashed) = crash_at(point).await;
             crashes += usize::from(crashed);
             assert_eq!(after, tokens(0, 30), "{point:?}: the finished stream");
@@ -231,7 +231,7 @@ async fn emit_sync_survives_a_crash_at_every_barrier_without_a_guard() {
     for n in 1..=25 {
         let sim = SimBackend::new();
         let mut crashed = sim.crashed_signal();
-        sim.crash_at(CrashPoint::AfterBarrier(n));
+        sim.crash_at(SimCrash::AfterBarrier(n));
         let rt = open(&sim, SyncWriter).await;
         if let Ok(out) = rt.start::<SyncWriter>("s", &20).await {
             tokio::select! {

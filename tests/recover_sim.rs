@@ -6,6 +6,7 @@
 //! right after the k-th stash was acknowledged resumes from exactly k — never earlier.
 
 use durafiber_demo::agents::{Steps, StepsInput, StepsOutput};
+use durafiber_runtime::Boundary;
 use durafiber_testkit::check::{AgentCheck, CrashPoint};
 use serde_json::Value;
 
@@ -23,8 +24,11 @@ async fn a_ten_step_fiber_crashed_at_every_write_resumes_from_the_last_durable_s
         .run()
         .await;
     report.assert_ok();
-    let stashes: Vec<_> =
-        report.cases.iter().filter(|c| matches!(c.crash_point, Some(CrashPoint::AfterStash(_)))).collect();
+    let stashes: Vec<_> = report
+        .cases
+        .iter()
+        .filter(|c| matches!(c.crash_point, Some(CrashPoint::At(Boundary::AfterStash(_)))))
+        .collect();
     assert_eq!(stashes.len(), 10, "a crash after each of the ten stashes");
     for (k, case) in stashes.iter().enumerate() {
         let Some(durafiber_runtime::RunStatus::Completed { output_json }) = &case.final_state else {

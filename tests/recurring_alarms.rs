@@ -16,7 +16,7 @@ use durafiber_runtime::{
     clock::{Clock, VirtualClock},
     rng::SeededRng,
 };
-use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig};
+use durafiber_store::{SimBackend, SimCrash, Store, StoreConfig};
 use serde::{Deserialize, Serialize};
 
 const SECOND: u64 = 1_000;
@@ -247,7 +247,7 @@ async fn the_schedule_and_its_retries_survive_crashes_at_random_barriers() {
     let mut crashes = 0;
     for _ in 0..25 {
         let rt = open(&sim, clock.clone(), Ticker::new(&log, half_minutes_fail_twice)).await;
-        sim.crash_at(CrashPoint::AfterBarrier(sim.counts().1 + 1 + rng.between(0, 5)));
+        sim.crash_at(SimCrash::AfterBarrier(sim.counts().1 + 1 + rng.between(0, 5)));
         let _ = rt.advance(Duration::from_secs(7 + rng.between(0, 19))).await;
         rt.shutdown().await;
         crashes += usize::from(sim.is_crashed());

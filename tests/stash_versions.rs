@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use durafiber_runtime::{Agent, AgentError, Ctx, ListFilter, Recovered, RunStatus, Runtime, RuntimeConfig};
-use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig};
+use durafiber_store::{SimBackend, SimCrash, Store, StoreConfig};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -215,7 +215,7 @@ async fn open<A: Agent>(sim: &SimBackend, agent: A) -> Runtime {
 
 /// Version 1 crashed at `point`, then version 2 deployed over what the disk kept. Returns
 /// false when version 1 finished before the crash point.
-async fn deploy_v2_after_crash(point: CrashPoint) -> bool {
+async fn deploy_v2_after_crash(point: SimCrash) -> bool {
     let sim = SimBackend::new();
     let mut crashed = sim.crashed_signal();
     sim.crash_at(point);
@@ -270,8 +270,8 @@ async fn version_2_finishes_version_1_runs_crashed_at_every_boundary() {
     let mut reached = 0;
     let mut upgraded = 0;
     for n in 1..=30 {
-        let before = deploy_v2_after_crash(CrashPoint::AfterApply(n)).await;
-        let after = deploy_v2_after_crash(CrashPoint::AfterBarrier(n)).await;
+        let before = deploy_v2_after_crash(SimCrash::AfterApply(n)).await;
+        let after = deploy_v2_after_crash(SimCrash::AfterBarrier(n)).await;
         if !before && !after {
             break;
         }

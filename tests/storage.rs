@@ -16,10 +16,10 @@ use std::{
 
 use durafiber_runtime::testing::BuilderTestExt;
 use durafiber_runtime::{
-    Agent, AgentError, CrashHook, Ctx, Recovered, RunStatus, Runtime, RuntimeConfig, RuntimeError,
+    Agent, AgentError, Boundary, CrashHook, Ctx, Recovered, RunStatus, Runtime, RuntimeConfig, RuntimeError,
     clock::VirtualClock,
 };
-use durafiber_store::{CrashPoint, SimBackend, Store, StoreConfig, tables::keys};
+use durafiber_store::{SimBackend, SimCrash, Store, StoreConfig, tables::keys};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -282,7 +282,7 @@ fn units_in(sim: &SimBackend) -> (u64, u64, u64) {
 
 /// Crashes the store at `point` during a run of `steps`, checks the store holds whole
 /// transactions only, reopens and finishes. False when the run ended before the point.
-async fn crash_once(point: CrashPoint, steps: u64) -> bool {
+async fn crash_once(point: SimCrash, steps: u64) -> bool {
     let (sim, clock) = (SimBackend::new(), VirtualClock::new(EPOCH_MS));
     sim.crash_at(point);
     let rt = open_with(&sim, &clock, RuntimeConfig::default(), None).await;
@@ -307,8 +307,8 @@ async fn crash_once(point: CrashPoint, steps: u64) -> bool {
 async fn transactions_are_whole_after_a_crash_at_every_write() {
     let mut reached = 0;
     for n in 1..=40 {
-        let before = crash_once(CrashPoint::AfterApply(n), 4).await;
-        let after = crash_once(CrashPoint::AfterBarrier(n), 4).await;
+        let before = crash_once(SimCrash::AfterApply(n), 4).await;
+        let after = crash_once(SimCrash::AfterBarrier(n), 4).await;
         if !before && !after {
             break;
         }
@@ -324,7 +324,7 @@ async fn evicted_at_every_boundary_or_by_chaos_the_run_ends_the_same() {
     let seen = Arc::new(Mutex::new(HashSet::new()));
     let hook: CrashHook = {
         let seen = seen.clone();
-        Arc::new(move |_run: &str, point: &str| seen.lock().expect("lock").insert(point.to_string()))
+        Arc::new(move |_run: &str, point: &Boundary| seen.lock().expect("lock").insert(point.clone()))
     };
     let sim = SimBackend::new();
     let config = RuntimeConfig { fiber_keep_alive: false, ..Default::default() };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use durafiber_store::PgBackend;
 use durafiber_store::{
-    Backend, Batch, CrashPoint, Durability, SimBackend, SledBackend, Store, StoreConfig, StoreError,
+    Backend, Batch, Durability, SimBackend, SimCrash, SledBackend, Store, StoreConfig, StoreError,
     batch::Op,
     tables::{Key, keys},
 };
@@ -122,7 +122,7 @@ fn the_simulated_crash_loses_exactly_the_writes_after_the_last_barrier() {
     // Async writes are applied but, until a barrier, not durable.
     let mut b = Batch::new();
     b.put(key("volatile"), &"2".to_string()).expect("encode");
-    sim.crash_at(CrashPoint::AfterApply(1));
+    sim.crash_at(SimCrash::AfterApply(1));
     assert!(store.commit_blocking(b, Durability::Async).is_ok());
     assert!(sim.is_crashed());
     sim.revive();
@@ -135,7 +135,7 @@ fn the_simulated_crash_loses_exactly_the_writes_after_the_last_barrier() {
 fn a_crash_right_after_a_barrier_keeps_what_it_covered() {
     let sim = SimBackend::new();
     let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
-    sim.crash_at(CrashPoint::AfterBarrier(1));
+    sim.crash_at(SimCrash::AfterBarrier(1));
     let mut b = Batch::new();
     b.put(key("covered"), &"3".to_string()).expect("encode");
     // The barrier completed, but the writer "died" before acknowledging.

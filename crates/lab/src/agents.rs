@@ -9,7 +9,7 @@ use durafiber_demo::{
     agents::{Order, OrderV2, Refund, Steps, Writer},
     poison::Poison,
 };
-use durafiber_runtime::{CrashHook, RuntimeBuilder, testing::BuilderTestExt as _};
+use durafiber_runtime::{Boundary, CrashHook, RuntimeBuilder, testing::BuilderTestExt as _};
 
 /// How the lab's global flags shape the hosted runtime.
 #[derive(Debug, Clone, Default)]
@@ -17,7 +17,7 @@ pub struct Hosting {
     /// The order agent's stash version: 1, or 2 for the torture's deploy of a new shape.
     pub order_stash_version: u32,
     /// Hold the process at this boundary until it is killed.
-    pub stop_at: Option<String>,
+    pub stop_at: Option<Boundary>,
 }
 
 /// Registers every demo agent kind, and the stop point if one is asked for.
@@ -35,12 +35,12 @@ pub fn register(builder: RuntimeBuilder, hosting: &Hosting) -> RuntimeBuilder {
 
 /// A crash hook that holds the process at `point` for good, saying so on stderr: the drill
 /// kills it there.
-fn stop_at_hook(point: String) -> CrashHook {
-    Arc::new(move |run_id: &str, reached: &str| {
-        if reached == point {
+fn stop_at_hook(point: Boundary) -> CrashHook {
+    Arc::new(move |run_id: &str, reached: &Boundary| {
+        if *reached == point {
             tracing::warn!(
                 run_id,
-                point = reached,
+                point = %reached,
                 "stopped at the requested crash point; waiting to be killed"
             );
             let mut err = std::io::stderr().lock();

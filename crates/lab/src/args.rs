@@ -18,7 +18,7 @@ pub struct LabCli {
     /// Stop at this boundary (for example `after_effect_call:refund`) and wait there to be
     /// killed: the drill's deterministic crash.
     #[arg(long)]
-    pub stop_at: Option<String>,
+    pub stop_at: Option<durafiber_runtime::Boundary>,
     /// The command.
     #[command(subcommand)]
     pub command: LabCommand,

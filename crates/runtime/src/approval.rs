@@ -11,6 +11,7 @@ use durafiber_store::{
 use serde::Serialize;
 use tokio::sync::oneshot;
 
+use crate::boundary::Boundary;
 use crate::{
     alarm,
     error::{AgentError, RuntimeError},
@@ -102,7 +103,7 @@ pub(crate) async fn request(
     shared.scheduler.insert(escalation.due_at_ms, &run_id, &escalation.name);
     shared.driver_wake.notify_one();
     shared.event(&run_id, "approval_requested", format!("{approval_id}: hash {}", record.payload_hash));
-    crate::eviction::idle::boundary(raw, &format!("after_approval_request:{approval_id}")).await;
+    crate::eviction::idle::boundary(raw, || Boundary::AfterApprovalRequest(approval_id.to_string())).await;
     wait_for_decision(raw, approval_id, &key).await
 }
 

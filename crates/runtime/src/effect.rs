@@ -13,6 +13,7 @@ use durafiber_store::{
 };
 use serde::{Serialize, de::DeserializeOwned};
 
+use crate::boundary::Boundary;
 use crate::{
     clock, error::AgentError, json, kernel::shared::RawCtx, limits, metrics::Metrics, rng::unguessable_hex,
 };
@@ -171,7 +172,7 @@ where
             entry
         }
     };
-    crate::eviction::idle::boundary(raw, &format!("after_effect_prepare:{effect_id}")).await;
+    crate::eviction::idle::boundary(raw, || Boundary::AfterEffectPrepare(effect_id.to_string())).await;
 
     let mut last_error = String::new();
     for attempt in 1..=options.attempts {
@@ -212,9 +213,11 @@ where
         };
         match answer {
             Ok(receipt) => {
-                crate::eviction::idle::boundary(raw, &format!("after_effect_call:{effect_id}")).await;
+                crate::eviction::idle::boundary(raw, || Boundary::AfterEffectCall(effect_id.to_string()))
+                    .await;
                 commit(raw, key, entry, &receipt).await?;
-                crate::eviction::idle::boundary(raw, &format!("after_effect_commit:{effect_id}")).await;
+                crate::eviction::idle::boundary(raw, || Boundary::AfterEffectCommit(effect_id.to_string()))
+                    .await;
                 return Ok(receipt);
             }
             Err(EffectError::Permanent(error)) => {

@@ -22,6 +22,7 @@ use durafiber_store::{
 use serde::Serialize;
 use tokio::sync::oneshot;
 
+use crate::boundary::Boundary;
 use crate::{
     alarm,
     alarm::AlarmAt,
@@ -256,7 +257,7 @@ async fn park(raw: &mut RawCtx, name: &str, timeout_at_ms: Option<u64>) -> Resul
         shared.driver_wake.notify_one();
     }
     shared.event(&run_id, "event_wait", name.to_string());
-    crate::eviction::idle::boundary(raw, &format!("after_event_wait:{name}")).await;
+    crate::eviction::idle::boundary(raw, || Boundary::AfterEventWait(name.to_string())).await;
     Ok(())
 }
 
@@ -297,7 +298,7 @@ async fn finish(
     }
     let what = if result.is_some() { "event_received" } else { "event_timed_out" };
     shared.event(&run_id, what, name.to_string());
-    crate::eviction::idle::boundary(raw, &format!("after_event:{name}")).await;
+    crate::eviction::idle::boundary(raw, || Boundary::AfterEvent(name.to_string())).await;
     Ok(())
 }
 

@@ -23,6 +23,7 @@ pub mod agent;
 mod alarm;
 mod approval;
 mod approval_view;
+mod boundary;
 mod budget;
 pub mod clock;
 mod config;
@@ -64,6 +65,7 @@ pub use schemars;
 pub fn input_schema_of<T: schemars::JsonSchema>() -> serde_json::Value {
     schemars::schema_for!(T).to_value()
 }
+pub use boundary::{Boundary, UnknownBoundary};
 pub use config::{Budget, DurabilityMode, RuntimeConfig, parse_bytes, parse_range};
 pub use durafiber_store::tables::{
     AlarmRecord, ApprovalRecord, BudgetLimits, BudgetRecord, BudgetSpent, CronRecord, DeadLetter, Decision,

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use durafiber_store::tables::{self, AlarmRecord, RunStatus, SleepRecord, SystemAlarm, WakeReason, keys};
 
+use crate::boundary::Boundary;
 use crate::{
     alarm,
     error::{AgentError, RuntimeError},
@@ -68,7 +69,7 @@ pub(crate) async fn sleep(raw: &mut RawCtx, name: &str, at: alarm::AlarmAt) -> R
         shared.scheduler.insert(wake_alarm.due_at_ms, &run_id, &wake_alarm.name);
         shared.driver_wake.notify_one();
         shared.event(&run_id, "sleep", format!("{name} until {}", record.wake_at_ms));
-        crate::eviction::idle::boundary(raw, &format!("after_sleep:{name}")).await;
+        crate::eviction::idle::boundary(raw, || Boundary::AfterSleep(name.to_string())).await;
         // Waiting here is not work: the run may be evicted meanwhile, like a pause.
         shared.liveness.fiber_waiting(&run_id, true, now);
         shared.parked(raw.in_fiber, shared.clock.sleep_until(record.wake_at_ms)).await;

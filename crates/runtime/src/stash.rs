@@ -10,6 +10,7 @@ use durafiber_store::{
 
 use serde::de::DeserializeOwned;
 
+use crate::boundary::Boundary;
 pub(crate) use crate::kernel::stash_record::{Stored, read};
 use crate::{clock::Stopwatch, config::DurabilityMode, error::AgentError, json, kernel::shared::RawCtx};
 
@@ -84,6 +85,6 @@ pub(crate) async fn write(
     }
     shared.metrics.stash_commit.record_us(watch.elapsed_us());
     shared.event(&run_id, "stashed", format!("step {step}, seq {}", record.seq));
-    crate::eviction::idle::boundary(raw, &format!("after_stash:{step}")).await;
+    crate::eviction::idle::boundary(raw, || Boundary::AfterStash(step.to_string())).await;
     Ok(())
 }

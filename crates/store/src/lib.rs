@@ -66,6 +66,6 @@ pub use batch::Batch;
 pub use error::StoreError;
 #[cfg(feature = "postgres")]
 pub use pg_backend::PgBackend;
-pub use sim_backend::{CrashPoint, SimBackend};
+pub use sim_backend::{SimBackend, SimCrash};
 pub use sled_backend::SledBackend;
 pub use store::{Store, StoreConfig, StoreHealth};

@@ -16,7 +16,7 @@ use crate::{
 
 /// Where a scheduled crash happens, counted from the moment it is armed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CrashPoint {
+pub enum SimCrash {
     /// Right after the n-th `apply` (1-based), before any barrier covers it.
     AfterApply(u64),
     /// Right after the n-th completed barrier (1-based).
@@ -29,7 +29,7 @@ struct SimState {
     undurable: Vec<Batch>,
     visible: BTreeMap<Vec<u8>, Vec<u8>>,
     crashed: bool,
-    armed: Option<CrashPoint>,
+    armed: Option<SimCrash>,
     applies: u64,
     barriers: u64,
     quiet_spells: u64,
@@ -122,7 +122,7 @@ impl SimBackend {
     }
 
     /// Arms a crash at `point`, counted from now.
-    pub fn crash_at(&self, point: CrashPoint) {
+    pub fn crash_at(&self, point: SimCrash) {
         let mut s = self.lock();
         s.applies = 0;
         s.barriers = 0;
@@ -186,7 +186,7 @@ impl Backend for SimBackend {
         apply_to(&mut s.visible, batch);
         s.undurable.push(batch.clone());
         s.applies += 1;
-        if let Some(CrashPoint::AfterApply(n)) = s.armed
+        if let Some(SimCrash::AfterApply(n)) = s.armed
             && s.applies >= n
         {
             Self::crash_locked(&mut s);
@@ -213,7 +213,7 @@ impl Backend for SimBackend {
             apply_to(&mut s.durable, batch);
         }
         s.barriers += 1;
-        if let Some(CrashPoint::AfterBarrier(n)) = s.armed
+        if let Some(SimCrash::AfterBarrier(n)) = s.armed
             && s.barriers >= n
         {
             Self::crash_locked(&mut s);

@@ -7,6 +7,7 @@ use std::sync::{Arc, atomic::Ordering};
 
 use durafiber_store::tables::{RunStatus, WakeReason};
 
+use crate::boundary::Boundary;
 use crate::{
     kernel::{
         cell::RunCell,
@@ -116,11 +117,12 @@ pub(crate) fn request_eviction(shared: &Arc<Shared>, run_id: &str, why: &'static
 }
 
 /// A boundary was committed: the crash hook or seeded chaos may evict the run right here,
-/// the same point a real eviction or crash could hit.
-pub(crate) async fn boundary(raw: &RawCtx, point: &str) {
+/// the same point a real eviction or crash could hit. `point` names it, only when a crash
+/// hook asks.
+pub(crate) async fn boundary(raw: &RawCtx, point: impl FnOnce() -> Boundary) {
     let shared = &raw.shared;
     let run_id = &raw.cell.run_id;
-    let hooked = shared.crash_hook.as_ref().is_some_and(|hook| hook(run_id, point));
+    let hooked = shared.crash_hook.as_ref().is_some_and(|hook| hook(run_id, &point()));
     if hooked || (raw.in_fiber && shared.chaos_strikes()) {
         request_eviction(shared, run_id, if hooked { "crash point" } else { "chaos" });
         shared.parked(raw.in_fiber, std::future::pending::<()>()).await;

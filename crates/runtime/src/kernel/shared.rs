@@ -16,6 +16,7 @@ use serde::Serialize;
 use tokio::sync::{Notify, watch};
 
 use crate::{
+    boundary::Boundary,
     clock::{Clock, Stopwatch},
     config::RuntimeConfig,
     error::{AgentError, RuntimeError},
@@ -32,12 +33,10 @@ use crate::{
     secret::Secrets,
 };
 
-/// Called at every boundary of a fiber with `(run_id, point)`, where point names the
-/// boundary: `after_stash:<step>`, `after_effect_prepare:<id>`, `after_effect_call:<id>`,
-/// `after_effect_commit:<id>`, `after_approval_request:<id>`. Returning `true` evicts the run
-/// right there. Tests evict or crash at an exact boundary; the drill's server stops at one to
-/// be killed.
-pub type CrashHook = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
+/// Called at every committed boundary of a fiber with the run's id and the [`Boundary`].
+/// Returning `true` evicts the run right there. Tests evict or crash at an exact boundary;
+/// the drill's server stops at one to be killed.
+pub type CrashHook = Arc<dyn Fn(&str, &Boundary) -> bool + Send + Sync>;
 
 pub(crate) struct Shared {
     pub store: Store,

@@ -69,8 +69,8 @@ pub use upstream::{CheckUpstream, UpstreamFuture};
 use std::{collections::BTreeMap, ops::Range, sync::Arc, time::Duration};
 
 use durafiber_runtime::{
-    Agent, CrashHook, Decision, PendingApproval, RunOptions, Runtime, RuntimeConfig, clock::VirtualClock,
-    testing::BuilderTestExt,
+    Agent, Boundary, CrashHook, Decision, PendingApproval, RunOptions, Runtime, RuntimeConfig,
+    clock::VirtualClock, testing::BuilderTestExt,
 };
 use durafiber_store::{SimBackend, Store, StoreConfig};
 use parking_lot::Mutex;
@@ -116,7 +116,7 @@ struct Trouble {
 /// What a dry run saw.
 struct Dry {
     report: CaseReport,
-    boundaries: Vec<String>,
+    boundaries: Vec<Boundary>,
     writes: u64,
 }
 
@@ -232,7 +232,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
     /// The crash points a dry run passes, in order.
     pub async fn crash_points(&self) -> Vec<CrashPoint> {
         let dry = self.dry_run().await;
-        let mut points: Vec<CrashPoint> = dry.boundaries.iter().map(|b| CrashPoint::parse(b)).collect();
+        let mut points: Vec<CrashPoint> = dry.boundaries.iter().cloned().map(CrashPoint::At).collect();
         points.extend((1..=dry.writes).map(CrashPoint::WriteLost));
         points
     }
@@ -243,12 +243,12 @@ impl<A: Agent + Clone> AgentCheck<A> {
         let baseline = dry.report;
         let mut cases = Vec::new();
         if self.crashes || self.effect_kills {
-            for (i, name) in dry.boundaries.iter().enumerate() {
-                let point = CrashPoint::parse(name);
-                let wanted = match point {
-                    CrashPoint::AfterEffectCall(_) => self.effect_kills || self.crashes,
+            for (i, boundary) in dry.boundaries.iter().enumerate() {
+                let wanted = match boundary {
+                    Boundary::AfterEffectCall(_) => self.effect_kills || self.crashes,
                     _ => self.crashes,
                 };
+                let point = CrashPoint::At(boundary.clone());
                 if wanted {
                     let trouble = Trouble { crash_after_boundary: Some(i + 1), ..Trouble::default() };
                     let case = format!("crash {point} (boundary {})", i + 1);

@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use durafiber_runtime::{Agent, CrashHook, RunStatus, Runtime, RuntimeConfig};
+use durafiber_runtime::{Agent, Boundary, CrashHook, RunStatus, Runtime, RuntimeConfig};
 use durafiber_store::SimBackend;
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -31,7 +31,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
         crash_point: Option<CrashPoint>,
         trouble: Trouble,
         baseline: Option<&CaseReport>,
-        record_boundaries: Option<Arc<Mutex<Vec<String>>>>,
+        record_boundaries: Option<Arc<Mutex<Vec<Boundary>>>>,
     ) -> (CaseReport, u64) {
         if let Some(upstream) = &self.upstream {
             upstream.reset().await;
@@ -56,7 +56,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
         };
         let sim = SimBackend::new();
         if let Some(n) = trouble.lose_write {
-            sim.crash_at(durafiber_store::CrashPoint::AfterApply(n));
+            sim.crash_at(durafiber_store::SimCrash::AfterApply(n));
         }
         let mut config = self.config.clone();
         if let Some(seed) = trouble.chaos_seed {
@@ -69,7 +69,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
             Arc::new(move |_, point| {
                 let n = passed.fetch_add(1, Ordering::SeqCst) + 1;
                 if let Some(record) = &record {
-                    record.lock().push(point.to_string());
+                    record.lock().push(point.clone());
                 }
                 if trouble.crash_after_boundary == Some(n) {
                     sim.crash();

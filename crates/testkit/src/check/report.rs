@@ -3,56 +3,40 @@
 
 use std::{collections::BTreeMap, fmt};
 
-use durafiber_runtime::{Event, RunStatus};
+use durafiber_runtime::{Boundary, Event, RunStatus};
 use serde_json::Value;
 
 use crate::SIM_EPOCH_MS;
 
-/// Where a case crashes, named after the boundary a dry run passed.
+/// Where a case crashes: at a boundary a dry run passed, or with a store write lost.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum CrashPoint {
-    /// Right after the stash at this step was committed.
-    AfterStash(String),
-    /// Right after this effect's idempotency key was committed, before its call.
-    AfterEffectPrepare(String),
-    /// After this effect's call returned, before its receipt was committed.
-    AfterEffectCall(String),
-    /// Right after this effect's receipt was committed.
-    AfterEffectCommit(String),
-    /// Right after this approval's pause was committed.
-    AfterApprovalRequest(String),
-    /// Another named boundary.
-    Other(String),
+    /// Right after this boundary was committed.
+    At(Boundary),
     /// Store write number `n` (from the run's start), lost: the crash comes after it was
     /// applied and before its barrier.
     WriteLost(u64),
 }
 
-impl CrashPoint {
-    /// The point named `after_stash:<step>`, `after_effect_prepare:<id>`, ... by the runtime.
-    pub fn parse(name: &str) -> CrashPoint {
-        let (kind, arg) = name.split_once(':').unwrap_or((name, ""));
-        let arg = arg.to_string();
-        match kind {
-            "after_stash" => CrashPoint::AfterStash(arg),
-            "after_effect_prepare" => CrashPoint::AfterEffectPrepare(arg),
-            "after_effect_call" => CrashPoint::AfterEffectCall(arg),
-            "after_effect_commit" => CrashPoint::AfterEffectCommit(arg),
-            "after_approval_request" => CrashPoint::AfterApprovalRequest(arg),
-            _ => CrashPoint::Other(name.to_string()),
-        }
+impl From<Boundary> for CrashPoint {
+    fn from(boundary: Boundary) -> CrashPoint {
+        CrashPoint::At(boundary)
     }
 }
 
 impl fmt::Display for CrashPoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CrashPoint::AfterStash(s) => write!(f, "after stash {s:?}"),
-            CrashPoint::AfterEffectPrepare(s) => write!(f, "after effect {s:?} was prepared"),
-            CrashPoint::AfterEffectCall(s) => write!(f, "after effect {s:?} was called, before its receipt"),
-            CrashPoint::AfterEffectCommit(s) => write!(f, "after effect {s:?} was committed"),
-            CrashPoint::AfterApprovalRequest(s) => write!(f, "after approval {s:?} was requested"),
-            CrashPoint::Other(s) => write!(f, "at {s}"),
+            CrashPoint::At(Boundary::AfterStash(s)) => write!(f, "after stash {s:?}"),
+            CrashPoint::At(Boundary::AfterEffectPrepare(s)) => write!(f, "after effect {s:?} was prepared"),
+            CrashPoint::At(Boundary::AfterEffectCall(s)) => {
+                write!(f, "after effect {s:?} was called, before its receipt")
+            }
+            CrashPoint::At(Boundary::AfterEffectCommit(s)) => write!(f, "after effect {s:?} was committed"),
+            CrashPoint::At(Boundary::AfterApprovalRequest(s)) => {
+                write!(f, "after approval {s:?} was requested")
+            }
+            CrashPoint::At(other) => write!(f, "at {other}"),
             CrashPoint::WriteLost(n) => write!(f, "with store write {n} lost before its barrier"),
         }
     }
