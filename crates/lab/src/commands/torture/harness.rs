@@ -25,8 +25,10 @@ pub(super) struct Harness {
     pub(super) rng: SeededRng,
     /// Every run id each key was answered with.
     pub(super) ids: BTreeMap<String, BTreeSet<String>>,
-    /// Keys whose start was never answered (the server died under the call).
-    pub(super) unanswered: Vec<(String, Value)>,
+    /// Keys whose start was not answered yet, with their input: the server died under the
+    /// call, or the kill timer cut the round while the call was in flight. A key is written
+    /// here before its call, so a call dropped half-way is retried, never forgotten.
+    pub(super) unanswered: BTreeMap<String, Value>,
     /// The input each key was started with.
     pub(super) inputs: BTreeMap<String, Value>,
     /// Runs whose `packed` event was not acknowledged yet, with their order key.
@@ -55,19 +57,18 @@ impl Harness {
 
     pub(super) async fn start(&mut self, client: &Client, key: String, input: Value) {
         self.inputs.insert(key.clone(), input.clone());
+        self.unanswered.insert(key.clone(), input.clone());
         let kind = kind_of(&key);
-        match client.post_json("/runs", &json!({"kind": kind, "input": input}), Some(&key)).await {
-            Ok(answer) => {
-                if let Some(id) = answer["run_id"].as_str() {
-                    // Only orders wait for an event.
-                    if kind == "order" && self.ids.get(&key).is_none_or(|ids| !ids.contains(id)) {
-                        self.unsent.insert(id.to_string(), key.clone());
-                    }
-                    self.ids.entry(key).or_default().insert(id.to_string());
-                }
-            }
-            Err(_) => self.unanswered.push((key, input)),
+        let answer = client.post_json("/runs", &json!({"kind": kind, "input": input}), Some(&key)).await;
+        let Some(id) = answer.ok().and_then(|a| a["run_id"].as_str().map(str::to_string)) else {
+            return;
+        };
+        self.unanswered.remove(&key);
+        // Only orders wait for an event.
+        if kind == "order" && self.ids.get(&key).is_none_or(|ids| !ids.contains(&id)) {
+            self.unsent.insert(id.clone(), key.clone());
         }
+        self.ids.entry(key).or_default().insert(id);
     }
 
     /// Sends each run's `packed` event until the server acknowledges it once.
@@ -82,7 +83,7 @@ impl Harness {
     /// One round of a live server's work: retry unanswered starts, start new runs, send
     /// events, approve.
     pub(super) async fn round(&mut self, client: &Client, started_here: &mut usize) {
-        for (key, input) in std::mem::take(&mut self.unanswered) {
+        for (key, input) in self.unanswered.clone() {
             self.start(client, key, input).await;
         }
         if *started_here < STARTS_PER_LIFE_MAX && self.inputs.len() < self.runs_max {

@@ -93,7 +93,7 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
         upstream,
         rng: SeededRng::new(plan.seed),
         ids: BTreeMap::new(),
-        unanswered: Vec::new(),
+        unanswered: BTreeMap::new(),
         inputs: BTreeMap::new(),
         unsent: BTreeMap::new(),
         next_order: 0,
@@ -236,7 +236,7 @@ async fn finish(
         .with_token(durafiber_server::read_admin_token(data));
     // A poison run started now would never be killed, so never recovered and never
     // escalated: only orders are started here for the first time.
-    for (key, input) in std::mem::take(&mut h.unanswered) {
+    for (key, input) in h.unanswered.clone() {
         if harness::kind_of(&key) == "order" {
             h.start(&client, key, input).await;
         }
