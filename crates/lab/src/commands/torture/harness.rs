@@ -90,10 +90,17 @@ impl Harness {
             self.next_order += 1;
             let order = self.next_order;
             let input = self.input(order);
+            // The poison is written down before the order's call: a round cut by the kill
+            // timer during that call must not forget it (the next round starts it).
+            let poison = POISON_AFTER_ORDERS.contains(&order).then(|| format!("poison-{order}"));
+            if let Some(poison) = &poison {
+                self.inputs.insert(poison.clone(), Value::Null);
+                self.unanswered.insert(poison.clone(), Value::Null);
+            }
             self.start(client, format!("order-{order}"), input).await;
             *started_here += 1;
-            if POISON_AFTER_ORDERS.contains(&order) {
-                self.start(client, format!("poison-{order}"), Value::Null).await;
+            if let Some(poison) = poison {
+                self.start(client, poison, Value::Null).await;
             }
         }
         self.send_events(client).await;
