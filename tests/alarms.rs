@@ -137,7 +137,7 @@ async fn a_million_pending_alarms_keep_memory_bounded_and_the_earliest_fires_on_
     let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
     durafiber_demo::bulk::write_pending_alarms(
         &store,
-        &[run.to_string()],
+        std::slice::from_ref(&run),
         "later",
         1_000_000,
         T0 + 3_600_000,
@@ -253,9 +253,7 @@ async fn more_alarms_than_the_window_fire_each_once_on_time_with_more_set_past_i
         for j in 0..50u64 {
             let due = T0 + 1_001 + step * 1_000 + 2 * (200 + j * 37) % (2 * count) + 1_000;
             let name = format!("b{step}-{j:02}");
-            rt.set_alarm(run.as_str(), &name, AlarmSpec::at_ms(due, &name).expect("spec"))
-                .await
-                .expect("set");
+            rt.set_alarm(&run, &name, AlarmSpec::at_ms(due, &name).expect("spec")).await.expect("set");
             want.push((name, due.max(rt.now_ms())));
         }
         assert!(rt.alarm_window_len() <= WINDOW, "window {}", rt.alarm_window_len());

@@ -89,7 +89,7 @@ async fn a_decision_must_quote_the_pending_hash_and_is_recorded_once() {
         Err(RuntimeError::NotPending { .. })
     ));
     assert!(matches!(
-        rt.approve("run_nope", "payout", &p.payload_hash, yes()).await,
+        rt.approve(&"run_nope".into(), "payout", &p.payload_hash, yes()).await,
         Err(RuntimeError::UnknownRun { .. })
     ));
 

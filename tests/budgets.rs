@@ -14,7 +14,7 @@ use durafiber_runtime::{
     Agent, AgentError, Budget, Ctx, EffectError, Recovered, RunOptions, RunStatus, Runtime, RuntimeConfig,
     clock::VirtualClock,
 };
-use durafiber_store::{SimBackend, SimCrash, Store, StoreConfig};
+use durafiber_store::{RunId, SimBackend, SimCrash, Store, StoreConfig};
 use serde::{Deserialize, Serialize};
 
 /// The idempotency keys the outside world was called with.
@@ -96,7 +96,7 @@ fn with(budget: Budget) -> RunOptions {
     RunOptions { budget, ..RunOptions::default() }
 }
 
-async fn escalated(rt: &Runtime, run_id: &str) -> String {
+async fn escalated(rt: &Runtime, run_id: &RunId) -> String {
     let status = tokio::time::timeout(Duration::from_secs(60), rt.wait(run_id)).await.expect("the run ends");
     match status.expect("status") {
         RunStatus::Escalated { reason } => reason,

@@ -99,7 +99,10 @@ async fn an_event_is_buffered_delivered_in_place_or_re_enters_an_evicted_run() {
         rt.send_event(&early, "go", &"late", None).await,
         Err(RuntimeError::RunFinished { .. })
     ));
-    assert!(matches!(rt.send_event("run_nope", "go", &1, None).await, Err(RuntimeError::UnknownRun { .. })));
+    assert!(matches!(
+        rt.send_event(&"run_nope".into(), "go", &1, None).await,
+        Err(RuntimeError::UnknownRun { .. })
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

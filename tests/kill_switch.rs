@@ -10,7 +10,7 @@ use std::{
 use durafiber_runtime::{
     Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, EffectError, Recovered, RunState, RunStatus, Runtime,
 };
-use durafiber_store::{SimBackend, Store, StoreConfig};
+use durafiber_store::{RunId, SimBackend, Store, StoreConfig};
 
 /// What reached the outside world, in order: effect keys' effect ids and alarm deliveries.
 type Outside = Arc<Mutex<Vec<String>>>;
@@ -83,12 +83,12 @@ fn calls(outside: &Outside, run_id: &str) -> usize {
     outside.lock().expect("outside").iter().filter(|e| e.starts_with(&format!("{run_id}:call:"))).count()
 }
 
-async fn paused(rt: &Runtime, run_id: &str) {
+async fn paused(rt: &Runtime, run_id: &RunId) {
     let wait = rt.wait_for(run_id, |s| matches!(s, RunStatus::Paused { .. }));
     tokio::time::timeout(Duration::from_secs(30), wait).await.expect("the run parks").expect("status");
 }
 
-async fn completed(rt: &Runtime, run_id: &str) {
+async fn completed(rt: &Runtime, run_id: &RunId) {
     let status = tokio::time::timeout(Duration::from_secs(30), rt.wait(run_id)).await.expect("the run ends");
     assert!(matches!(status, Ok(RunStatus::Completed { .. })), "{status:?}");
 }

@@ -11,7 +11,7 @@ use durafiber_demo::agents::{Writer, WriterInput};
 use durafiber_runtime::{
     Agent, AgentError, Ctx, Recovered, RunStatus, Runtime, RuntimeConfig, StreamChunk, clock::VirtualClock,
 };
-use durafiber_store::{SimBackend, SimCrash, Store, StoreConfig};
+use durafiber_store::{RunId, SimBackend, SimCrash, Store, StoreConfig};
 use futures::StreamExt;
 
 fn store(sim: &SimBackend) -> Store {
@@ -31,7 +31,7 @@ fn transcript(chunks: &[StreamChunk]) -> Vec<(u64, String)> {
     chunks.iter().map(|c| (c.seq, c.data::<String>().expect("a string chunk"))).collect()
 }
 
-async fn read_all(rt: &Runtime, run_id: &str, from: u64) -> Vec<StreamChunk> {
+async fn read_all(rt: &Runtime, run_id: &RunId, from: u64) -> Vec<StreamChunk> {
     let stream = rt.stream(run_id, from).expect("stream");
     let read = stream.map(|c| c.expect("chunk")).collect::<Vec<_>>();
     tokio::time::timeout(Duration::from_secs(60), read).await.expect("the stream ends with its run")
@@ -55,7 +55,7 @@ async fn a_reader_gets_every_chunk_once_in_order_from_any_point() {
     assert_eq!(transcript(&read_all(&rt, &run_id, 57).await), tokens(57, 100), "resumed after chunk 56");
     assert!(read_all(&rt, &run_id, 100).await.is_empty());
     assert_eq!(rt.stream_chunks(&run_id, 98, 10).expect("page").len(), 2);
-    assert!(rt.stream("run_nope", 0).is_err(), "an unknown run is refused, not an empty stream");
+    assert!(rt.stream(&"run_nope".into(), 0).is_err(), "an unknown run is refused, not an empty stream");
     rt.shutdown().await;
 }
 

@@ -97,7 +97,7 @@ fn killed_mid_flight_all_complete(location: &str) {
         for run in runs {
             assert!(matches!(run.status, RunStatus::Completed { .. }));
             let out: StepsOutput = runtime.output(&run.run_id).expect("output").expect("completed");
-            let acked = last_ack.get(&run.run_id).copied().unwrap_or(0);
+            let acked = last_ack.get(run.run_id.as_str()).copied().unwrap_or(0);
             if let Some(first) = out.resumed_from.first() {
                 assert!(*first >= acked, "{}: resumed from {first}, {acked} was acknowledged", run.run_id);
             } else {

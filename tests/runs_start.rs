@@ -165,8 +165,8 @@ async fn bad_input_gets_typed_errors_and_other_runs_carry_on() {
     let rt = runtime(dir.path()).await;
     let healthy = rt.start::<Steps>("healthy", &steps(20)).await.expect("start");
 
-    assert!(matches!(rt.status("run_nope"), Err(RuntimeError::UnknownRun { .. })));
-    assert!(matches!(rt.cancel("run_nope", "x").await, Err(RuntimeError::UnknownRun { .. })));
+    assert!(matches!(rt.status(&"run_nope".into()), Err(RuntimeError::UnknownRun { .. })));
+    assert!(matches!(rt.cancel(&"run_nope".into(), "x").await, Err(RuntimeError::UnknownRun { .. })));
     assert!(matches!(
         rt.start_json("no-such-kind", "k", "{}", RunOptions::default()).await,
         Err(RuntimeError::UnknownKind { .. })

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use axum::{Json, Router, http::HeaderMap, routing::post};
 use durafiber_demo::agents::{Refund, RefundInput};
 use durafiber_runtime::{AgentError, Decision, RunStatus, Runtime, RuntimeError, Secret, Secrets};
-use durafiber_store::{Store, StoreConfig};
+use durafiber_store::{RunId, Store, StoreConfig};
 use serde_json::json;
 
 const SECRET: &str = "sk_live_TOPSECRET_4242_never_on_disk";
@@ -61,7 +61,7 @@ fn input(order: &str, upstream: &str) -> RefundInput {
     }
 }
 
-async fn approve_and_wait(rt: &Runtime, run: &str) -> RunStatus {
+async fn approve_and_wait(rt: &Runtime, run: &RunId) -> RunStatus {
     rt.wait_for(run, |s| matches!(s, RunStatus::WaitingApproval { .. })).await.expect("waits");
     let hash = rt.pending_approvals(Some(run)).expect("pending")[0].payload_hash.clone();
     rt.approve(run, "refund", &hash, Decision { approved: true, comment: String::new() })

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use durafiber_runtime::{Agent, AgentError, Ctx, ListFilter, Recovered, RunStatus, Runtime, RuntimeConfig};
-use durafiber_store::{SimBackend, SimCrash, Store, StoreConfig};
+use durafiber_store::{RunId, SimBackend, SimCrash, Store, StoreConfig};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -306,7 +306,7 @@ async fn a_deploy_lists_the_runs_it_must_carry_then_carries_them() {
 
     let below_2 = ListFilter { limit: 100, stash_version_below: Some(2), ..Default::default() };
     let passive = Runtime::builder(store(&sim)).agent(CounterV2).passive().open().await.expect("passive");
-    let to_carry: Vec<String> =
+    let to_carry: Vec<RunId> =
         passive.list(&below_2).expect("list").runs.into_iter().map(|r| r.run_id).collect();
     assert_eq!(to_carry.len(), 5, "{to_carry:?}");
     assert!(
@@ -330,7 +330,7 @@ async fn a_deploy_lists_the_runs_it_must_carry_then_carries_them() {
 
 /// Opens `agent` over a store holding one run of `CounterV1` parked after its first stash,
 /// and returns the run's escalation reason.
-async fn escalation_reason<A: Agent>(sim: &SimBackend, id: &str, agent: A) -> String {
+async fn escalation_reason<A: Agent>(sim: &SimBackend, id: &RunId, agent: A) -> String {
     let rt = open(sim, agent).await;
     let status = rt.wait(id).await.expect("wait");
     rt.shutdown().await;
@@ -340,14 +340,9 @@ async fn escalation_reason<A: Agent>(sim: &SimBackend, id: &str, agent: A) -> St
     }
 }
 
-async fn parked_v1_run(sim: &SimBackend) -> String {
+async fn parked_v1_run(sim: &SimBackend) -> RunId {
     let v1 = open(sim, CounterV1).await;
-    let id = v1
-        .start::<CounterV1>("parked", &Input { steps: 3, park_at: 1 })
-        .await
-        .expect("start")
-        .run_id
-        .to_string();
+    let id = v1.start::<CounterV1>("parked", &Input { steps: 3, park_at: 1 }).await.expect("start").run_id;
     while v1.inspect(&id).expect("inspect").stash.is_none() {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
@@ -370,12 +365,7 @@ async fn a_stash_newer_than_the_code_escalates_naming_both_versions() {
     let sim = SimBackend::new();
     let id = {
         let rt = open(&sim, ParkingV2).await;
-        let id = rt
-            .start::<ParkingV2>("newer", &Input { steps: 3, park_at: 1 })
-            .await
-            .expect("start")
-            .run_id
-            .to_string();
+        let id = rt.start::<ParkingV2>("newer", &Input { steps: 3, park_at: 1 }).await.expect("start").run_id;
         while rt.stash_version(&id).expect("version") != Some(2) {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }

@@ -19,7 +19,7 @@ use durafiber_runtime::{
     Agent, AgentError, Boundary, CrashHook, Ctx, Recovered, RunStatus, Runtime, RuntimeConfig, RuntimeError,
     clock::VirtualClock,
 };
-use durafiber_store::{SimBackend, SimCrash, Store, StoreConfig, tables::keys};
+use durafiber_store::{RunId, SimBackend, SimCrash, Store, StoreConfig, tables::keys};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -156,7 +156,7 @@ async fn runtime(config: RuntimeConfig) -> Runtime {
     open_with(&SimBackend::new(), &VirtualClock::new(EPOCH_MS), config, None).await
 }
 
-async fn ask(rt: &Runtime, run: &str, ask: Ask) -> Result<Value, RuntimeError> {
+async fn ask(rt: &Runtime, run: &RunId, ask: Ask) -> Result<Value, RuntimeError> {
     rt.request::<Transfers, Value>(run, &ask).await
 }
 
@@ -190,7 +190,10 @@ async fn storage_reads_writes_lists_in_key_order_and_a_failed_transaction_writes
     // Inspection sees what the run wrote, with the values as JSON text.
     let listed = rt.storage_list(&run, "c/", None, 10).expect("inspect");
     assert_eq!(listed, vec![("c/1".into(), "\"one\"".into()), ("c/2".into(), "[2]".into())]);
-    assert!(matches!(rt.storage_list("run_nope", "", None, 10), Err(RuntimeError::UnknownRun { .. })));
+    assert!(matches!(
+        rt.storage_list(&"run_nope".into(), "", None, 10),
+        Err(RuntimeError::UnknownRun { .. })
+    ));
 
     // Survives eviction: storage is the run's, not the actor's.
     rt.evict(&run).await;
@@ -324,7 +327,7 @@ async fn evicted_at_every_boundary_or_by_chaos_the_run_ends_the_same() {
     let seen = Arc::new(Mutex::new(HashSet::new()));
     let hook: CrashHook = {
         let seen = seen.clone();
-        Arc::new(move |_run: &str, point: &Boundary| seen.lock().expect("lock").insert(point.clone()))
+        Arc::new(move |_run: &RunId, point: &Boundary| seen.lock().expect("lock").insert(point.clone()))
     };
     let sim = SimBackend::new();
     let config = RuntimeConfig { fiber_keep_alive: false, ..Default::default() };

@@ -5,7 +5,7 @@
 use std::{sync::Arc, time::Duration};
 
 use durafiber_store::{
-    Backend, Batch, Durability, Leases, PgBackend, Store, StoreConfig, StoreError,
+    Backend, Batch, Durability, Leases, PgBackend, RunId, Store, StoreConfig, StoreError,
     shard::{self, SHARDS},
     tables::{Key, decode_sealed, keys},
 };
@@ -89,7 +89,7 @@ fn a_record_is_created_once_whichever_node_creates_it() {
         other => panic!("a record was created twice: {other:?}"),
     }
     let mut key_claim = Batch::new();
-    key_claim.insert(keys::run_by_key("steps", "k"), &"run_1".to_string()).expect("e");
+    key_claim.insert(keys::run_by_key("steps", "k"), &RunId::from("run_1")).expect("e");
     a.apply(&key_claim).expect("first claim");
     assert!(matches!(b.apply(&key_claim), Err(StoreError::Exists { .. })), "second claim refused");
 }

@@ -7,21 +7,21 @@ use std::sync::Arc;
 
 use durafiber_store::PgBackend;
 use durafiber_store::{
-    Backend, Batch, Durability, SimBackend, SimCrash, SledBackend, Store, StoreConfig, StoreError,
+    Backend, Batch, Durability, RunId, SimBackend, SimCrash, SledBackend, Store, StoreConfig, StoreError,
     batch::Op,
     tables::{Key, keys},
 };
 use durafiber_testkit::{conformance, postgres::PgServer};
 
-/// The records these tests write: text under idempotency keys of a kind `things`, which
-/// belong to no run (the rollback witness, which sums each run's records, leaves them out).
-fn key(name: &str) -> Key<String> {
+/// The records these tests write: text (as run ids) under idempotency keys of a kind
+/// `things`, which belong to no run (the rollback witness, which sums each run's records, leaves them out).
+fn key(name: &str) -> Key<RunId> {
     keys::run_by_key("things", name)
 }
 
 fn put(store: &Store, name: &str, value: &str, durability: Durability) {
     let mut b = Batch::new();
-    b.put(key(name), &value.to_string()).expect("encode");
+    b.put(key(name), &RunId::from(value)).expect("encode");
     store.commit_blocking(b, durability).expect("commit");
 }
 
@@ -80,9 +80,9 @@ fn a_flipped_byte_in_one_record_is_a_typed_error_and_the_others_stay_readable() 
         backend.barrier().expect("barrier");
     }
     let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("reopen");
-    assert_eq!(store.get::<String>(&key("a")).expect("a reads"), Some("value of a".into()));
-    assert_eq!(store.get::<String>(&key("c")).expect("c reads"), Some("value of c".into()));
-    match store.get::<String>(&key("b")) {
+    assert_eq!(store.get(&key("a")).expect("a reads"), Some("value of a".into()));
+    assert_eq!(store.get(&key("c")).expect("c reads"), Some("value of c".into()));
+    match store.get(&key("b")) {
         Err(StoreError::Corrupt { table, key, .. }) => {
             assert_eq!(table, "run_keys");
             assert!(key.contains('b'), "the error names the record: {key}");
@@ -121,14 +121,14 @@ fn the_simulated_crash_loses_exactly_the_writes_after_the_last_barrier() {
     put(&store, "durable", "1", Durability::Sync);
     // Async writes are applied but, until a barrier, not durable.
     let mut b = Batch::new();
-    b.put(key("volatile"), &"2".to_string()).expect("encode");
+    b.put(key("volatile"), &RunId::from("2")).expect("encode");
     sim.crash_at(SimCrash::AfterApply(1));
     assert!(store.commit_blocking(b, Durability::Async).is_ok());
     assert!(sim.is_crashed());
     sim.revive();
     let after = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
-    assert_eq!(after.get::<String>(&key("durable")).expect("get"), Some("1".into()));
-    assert_eq!(after.get::<String>(&key("volatile")).expect("get"), None);
+    assert_eq!(after.get(&key("durable")).expect("get"), Some("1".into()));
+    assert_eq!(after.get(&key("volatile")).expect("get"), None);
 }
 
 #[test]
@@ -137,12 +137,12 @@ fn a_crash_right_after_a_barrier_keeps_what_it_covered() {
     let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
     sim.crash_at(SimCrash::AfterBarrier(1));
     let mut b = Batch::new();
-    b.put(key("covered"), &"3".to_string()).expect("encode");
+    b.put(key("covered"), &RunId::from("3")).expect("encode");
     // The barrier completed, but the writer "died" before acknowledging.
     assert!(store.commit_blocking(b, Durability::Sync).is_err());
     sim.revive();
     let after = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("store");
-    assert_eq!(after.get::<String>(&key("covered")).expect("get"), Some("3".into()));
+    assert_eq!(after.get(&key("covered")).expect("get"), Some("3".into()));
 }
 
 /// A read may see a group the writer applied before its barrier returned; `settle_reads`
@@ -164,11 +164,11 @@ async fn settle_reads_waits_until_what_a_read_saw_is_durable() {
     let writer = store.clone();
     let commit = tokio::spawn(async move {
         let mut b = Batch::new();
-        b.put(key("in flight"), &"2".to_string()).expect("encode");
+        b.put(key("in flight"), &RunId::from("2")).expect("encode");
         writer.commit(b, Durability::Sync).await
     });
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while store.get::<String>(&key("in flight")).expect("read").is_none() {
+    while store.get(&key("in flight")).expect("read").is_none() {
         assert!(std::time::Instant::now() < deadline, "the write was never applied");
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
@@ -185,5 +185,5 @@ async fn settle_reads_waits_until_what_a_read_saw_is_durable() {
     sim.crash();
     sim.revive();
     let reopened = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default()).expect("reopen");
-    assert_eq!(reopened.get::<String>(&key("in flight")).expect("read"), Some("2".to_string()));
+    assert_eq!(reopened.get(&key("in flight")).expect("read"), Some("2".into()));
 }

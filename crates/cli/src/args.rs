@@ -1,5 +1,6 @@
 //! The command line: every command, its flags, and their defaults.
 
+use durafiber_runtime::RunId;
 use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Parser, Subcommand};
@@ -135,7 +136,7 @@ pub enum Command {
     /// Record a human decision on a pending approval.
     Approve {
         /// The run's handle.
-        run_id: String,
+        run_id: RunId,
         /// The approval within the run.
         approval_id: String,
         /// The payload hash shown by `approvals list`.
@@ -154,7 +155,7 @@ pub enum Command {
     /// Send an external event to a run (for its `wait_for_event`).
     SendEvent {
         /// The run's handle.
-        run_id: String,
+        run_id: RunId,
         /// The event's name.
         name: String,
         /// The payload, as JSON.
@@ -170,7 +171,7 @@ pub enum Command {
     /// Ask a run to stop.
     Cancel {
         /// The run's handle.
-        run_id: String,
+        run_id: RunId,
         /// Why.
         #[arg(long, default_value = "cancelled by operator")]
         reason: String,
@@ -228,7 +229,7 @@ pub enum RunsAction {
         limit: usize,
         /// Start after this run id.
         #[arg(long)]
-        after: Option<String>,
+        after: Option<RunId>,
         /// Only open runs whose last stash is older than this STASH_VERSION: what a deploy
         /// of that version still has to upgrade.
         #[arg(long)]
@@ -240,7 +241,7 @@ pub enum RunsAction {
     /// Show one run: state, stash, ledger, alarms, approvals (secrets redacted).
     Show {
         /// The run's handle.
-        run_id: String,
+        run_id: RunId,
         /// Where the runs are.
         #[command(flatten)]
         target: Target,
@@ -295,7 +296,7 @@ pub enum AlarmsAction {
     /// A run's pending alarms.
     List {
         /// The run's handle.
-        run_id: String,
+        run_id: RunId,
         /// Where the runs are.
         #[command(flatten)]
         target: Target,

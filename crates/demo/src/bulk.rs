@@ -3,7 +3,7 @@
 //! scheduler).
 
 use durafiber_store::{
-    Batch, Durability, Store, StoreError,
+    Batch, Durability, RunId, Store, StoreError,
     tables::{AlarmRecord, keys},
 };
 
@@ -11,7 +11,7 @@ use durafiber_store::{
 /// `first_due_ms + i * step_ms`, in batches of 10,000 alarms.
 pub async fn write_pending_alarms(
     store: &Store,
-    runs: &[String],
+    runs: &[RunId],
     prefix: &str,
     count: usize,
     first_due_ms: u64,

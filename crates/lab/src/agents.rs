@@ -3,6 +3,7 @@
 //! output-stream tests, all from the demo crate, so the server, the drill and the tests run
 //! the same code.
 
+use durafiber_runtime::RunId;
 use std::{io::Write as _, sync::Arc};
 
 use durafiber_demo::{
@@ -36,10 +37,10 @@ pub fn register(builder: RuntimeBuilder, hosting: &Hosting) -> RuntimeBuilder {
 /// A crash hook that holds the process at `point` for good, saying so on stderr: the drill
 /// kills it there.
 fn stop_at_hook(point: Boundary) -> CrashHook {
-    Arc::new(move |run_id: &str, reached: &Boundary| {
+    Arc::new(move |run_id: &RunId, reached: &Boundary| {
         if *reached == point {
             tracing::warn!(
-                run_id,
+                %run_id,
                 point = %reached,
                 "stopped at the requested crash point; waiting to be killed"
             );

@@ -2,6 +2,7 @@
 //! of the payload the human saw. A decision is written once; it reaches a live fiber in place
 //! or re-enters the run through `on_fiber_recovered`, with the same result either way.
 
+use durafiber_store::RunId;
 use std::sync::Arc;
 
 use durafiber_store::{
@@ -136,7 +137,7 @@ async fn wait_for_decision(
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ApproveOutcome {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The approval.
     pub approval_id: String,
     /// False when the same decision had already been recorded (a no-op).
@@ -154,14 +155,14 @@ pub(crate) async fn approve(
     let run = shared.load_run(run_id)?;
     let key = keys::approval(run_id, approval_id);
     let not_pending =
-        || RuntimeError::NotPending { run_id: run_id.to_string(), approval_id: approval_id.to_string() };
+        || RuntimeError::NotPending { run_id: run_id.into(), approval_id: approval_id.to_string() };
     let mut record: ApprovalRecord = shared.store.get(&key)?.ok_or_else(not_pending)?;
     if record.escalated {
         return Err(not_pending());
     }
     if record.payload_hash != payload_hash {
         return Err(RuntimeError::StaleApproval {
-            run_id: run_id.to_string(),
+            run_id: run_id.into(),
             approval_id: approval_id.to_string(),
         });
     }
@@ -244,7 +245,7 @@ pub(crate) async fn on_escalation_alarm(
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct PendingApproval {
     /// The run's handle.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The pause within the run.
     pub approval_id: String,
     /// Exactly what the run showed.

@@ -221,13 +221,13 @@ where
                 return Ok(receipt);
             }
             Err(EffectError::Permanent(error)) => {
-                tracing::warn!(run_id, effect_id, attempt, error, "effect call refused; not retried");
+                tracing::warn!(%run_id, effect_id, attempt, error, "effect call refused; not retried");
                 shared.event(&run_id, "effect_rejected", format!("{effect_id}: {error}"));
                 return Err(AgentError::EffectRejected { effect_id: effect_id.to_string(), error });
             }
             Err(EffectError::Retryable(error)) => {
                 last_error = error;
-                tracing::warn!(run_id, effect_id, attempt, error = %last_error, "effect call failed");
+                tracing::warn!(%run_id, effect_id, attempt, error = %last_error, "effect call failed");
                 if attempt < options.attempts {
                     let delay = retry_delay_ms(raw, &options, attempt);
                     let sleep = clock::sleep(shared.clock.as_ref(), std::time::Duration::from_millis(delay));

@@ -1,6 +1,6 @@
 //! The runtime's one error type, and the error an agent's code returns.
 
-use durafiber_store::StoreError;
+use durafiber_store::{RunId, StoreError};
 
 /// What a caller of the runtime can get back. Variants name what to do next.
 #[derive(Debug, thiserror::Error)]
@@ -9,13 +9,13 @@ pub enum RuntimeError {
     #[error("unknown run id {run_id}")]
     UnknownRun {
         /// The id asked for.
-        run_id: String,
+        run_id: RunId,
     },
     /// Another node owns the run's shard (a store shared by several nodes): ask it.
     #[error("run {run_id} belongs to shard {shard}, which this node does not own")]
     NotOwner {
         /// The run.
-        run_id: String,
+        run_id: RunId,
         /// Its shard.
         shard: u32,
     },
@@ -40,13 +40,13 @@ pub enum RuntimeError {
         /// The key.
         key: String,
         /// The run it belongs to.
-        run_id: String,
+        run_id: RunId,
     },
     /// An approval quoted a payload hash that is not the pending one.
     #[error("stale approval for run {run_id}, approval {approval_id}: the payload hash does not match")]
     StaleApproval {
         /// The run.
-        run_id: String,
+        run_id: RunId,
         /// The approval.
         approval_id: String,
     },
@@ -54,7 +54,7 @@ pub enum RuntimeError {
     #[error("approval {approval_id} of run {run_id} is not pending")]
     NotPending {
         /// The run.
-        run_id: String,
+        run_id: RunId,
         /// The approval.
         approval_id: String,
     },
@@ -62,7 +62,7 @@ pub enum RuntimeError {
     #[error("approval {approval_id} of run {run_id} was already decided differently")]
     AlreadyDecided {
         /// The run.
-        run_id: String,
+        run_id: RunId,
         /// The approval.
         approval_id: String,
     },
@@ -70,7 +70,7 @@ pub enum RuntimeError {
     #[error("run {run_id} has finished ({state})")]
     RunFinished {
         /// The run.
-        run_id: String,
+        run_id: RunId,
         /// Its terminal state.
         state: String,
     },
@@ -96,7 +96,7 @@ pub enum RuntimeError {
     #[error("run {run_id} was evicted from memory; its next activation owns it")]
     Evicted {
         /// The run.
-        run_id: String,
+        run_id: RunId,
     },
 
     /// Open runs that nothing will move (§3.7); [`crate::Runtime::advance`] checks after
@@ -245,7 +245,7 @@ impl From<StoreError> for AgentError {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct LivenessViolation {
     /// The run left behind.
-    pub run_id: String,
+    pub run_id: RunId,
     /// Its stored state.
     pub status: durafiber_store::tables::RunStatus,
     /// Whether it is live in memory (without a fiber).

@@ -2,6 +2,7 @@
 //! one boundary with its alarms removed, its fiber stops, a waiting approval is told, and
 //! the agent's `on_escalate` runs once.
 
+use durafiber_store::RunId;
 use std::sync::Arc;
 
 use durafiber_store::{Batch, tables::RunStatus};
@@ -13,7 +14,7 @@ use crate::{
     metrics::Metrics,
 };
 
-pub(crate) async fn after_escalation(shared: &Arc<Shared>, kind: &str, run_id: &str, reason: &str) {
+pub(crate) async fn after_escalation(shared: &Arc<Shared>, kind: &str, run_id: &RunId, reason: &str) {
     Metrics::bump(&shared.metrics.escalations);
     if let Ok(agent) = shared.agent(kind) {
         agent.on_escalate(shared.hook_ctx(run_id, kind), reason.to_string()).await;
@@ -50,6 +51,6 @@ pub(crate) async fn escalate(
         }
         shared.liveness.fiber_ended(run_id, shared.now_ms());
     }
-    after_escalation(shared, &run.kind, run_id, reason).await;
+    after_escalation(shared, &run.kind, &run.run_id, reason).await;
     Ok(())
 }

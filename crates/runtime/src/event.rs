@@ -216,7 +216,7 @@ pub(crate) async fn wait(
 
 fn timeout_alarm(run_id: &str, name: &str, at_ms: u64) -> AlarmRecord {
     AlarmRecord {
-        run_id: run_id.to_string(),
+        run_id: run_id.into(),
         name: timeout_alarm_name(name),
         due_at_ms: at_ms,
         scheduled_at_ms: at_ms,

@@ -1,6 +1,7 @@
 //! A bounded in-memory log of what the runtime did, for timelines, simulations and tests.
 //! Every event is also traced with its run id.
 
+use durafiber_store::RunId;
 use std::collections::VecDeque;
 
 use durafiber_store::lock::Mutex;
@@ -19,7 +20,7 @@ pub struct Event {
     /// Clock time, ms.
     pub at_ms: u64,
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// What happened: `accepted`, `activated`, `hibernated`, `evicted`, `recovered`, ...
     pub kind: String,
     /// Details, free text.
@@ -44,20 +45,19 @@ impl EventLog {
         // A replaced detail is freed after the lock is let go.
         let mut replaced = String::new();
         let mut log = self.inner.lock();
-        // A full log reuses its oldest event's strings for the run id and the kind.
+        // A full log reuses its oldest event's strings for the kind.
         let oldest = if log.events.len() >= EVENT_LOG_MAX { log.events.pop_front() } else { None };
         log.last_seq += 1;
         let seq = log.last_seq;
         let event = match oldest {
             Some(mut old) => {
-                old.run_id.clear();
-                old.run_id.push_str(run_id);
+                old.run_id = run_id.into();
                 old.kind.clear();
                 old.kind.push_str(kind);
                 replaced = std::mem::replace(&mut old.detail, detail);
                 Event { seq, at_ms, ..old }
             }
-            None => Event { seq, at_ms, run_id: run_id.to_string(), kind: kind.to_string(), detail },
+            None => Event { seq, at_ms, run_id: run_id.into(), kind: kind.to_string(), detail },
         };
         log.events.push_back(event);
         drop(log);

@@ -1,8 +1,9 @@
 //! The small public types a caller holds: a run's handle ([`RunId`]), the options it is
 //! started with ([`RunOptions`]) and the states it can be listed by ([`RunState`]).
 
-use std::{fmt, ops::Deref, str::FromStr};
+use std::{fmt, str::FromStr};
 
+pub use durafiber_store::RunId;
 use durafiber_store::tables::{self, RunStatus};
 use serde::{Deserialize, Serialize};
 
@@ -10,98 +11,6 @@ use crate::{
     config::{Budget, DurabilityMode},
     error::RuntimeError,
 };
-
-/// A run's id: the handle `start` mints once and every later call names the run by.
-///
-/// It dereferences to `&str`, so it passes wherever a run id is asked for.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(value_type = String))]
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct RunId(String);
-
-impl RunId {
-    /// Wraps an id read from elsewhere (a URL, a list). It is checked when used.
-    pub fn new(id: impl Into<String>) -> Self {
-        RunId(id.into())
-    }
-
-    /// The id as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// The id as an owned string.
-    pub fn into_string(self) -> String {
-        self.0
-    }
-}
-
-impl Deref for RunId {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl AsRef<str> for RunId {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::borrow::Borrow<str> for RunId {
-    fn borrow(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for RunId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl From<RunId> for String {
-    fn from(id: RunId) -> String {
-        id.0
-    }
-}
-
-impl PartialEq<str> for RunId {
-    fn eq(&self, other: &str) -> bool {
-        self.0 == other
-    }
-}
-
-impl PartialEq<&str> for RunId {
-    fn eq(&self, other: &&str) -> bool {
-        self.0 == *other
-    }
-}
-
-impl PartialEq<String> for RunId {
-    fn eq(&self, other: &String) -> bool {
-        &self.0 == other
-    }
-}
-
-impl PartialEq<RunId> for String {
-    fn eq(&self, other: &RunId) -> bool {
-        *self == other.0
-    }
-}
-
-impl PartialEq<RunId> for str {
-    fn eq(&self, other: &RunId) -> bool {
-        self == other.0
-    }
-}
-
-impl PartialEq<RunId> for &str {
-    fn eq(&self, other: &RunId) -> bool {
-        *self == other.0
-    }
-}
 
 /// Options of one run, given to [`crate::Runtime::start_with`]. `None` is the runtime's
 /// default.

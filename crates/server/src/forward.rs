@@ -13,6 +13,7 @@
 //! 502 `OwnerUnreachable`, with `Retry-After` when the request never reached it (its lease
 //! runs out and another node takes the run over).
 
+use durafiber_runtime::RunId;
 use std::time::Duration;
 
 use axum::{
@@ -47,7 +48,7 @@ fn client() -> &'static reqwest::Client {
 }
 
 pub async fn to_owner(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    let Some(run_id) = run_changed(req.method(), req.uri().path()).map(str::to_string) else {
+    let Some(run_id) = run_changed(req.method(), req.uri().path()).map(RunId::from) else {
         return next.run(req).await;
     };
     let owner = match app.runtime.owner_of(&run_id) {

@@ -3,6 +3,7 @@
 //! them. Bodies are parsed by hand so that malformed JSON gets the same JSON error shape as
 //! every other refusal; nothing a client sends can crash the server.
 
+use durafiber_runtime::RunId;
 use std::time::Duration;
 
 use axum::{
@@ -100,7 +101,7 @@ pub(super) async fn list(State(app): State<AppState>, Query(q): Params) -> ApiRe
     let filter = ListFilter {
         state: q.get("state").map(|s| s.parse::<RunState>()).transpose()?,
         kind: given("kind"),
-        after: given("after"),
+        after: given("after").map(RunId::from),
         limit,
         stash_version_below: crate::state::bounded(&q, "stash_version_below", 0, i32::MAX as u64)?
             .map(|v| v as u32),
@@ -112,18 +113,14 @@ pub(super) async fn list(State(app): State<AppState>, Query(q): Params) -> ApiRe
 /// alarm), secrets redacted.
 #[utoipa::path(get, path = "/runs/{id}", tag = "runs", params(("id" = String, Path, description = "the run id")),
     responses((status = 200, description = "everything stored about the run", body = RunView), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-pub(super) async fn show(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiResult {
+pub(super) async fn show(State(app): State<AppState>, Path(run_id): Path<RunId>) -> ApiResult {
     Ok(Json(view::run(&app, &run_id)?).into_response())
 }
 
 #[utoipa::path(post, path = "/runs/{id}/cancel", tag = "runs", params(("id" = String, Path, description = "the run id")),
     request_body(content = Option<CancelBody>, description = "optional: the reason"),
     responses((status = 200, description = "cancellation recorded", body = Cancelled), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-pub(super) async fn cancel(
-    State(app): State<AppState>,
-    Path(run_id): Path<String>,
-    body: Bytes,
-) -> ApiResult {
+pub(super) async fn cancel(State(app): State<AppState>, Path(run_id): Path<RunId>, body: Bytes) -> ApiResult {
     // No body, or `null`, is a cancel without a reason.
     let body: CancelBody = if body.is_empty() {
         CancelBody::default()
@@ -162,19 +159,19 @@ pub(super) async fn resume_kind(State(app): State<AppState>, Path(kind): Path<St
     responses((status = 200, description = "paused: it parks at its next effect", body = PauseOutcome), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn pause_run(
     State(app): State<AppState>,
-    Path(run_id): Path<String>,
+    Path(run_id): Path<RunId>,
     body: Bytes,
 ) -> ApiResult {
     let body: PauseBody = parse(&body)?;
     app.runtime.pause_run(&run_id, &body.reason).await?;
-    ok(PauseOutcome { target: run_id, paused: true, changed: true })
+    ok(PauseOutcome { target: run_id.into_string(), paused: true, changed: true })
 }
 
 #[utoipa::path(post, path = "/runs/{id}/resume", tag = "runs", params(("id" = String, Path, description = "the run id")),
     responses((status = 200, description = "resumed (or was not paused by itself)", body = PauseOutcome), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-pub(super) async fn resume_run(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiResult {
+pub(super) async fn resume_run(State(app): State<AppState>, Path(run_id): Path<RunId>) -> ApiResult {
     let changed = app.runtime.resume_run(&run_id).await?;
-    ok(PauseOutcome { target: run_id, paused: false, changed })
+    ok(PauseOutcome { target: run_id.into_string(), paused: false, changed })
 }
 
 #[utoipa::path(get, path = "/paused", tag = "operations",
@@ -197,7 +194,7 @@ pub(super) async fn paused(State(app): State<AppState>) -> ApiResult {
     responses((status = 200, description = "handled by `on_message`", body = Handled), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn message(
     State(app): State<AppState>,
-    Path(run_id): Path<String>,
+    Path(run_id): Path<RunId>,
     body: Bytes,
 ) -> ApiResult {
     let value: Value = parse_value(&body)?;
@@ -210,7 +207,7 @@ pub(super) async fn message(
     responses((status = 200, description = "`on_request`'s reply", body = Reply), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn request(
     State(app): State<AppState>,
-    Path(run_id): Path<String>,
+    Path(run_id): Path<RunId>,
     body: Bytes,
 ) -> ApiResult {
     let value: Value = parse_value(&body)?;
@@ -229,7 +226,7 @@ pub(super) async fn request(
     responses((status = 200, description = "a page of the run's storage", body = StoragePage), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn storage(
     State(app): State<AppState>,
-    Path(run_id): Path<String>,
+    Path(run_id): Path<RunId>,
     Query(q): Params,
 ) -> ApiResult {
     let max = durafiber_runtime::limits::STORAGE_LIST_MAX as u64;
@@ -252,7 +249,7 @@ pub(super) async fn storage(
     responses((status = 200, description = "delivered, buffered or a duplicate", body = EventSent), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn send_event(
     State(app): State<AppState>,
-    Path((run_id, name)): Path<(String, String)>,
+    Path((run_id, name)): Path<(RunId, String)>,
     body: Bytes,
 ) -> ApiResult {
     let body: EventBody = parse(&body)?;
@@ -275,7 +272,7 @@ pub(super) async fn approvals(State(app): State<AppState>) -> ApiResult {
     responses((status = 200, description = "the decision is recorded (or was, the same)", body = ApproveOutcome), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn approve(
     State(app): State<AppState>,
-    Path((run_id, approval_id)): Path<(String, String)>,
+    Path((run_id, approval_id)): Path<(RunId, String)>,
     body: Bytes,
 ) -> ApiResult {
     let body: ApproveBody = parse(&body)?;
@@ -285,7 +282,7 @@ pub(super) async fn approve(
 
 #[utoipa::path(get, path = "/runs/{id}/alarms", tag = "alarms", params(("id" = String, Path, description = "the run id")),
     responses((status = 200, description = "the run's pending alarms, the runtime's own marked", body = Vec<Alarm>), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-pub(super) async fn alarms(State(app): State<AppState>, Path(run_id): Path<String>) -> ApiResult {
+pub(super) async fn alarms(State(app): State<AppState>, Path(run_id): Path<RunId>) -> ApiResult {
     ok(app.runtime.alarms(&run_id)?)
 }
 
@@ -295,7 +292,7 @@ pub(super) async fn alarms(State(app): State<AppState>, Path(run_id): Path<Strin
     responses((status = 200, description = "set (or replaced)", body = AlarmSet), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn set_alarm(
     State(app): State<AppState>,
-    Path((run_id, name)): Path<(String, String)>,
+    Path((run_id, name)): Path<(RunId, String)>,
     body: Bytes,
 ) -> ApiResult {
     let body: AlarmBody = parse(&body)?;
@@ -335,7 +332,7 @@ pub(super) async fn set_alarm(
     responses((status = 200, description = "cancelled, or there was none", body = AlarmCancelled), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn cancel_alarm(
     State(app): State<AppState>,
-    Path((run_id, name)): Path<(String, String)>,
+    Path((run_id, name)): Path<(RunId, String)>,
 ) -> ApiResult {
     let cancelled = app.runtime.cancel_alarm(&run_id, &name).await?;
     ok(AlarmCancelled { run_id, name, cancelled })

@@ -2,14 +2,14 @@
 //! stored about it, the audit entries about it, who decided each approval — secrets
 //! redacted.
 
-use durafiber_runtime::RuntimeError;
+use durafiber_runtime::{RunId, RuntimeError};
 use durafiber_store::access::{self, AuditRecord};
 use serde_json::{Value, json};
 
 use crate::state::{ApiError, AppState};
 
 /// The run's inspection with `audit` and each decided approval's `decided_by`, redacted.
-pub fn run(app: &AppState, run_id: &str) -> Result<Value, ApiError> {
+pub fn run(app: &AppState, run_id: &RunId) -> Result<Value, ApiError> {
     let inspection = app.runtime.inspect(run_id)?;
     let mut shown = serde_json::to_value(&inspection).map_err(internal)?;
     let audit = access::of_run(app.runtime.store(), run_id).map_err(RuntimeError::from)?;

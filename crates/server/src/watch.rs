@@ -1,6 +1,7 @@
 //! What operators watch through the API: Prometheus metrics and their JSON twin, the event
 //! log as server-sent events, a run's output stream, a backup of the store, and health.
 
+use durafiber_runtime::RunId;
 use std::time::Duration;
 
 use axum::{
@@ -64,7 +65,7 @@ const EVENT_BATCH: usize = 256;
     responses((status = 200, description = "the event log, oldest first; with `Accept: text/event-stream`, server-sent events (`event: run`, `id: seq`) that follow it",
         content((Vec<Event> = "application/json"), (String = "text/event-stream"))), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn events(State(app): State<AppState>, headers: HeaderMap, Query(q): Params) -> ApiResult {
-    let run_id = q.get("run_id").cloned();
+    let run_id = q.get("run_id").map(|id| RunId::from(id.as_str()));
     let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).map(str::to_string);
     let after = match (crate::state::bounded(&q, "after", 0, i64::MAX as u64)?, resume) {
         (Some(after), _) => after,
@@ -78,7 +79,7 @@ pub(super) async fn events(State(app): State<AppState>, headers: HeaderMap, Quer
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("text/event-stream"));
     if !streams {
-        return ok(app.runtime.events_since(after, run_id.as_deref(), usize::MAX));
+        return ok(app.runtime.events_since(after, run_id.as_ref(), usize::MAX));
     }
     let stream = futures::stream::unfold((app, run_id, after), |(app, run_id, mut after)| async move {
         let mut stopping = app.stopping.clone();
@@ -86,7 +87,7 @@ pub(super) async fn events(State(app): State<AppState>, headers: HeaderMap, Quer
             if *stopping.borrow() {
                 return None;
             }
-            let batch = app.runtime.events_since(after, run_id.as_deref(), EVENT_BATCH);
+            let batch = app.runtime.events_since(after, run_id.as_ref(), EVENT_BATCH);
             if let Some(last) = batch.last() {
                 after = last.seq;
                 return Some((batch, (app, run_id, after)));
@@ -121,7 +122,7 @@ pub(super) async fn events(State(app): State<AppState>, headers: HeaderMap, Quer
         content((Vec<StreamChunk> = "application/json"), (String = "text/event-stream"))), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn stream(
     State(app): State<AppState>,
-    Path(run_id): Path<String>,
+    Path(run_id): Path<RunId>,
     headers: HeaderMap,
     Query(q): Params,
 ) -> ApiResult {

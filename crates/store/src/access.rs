@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use crate::tables::{AuditRecord, TokenRecord};
-use crate::{barrier::Durability, batch::Batch, error::StoreError, store::Store, tables::keys};
+use crate::{RunId, barrier::Durability, batch::Batch, error::StoreError, store::Store, tables::keys};
 
 /// The last sequence number handed out by this process.
 static LAST_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -43,7 +43,7 @@ pub async fn append(
             at_ms: now_ms,
             actor: actor.to_string(),
             action: action.to_string(),
-            run_id: run_id.map(str::to_string),
+            run_id: run_id.map(RunId::new),
             detail: detail.to_string(),
         };
         let mut batch = Batch::new();

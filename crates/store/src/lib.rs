@@ -19,6 +19,7 @@
 //!   every other record stays readable.
 //!
 //! # Module map
+//! - [`RunId`]: the id a run's records hold, as a type of its own.
 //! - [`envelope`]: format version + checksum around every record.
 //! - [`codec`]: the one bincode configuration.
 //! - [`tables`]: key layout of the logical tables, and the record types stored in them.
@@ -46,6 +47,7 @@ mod direct;
 pub mod envelope;
 mod error;
 mod fsync;
+mod ids;
 pub mod lock;
 mod memtable;
 #[cfg(feature = "postgres")]
@@ -64,6 +66,7 @@ pub use backend::{Backend, Lease, Leases, ShardOwner};
 pub use barrier::{Durability, WriterStats};
 pub use batch::Batch;
 pub use error::StoreError;
+pub use ids::RunId;
 #[cfg(feature = "postgres")]
 pub use pg_backend::PgBackend;
 pub use sim_backend::{SimBackend, SimCrash};

@@ -214,7 +214,7 @@ async fn copy_entries(
         if table == keys::RUNS.info()
             && let Ok(run) = decode_sealed::<RunRecord>(table, &key, &sealed)
         {
-            runs.insert(run.run_id.clone(), run);
+            runs.insert(run.run_id.to_string(), run);
         } else {
             kept.push((table, key, sealed));
         }

@@ -4,6 +4,7 @@
 //! agent; the next server picks the decision up.
 
 use anyhow::{Context as _, bail};
+use durafiber_runtime::RunId;
 use durafiber_runtime::{Decision, ListFilter, Runtime};
 use durafiber_store::{Store, StoreConfig, StoreError, access};
 use serde_json::{Value, json};
@@ -58,7 +59,9 @@ pub async fn runs_list(agents: Agents<'_>, target: &Target, filter: ListFilter) 
                 q.push(("stash_version_below", below.to_string()));
             }
             let state = filter.state.map(|s| s.name().to_string());
-            for (k, v) in [("state", state), ("kind", filter.kind), ("after", filter.after)] {
+            for (k, v) in
+                [("state", state), ("kind", filter.kind), ("after", filter.after.map(RunId::into_string))]
+            {
                 if let Some(v) = v {
                     q.push((k, v));
                 }
@@ -70,7 +73,7 @@ pub async fn runs_list(agents: Agents<'_>, target: &Target, filter: ListFilter) 
 }
 
 /// `runs show`.
-pub async fn runs_show(agents: Agents<'_>, target: &Target, run_id: &str) -> anyhow::Result<Value> {
+pub async fn runs_show(agents: Agents<'_>, target: &Target, run_id: &RunId) -> anyhow::Result<Value> {
     match source(target, agents).await? {
         Source::Server(c) => Ok(c.get_json(&format!("/runs/{run_id}")).await?),
         Source::Direct(rt) => to_json(rt.inspect(run_id)?),
@@ -89,7 +92,7 @@ pub async fn approvals_list(agents: Agents<'_>, target: &Target) -> anyhow::Resu
 pub async fn approve(
     agents: Agents<'_>,
     target: &Target,
-    run_id: &str,
+    run_id: &RunId,
     approval_id: &str,
     hash: &str,
     decision: Decision,
@@ -108,7 +111,7 @@ pub async fn approve(
 pub async fn send_event(
     agents: Agents<'_>,
     target: &Target,
-    run_id: &str,
+    run_id: &RunId,
     name: &str,
     payload_json: &str,
     key: Option<&str>,
@@ -130,7 +133,7 @@ pub async fn send_event(
 pub async fn cancel(
     agents: Agents<'_>,
     target: &Target,
-    run_id: &str,
+    run_id: &RunId,
     reason: &str,
 ) -> anyhow::Result<Value> {
     match source(target, agents).await? {
@@ -142,7 +145,7 @@ pub async fn cancel(
 }
 
 /// `alarms list`.
-pub async fn alarms_list(agents: Agents<'_>, target: &Target, run_id: &str) -> anyhow::Result<Value> {
+pub async fn alarms_list(agents: Agents<'_>, target: &Target, run_id: &RunId) -> anyhow::Result<Value> {
     match source(target, agents).await? {
         Source::Server(c) => Ok(c.get_json(&format!("/runs/{run_id}/alarms")).await?),
         Source::Direct(rt) => to_json(rt.alarms(run_id)?),

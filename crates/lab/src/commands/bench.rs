@@ -9,6 +9,7 @@
 //! - `alarms`: lateness of N alarms due within one second, optionally with many more pending,
 //!   scheduling throughput, and resident memory per pending alarm.
 
+use durafiber_runtime::RunId;
 use parking_lot::Mutex;
 use std::{
     io::{BufRead, BufReader},
@@ -61,7 +62,7 @@ pub async fn run(which: Bench) -> anyhow::Result<i32> {
 /// Commits by `writers` concurrent tasks for `seconds`: the commits made, the seconds they
 /// took, and their latencies.
 async fn commit_for(store: &Store, writers: usize, seconds: f64) -> anyhow::Result<(u64, f64, Samples)> {
-    let runs = (0..writers).map(|w| format!("run_bench_{w:04}")).collect();
+    let runs = (0..writers).map(|w| RunId::new(format!("run_bench_{w:04}"))).collect();
     let start = Instant::now();
     let (count, samples) = commit_until(store, runs, start + Duration::from_secs_f64(seconds)).await?;
     Ok((count, start.elapsed().as_secs_f64(), samples))
@@ -306,7 +307,7 @@ impl Agent for Ticker {
 /// Sets `alarms` alarms due evenly within the second after `due_from`, from 40 tasks.
 async fn schedule_within_one_second(
     rt: &Runtime,
-    runs: &[String],
+    runs: &[RunId],
     alarms: usize,
     due_from: u64,
 ) -> anyhow::Result<()> {
@@ -368,7 +369,7 @@ async fn bench_alarms(json: bool, alarms: usize, pending: usize, out: Option<&Pa
         starts.push(tokio::spawn(async move {
             let mut ids = Vec::new();
             for i in chunk * 500..((chunk + 1) * 500).min(runs_n) {
-                ids.push(rt.start::<Ticker>(&format!("ticker-{i}"), &()).await?.run_id.into_string());
+                ids.push(rt.start::<Ticker>(&format!("ticker-{i}"), &()).await?.run_id);
             }
             Ok::<_, durafiber_runtime::RuntimeError>(ids)
         }));

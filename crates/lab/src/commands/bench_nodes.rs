@@ -6,6 +6,7 @@
 //! share of the shards, and runs its writers against runs of its own shards; every node
 //! starts committing at the same instant and stops after the same time.
 
+use durafiber_runtime::RunId;
 use std::{
     io::{BufRead, BufReader},
     path::Path,
@@ -135,7 +136,7 @@ pub async fn node(
         let run_id = format!("run_bench_{node_id}_{n}");
         n += 1;
         if owned.contains(&shard::of_run(&run_id)) {
-            runs.push(run_id);
+            runs.push(RunId::new(run_id));
         }
     }
     tokio::time::sleep(Duration::from_millis(start_at_ms.saturating_sub(epoch_ms()))).await;

@@ -3,6 +3,7 @@
 //! and the latency of syncs a gap apart), writers that commit stash-sized sync boundaries
 //! until a deadline, and the report, which says how much CPU time the host took meanwhile.
 
+use durafiber_runtime::RunId;
 use std::{
     io::Write,
     path::Path,
@@ -26,7 +27,7 @@ use super::output::print_report;
 /// `sync` mode until `deadline`: the commits made, and each one's latency.
 pub(super) async fn commit_until(
     store: &Store,
-    runs: Vec<String>,
+    runs: Vec<RunId>,
     deadline: Instant,
 ) -> anyhow::Result<(u64, Samples)> {
     let count = Arc::new(AtomicU64::new(0));

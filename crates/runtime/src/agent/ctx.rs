@@ -1,6 +1,7 @@
 //! What a hook does through its `Ctx`: stash and stream, storage, effects, approvals,
 //! alarms, keep-alive, cancellation, budget charges and secrets.
 
+use durafiber_store::RunId;
 use std::{future::Future, marker::PhantomData};
 
 use durafiber_store::{access, tables::Decision};
@@ -27,7 +28,7 @@ impl<A: Agent> Ctx<A> {
     }
 
     /// The run's id, the same before and after every crash.
-    pub fn run_id(&self) -> &str {
+    pub fn run_id(&self) -> &RunId {
         &self.raw.cell.run_id
     }
 
@@ -315,7 +316,7 @@ impl<A: Agent> Ctx<A> {
                 SecretRefusal::Destination(d) => d,
             };
             let run_id = &self.raw.cell.run_id;
-            tracing::warn!(run_id, secret = %secret.secret, destination, "a secret was refused for a destination it is not bound to");
+            tracing::warn!(%run_id, secret = %secret.secret, destination, "a secret was refused for a destination it is not bound to");
             let detail = format!("{} to {destination}", secret.secret);
             shared.event(run_id, "secret_refused", detail.clone());
             // Into the audit trail too, beside what callers asked for: by the run itself.

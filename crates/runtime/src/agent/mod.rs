@@ -5,6 +5,7 @@
 //! each other (`Ctx<A: Agent>`, hooks taking `&mut Ctx<Self>`): `Ctx` is declared here, and
 //! what it does is in `ctx.rs` and `waits.rs`.
 
+use durafiber_store::RunId;
 use std::{future::Future, marker::PhantomData};
 
 use serde::{Serialize, de::DeserializeOwned};
@@ -19,7 +20,7 @@ use crate::{error::AgentError, kernel::shared::RawCtx};
 #[derive(Debug, Clone)]
 pub struct Recovered<A: Agent> {
     /// The run, under the id it always had.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The agent kind.
     pub kind: String,
     /// The last durable stash, if any was written.

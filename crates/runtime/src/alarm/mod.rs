@@ -346,7 +346,7 @@ pub(crate) async fn set(
     // Checked as every other due time is, so no arithmetic on it can wrap.
     due_at(now_ms, AlarmAt::AtMs(due_at_ms))?;
     let alarm = AlarmRecord {
-        run_id: run_id.to_string(),
+        run_id: run_id.into(),
         name: name.to_string(),
         due_at_ms,
         scheduled_at_ms: due_at_ms,

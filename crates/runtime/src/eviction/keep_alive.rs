@@ -19,7 +19,7 @@ pub struct KeepAlive {
 impl KeepAlive {
     pub(crate) fn acquire(shared: Arc<Shared>, run_id: &str) -> Self {
         let epoch = shared.liveness.guard_acquired(run_id, shared.now_ms());
-        KeepAlive { shared, run_id: run_id.to_string(), epoch, released: AtomicBool::new(epoch.is_none()) }
+        KeepAlive { shared, run_id: run_id.into(), epoch, released: AtomicBool::new(epoch.is_none()) }
     }
 
     /// Lets go of the guard. Only the first call counts.

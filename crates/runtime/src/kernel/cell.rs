@@ -1,6 +1,6 @@
 //! One live run's in-memory side, and what its waits are woken with.
 
-use durafiber_store::lock::Mutex;
+use durafiber_store::{RunId, lock::Mutex};
 use std::sync::atomic::AtomicU64;
 
 use tokio::sync::{Notify, oneshot};
@@ -9,7 +9,7 @@ use crate::{config::DurabilityMode, kernel::busy::WakeToken};
 
 /// One live run's in-memory side: dropped on hibernation or eviction.
 pub(crate) struct RunCell {
-    pub run_id: String,
+    pub run_id: RunId,
     pub kind: String,
     pub durability: DurabilityMode,
     pub fiber_keep_alive: bool,
@@ -98,7 +98,7 @@ pub(crate) enum ApprovalOutcome {
 impl RunCell {
     /// A cell with nothing waiting and no fiber.
     pub fn new(
-        run_id: &str,
+        run_id: &RunId,
         kind: &str,
         durability: DurabilityMode,
         fiber_keep_alive: bool,
@@ -107,7 +107,7 @@ impl RunCell {
         cancel_reason: Option<String>,
     ) -> Self {
         RunCell {
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
             kind: kind.to_string(),
             durability,
             fiber_keep_alive,

@@ -61,7 +61,7 @@ impl Ownership {
         if self.owns(run_id) {
             Ok(())
         } else {
-            Err(RuntimeError::NotOwner { run_id: run_id.to_string(), shard: shard::of_run(run_id) })
+            Err(RuntimeError::NotOwner { run_id: run_id.into(), shard: shard::of_run(run_id) })
         }
     }
 

@@ -38,7 +38,7 @@ impl Shared {
     ) -> Result<tables::RunRecord, RuntimeError> {
         self.store
             .get_prefetched(&keys::run(run_id), prefetched)?
-            .ok_or_else(|| RuntimeError::UnknownRun { run_id: run_id.to_string() })
+            .ok_or_else(|| RuntimeError::UnknownRun { run_id: run_id.into() })
     }
 
     /// Writes a run record (and whatever else is in `batch`) as one sync boundary.

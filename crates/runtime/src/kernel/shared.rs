@@ -4,6 +4,7 @@
 //! RAM here is never the source of truth: everything in it is rebuilt from the store at
 //! start-up, and losing it (a crash) only costs re-activations.
 
+use durafiber_store::RunId;
 use durafiber_store::lock::Mutex;
 use std::{
     collections::{BTreeSet, HashMap},
@@ -36,7 +37,7 @@ use crate::{
 /// Called at every committed boundary of a fiber with the run's id and the [`Boundary`].
 /// Returning `true` evicts the run right there. Tests evict or crash at an exact boundary;
 /// the drill's server stops at one to be killed.
-pub type CrashHook = Arc<dyn Fn(&str, &Boundary) -> bool + Send + Sync>;
+pub type CrashHook = Arc<dyn Fn(&RunId, &Boundary) -> bool + Send + Sync>;
 
 pub(crate) struct Shared {
     pub store: Store,
@@ -231,7 +232,7 @@ impl Shared {
     /// The context of a hook that runs outside the fiber (`on_escalate`,
     /// `on_alarm_exhausted`): the live run's cell, or, for a run not live in memory — an
     /// escalated run is finished and is not activated again for its hook — a cell of its own.
-    pub fn hook_ctx(self: &Arc<Self>, run_id: &str, kind: &str) -> RawCtx {
+    pub fn hook_ctx(self: &Arc<Self>, run_id: &RunId, kind: &str) -> RawCtx {
         let cell = match self.registry.get(run_id) {
             Some(live) => live.cell,
             None => Arc::new(RunCell::new(
@@ -296,7 +297,7 @@ pub(crate) type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send +
 
 /// What the runtime needs to recover a run, as stored.
 pub(crate) struct RawRecovered {
-    pub run_id: String,
+    pub run_id: RunId,
     pub kind: String,
     pub stash: Option<super::stash_record::Stored>,
     pub input_json: String,

@@ -252,7 +252,7 @@ impl Actor for RunActor {
             tokio::spawn(async move {
                 tokio::time::sleep(limits::ACTOR_IDLE_GRACE).await;
                 if mailbox.retire_if_idle(me.get_id(), mark).await {
-                    tracing::trace!(run_id, "the run's actor was idle for its grace; it stops");
+                    tracing::trace!(%run_id, "the run's actor was idle for its grace; it stops");
                     me.stop(None);
                 }
             });

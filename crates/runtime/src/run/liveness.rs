@@ -38,7 +38,11 @@ pub(crate) fn check(shared: &Shared) -> Result<Vec<LivenessViolation>, RuntimeEr
             if live.as_ref().is_some_and(|l| l.cell.fiber_running()) || parked(shared, &run)? {
                 continue;
             }
-            violations.push(LivenessViolation { run_id, status: run.status, live: live.is_some() });
+            violations.push(LivenessViolation {
+                run_id: run_id.into(),
+                status: run.status,
+                live: live.is_some(),
+            });
         }
         match next {
             Some(last) => after = Some(last),

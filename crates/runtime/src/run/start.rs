@@ -37,11 +37,11 @@ pub struct StartOutcome {
 
 /// A new run id: creation time first, so ids sort roughly by age, then 128 bits from the
 /// operating system's cryptographic generator.
-fn mint_run_id(now_ms: u64) -> Result<String, RuntimeError> {
+fn mint_run_id(now_ms: u64) -> Result<RunId, RuntimeError> {
     let token = unguessable_hex().map_err(|e| {
         RuntimeError::Config(format!("the operating system gave no randomness for a run id: {e}"))
     })?;
-    Ok(format!("run_{now_ms:012x}{token}"))
+    Ok(RunId::new(format!("run_{now_ms:012x}{token}")))
 }
 
 pub(crate) async fn start(
@@ -119,15 +119,15 @@ pub(crate) async fn start(
 /// → `KeyConflict`.
 fn existing(
     shared: &Shared,
-    key_record: &Key<String>,
+    key_record: &Key<RunId>,
     key: &str,
     input: &serde_json::Value,
 ) -> Result<Option<StartOutcome>, RuntimeError> {
-    let Some(run_id) = shared.store.get::<String>(key_record)? else { return Ok(None) };
+    let Some(run_id) = shared.store.get(key_record)? else { return Ok(None) };
     let run = shared.load_run(&run_id)?;
     if !json::hash_matches(&run.input_hash, input).map_err(RuntimeError::InvalidInput)? {
         return Err(RuntimeError::KeyConflict { key: key.to_string(), run_id });
     }
-    tracing::info!(run_id, key, "duplicate start returns the existing handle");
-    Ok(Some(StartOutcome { run_id: RunId::new(run_id), accepted: false, status: run.status }))
+    tracing::info!(%run_id, key, "duplicate start returns the existing handle");
+    Ok(Some(StartOutcome { run_id, accepted: false, status: run.status }))
 }

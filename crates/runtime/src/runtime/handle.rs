@@ -5,6 +5,7 @@
 //! a driver task wakes at the next deadline (hibernation, eviction, heartbeat, recovery
 //! backoff, alarm); on a virtual clock, `advance` walks the same deadlines in order.
 
+use durafiber_store::RunId;
 use durafiber_store::lock::Mutex;
 use std::{
     collections::{BTreeSet, HashMap},
@@ -289,17 +290,17 @@ impl Runtime {
     }
 
     /// Hibernates a run now, if it is hibernateable.
-    pub async fn hibernate(&self, run_id: &str) {
+    pub async fn hibernate(&self, run_id: &RunId) {
         idle::hibernate(&self.shared, run_id).await
     }
 
     /// Evicts a run now, wherever it is.
-    pub async fn evict(&self, run_id: &str) {
+    pub async fn evict(&self, run_id: &RunId) {
         idle::evict(&self.shared, run_id, "forced").await
     }
 
     /// Whether the run is live in this process (in memory, not hibernated or evicted).
-    pub async fn is_live(&self, run_id: &str) -> bool {
+    pub async fn is_live(&self, run_id: &RunId) -> bool {
         self.shared.registry.get(run_id).is_some()
     }
 
@@ -320,8 +321,8 @@ impl Runtime {
 
     /// The events after `after_seq` (0: from the oldest kept), of one run or all, at most
     /// `limit`, oldest first: how a live view follows the log.
-    pub fn events_since(&self, after_seq: u64, run_id: Option<&str>, limit: usize) -> Vec<Event> {
-        self.shared.events.since(after_seq, run_id, limit)
+    pub fn events_since(&self, after_seq: u64, run_id: Option<&RunId>, limit: usize) -> Vec<Event> {
+        self.shared.events.since(after_seq, run_id.map(RunId::as_str), limit)
     }
 
     /// Waits until the runtime is quiet: the work the supervisor and scheduler started is
@@ -393,7 +394,7 @@ impl Runtime {
 
     /// Which node runs `run_id`: this one (always, alone on its store), or the node that
     /// holds its shard's lease on a shared store, with the address it serves HTTP at.
-    pub fn owner_of(&self, run_id: &str) -> Result<RunOwner, RuntimeError> {
+    pub fn owner_of(&self, run_id: &RunId) -> Result<RunOwner, RuntimeError> {
         if self.shared.ownership.owns(run_id) {
             return Ok(RunOwner::Here);
         }
@@ -409,7 +410,7 @@ impl Runtime {
 
     /// Takes over the shard of `run_id` if no node holds it (a shared store), so that this
     /// node serves the run now. True when this node owns the run afterwards.
-    pub async fn take_over(&self, run_id: &str) -> bool {
+    pub async fn take_over(&self, run_id: &RunId) -> bool {
         leases::take_over(&self.shared, durafiber_store::shard::of_run(run_id)).await
     }
 

@@ -1,6 +1,7 @@
 //! What reaches a run from outside: cancellation, messages, requests, events, decisions,
 //! alarms set or cancelled, keep-alive.
 
+use durafiber_store::RunId;
 use durafiber_store::tables::{Decision, PauseRecord, RunStatus};
 use ractor::rpc::CallResult;
 use serde::{Serialize, de::DeserializeOwned};
@@ -33,7 +34,7 @@ pub struct PausedNow {
 impl Runtime {
     /// Asks a run to stop (§2.3). The fiber sees the signal; no new effect starts after it.
     /// A run that is not executing (waiting, or not live) is cancelled at once.
-    pub async fn cancel(&self, run_id: &str, reason: &str) -> Result<RunStatus, RuntimeError> {
+    pub async fn cancel(&self, run_id: &RunId, reason: &str) -> Result<RunStatus, RuntimeError> {
         let live = self.shared.registry.get(run_id);
         // A fiber parked on a durable wait (a human, an event, a durable sleep) is not
         // executing: the run is cancelled at once instead of waiting for the wait to end.
@@ -73,13 +74,13 @@ impl Runtime {
     }
 
     /// Sends a typed message to a run; handled by `on_message`, one at a time.
-    pub async fn send<A: Agent>(&self, run_id: &str, message: &A::Message) -> Result<(), RuntimeError> {
+    pub async fn send<A: Agent>(&self, run_id: &RunId, message: &A::Message) -> Result<(), RuntimeError> {
         let json = json::canonical(message).map_err(RuntimeError::InvalidInput)?;
         self.send_json(run_id, &json).await
     }
 
     /// `send` with a JSON message.
-    pub async fn send_json(&self, run_id: &str, message_json: &str) -> Result<(), RuntimeError> {
+    pub async fn send_json(&self, run_id: &RunId, message_json: &str) -> Result<(), RuntimeError> {
         let live = self.inbound(run_id, message_json).await?;
         let json = message_json.to_string();
         match actor_of(&self.shared, &live).await?.call(|reply| RunMsg::Message { json, reply }, None).await {
@@ -93,7 +94,7 @@ impl Runtime {
     /// Sends a typed request to a run and returns `on_request`'s reply, typed.
     pub async fn request<A: Agent, R: DeserializeOwned>(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         message: &A::Message,
     ) -> Result<R, RuntimeError> {
         let json = json::canonical(message).map_err(RuntimeError::InvalidInput)?;
@@ -102,7 +103,7 @@ impl Runtime {
     }
 
     /// `request` with JSON in and out.
-    pub async fn request_json(&self, run_id: &str, message_json: &str) -> Result<String, RuntimeError> {
+    pub async fn request_json(&self, run_id: &RunId, message_json: &str) -> Result<String, RuntimeError> {
         let live = self.inbound(run_id, message_json).await?;
         let json = message_json.to_string();
         match actor_of(&self.shared, &live).await?.call(|reply| RunMsg::Request { json, reply }, None).await {
@@ -114,7 +115,7 @@ impl Runtime {
     }
 
     /// Checks a message or request for a run and activates the run to take it.
-    async fn inbound(&self, run_id: &str, message_json: &str) -> Result<LiveRun, RuntimeError> {
+    async fn inbound(&self, run_id: &RunId, message_json: &str) -> Result<LiveRun, RuntimeError> {
         if self.shared.passive {
             return Err(RuntimeError::InvalidInput(
                 "messages need a serving runtime; this one only inspects".into(),
@@ -140,7 +141,7 @@ impl Runtime {
     /// with the same `idempotency_key` is a `Duplicate`, delivered once.
     pub async fn send_event<T: Serialize>(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         name: &str,
         payload: &T,
         idempotency_key: Option<&str>,
@@ -152,7 +153,7 @@ impl Runtime {
     /// `send_event` with a JSON payload.
     pub async fn send_event_json(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         name: &str,
         payload_json: &str,
         idempotency_key: Option<&str>,
@@ -164,7 +165,7 @@ impl Runtime {
     /// payload hash; the same decision twice is a no-op, a different one `AlreadyDecided`.
     pub async fn approve(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         approval_id: &str,
         payload_hash: &str,
         decision: Decision,
@@ -174,13 +175,13 @@ impl Runtime {
 
     /// Sets (or replaces) a run's alarm from outside. Refused with `StorageFull` while the
     /// disk is below its reserve.
-    pub async fn set_alarm(&self, run_id: &str, name: &str, spec: AlarmSpec) -> Result<(), RuntimeError> {
+    pub async fn set_alarm(&self, run_id: &RunId, name: &str, spec: AlarmSpec) -> Result<(), RuntimeError> {
         self.shared.store.check_room()?;
         alarm::set(&self.shared, run_id, name, spec, None, None).await
     }
 
     /// Cancels a run's alarm; true when it existed.
-    pub async fn cancel_alarm(&self, run_id: &str, name: &str) -> Result<bool, RuntimeError> {
+    pub async fn cancel_alarm(&self, run_id: &RunId, name: &str) -> Result<bool, RuntimeError> {
         alarm::cancel(&self.shared, run_id, name).await
     }
 
@@ -206,12 +207,12 @@ impl Runtime {
     }
 
     /// [`Runtime::pause_kind`] for one run.
-    pub async fn pause_run(&self, run_id: &str, reason: &str) -> Result<(), RuntimeError> {
+    pub async fn pause_run(&self, run_id: &RunId, reason: &str) -> Result<(), RuntimeError> {
         pause::pause(&self.shared, pause::Target::Run(run_id), reason).await
     }
 
     /// Lifts [`Runtime::pause_run`]; false when the run was not paused by itself.
-    pub async fn resume_run(&self, run_id: &str) -> Result<bool, RuntimeError> {
+    pub async fn resume_run(&self, run_id: &RunId) -> Result<bool, RuntimeError> {
         pause::resume(&self.shared, pause::Target::Run(run_id)).await
     }
 
@@ -225,7 +226,7 @@ impl Runtime {
     }
 
     /// Holds `run_id` live (activating it) until the guard is released or dropped.
-    pub async fn keep_alive(&self, run_id: &str) -> Result<KeepAlive, RuntimeError> {
+    pub async fn keep_alive(&self, run_id: &RunId) -> Result<KeepAlive, RuntimeError> {
         activate(&self.shared, run_id).await?;
         Ok(KeepAlive::acquire(self.shared.clone(), run_id))
     }

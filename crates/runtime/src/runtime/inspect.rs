@@ -1,6 +1,7 @@
 //! Reading runs: status, waiting, listing, inspection, storage, alarms, approvals, output
 //! streams.
 
+use durafiber_store::RunId;
 use durafiber_store::{
     Store,
     tables::{
@@ -84,7 +85,7 @@ pub struct ListFilter {
     /// Only runs of this kind.
     pub kind: Option<String>,
     /// Start after this run id (the previous page's `next`).
-    pub after: Option<String>,
+    pub after: Option<RunId>,
     /// Page size, at most [`limits::LIST_PAGE_MAX`].
     pub limit: usize,
     /// Only open runs whose last stash is older than this `STASH_VERSION`: the runs a deploy
@@ -99,7 +100,7 @@ pub struct RunPage {
     /// The runs.
     pub runs: Vec<RunRecord>,
     /// Pass as `after` for the next page; `None` on the last one.
-    pub next: Option<String>,
+    pub next: Option<RunId>,
 }
 
 /// What the runtime holds right now, for gauges: read from the store at each call, so its
@@ -128,17 +129,17 @@ fn scan_all<V: DeserializeOwned>(store: &Store, table: Table<V>, id: &str) -> Re
 
 impl Runtime {
     /// The run's current state.
-    pub fn status(&self, run_id: &str) -> Result<RunStatus, RuntimeError> {
+    pub fn status(&self, run_id: &RunId) -> Result<RunStatus, RuntimeError> {
         Ok(self.shared.load_run(run_id)?.status)
     }
 
     /// The run record.
-    pub fn run(&self, run_id: &str) -> Result<RunRecord, RuntimeError> {
+    pub fn run(&self, run_id: &RunId) -> Result<RunRecord, RuntimeError> {
         self.shared.load_run(run_id)
     }
 
     /// Waits until the run is terminal and returns its final state.
-    pub async fn wait(&self, run_id: &str) -> Result<RunStatus, RuntimeError> {
+    pub async fn wait(&self, run_id: &RunId) -> Result<RunStatus, RuntimeError> {
         let mut changes = self.shared.status_version.subscribe();
         loop {
             let status = self.status(run_id)?;
@@ -155,7 +156,7 @@ impl Runtime {
     /// Waits until `pred` holds for the run's state (tests and tools; no polling by time).
     pub async fn wait_for(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         pred: impl Fn(&RunStatus) -> bool,
     ) -> Result<RunStatus, RuntimeError> {
         let mut changes = self.shared.status_version.subscribe();
@@ -212,12 +213,12 @@ impl Runtime {
     }
 
     /// The `STASH_VERSION` of the run's last stash; `None` before its first stash.
-    pub fn stash_version(&self, run_id: &str) -> Result<Option<u32>, RuntimeError> {
+    pub fn stash_version(&self, run_id: &RunId) -> Result<Option<u32>, RuntimeError> {
         Ok(crate::kernel::stash_record::read(&self.shared.store, run_id)?.map(|s| s.version))
     }
 
     /// Everything stored about a run.
-    pub fn inspect(&self, run_id: &str) -> Result<RunInspection, RuntimeError> {
+    pub fn inspect(&self, run_id: &RunId) -> Result<RunInspection, RuntimeError> {
         let store = &self.shared.store;
         let run = self.shared.load_run(run_id)?;
         let stored = crate::kernel::stash_record::read(store, run_id)?;
@@ -234,7 +235,7 @@ impl Runtime {
     }
 
     /// Decodes a run's output once it is `Completed`.
-    pub fn output<T: DeserializeOwned>(&self, run_id: &str) -> Result<Option<T>, RuntimeError> {
+    pub fn output<T: DeserializeOwned>(&self, run_id: &RunId) -> Result<Option<T>, RuntimeError> {
         match self.status(run_id)? {
             RunStatus::Completed { output_json } => {
                 Ok(Some(json::parse(&output_json).map_err(RuntimeError::InvalidInput)?))
@@ -247,7 +248,7 @@ impl Runtime {
     /// and values as JSON text. For inspection; the run itself reads `ctx.storage()`.
     pub fn storage_list(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         prefix: &str,
         start_after: Option<&str>,
         limit: usize,
@@ -261,7 +262,7 @@ impl Runtime {
     /// (and named `escalate:<id>`, `sleep:<name>`, `event:<name>`).
     /// Each comes with its next due time, its cron schedule if it has one, and its failed
     /// occurrences being retried.
-    pub fn alarms(&self, run_id: &str) -> Result<Vec<alarm::Alarm>, RuntimeError> {
+    pub fn alarms(&self, run_id: &RunId) -> Result<Vec<alarm::Alarm>, RuntimeError> {
         self.shared.load_run(run_id)?;
         alarm::list(&self.shared, run_id)
     }
@@ -272,7 +273,7 @@ impl Runtime {
     /// it got receives each chunk exactly once.
     pub fn stream(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         from_seq: u64,
     ) -> Result<futures::stream::BoxStream<'static, Result<StreamChunk, RuntimeError>>, RuntimeError> {
         self.shared.load_run(run_id)?;
@@ -282,7 +283,7 @@ impl Runtime {
     /// Up to `limit` chunks of the run's output stream from `from_seq` on, as stored now.
     pub fn stream_chunks(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         from_seq: u64,
         limit: usize,
     ) -> Result<Vec<StreamChunk>, RuntimeError> {
@@ -327,8 +328,8 @@ impl Runtime {
     }
 
     /// Pending approvals, with the payload the run showed and its hash; of one run or all.
-    pub fn pending_approvals(&self, run_id: Option<&str>) -> Result<Vec<PendingApproval>, RuntimeError> {
-        approval::pending(&self.shared, run_id)
+    pub fn pending_approvals(&self, run_id: Option<&RunId>) -> Result<Vec<PendingApproval>, RuntimeError> {
+        approval::pending(&self.shared, run_id.map(RunId::as_str))
     }
 
     /// The agent kinds this runtime hosts, in order.

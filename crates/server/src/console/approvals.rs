@@ -7,6 +7,7 @@ use axum::{
     http::{HeaderMap, Method, StatusCode},
     response::Response,
 };
+use durafiber_runtime::RunId;
 use durafiber_runtime::{Decision, RuntimeError};
 use serde_json::{Value, json};
 
@@ -48,7 +49,7 @@ pub(super) async fn inbox(State(app): State<AppState>, headers: HeaderMap) -> Pa
 pub(super) async fn decision_page(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Path((run_id, approval_id)): Path<(String, String)>,
+    Path((run_id, approval_id)): Path<(RunId, String)>,
 ) -> PageResult {
     let here = pages::decision_url(&run_id, &approval_id);
     let session = signed_in(&app, &headers, &here)?;
@@ -58,7 +59,7 @@ pub(super) async fn decision_page(
 pub(super) fn show_decision(
     app: &AppState,
     session: &Session,
-    run_id: &str,
+    run_id: &RunId,
     approval_id: &str,
     notice: Option<Notice>,
     status: StatusCode,
@@ -87,7 +88,7 @@ pub(super) fn find_approval<'a>(run: &'a Value, approval_id: &str) -> Option<&'a
 pub(super) async fn decide(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Path((run_id, approval_id)): Path<(String, String)>,
+    Path((run_id, approval_id)): Path<(RunId, String)>,
     body: Bytes,
 ) -> PageResult {
     let here = pages::decision_url(&run_id, &approval_id);
@@ -139,7 +140,7 @@ pub(super) async fn decide(
 }
 
 /// "Already decided by NAME" when the approval has a decision.
-pub(super) fn already_decided(app: &AppState, run_id: &str, approval_id: &str) -> Option<String> {
+pub(super) fn already_decided(app: &AppState, run_id: &RunId, approval_id: &str) -> Option<String> {
     let run = view::run(app, run_id).ok()?;
     let approval = find_approval(&run, approval_id)?;
     let approved = approval["decision"]["approved"].as_bool()?;

@@ -6,6 +6,7 @@ use axum::{
     extract::{Path, Query, State},
     http::{HeaderMap, Method, StatusCode},
 };
+use durafiber_runtime::RunId;
 use durafiber_runtime::{ListFilter, RunState};
 use serde_json::{Value, json};
 
@@ -35,7 +36,7 @@ pub(super) async fn runs(State(app): State<AppState>, headers: HeaderMap, Query(
     let filter = ListFilter {
         state,
         kind: Some(kind.clone()).filter(|k| !k.is_empty()),
-        after: q.get("after").cloned().filter(|a| !a.is_empty()),
+        after: q.get("after").filter(|a| !a.is_empty()).map(|a| RunId::from(a.as_str())),
         limit: RUNS_PER_PAGE,
         stash_version_below: None,
     };
@@ -57,7 +58,7 @@ pub(super) async fn runs(State(app): State<AppState>, headers: HeaderMap, Query(
 pub(super) async fn run_page(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Path(run_id): Path<String>,
+    Path(run_id): Path<RunId>,
     Query(q): Params,
 ) -> PageResult {
     let session = signed_in(&app, &headers, &pages::run_url(&run_id))?;
@@ -136,7 +137,7 @@ pub(super) fn timeline(run: &Value, events: &[durafiber_runtime::Event]) -> Vec<
 pub(super) async fn cancel(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Path(run_id): Path<String>,
+    Path(run_id): Path<RunId>,
     body: Bytes,
 ) -> PageResult {
     let here = pages::run_url(&run_id);

@@ -2,6 +2,7 @@
 //! beyond the runtime's own records, and the error shape. Each derives its JSON schema for
 //! the OpenAPI document (`GET /openapi.json`), which a test checks against real answers.
 
+use durafiber_runtime::RunId;
 use durafiber_runtime::{RunStatus, SendOutcome};
 use durafiber_store::access::AuditRecord;
 use serde::{Deserialize, Serialize};
@@ -136,7 +137,7 @@ pub struct PausedEntry {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Cancelled {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// Its state after the request.
     pub status: RunStatus,
 }
@@ -145,7 +146,7 @@ pub struct Cancelled {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Handled {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// Always true: `on_message` returned.
     pub handled: bool,
 }
@@ -154,7 +155,7 @@ pub struct Handled {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Reply {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// What `on_request` answered, secrets redacted.
     pub reply: Value,
 }
@@ -172,7 +173,7 @@ pub struct StorageEntry {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct StoragePage {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The entries, in key order.
     pub entries: Vec<StorageEntry>,
     /// `start_after` for the next page; null on the last one.
@@ -194,7 +195,7 @@ pub struct EventBody {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventSent {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The event's name.
     pub name: String,
     /// Delivered to a waiting fiber, buffered, or a duplicate.
@@ -237,7 +238,7 @@ pub struct AlarmBody {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AlarmSet {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The alarm.
     pub name: String,
     /// Always true.
@@ -248,7 +249,7 @@ pub struct AlarmSet {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AlarmCancelled {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The alarm.
     pub name: String,
     /// False when there was no such alarm.

@@ -3,6 +3,7 @@
 //! embedding each stored JSON text (`input_json`, `output_json`, `stash_json`, ...) as JSON
 //! under the name without `_json`; these types only describe it.
 
+use durafiber_runtime::RunId;
 use durafiber_store::{
     access::AuditRecord,
     tables::{Decision, RunOptions, SystemAlarm, WakeReason},
@@ -42,7 +43,7 @@ pub struct RunView {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RunShown {
     /// The run's handle.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The agent kind.
     pub kind: String,
     /// The idempotency key it was started with.
@@ -125,7 +126,7 @@ pub enum StatusShown {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct StashShown {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The activation that wrote it.
     pub attempt: u32,
     /// The step named.
@@ -142,7 +143,7 @@ pub struct StashShown {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct LedgerShown {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The effect's id within the run.
     pub effect_id: String,
     /// Minted once, reused on every re-entry.
@@ -170,7 +171,7 @@ pub struct ReceiptShown {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AlarmShown {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The alarm.
     pub name: String,
     /// When it is due, ms.
@@ -197,7 +198,7 @@ pub struct AlarmShown {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ApprovalShown {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The pause within the run.
     pub approval_id: String,
     /// Exactly what the run showed.

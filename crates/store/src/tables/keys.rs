@@ -6,7 +6,7 @@ use super::{
     records::*,
     table::{Key, Prefix, Table, TableInfo, decode_sealed, printable},
 };
-use crate::error::StoreError;
+use crate::{RunId, error::StoreError};
 
 /// Declares each table once: its name, prefix and value type; [`ALL`] and the decoder that
 /// checks any stored record as its table's type follow from the same list.
@@ -34,7 +34,7 @@ tables! {
     /// Runs by id: `r` run_id.
     RUNS: RunRecord = ("runs", b'r');
     /// The run id `start` minted for an idempotency key, per agent kind: `k` kind NUL key.
-    RUN_KEYS: String = ("run_keys", b'k');
+    RUN_KEYS: RunId = ("run_keys", b'k');
     /// Runs that are not terminal, so the recovery scan reads only these: `o` run_id.
     OPEN_RUNS: () = ("open_runs", b'o');
     /// The last stash of each run: `s` run_id.
@@ -131,7 +131,7 @@ pub fn run(run_id: &str) -> Key<RunRecord> {
 }
 
 /// The run `start` minted for idempotency key `key` of agent kind `kind`.
-pub fn run_by_key(kind: &str, key: &str) -> Key<String> {
+pub fn run_by_key(kind: &str, key: &str) -> Key<RunId> {
     RUN_KEYS.key(&[kind.as_bytes(), key.as_bytes()])
 }
 

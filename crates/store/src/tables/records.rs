@@ -4,12 +4,14 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::RunId;
+
 /// The durable record of a run: its handle, its input and where it stands.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
     /// Never changes.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The agent kind that executes the run.
     pub kind: String,
     /// The idempotency key `start` was called with.
@@ -143,7 +145,7 @@ impl RunStatus {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StashRecord {
     /// The run it belongs to.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The fiber attempt that wrote it.
     pub attempt: u32,
     /// The named step the fiber had reached.
@@ -160,7 +162,7 @@ pub struct StashRecord {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LedgerEntry {
     /// The run that owns the effect.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The logical effect within the run.
     pub effect_id: String,
     /// Minted once, before the first call; reused on every re-entry.
@@ -188,7 +190,7 @@ pub struct Receipt {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApprovalRecord {
     /// The paused run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The pause within the run.
     pub approval_id: String,
     /// What the reviewer is shown, as canonical JSON.
@@ -221,7 +223,7 @@ pub struct Decision {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AlarmRecord {
     /// The run to wake.
-    pub run_id: String,
+    pub run_id: RunId,
     /// Unique within the run; `default` is the Durable Object single alarm.
     pub name: String,
     /// When it is due next (a retry moves it).
@@ -359,7 +361,7 @@ pub struct EventWaitRecord {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SleepRecord {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The sleep's name within the run.
     pub name: String,
     /// When it ends, ms.
@@ -405,7 +407,7 @@ pub struct AuditRecord {
     /// What was asked: `approve`, `cancel`, `set_alarm`, `token_create`, ...
     pub action: String,
     /// The run it concerns, if any.
-    pub run_id: Option<String>,
+    pub run_id: Option<RunId>,
     /// The request's particulars (an approval id and decision, an alarm name, ...).
     pub detail: String,
 }

@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use durafiber_runtime::{Agent, Boundary, CrashHook, RunStatus, Runtime, RuntimeConfig};
+use durafiber_runtime::{Agent, Boundary, CrashHook, RunId, RunStatus, Runtime, RuntimeConfig};
 use durafiber_store::SimBackend;
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -86,7 +86,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
         };
         let key = "checked-run";
         let started = rt.start_json(A::KIND, key, &input.to_string(), self.options).await;
-        let mut run_id = started.as_ref().ok().map(|s| s.run_id.to_string());
+        let mut run_id = started.as_ref().ok().map(|s| s.run_id.clone());
         let mut status = None;
         if let Some(id) = &run_id {
             if trouble.events_early {
@@ -110,10 +110,10 @@ impl<A: Agent + Clone> AgentCheck<A> {
             // A caller that saw no answer starts again with the same key.
             let again = rt.start_json(A::KIND, key, &input.to_string(), self.options).await;
             match (&run_id, again) {
-                (Some(id), Ok(out)) if out.run_id.as_str() != id => {
+                (Some(id), Ok(out)) if out.run_id != *id => {
                     report.problems.push(format!("the key's run changed from {id} to {}", out.run_id))
                 }
-                (_, Ok(out)) => run_id = Some(out.run_id.to_string()),
+                (_, Ok(out)) => run_id = Some(out.run_id),
                 (_, Err(e)) => report.problems.push(format!("start after the crash: {e}")),
             }
             if let Some(id) = &run_id {
@@ -177,7 +177,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
         &self,
         rt: &Runtime,
         sim: &SimBackend,
-        run_id: &str,
+        run_id: &RunId,
         report: &mut CaseReport,
     ) -> Option<RunStatus> {
         let step = Duration::from_secs(1);
@@ -215,7 +215,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
 
     /// Sends the events given with `send_event` (only `name`, when given), each under one
     /// idempotency key, so that a send repeated after a crash is a duplicate.
-    async fn send_events(&self, rt: &Runtime, run_id: &str, name: Option<&str>) {
+    async fn send_events(&self, rt: &Runtime, run_id: &RunId, name: Option<&str>) {
         for (event, payload) in &self.events {
             if name.is_none_or(|name| name == event) {
                 let key = format!("agent-check:{event}");
@@ -285,7 +285,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
 }
 
 /// Records the run's output stream and storage as they are at its end.
-fn record_end(rt: &Runtime, run_id: &str, report: &mut CaseReport) {
+fn record_end(rt: &Runtime, run_id: &RunId, report: &mut CaseReport) {
     loop {
         let from = report.stream.len() as u64;
         let Ok(page) = rt.stream_chunks(run_id, from, STREAM_PAGE) else { break };

@@ -1,5 +1,6 @@
 //! The approvals inbox and the decision page.
 
+use durafiber_runtime::RunId;
 use maud::{Markup, html};
 use serde_json::Value;
 
@@ -8,7 +9,7 @@ use super::*;
 /// One pending approval in the inbox.
 pub struct InboxRow {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The pause.
     pub approval_id: String,
     /// The run's agent kind.
