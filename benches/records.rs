@@ -22,15 +22,15 @@ fn records(c: &mut Criterion) {
     let record = stash_record();
     let key = b"srun_019b76daa8006d8a2dbb416aa445".to_vec();
     c.bench_function("encode + seal a stash record", |b| {
-        b.iter(|| envelope::seal(&key, &codec::encode(black_box(&record)).unwrap_or_default()))
+        b.iter(|| envelope::seal(&key, &codec::encode(black_box(&record)).unwrap_or_default()));
     });
     let sealed = envelope::seal(&key, &codec::encode(&record).unwrap_or_default());
     c.bench_function("open + decode a stash record", |b| {
         b.iter(|| {
             let body =
-                envelope::open("stashes", &key, black_box(&sealed)).map(|b| b.to_vec()).unwrap_or_default();
+                envelope::open("stashes", &key, black_box(&sealed)).map(<[u8]>::to_vec).unwrap_or_default();
             codec::decode::<StashRecord>(&body).ok()
-        })
+        });
     });
     let payload =
         serde_json::json!({"order_id": "ord_42", "amount_cents": 1999, "reason": "customer request"});
@@ -38,7 +38,7 @@ fn records(c: &mut Criterion) {
         b.iter(|| {
             durafiber_runtime::canonical_json(black_box(&payload))
                 .map(|t| durafiber_runtime::sha256_hex(t.as_bytes()))
-        })
+        });
     });
 }
 

@@ -24,7 +24,7 @@ async fn main() -> anyhow::Result<()> {
     let tampered = Event { cents: 9_999, ..event };
     match rt.start::<InvoicePaid>("evt_1NqQ", &tampered).await {
         Err(RuntimeError::KeyConflict { run_id, .. }) => {
-            println!("same id, other body: refused (run {run_id})")
+            println!("same id, other body: refused (run {run_id})");
         }
         other => println!("unexpected: {other:?}"),
     }

@@ -236,9 +236,9 @@ async fn a_periodic_alarm_repeats_and_setting_it_again_is_a_no_op() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_alarms_than_the_window_fire_each_once_on_time_with_more_set_past_its_horizon_meanwhile() {
+    const WINDOW: usize = 1024;
     let sim = SimBackend::new();
     let log = Log::default();
-    const WINDOW: usize = 1024;
     let rt = open_with_window(&sim, VirtualClock::new(T0), &log, WINDOW).await;
     // Twice the window, one every 2 ms from the first second on.
     let count = 2 * WINDOW as u64;

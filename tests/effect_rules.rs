@@ -176,7 +176,7 @@ async fn the_same_effect_id_with_other_arguments_is_a_conflict_not_a_second_effe
     rt.advance(Duration::ZERO).await.expect("advance");
     match rt.status(&run).expect("status") {
         RunStatus::Failed { error } => {
-            assert!(error.contains("refund was prepared with other arguments"), "{error}")
+            assert!(error.contains("refund was prepared with other arguments"), "{error}");
         }
         other => panic!("expected Failed with EffectConflict, got {other:?}"),
     }
@@ -220,7 +220,7 @@ async fn an_exhausted_effect_surfaces_then_the_run_is_recovered_and_tries_again_
     rt.advance(Duration::from_secs(600)).await.expect("advance");
     match rt.status(&run).expect("status") {
         RunStatus::Escalated { reason } => {
-            assert!(reason.contains("effect refund failed after 3 attempts"), "{reason}")
+            assert!(reason.contains("effect refund failed after 3 attempts"), "{reason}");
         }
         other => panic!("expected Escalated after every recovery failed, got {other:?}"),
     }
@@ -235,7 +235,7 @@ async fn a_permanent_error_reaches_the_fiber_at_once_and_fails_the_run() {
     rt.advance(Duration::from_secs(60)).await.expect("advance");
     match rt.status(&run).expect("status") {
         RunStatus::Failed { error } => {
-            assert_eq!(error, "effect charge was refused: HTTP 422: card declined")
+            assert_eq!(error, "effect charge was refused: HTTP 422: card declined");
         }
         other => panic!("expected Failed, got {other:?}"),
     }

@@ -79,7 +79,7 @@ async fn a_recovery_that_fails_at_once_is_always_retried_until_it_escalates() {
     for run in &runs {
         match rt.status(run).expect("status") {
             RunStatus::Escalated { reason } => {
-                assert_eq!(reason, "recovery hook failed 5 times: the model endpoint is down", "{run}")
+                assert_eq!(reason, "recovery hook failed 5 times: the model endpoint is down", "{run}");
             }
             other => panic!("run {run} ended {other:?}"),
         }

@@ -76,7 +76,7 @@ async fn a_hook_that_always_panics_is_escalated_after_max_recover_attempts_and_o
             assert!(
                 reason.starts_with("recovery hook failed 5 times: panic: this hook always panics"),
                 "{reason}"
-            )
+            );
         }
         other => panic!("expected Escalated, got {other:?}"),
     }

@@ -424,7 +424,7 @@ async fn an_upgrade_that_panics_fails_the_recovery_and_never_strands_the_run() {
             assert!(
                 reason.contains("recovery hook failed") && reason.contains("the upgrade has a bug"),
                 "{reason}"
-            )
+            );
         }
         other => panic!("expected an escalation, got {other:?}"),
     }

@@ -25,7 +25,7 @@ fn batches_in(store: &Store) -> HashSet<(u32, u64)> {
     let mut found = HashSet::new();
     for (_, value) in store.scan(&keys::STORAGE.of_run("kill_test"), None, usize::MAX).expect("scan") {
         let value = value.expect("no record is torn");
-        let mut fields = value.split(' ').map(|f| f.parse::<u64>());
+        let mut fields = value.split(' ').map(str::parse::<u64>);
         let (Some(Ok(t)), Some(Ok(seq))) = (fields.next(), fields.next()) else {
             panic!("a record reads `thread seq part padding`: {}", &value[..value.len().min(40)]);
         };

@@ -45,7 +45,7 @@ fn a_second_process_on_the_same_database_is_refused_while_the_first_holds_it() {
     let first = PgBackend::open(&url).expect("open");
     match PgBackend::open(&url) {
         Err(StoreError::DatabaseLocked { url: shown }) => {
-            assert!(shown.ends_with(url.rsplit('/').next().unwrap_or("")))
+            assert!(shown.ends_with(url.rsplit('/').next().unwrap_or("")));
         }
         Err(e) => panic!("expected DatabaseLocked, got {e}"),
         Ok(_) => panic!("a second owner opened the database"),

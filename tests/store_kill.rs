@@ -35,7 +35,7 @@ fn batches_in(location: &str, wal_bytes: u64) -> BTreeMap<(u32, u64), Vec<u8>> {
     let mut found: BTreeMap<(u32, u64), Vec<u8>> = BTreeMap::new();
     for (_, value) in store.scan(&keys::STORAGE.of_run("kill_test"), None, usize::MAX).expect("scan") {
         let value = value.expect("no record is torn");
-        let mut fields = value.split(' ').map(|f| f.parse::<u64>());
+        let mut fields = value.split(' ').map(str::parse::<u64>);
         let (Some(Ok(t)), Some(Ok(seq)), Some(Ok(part))) = (fields.next(), fields.next(), fields.next())
         else {
             panic!("a record reads `thread seq part padding`: {}", &value[..value.len().min(40)]);

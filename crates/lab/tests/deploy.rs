@@ -88,7 +88,7 @@ async fn wait_state(client: &Client, run_id: &str, state: &str) {
         match client.status(run_id).await {
             Ok(status) if status.name() == state => return,
             Ok(status) => {
-                assert!(Instant::now() < deadline, "run {run_id} is {status:?}, not {state}, after 60 s")
+                assert!(Instant::now() < deadline, "run {run_id} is {status:?}, not {state}, after 60 s");
             }
             Err(e) => assert!(Instant::now() < deadline, "run {run_id} unreadable after 60 s: {e}"),
         }
@@ -117,7 +117,7 @@ fn payment_of(output: &Value) -> &str {
 }
 
 fn serve(data: &Path, extra: &[&str]) -> Served {
-    let extra: Vec<&std::ffi::OsStr> = extra.iter().map(|a| a.as_ref()).collect();
+    let extra: Vec<&std::ffi::OsStr> = extra.iter().map(std::convert::AsRef::as_ref).collect();
     Served::start_program(expenses(), data, &extra, &[])
 }
 

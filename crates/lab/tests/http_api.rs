@@ -87,7 +87,7 @@ async fn every_endpoint_answers_and_every_refusal_is_a_json_error() {
     let payload = &shown["approvals"][0]["payload"];
     assert!(payload.is_object() || payload.is_array() || payload.is_number(), "{shown}");
 
-    let steps = json!({"kind": "steps", "input": {"steps": 100000, "pause_ms": 1000}});
+    let steps = json!({"kind": "steps", "input": {"steps": 100_000, "pause_ms": 1000}});
     let (_, long) = send(post("/runs").header("Idempotency-Key", "long").body(steps.to_string())).await;
     let long_id = long["run_id"].as_str().expect("id").to_string();
     let alarm = format!("/runs/{long_id}/alarms/reminder");

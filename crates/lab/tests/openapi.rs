@@ -163,7 +163,7 @@ async fn every_operation_is_documented_and_every_answer_matches_its_schema() {
 
     // An order: alarms, a request, an event, storage.
     let order = json!({"kind": "order", "input": {"order_id": "o-2", "amount_cents": 9, "upstream": upstream.url(),
-        "alarm_delays_ms": [600000], "wait_for_packing": true}});
+        "alarm_delays_ms": [600_000], "wait_for_packing": true}});
     let (_, started) = c.call(Method::POST, "/runs", start("o-2", &order)).await;
     let order_run = format!("/runs/{}", started["run_id"].as_str().expect("id"));
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -174,7 +174,7 @@ async fn every_operation_is_documented_and_every_answer_matches_its_schema() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let alarm = format!("{order_run}/alarms/extra");
-    let set = json!({"delay_ms": 600000, "payload": {"n": 1}}).to_string();
+    let set = json!({"delay_ms": 600_000, "payload": {"n": 1}}).to_string();
     let (s, _) = c.call(Method::PUT, "/runs/{id}/alarms/{name}", http.put(url(&alarm)).body(set)).await;
     assert_eq!(s, 200);
     let cron =

@@ -58,9 +58,8 @@ async fn follow(
     let mut buffer = String::new();
     loop {
         let left = stop_at.saturating_duration_since(Instant::now());
-        let chunk = match tokio::time::timeout(left, response.chunk()).await {
-            Ok(Ok(Some(bytes))) => bytes,
-            Ok(Ok(None)) | Ok(Err(_)) | Err(_) => return false,
+        let Ok(Ok(Some(chunk))) = tokio::time::timeout(left, response.chunk()).await else {
+            return false;
         };
         buffer.push_str(&String::from_utf8_lossy(&chunk));
         for event in parse_events(&mut buffer) {

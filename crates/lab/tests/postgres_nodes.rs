@@ -128,14 +128,14 @@ async fn one_key_started_fifty_times_through_three_nodes_makes_one_run_and_decis
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runs_of_a_node_killed_mid_flight_resume_on_the_survivors_and_complete() {
+    const RUNS: usize = 30;
+    const STEPS: u64 = 200;
+    const REFUNDS: usize = 30;
     let pg = PgServer::start().expect("a PostgreSQL server");
     let url = pg.fresh_database().expect("a database");
     let data = tempfile::tempdir().expect("tempdir");
     let mut nodes = three_nodes(data.path(), &url).await;
     let http = nodes[0].client();
-    const RUNS: usize = 30;
-    const STEPS: u64 = 200;
-    const REFUNDS: usize = 30;
     let mut runs = Vec::new();
     for i in 0..RUNS {
         let body = json!({"kind": "steps", "input": {"steps": STEPS, "pause_ms": 50}});
@@ -379,12 +379,12 @@ fn node_url(nodes: &[Served], node_id: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_by_sigterm_hands_each_nodes_runs_over_at_once() {
+    const RUNS: usize = 24;
+    const STEPS: u64 = 400;
     let pg = PgServer::start().expect("a PostgreSQL server");
     let url = pg.fresh_database().expect("a database");
     let data = tempfile::tempdir().expect("tempdir");
     let mut nodes = three_nodes(data.path(), &url).await;
-    const RUNS: usize = 24;
-    const STEPS: u64 = 400;
     let http = nodes[0].client();
     let mut runs = Vec::new();
     for i in 0..RUNS {
@@ -516,6 +516,7 @@ async fn a_node_whose_database_stops_answering_drops_its_runs_by_itself_and_the_
 }
 
 async fn cut_off(partition: Partition) {
+    const RUNS: usize = 24;
     let pg = PgServer::start().expect("a PostgreSQL server");
     let url = pg.fresh_database().expect("a database");
     let target: std::net::SocketAddr = url
@@ -531,7 +532,6 @@ async fn cut_off(partition: Partition) {
     nodes.push(node(data.path(), &url, "n3"));
     balanced(&nodes).await;
     let http = nodes[1].client();
-    const RUNS: usize = 24;
     let mut runs = Vec::new();
     for i in 0..RUNS {
         let body = json!({"kind": "steps", "input": {"steps": 200, "pause_ms": 20}});
@@ -604,6 +604,7 @@ async fn cut_off(partition: Partition) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_stopped_mid_commit_holds_off_no_steal() {
+    use durafiber_store::Leases as _;
     let pg = PgServer::start().expect("a PostgreSQL server");
     let url = pg.fresh_database().expect("a database");
     // A node process committing as fast as it can, on every shard.
@@ -631,7 +632,6 @@ async fn a_writer_stopped_mid_commit_holds_off_no_steal() {
     pg.sql(&url, "UPDATE df_shards SET lease_until = now() - interval '1 second'").expect("expire");
     let expired = Instant::now();
     let thief = durafiber_store::PgBackend::open_node(&url, "thief").expect("open");
-    use durafiber_store::Leases as _;
     let stolen = thief.acquire(1024, Duration::from_secs(2)).expect("steal");
     let took = expired.elapsed();
     let _ = writer.kill();

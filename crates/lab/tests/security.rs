@@ -52,7 +52,7 @@ async fn every_endpoint_needs_a_token_whose_role_allows_it() {
         tokens.insert(role, create_token(&server, &format!("{role}-1"), role).await);
     }
     tokens.insert("admin", server.token.clone());
-    let steps = json!({"kind": "steps", "input": {"steps": 100000, "pause_ms": 1000}});
+    let steps = json!({"kind": "steps", "input": {"steps": 100_000, "pause_ms": 1000}});
     let (_, run) = call(&server.client(), &server, Method::POST, "/runs", steps.clone()).await;
     let run_id = run["run_id"].as_str().expect("run id").to_string();
 

@@ -101,7 +101,7 @@ pub enum RuntimeError {
 
     /// Open runs that nothing will move (§3.7); [`crate::Runtime::advance`] checks after
     /// every call on a virtual clock.
-    #[error("liveness: {}", violations.iter().map(|v| v.to_string()).collect::<Vec<_>>().join("; "))]
+    #[error("liveness: {}", violations.iter().map(std::string::ToString::to_string).collect::<Vec<_>>().join("; "))]
     LivenessViolation {
         /// Every run left behind.
         violations: Vec<LivenessViolation>,
@@ -268,7 +268,7 @@ impl std::fmt::Display for LivenessViolation {
 pub(crate) fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
     payload
         .downcast_ref::<&str>()
-        .map(|s| s.to_string())
+        .map(std::string::ToString::to_string)
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "panic".to_string())
 }

@@ -57,7 +57,7 @@ const AUDIT_PAGE_MAX: u64 = 1_000;
 /// A page of the audit trail, oldest first: `?after=SEQ&limit=N`; `next` is the `after` of
 /// the next page, present when this one is full.
 #[utoipa::path(get, path = "/audit", tag = "admin",
-    params(("after" = Option<u64>, Query, description = "the previous page's `next`", maximum = 9223372036854775807_u64),
+    params(("after" = Option<u64>, Query, description = "the previous page's `next`", maximum = 9_223_372_036_854_775_807_u64),
         ("limit" = Option<u32>, Query, description = "page size, 1 to 1,000 (default 100)", minimum = 1, maximum = 1000)),
     responses((status = 200, description = "a page of the audit trail", body = AuditPage), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub async fn audit(State(app): State<AppState>, Query(q): Params) -> ApiResult {

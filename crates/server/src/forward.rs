@@ -98,7 +98,7 @@ async fn pass_on(req: Request, addr: &str, node_id: &str) -> Response {
             return ApiError(StatusCode::BAD_REQUEST, format!("body: {e}"), "BadRequest").into_response();
         }
     };
-    let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let path = parts.uri.path_and_query().map(axum::http::uri::PathAndQuery::as_str).unwrap_or("/");
     let url = format!("http://{addr}{path}");
     let mut out = client().request(parts.method.clone(), &url).body(body);
     for (name, value) in &parts.headers {

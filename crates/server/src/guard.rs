@@ -27,7 +27,7 @@ fn refuse(status: StatusCode, kind: &'static str, message: impl Into<String>) ->
 /// must come from one of those hosts. No CORS headers are ever sent.
 pub async fn browser_safe(State(app): State<AppState>, req: Request, next: Next) -> Response {
     let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_string);
-    let host = host.or_else(|| req.uri().authority().map(|a| a.to_string()));
+    let host = host.or_else(|| req.uri().authority().map(std::string::ToString::to_string));
     match host {
         Some(host) if app.access.allows_host(&host) => {}
         Some(host) => {
@@ -168,9 +168,8 @@ pub async fn authorize(State(app): State<AppState>, req: Request, next: Next) ->
         return next.run(req).await;
     }
     let (parts, body) = req.into_parts();
-    let bytes = match to_bytes(body, limits::HTTP_BODY_BYTES_MAX).await {
-        Ok(bytes) => bytes,
-        Err(_) => return refuse(StatusCode::PAYLOAD_TOO_LARGE, "PayloadTooLarge", "the body is too large"),
+    let Ok(bytes) = to_bytes(body, limits::HTTP_BODY_BYTES_MAX).await else {
+        return refuse(StatusCode::PAYLOAD_TOO_LARGE, "PayloadTooLarge", "the body is too large");
     };
     if let Err(refusal) = record(&app, &caller, &parts.method, &path, &parts.headers, &bytes).await {
         return refusal;

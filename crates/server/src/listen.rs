@@ -80,7 +80,7 @@ pub async fn serve(
                     let handshake = acceptor.accept(stream);
                     match tokio::time::timeout(header_timeout, handshake).await {
                         Ok(Ok(stream)) => {
-                            serve_one(TokioIo::new(HeadGuard::new(stream)), app, stop, header_timeout).await
+                            serve_one(TokioIo::new(HeadGuard::new(stream)), app, stop, header_timeout).await;
                         }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),

@@ -328,7 +328,7 @@ pub async fn serve(
             let _ = stop_rx.await;
             tokio::time::sleep(limits::STOP_GRACE).await;
         } => tracing::warn!("requests still open after the stop grace period; stopping anyway"),
-        reason = failed.wait_for(|f| f.is_some()) => {
+        reason = failed.wait_for(std::option::Option::is_some) => {
             let reason = reason.map(|r| r.clone().unwrap_or_default()).unwrap_or_default();
             // sled cannot be trusted in this process any more: the caller exits so that a
             // supervisor restarts the server, which reopens the store and recovers every run.

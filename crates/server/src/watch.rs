@@ -61,7 +61,7 @@ const EVENT_BATCH: usize = 256;
 /// and the event as JSON.
 #[utoipa::path(get, path = "/events", tag = "operations",
     params(("run_id" = Option<String>, Query, description = "only this run's events"),
-        ("after" = Option<u64>, Query, description = "only events after this `seq` (or `Last-Event-ID`)", maximum = 9223372036854775807_u64)),
+        ("after" = Option<u64>, Query, description = "only events after this `seq` (or `Last-Event-ID`)", maximum = 9_223_372_036_854_775_807_u64)),
     responses((status = 200, description = "the event log, oldest first; with `Accept: text/event-stream`, server-sent events (`event: run`, `id: seq`) that follow it",
         content((Vec<Event> = "application/json"), (String = "text/event-stream"))), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn events(State(app): State<AppState>, headers: HeaderMap, Query(q): Params) -> ApiResult {
@@ -126,6 +126,7 @@ pub(super) async fn stream(
     headers: HeaderMap,
     Query(q): Params,
 ) -> ApiResult {
+    type Sse = Result<axum::response::sse::Event, std::convert::Infallible>;
     let number = |name: &str, text: &str| {
         text.parse::<u64>().map_err(|_| bad_request(format!("{name} must be a number, not {text:?}")))
     };
@@ -143,7 +144,6 @@ pub(super) async fn stream(
         app.runtime.store().settle_reads().await.map_err(RuntimeError::from)?;
         return ok(app.runtime.stream_chunks(&run_id, from, usize::MAX)?);
     }
-    type Sse = Result<axum::response::sse::Event, std::convert::Infallible>;
     let mut stopping = app.stopping.clone();
     let until_stopping = async move {
         let _ = stopping.wait_for(|stop| *stop).await;

@@ -51,7 +51,7 @@ pub(crate) fn contained<T>(dir: &Path, f: impl FnOnce() -> T) -> Result<T, Store
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
         let what = panic
             .downcast_ref::<&str>()
-            .map(|s| s.to_string())
+            .map(std::string::ToString::to_string)
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "a panic".into());
         StoreError::Engine(format!("sled failed on {}: {what}", dir.display()))

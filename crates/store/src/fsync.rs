@@ -46,7 +46,7 @@ pub(crate) fn make_private(dir: &Path) -> std::io::Result<()> {
             match entry.file_type() {
                 Ok(kind) if kind.is_dir() => folders.push(entry.path()),
                 Ok(kind) if kind.is_file() => {
-                    std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(PRIVATE_FILE))?
+                    std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(PRIVATE_FILE))?;
                 }
                 _ => {}
             }

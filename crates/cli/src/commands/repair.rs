@@ -71,7 +71,7 @@ pub async fn verify(data: &Path, json: bool) -> anyhow::Result<i32> {
         }
         println!("{} bad records in {}", report.bad.len(), data.display());
     }
-    Ok(if healthy { 0 } else { 1 })
+    Ok(i32::from(!healthy))
 }
 
 /// `store salvage`: copies what reads into `out` and lists what did not.

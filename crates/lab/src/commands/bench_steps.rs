@@ -125,7 +125,7 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
         ),
     ];
     print_bench_report(lines, report, json)?;
-    Ok(if killed.rerun == 0 { 0 } else { 1 })
+    Ok(i32::from(killed.rerun != 0))
 }
 
 /// Sequential steps per turn, at most: a turn of these and then as many raw syncs.

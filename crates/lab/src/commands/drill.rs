@@ -396,5 +396,5 @@ pub(super) fn print_report(r: &DrillReport, across: Option<&AcrossNodes>, json_l
         }
         println!("{line}");
     }
-    if r.pass { 0 } else { 1 }
+    i32::from(!r.pass)
 }

@@ -293,7 +293,7 @@ impl<A: Agent> Ctx<A> {
     /// # }
     /// ```
     pub fn charge(&self, units: u64, what: &str) {
-        budget::charge(&self.raw, units, what)
+        budget::charge(&self.raw, units, what);
     }
 
     /// The value behind a secret pointer, to be sent to `url`: handed over only when `url`'s

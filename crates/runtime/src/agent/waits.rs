@@ -82,6 +82,6 @@ impl<A: Agent> Ctx<A> {
     /// recovery re-enters the last boundary. [`Ctx::sleep_for`] is the durable one.
     pub async fn sleep_in_memory(&self, d: Duration) {
         let sleep = clock::sleep(self.raw.shared.clock.as_ref(), d);
-        self.raw.shared.parked(self.raw.in_fiber, sleep).await
+        self.raw.shared.parked(self.raw.in_fiber, sleep).await;
     }
 }

@@ -119,7 +119,7 @@ impl Shared {
         // Checked under the run's lock, so an eviction is either before the write (refused)
         // or after it (as if the fiber had written just before it was evicted).
         let mut streamed = false;
-        let probe = cell.hook.lock().as_ref().is_some_and(|hook| hook.is_probe());
+        let probe = cell.hook.lock().as_ref().is_some_and(super::hook_gate::HookPermit::is_probe);
         let written = self
             .update_run(&cell.run_id, |run, batch| {
                 self.check_not_evicted(cell)?;

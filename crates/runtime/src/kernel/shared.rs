@@ -143,12 +143,12 @@ impl Shared {
 
     /// Re-enters `run_id` (see [`Shared::reactivator`]).
     pub async fn reactivate(self: &Arc<Self>, run_id: &str) {
-        self.reactivate_since(run_id, Stopwatch::start()).await
+        self.reactivate_since(run_id, Stopwatch::start()).await;
     }
 
     /// `reactivate`, with recovery latency counted from `since`.
     pub async fn reactivate_since(self: &Arc<Self>, run_id: &str, since: Stopwatch) {
-        (self.reactivator)(self.clone(), run_id.to_string(), since).await
+        (self.reactivator)(self.clone(), run_id.to_string(), since).await;
     }
 
     pub fn now_ms(&self) -> u64 {

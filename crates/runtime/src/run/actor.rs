@@ -165,7 +165,7 @@ async fn send_activate(
 /// Activates `run_id` and starts or recovers its fiber: at a cold start itself, for a live
 /// run through its actor.
 pub(crate) async fn reactivate(shared: &Arc<Shared>, run_id: &str) {
-    reactivate_since(shared, run_id, Stopwatch::start()).await
+    reactivate_since(shared, run_id, Stopwatch::start()).await;
 }
 
 /// `reactivate`, with recovery latency counted from `since`.

@@ -247,7 +247,7 @@ async fn drive(
         drop(busy);
     }
     .instrument(span)
-    .await
+    .await;
 }
 
 type FiberResult = Result<Result<String, AgentError>, String>;

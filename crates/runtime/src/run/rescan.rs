@@ -201,7 +201,7 @@ async fn reactivate_batch(shared: &Arc<Shared>, found: Vec<Found>) -> Result<usi
                 match actor::new_cell(shared, &run, &stash) {
                     Ok(cell) if writes.put(key, &run).is_ok() => {
                         // Boxed now, as the fiber takes it: the batch's list stays small.
-                        registered.push((cell, Box::new(Registered { run, mode, stash, hook })))
+                        registered.push((cell, Box::new(Registered { run, mode, stash, hook })));
                     }
                     _ => alone.push(run_id),
                 }

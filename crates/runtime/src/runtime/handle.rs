@@ -291,12 +291,12 @@ impl Runtime {
 
     /// Hibernates a run now, if it is hibernateable.
     pub async fn hibernate(&self, run_id: &RunId) {
-        idle::hibernate(&self.shared, run_id).await
+        idle::hibernate(&self.shared, run_id).await;
     }
 
     /// Evicts a run now, wherever it is.
     pub async fn evict(&self, run_id: &RunId) {
-        idle::evict(&self.shared, run_id, "forced").await
+        idle::evict(&self.shared, run_id, "forced").await;
     }
 
     /// Whether the run is live in this process (in memory, not hibernated or evicted).

@@ -87,6 +87,8 @@ pub(super) async fn run_page(
 /// process's events, by time. Events that only repeat a durable fact are left out; the log
 /// is what shows activations, evictions, recoveries and every stash since the process began.
 pub(super) fn timeline(run: &Value, events: &[durafiber_runtime::Event]) -> Vec<pages::TimelineEntry> {
+    const DURABLE: [&str; 5] =
+        ["accepted", "effect_prepared", "effect_committed", "approval_requested", "alarm_dead_lettered"];
     let at = |v: &Value| v.as_u64().unwrap_or(0);
     let entry =
         |at_ms: u64, what: &str, detail: String| pages::TimelineEntry { at_ms, what: what.into(), detail };
@@ -125,8 +127,6 @@ pub(super) fn timeline(run: &Value, events: &[durafiber_runtime::Event]) -> Vec<
             format!("by {}: {}", a["actor"].as_str().unwrap_or(""), a["detail"].as_str().unwrap_or(""));
         out.push(entry(at(&a["at_ms"]), a["action"].as_str().unwrap_or(""), detail));
     }
-    const DURABLE: [&str; 5] =
-        ["accepted", "effect_prepared", "effect_committed", "approval_requested", "alarm_dead_lettered"];
     for e in events.iter().filter(|e| !DURABLE.contains(&e.kind.as_str())) {
         out.push(entry(e.at_ms, &e.kind, e.detail.clone()));
     }

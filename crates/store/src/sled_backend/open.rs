@@ -57,7 +57,7 @@ fn open_sled(sled_dir: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> 
                 if e.kind() == std::io::ErrorKind::WouldBlock
                     || e.to_string().contains("could not acquire lock") =>
             {
-                last = Some(e)
+                last = Some(e);
             }
             Err(e) => return Err(StoreError::Engine(format!("opening {}: {e}", sled_dir.display()))),
         }

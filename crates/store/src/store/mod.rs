@@ -287,7 +287,7 @@ impl Store {
         let mut failed = self.inner.health.failed.subscribe();
         tokio::select! {
             answer = done => answer.map_err(|_| StoreError::Closed)?,
-            _ = failed.wait_for(|f| f.is_some()) => self.check_failed(),
+            _ = failed.wait_for(std::option::Option::is_some) => self.check_failed(),
         }
     }
 
@@ -403,7 +403,7 @@ impl Store {
         let mut failed = self.inner.health.failed.subscribe();
         tokio::select! {
             _ = durable.wait_for(|groups| *groups >= target) => Ok(()),
-            _ = failed.wait_for(|f| f.is_some()) => self.check_failed(),
+            _ = failed.wait_for(std::option::Option::is_some) => self.check_failed(),
         }
     }
 

@@ -111,7 +111,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
             let again = rt.start_json(A::KIND, key, &input.to_string(), self.options).await;
             match (&run_id, again) {
                 (Some(id), Ok(out)) if out.run_id != *id => {
-                    report.problems.push(format!("the key's run changed from {id} to {}", out.run_id))
+                    report.problems.push(format!("the key's run changed from {id} to {}", out.run_id));
                 }
                 (_, Ok(out)) => run_id = Some(out.run_id),
                 (_, Err(e)) => report.problems.push(format!("start after the crash: {e}")),

@@ -344,5 +344,5 @@ pub async fn run(json_line: bool, plan: Plan, out: Option<&Path>) -> anyhow::Res
     if json_line {
         println!("{}", serde_json::to_string(&r)?);
     }
-    Ok(if r.pass { 0 } else { 1 })
+    Ok(i32::from(!r.pass))
 }
