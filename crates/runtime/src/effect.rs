@@ -155,8 +155,12 @@ where
                 )));
             }
             crate::budget::admit_effect(raw)?;
-            let token = unguessable_hex()
-                .map_err(|e| AgentError::Runtime(format!("no randomness for an idempotency key: {e}")))?;
+            let token = unguessable_hex().map_err(|source| {
+                AgentError::from(crate::error::RuntimeError::NoRandomness {
+                    what: "an idempotency key",
+                    source,
+                })
+            })?;
             let entry = LedgerEntry {
                 run_id: run_id.clone(),
                 effect_id: effect_id.to_string(),

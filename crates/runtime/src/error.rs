@@ -4,6 +4,7 @@ use durafiber_store::{RunId, StoreError};
 
 /// What a caller of the runtime can get back. Variants name what to do next.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RuntimeError {
     /// No run has this id.
     #[error("unknown run id {run_id}")]
@@ -80,6 +81,16 @@ pub enum RuntimeError {
     /// A configuration value is wrong.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The operating system's cryptographic generator failed: an id that must not be
+    /// guessable (a run id, an idempotency key) cannot be minted.
+    #[error("the operating system gave no randomness for {what}")]
+    NoRandomness {
+        /// What was being minted.
+        what: &'static str,
+        /// The generator's own error.
+        #[source]
+        source: getrandom::Error,
+    },
     /// The call needs a virtual clock.
     #[error("this runtime runs on the system clock; only a virtual clock can be advanced")]
     NotVirtual,
@@ -111,6 +122,7 @@ pub enum RuntimeError {
 /// What an agent's code returns on failure. The runtime decides what each variant does to
 /// the run: `Fail` fails it (or counts a failed recovery), `Escalate` hands it to a human.
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
+#[non_exhaustive]
 pub enum AgentError {
     /// The step failed; a fresh fiber's run goes to `Failed`, a recovery counts an attempt.
     #[error("{0}")]

@@ -26,7 +26,11 @@ impl SeededRng {
         if hi <= lo {
             return lo;
         }
-        lo + self.next_u64() % (hi - lo + 1)
+        // The whole range has 2^64 values: every draw is in it (and `hi - lo + 1` would wrap).
+        match (hi - lo).checked_add(1) {
+            Some(span) => lo + self.next_u64() % span,
+            None => self.next_u64(),
+        }
     }
 
     /// True with probability `p`.
@@ -41,4 +45,22 @@ pub fn unguessable_hex() -> Result<String, getrandom::Error> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes)?;
     Ok(crate::json::hex(&bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SeededRng;
+
+    #[test]
+    fn a_draw_stays_in_its_range_even_when_the_range_is_every_u64() {
+        let mut rng = SeededRng::new(7);
+        for _ in 0..1_000 {
+            let n = rng.between(10, 20);
+            assert!((10..=20).contains(&n), "{n}");
+        }
+        let draws: Vec<u64> = (0..4).map(|_| rng.between(0, u64::MAX)).collect();
+        assert!(draws.windows(2).any(|w| w[0] != w[1]), "the full range still draws: {draws:?}");
+        assert_eq!(rng.between(5, 5), 5);
+        assert_eq!(rng.between(9, 3), 9);
+    }
 }

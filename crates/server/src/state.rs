@@ -101,9 +101,9 @@ impl From<RuntimeError> for ApiError {
             Store(durafiber_store::StoreError::Failed { .. }) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "StoreFailed")
             }
-            NotVirtual | Store(_) | LivenessViolation { .. } => {
-                (StatusCode::INTERNAL_SERVER_ERROR, "Internal")
-            }
+            // The rest, and kinds added later (the enum is `#[non_exhaustive]`), are the
+            // server's own failure.
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "Internal"),
         };
         ApiError(status, e.to_string(), kind)
     }

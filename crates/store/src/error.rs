@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong below the runtime.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// Another process (or another store in this one) owns the data directory.
     #[error("data directory {path} is in use by another process")]

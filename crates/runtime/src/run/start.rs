@@ -38,9 +38,8 @@ pub struct StartOutcome {
 /// A new run id: creation time first, so ids sort roughly by age, then 128 bits from the
 /// operating system's cryptographic generator.
 fn mint_run_id(now_ms: u64) -> Result<RunId, RuntimeError> {
-    let token = unguessable_hex().map_err(|e| {
-        RuntimeError::Config(format!("the operating system gave no randomness for a run id: {e}"))
-    })?;
+    let token =
+        unguessable_hex().map_err(|source| RuntimeError::NoRandomness { what: "a run id", source })?;
     Ok(RunId::new(format!("run_{now_ms:012x}{token}")))
 }
 
