@@ -1,10 +1,9 @@
 //! A bounded in-memory log of what the runtime did, for timelines, simulations and tests.
 //! Every event is also traced with its run id.
 
-use durafiber_store::RunId;
 use std::collections::VecDeque;
 
-use durafiber_store::lock::Mutex;
+use durafiber_store::{RunId, lock::Mutex};
 
 use serde::Serialize;
 
@@ -42,22 +41,22 @@ struct Log {
 impl EventLog {
     pub fn push(&self, at_ms: u64, run_id: &str, kind: &str, detail: String) {
         tracing::info!(run_id, event = kind, %detail, at_ms, "run event");
-        // A replaced detail is freed after the lock is let go.
-        let mut replaced = String::new();
+        // The run id is made, and a replaced event's strings are freed, outside the lock.
+        let run_id = RunId::from(run_id);
         let mut log = self.inner.lock();
         // A full log reuses its oldest event's strings for the kind.
         let oldest = if log.events.len() >= EVENT_LOG_MAX { log.events.pop_front() } else { None };
         log.last_seq += 1;
         let seq = log.last_seq;
-        let event = match oldest {
+        let (event, replaced) = match oldest {
             Some(mut old) => {
-                old.run_id = run_id.into();
+                let old_run = std::mem::replace(&mut old.run_id, run_id);
                 old.kind.clear();
                 old.kind.push_str(kind);
-                replaced = std::mem::replace(&mut old.detail, detail);
-                Event { seq, at_ms, ..old }
+                let old_detail = std::mem::replace(&mut old.detail, detail);
+                (Event { seq, at_ms, ..old }, Some((old_run, old_detail)))
             }
-            None => Event { seq, at_ms, run_id: run_id.into(), kind: kind.to_string(), detail },
+            None => (Event { seq, at_ms, run_id, kind: kind.to_string(), detail }, None),
         };
         log.events.push_back(event);
         drop(log);

@@ -131,7 +131,10 @@ mod tests {
         o.renewed(Instant::now(), Duration::from_secs(60));
         assert!(o.owns("run_a"));
         assert!(o.check("run_a").is_ok());
-        o.renewed(Instant::now().checked_sub(Duration::from_secs(60)).unwrap(), Duration::from_secs(10));
+        o.renewed(
+            Instant::now().checked_sub(Duration::from_secs(60)).expect("a minute since boot"),
+            Duration::from_secs(10),
+        );
         assert!(!o.owns("run_a"), "past the self-fence deadline");
         assert!(matches!(o.check("run_a"), Err(RuntimeError::NotOwner { .. })));
     }
