@@ -246,7 +246,14 @@ impl PgBackend {
         });
         let sent = self.jobs.lock().as_ref().ok_or(StoreError::Closed)?.send(job);
         sent.map_err(|_| StoreError::Closed)?;
-        rx.recv().map_err(|_| StoreError::Closed)?
+        let answer = || rx.recv().map_err(|_| StoreError::Closed);
+        // On a worker of a multi-threaded runtime, the worker's other tasks move to another
+        // thread while this one waits: a database that stops answering must not stop the
+        // runtime's timers (its self-fence deadline among them) with it. Elsewhere (the
+        // store's writer thread, a single-threaded runtime) the thread just waits.
+        let on_worker = tokio::runtime::Handle::try_current()
+            .is_ok_and(|rt| rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if on_worker { tokio::task::block_in_place(answer)? } else { answer()? }
     }
 }
 
