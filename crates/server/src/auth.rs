@@ -141,9 +141,6 @@ fn new_token() -> Result<String, AccessError> {
 pub async fn create(store: &Store, name: &str, role: Role, now_ms: u64) -> Result<String, AccessError> {
     check_name(name)?;
     let key = keys::token(name);
-    if store.get::<TokenRecord>(&key)?.is_some() {
-        return Err(AccessError::NameTaken(name.to_string()));
-    }
     let token = new_token()?;
     let record = TokenRecord {
         name: name.to_string(),
@@ -151,10 +148,15 @@ pub async fn create(store: &Store, name: &str, role: Role, now_ms: u64) -> Resul
         hash: sha256_hex(token.as_bytes()),
         created_at_ms: now_ms,
     };
+    // An insert, not a put: two nodes sharing a store that create the same name at once
+    // must not both believe they did (the second would hold a token that no longer works).
     let mut batch = Batch::new();
-    batch.put(key, &record)?;
-    store.commit(batch, Durability::Sync).await?;
-    Ok(token)
+    batch.insert(key, &record)?;
+    match store.commit(batch, Durability::Sync).await {
+        Ok(()) => Ok(token),
+        Err(StoreError::Exists { .. }) => Err(AccessError::NameTaken(name.to_string())),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Every token's record (hashes, never tokens), by name.
@@ -221,18 +223,34 @@ pub fn still_valid(store: &Store, name: &str, hash: &str) -> Result<Option<Calle
     }
 }
 
+/// What [`bootstrap`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bootstrap {
+    /// The store had no token: this node created the `admin` token and wrote it here.
+    Created(PathBuf),
+    /// The store has tokens already, made earlier or by another node sharing it (even one
+    /// that started at the same instant): this node wrote no file.
+    Existing,
+}
+
 /// On a store with no token at all: creates the `admin` token and writes it to
-/// `DATA/admin.token`, readable by its owner only. Returns the file when it did.
-pub async fn bootstrap(store: &Store, data: &Path, now_ms: u64) -> Result<Option<PathBuf>, AccessError> {
+/// `DATA/admin.token`, readable by its owner only. Of several nodes that start together on
+/// a fresh database, exactly one does; the others find it made.
+pub async fn bootstrap(store: &Store, data: &Path, now_ms: u64) -> Result<Bootstrap, AccessError> {
     if !list(store)?.is_empty() {
-        return Ok(None);
+        return Ok(Bootstrap::Existing);
     }
-    let token = create(store, "admin", Role::Admin, now_ms).await?;
+    let token = match create(store, "admin", Role::Admin, now_ms).await {
+        Ok(token) => token,
+        // Another node created it between the look and the insert.
+        Err(AccessError::NameTaken(_)) => return Ok(Bootstrap::Existing),
+        Err(e) => return Err(e),
+    };
     let path = data.join(ADMIN_TOKEN_FILE);
     write_private(&path, &token).map_err(|source| AccessError::File { path: path.clone(), source })?;
     access::append(store, "durafiber", "token_create", None, "admin (admin), written to admin.token", now_ms)
         .await?;
-    Ok(Some(path))
+    Ok(Bootstrap::Created(path))
 }
 
 fn write_private(path: &Path, token: &str) -> std::io::Result<()> {

@@ -16,7 +16,7 @@ use durafiber_runtime::{Runtime, RuntimeBuilder, RuntimeConfig, RuntimeError, Se
 use durafiber_store::{Store, StoreError};
 
 use crate::{
-    auth::{self, AccessError},
+    auth::{self, AccessError, Bootstrap},
     listen,
     routes::router,
     session::Sessions,
@@ -287,8 +287,22 @@ pub async fn serve(
         .map_err(|source| ServeError::Io { what: "reading the bound address".into(), source })?;
     let advertise = options.advertise.clone().unwrap_or_else(|| addr.to_string());
     let runtime = open_runtime(options, &advertise, config, secrets.clone(), register).await?;
-    if let Some(path) = auth::bootstrap(runtime.store(), data, runtime.now_ms()).await? {
-        eprintln!("durafiber: created the admin token; it is in {} (readable by you only)", path.display());
+    match auth::bootstrap(runtime.store(), data, runtime.now_ms()).await? {
+        Bootstrap::Created(path) => {
+            eprintln!(
+                "durafiber: created the admin token; it is in {} (readable by you only)",
+                path.display()
+            );
+        }
+        Bootstrap::Existing if auth::read_admin_token(data).is_none() => {
+            tracing::info!("the store's tokens were made elsewhere; no admin.token here");
+            eprintln!(
+                "durafiber: the store's admin token was made by another node (or an earlier server); \
+                 use the admin.token in that node's data directory, or `durafiber tokens create` \
+                 with an admin token"
+            );
+        }
+        Bootstrap::Existing => {}
     }
     let access = Access::new(addr, &options.allowed_hosts, options.open_metrics);
     let (stop_streams, stopping) = tokio::sync::watch::channel(false);

@@ -56,8 +56,10 @@ pub struct ShardOwner {
 pub trait Leases: Send + Sync {
     /// This node's id.
     fn node_id(&self) -> &str;
-    /// Says the node is alive and where it serves HTTP.
-    fn heartbeat(&self, http_addr: &str) -> Result<(), StoreError>;
+    /// Says the node is alive and where it serves HTTP. Refused with
+    /// [`StoreError::NodeIdTaken`] while another process under the same node id has said so
+    /// within `ttl`: one live process per node id.
+    fn heartbeat(&self, http_addr: &str, ttl: std::time::Duration) -> Result<(), StoreError>;
     /// Nodes seen within `ttl`, this one included.
     fn live_nodes(&self, ttl: std::time::Duration) -> Result<usize, StoreError>;
     /// Acquires up to `want` shards that no one holds or whose lease expired, for `ttl`.

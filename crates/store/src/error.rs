@@ -112,6 +112,17 @@ pub enum StoreError {
         /// The shard.
         shard: u32,
     },
+    /// Another live process is node `node` of the database already: two processes under one
+    /// node id would take each other's leases and address.
+    #[error(
+        "node id {node:?} is held by a live node at {addr}: give this one another --node-id, or stop that one"
+    )]
+    NodeIdTaken {
+        /// The node id.
+        node: String,
+        /// Where the live node with that id serves HTTP.
+        addr: String,
+    },
     /// Another process holds the database's store: one process at a time may use it.
     #[error("the store in {url} is in use by another process")]
     DatabaseLocked {
@@ -162,6 +173,9 @@ impl StoreError {
             StoreError::Fenced { shard } => StoreError::Fenced { shard: *shard },
             StoreError::Database { reason } => StoreError::Database { reason: reason.clone() },
             StoreError::DatabaseLocked { url } => StoreError::DatabaseLocked { url: url.clone() },
+            StoreError::NodeIdTaken { node, addr } => {
+                StoreError::NodeIdTaken { node: node.clone(), addr: addr.clone() }
+            }
             StoreError::Io { path, source } => StoreError::Io {
                 path: path.clone(),
                 source: std::io::Error::new(source.kind(), source.to_string()),

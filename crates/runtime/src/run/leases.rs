@@ -48,10 +48,31 @@ fn fair_share(nodes: usize) -> usize {
 }
 
 /// The first heartbeat and acquisition, at open.
-pub(crate) fn join(shared: &Shared, advertise: &str) -> Result<(), RuntimeError> {
+///
+/// A node id whose last process was seen within the lease is refused, since that process
+/// may be alive. Joining retries for a little over a lease: a process that died stops being
+/// seen and its id is then free (a node restarted at once after a crash waits that long); a
+/// live one keeps renewing, and the node refuses to start with [`StoreError::NodeIdTaken`].
+///
+/// [`StoreError::NodeIdTaken`]: durafiber_store::StoreError::NodeIdTaken
+pub(crate) async fn join(shared: &Shared, advertise: &str) -> Result<(), RuntimeError> {
     let Some(leases) = leases(shared) else { return Ok(()) };
     let ttl = shared.config.lease_ttl;
-    leases.heartbeat(advertise)?;
+    let give_up = Instant::now() + ttl + ttl / 2;
+    loop {
+        match leases.heartbeat(advertise, ttl) {
+            Ok(()) => break,
+            Err(durafiber_store::StoreError::NodeIdTaken { node, addr }) if Instant::now() < give_up => {
+                tracing::warn!(
+                    node,
+                    addr,
+                    "node id last seen within the lease; waiting to see if it is alive"
+                );
+                tokio::time::sleep(ttl / 4).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
     let want = fair_share(leases.live_nodes(ttl)?);
     let sent = Instant::now();
     let acquired = leases.acquire(want, ttl)?;
@@ -141,8 +162,16 @@ async fn self_fence(shared: &Arc<Shared>) {
 async fn tick(shared: &Arc<Shared>, advertise: &str) {
     let ttl = shared.config.lease_ttl;
     let addr = advertise.to_string();
-    if let Err(e) = call(shared, move |l| l.heartbeat(&addr)).await {
-        tracing::warn!(error = %e, "heartbeat failed");
+    match call(shared, move |l| l.heartbeat(&addr, ttl)).await {
+        Ok(()) => {}
+        // This process went unseen for a lease (stopped, or cut off) and another took its
+        // node id: the shards are that one's to hold now, and this one holds none.
+        Err(e @ durafiber_store::StoreError::NodeIdTaken { .. }) => {
+            tracing::error!(error = %e, "another process took this node's id; holding no shard");
+            self_fence(shared).await;
+            return;
+        }
+        Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
     }
     let sent = Instant::now();
     match call(shared, move |l| l.renew(ttl)).await {

@@ -154,7 +154,7 @@ impl RuntimeBuilder {
         }
         // On a shared store: the shards first, so the alarms read and the runs recovered are
         // this node's.
-        leases::join(&shared, &self.advertise)?;
+        leases::join(&shared, &self.advertise).await?;
         shared.refill_alarms()?;
         let interrupted = rescan::scan_and_reactivate(&shared).await?;
         if shared_store {

@@ -54,19 +54,34 @@ impl Leases for PgBackend {
         self.node.as_deref().unwrap_or("")
     }
 
-    fn heartbeat(&self, http_addr: &str) -> Result<(), StoreError> {
-        let (node, addr) = (self.node_name(), http_addr.to_string());
+    fn heartbeat(&self, http_addr: &str, ttl: Duration) -> Result<(), StoreError> {
+        let (node, addr, me, secs) =
+            (self.node_name(), http_addr.to_string(), self.incarnation.clone(), ttl_secs(ttl));
         self.call(move |c| async move {
             let client = c.writes.client().await?;
-            client
-                .execute(
-                    "INSERT INTO df_nodes (node_id, http_addr, seen_at) VALUES ($1, $2, now()) \
-                     ON CONFLICT (node_id) DO UPDATE SET http_addr = EXCLUDED.http_addr, seen_at = now()",
-                    &[&node, &addr],
+            // The row is this process's, or taken over from one not seen within the lease
+            // (it died, or was stopped that long): never from a live one.
+            let mine = client
+                .query_opt(
+                    "INSERT INTO df_nodes (node_id, http_addr, seen_at, incarnation) VALUES ($1, $2, now(), $3) \
+                     ON CONFLICT (node_id) DO UPDATE \
+                         SET http_addr = EXCLUDED.http_addr, seen_at = now(), incarnation = EXCLUDED.incarnation \
+                     WHERE df_nodes.incarnation IS NOT DISTINCT FROM EXCLUDED.incarnation \
+                        OR df_nodes.seen_at <= now() - make_interval(secs => $4) \
+                     RETURNING node_id",
+                    &[&node, &addr, &me, &secs],
                 )
                 .await
                 .map_err(db_error)?;
-            Ok(())
+            if mine.is_some() {
+                return Ok(());
+            }
+            let holder = client
+                .query_opt("SELECT http_addr FROM df_nodes WHERE node_id = $1", &[&node])
+                .await
+                .map_err(db_error)?;
+            let addr = holder.map(|r| r.get::<_, String>(0)).unwrap_or_default();
+            Err(StoreError::NodeIdTaken { node, addr })
         })
     }
 
@@ -173,15 +188,23 @@ impl Leases for PgBackend {
     }
 
     fn release(&self, shards: &[u32]) -> Result<(), StoreError> {
-        self.forget(shards);
+        // At the epochs held: a lease acquired since by another process (a later one under
+        // this node id among them) is not this one's to release.
+        let (shards, epochs): (Vec<i32>, Vec<i64>) = {
+            let fence = self.fence.read();
+            shards.iter().filter_map(|s| fence.get(s).map(|e| (*s as i32, *e))).unzip()
+        };
+        let released: Vec<u32> = shards.iter().map(|s| *s as u32).collect();
+        self.forget(&released);
         let node = self.node_name();
-        let shards: Vec<i32> = shards.iter().map(|s| *s as i32).collect();
         self.call(move |c| async move {
             let client = c.writes.client().await?;
             client
                 .execute(
-                    "UPDATE df_shards SET owner = NULL, lease_until = NULL WHERE owner = $1 AND shard_id = ANY($2)",
-                    &[&node, &shards],
+                    "UPDATE df_shards s SET owner = NULL, lease_until = NULL \
+                     FROM unnest($2::int[], $3::bigint[]) AS h(shard, epoch) \
+                     WHERE s.shard_id = h.shard AND s.epoch = h.epoch AND s.owner = $1",
+                    &[&node, &shards, &epochs],
                 )
                 .await
                 .map_err(db_error)?;
@@ -192,10 +215,14 @@ impl Leases for PgBackend {
 
     fn leave(&self) -> Result<(), StoreError> {
         self.release(&self.held())?;
-        let node = self.node_name();
+        let (node, me) = (self.node_name(), self.incarnation.clone());
         self.call(move |c| async move {
             let client = c.writes.client().await?;
-            client.execute("DELETE FROM df_nodes WHERE node_id = $1", &[&node]).await.map_err(db_error)?;
+            // Only this process's row: a later process under the same id stays counted.
+            client
+                .execute("DELETE FROM df_nodes WHERE node_id = $1 AND incarnation = $2", &[&node, &me])
+                .await
+                .map_err(db_error)?;
             client.execute("SELECT pg_notify('df_shards', $1)", &[&node]).await.map_err(db_error)?;
             Ok(())
         })

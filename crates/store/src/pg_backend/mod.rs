@@ -69,6 +69,9 @@ pub struct PgBackend {
     /// The node this process is, when several share the database; `None` for the one
     /// process that holds the owner lock.
     node: Option<String>,
+    /// This process among all that were ever node `node`: random, so that a second live
+    /// process under the same id is told apart (and refused) by its heartbeat.
+    incarnation: String,
     /// The shards this node owns, at the epoch it acquired each: what its writes are
     /// fenced by.
     fence: RwLock<HashMap<u32, i64>>,
@@ -192,6 +195,11 @@ impl PgBackend {
         let config = tokio_postgres::Config::from_str(url)
             .map_err(|e| StoreError::Database { reason: format!("bad PostgreSQL URL: {e}") })?;
         let shown = shown(&config);
+        let mut random = [0u8; 16];
+        getrandom::fill(&mut random).map_err(|e| StoreError::Database {
+            reason: format!("no randomness for the node's incarnation: {e}"),
+        })?;
+        let incarnation: String = random.iter().map(|b| format!("{b:02x}")).collect();
         let (jobs, rx) = tokio::sync::mpsc::unbounded_channel::<Job>();
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
         let lock_lost = Arc::new(AtomicBool::new(false));
@@ -213,6 +221,7 @@ impl PgBackend {
             thread: Mutex::new(Some(thread)),
             shown,
             node,
+            incarnation,
             fence: RwLock::new(HashMap::new()),
             news,
         };
