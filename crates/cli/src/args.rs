@@ -62,6 +62,11 @@ pub enum Command {
         /// the listen address by default.
         #[arg(long, requires = "node_id")]
         advertise: Option<String>,
+        /// How long a request passed on to the node that runs its run waits for the answer
+        /// (with `--node-id`); past it the caller gets 503 with `Retry-After`.
+        #[arg(long, requires = "node_id", value_parser = humantime::parse_duration,
+              default_value = "5s")]
+        forward_timeout: std::time::Duration,
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:7878")]
         listen: SocketAddr,

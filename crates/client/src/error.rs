@@ -35,7 +35,8 @@ pub enum ApiErrorKind {
     Evicted,
     /// The run's shard has no live owner yet (503, with `Retry-After`).
     NoOwner,
-    /// The run's owner did not answer the node that passed the request on (502).
+    /// The run's owner did not answer the node that passed the request on in time (503,
+    /// with `Retry-After`: send it again).
     OwnerUnreachable,
     /// The server's disk is below its reserve (507).
     StorageFull,

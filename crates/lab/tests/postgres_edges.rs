@@ -1,7 +1,9 @@
 //! Where nodes sharing one PostgreSQL database meet each other: three nodes started at the
 //! same instant on a fresh database make one admin token, which works on all of them; a
 //! second live process under a node id is refused and changes nothing of the first; a node
-//! restarted at once after a SIGKILL gets its id back.
+//! restarted at once after a SIGKILL gets its id back; a request passed on to the node that
+//! runs its run is audited once, there, and one for a killed or stopped node is answered 503
+//! with `Retry-After` within the forward timeout.
 
 mod common;
 
@@ -139,4 +141,136 @@ async fn a_node_restarted_at_once_after_a_sigkill_gets_its_id_back() {
     }
     println!("the restarted n1 listened {waited:?} after the kill");
     assert!(waited < Duration::from_secs(15), "{waited:?}");
+}
+
+/// Three nodes on one database, started one after another in one data directory (so they
+/// share its admin token), once each holds shards and together they hold all.
+async fn three_nodes(data: &Path, url: &str) -> Vec<Served> {
+    let nodes: Vec<Served> = ["n1", "n2", "n3"].iter().map(|id| node(data, url, id)).collect();
+    let http = nodes[0].client();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut counts = Vec::new();
+        for n in &nodes {
+            let (_, h) = json_of(http.get(n.url("/health"))).await;
+            counts.push(h["shards"].as_u64().unwrap_or(0));
+        }
+        if counts.iter().all(|c| *c > 0) && counts.iter().sum::<u64>() == 1024 {
+            return nodes;
+        }
+        assert!(Instant::now() < deadline, "the shards never spread over the nodes: {counts:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Starts a long run through `via` and returns its id and the index of the node that runs it.
+async fn long_run(nodes: &[Served], via: usize, key: &str) -> (String, usize) {
+    let http = nodes[via].client();
+    let body = json!({"kind": "steps", "input": {"steps": 100_000, "pause_ms": 1_000}});
+    let req = http.post(nodes[via].url("/runs")).header("Idempotency-Key", key);
+    let (status, v) = json_of(req.body(body.to_string())).await;
+    assert_eq!(status, 201, "{v}");
+    let id = v["run_id"].as_str().expect("run_id").to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, shown) = json_of(http.get(nodes[via].url(&format!("/runs/{id}")))).await;
+        if let Some(n) = shown["node"].as_str().and_then(|n| n.strip_prefix('n')) {
+            return (id, n.parse::<usize>().expect("node number") - 1);
+        }
+        assert!(Instant::now() < deadline, "run {id} never ran: {shown}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The audit entries of `action` on `run_id`.
+async fn audited(node: &Served, action: &str, run_id: &str) -> usize {
+    let (status, page) = json_of(node.client().get(node.url("/audit?limit=1000"))).await;
+    assert_eq!(status, 200, "{page}");
+    let entries = page["entries"].as_array().expect("entries");
+    entries.iter().filter(|e| e["action"] == json!(action) && e["run_id"] == json!(run_id)).count()
+}
+
+/// Cancels `run_id` through `via` until it is cancelled, waiting as each 503 says.
+async fn cancel_until_done(via: &Served, run_id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let req = via.client().post(via.url(&format!("/runs/{run_id}/cancel")));
+        let r = req.body(json!({"reason": "edge"}).to_string()).send().await.expect("request");
+        let status = r.status().as_u16();
+        if status == 200 {
+            return;
+        }
+        let wait = r.headers().get("retry-after").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1);
+        assert!(matches!(status, 421 | 503), "{status}: {}", r.text().await.unwrap_or_default());
+        assert!(Instant::now() < deadline, "run {run_id} was never cancelled");
+        tokio::time::sleep(Duration::from_secs(wait)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_passed_on_to_the_runs_node_is_audited_once_there() {
+    let pg = PgServer::start().expect("a PostgreSQL server");
+    let url = pg.fresh_database().expect("a database");
+    let data = tempfile::tempdir().expect("tempdir");
+    let nodes = three_nodes(data.path(), &url).await;
+    let (id, owner) = long_run(&nodes, 0, "audit-once").await;
+    let via = (owner + 1) % 3;
+    cancel_until_done(&nodes[via], &id).await;
+    assert_eq!(audited(&nodes[via], "cancel", &id).await, 1, "one entry for one request passed on");
+}
+
+/// A dead owner (SIGKILL: the connection is refused) and a stopped one (SIGSTOP: nothing
+/// answers) both get the caller a 503 with `Retry-After` within the forward timeout, and
+/// the request sent again is carried out by the node that takes the run over, audited once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_for_a_killed_or_stopped_node_is_answered_503_with_retry_after_in_bounded_time() {
+    let pg = PgServer::start().expect("a PostgreSQL server");
+    let url = pg.fresh_database().expect("a database");
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut nodes = three_nodes(data.path(), &url).await;
+    for (key, stop) in [("killed", false), ("stopped", true)] {
+        // A run on a node other than n1, which takes the requests.
+        let (id, owner) = {
+            let mut n = 0;
+            loop {
+                let (id, owner) = long_run(&nodes, 0, &format!("{key}-{n}")).await;
+                if owner != 0 {
+                    break (id, owner);
+                }
+                n += 1;
+            }
+        };
+        if stop {
+            rustix::process::kill_process(
+                rustix::process::Pid::from_child(&nodes[owner].child),
+                rustix::process::Signal::STOP,
+            )
+            .expect("SIGSTOP");
+        } else {
+            nodes[owner].sigkill();
+        }
+        let sent = Instant::now();
+        let req = nodes[0].client().post(nodes[0].url(&format!("/runs/{id}/cancel")));
+        let r = req.body(json!({"reason": "edge"}).to_string()).send().await.expect("request");
+        let took = sent.elapsed();
+        let (status, retry_after) = (r.status().as_u16(), r.headers().get("retry-after").cloned());
+        let body = r.text().await.unwrap_or_default();
+        println!("{key} owner: {status} after {took:?}");
+        assert_eq!(status, 503, "{key} owner: {body}");
+        assert!(retry_after.is_some(), "{key} owner: 503 without Retry-After");
+        assert!(took < Duration::from_secs(7), "{key} owner answered after {took:?} (forward timeout 5 s)");
+        cancel_until_done(&nodes[0], &id).await;
+        if stop {
+            rustix::process::kill_process(
+                rustix::process::Pid::from_child(&nodes[owner].child),
+                rustix::process::Signal::CONT,
+            )
+            .expect("SIGCONT");
+        }
+        // The stopped node, woken, finds it lost the run: it carries nothing out and
+        // records nothing.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(audited(&nodes[0], "cancel", &id).await, 1, "{key} owner: one entry, where it was done");
+        nodes[owner].sigkill();
+    }
 }

@@ -9,9 +9,14 @@
 //! the owner (ownership moved meanwhile) is answered 421, for the caller to send again. With
 //! no owner (its node died and no node's tick took the shard yet) this node takes the shard
 //! and serves the request; if it cannot (another node took it meanwhile, or the database
-//! does not answer) the answer is 503 with `Retry-After`. An owner that cannot be reached is
-//! 502 `OwnerUnreachable`, with `Retry-After` when the request never reached it (its lease
-//! runs out and another node takes the run over).
+//! does not answer) the answer is 503 with `Retry-After`. An owner that cannot be reached,
+//! or does not answer within the forward timeout (`--forward-timeout`, 5 s by default: a
+//! stopped node), is 503 `OwnerUnreachable` with `Retry-After`: once its lease runs out
+//! another node takes the run over, and the request may be sent again. A request that timed
+//! out may have reached a stopped owner, which carries it out when it wakes if it still holds
+//! the run (past its self-fence deadline it answers 421 instead): a decision, a cancel, an
+//! alarm set or an event with an idempotency key apply once however often they are sent; a
+//! message sent again may arrive twice.
 
 use durafiber_runtime::RunId;
 use std::time::Duration;
@@ -42,10 +47,12 @@ fn run_changed<'a>(method: &Method, path: &'a str) -> Option<&'a str> {
 
 fn client() -> &'static reqwest::Client {
     static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
-    CLIENT.get_or_init(|| {
-        reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap_or_default()
-    })
+    CLIENT.get_or_init(reqwest::Client::new)
 }
+
+/// How long a caller is told to wait before sending again when the owner did not answer:
+/// about the time a live node needs to take an unanswering node's shards over.
+const RETRY_AFTER_SECS: &str = "1";
 
 pub async fn to_owner(State(app): State<AppState>, req: Request, next: Next) -> Response {
     let Some(run_id) = run_changed(req.method(), req.uri().path()).map(RunId::from) else {
@@ -72,7 +79,7 @@ pub async fn to_owner(State(app): State<AppState>, req: Request, next: Next) -> 
                 .into_response();
             }
             match http_addr {
-                Some(addr) if !addr.is_empty() => pass_on(req, &addr, &node_id).await,
+                Some(addr) if !addr.is_empty() => pass_on(req, &addr, &node_id, app.forward_timeout).await,
                 _ => unowned(shard),
             }
         }
@@ -86,11 +93,11 @@ fn unowned(shard: u32) -> Response {
         "NoOwner",
     )
     .into_response();
-    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
     response
 }
 
-async fn pass_on(req: Request, addr: &str, node_id: &str) -> Response {
+async fn pass_on(req: Request, addr: &str, node_id: &str, timeout: Duration) -> Response {
     let (parts, body) = req.into_parts();
     let body = match to_bytes(body, limits::HTTP_BODY_BYTES_MAX).await {
         Ok(b) => b,
@@ -100,7 +107,7 @@ async fn pass_on(req: Request, addr: &str, node_id: &str) -> Response {
     };
     let path = parts.uri.path_and_query().map(axum::http::uri::PathAndQuery::as_str).unwrap_or("/");
     let url = format!("http://{addr}{path}");
-    let mut out = client().request(parts.method.clone(), &url).body(body);
+    let mut out = client().request(parts.method.clone(), &url).timeout(timeout).body(body);
     for (name, value) in &parts.headers {
         if name != header::HOST && name != header::CONTENT_LENGTH && name != header::CONNECTION {
             out = out.header(name, value);
@@ -121,18 +128,16 @@ async fn pass_on(req: Request, addr: &str, node_id: &str) -> Response {
             response
         }
         Err(e) => {
-            let never_reached = e.is_connect();
+            let what =
+                if e.is_timeout() { format!("did not answer within {timeout:?}") } else { e.to_string() };
+            tracing::warn!(node_id, addr, error = %e, "the run's owner did not answer a request passed on");
             let mut response = ApiError(
-                StatusCode::BAD_GATEWAY,
-                format!("the run's owner, node {node_id} at {addr}, did not answer: {e}"),
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the run's owner, node {node_id} at {addr}: {what}; send it again shortly"),
                 "OwnerUnreachable",
             )
             .into_response();
-            // Nothing reached a dead owner: once its lease runs out a live node takes its
-            // shards over, so the same request may be sent again.
-            if never_reached {
-                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            }
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
             response
         }
     }

@@ -106,8 +106,10 @@ fn required_role(method: &Method, path: &str, open_metrics: bool) -> Option<Role
 }
 
 /// The caller's token must be valid (401) and its role enough for the request (403). A
-/// request that changes state is recorded in the audit trail, under the token's name,
-/// before it is carried out: nothing changes without a record of who asked.
+/// request that changes state is marked [`AuditDue`]: [`audit`] records it under the
+/// token's name before it is carried out, on the node that carries it out (a request
+/// passed on to a run's owner is recorded there, once), so nothing changes without a
+/// record of who asked.
 ///
 /// A read may also present the console's session cookie instead of a token (the console's
 /// live views read `/events`); a request that changes state never may, so a cookie a
@@ -162,11 +164,28 @@ pub async fn authorize(State(app): State<AppState>, req: Request, next: Next) ->
             format!("token {:?} is a {}; this needs {}", caller.name, caller.role, needed),
         );
     }
-    if is_read {
-        let mut req = req;
-        req.extensions_mut().insert(caller);
-        return next.run(req).await;
+    let mut req = req;
+    if !is_read {
+        req.extensions_mut().insert(AuditDue);
     }
+    req.extensions_mut().insert(caller);
+    next.run(req).await
+}
+
+/// Marks a request [`audit`] must record before it is carried out.
+#[derive(Debug, Clone, Copy)]
+pub struct AuditDue;
+
+/// The innermost layer: records a request marked [`AuditDue`] in the audit trail, under
+/// its caller, just before its handler carries it out. A request this node passes on to a
+/// run's owner never gets here (the owner records it), nor does one this node may no
+/// longer carry out (it lost the run's shard).
+pub async fn audit(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let caller = match (req.extensions().get::<AuditDue>(), req.extensions().get::<auth::Caller>()) {
+        (Some(_), Some(caller)) => caller.clone(),
+        _ => return next.run(req).await,
+    };
+    let path = req.uri().path().to_string();
     let (parts, body) = req.into_parts();
     let Ok(bytes) = to_bytes(body, limits::HTTP_BODY_BYTES_MAX).await else {
         return refuse(StatusCode::PAYLOAD_TOO_LARGE, "PayloadTooLarge", "the body is too large");
@@ -174,9 +193,7 @@ pub async fn authorize(State(app): State<AppState>, req: Request, next: Next) ->
     if let Err(refusal) = record(&app, &caller, &parts.method, &path, &parts.headers, &bytes).await {
         return refusal;
     }
-    let mut req = Request::from_parts(parts, Body::from(bytes));
-    req.extensions_mut().insert(caller);
-    next.run(req).await
+    next.run(Request::from_parts(parts, Body::from(bytes))).await
 }
 
 /// Records a state-changing request in the audit trail under `caller`, before it is carried

@@ -61,5 +61,6 @@ mod watch;
 
 pub use auth::{Role, read_admin_token};
 pub use serve::{
-    EXIT_STORE_FAILED, ServeError, ServerOptions, TlsFiles, load_config, open_runtime, open_store, serve,
+    DEFAULT_FORWARD_TIMEOUT, EXIT_STORE_FAILED, ServeError, ServerOptions, TlsFiles, load_config,
+    open_runtime, open_store, serve,
 };

@@ -28,7 +28,12 @@ use utoipa::{
             (reader < reviewer < operator < admin); a read may present the console's session cookie instead. \
             A request that changes state must be `application/json`, is audited under the token's name \
             before it is carried out, and is refused (415) otherwise. Every refusal is the JSON error \
-            shape. The reviewer console under `/ui` is HTML and not part of this API."
+            shape. On several nodes sharing a database, a request that changes a run and reaches a \
+            node that does not run it is passed on to the node that does and audited there; when that \
+            node cannot be reached or does not answer within the forward timeout (5 s by default), or \
+            no node holds the run yet, the answer is 503 (`OwnerUnreachable`, `NoOwner`) with \
+            `Retry-After`: send it again. The reviewer console under `/ui` is HTML and not part of \
+            this API."
     ),
     modifiers(&Security),
     security(("bearer" = [])),

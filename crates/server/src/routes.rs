@@ -127,7 +127,9 @@ pub fn router(state: AppState) -> Router {
         })
         // Route layers run only for a route that exists: an undeclared method is 405 and a
         // path of no route 404, before any token is looked at, any body checked or any
-        // audit entry written.
+        // audit entry written. The audit entry is written innermost, where the request is
+        // carried out: after the run's owner was found to be this node.
+        .route_layer(middleware::from_fn_with_state(state.clone(), guard::audit))
         .route_layer(middleware::from_fn_with_state(state.clone(), forward::to_owner))
         .route_layer(middleware::from_fn_with_state(state.clone(), durable_reads))
         .route_layer(middleware::from_fn(guard::json_bodies))

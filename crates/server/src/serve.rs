@@ -46,6 +46,9 @@ pub struct ServerOptions {
     pub lease_ttl: Option<Duration>,
     /// Where the others reach this node; the listen address by default.
     pub advertise: Option<String>,
+    /// How long a request passed on to a run's owner waits for its answer before the caller
+    /// gets `503` with `Retry-After`.
+    pub forward_timeout: Duration,
     /// A JSON configuration file (durations as "10s", "72h"); defaults without one.
     pub config: Option<PathBuf>,
     /// Names clients may reach it by, beyond the listen address and localhost.
@@ -68,6 +71,7 @@ impl ServerOptions {
             node_id: None,
             lease_ttl: None,
             advertise: None,
+            forward_timeout: DEFAULT_FORWARD_TIMEOUT,
             config: None,
             allowed_hosts: Vec::new(),
             open_metrics: false,
@@ -76,6 +80,10 @@ impl ServerOptions {
         }
     }
 }
+
+/// How long a request passed on to a run's owner waits by default: a few seconds, well
+/// past a live node's answer and well inside a client's patience.
+pub const DEFAULT_FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A certificate chain and its private key, both PEM files.
 #[derive(Debug, Clone)]
@@ -307,7 +315,15 @@ pub async fn serve(
     let access = Access::new(addr, &options.allowed_hosts, options.open_metrics);
     let (stop_streams, stopping) = tokio::sync::watch::channel(false);
     let sessions = Arc::new(Sessions::new(tls.is_some()));
-    let app = router(AppState { runtime: runtime.clone(), secrets, prometheus, access, sessions, stopping });
+    let app = router(AppState {
+        runtime: runtime.clone(),
+        secrets,
+        prometheus,
+        access,
+        sessions,
+        stopping,
+        forward_timeout: options.forward_timeout,
+    });
     println!("listening on {addr}");
     let _ = std::io::stdout().flush();
     tracing::info!(%addr, data = %data.display(), "serving");

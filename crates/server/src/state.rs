@@ -30,6 +30,8 @@ pub struct AppState {
     pub sessions: std::sync::Arc<Sessions>,
     /// Turns true when the server begins to stop: open event streams end then.
     pub stopping: tokio::sync::watch::Receiver<bool>,
+    /// How long a request passed on to a run's owner waits for its answer.
+    pub forward_timeout: std::time::Duration,
 }
 
 /// The process's Prometheus recorder: installed as the `metrics` facade's global recorder
