@@ -103,8 +103,16 @@ fn kill_rounds_with(
             .args([location, &THREADS.to_string(), &next_seq.to_string()])
             .args([wal_bytes.to_string(), large_every.to_string()])
             .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn store-writer");
+        // What the child says when it gives up, for the failure's message.
+        let mut stderr = child.stderr.take().expect("piped stderr");
+        let said = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+            text
+        });
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, rx) = mpsc::channel();
         let reader = std::thread::spawn(move || {
@@ -127,7 +135,12 @@ fn kill_rounds_with(
                     acked_total.insert((t, seq));
                     acked += 1;
                 }
-                Err(e) => panic!("round {round}: child stopped acknowledging: {e}"),
+                Err(e) => {
+                    let _ = child.kill();
+                    let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+                    let said = said.join().unwrap_or_default();
+                    panic!("round {round}: child stopped acknowledging ({e}); it {status}, saying:\n{said}");
+                }
             }
         }
         let _ = child.kill(); // SIGKILL

@@ -274,3 +274,43 @@ async fn a_request_for_a_killed_or_stopped_node_is_answered_503_with_retry_after
         nodes[owner].sigkill();
     }
 }
+
+/// Starts sent while the database is down (stopped as a crash would, then started again)
+/// wait for it and succeed; the runs they started complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_sent_while_the_database_restarts_wait_for_it_and_succeed() {
+    const STARTS: usize = 6;
+    let pg = PgServer::start().expect("a PostgreSQL server");
+    let url = pg.fresh_database().expect("a database");
+    let data = tempfile::tempdir().expect("tempdir");
+    let n1 = node(data.path(), &url, "n1");
+    let http = n1.client();
+    pg.stop_immediately().expect("stop the database");
+    let down = Instant::now();
+    let mut sent = Vec::new();
+    for i in 0..STARTS {
+        let body = json!({"kind": "steps", "input": {"steps": 3, "pause_ms": 10}});
+        let req = http.post(n1.url("/runs")).header("Idempotency-Key", format!("restart-{i}"));
+        sent.push(tokio::spawn(json_of(req.body(body.to_string()))));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    pg.start_again().expect("start the database again");
+    println!("the database was down {:?}", down.elapsed());
+    let mut runs = Vec::new();
+    for start in sent {
+        let (status, v) = start.await.expect("task");
+        assert_eq!(status, 201, "a start sent while the database restarted: {v}\n{}", n1.log());
+        runs.push(v["run_id"].as_str().expect("run_id").to_string());
+    }
+    for id in &runs {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, shown) = json_of(http.get(n1.url(&format!("/runs/{id}")))).await;
+            if shown["run"]["status"]["completed"]["output"]["done"] == json!(3) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "run {id} did not complete: {shown}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

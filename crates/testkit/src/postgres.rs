@@ -25,6 +25,8 @@ pub struct PgServer {
 struct Cluster {
     dir: tempfile::TempDir,
     as_postgres: bool,
+    /// The server's options (its port among them), for a start after a stop.
+    options: String,
 }
 
 static DATABASES: AtomicU32 = AtomicU32::new(0);
@@ -107,7 +109,8 @@ impl PgServer {
             ) {
                 Ok(_) => {
                     let base = format!("postgres://postgres@127.0.0.1:{port}");
-                    return Ok(PgServer { bin, base, cluster: Some(Cluster { dir, as_postgres }) });
+                    let cluster = Cluster { dir, as_postgres, options };
+                    return Ok(PgServer { bin, base, cluster: Some(cluster) });
                 }
                 Err(e) => last = format!("{e}\n{}", std::fs::read_to_string(&log).unwrap_or_default()),
             }
@@ -121,6 +124,26 @@ impl PgServer {
         let admin = format!("{}/postgres", self.base);
         run(false, &self.bin.join("psql"), &["-q", "-d", &admin, "-c", &format!("CREATE DATABASE {name}")])?;
         Ok(format!("{}/{name}", self.base))
+    }
+
+    /// Stops the private server as a crash would (`-m immediate`: every session is cut, no
+    /// checkpoint); [`PgServer::start_again`] brings it back. An error for a server the test
+    /// kit did not start (`DURAFIBER_PG_URL`).
+    pub fn stop_immediately(&self) -> Result<(), String> {
+        let c = self.cluster.as_ref().ok_or("not a server the test kit started")?;
+        let data = c.dir.path().join("data").display().to_string();
+        run(c.as_postgres, &self.bin.join("pg_ctl"), &["-D", &data, "-m", "immediate", "-w", "stop"])
+            .map(drop)
+    }
+
+    /// Starts the private server again on its port after [`PgServer::stop_immediately`]
+    /// (it recovers from its log); returns once it accepts connections.
+    pub fn start_again(&self) -> Result<(), String> {
+        let c = self.cluster.as_ref().ok_or("not a server the test kit started")?;
+        let data = c.dir.path().join("data").display().to_string();
+        let log = c.dir.path().join("log").display().to_string();
+        let args = ["-D", &data, "-l", &log, "-w", "-t", "30", "-o", &c.options, "start"];
+        run(c.as_postgres, &self.bin.join("pg_ctl"), &args).map(drop)
     }
 
     /// Runs one SQL statement on the database at `url`; its output, unaligned.

@@ -46,11 +46,15 @@ use crate::{
 };
 
 mod leases;
+mod reconnect;
 mod schema;
 
+use reconnect::{Lost, own_inserts, reconnecting};
 use schema::prepare;
 
-/// The longest any one call may take before it fails: longer is a database that is gone.
+/// The least time any one call may take before it fails: longer is a database that is gone.
+/// A store whose statements may run longer (`barrier_timeout`) gives its calls that long,
+/// and every call the time to wait out a restart ([`reconnect::RECONNECT_FOR`]) besides.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One statement applies a whole group, in `df_apply`: the fence check, the absent keys'
@@ -72,6 +76,9 @@ pub struct PgBackend {
     /// This process among all that were ever node `node`: random, so that a second live
     /// process under the same id is told apart (and refused) by its heartbeat.
     incarnation: String,
+    /// How long a call may take before it fails: the statement timeout (at least
+    /// `CALL_TIMEOUT`) and a restart's wait.
+    call_timeout: Duration,
     /// The shards this node owns, at the epoch it acquired each: what its writes are
     /// fenced by.
     fence: RwLock<HashMap<u32, i64>>,
@@ -222,6 +229,7 @@ impl PgBackend {
             shown,
             node,
             incarnation,
+            call_timeout: statement_timeout.max(CALL_TIMEOUT).saturating_add(reconnect::RECONNECT_FOR),
             fence: RwLock::new(HashMap::new()),
             news,
         };
@@ -242,12 +250,13 @@ impl PgBackend {
         Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
     {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let timeout = self.call_timeout;
         let job: Job = Box::new(move |conns| {
             Box::pin(async move {
-                let answer = match tokio::time::timeout(CALL_TIMEOUT, f(conns)).await {
+                let answer = match tokio::time::timeout(timeout, f(conns)).await {
                     Ok(answer) => answer,
                     Err(_) => Err(StoreError::Database {
-                        reason: format!("no answer from PostgreSQL in {} s", CALL_TIMEOUT.as_secs()),
+                        reason: format!("no answer from PostgreSQL in {} s", timeout.as_secs()),
                     }),
                 };
                 let _ = tx.send(answer);
@@ -367,9 +376,12 @@ impl Backend for PgBackend {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         let key = key.to_vec();
         self.call(move |c| async move {
-            let client = c.reads.client().await?;
-            let row =
-                client.query_opt("SELECT v FROM df_kv WHERE k = $1", &[&key]).await.map_err(db_error)?;
+            let key = &key;
+            let row = reconnecting(&c.reads, |client| async move {
+                client.query_opt("SELECT v FROM df_kv WHERE k = $1", &[key]).await
+            })
+            .await
+            .map_err(Lost::into_error)?;
             Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
         })
     }
@@ -381,14 +393,17 @@ impl Backend for PgBackend {
         let (start, end) = (start.to_vec(), end.to_vec());
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.call(move |c| async move {
-            let client = c.reads.client().await?;
-            let rows = client
-                .query(
-                    "SELECT k, v FROM df_kv WHERE k >= $1 AND k < $2 ORDER BY k LIMIT $3",
-                    &[&start, &end, &limit],
-                )
-                .await
-                .map_err(db_error)?;
+            let (start, end, limit) = (&start, &end, &limit);
+            let rows = reconnecting(&c.reads, |client| async move {
+                client
+                    .query(
+                        "SELECT k, v FROM df_kv WHERE k >= $1 AND k < $2 ORDER BY k LIMIT $3",
+                        &[start, end, limit],
+                    )
+                    .await
+            })
+            .await
+            .map_err(Lost::into_error)?;
             Ok(rows.into_iter().map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1))).collect())
         })
     }
@@ -407,14 +422,17 @@ impl Backend for PgBackend {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let shards: Vec<i32> = shards.iter().map(|s| *s as i32).collect();
         self.call(move |c| async move {
-            let client = c.reads.client().await?;
-            let rows = client
-                .query(
-                    "SELECT k, v FROM df_kv WHERE k >= $1 AND k < $2 AND shard = ANY($4) ORDER BY k LIMIT $3",
-                    &[&start, &end, &limit, &shards],
-                )
-                .await
-                .map_err(db_error)?;
+            let (start, end, limit, shards) = (&start, &end, &limit, &shards);
+            let rows = reconnecting(&c.reads, |client| async move {
+                client
+                    .query(
+                        "SELECT k, v FROM df_kv WHERE k >= $1 AND k < $2 AND shard = ANY($4) ORDER BY k LIMIT $3",
+                        &[start, end, limit, shards],
+                    )
+                    .await
+            })
+            .await
+            .map_err(Lost::into_error)?;
             Ok(rows.into_iter().map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1))).collect())
         })
     }
@@ -436,15 +454,23 @@ impl Backend for PgBackend {
                             .into(),
                 });
             }
-            let client = c.writes.client().await?;
-            client
-                .execute(
-                    APPLY,
-                    &[&gone, &keys, &values, &shards, &absent, &fence_shards, &fence_epochs, &node],
-                )
-                .await
-                .map_err(db_error)?;
-            Ok(())
+            // A database that restarts drops every session and refuses new ones for a few
+            // seconds: the group waits for it (its callers with it) rather than failing.
+            let args: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
+                [&gone, &keys, &values, &shards, &absent, &fence_shards, &fence_epochs, &node];
+            let args = &args;
+            match reconnecting(&c.writes, |client| async move { client.execute(APPLY, args).await }).await {
+                Ok(_) => Ok(()),
+                // A group applied just before its connection was lost finds its own inserts on
+                // the next try: that is its success, not a conflict.
+                Err(Lost { error: StoreError::Exists { key }, reconnected: true })
+                    if own_inserts(&c.writes, &absent, &keys, &values).await =>
+                {
+                    tracing::debug!(key, "the write had landed before the connection was lost");
+                    Ok(())
+                }
+                Err(lost) => Err(lost.error),
+            }
         })
     }
 
