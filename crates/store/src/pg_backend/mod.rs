@@ -33,7 +33,7 @@ use std::{
     time::Duration,
 };
 
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::NoTls;
 
 use crate::{
     backend::Backend,
@@ -45,10 +45,12 @@ use crate::{
     shard,
 };
 
+mod connection;
 mod leases;
 mod reconnect;
 mod schema;
 
+use connection::{Connection, Connections};
 use reconnect::{Lost, own_inserts, reconnecting};
 use schema::prepare;
 
@@ -90,20 +92,6 @@ pub struct PgBackend {
 /// store's nodes keep it, so a statement stuck behind a paused node's locks fails.
 const STATEMENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// A connection that is opened again after it closed.
-struct Connection {
-    config: tokio_postgres::Config,
-    statement_timeout: std::time::Duration,
-    client: tokio::sync::Mutex<Option<Arc<Client>>>,
-}
-
-struct Connections {
-    reads: Connection,
-    writes: Connection,
-    /// Set when the session holding the owner lock ended: writes stop.
-    lock_lost: Arc<AtomicBool>,
-}
-
 fn db_error(e: tokio_postgres::Error) -> StoreError {
     // The server's own message (the error's `Display` is only "db error").
     match e.as_db_error() {
@@ -130,41 +118,6 @@ fn shown(config: &tokio_postgres::Config) -> String {
     let user = config.get_user().unwrap_or("");
     let db = config.get_dbname().unwrap_or(user);
     format!("postgres://{user}@{host}:{port}/{db}")
-}
-
-impl Connection {
-    fn new(config: tokio_postgres::Config, statement_timeout: std::time::Duration) -> Self {
-        Connection { config, statement_timeout, client: tokio::sync::Mutex::new(None) }
-    }
-
-    /// The open client, connecting when there is none or the last one closed.
-    async fn client(&self) -> Result<Arc<Client>, StoreError> {
-        let mut slot = self.client.lock().await;
-        if let Some(c) = slot.as_ref()
-            && !c.is_closed()
-        {
-            return Ok(c.clone());
-        }
-        let (client, connection) = self.config.connect(NoTls).await.map_err(db_error)?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!(error = %e, "a PostgreSQL connection closed");
-            }
-        });
-        // A session paused mid-transaction (a stopped node) must not hold locks for long.
-        // PostgreSQL takes up to i32::MAX milliseconds; 0 would mean none at all.
-        let timeout_ms = self.statement_timeout.as_millis().clamp(1, i32::MAX as u128);
-        client
-            .batch_execute(&format!(
-                "SET synchronous_commit = on; SET statement_timeout = {timeout_ms}; \
-                 SET idle_in_transaction_session_timeout = '10s'"
-            ))
-            .await
-            .map_err(db_error)?;
-        let client = Arc::new(client);
-        *slot = Some(client.clone());
-        Ok(client)
-    }
 }
 
 impl PgBackend {
