@@ -65,7 +65,7 @@ pub async fn stash(
     let lines = vec![
         format!("raw fdatasync (local disk): {raw:>10.0} /s"),
         format!(
-            "fenced sync commits, {nodes} nodes x {} writers: {rate:>8.0} /s  ({:.2}x raw), p99 {p99_ms:.1} ms",
+            "fenced sync commits, {nodes} nodes x {} writers: {rate:>8.0} /s  ({:.2}x raw), p50 {p50_ms:.1} ms, p99 {p99_ms:.1} ms over {seconds} s",
             writers / nodes,
             rate / raw
         ),

@@ -163,6 +163,12 @@ impl CpuTimes {
     }
 }
 
+/// The machine's load average over the last minute, from `/proc/loadavg`: how many tasks
+/// wanted a core, beside the cores there are.
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+}
+
 /// The counters when the benchmark began ([`bench_began`]).
 static BEGAN: OnceLock<Option<CpuTimes>> = OnceLock::new();
 
@@ -172,8 +178,9 @@ pub(super) fn bench_began() {
 }
 
 /// Prints a benchmark's report with `host_steal_pct`: the share of the machine's CPU time
-/// its host took for others since [`bench_began`] (null where the kernel does not say).
-/// Figures measured while a host takes a tenth are not those of a quiet machine.
+/// its host took for others since [`bench_began`] (null where the kernel does not say),
+/// and `load_avg_1m` and `cores` at its end. Figures measured while a host takes a tenth,
+/// or beside other work, are not those of a quiet machine.
 pub(super) fn print_bench_report(
     mut lines: Vec<String>,
     mut report: Value,
@@ -184,8 +191,15 @@ pub(super) fn print_bench_report(
     if let Some(pct) = steal_pct {
         lines.push(format!("the host took {pct}% of this machine's CPU time meanwhile (steal)"));
     }
+    let load = load_average();
+    let cores = std::thread::available_parallelism().map(std::num::NonZero::get).ok();
+    if let (Some(load), Some(cores)) = (load, cores) {
+        lines.push(format!("load average {load:.2} (last minute) on {cores} cores"));
+    }
     if let Some(fields) = report.as_object_mut() {
         fields.insert("host_steal_pct".into(), steal_pct.into());
+        fields.insert("load_avg_1m".into(), load.into());
+        fields.insert("cores".into(), cores.into());
     }
     print_report(&lines, &report, json)
 }
