@@ -8,7 +8,10 @@ use std::{
     collections::BTreeMap,
     future::Future,
     pin::Pin,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicI64, Ordering},
+    },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -55,6 +58,62 @@ impl Clock for SystemClock {
     fn sleep_until(&self, at_ms: u64) -> Sleep {
         let wait = at_ms.saturating_sub(self.now_ms());
         Box::pin(tokio::time::sleep(Duration::from_millis(wait)))
+    }
+}
+
+/// Moves `ms` by `by` milliseconds, staying within `u64`.
+fn shifted(ms: u64, by: i64) -> u64 {
+    if by >= 0 { ms.saturating_add(by.unsigned_abs()) } else { ms.saturating_sub(by.unsigned_abs()) }
+}
+
+/// The time every node of a shared store agrees on: this machine's clock plus an offset
+/// that each lease heartbeat sets to the database's clock minus this one's. A due time one
+/// node stores is then the same instant to the node that takes the run over, however far
+/// apart their own clocks are.
+pub struct AgreedClock {
+    local: Arc<dyn Clock>,
+    offset_ms: AtomicI64,
+}
+
+impl AgreedClock {
+    /// `local`'s time, until the first heartbeat says how far it is from the database's.
+    pub fn new(local: Arc<dyn Clock>) -> Self {
+        AgreedClock { local, offset_ms: AtomicI64::new(0) }
+    }
+
+    /// This machine's own time, ms.
+    pub fn local_ms(&self) -> u64 {
+        self.local.now_ms()
+    }
+
+    /// The database's clock minus this machine's, ms, as last measured.
+    pub fn offset_ms(&self) -> i64 {
+        self.offset_ms.load(Ordering::Relaxed)
+    }
+
+    /// Sets the offset from a reading of the database's clock, `database_ms`, taken between
+    /// `sent_ms` and `answered_ms` of this machine's time (its midpoint is when it was read).
+    /// Returns the offset.
+    pub fn measured(&self, database_ms: u64, sent_ms: u64, answered_ms: u64) -> i64 {
+        let midpoint = sent_ms / 2 + answered_ms / 2;
+        let offset = i64::try_from(i128::from(database_ms) - i128::from(midpoint)).unwrap_or(0);
+        self.offset_ms.store(offset, Ordering::Relaxed);
+        offset
+    }
+
+    /// The agreed time `at_ms` on this machine's clock.
+    pub fn to_local_ms(&self, at_ms: u64) -> u64 {
+        shifted(at_ms, -self.offset_ms())
+    }
+}
+
+impl Clock for AgreedClock {
+    fn now_ms(&self) -> u64 {
+        shifted(self.local.now_ms(), self.offset_ms())
+    }
+
+    fn sleep_until(&self, at_ms: u64) -> Sleep {
+        self.local.sleep_until(self.to_local_ms(at_ms))
     }
 }
 
@@ -235,5 +294,25 @@ mod tests {
         assert!(futures::poll!(woke.as_mut()).is_pending());
         clock.set(141_000);
         assert!(futures::poll!(woke.as_mut()).is_ready());
+    }
+
+    /// A machine half an hour ahead of the database tells the database's time, and sleeps
+    /// until an agreed time on its own clock.
+    #[tokio::test]
+    async fn the_agreed_clock_reads_the_databases_time_off_its_own() {
+        let local = VirtualClock::new(1_800_000 + 10_000);
+        let agreed = AgreedClock::new(Arc::new(local.clone()));
+        assert_eq!(agreed.now_ms(), 1_810_000, "its own time until a heartbeat");
+        // The database said 10,000 while this clock went from 1,809,990 to 1,810,010.
+        assert_eq!(agreed.measured(10_000, 1_809_990, 1_810_010), -1_800_000);
+        assert_eq!(agreed.now_ms(), 10_000);
+        assert_eq!(agreed.to_local_ms(13_000), 1_813_000);
+        let mut woke = Box::pin(agreed.sleep_until(13_000));
+        local.set(1_812_999);
+        assert!(futures::poll!(woke.as_mut()).is_pending());
+        local.set(1_813_000);
+        assert!(futures::poll!(woke.as_mut()).is_ready());
+        assert_eq!(shifted(5, -10), 0, "never below zero");
+        assert_eq!(shifted(u64::MAX - 1, 10), u64::MAX, "nor past the end");
     }
 }

@@ -166,6 +166,12 @@ pub struct RuntimeConfig {
     /// at three quarters; a node that died has its shards taken over after at most this.
     #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
+    /// On a store several nodes share: how far this machine's clock may be from the
+    /// database's. Times that cross nodes (wakes, alarms, deadlines) are on the database's
+    /// clock whatever this one says; a node whose clock is further off than this warns and
+    /// takes no shard until it is back within it.
+    #[serde(with = "humantime_serde")]
+    pub max_clock_skew: Duration,
     /// Alarms the scheduler keeps in memory, the earliest ones; the rest wait in the store's
     /// due index and are read in as the window runs down. A burst of alarms due together
     /// that is larger than this fires while the index is read, which costs some lateness.
@@ -211,6 +217,7 @@ impl Default for RuntimeConfig {
             seed: 0,
             chaos_evict_rate: 0.0,
             lease_ttl: limits::LEASE_TTL_DEFAULT,
+            max_clock_skew: limits::MAX_CLOCK_SKEW_DEFAULT,
             alarm_window: limits::ALARM_WINDOW_DEFAULT,
             http_header_timeout: limits::HTTP_HEADER_READ_TIMEOUT,
             http_body_timeout: limits::HTTP_BODY_TIMEOUT_DEFAULT,
@@ -281,6 +288,10 @@ impl RuntimeConfig {
         }
         if self.lease_ttl < Duration::from_millis(300) {
             return Err(RuntimeError::Config("lease_ttl must be at least 300ms".into()));
+        }
+        // Below a few milliseconds no heartbeat's round trip could measure the offset.
+        if self.max_clock_skew < Duration::from_millis(10) {
+            return Err(RuntimeError::Config("max_clock_skew must be at least 10ms".into()));
         }
         if self.alarm_window < limits::ALARM_WINDOW_MIN {
             return Err(RuntimeError::Config(format!(
@@ -376,6 +387,8 @@ mod tests {
         assert!(RuntimeConfig::from_json(r#"{"hibernate_afte": "2m"}"#).is_err());
         assert!(RuntimeConfig::from_json(r#"{"keep_alive_heartbeat": "5m"}"#).is_err());
         assert_eq!(RuntimeConfig::from_json(r#"{"alarm_window": 1000}"#).unwrap().alarm_window, 1000);
+        let skew = RuntimeConfig::from_json(r#"{"max_clock_skew": "250ms"}"#).unwrap().max_clock_skew;
+        assert_eq!(skew, Duration::from_millis(250));
         let tiny = RuntimeConfig::from_json(r#"{"alarm_window": 2}"#);
         assert!(matches!(tiny, Err(RuntimeError::Config(m)) if m.contains("alarm_window")));
     }

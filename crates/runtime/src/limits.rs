@@ -65,6 +65,9 @@ pub const BARRIER_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 pub const SHARED_STORE_POLL: Duration = Duration::from_millis(100);
 /// How long a node's lease on its shards lasts without a renewal (a shared store).
 pub const LEASE_TTL_DEFAULT: Duration = Duration::from_secs(10);
+/// How far a node's clock may be from the database's before it takes no shard: a second is
+/// far more than NTP leaves, and far less than any wait a run sets.
+pub const MAX_CLOCK_SKEW_DEFAULT: Duration = Duration::from_secs(1);
 /// After SIGTERM, requests get this long to finish and the store this long to close: a
 /// server stops within twice this, whatever the disk does.
 pub const STOP_GRACE: Duration = Duration::from_secs(2);

@@ -58,9 +58,12 @@ pub trait Leases: Send + Sync {
     fn node_id(&self) -> &str;
     /// Says the node is alive and where it serves HTTP. Refused with
     /// [`StoreError::NodeIdTaken`] while another process under the same node id has said so
-    /// within `ttl`: one live process per node id.
-    fn heartbeat(&self, http_addr: &str, ttl: std::time::Duration) -> Result<(), StoreError>;
-    /// Nodes seen within `ttl`, this one included.
+    /// within `ttl`: one live process per node id. A node that is not `taking` shards (its
+    /// clock is off) is not counted among the nodes that share them. Returns the database's
+    /// clock when it took the heartbeat, ms since the Unix epoch: the time base the nodes
+    /// share.
+    fn heartbeat(&self, http_addr: &str, ttl: std::time::Duration, taking: bool) -> Result<u64, StoreError>;
+    /// Nodes seen within `ttl` that take shards, this one included.
     fn live_nodes(&self, ttl: std::time::Duration) -> Result<usize, StoreError>;
     /// Acquires up to `want` shards that no one holds or whose lease expired, for `ttl`.
     fn acquire(&self, want: usize, ttl: std::time::Duration) -> Result<Vec<Lease>, StoreError>;

@@ -7,6 +7,7 @@
 //!   as payment APIs do, so "side effects once" is counted upstream, not by our own flag.
 
 pub mod check;
+pub mod clock;
 pub mod conformance;
 pub mod postgres;
 pub mod upstream;

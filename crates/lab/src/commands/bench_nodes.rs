@@ -122,7 +122,7 @@ pub async fn node(
 ) -> anyhow::Result<i32> {
     let backend = Arc::new(PgBackend::open_node(url, node_id)?);
     let ttl = Duration::from_secs(30);
-    backend.heartbeat("", ttl)?;
+    let _database_ms = backend.heartbeat("", ttl, true)?;
     let held = backend.acquire((shard::SHARDS as usize).div_ceil(nodes), ttl)?;
     if held.is_empty() {
         bail!("node {node_id} acquired no shard");

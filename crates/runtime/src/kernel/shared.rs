@@ -41,7 +41,11 @@ pub type CrashHook = Arc<dyn Fn(&RunId, &Boundary) -> bool + Send + Sync>;
 
 pub(crate) struct Shared {
     pub store: Store,
+    /// The runtime's time: on a store several nodes share, [`Shared::agreed`].
     pub clock: Arc<dyn Clock>,
+    /// On a store several nodes share (and a clock that is not virtual): the time base the
+    /// nodes agree on, the database's clock, which `clock` reads.
+    pub agreed: Option<Arc<crate::clock::AgreedClock>>,
     pub config: RuntimeConfig,
     pub kinds: HashMap<String, Arc<dyn ErasedAgent>>,
     pub registry: Registry,
@@ -153,6 +157,11 @@ impl Shared {
 
     pub fn now_ms(&self) -> u64 {
         self.clock.now_ms()
+    }
+
+    /// The runtime's time `at_ms` on this machine's own clock.
+    pub fn to_local_ms(&self, at_ms: u64) -> u64 {
+        self.agreed.as_ref().map_or(at_ms, |a| a.to_local_ms(at_ms))
     }
 
     pub fn agent(&self, kind: &str) -> Result<Arc<dyn ErasedAgent>, RuntimeError> {

@@ -65,7 +65,7 @@ pub(crate) async fn drive_system_clock(shared: Arc<Shared>) {
         // Wake at least once a second, so a missed notification costs a second, not forever.
         let at = next.unwrap_or(u64::MAX).min(now + 1_000).max(now + 1);
         if let Some(clock) = &alarm_clock {
-            clock.wake_at(at);
+            clock.wake_at(shared.to_local_ms(at));
         }
         tokio::select! {
             () = shared.clock.sleep_until(at) => {}

@@ -42,6 +42,46 @@ async fn call<T: Send + 'static>(
     }
 }
 
+/// This machine's own time, ms (the agreed time's source).
+fn local_ms(shared: &Shared) -> u64 {
+    shared.agreed.as_ref().map_or_else(|| shared.now_ms(), |a| a.local_ms())
+}
+
+/// Sets the time base the nodes share from a heartbeat sent at `sent_ms` (this machine's
+/// time) that read the database's clock as `database_ms`. A reading whose round trip took
+/// longer than `max_clock_skew` says too little about the offset and is passed over.
+fn agree(shared: &Shared, database_ms: u64, sent_ms: u64) {
+    let Some(agreed) = &shared.agreed else { return };
+    let answered_ms = agreed.local_ms();
+    let bound = u64::try_from(shared.config.max_clock_skew.as_millis()).unwrap_or(u64::MAX);
+    if answered_ms.saturating_sub(sent_ms) > bound {
+        tracing::debug!(
+            round_trip_ms = answered_ms.saturating_sub(sent_ms),
+            "heartbeat too slow to set the clock by"
+        );
+        return;
+    }
+    let before = agreed.offset_ms();
+    let offset = agreed.measured(database_ms, sent_ms, answered_ms);
+    let skewed = offset.unsigned_abs() > bound;
+    if skewed && before.unsigned_abs() <= bound {
+        tracing::warn!(
+            offset_ms = offset,
+            max_ms = bound,
+            "this machine's clock is off the database's by more than max_clock_skew: taking no shard \
+             until it is back within it (the runtime keeps its times on the database's clock)"
+        );
+    } else if !skewed && before.unsigned_abs() > bound {
+        tracing::info!(offset_ms = offset, "this machine's clock is back within max_clock_skew");
+    }
+}
+
+/// Whether this machine's clock is further from the database's than `max_clock_skew`.
+fn clock_skewed(shared: &Shared) -> bool {
+    let bound = u64::try_from(shared.config.max_clock_skew.as_millis()).unwrap_or(u64::MAX);
+    shared.agreed.as_ref().is_some_and(|a| a.offset_ms().unsigned_abs() > bound)
+}
+
 /// How many shards this node should hold with `nodes` alive.
 fn fair_share(nodes: usize) -> usize {
     (shard::SHARDS as usize).div_ceil(nodes.max(1))
@@ -60,8 +100,12 @@ pub(crate) async fn join(shared: &Shared, advertise: &str) -> Result<(), Runtime
     let ttl = shared.config.lease_ttl;
     let give_up = Instant::now() + ttl + ttl / 2;
     loop {
-        match leases.heartbeat(advertise, ttl) {
-            Ok(()) => break,
+        let sent = local_ms(shared);
+        match leases.heartbeat(advertise, ttl, !clock_skewed(shared)) {
+            Ok(database_ms) => {
+                agree(shared, database_ms, sent);
+                break;
+            }
             Err(durafiber_store::StoreError::NodeIdTaken { node, addr }) if Instant::now() < give_up => {
                 tracing::warn!(
                     node,
@@ -73,7 +117,14 @@ pub(crate) async fn join(shared: &Shared, advertise: &str) -> Result<(), Runtime
             Err(e) => return Err(e.into()),
         }
     }
-    let want = fair_share(leases.live_nodes(ttl)?);
+    // A node whose clock is far off takes no shard, until a tick finds it back within
+    // bounds, and says so at once, so that the others do not leave it a share.
+    let want = if clock_skewed(shared) {
+        leases.heartbeat(advertise, ttl, false)?;
+        0
+    } else {
+        fair_share(leases.live_nodes(ttl)?)
+    };
     let sent = Instant::now();
     let acquired = leases.acquire(want, ttl)?;
     shared.ownership.renewed(sent, ttl);
@@ -162,8 +213,10 @@ async fn self_fence(shared: &Arc<Shared>) {
 async fn tick(shared: &Arc<Shared>, advertise: &str) {
     let ttl = shared.config.lease_ttl;
     let addr = advertise.to_string();
-    match call(shared, move |l| l.heartbeat(&addr, ttl)).await {
-        Ok(()) => {}
+    let sent = local_ms(shared);
+    let taking = !clock_skewed(shared);
+    match call(shared, move |l| l.heartbeat(&addr, ttl, taking)).await {
+        Ok(database_ms) => agree(shared, database_ms, sent),
         // This process went unseen for a lease (stopped, or cut off) and another took its
         // node id: the shards are that one's to hold now, and this one holds none.
         Err(e @ durafiber_store::StoreError::NodeIdTaken { .. }) => {
@@ -199,6 +252,10 @@ async fn tick(shared: &Arc<Shared>, advertise: &str) {
         }
     };
     let held = shared.ownership.shards();
+    if clock_skewed(shared) {
+        adopt(shared).await;
+        return;
+    }
     // A little over its share is kept, so two nodes do not pass shards back and forth.
     let slack = (fair / 16).max(2);
     if held.len() > fair + slack {
@@ -223,6 +280,9 @@ async fn tick(shared: &Arc<Shared>, advertise: &str) {
 pub(crate) async fn take_over(shared: &Arc<Shared>, shard: u32) -> bool {
     if shared.ownership.owns_shard(shard) {
         return true;
+    }
+    if clock_skewed(shared) {
+        return false;
     }
     let ttl = shared.config.lease_ttl;
     match call(shared, move |l| l.acquire_shard(shard, ttl)).await {

@@ -83,6 +83,16 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Runs on `clock` instead of the system clock (a clock kept by other means, or one set
+    /// off on purpose to test what a node with a wrong clock does). On a store several nodes
+    /// share, the runtime still keeps its times on the database's clock, measuring how far
+    /// this one is from it.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self.virtual_clock = None;
+        self
+    }
+
     /// Runs on a virtual clock that moves only through [`Runtime::advance`].
     pub fn virtual_clock(mut self, clock: VirtualClock) -> Self {
         self.clock = Arc::new(clock.clone());
@@ -106,10 +116,18 @@ impl RuntimeBuilder {
         let scheduler = Scheduler::with_capacity(self.config.alarm_window);
         let pauses = crate::kernel::pauses::Pauses::load(&self.store)?;
         let shared_store = self.store.backend().leases().is_some();
+        // Nodes of a shared store keep their times on the database's clock.
+        let agreed = (shared_store && self.virtual_clock.is_none())
+            .then(|| Arc::new(crate::clock::AgreedClock::new(self.clock.clone())));
+        let clock: Arc<dyn Clock> = match &agreed {
+            Some(agreed) => agreed.clone(),
+            None => self.clock,
+        };
         let shared = Arc::new(Shared {
             reactivator: reactivate_boxed,
             store: self.store,
-            clock: self.clock,
+            clock,
+            agreed,
             liveness: Liveness::new(&self.config),
             config: self.config,
             kinds: self.kinds,

@@ -54,7 +54,7 @@ impl Leases for PgBackend {
         self.node.as_deref().unwrap_or("")
     }
 
-    fn heartbeat(&self, http_addr: &str, ttl: Duration) -> Result<(), StoreError> {
+    fn heartbeat(&self, http_addr: &str, ttl: Duration, taking: bool) -> Result<u64, StoreError> {
         let (node, addr, me, secs) =
             (self.node_name(), http_addr.to_string(), self.incarnation.clone(), ttl_secs(ttl));
         self.call(move |c| async move {
@@ -63,18 +63,20 @@ impl Leases for PgBackend {
             // (it died, or was stopped that long): never from a live one.
             let mine = client
                 .query_opt(
-                    "INSERT INTO df_nodes (node_id, http_addr, seen_at, incarnation) VALUES ($1, $2, now(), $3) \
+                    "INSERT INTO df_nodes (node_id, http_addr, seen_at, incarnation, taking) \
+                         VALUES ($1, $2, now(), $3, $5) \
                      ON CONFLICT (node_id) DO UPDATE \
-                         SET http_addr = EXCLUDED.http_addr, seen_at = now(), incarnation = EXCLUDED.incarnation \
+                         SET http_addr = EXCLUDED.http_addr, seen_at = now(), \
+                             incarnation = EXCLUDED.incarnation, taking = EXCLUDED.taking \
                      WHERE df_nodes.incarnation IS NOT DISTINCT FROM EXCLUDED.incarnation \
                         OR df_nodes.seen_at <= now() - make_interval(secs => $4) \
-                     RETURNING node_id",
-                    &[&node, &addr, &me, &secs],
+                     RETURNING (extract(epoch FROM now()) * 1000)::bigint",
+                    &[&node, &addr, &me, &secs, &taking],
                 )
                 .await
                 .map_err(db_error)?;
-            if mine.is_some() {
-                return Ok(());
+            if let Some(row) = mine {
+                return Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0));
             }
             let holder = client
                 .query_opt("SELECT http_addr FROM df_nodes WHERE node_id = $1", &[&node])
@@ -91,7 +93,8 @@ impl Leases for PgBackend {
             let client = c.reads.client().await?;
             let row = client
                 .query_one(
-                    "SELECT count(*) FROM df_nodes WHERE seen_at > now() - make_interval(secs => $1)",
+                    "SELECT count(*) FROM df_nodes \
+                     WHERE seen_at > now() - make_interval(secs => $1) AND taking IS NOT FALSE",
                     &[&secs],
                 )
                 .await

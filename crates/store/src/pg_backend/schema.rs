@@ -34,6 +34,7 @@ const SCHEMA: &str = "
         shard_id int PRIMARY KEY, owner text, epoch bigint NOT NULL DEFAULT 0, lease_until timestamptz);
     CREATE TABLE IF NOT EXISTS df_nodes (node_id text PRIMARY KEY, http_addr text NOT NULL, seen_at timestamptz NOT NULL);
     ALTER TABLE df_nodes ADD COLUMN IF NOT EXISTS incarnation text;
+    ALTER TABLE df_nodes ADD COLUMN IF NOT EXISTS taking boolean;
     CREATE OR REPLACE FUNCTION df_apply(
         gone bytea[], keys bytea[], vals bytea[], shards int[], absent bytea[],
         fence_shards int[], fence_epochs bigint[], node text) RETURNS void AS $$
