@@ -369,6 +369,13 @@ impl Writer {
         group.answer_snapshots(backend);
         let flush_now = state.flush_due.is_some_and(|due| Instant::now() >= due);
         if waiting.is_empty() && group.barrier_acks.is_empty() && !flush_now {
+            // No barrier is due. With no async write waiting for one either, this group
+            // wrote nothing (every batch refused, or the write failed), and everything
+            // applied before it is durable: readers that settle must not wait for a
+            // barrier no write will bring.
+            if state.flush_due.is_none() {
+                self.health.durable.send_replace(state.groups);
+            }
             return;
         }
         let result = self.barrier(state);

@@ -189,3 +189,23 @@ fn the_writer_spins_only_for_one_task_committing_in_a_loop() {
     assert!(!looping_after(1, b"run-c", soon), "a loop starts over after a group of many");
     assert!(looping_after(1, b"run-c", soon));
 }
+
+/// A group whose every batch was refused (an insert of a key that exists) writes nothing:
+/// a read that settles afterwards must not wait for a barrier that no write brings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_insert_leaves_no_read_waiting_to_settle() {
+    for inline in [true, false] {
+        let sim = SimBackend::new();
+        sim.write_inline(inline);
+        let store = Store::with_backend(Arc::new(sim), StoreConfig::default()).expect("store");
+        for attempt in 0..2 {
+            let mut batch = Batch::new();
+            batch.insert(keys::meta("once"), &attempt).expect("encode");
+            let committed = store.commit(batch, Durability::Sync).await;
+            assert_eq!(committed.is_ok(), attempt == 0, "inline {inline}, attempt {attempt}: {committed:?}");
+        }
+        let settled = tokio::time::timeout(Duration::from_secs(5), store.settle_reads()).await;
+        assert!(matches!(settled, Ok(Ok(()))), "inline {inline}: reads never settled");
+        store.close();
+    }
+}
