@@ -3,7 +3,8 @@
 //! second live process under a node id is refused and changes nothing of the first; a node
 //! restarted at once after a SIGKILL gets its id back; a request passed on to the node that
 //! runs its run is audited once, there, and one for a killed or stopped node is answered 503
-//! with `Retry-After` within the forward timeout.
+//! with `Retry-After` within the forward timeout; nodes that serve TLS pass requests on
+//! over TLS, as the caller.
 
 mod common;
 
@@ -313,4 +314,93 @@ async fn starts_sent_while_the_database_restarts_wait_for_it_and_succeed() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// Nodes that serve TLS speak TLS to each other too, each checking that the peer's
+/// certificate is for the address it advertises; a request passed on carries the caller's
+/// own token, so the owner acts and audits as the caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_serving_tls_pass_requests_on_over_tls_as_the_caller() {
+    use tokio_rustls::rustls;
+    let pg = PgServer::start().expect("a PostgreSQL server");
+    let url = pg.fresh_database().expect("a database");
+    let data = tempfile::tempdir().expect("tempdir");
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
+        .expect("certificate");
+    let (cert_file, key_file) = (data.path().join("cert.pem"), data.path().join("key.pem"));
+    std::fs::write(&cert_file, cert.cert.pem()).expect("cert");
+    std::fs::write(&key_file, cert.key_pair.serialize_pem()).expect("key");
+    let tls =
+        ["--tls-cert", cert_file.to_str().expect("path"), "--tls-key", key_file.to_str().expect("path")];
+    let start = |id: &str| {
+        let mut args: Vec<&OsStr> = node_args(&url, id).to_vec();
+        args.extend(tls.iter().map(OsStr::new));
+        Served::start_with(data.path(), &args)
+    };
+    let nodes: Vec<Served> = ["n1", "n2", "n3"].iter().map(|id| start(id)).collect();
+    // The test's own client trusts the nodes' certificate.
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.cert.der().clone()).expect("root");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let https = |token: &str| {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {token}").parse().expect("header"));
+        headers.insert(reqwest::header::CONTENT_TYPE, "application/json".parse().expect("header"));
+        reqwest::Client::builder()
+            .use_preconfigured_tls(config.clone())
+            .default_headers(headers)
+            .build()
+            .expect("client")
+    };
+    let url_of = |n: &Served, path: &str| format!("https://{}{path}", n.addr);
+    let admin = https(&nodes[0].token);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut counts = Vec::new();
+        for n in &nodes {
+            let (_, h) = json_of(admin.get(url_of(n, "/health"))).await;
+            counts.push(h["shards"].as_u64().unwrap_or(0));
+        }
+        if counts.iter().all(|c| *c > 0) && counts.iter().sum::<u64>() == 1024 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the shards never spread over the nodes: {counts:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let body = json!({"name": "olga", "role": "operator"}).to_string();
+    let (status, created) = json_of(admin.post(url_of(&nodes[0], "/tokens")).body(body)).await;
+    assert_eq!(status, 201, "{created}");
+    let olga = https(created["token"].as_str().expect("token"));
+    let body = json!({"kind": "steps", "input": {"steps": 100_000, "pause_ms": 1_000}}).to_string();
+    let (status, v) =
+        json_of(olga.post(url_of(&nodes[0], "/runs")).header("Idempotency-Key", "tls").body(body)).await;
+    assert_eq!(status, 201, "{v}");
+    let id = v["run_id"].as_str().expect("run_id").to_string();
+    let owner = loop {
+        let (_, shown) = json_of(olga.get(url_of(&nodes[0], &format!("/runs/{id}")))).await;
+        if let Some(n) = shown["node"].as_str().and_then(|n| n.strip_prefix('n')) {
+            break n.parse::<usize>().expect("node number") - 1;
+        }
+        assert!(Instant::now() < deadline + Duration::from_secs(30), "run {id} never ran: {shown}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let via = &nodes[(owner + 1) % 3];
+    let cancel =
+        olga.post(url_of(via, &format!("/runs/{id}/cancel"))).body(json!({"reason": "tls"}).to_string());
+    let (status, v) = json_of(cancel).await;
+    assert_eq!(status, 200, "a request passed on over TLS: {v}\n{}", via.log());
+    let (_, page) = json_of(admin.get(url_of(via, "/audit?limit=1000"))).await;
+    let entries: Vec<&Value> = page["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|e| e["action"] == json!("cancel") && e["run_id"] == json!(id))
+        .collect();
+    assert_eq!(entries.len(), 1, "{page}");
+    assert_eq!(entries[0]["actor"], json!("olga"), "the owner acted as the caller");
 }

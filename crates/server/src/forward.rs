@@ -19,7 +19,6 @@
 //! message sent again may arrive twice.
 
 use durafiber_runtime::RunId;
-use std::time::Duration;
 
 use axum::{
     body::{Body, to_bytes},
@@ -30,7 +29,7 @@ use axum::{
 };
 use durafiber_runtime::{RunOwner, limits};
 
-use crate::state::{ApiError, AppState};
+use crate::state::{ApiError, AppState, Peers};
 
 /// Marks a request one node passed to another.
 const FORWARDED: &str = "x-durafiber-forwarded-by";
@@ -43,11 +42,6 @@ fn run_changed<'a>(method: &Method, path: &'a str) -> Option<&'a str> {
     let rest = path.strip_prefix("/runs/")?;
     let (run_id, action) = rest.split_once('/')?;
     (!run_id.is_empty() && !action.is_empty()).then_some(run_id)
-}
-
-fn client() -> &'static reqwest::Client {
-    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
-    CLIENT.get_or_init(reqwest::Client::new)
 }
 
 /// How long a caller is told to wait before sending again when the owner did not answer:
@@ -79,7 +73,7 @@ pub async fn to_owner(State(app): State<AppState>, req: Request, next: Next) -> 
                 .into_response();
             }
             match http_addr {
-                Some(addr) if !addr.is_empty() => pass_on(req, &addr, &node_id, app.forward_timeout).await,
+                Some(addr) if !addr.is_empty() => pass_on(req, &app.peers, &addr, &node_id).await,
                 _ => unowned(shard),
             }
         }
@@ -97,7 +91,8 @@ fn unowned(shard: u32) -> Response {
     response
 }
 
-async fn pass_on(req: Request, addr: &str, node_id: &str, timeout: Duration) -> Response {
+async fn pass_on(req: Request, peers: &Peers, addr: &str, node_id: &str) -> Response {
+    let timeout = peers.timeout;
     let (parts, body) = req.into_parts();
     let body = match to_bytes(body, limits::HTTP_BODY_BYTES_MAX).await {
         Ok(b) => b,
@@ -106,8 +101,8 @@ async fn pass_on(req: Request, addr: &str, node_id: &str, timeout: Duration) -> 
         }
     };
     let path = parts.uri.path_and_query().map(axum::http::uri::PathAndQuery::as_str).unwrap_or("/");
-    let url = format!("http://{addr}{path}");
-    let mut out = client().request(parts.method.clone(), &url).timeout(timeout).body(body);
+    let url = format!("{}://{addr}{path}", peers.scheme());
+    let mut out = peers.client.request(parts.method.clone(), &url).timeout(timeout).body(body);
     for (name, value) in &parts.headers {
         if name != header::HOST && name != header::CONTENT_LENGTH && name != header::CONNECTION {
             out = out.header(name, value);

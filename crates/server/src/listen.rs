@@ -176,13 +176,12 @@ async fn serve_one<I>(
     }
 }
 
-/// A TLS acceptor from PEM files: the certificate chain and its private key.
-pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, crate::ServeError> {
+/// The certificates of a PEM chain file.
+fn certificates(
+    cert: &Path,
+) -> Result<Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>, crate::ServeError> {
     use crate::ServeError::Tls;
-    use tokio_rustls::rustls::{
-        self,
-        pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
-    };
+    use tokio_rustls::rustls::pki_types::{CertificateDer, pem::PemObject};
     let certs = CertificateDer::pem_file_iter(cert)
         .map_err(|e| Tls(format!("reading {}: {e}", cert.display())))?
         .collect::<Result<Vec<_>, _>>()
@@ -190,6 +189,43 @@ pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, crate::Serve
     if certs.is_empty() {
         return Err(Tls(format!("{} holds no certificate", cert.display())));
     }
+    Ok(certs)
+}
+
+/// The client a node passes requests on to the others with. With the server's certificate
+/// chain, it speaks TLS and trusts the certificates of that chain (the nodes' own, or the
+/// authority that signed theirs): a peer is accepted only with a certificate for the name
+/// or address it advertises.
+pub fn peer_client(cert: Option<&Path>) -> Result<reqwest::Client, crate::ServeError> {
+    use crate::ServeError::Tls;
+    use tokio_rustls::rustls;
+    let Some(cert) = cert else { return Ok(reqwest::Client::new()) };
+    let mut roots = rustls::RootCertStore::empty();
+    for c in certificates(cert)? {
+        roots
+            .add(c)
+            .map_err(|e| Tls(format!("a certificate in {} cannot be trusted: {e}", cert.display())))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Tls(format!("TLS protocol versions: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    reqwest::Client::builder()
+        .use_preconfigured_tls(config)
+        .build()
+        .map_err(|e| Tls(format!("a TLS client for the other nodes: {e}")))
+}
+
+/// A TLS acceptor from PEM files: the certificate chain and its private key.
+pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, crate::ServeError> {
+    use crate::ServeError::Tls;
+    use tokio_rustls::rustls::{
+        self,
+        pki_types::{PrivateKeyDer, pem::PemObject},
+    };
+    let certs = certificates(cert)?;
     let key = PrivateKeyDer::from_pem_file(key)
         .map_err(|e| Tls(format!("the private key in {}: {e}", key.display())))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());

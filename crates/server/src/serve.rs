@@ -20,7 +20,7 @@ use crate::{
     listen,
     routes::router,
     session::Sessions,
-    state::{Access, AppState, prometheus},
+    state::{Access, AppState, Peers, prometheus},
 };
 
 /// Everything `serve` needs to know, in one typed place. `listen` and `data` have no useful
@@ -322,7 +322,11 @@ pub async fn serve(
         access,
         sessions,
         stopping,
-        forward_timeout: options.forward_timeout,
+        peers: Peers {
+            client: listen::peer_client(options.tls.as_ref().map(|t| t.cert.as_path()))?,
+            tls: options.tls.is_some(),
+            timeout: options.forward_timeout,
+        },
     });
     println!("listening on {addr}");
     let _ = std::io::stdout().flush();

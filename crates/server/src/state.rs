@@ -30,8 +30,27 @@ pub struct AppState {
     pub sessions: std::sync::Arc<Sessions>,
     /// Turns true when the server begins to stop: open event streams end then.
     pub stopping: tokio::sync::watch::Receiver<bool>,
-    /// How long a request passed on to a run's owner waits for its answer.
-    pub forward_timeout: std::time::Duration,
+    /// How requests are passed on to the node that runs their run.
+    pub peers: Peers,
+}
+
+/// How this node reaches the others: over TLS when it serves TLS itself, with a bound on
+/// how long a request passed on waits for its answer.
+#[derive(Clone)]
+pub struct Peers {
+    /// The client, trusting the server's own certificate chain when it has one.
+    pub client: reqwest::Client,
+    /// Whether the nodes speak TLS to each other.
+    pub tls: bool,
+    /// How long a request passed on waits for its answer.
+    pub timeout: std::time::Duration,
+}
+
+impl Peers {
+    /// `https` or `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls { "https" } else { "http" }
+    }
 }
 
 /// The process's Prometheus recorder: installed as the `metrics` facade's global recorder
