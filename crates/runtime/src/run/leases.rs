@@ -48,13 +48,14 @@ fn local_ms(shared: &Shared) -> u64 {
 }
 
 /// Sets the time base the nodes share from a heartbeat sent at `sent_ms` (this machine's
-/// time) that read the database's clock as `database_ms`. A reading whose round trip took
-/// longer than `max_clock_skew` says too little about the offset and is passed over.
+/// time) that read the database's clock as `database_ms`. A reading is off by up to half its
+/// round trip: one that took longer than `max_clock_skew`, or than a second, says too little
+/// and is passed over.
 fn agree(shared: &Shared, database_ms: u64, sent_ms: u64) {
     let Some(agreed) = &shared.agreed else { return };
     let answered_ms = agreed.local_ms();
     let bound = u64::try_from(shared.config.max_clock_skew.as_millis()).unwrap_or(u64::MAX);
-    if answered_ms.saturating_sub(sent_ms) > bound {
+    if answered_ms.saturating_sub(sent_ms) > bound.min(ROUND_TRIP_MAX_MS) {
         tracing::debug!(
             round_trip_ms = answered_ms.saturating_sub(sent_ms),
             "heartbeat too slow to set the clock by"
@@ -75,6 +76,9 @@ fn agree(shared: &Shared, database_ms: u64, sent_ms: u64) {
         tracing::info!(offset_ms = offset, "this machine's clock is back within max_clock_skew");
     }
 }
+
+/// The slowest heartbeat the offset is measured from, ms: its reading is off by up to half.
+const ROUND_TRIP_MAX_MS: u64 = 1_000;
 
 /// Whether this machine's clock is further from the database's than `max_clock_skew`.
 fn clock_skewed(shared: &Shared) -> bool {
