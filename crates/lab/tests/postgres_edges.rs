@@ -10,31 +10,17 @@ mod common;
 
 use std::{
     ffi::OsStr,
-    path::Path,
     process::{Command, Stdio},
     sync::{Arc, Barrier},
     time::{Duration, Instant},
 };
 
-use common::{BIN, Served};
+use common::{
+    BIN, Served,
+    nodes::{json_of, node, node_args, three_nodes},
+};
 use durafiber_testkit::postgres::PgServer;
 use serde_json::{Value, json};
-
-const LEASE: &str = "2s";
-
-fn node_args<'a>(url: &'a str, id: &'a str) -> [&'a OsStr; 6] {
-    ["--store", url, "--node-id", id, "--lease-ttl", LEASE].map(OsStr::new)
-}
-
-fn node(data: &Path, url: &str, id: &str) -> Served {
-    Served::start_with(data, &node_args(url, id))
-}
-
-async fn json_of(r: reqwest::RequestBuilder) -> (u16, Value) {
-    let r = r.send().await.expect("request");
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_started_at_once_on_a_fresh_database_make_one_admin_token_that_works_on_all() {
@@ -142,26 +128,6 @@ async fn a_node_restarted_at_once_after_a_sigkill_gets_its_id_back() {
     }
     println!("the restarted n1 listened {waited:?} after the kill");
     assert!(waited < Duration::from_secs(15), "{waited:?}");
-}
-
-/// Three nodes on one database, started one after another in one data directory (so they
-/// share its admin token), once each holds shards and together they hold all.
-async fn three_nodes(data: &Path, url: &str) -> Vec<Served> {
-    let nodes: Vec<Served> = ["n1", "n2", "n3"].iter().map(|id| node(data, url, id)).collect();
-    let http = nodes[0].client();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let mut counts = Vec::new();
-        for n in &nodes {
-            let (_, h) = json_of(http.get(n.url("/health"))).await;
-            counts.push(h["shards"].as_u64().unwrap_or(0));
-        }
-        if counts.iter().all(|c| *c > 0) && counts.iter().sum::<u64>() == 1024 {
-            return nodes;
-        }
-        assert!(Instant::now() < deadline, "the shards never spread over the nodes: {counts:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Starts a long run through `via` and returns its id and the index of the node that runs it.

@@ -11,55 +11,15 @@ mod common;
 
 use std::{
     collections::{HashMap, HashSet},
-    ffi::OsStr,
-    path::Path,
     time::{Duration, Instant},
 };
 
-use common::Served;
+use common::{
+    Served,
+    nodes::{balanced, json_of, node, three_nodes},
+};
 use durafiber_testkit::{postgres::PgServer, upstream::Upstream};
 use serde_json::{Value, json};
-
-const LEASE: &str = "2s";
-
-fn node(data: &Path, url: &str, id: &str) -> Served {
-    let args = ["--store", url, "--node-id", id, "--lease-ttl", LEASE];
-    let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
-    Served::start_with(data, &args)
-}
-
-async fn json_of(r: reqwest::RequestBuilder) -> (u16, Value) {
-    let r = r.send().await.expect("request");
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
-/// Three nodes on one database, once each holds shards and together they hold all.
-async fn three_nodes(data: &Path, url: &str) -> Vec<Served> {
-    let mut nodes = vec![node(data, url, "n1")];
-    nodes.push(node(data, url, "n2"));
-    nodes.push(node(data, url, "n3"));
-    balanced(&nodes).await;
-    nodes
-}
-
-/// Waits until every node holds shards and together they hold all 1,024.
-async fn balanced(nodes: &[Served]) {
-    let http = nodes[0].client();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let mut counts = Vec::new();
-        for n in nodes {
-            let (_, h) = json_of(http.get(n.url("/health"))).await;
-            counts.push(h["shards"].as_u64().unwrap_or(0));
-        }
-        if counts.iter().all(|c| *c > 0) && counts.iter().sum::<u64>() == 1024 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the shards never spread over the nodes: {counts:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_key_started_fifty_times_through_three_nodes_makes_one_run_and_decisions_reach_the_owner() {
