@@ -140,10 +140,25 @@ pub(crate) async fn join(shared: &Shared, advertise: &str) -> Result<(), Runtime
 
 /// Holds the node's leases until shutdown: renews them, and fences the node by itself at
 /// its deadline while a renewal does not get through.
+///
+/// The fence runs as a task of its own: a tick can be held up for seconds in a call to a
+/// database that does not answer (or that it waits for while the database restarts), and
+/// the deadline must pass on time all the same.
 pub(crate) async fn hold(shared: Arc<Shared>, advertise: String) {
-    tokio::select! {
-        () = renew(&shared, &advertise) => {}
-        () = fence_at_deadline(&shared) => {}
+    let fence = {
+        let shared = shared.clone();
+        AbortOnDrop(tokio::spawn(async move { fence_at_deadline(&shared).await }))
+    };
+    renew(&shared, &advertise).await;
+    drop(fence);
+}
+
+/// Stops a task when its handle goes: the fence ends with the leases' holder.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
