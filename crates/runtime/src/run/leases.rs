@@ -54,7 +54,7 @@ fn local_ms(shared: &Shared) -> u64 {
 fn agree(shared: &Shared, database_ms: u64, sent_ms: u64) {
     let Some(agreed) = &shared.agreed else { return };
     let answered_ms = agreed.local_ms();
-    let bound = u64::try_from(shared.config.max_clock_skew.as_millis()).unwrap_or(u64::MAX);
+    let bound = skew_bound_ms(shared);
     if answered_ms.saturating_sub(sent_ms) > bound.min(ROUND_TRIP_MAX_MS) {
         tracing::debug!(
             round_trip_ms = answered_ms.saturating_sub(sent_ms),
@@ -80,9 +80,14 @@ fn agree(shared: &Shared, database_ms: u64, sent_ms: u64) {
 /// The slowest heartbeat the offset is measured from, ms: its reading is off by up to half.
 const ROUND_TRIP_MAX_MS: u64 = 1_000;
 
+/// `max_clock_skew`, ms.
+fn skew_bound_ms(shared: &Shared) -> u64 {
+    u64::try_from(shared.config.max_clock_skew.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// Whether this machine's clock is further from the database's than `max_clock_skew`.
 fn clock_skewed(shared: &Shared) -> bool {
-    let bound = u64::try_from(shared.config.max_clock_skew.as_millis()).unwrap_or(u64::MAX);
+    let bound = skew_bound_ms(shared);
     shared.agreed.as_ref().is_some_and(|a| a.offset_ms().unsigned_abs() > bound)
 }
 

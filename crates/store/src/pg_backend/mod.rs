@@ -222,9 +222,11 @@ impl PgBackend {
         // thread while this one waits: a database that stops answering must not stop the
         // runtime's timers (its self-fence deadline among them) with it. Elsewhere (the
         // store's writer thread, a single-threaded runtime) the thread just waits.
-        let on_worker = tokio::runtime::Handle::try_current()
-            .is_ok_and(|rt| rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        if on_worker { tokio::task::block_in_place(answer)? } else { answer()? }
+        if crate::store::on_multi_threaded_runtime() {
+            tokio::task::block_in_place(answer)?
+        } else {
+            answer()?
+        }
     }
 }
 
