@@ -202,6 +202,38 @@ pub enum Bench {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Runs waiting for approval: resident memory per waiting run once they have left
+    /// memory, and how soon approved runs go on.
+    Idle {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Runs that wait for approval.
+        #[arg(long, default_value_t = 10_000)]
+        runs: usize,
+        /// The share of them approved at the end.
+        #[arg(long, default_value_t = 0.01)]
+        approve_share: f64,
+        /// The runtime's `waiting_in_memory`; as many as `--runs` keeps every waiting fiber
+        /// in memory (and `hibernate_after` at a day), to compare with parking them.
+        #[arg(long, default_value_t = durafiber_runtime::limits::WAITING_IN_MEMORY_DEFAULT)]
+        waiting_in_memory: usize,
+    },
+    /// Internal: the process `bench idle` measures.
+    #[command(hide = true)]
+    IdleChild {
+        /// The data directory.
+        data: PathBuf,
+        /// Runs.
+        #[arg(long)]
+        runs: usize,
+        /// The share approved.
+        #[arg(long)]
+        approve_share: f64,
+        /// The runtime's `waiting_in_memory`.
+        #[arg(long)]
+        waiting_in_memory: usize,
+    },
     /// Internal: one node of `bench stash --nodes`.
     #[command(hide = true)]
     StashNode {

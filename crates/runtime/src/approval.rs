@@ -121,9 +121,9 @@ async fn wait_for_decision(
         raw.cell.approval_waiter.lock().take();
         return Ok(d);
     }
-    shared.liveness.fiber_waiting(&raw.cell.run_id, true, shared.now_ms());
+    shared.fiber_waiting(&raw.cell.run_id, true, shared.now_ms());
     let outcome = shared.parked(raw.in_fiber, rx).await;
-    shared.liveness.fiber_waiting(&raw.cell.run_id, false, shared.now_ms());
+    shared.fiber_waiting(&raw.cell.run_id, false, shared.now_ms());
     match outcome {
         // The wake token drops here, after the fiber counts itself busy again.
         Ok(ApprovalOutcome::Decided(d, _token)) => Ok(d),

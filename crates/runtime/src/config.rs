@@ -130,9 +130,15 @@ pub struct RuntimeConfig {
     /// Retry n of a failed alarm waits this × 2^(n-1), plus up to 25% jitter.
     #[serde(with = "humantime_serde")]
     pub alarm_retry_base: Duration,
-    /// Idle hibernateable runs hibernate after this long.
+    /// Idle hibernateable runs hibernate after this long, and fibers idle on a durable wait
+    /// leave memory (are parked) after it.
     #[serde(with = "humantime_serde")]
     pub hibernate_after: Duration,
+    /// Fibers waiting on a durable wait (an approval, a sleep, an event) kept in memory at
+    /// most (10,000). A waiting fiber leaves memory after `hibernate_after` anyway; past this
+    /// many, the longest waiting leave at once, so a burst of waiting runs costs a bounded
+    /// amount of memory. The wait's end re-enters a parked run from its journal.
+    pub waiting_in_memory: usize,
     /// Idle non-hibernateable runs are evicted after a draw from this range: "70s..140s".
     pub evict_after: String,
     /// A held keep-alive counts as activity this often.
@@ -203,6 +209,7 @@ impl Default for RuntimeConfig {
             message_wall_limit: limits::MESSAGE_WALL_LIMIT_DEFAULT,
             alarm_retry_base: limits::ALARM_RETRY_BASE,
             hibernate_after: limits::HIBERNATE_AFTER_DEFAULT,
+            waiting_in_memory: limits::WAITING_IN_MEMORY_DEFAULT,
             evict_after: format!(
                 "{}..{}",
                 humantime::format_duration(limits::EVICT_AFTER_MIN_DEFAULT),

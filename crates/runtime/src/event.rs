@@ -198,7 +198,7 @@ pub(crate) async fn wait(
             raw.cell.event_waiter.lock().take();
             continue;
         }
-        shared.liveness.fiber_waiting(&run_id, true, shared.now_ms());
+        shared.fiber_waiting(&run_id, true, shared.now_ms());
         let deadline = timeout_at_ms.unwrap_or(u64::MAX);
         let woken = shared
             .parked(raw.in_fiber, async {
@@ -210,7 +210,7 @@ pub(crate) async fn wait(
             .await;
         // The wake token drops here, after the fiber counts itself busy again.
         drop(woken);
-        shared.liveness.fiber_waiting(&run_id, false, shared.now_ms());
+        shared.fiber_waiting(&run_id, false, shared.now_ms());
     }
 }
 

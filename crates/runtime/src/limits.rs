@@ -106,6 +106,10 @@ pub const ALARM_DELIVERIES_IN_FLIGHT_MAX: usize = 2048;
 pub const EVENT_LOG_MAX: usize = 65_536;
 /// Idle and hibernateable for this long: the run hibernates.
 pub const HIBERNATE_AFTER_DEFAULT: Duration = Duration::from_secs(10);
+/// Fibers waiting on a durable wait kept in memory at most, by default. A waiting fiber
+/// costs about 4.5 KB of heap (its future, its cell, its entries in the run maps);
+/// re-entering a parked run when its wait ends costs a recovery (`bench idle`).
+pub const WAITING_IN_MEMORY_DEFAULT: usize = 10_000;
 /// Idle but not hibernateable: evicted after a draw from this range ...
 pub const EVICT_AFTER_MIN_DEFAULT: Duration = Duration::from_secs(70);
 /// ... to this.

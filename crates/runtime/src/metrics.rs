@@ -95,6 +95,8 @@ pub struct Metrics {
     pub activations: Counter,
     /// Idle runs hibernated.
     pub hibernations: Counter,
+    /// Runs whose fiber left memory while it waited on a durable wait.
+    pub parks: Counter,
     /// Runs evicted.
     pub evictions: Counter,
     /// Recovery hooks called.
@@ -135,6 +137,8 @@ pub struct MetricsSnapshot {
     pub activations: u64,
     /// Idle runs hibernated.
     pub hibernations: u64,
+    /// Runs whose fiber left memory while it waited on a durable wait.
+    pub parks: u64,
     /// Runs evicted.
     pub evictions: u64,
     /// Recovery hooks called.
@@ -171,6 +175,7 @@ impl Default for Metrics {
             starts: Counter::new("durafiber_runs_started_total"),
             activations: Counter::new("durafiber_activations_total"),
             hibernations: Counter::new("durafiber_hibernations_total"),
+            parks: Counter::new("durafiber_parks_total"),
             evictions: Counter::new("durafiber_evictions_total"),
             recoveries: Counter::new("durafiber_recoveries_total"),
             heartbeats: Counter::new("durafiber_heartbeats_total"),
@@ -198,6 +203,7 @@ pub fn describe() {
         (&m.starts, "Runs accepted by start."),
         (&m.activations, "Actors activated, cold starts included."),
         (&m.hibernations, "Idle runs hibernated."),
+        (&m.parks, "Runs whose fiber left memory while it waited on a durable wait."),
         (&m.evictions, "Runs evicted."),
         (&m.recoveries, "Recovery hooks called."),
         (&m.heartbeats, "Keep-alive heartbeats counted as activity."),
@@ -243,6 +249,7 @@ impl Metrics {
             starts: self.starts.get(),
             activations: self.activations.get(),
             hibernations: self.hibernations.get(),
+            parks: self.parks.get(),
             evictions: self.evictions.get(),
             recoveries: self.recoveries.get(),
             heartbeats: self.heartbeats.get(),

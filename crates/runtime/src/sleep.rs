@@ -71,9 +71,9 @@ pub(crate) async fn sleep(raw: &mut RawCtx, name: &str, at: alarm::AlarmAt) -> R
         shared.event(&run_id, "sleep", format!("{name} until {}", record.wake_at_ms));
         crate::eviction::idle::boundary(raw, || Boundary::AfterSleep(name.to_string())).await;
         // Waiting here is not work: the run may be evicted meanwhile, like a pause.
-        shared.liveness.fiber_waiting(&run_id, true, now);
+        shared.fiber_waiting(&run_id, true, now);
         shared.parked(raw.in_fiber, shared.clock.sleep_until(record.wake_at_ms)).await;
-        shared.liveness.fiber_waiting(&run_id, false, shared.now_ms());
+        shared.fiber_waiting(&run_id, false, shared.now_ms());
     }
     woke(&shared, &raw.cell, record, &wake_alarm).await?;
     Ok(())

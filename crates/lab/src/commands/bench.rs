@@ -26,7 +26,9 @@ use durafiber_runtime::{Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered
 use durafiber_store::{Store, StoreConfig};
 use serde_json::{Value, json};
 
-use super::measure::{RawSyncs, Samples, bench_began, commit_until, print_bench_report, progress};
+use super::measure::{
+    RawSyncs, Samples, bench_began, commit_until, peak_rss_bytes, print_bench_report, progress, rss_bytes,
+};
 use crate::args::Bench;
 
 /// Runs one benchmark.
@@ -57,6 +59,17 @@ pub async fn run(which: Bench) -> anyhow::Result<i32> {
             super::bench_steps::steps(json, plan, out.as_deref()).await
         }
         Bench::StepsChild { data, mode, runs } => super::bench_steps::child(&data, &mode, runs).await,
+        Bench::Idle { json, runs, approve_share, waiting_in_memory } => {
+            super::bench_idle::idle(json, super::bench_idle::Plan { runs, approve_share, waiting_in_memory })
+                .await
+        }
+        Bench::IdleChild { data, runs, approve_share, waiting_in_memory } => {
+            super::bench_idle::child(
+                &data,
+                super::bench_idle::Plan { runs, approve_share, waiting_in_memory },
+            )
+            .await
+        }
     }
 }
 
@@ -335,23 +348,6 @@ async fn schedule_within_one_second(
         t.await??;
     }
     Ok(())
-}
-
-/// The process's peak resident memory so far (`VmHWM`), in bytes.
-fn peak_rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|kb| kb.parse::<u64>().ok())
-        .unwrap_or(0)
-        * 1024
-}
-
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    statm.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0) * 4096
 }
 
 async fn bench_alarms(json: bool, alarms: usize, pending: usize, out: Option<&Path>) -> anyhow::Result<i32> {

@@ -125,6 +125,24 @@ fn svg_histogram(samples: &mut [u64], title: &str, unit: &str) -> String {
     svg
 }
 
+/// The process's peak resident memory so far (`VmHWM`), in bytes.
+pub(super) fn peak_rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+/// The process's resident memory now (`/proc/self/statm`), in bytes.
+pub(super) fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    statm.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0) * 4096
+}
+
 pub(super) fn progress(msg: &str) {
     eprintln!("bench: {msg}");
 }

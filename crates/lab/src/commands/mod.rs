@@ -2,6 +2,7 @@
 //! `durafiber-cli` with the demo agents.
 
 pub mod bench;
+mod bench_idle;
 mod bench_nodes;
 mod bench_steps;
 pub mod drill;

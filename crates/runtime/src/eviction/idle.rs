@@ -1,4 +1,5 @@
-//! The supervisor's decisions carried out (§7.2–§7.3): hibernation, a graceful stop;
+//! The supervisor's decisions carried out (§7.2–§7.3): hibernation, a graceful stop; a
+//! park, which lets a fiber waiting on a durable wait go;
 //! eviction, which drops a fiber's future mid-await exactly as a process death would; the
 //! recovery count given back after an interruption the runtime caused; and the boundaries
 //! where the crash hook or seeded chaos evicts a run. `kernel/activity.rs` decides when.
@@ -54,6 +55,22 @@ async fn kill(shared: &Arc<Shared>, run_id: &str) -> Option<LiveRun> {
     }
     shared.liveness.remove(run_id);
     live
+}
+
+/// Parks a run whose fiber waits on a durable wait: the fiber's future and the actor leave
+/// memory, and the wait's end (a decision, an event, the wake's alarm) re-enters the run
+/// from its journal, as after an eviction. A wait that ended just before the park has left
+/// the run `Running`: it is woken at once.
+pub(crate) async fn park(shared: &Arc<Shared>, run_id: &str) {
+    let _one_at_a_time = shared.registry.transition(run_id).await;
+    if !shared.liveness.is_parkable(run_id) {
+        shared.liveness.reopen(run_id);
+        return;
+    }
+    let Some(live) = kill(shared, run_id).await else { return };
+    Metrics::bump(&shared.metrics.parks);
+    shared.event(run_id, "parked", "waiting");
+    give_back_recovery(shared, &live.cell, Some(WakeReason::Resumed)).await;
 }
 
 /// Evicts a run: its actor is killed wherever it is and its fiber's future dropped.

@@ -6,7 +6,10 @@
 //! unless `fiber_keep_alive` is off, and lets it go while it waits for a human). A held run
 //! counts a heartbeat as activity every `keep_alive_heartbeat`. An unheld run is
 //! *hibernateable* when no fiber is in memory: idle for `hibernate_after`, it hibernates.
-//! Otherwise, idle for `evict_after` (drawn anew per idle period), it is evicted.
+//! An unheld run whose fiber waits on a durable wait (an approval, a sleep, an event) is
+//! *parkable*: idle for `hibernate_after`, it is parked — its fiber dropped, as its wait's
+//! end re-enters it from the journal anyway. Otherwise, idle for `evict_after` (drawn anew
+//! per idle period), it is evicted.
 
 use durafiber_store::lock::{Mutex, MutexGuard};
 use std::{
@@ -38,6 +41,8 @@ struct LiveState {
     indexed_at_ms: Option<u64>,
     /// Which activation this is: a guard taken in an earlier one releases nothing here.
     epoch: u64,
+    /// Counted in `Table::waiting`: parkable and not yet closing.
+    counted_waiting: bool,
 }
 
 /// Live runs and their deadlines, indexed by time so a tick touches only the due ones.
@@ -48,11 +53,17 @@ struct LiveState {
 struct Table {
     states: super::RunMap<Arc<str>, LiveState>,
     by_deadline: BTreeMap<(u64, u64), Arc<str>>,
+    /// Fibers waiting on a durable wait in memory, not yet being parked.
+    waiting: usize,
 }
 
 impl LiveState {
     fn held(&self) -> bool {
         self.guards > 0 || (self.fiber_active && self.fiber_keep_alive && !self.fiber_waiting)
+    }
+
+    fn parkable(&self) -> bool {
+        !self.held() && self.fiber_active && self.fiber_waiting
     }
 }
 
@@ -60,6 +71,7 @@ impl LiveState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Action {
     Hibernate,
+    Park,
     Evict,
 }
 
@@ -71,6 +83,8 @@ pub(crate) struct Liveness {
     hibernate_after_ms: u64,
     evict_after_ms: (u64, u64),
     heartbeat_ms: u64,
+    /// Past this many fibers waiting in memory, the longest waiting are parked at once.
+    waiting_max: usize,
 }
 
 impl Liveness {
@@ -85,6 +99,7 @@ impl Liveness {
             hibernate_after_ms: config.hibernate_after.as_millis() as u64,
             evict_after_ms: (lo.as_millis() as u64, hi.as_millis() as u64),
             heartbeat_ms: config.keep_alive_heartbeat.as_millis() as u64,
+            waiting_max: config.waiting_in_memory,
         }
     }
 
@@ -96,9 +111,15 @@ impl Liveness {
         self.runs.lock()
     }
 
-    /// Puts the run back in the deadline index under its current deadline.
+    /// Puts the run back in the deadline index under its current deadline, and counts it
+    /// among the waiting fibers if it is one.
     fn reindex(&self, table: &mut Table, run_id: &str) {
         let Some(state) = table.states.get_mut(run_id) else { return };
+        let counted = !state.closing && state.parkable();
+        if counted != state.counted_waiting {
+            state.counted_waiting = counted;
+            table.waiting = if counted { table.waiting + 1 } else { table.waiting.saturating_sub(1) };
+        }
         let at = (!state.closing).then(|| self.deadline(state));
         if at == state.indexed_at_ms {
             return;
@@ -154,6 +175,9 @@ impl Liveness {
                 if let Some(at) = old.indexed_at_ms {
                     table.by_deadline.remove(&(at, old.epoch));
                 }
+                if old.counted_waiting {
+                    table.waiting = table.waiting.saturating_sub(1);
+                }
                 old.id.clone()
             }
             None => Arc::from(run_id),
@@ -173,6 +197,7 @@ impl Liveness {
                 rng,
                 indexed_at_ms: None,
                 epoch: self.epochs.fetch_add(1, Ordering::Relaxed) + 1,
+                counted_waiting: false,
             },
         );
         self.reindex(table, run_id);
@@ -202,8 +227,11 @@ impl Liveness {
         });
     }
 
-    pub fn fiber_waiting(&self, run_id: &str, waiting: bool, now_ms: u64) {
+    /// The run's fiber starts or stops waiting on a durable wait. True when more fibers wait
+    /// in memory than `waiting_in_memory` allows: the driver should park some now.
+    pub fn fiber_waiting(&self, run_id: &str, waiting: bool, now_ms: u64) -> bool {
         self.with(run_id, now_ms, |s| s.fiber_waiting = waiting);
+        self.lock().waiting > self.waiting_max
     }
 
     /// A guard was taken: the activation it was taken in, or `None` when the run is not live.
@@ -226,10 +254,13 @@ impl Liveness {
 
     pub fn remove(&self, run_id: &str) {
         let mut table = self.lock();
-        if let Some(state) = table.states.remove(run_id)
-            && let Some(at) = state.indexed_at_ms
-        {
-            table.by_deadline.remove(&(at, state.epoch));
+        if let Some(state) = table.states.remove(run_id) {
+            if let Some(at) = state.indexed_at_ms {
+                table.by_deadline.remove(&(at, state.epoch));
+            }
+            if state.counted_waiting {
+                table.waiting = table.waiting.saturating_sub(1);
+            }
         }
     }
 
@@ -237,11 +268,16 @@ impl Liveness {
         self.lock().states.get(run_id).is_some_and(|s| !s.held() && !s.fiber_active)
     }
 
+    /// Whether the run's fiber waits on a durable wait with nothing holding the run.
+    pub fn is_parkable(&self, run_id: &str) -> bool {
+        self.lock().states.get(run_id).is_some_and(|s| !s.held() && s.fiber_active && s.fiber_waiting)
+    }
+
     fn deadline(&self, s: &LiveState) -> u64 {
         if let Some(since) = s.held_since_ms {
             let beats = (s.last_activity_ms.max(since) - since) / self.heartbeat_ms.max(1) + 1;
             since.saturating_add(beats.saturating_mul(self.heartbeat_ms))
-        } else if !s.fiber_active {
+        } else if !s.fiber_active || s.fiber_waiting {
             s.last_activity_ms.saturating_add(self.hibernate_after_ms)
         } else {
             s.last_activity_ms.saturating_add(s.evict_after_ms)
@@ -249,7 +285,11 @@ impl Liveness {
     }
 
     pub fn next_deadline_ms(&self) -> Option<u64> {
-        self.lock().by_deadline.first_key_value().map(|((at, _), _)| *at)
+        let table = self.lock();
+        if table.waiting > self.waiting_max {
+            return Some(0);
+        }
+        table.by_deadline.first_key_value().map(|((at, _), _)| *at)
     }
 
     /// Counts due heartbeats (returned as `heartbeats`) and returns the runs to hibernate or
@@ -276,15 +316,41 @@ impl Liveness {
                 heartbeats.push(run_id.to_string());
             } else {
                 s.closing = true;
-                out.push((
-                    run_id.to_string(),
-                    if s.fiber_active { Action::Evict } else { Action::Hibernate },
-                ));
+                let action = match (s.fiber_active, s.fiber_waiting) {
+                    (false, _) => Action::Hibernate,
+                    (true, true) => Action::Park,
+                    (true, false) => Action::Evict,
+                };
+                out.push((run_id.to_string(), action));
             }
             self.reindex(&mut table, &run_id);
         }
+        self.park_the_excess(&mut table, &mut out);
         out.sort();
         out
+    }
+
+    /// Past `waiting_max` fibers waiting in memory, the ones that would be parked soonest
+    /// are parked now: a burst of runs that all wait costs memory for at most that many.
+    fn park_the_excess(&self, table: &mut Table, out: &mut Vec<(String, Action)>) {
+        let excess = table.waiting.saturating_sub(self.waiting_max);
+        if excess == 0 {
+            return;
+        }
+        let picked: Vec<Arc<str>> = table
+            .by_deadline
+            .values()
+            .filter(|id| table.states.get(*id).is_some_and(|s| s.counted_waiting))
+            .take(excess)
+            .cloned()
+            .collect();
+        for run_id in picked {
+            if let Some(s) = table.states.get_mut(&run_id) {
+                s.closing = true;
+                out.push((run_id.to_string(), Action::Park));
+            }
+            self.reindex(table, &run_id);
+        }
     }
 
     pub fn reopen(&self, run_id: &str) {

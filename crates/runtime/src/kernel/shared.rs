@@ -211,6 +211,14 @@ impl Shared {
         rate > 0.0 && self.rng_chaos.lock().chance(rate)
     }
 
+    /// The run's fiber starts or stops waiting on a durable wait; the driver is woken when
+    /// too many wait in memory, to park the longest waiting.
+    pub fn fiber_waiting(&self, run_id: &str, waiting: bool, now_ms: u64) {
+        if self.liveness.fiber_waiting(run_id, waiting, now_ms) {
+            self.driver_wake.notify_one();
+        }
+    }
+
     /// Re-activates `run_id` at `at_ms`.
     pub fn wake_at(&self, at_ms: u64, run_id: &str) {
         tracing::debug!(run_id, at_ms, "wake scheduled");

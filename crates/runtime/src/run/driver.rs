@@ -1,5 +1,5 @@
 //! The driver: the one loop that moves runs on time. Each tick carries out the activity
-//! tracker's due decisions (hibernate, evict, heartbeat), re-enters the runs whose wake has
+//! tracker's due decisions (hibernate, park, evict, heartbeat), re-enters the runs whose wake has
 //! come, and starts due alarm deliveries; on the system clock it sleeps until the next
 //! deadline, on a virtual clock `Runtime::advance` calls `tick` itself.
 
@@ -26,6 +26,7 @@ pub(crate) async fn tick(shared: &Arc<Shared>) -> Option<u64> {
         shared.spawn_tracked(async move {
             match action {
                 Action::Hibernate => idle::hibernate(&shared2, &run_id).await,
+                Action::Park => idle::park(&shared2, &run_id).await,
                 Action::Evict => idle::evict(&shared2, &run_id, "idle without keep-alive").await,
             }
         });
