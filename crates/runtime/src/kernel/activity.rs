@@ -270,7 +270,7 @@ impl Liveness {
 
     /// Whether the run's fiber waits on a durable wait with nothing holding the run.
     pub fn is_parkable(&self, run_id: &str) -> bool {
-        self.lock().states.get(run_id).is_some_and(|s| !s.held() && s.fiber_active && s.fiber_waiting)
+        self.lock().states.get(run_id).is_some_and(LiveState::parkable)
     }
 
     fn deadline(&self, s: &LiveState) -> u64 {
