@@ -219,6 +219,12 @@ pub enum Bench {
         #[arg(long, default_value_t = durafiber_runtime::limits::WAITING_IN_MEMORY_DEFAULT)]
         waiting_in_memory: usize,
     },
+    /// Internal: the process whose memory `bench alarms --pending` measures.
+    #[command(hide = true)]
+    AlarmsMemoryChild {
+        /// The data directory.
+        data: PathBuf,
+    },
     /// Internal: the process `bench idle` measures.
     #[command(hide = true)]
     IdleChild {
