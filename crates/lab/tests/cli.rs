@@ -196,6 +196,27 @@ fn bench_steps_kills_with_runs_in_flight_and_reruns_no_acknowledged_step() {
     assert_eq!(report["sequential_turns"], 2, "{report}");
 }
 
+/// `bench idle` at a small size, every waiting fiber parked at once: each approved run goes on
+/// once, from its journal, and none is left in memory.
+#[test]
+fn bench_idle_parks_every_waiting_run_and_the_approved_ones_go_on() {
+    let report = bench_report(&[
+        "bench",
+        "idle",
+        "--json",
+        "--runs",
+        "300",
+        "--approve-share",
+        "0.1",
+        "--waiting-in-memory",
+        "0",
+    ]);
+    assert_eq!(report["still_live"], 0, "every waiting fiber left memory: {report}");
+    assert_eq!(report["approved"], 30, "{report}");
+    assert_eq!((report["went_on"].clone(), report["completed"].clone()), (30.into(), 30.into()), "{report}");
+    assert!(report["parked_bytes_per_run"].as_f64().is_some(), "{report}");
+}
+
 /// `bench recover --repeat` recovers every run of the killed store on each fresh copy of it.
 #[test]
 fn bench_recover_repeated_recovers_every_run_on_each_copy_of_the_killed_store() {
