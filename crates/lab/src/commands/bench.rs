@@ -31,6 +31,7 @@ use serde_json::{Value, json};
 
 use super::measure::{
     RawSyncs, Samples, bench_began, commit_until, peak_rss_bytes, print_bench_report, progress, rss_bytes,
+    start_runs,
 };
 use crate::args::Bench;
 
@@ -148,20 +149,7 @@ async fn recover_child(data: &Path, mode: &str, runs: usize, pause_ms: u64) -> a
     let runtime_open_ms = process_start.elapsed().as_secs_f64() * 1000.0;
     if mode == "start" {
         let input = StepsInput { steps: 1_000_000, pause_ms };
-        let mut tasks = Vec::new();
-        for chunk in 0..runs.div_ceil(500) {
-            let rt = rt.clone();
-            let input = input.clone();
-            tasks.push(tokio::spawn(async move {
-                for i in chunk * 500..((chunk + 1) * 500).min(runs) {
-                    rt.start::<Steps>(&format!("bench-{i}"), &input).await?;
-                }
-                Ok::<_, durafiber_runtime::RuntimeError>(())
-            }));
-        }
-        for t in tasks {
-            t.await??;
-        }
+        start_runs::<Steps>(&rt, runs, "bench", &input, |_| false).await?;
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         println!("ready");
         std::future::pending::<()>().await;
@@ -366,12 +354,17 @@ fn opened_rss_in_child(data: &Path) -> anyhow::Result<u64> {
     text.trim().parse().with_context(|| format!("the memory-measuring process said {text:?}"))
 }
 
-/// The process [`opened_rss_in_child`] starts: prints its resident memory in bytes.
-async fn alarms_memory_child(data: &Path) -> anyhow::Result<i32> {
+/// The store in `data` and a runtime on it that hosts the tickers, which record each
+/// alarm's lateness in `lateness`; no run hibernates while the benchmark lasts.
+async fn open_tickers(data: &Path, lateness: Arc<Mutex<Vec<u64>>>) -> anyhow::Result<Runtime> {
     let store = Store::open_dir(data, StoreConfig::default())?;
     let config = RuntimeConfig { hibernate_after: Duration::from_secs(3600), ..RuntimeConfig::default() };
-    let ticker = Ticker { lateness_us: Arc::default() };
-    let rt = Runtime::builder(store).config(config).agent(ticker).open().await?;
+    Ok(Runtime::builder(store).config(config).agent(Ticker { lateness_us: lateness }).open().await?)
+}
+
+/// The process [`opened_rss_in_child`] starts: prints its resident memory in bytes.
+async fn alarms_memory_child(data: &Path) -> anyhow::Result<i32> {
+    let rt = open_tickers(data, Arc::default()).await?;
     // The open re-enters the runs and reads the window in; let both finish.
     tokio::time::sleep(Duration::from_secs(2)).await;
     println!("{}", rss_bytes());
@@ -382,35 +375,10 @@ async fn alarms_memory_child(data: &Path) -> anyhow::Result<i32> {
 async fn bench_alarms(json: bool, alarms: usize, pending: usize, out: Option<&Path>) -> anyhow::Result<i32> {
     let dir = tempfile::Builder::new().prefix("durafiber-bench-").tempdir_in(std::env::temp_dir())?;
     let lateness = Arc::new(Mutex::new(Vec::new()));
-    let open = |lateness: Arc<Mutex<Vec<u64>>>| {
-        let path = dir.path().to_path_buf();
-        async move {
-            let store = Store::open_dir(&path, StoreConfig::default())?;
-            let config =
-                RuntimeConfig { hibernate_after: Duration::from_secs(3600), ..RuntimeConfig::default() };
-            Ok::<_, anyhow::Error>(
-                Runtime::builder(store).config(config).agent(Ticker { lateness_us: lateness }).open().await?,
-            )
-        }
-    };
     let runs_n = alarms.clamp(1, 10_000);
-    let rt = open(lateness.clone()).await?;
+    let rt = open_tickers(dir.path(), lateness.clone()).await?;
     progress(&format!("starting {runs_n} runs that hold the alarms"));
-    let mut starts = Vec::new();
-    for chunk in 0..runs_n.div_ceil(500) {
-        let rt = rt.clone();
-        starts.push(tokio::spawn(async move {
-            let mut ids = Vec::new();
-            for i in chunk * 500..((chunk + 1) * 500).min(runs_n) {
-                ids.push(rt.start::<Ticker>(&format!("ticker-{i}"), &()).await?.run_id);
-            }
-            Ok::<_, durafiber_runtime::RuntimeError>(ids)
-        }));
-    }
-    let mut runs = Vec::new();
-    for s in starts {
-        runs.extend(s.await??);
-    }
+    let runs = start_runs::<Ticker>(&rt, runs_n, "ticker", &(), |_| true).await?;
     let mut rss_per_pending = 0.0;
     let mut bulk_peak_rss = 0;
     let rt = if pending > 0 {
@@ -429,7 +397,7 @@ async fn bench_alarms(json: bool, alarms: usize, pending: usize, out: Option<&Pa
         bulk_peak_rss = peak_rss_bytes();
         let rss_with = opened_rss_in_child(dir.path())?;
         rss_per_pending = rss_with.saturating_sub(rss_without) as f64 / pending as f64;
-        open(lateness.clone()).await?
+        open_tickers(dir.path(), lateness.clone()).await?
     } else {
         rt
     };

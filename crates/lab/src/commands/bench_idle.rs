@@ -24,14 +24,12 @@ use durafiber_store::{Store, StoreConfig};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
-use super::measure::{Samples, print_bench_report, progress, rss_bytes};
+use super::measure::{Samples, print_bench_report, progress, rss_bytes, start_runs};
 
 /// The approval every run asks for.
 const APPROVAL: &str = "go";
 /// What every run shows its reviewer: one payload, so one hash approves any of them.
 const PAYLOAD: &str = "may this run go on?";
-/// Runs started per task.
-const STARTS_PER_TASK: usize = 500;
 
 /// Asks for one approval, then ends. Counts who asked and when each went on.
 struct Waiter {
@@ -138,31 +136,11 @@ pub async fn child(data: &Path, plan: Plan) -> anyhow::Result<i32> {
     let rt = Runtime::builder(store).config(config.clone()).agent(agent).open().await?;
     let rss_open = rss_bytes();
 
-    // Every hundredth run is approved later; only their ids are kept.
+    // Every `every`-th run is approved at the end; only their ids are kept.
     let every = (1.0 / approve_share.clamp(1e-6, 1.0)).round().max(1.0) as usize;
     progress(&format!("starting {runs} runs that wait for approval"));
     let began = Instant::now();
-    let mut tasks = Vec::new();
-    for chunk in 0..runs.div_ceil(STARTS_PER_TASK) {
-        let rt = rt.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut kept = Vec::new();
-            for i in chunk * STARTS_PER_TASK..((chunk + 1) * STARTS_PER_TASK).min(runs) {
-                let started = rt.start::<Waiter>(&format!("idle-{i}"), &()).await?;
-                if i % every == 0 {
-                    kept.push(started.run_id);
-                }
-            }
-            Ok::<_, durafiber_runtime::RuntimeError>(kept)
-        }));
-    }
-    let mut to_approve = Vec::new();
-    for (done, t) in tasks.into_iter().enumerate() {
-        to_approve.extend(t.await??);
-        if done % 200 == 199 {
-            progress(&format!("{} runs started", (done + 1) * STARTS_PER_TASK));
-        }
-    }
+    let to_approve = start_runs::<Waiter>(&rt, runs, "idle", &(), move |i| i % every == 0).await?;
     let started_s = began.elapsed().as_secs_f64();
     let deadline = Instant::now() + Duration::from_secs(600);
     while asked.load(Ordering::Relaxed) < runs {

@@ -3,7 +3,7 @@
 //! and the latency of syncs a gap apart), writers that commit stash-sized sync boundaries
 //! until a deadline, and the report, which says how much CPU time the host took meanwhile.
 
-use durafiber_runtime::RunId;
+use durafiber_runtime::{Agent, RunId, Runtime};
 use std::{
     io::Write,
     path::Path,
@@ -141,6 +141,44 @@ pub(super) fn peak_rss_bytes() -> u64 {
 pub(super) fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     statm.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0) * 4096
+}
+
+/// Runs started per task by [`start_runs`].
+const STARTS_PER_TASK: usize = 500;
+
+/// Starts runs `0..runs` of `A` with `input`, keyed `{prefix}-{i}`, from one task per 500
+/// starts, and returns the ids of the runs `keep` picks, in order: only those, as a million
+/// ids would weigh on the memory a benchmark measures. Shows progress every 100,000 runs.
+pub(super) async fn start_runs<A: Agent>(
+    rt: &Runtime,
+    runs: usize,
+    prefix: &str,
+    input: &A::Input,
+    keep: impl Fn(usize) -> bool + Copy + Send + 'static,
+) -> anyhow::Result<Vec<RunId>> {
+    let mut tasks = Vec::new();
+    for chunk in 0..runs.div_ceil(STARTS_PER_TASK) {
+        let (rt, input, prefix) = (rt.clone(), input.clone(), prefix.to_string());
+        tasks.push(tokio::spawn(async move {
+            let mut kept = Vec::new();
+            for i in chunk * STARTS_PER_TASK..((chunk + 1) * STARTS_PER_TASK).min(runs) {
+                let started = rt.start::<A>(&format!("{prefix}-{i}"), &input).await?;
+                if keep(i) {
+                    kept.push(started.run_id);
+                }
+            }
+            Ok::<_, durafiber_runtime::RuntimeError>(kept)
+        }));
+    }
+    let mut kept = Vec::new();
+    for (done, task) in tasks.into_iter().enumerate() {
+        kept.extend(task.await??);
+        let started = (done + 1) * STARTS_PER_TASK;
+        if started.is_multiple_of(100_000) && started < runs {
+            progress(&format!("{started} runs started"));
+        }
+    }
+    Ok(kept)
 }
 
 pub(super) fn progress(msg: &str) {

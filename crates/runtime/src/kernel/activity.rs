@@ -230,8 +230,10 @@ impl Liveness {
     /// The run's fiber starts or stops waiting on a durable wait. True when more fibers wait
     /// in memory than `waiting_in_memory` allows: the driver should park some now.
     pub fn fiber_waiting(&self, run_id: &str, waiting: bool, now_ms: u64) -> bool {
-        self.with(run_id, now_ms, |s| s.fiber_waiting = waiting);
-        self.lock().waiting > self.waiting_max
+        let mut table = self.lock();
+        self.change(&mut table, run_id, now_ms, |s| s.fiber_waiting = waiting);
+        self.reindex(&mut table, run_id);
+        table.waiting > self.waiting_max
     }
 
     /// A guard was taken: the activation it was taken in, or `None` when the run is not live.
