@@ -46,6 +46,8 @@ const RETRY_BUDGET: Duration = Duration::from_secs(30);
 const WAIT_POLL: Duration = Duration::from_millis(100);
 /// Longest a `Retry-After` is honoured for at once; a longer one waits this and tries again.
 const RETRY_AFTER_MAX: Duration = Duration::from_secs(5);
+/// The largest page a list endpoint gives (`limit`): the server's `LIST_PAGE_MAX`.
+pub const PAGE_MAX: usize = durafiber_runtime::limits::LIST_PAGE_MAX;
 
 /// Options of one start: durability, keep-alive and budget, as `POST /runs` takes them.
 #[derive(Debug, Clone, Default)]
@@ -401,9 +403,34 @@ impl Client {
         serde_json::from_value(reply.reply).map_err(|e| ClientError::Decode(e.to_string()))
     }
 
-    /// Every pending approval, with the payload and the hash a decision must quote.
+    /// Every pending approval, with the payload and the hash a decision must quote, read a
+    /// page of [`PAGE_MAX`] at a time (runs in the order they were started).
     pub async fn approvals(&self) -> Result<Vec<PendingApproval>, ClientError> {
-        self.typed(self.get_json("/approvals").await).await
+        let mut all: Vec<PendingApproval> = Vec::new();
+        loop {
+            let after = all.last().map(|p| format!("{}/{}", p.run_id, p.approval_id));
+            let page = self.approvals_page(after.as_deref(), PAGE_MAX).await?;
+            let last = page.len() < PAGE_MAX;
+            all.extend(page);
+            if last {
+                return Ok(all);
+            }
+        }
+    }
+
+    /// One page of the pending approvals: at most `limit` (1 to [`PAGE_MAX`]) after `after`,
+    /// the previous page's last one as `<run_id>/<approval_id>`. A page shorter than `limit`
+    /// is the last.
+    pub async fn approvals_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<PendingApproval>, ClientError> {
+        let mut q = vec![("limit", limit.to_string())];
+        if let Some(after) = after {
+            q.push(("after", after.to_string()));
+        }
+        self.typed(self.get_query("/approvals", &q).await).await
     }
 
     /// Decides an approval, quoting the hash of the payload the reviewer saw: a payload that
@@ -421,9 +448,22 @@ impl Client {
             .await
     }
 
-    /// A run's pending alarms.
+    /// A run's pending alarms, read a page of [`PAGE_MAX`] at a time.
     pub async fn alarms(&self, run_id: &str) -> Result<Vec<Alarm>, ClientError> {
-        self.typed(self.get_json(&format!("/runs/{run_id}/alarms")).await).await
+        let mut all: Vec<Alarm> = Vec::new();
+        loop {
+            let mut q = vec![("limit", PAGE_MAX.to_string())];
+            if let Some(last) = all.last() {
+                q.push(("after", last.name.clone()));
+            }
+            let page: Vec<Alarm> =
+                self.typed(self.get_query(&format!("/runs/{run_id}/alarms"), &q).await).await?;
+            let last = page.len() < PAGE_MAX;
+            all.extend(page);
+            if last {
+                return Ok(all);
+            }
+        }
     }
 
     /// One page of a run's storage: keys under `prefix`, after `start_after`.

@@ -25,7 +25,7 @@ use crate::schema::{
 };
 
 use crate::{
-    state::{ApiError, ApiResult, AppState, Params, bad_request, ok, parse, parse_value},
+    state::{ApiError, ApiResult, AppState, PageQuery, Params, bad_request, ok, page_of, parse, parse_value},
     view,
 };
 use serde_json::{Value, json};
@@ -174,19 +174,33 @@ pub(super) async fn resume_run(State(app): State<AppState>, Path(run_id): Path<R
     ok(PauseOutcome { target: run_id.into_string(), paused: false, changed })
 }
 
+/// The paused kinds (every one: there are no more than the kinds hosted) and a page of the
+/// runs paused one by one, in the order of their ids.
 #[utoipa::path(get, path = "/paused", tag = "operations",
-    responses((status = 200, description = "the kinds and runs paused now", body = Paused), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-pub(super) async fn paused(State(app): State<AppState>) -> ApiResult {
+    params(("limit" = Option<u32>, Query, description = "page size of `runs` (default 100)", minimum = 1, maximum = 1000),
+        ("after" = Option<String>, Query, description = "the previous page's `next`")),
+    responses((status = 200, description = "the kinds and runs paused now; `next` (and a `Link` header, `rel=\"next\"`) when more runs are paused", body = Paused), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
+pub(super) async fn paused(State(app): State<AppState>, Query(q): Params) -> ApiResult {
+    let page = PageQuery::of(&q)?;
     let entry = |(target, p): (String, durafiber_runtime::PauseRecord)| PausedEntry {
         target,
         reason: p.reason,
         paused_at_ms: p.paused_at_ms,
     };
     let now = app.runtime.paused();
-    ok(Paused {
-        kinds: now.kinds.into_iter().map(entry).collect(),
-        runs: now.runs.into_iter().map(entry).collect(),
-    })
+    let mut kinds: Vec<PausedEntry> = now.kinds.into_iter().map(entry).collect();
+    kinds.sort_by(|a, b| a.target.cmp(&b.target));
+    let mut runs: Vec<PausedEntry> = now
+        .runs
+        .into_iter()
+        .filter(|(run_id, _)| page.after.as_deref().is_none_or(|after| run_id.as_str() > after))
+        .map(entry)
+        .collect();
+    runs.sort_by(|a, b| a.target.cmp(&b.target));
+    runs.truncate(page.limit);
+    let next = (runs.len() == page.limit).then(|| runs.last().map(|r| r.target.clone())).flatten();
+    let answer = Paused { kinds, runs, next: next.clone() };
+    page_of(answer, "/paused", &[], page.limit, next)
 }
 
 #[utoipa::path(post, path = "/runs/{id}/messages", tag = "runs", params(("id" = String, Path, description = "the run id")),
@@ -260,10 +274,27 @@ pub(super) async fn send_event(
     ok(EventSent { run_id, name, outcome })
 }
 
+/// A page of the approvals waiting for a decision, runs in the order they were started.
 #[utoipa::path(get, path = "/approvals", tag = "approvals",
-    responses((status = 200, description = "pending approvals across runs", body = Vec<PendingApproval>), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-pub(super) async fn approvals(State(app): State<AppState>) -> ApiResult {
-    ok(app.runtime.pending_approvals(None)?)
+    params(("limit" = Option<u32>, Query, description = "page size (default 100)", minimum = 1, maximum = 1000),
+        ("after" = Option<String>, Query, description = "`<run_id>/<approval_id>` of the previous page's last approval")),
+    responses((status = 200, description = "a page of the pending approvals across runs; when it is full, a `Link` header (`rel=\"next\"`) gives the next page's address", body = Vec<PendingApproval>), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
+pub(super) async fn approvals(State(app): State<AppState>, Query(q): Params) -> ApiResult {
+    let page = PageQuery::of(&q)?;
+    let after = match page.after.as_deref() {
+        None => None,
+        Some(text) => match text.split_once('/') {
+            Some((run_id, approval_id)) => Some((RunId::from(run_id), approval_id.to_string())),
+            None => return Err(bad_request(format!("after must be <run_id>/<approval_id>, not {text:?}"))),
+        },
+    };
+    let pending = app
+        .runtime
+        .pending_approvals_page(after.as_ref().map(|(run_id, id)| (run_id, id.as_str())), page.limit)?;
+    let next = (pending.len() == page.limit)
+        .then(|| pending.last().map(|p| format!("{}/{}", p.run_id, p.approval_id)))
+        .flatten();
+    page_of(pending, "/approvals", &[], page.limit, next)
 }
 
 #[utoipa::path(post, path = "/runs/{id}/approvals/{approval_id}", tag = "approvals",
@@ -280,10 +311,21 @@ pub(super) async fn approve(
     ok(app.runtime.approve(&run_id, &approval_id, &body.payload_hash, decision).await?)
 }
 
-#[utoipa::path(get, path = "/runs/{id}/alarms", tag = "alarms", params(("id" = String, Path, description = "the run id")),
-    responses((status = 200, description = "the run's pending alarms, the runtime's own marked", body = Vec<Alarm>), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
-pub(super) async fn alarms(State(app): State<AppState>, Path(run_id): Path<RunId>) -> ApiResult {
-    ok(app.runtime.alarms(&run_id)?)
+/// A page of the run's pending alarms, in the order of their names.
+#[utoipa::path(get, path = "/runs/{id}/alarms", tag = "alarms",
+    params(("id" = String, Path, description = "the run id"),
+        ("limit" = Option<u32>, Query, description = "page size (default 100)", minimum = 1, maximum = 1000),
+        ("after" = Option<String>, Query, description = "the name of the previous page's last alarm")),
+    responses((status = 200, description = "a page of the run's pending alarms, the runtime's own marked; when it is full, a `Link` header (`rel=\"next\"`) gives the next page's address", body = Vec<Alarm>), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
+pub(super) async fn alarms(
+    State(app): State<AppState>,
+    Path(run_id): Path<RunId>,
+    Query(q): Params,
+) -> ApiResult {
+    let page = PageQuery::of(&q)?;
+    let alarms = app.runtime.alarms_page(&run_id, page.after.as_deref(), page.limit)?;
+    let next = (alarms.len() == page.limit).then(|| alarms.last().map(|a| a.name.clone())).flatten();
+    page_of(alarms, &format!("/runs/{run_id}/alarms"), &[], page.limit, next)
 }
 
 #[utoipa::path(put, path = "/runs/{id}/alarms/{name}", tag = "alarms",

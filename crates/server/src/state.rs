@@ -250,3 +250,50 @@ pub fn bounded(
         _ => Err(bad_request(format!("{name} must be a whole number from {min} to {max}, not {text:?}"))),
     }
 }
+
+/// A list's page size when the request names none.
+pub const PAGE_DEFAULT: usize = 100;
+
+/// A list request's page: `limit` (default [`PAGE_DEFAULT`], at most
+/// [`durafiber_runtime::limits::LIST_PAGE_MAX`]) and `after`, the previous page's last item.
+pub struct PageQuery {
+    /// How many items at most.
+    pub limit: usize,
+    /// The previous page's last item, as the list names it.
+    pub after: Option<String>,
+}
+
+impl PageQuery {
+    /// The page `query` asks for; an out-of-range `limit` is refused, never clamped.
+    pub fn of(query: &std::collections::HashMap<String, String>) -> Result<PageQuery, ApiError> {
+        let max = durafiber_runtime::limits::LIST_PAGE_MAX as u64;
+        let limit = bounded(query, "limit", 1, max)?.map_or(PAGE_DEFAULT, |n| n as usize);
+        Ok(PageQuery { limit, after: query.get("after").cloned() })
+    }
+}
+
+/// A page of a list as a JSON array; when it is full (`next` names its last item), a
+/// `Link: <path?…&limit=…&after=…>; rel="next"` header gives the next page's address, with
+/// the request's other parameters (`keep`) as they were.
+pub fn page_of(
+    items: impl serde::Serialize,
+    path: &str,
+    keep: &[(&str, &str)],
+    limit: usize,
+    next: Option<String>,
+) -> ApiResult {
+    let mut response = ok(items)?;
+    if let Some(after) = next {
+        let mut query = url::form_urlencoded::Serializer::new(String::new());
+        for (name, value) in keep {
+            query.append_pair(name, value);
+        }
+        query.append_pair("limit", &limit.to_string());
+        query.append_pair("after", &after);
+        let link = format!("<{path}?{}>; rel=\"next\"", query.finish());
+        if let Ok(value) = axum::http::HeaderValue::from_str(&link) {
+            response.headers_mut().insert(axum::http::header::LINK, value);
+        }
+    }
+    Ok(response)
+}

@@ -61,8 +61,9 @@ const EVENT_BATCH: usize = 256;
 /// and the event as JSON.
 #[utoipa::path(get, path = "/events", tag = "operations",
     params(("run_id" = Option<String>, Query, description = "only this run's events"),
-        ("after" = Option<u64>, Query, description = "only events after this `seq` (or `Last-Event-ID`)", maximum = 9_223_372_036_854_775_807_u64)),
-    responses((status = 200, description = "the event log, oldest first; with `Accept: text/event-stream`, server-sent events (`event: run`, `id: seq`) that follow it",
+        ("after" = Option<u64>, Query, description = "only events after this `seq` (or `Last-Event-ID`)", maximum = 9_223_372_036_854_775_807_u64),
+        ("limit" = Option<u32>, Query, description = "page size of the JSON answer (default 100)", minimum = 1, maximum = 1000)),
+    responses((status = 200, description = "a page of the event log, oldest first (when it is full, a `Link` header, `rel=\"next\"`, gives the next page's address); with `Accept: text/event-stream`, server-sent events (`event: run`, `id: seq`) that follow it",
         content((Vec<Event> = "application/json"), (String = "text/event-stream"))), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn events(State(app): State<AppState>, headers: HeaderMap, Query(q): Params) -> ApiResult {
     let run_id = q.get("run_id").map(|id| RunId::from(id.as_str()));
@@ -79,7 +80,12 @@ pub(super) async fn events(State(app): State<AppState>, headers: HeaderMap, Quer
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("text/event-stream"));
     if !streams {
-        return ok(app.runtime.events_since(after, run_id.as_ref(), usize::MAX));
+        let limit = crate::state::bounded(&q, "limit", 1, durafiber_runtime::limits::LIST_PAGE_MAX as u64)?
+            .map_or(crate::state::PAGE_DEFAULT, |n| n as usize);
+        let events = app.runtime.events_since(after, run_id.as_ref(), limit);
+        let next = (events.len() == limit).then(|| events.last().map(|e| e.seq.to_string())).flatten();
+        let keep: Vec<(&str, &str)> = run_id.as_ref().map(|id| ("run_id", id.as_str())).into_iter().collect();
+        return crate::state::page_of(events, "/events", &keep, limit, next);
     }
     let stream = futures::stream::unfold((app, run_id, after), |(app, run_id, mut after)| async move {
         let mut stopping = app.stopping.clone();

@@ -83,7 +83,7 @@ pub async fn runs_show(agents: Agents<'_>, target: &Target, run_id: &RunId) -> a
 /// `approvals list`.
 pub async fn approvals_list(agents: Agents<'_>, target: &Target) -> anyhow::Result<Value> {
     match source(target, agents).await? {
-        Source::Server(c) => Ok(c.get_json("/approvals").await?),
+        Source::Server(c) => to_json(c.approvals().await?),
         Source::Direct(rt) => to_json(rt.pending_approvals(None)?),
     }
 }
@@ -147,7 +147,7 @@ pub async fn cancel(
 /// `alarms list`.
 pub async fn alarms_list(agents: Agents<'_>, target: &Target, run_id: &RunId) -> anyhow::Result<Value> {
     match source(target, agents).await? {
-        Source::Server(c) => Ok(c.get_json(&format!("/runs/{run_id}/alarms")).await?),
+        Source::Server(c) => to_json(c.alarms(run_id).await?),
         Source::Direct(rt) => to_json(rt.alarms(run_id)?),
     }
 }

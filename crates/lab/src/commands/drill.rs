@@ -202,7 +202,7 @@ pub async fn drill(exe: &Path, seed: u64, out: &Path, stop_at: &str) -> anyhow::
     sigkill(&mut s1);
     let mut s2 = spawn_server(exe, &data, &out.join("server-2.log"), Some(stop_at))?;
     let after_kill_1 = s2.client.get_json(&format!("/runs/{run_id}")).await?;
-    let view = s2.client.get_json("/approvals").await?;
+    let view = serde_json::to_value(s2.client.approvals().await?)?;
     let pending = view.as_array().and_then(|a| a.iter().find(|p| p["run_id"] == run_id.as_str())).cloned();
     let draft_json = serde_json::to_value(&draft)?;
     let human_sees_context = pending

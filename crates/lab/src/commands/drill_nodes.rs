@@ -203,7 +203,7 @@ async fn run_nodes(
     owners.push(second);
 
     eprintln!("drill: [3/5] approve through a node that does not run it, with the hash the view shows");
-    let view = nodes[via].client.get_json("/approvals").await?;
+    let view = serde_json::to_value(nodes[via].client.approvals().await?)?;
     let pending = view.as_array().and_then(|a| a.iter().find(|p| p["run_id"] == run_id.as_str())).cloned();
     let draft_json = serde_json::to_value(&draft)?;
     let human_sees_context = pending

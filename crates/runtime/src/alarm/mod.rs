@@ -305,6 +305,27 @@ pub(crate) fn list(shared: &Shared, run_id: &str) -> Result<Vec<Alarm>, RuntimeE
     Ok(out)
 }
 
+/// At most `limit` alarms of a run in the order of their names, after alarm `after`, each
+/// with its cron schedule and its occurrences being retried.
+pub(crate) fn list_page(
+    shared: &Shared,
+    run_id: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<Alarm>, RuntimeError> {
+    let after = after.map(|name| keys::alarm(run_id, name));
+    let mut out = Vec::new();
+    for (_, record) in
+        shared.store.scan::<AlarmRecord>(&keys::ALARMS.of_run(run_id), after.as_ref(), limit)?
+    {
+        let record = record?;
+        let cron = cron_of(shared, run_id, &record.name)?;
+        let retrying = retries(shared, run_id, Some(&record.name))?;
+        out.push(Alarm { record, cron, retrying });
+    }
+    Ok(out)
+}
+
 /// Sets (or replaces) alarm `name` of `run_id`. `system` marks the runtime's own alarms;
 /// `cell` is the live run setting its own alarm, for which the alarm is a boundary (§3.6).
 pub(crate) async fn set(

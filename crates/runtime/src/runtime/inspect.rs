@@ -267,6 +267,19 @@ impl Runtime {
         alarm::list(&self.shared, run_id)
     }
 
+    /// At most `limit` (up to [`limits::LIST_PAGE_MAX`]) of a run's alarms, as
+    /// [`Runtime::alarms`] gives them, in the order of their names after alarm `after`. A
+    /// page shorter than `limit` is the last.
+    pub fn alarms_page(
+        &self,
+        run_id: &RunId,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<alarm::Alarm>, RuntimeError> {
+        self.shared.load_run(run_id)?;
+        alarm::list_page(&self.shared, run_id, after, limit.clamp(1, limits::LIST_PAGE_MAX))
+    }
+
     /// The run's output stream from sequence number `from_seq` on: every durable chunk, in
     /// order, then each new one as it becomes durable; it ends after the last chunk once the
     /// run has ended. A client that reconnects with the sequence number after the last chunk
@@ -328,8 +341,21 @@ impl Runtime {
     }
 
     /// Pending approvals, with the payload the run showed and its hash; of one run or all.
+    /// Across many runs, [`Runtime::pending_approvals_page`] reads them a page at a time.
     pub fn pending_approvals(&self, run_id: Option<&RunId>) -> Result<Vec<PendingApproval>, RuntimeError> {
         approval::pending(&self.shared, run_id.map(RunId::as_str))
+    }
+
+    /// At most `limit` (up to [`limits::LIST_PAGE_MAX`]) pending approvals across runs, runs
+    /// in the order they were started, after `after` — the run id and approval id of the
+    /// previous page's last one. A page shorter than `limit` is the last.
+    pub fn pending_approvals_page(
+        &self,
+        after: Option<(&RunId, &str)>,
+        limit: usize,
+    ) -> Result<Vec<PendingApproval>, RuntimeError> {
+        let after = after.map(|(run_id, approval_id)| (run_id.as_str(), approval_id));
+        approval::pending_page(&self.shared, after, limit.clamp(1, limits::LIST_PAGE_MAX))
     }
 
     /// The agent kinds this runtime hosts, in order.

@@ -3,7 +3,7 @@
 
 use axum::{
     body::Bytes,
-    extract::{Path, State},
+    extract::{Path, Query, State},
     http::{HeaderMap, Method, StatusCode},
     response::Response,
 };
@@ -13,17 +13,35 @@ use serde_json::{Value, json};
 
 use super::pages::{Notice, Section};
 use crate::auth::Role;
-use crate::{guard, session::Session, state::AppState, view};
+use crate::{
+    guard,
+    session::Session,
+    state::{AppState, Params},
+    view,
+};
 
 use super::{PageResult, RECENT_EVENTS, failure, form_of, frame, page, pages, refusal, see_other, signed_in};
 
-pub(super) async fn inbox(State(app): State<AppState>, headers: HeaderMap) -> PageResult {
+/// How many approvals one page of the inbox shows.
+const INBOX_PAGE: usize = 50;
+
+/// A page of the approvals waiting, runs in the order they were started; `?after=` (the
+/// last one's `<run_id>/<approval_id>`, as the page's "next" link gives it) turns the page.
+pub(super) async fn inbox(State(app): State<AppState>, headers: HeaderMap, Query(q): Params) -> PageResult {
     let session = signed_in(&app, &headers, "/ui/approvals")?;
-    let mut pending = match app.runtime.pending_approvals(None) {
+    let after = q.get("after").and_then(|text| text.split_once('/'));
+    let after = after.map(|(run_id, approval_id)| (RunId::from(run_id), approval_id));
+    let pending = match app.runtime.pending_approvals_page(after.as_ref().map(|(r, a)| (r, *a)), INBOX_PAGE) {
         Ok(p) => p,
         Err(e) => return Ok(failure(&app, Some(&session), &e.to_string())),
     };
-    pending.sort_by_key(|p| p.requested_at_ms);
+    let next = (pending.len() == INBOX_PAGE)
+        .then(|| pending.last().map(|p| format!("{}/{}", p.run_id, p.approval_id)))
+        .flatten()
+        .map(|after| {
+            let after: String = url::form_urlencoded::byte_serialize(after.as_bytes()).collect();
+            format!("/ui/approvals?after={after}")
+        });
     let rows: Vec<pages::InboxRow> = pending
         .into_iter()
         .map(|p| {
@@ -43,7 +61,10 @@ pub(super) async fn inbox(State(app): State<AppState>, headers: HeaderMap) -> Pa
             }
         })
         .collect();
-    Ok(page(StatusCode::OK, pages::inbox(&frame(&app, Some(&session), Section::Approvals), &rows)))
+    Ok(page(
+        StatusCode::OK,
+        pages::inbox(&frame(&app, Some(&session), Section::Approvals), &rows, next.as_deref()),
+    ))
 }
 
 pub(super) async fn decision_page(

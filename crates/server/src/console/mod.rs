@@ -41,7 +41,7 @@ const RECENT_EVENTS: usize = 20;
 /// Runs per page of the list.
 const RUNS_PER_PAGE: usize = 50;
 /// Escalated runs and dead letters shown on the attention page.
-const ATTENTION_MAX: usize = 200;
+const ATTENTION_MAX: usize = pages::COUNT_SHOWN_MAX;
 
 /// The console's routes.
 pub fn router() -> Router<AppState> {
@@ -131,7 +131,7 @@ fn signed_in(app: &AppState, headers: &HeaderMap, back_to: &str) -> Result<Sessi
 fn frame<'a>(app: &AppState, session: Option<&'a Session>, section: Section) -> Frame<'a> {
     let (mut waiting, mut attention) = (None, None);
     if session.is_some() {
-        waiting = app.runtime.pending_approvals(None).ok().map(|p| p.len());
+        waiting = app.runtime.pending_approvals_page(None, ATTENTION_MAX + 1).ok().map(|p| p.len());
         let escalated =
             ListFilter { state: Some(RunState::Escalated), limit: ATTENTION_MAX, ..ListFilter::default() };
         let runs = app.runtime.list(&escalated).map(|p| p.runs.len());

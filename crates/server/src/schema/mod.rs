@@ -118,8 +118,10 @@ pub struct PauseOutcome {
 pub struct Paused {
     /// Paused kinds, by name.
     pub kinds: Vec<PausedEntry>,
-    /// Runs paused one by one.
+    /// Runs paused one by one: a page of them, in the order of their ids.
     pub runs: Vec<PausedEntry>,
+    /// The last run of a full page: `after` for the next one.
+    pub next: Option<String>,
 }
 
 /// One pause.

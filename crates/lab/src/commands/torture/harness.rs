@@ -117,12 +117,9 @@ pub(super) async fn send_packed(client: &Client, run_id: &str, key: &str) -> any
 
 /// Approves every pending `ship` approval with the hash the view shows.
 pub(super) async fn approve_pending(client: &Client) {
-    let Ok(view) = client.get_json("/approvals").await else { return };
-    for pending in view.as_array().cloned().unwrap_or_default() {
-        let (Some(run_id), Some(hash)) = (pending["run_id"].as_str(), pending["payload_hash"].as_str())
-        else {
-            continue;
-        };
+    let Ok(pending) = client.approvals().await else { return };
+    for pending in pending {
+        let (run_id, hash) = (pending.run_id, pending.payload_hash);
         let body = json!({"payload_hash": hash, "approved": true, "comment": "torture"});
         let _ = client.post_json(&format!("/runs/{run_id}/approvals/ship"), &body, None).await;
     }

@@ -24,8 +24,8 @@ pub struct InboxRow {
     pub escalate_at_ms: u64,
 }
 
-/// Pending approvals, oldest first.
-pub fn inbox(frame: &Frame, rows: &[InboxRow]) -> Markup {
+/// The inbox: one page of approvals waiting, and a link to the next page when there is one.
+pub fn inbox(frame: &Frame, rows: &[InboxRow], next: Option<&str>) -> Markup {
     layout(
         frame,
         "Approvals waiting",
@@ -56,6 +56,7 @@ pub fn inbox(frame: &Frame, rows: &[InboxRow]) -> Markup {
                         }
                     }
                 }
+                @if let Some(next) = next { p { a #inbox-next href=(next) { "Next page" } } }
             }
         },
     )

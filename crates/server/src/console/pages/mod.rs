@@ -21,7 +21,8 @@ pub struct Frame<'a> {
     pub now_ms: u64,
     /// Which part of the navigation the page belongs to.
     pub section: Section,
-    /// Approvals waiting for a decision, when they could be counted.
+    /// Approvals waiting for a decision, when they could be counted (up to one past
+    /// [`COUNT_SHOWN_MAX`]).
     pub waiting: Option<usize>,
     /// Escalated runs and dead letters, when they could be counted.
     pub attention: Option<usize>,
@@ -85,6 +86,9 @@ pub fn layout(frame: &Frame, title: &str, body: Markup) -> Markup {
 
 /// One link of the navigation: marked when the page is in its section, with a count of
 /// what waits there when there is any.
+/// The most a navigation count shows; past it, "200+": counting every one would read them all.
+pub const COUNT_SHOWN_MAX: usize = 200;
+
 fn nav_link(
     frame: &Frame,
     section: Section,
@@ -97,7 +101,9 @@ fn nav_link(
     html! {
         a #(id) href=(href) class=[current.then_some("current")] aria-current=[current.then_some("page")] {
             (name)
-            @if let Some(n) = count.filter(|n| *n > 0) { " " span.count { (n) } }
+            @if let Some(n) = count.filter(|n| *n > 0) {
+                " " span.count { @if n > COUNT_SHOWN_MAX { (COUNT_SHOWN_MAX) "+" } @else { (n) } }
+            }
         }
     }
 }
