@@ -198,6 +198,10 @@ pub enum Bench {
         /// Runs in flight when the process is killed.
         #[arg(long, default_value_t = 200)]
         kill_runs: usize,
+        /// Busy loops to run beside the whole measurement, each a process of its own that
+        /// spins on one core (a busy host's other tenants).
+        #[arg(long, default_value_t = 0)]
+        busy: usize,
         /// Where to write the sequential steps' samples and histogram.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -225,6 +229,9 @@ pub enum Bench {
         /// The data directory.
         data: PathBuf,
     },
+    /// Internal: one busy loop of `bench steps --busy`.
+    #[command(hide = true)]
+    BusyLoop,
     /// Internal: the process `bench idle` measures.
     #[command(hide = true)]
     IdleChild {

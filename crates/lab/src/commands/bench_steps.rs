@@ -10,6 +10,9 @@
 //! 3. `kill_runs` runs in flight in a child process that is SIGKILLed: the time from the
 //!    restarted process's spawn to its first resumed step, and the steps re-run — steps whose
 //!    stash was acknowledged before the kill and that ran again (must be 0).
+//!
+//! `busy` loops — processes of their own, each spinning on a core as a busy host's other
+//! tenants do — run beside all three and their baselines.
 
 use std::{
     collections::BTreeMap,
@@ -36,6 +39,44 @@ pub struct Plan {
     pub sequential: u32,
     pub gap_ms: u64,
     pub kill_runs: usize,
+    pub busy: usize,
+}
+
+/// `busy` processes that each spin on a core until dropped.
+struct BusyLoops(Vec<std::process::Child>);
+
+impl BusyLoops {
+    fn start(busy: usize) -> anyhow::Result<BusyLoops> {
+        let exe = std::env::current_exe()?;
+        let mut loops = BusyLoops(Vec::with_capacity(busy));
+        for _ in 0..busy {
+            let child = Command::new(&exe).args(["bench", "busy-loop"]).stdin(Stdio::null()).spawn()?;
+            loops.0.push(child);
+        }
+        Ok(loops)
+    }
+}
+
+impl Drop for BusyLoops {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The process of one busy loop: spins until killed, or for an hour at most should its
+/// parent die without killing it.
+pub fn busy_loop() -> anyhow::Result<i32> {
+    let until = Instant::now() + Duration::from_secs(3_600);
+    let mut spins = 0u64;
+    while Instant::now() < until {
+        for _ in 0..10_000 {
+            spins = std::hint::black_box(spins.wrapping_add(1));
+        }
+    }
+    Ok(0)
 }
 
 /// Steps of each run the killed process starts, and the pause before each.
@@ -63,6 +104,10 @@ fn all_runs(rt: &Runtime) -> anyhow::Result<Vec<durafiber_runtime::RunRecord>> {
 
 pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result<i32> {
     let dir = tempfile::Builder::new().prefix("durafiber-bench-").tempdir_in(std::env::temp_dir())?;
+    if plan.busy > 0 {
+        progress(&format!("{} busy loops beside everything measured", plan.busy));
+    }
+    let _busy = BusyLoops::start(plan.busy)?;
     progress("raw append + fdatasync for 1 s");
     let raw = raw_fdatasync_per_s(dir.path(), 1.0)?;
 
@@ -98,6 +143,8 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
         "raw_fdatasync_per_s": raw.round(),
         "runs": plan.runs, "steps": plan.steps, "steps_per_s": steps_per_s.round(),
         "steps_ratio_to_raw": (steps_per_s / raw * 100.0).round() / 100.0,
+        "busy_loops": plan.busy,
+        "step_to_raw_gapped_p50": (step_p50 as f64 / raw_gapped_p50.max(1) as f64 * 100.0).round() / 100.0,
         "sequential_steps": plan.sequential, "sequential_turns": turns, "gap_ms": plan.gap_ms, "step_gap_p50_ms": ms(gap),
         "step_p50_ms": ms(step_p50), "step_p99_ms": ms(step_p99),
         "raw_gapped_fdatasync_p50_ms": ms(raw_gapped_p50), "raw_gapped_fdatasync_p99_ms": ms(raw_gapped_p99),
@@ -118,7 +165,12 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
             ms(step_p99),
             ms(gap)
         ),
-        format!("raw fdatasync, as far apart: p50 {} ms, p99 {} ms", ms(raw_gapped_p50), ms(raw_gapped_p99)),
+        format!(
+            "raw fdatasync, as far apart: p50 {} ms, p99 {} ms (step p50 {:.2}x)",
+            ms(raw_gapped_p50),
+            ms(raw_gapped_p99),
+            step_p50 as f64 / raw_gapped_p50.max(1) as f64
+        ),
         format!(
             "SIGKILL with {} runs:       first resumed step {} ms after restart, {} acknowledged steps re-run",
             plan.kill_runs, killed.first_step_ms, killed.rerun
