@@ -13,8 +13,9 @@ use durafiber_testkit::upstream::post_idempotent;
 /// Acknowledged stashes, `(run_id, done)`, in order.
 pub type AckLog = std::sync::Arc<parking_lot::Mutex<Vec<(String, u32)>>>;
 
-/// When each stash started and how long it took as the agent saw it (µs), in order.
-pub type StashTimes = std::sync::Arc<parking_lot::Mutex<Vec<(std::time::Instant, u64)>>>;
+/// When each stash started, how long it took as the agent saw it (µs), and the core its
+/// thread was on when it returned — the core that waited for the disk — in order.
+pub type StashTimes = std::sync::Arc<parking_lot::Mutex<Vec<(std::time::Instant, u64, usize)>>>;
 
 /// Stashes `done = 1..=steps`, sleeping `pause_ms` (clock time) between stashes.
 #[derive(Default, Clone)]
@@ -63,7 +64,8 @@ impl Steps {
             let started = std::time::Instant::now();
             ctx.stash("step", &s).await?;
             if let Some(times) = &self.stash_times {
-                times.lock().push((started, started.elapsed().as_micros() as u64));
+                let took = started.elapsed().as_micros() as u64;
+                times.lock().push((started, took, rustix::thread::sched_getcpu()));
             }
             if self.print_acks {
                 println!("ack {} {}", ctx.run_id(), s.done);

@@ -126,7 +126,7 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
     let steps_per_s = (plan.runs as f64 * f64::from(plan.steps)) / elapsed;
     rt.shutdown().await;
 
-    let Sequential { mut step, mut raw_gapped, gap, turns } = sequential(dir.path(), &plan).await?;
+    let Sequential { mut step, mut raw_gapped, gap, turns, cores } = sequential(dir.path(), &plan).await?;
     if let Some(out) = out {
         // Written before the quantiles sort them: the files keep the steps' order.
         step.write(out, "step", "us")?;
@@ -143,7 +143,7 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
         "raw_fdatasync_per_s": raw.round(),
         "runs": plan.runs, "steps": plan.steps, "steps_per_s": steps_per_s.round(),
         "steps_ratio_to_raw": (steps_per_s / raw * 100.0).round() / 100.0,
-        "busy_loops": plan.busy,
+        "busy_loops": plan.busy, "sequential_cores": cores,
         "step_to_raw_gapped_p50": (step_p50 as f64 / raw_gapped_p50.max(1) as f64 * 100.0).round() / 100.0,
         "sequential_steps": plan.sequential, "sequential_turns": turns, "gap_ms": plan.gap_ms, "step_gap_p50_ms": ms(gap),
         "step_p50_ms": ms(step_p50), "step_p99_ms": ms(step_p99),
@@ -191,6 +191,8 @@ struct Sequential {
     raw_gapped: Samples,
     gap: u64,
     turns: u32,
+    /// The cores the steps' writes returned on, one per turn at most (and so the raw syncs').
+    cores: Vec<usize>,
 }
 
 /// `plan.sequential` steps `gap_ms` apart, in turns with raw write + `fdatasync` just as
@@ -207,26 +209,58 @@ async fn sequential(dir: &Path, plan: &Plan) -> anyhow::Result<Sequential> {
     let times = durafiber_demo::agents::StashTimes::default();
     let rt = runtime(&dir.join("sequential"), Steps { stash_times: Some(times.clone()), ..Steps::default() })
         .await?;
-    let (mut step, mut raw_gapped, mut gaps) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut step, mut raw_gapped, mut gaps, mut cores) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for turn in 0..turns {
         let steps = plan.sequential / turns + u32::from(turn < plan.sequential % turns);
         let input = StepsInput { steps, pause_ms: plan.gap_ms };
         let id = rt.start::<Steps>(&format!("sequential-{turn}"), &input).await?.run_id;
         rt.wait(&id).await?;
         let timed = std::mem::take(&mut *times.lock());
-        let turn_gaps: Vec<u64> = timed.windows(2).map(|w| gap_us(w[0], w[1].0)).collect();
+        let turn_gaps: Vec<u64> = timed.windows(2).map(|w| gap_us((w[0].0, w[0].1), w[1].0)).collect();
         let gap = median_gap(turn_gaps.clone(), plan.gap_ms);
         gaps.extend(turn_gaps);
-        step.extend(timed.iter().map(|&(_, took)| took));
+        step.extend(timed.iter().map(|&(_, took, _)| took));
+        // The raw syncs wait on the core the steps' writes waited on: a disk's completion
+        // reaches one core, and a thread waiting on another is woken later.
+        let core = most_common(timed.iter().map(|&(_, _, core)| core));
+        cores.extend(core);
         let (dir, n) = (dir.to_path_buf(), timed.len());
-        let synced =
-            tokio::task::spawn_blocking(move || raw_gapped_fdatasync_us(&dir, n, Duration::from_micros(gap)))
-                .await??;
+        // A thread of its own, so that no pooled thread stays pinned.
+        let syncing = std::thread::spawn(move || {
+            if let Some(core) = core {
+                pin_to(core);
+            }
+            raw_gapped_fdatasync_us(&dir, n, Duration::from_micros(gap))
+        });
+        let synced = tokio::task::spawn_blocking(move || syncing.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("the raw syncs' thread panicked"))??;
         raw_gapped.extend(synced.0);
     }
     rt.shutdown().await;
     let gap = median_gap(gaps, plan.gap_ms);
-    Ok(Sequential { step: Samples(step), raw_gapped: Samples(raw_gapped), gap, turns })
+    cores.sort_unstable();
+    cores.dedup();
+    Ok(Sequential { step: Samples(step), raw_gapped: Samples(raw_gapped), gap, turns, cores })
+}
+
+/// The value seen most often, the least of equals; `None` when there is none.
+fn most_common(values: impl Iterator<Item = usize>) -> Option<usize> {
+    let mut counts: BTreeMap<usize, usize> = BTreeMap::new();
+    for v in values {
+        *counts.entry(v).or_default() += 1;
+    }
+    counts.into_iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0))).map(|(v, _)| v)
+}
+
+/// Keeps the calling thread on `core`; a core it may not
+/// use leaves it where it was, and the report says which cores the steps ran on.
+fn pin_to(core: usize) {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(core);
+    if let Err(e) = rustix::thread::sched_setaffinity(None, &set) {
+        progress(&format!("could not keep the raw syncs on core {core}: {e}"));
+    }
 }
 
 /// The median of `gaps`, µs; the requested gap when there are none (a turn of one step).
