@@ -277,15 +277,17 @@ pub(super) async fn send_event(
 /// A page of the approvals waiting for a decision, runs in the order they were started.
 #[utoipa::path(get, path = "/approvals", tag = "approvals",
     params(("limit" = Option<u32>, Query, description = "page size (default 100)", minimum = 1, maximum = 1000),
-        ("after" = Option<String>, Query, description = "`<run_id>/<approval_id>` of the previous page's last approval")),
+        ("after" = Option<String>, Query, description = "`<run_id>/<approval_id>` of the previous page's last approval", pattern = "^[^/]+/.+$")),
     responses((status = 200, description = "a page of the pending approvals across runs; when it is full, a `Link` header (`rel=\"next\"`) gives the next page's address", body = Vec<PendingApproval>), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn approvals(State(app): State<AppState>, Query(q): Params) -> ApiResult {
     let page = PageQuery::of(&q)?;
     let after = match page.after.as_deref() {
         None => None,
         Some(text) => match text.split_once('/') {
-            Some((run_id, approval_id)) => Some((RunId::from(run_id), approval_id.to_string())),
-            None => return Err(bad_request(format!("after must be <run_id>/<approval_id>, not {text:?}"))),
+            Some((run_id, approval_id)) if !run_id.is_empty() && !approval_id.is_empty() => {
+                Some((RunId::from(run_id), approval_id.to_string()))
+            }
+            _ => return Err(bad_request(format!("after must be <run_id>/<approval_id>, not {text:?}"))),
         },
     };
     let pending = app
