@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use durafiber_store::{
-    Batch, Durability, Store,
+    Batch, Store,
     prefetch::Prefetched,
     tables::{RunStatus, keys},
 };
@@ -83,13 +83,24 @@ pub(crate) async fn reactivate_interrupted(
         // memory of a large recovery stays bounded.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<Found>>(1);
         let shared = shared.clone();
-        workers.spawn(async move {
+        let lane = async move {
             let mut found = 0;
             while let Some(batch) = rx.recv().await {
                 found += reactivate_batch(&shared, batch).await?;
             }
             Ok::<usize, RuntimeError>(found)
-        });
+        };
+        // On a multi-threaded runtime each lane is driven by a thread of its own, which the
+        // kernel shares the cores with, rather than queued among the runs it has recovered:
+        // once those work, a worker's queue can hold thousands of them, and a lane that
+        // waited its turn there at each step would fall behind the more it recovered. The
+        // runs it spawns go to the runtime's workers as before.
+        let handle = tokio::runtime::Handle::current();
+        if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+            workers.spawn_blocking(move || handle.block_on(lane));
+        } else {
+            workers.spawn(lane);
+        }
         senders.push(tx);
     }
     let mut dealt: Vec<Vec<Found>> = (0..lanes).map(|_| Vec::new()).collect();
@@ -212,7 +223,11 @@ async fn reactivate_batch(shared: &Arc<Shared>, found: Vec<Found>) -> Result<usi
         }
     }
     if !registered.is_empty() {
-        match shared.store.commit(writes, Durability::Sync).await {
+        // Ahead of the queue: the runs already recovered may be committing far more than
+        // the store can take, and a registration behind their commits would wait longer
+        // the more runs were recovered — a recovery that snowballs. At most one batch per
+        // lane is ahead at once.
+        match shared.store.commit_ahead(writes).await {
             Ok(()) => {
                 shared.status_changed();
                 for (cell, registration) in registered {

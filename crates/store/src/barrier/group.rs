@@ -111,9 +111,13 @@ pub(super) struct Group {
 }
 
 impl Group {
-    /// Everything queued behind `first`: what arrived during the last barrier.
+    /// The writes sent ahead of the queue, then everything queued behind `first`: what
+    /// arrived during the last barrier.
     pub(super) fn gather(first: Option<Cmd>, rx: &mpsc::Receiver<Cmd>, writer: &Writer) -> Group {
         let mut g = Group::default();
+        for (batch, ack) in writer.take_ahead() {
+            g.add(batch, Durability::Sync, ack, &writer.stats);
+        }
         let mut next = first;
         let mut count = 0usize;
         while let Some(cmd) = next {
@@ -126,6 +130,7 @@ impl Group {
                 }
                 Cmd::Barrier { ack } => g.barrier_acks.push(ack),
                 Cmd::Snapshot { ack } => g.snapshot_acks.push(ack),
+                Cmd::Wake => {}
             }
             next = if count < writer.config.group_batches_max { rx.try_recv().ok() } else { None };
         }

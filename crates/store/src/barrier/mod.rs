@@ -97,6 +97,8 @@ pub(crate) enum Cmd {
     Snapshot {
         ack: oneshot::Sender<Result<crate::backend::Entries, StoreError>>,
     },
+    /// Look at the writes sent ahead of the queue (`Writer::send_ahead`).
+    Wake,
 }
 
 /// Settings of the writer thread. `flush_every` lives in the writer's health, where
@@ -154,6 +156,8 @@ pub(crate) struct Writer {
     state: Mutex<State>,
     /// Commands sent to the thread and not yet gathered: a commit that finds any joins them.
     queued: AtomicUsize,
+    /// `Sync` writes that go ahead of the queue: the next group takes them first.
+    ahead: Mutex<Vec<(Batch, Ack)>>,
 }
 
 /// A writer with its thread running: the thread takes what is sent on `tx`.
@@ -186,6 +190,7 @@ pub(crate) fn spawn_writer(
             closed: false,
         }),
         queued: AtomicUsize::new(0),
+        ahead: Mutex::new(Vec::new()),
     });
     let (tx, rx) = mpsc::channel();
     let thread_writer = writer.clone();
@@ -208,6 +213,25 @@ impl Writer {
             self.queued.fetch_sub(1, SeqCst);
             StoreError::Closed
         })
+    }
+
+    /// Hands a `Sync` write to the writer ahead of everything queued: the next group takes
+    /// it first, whatever waits in the queue or for room in it. For a few writes that must
+    /// not wait behind many (a recovery's registrations behind the commits of the runs it
+    /// already recovered); their senders bound how many there are at once.
+    pub(crate) fn send_ahead(
+        &self,
+        tx: &mpsc::Sender<Cmd>,
+        batch: Batch,
+        ack: Ack,
+    ) -> Result<(), StoreError> {
+        self.ahead.lock().push((batch, ack));
+        self.queue(tx, Cmd::Wake)
+    }
+
+    /// The writes sent ahead since the last group, taken.
+    fn take_ahead(&self) -> Vec<(Batch, Ack)> {
+        std::mem::take(&mut *self.ahead.lock())
     }
 
     /// Writes a lone `Sync` batch on the calling thread, when the writer thread is idle and

@@ -209,3 +209,55 @@ async fn a_refused_insert_leaves_no_read_waiting_to_settle() {
         store.close();
     }
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_write_sent_ahead_leads_the_next_group_past_every_queued_write() {
+    let sim = SimBackend::new();
+    let config = StoreConfig { group_batches_max: 2, ..StoreConfig::default() };
+    let store = Store::with_backend(Arc::new(sim.clone()), config).expect("store");
+    let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+    let commit = |name: String, ahead: bool| {
+        let (store, done_tx) = (store.clone(), done_tx.clone());
+        tokio::spawn(async move {
+            let mut batch = Batch::new();
+            batch.put(keys::meta(&name), &name).expect("encode");
+            if ahead {
+                store.commit_ahead(batch).await.expect("commit ahead");
+            } else {
+                store.commit(batch, Durability::Sync).await.expect("commit");
+            }
+            done_tx.send(name).expect("send");
+        })
+    };
+    let until = |what: &'static str, done: Box<dyn Fn() -> bool>| async move {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    // The first write holds the writer in its barrier; six queue behind it.
+    sim.stall_barriers(true);
+    commit("first".into(), false);
+    let gathered = store.clone();
+    until("the first write to be gathered", Box::new(move || count(&gathered.writer_stats().batches) == 1))
+        .await;
+    for i in 0..6 {
+        commit(format!("q{i}"), false);
+    }
+    let queued = store.clone();
+    until("six queued writes", Box::new(move || queued.writer().queued.load(SeqCst) == 6)).await;
+    commit("ahead".into(), true);
+    let woken = store.clone();
+    until("the write sent ahead", Box::new(move || woken.writer().ahead.lock().len() == 1)).await;
+    sim.stall_barriers(false);
+    let mut order = Vec::new();
+    while order.len() < 8 {
+        order.push(done.recv().await.expect("a commit ended"));
+    }
+    // Groups of two from the queue: the write sent ahead joins the first group after the
+    // barrier it arrived during, before any queued write, and the rest keep their order.
+    assert_eq!(order, ["first", "ahead", "q0", "q1", "q2", "q3", "q4", "q5"]);
+    assert_eq!(count(&store.writer_stats().batches), 8);
+    store.close();
+}

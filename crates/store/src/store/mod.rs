@@ -323,6 +323,21 @@ impl Store {
         self.answer(done).await
     }
 
+    /// Commits `batch` durably (`Sync`) ahead of every write queued or waiting for room in
+    /// the queue: the writer's next group takes it first. For the few writes that must not
+    /// queue behind many others — a recovery's registrations, while the runs it has already
+    /// recovered commit as fast as they can — and only for callers that bound how many they
+    /// send at once, since nothing else bounds them.
+    pub async fn commit_ahead(&self, batch: Batch) -> Result<(), StoreError> {
+        self.check_failed()?;
+        let (ack, done) = oneshot::channel();
+        {
+            let tx = self.inner.tx.read();
+            self.inner.writer.send_ahead(tx.as_ref().ok_or(StoreError::Closed)?, batch, ack)?;
+        }
+        self.answer(done).await
+    }
+
     /// Refuses new work while the data filesystem is below the reserve: what is running can
     /// still finish, down to the floor.
     pub fn check_room(&self) -> Result<(), StoreError> {
