@@ -294,15 +294,7 @@ fn records(shared: &Shared, run_id: &str) -> Result<Vec<AlarmRecord>, RuntimeErr
 
 /// Every alarm of a run, with its cron schedule and its occurrences being retried.
 pub(crate) fn list(shared: &Shared, run_id: &str) -> Result<Vec<Alarm>, RuntimeError> {
-    let mut retrying = retries(shared, run_id, None)?;
-    let mut out = Vec::new();
-    for record in records(shared, run_id)? {
-        let cron = cron_of(shared, run_id, &record.name)?;
-        let (own, others): (Vec<_>, Vec<_>) = retrying.into_iter().partition(|r| r.name == record.name);
-        retrying = others;
-        out.push(Alarm { record, cron, retrying: own });
-    }
-    Ok(out)
+    list_page(shared, run_id, None, usize::MAX)
 }
 
 /// At most `limit` alarms of a run in the order of their names, after alarm `after`, each
