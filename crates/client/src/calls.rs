@@ -177,7 +177,7 @@ impl Client {
     /// page of [`PAGE_MAX`] at a time (runs in the order they were started).
     pub async fn approvals(&self) -> Result<Vec<PendingApproval>, ClientError> {
         self.every_page(|last: Option<&PendingApproval>| {
-            let after = last.map(|p| format!("{}/{}", p.run_id, p.approval_id));
+            let after = last.map(PendingApproval::cursor);
             async move { self.approvals_page(after.as_deref(), PAGE_MAX).await }
         })
         .await

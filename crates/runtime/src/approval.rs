@@ -260,6 +260,21 @@ pub struct PendingApproval {
     pub escalate_at_ms: u64,
 }
 
+impl PendingApproval {
+    /// Where a page that ends with this approval is continued from: `<run_id>/<approval_id>`,
+    /// as `GET /approvals?after=` and the console's inbox take it.
+    pub fn cursor(&self) -> String {
+        format!("{}/{}", self.run_id, self.approval_id)
+    }
+
+    /// A [`PendingApproval::cursor`] split into its run and its approval; `None` when either
+    /// half is missing.
+    pub fn split_cursor(cursor: &str) -> Option<(RunId, &str)> {
+        let (run_id, approval_id) = cursor.split_once('/')?;
+        (!run_id.is_empty() && !approval_id.is_empty()).then(|| (RunId::from(run_id), approval_id))
+    }
+}
+
 pub(crate) fn pending(shared: &Shared, run_id: Option<&str>) -> Result<Vec<PendingApproval>, RuntimeError> {
     let prefix = match run_id {
         Some(id) => keys::APPROVALS.of_run(id),

@@ -283,19 +283,14 @@ pub(super) async fn approvals(State(app): State<AppState>, Query(q): Params) -> 
     let page = PageQuery::of(&q)?;
     let after = match page.after.as_deref() {
         None => None,
-        Some(text) => match text.split_once('/') {
-            Some((run_id, approval_id)) if !run_id.is_empty() && !approval_id.is_empty() => {
-                Some((RunId::from(run_id), approval_id.to_string()))
-            }
-            _ => return Err(bad_request(format!("after must be <run_id>/<approval_id>, not {text:?}"))),
+        Some(text) => match PendingApproval::split_cursor(text) {
+            Some(after) => Some(after),
+            None => return Err(bad_request(format!("after must be <run_id>/<approval_id>, not {text:?}"))),
         },
     };
-    let pending = app
-        .runtime
-        .pending_approvals_page(after.as_ref().map(|(run_id, id)| (run_id, id.as_str())), page.limit)?;
-    let next = (pending.len() == page.limit)
-        .then(|| pending.last().map(|p| format!("{}/{}", p.run_id, p.approval_id)))
-        .flatten();
+    let pending =
+        app.runtime.pending_approvals_page(after.as_ref().map(|(run_id, id)| (run_id, *id)), page.limit)?;
+    let next = (pending.len() == page.limit).then(|| pending.last().map(PendingApproval::cursor)).flatten();
     page_of(pending, "/approvals", &[], page.limit, next)
 }
 

@@ -8,7 +8,7 @@ use axum::{
     response::Response,
 };
 use durafiber_runtime::RunId;
-use durafiber_runtime::{Decision, RuntimeError};
+use durafiber_runtime::{Decision, PendingApproval, RuntimeError};
 use serde_json::{Value, json};
 
 use super::pages::{Notice, Section};
@@ -29,14 +29,13 @@ const INBOX_PAGE: usize = 50;
 /// last one's `<run_id>/<approval_id>`, as the page's "next" link gives it) turns the page.
 pub(super) async fn inbox(State(app): State<AppState>, headers: HeaderMap, Query(q): Params) -> PageResult {
     let session = signed_in(&app, &headers, "/ui/approvals")?;
-    let after = q.get("after").and_then(|text| text.split_once('/'));
-    let after = after.map(|(run_id, approval_id)| (RunId::from(run_id), approval_id));
+    let after = q.get("after").and_then(|text| PendingApproval::split_cursor(text));
     let pending = match app.runtime.pending_approvals_page(after.as_ref().map(|(r, a)| (r, *a)), INBOX_PAGE) {
         Ok(p) => p,
         Err(e) => return Ok(failure(&app, Some(&session), &e.to_string())),
     };
     let next = (pending.len() == INBOX_PAGE)
-        .then(|| pending.last().map(|p| format!("{}/{}", p.run_id, p.approval_id)))
+        .then(|| pending.last().map(PendingApproval::cursor))
         .flatten()
         .map(|after| {
             let after: String = url::form_urlencoded::byte_serialize(after.as_bytes()).collect();
