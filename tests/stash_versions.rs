@@ -429,3 +429,66 @@ async fn an_upgrade_that_panics_fails_the_recovery_and_never_strands_the_run() {
         other => panic!("expected an escalation, got {other:?}"),
     }
 }
+
+/// The check before a deploy with the agents `builder` registers, on a passive runtime.
+async fn check(
+    sim: &SimBackend,
+    builder: impl FnOnce(Store) -> durafiber_runtime::RuntimeBuilder,
+) -> Vec<durafiber_runtime::DeployProblem> {
+    let runtime = builder(store(sim)).passive().open().await.expect("passive");
+    let problems = runtime.check_deploy().expect("check");
+    runtime.shutdown().await;
+    problems
+}
+
+/// The check before a deploy, run with each version 2 against a store of version 1 runs:
+/// three parked mid-way, one finished. Without an upgrade, or with one that panics, it lists
+/// exactly the three open runs; with the upgrade, none; a binary without the kind lists them
+/// as not hosted. Nothing in the store changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_before_a_deploy_lists_exactly_the_runs_the_new_code_would_escalate() {
+    let sim = SimBackend::new();
+    let v1 = open(&sim, CounterV1).await;
+    let mut parked = Vec::new();
+    for i in 0..3 {
+        let input = Input { steps: 6, park_at: 2 };
+        parked.push(v1.start::<CounterV1>(&format!("parked-{i}"), &input).await.expect("start").run_id);
+    }
+    let done = v1.start::<CounterV1>("done", &Input { steps: 2, park_at: 0 }).await.expect("start").run_id;
+    assert!(matches!(v1.wait(&done).await.expect("wait"), RunStatus::Completed { .. }));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    for id in &parked {
+        while v1.inspect(id).expect("inspect").stash.is_none_or(|s| s.seq < 2) {
+            assert!(std::time::Instant::now() < deadline, "{id} never stashed twice");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+    v1.shutdown().await;
+    parked.sort();
+    let before = store(&sim).snapshot().await.expect("snapshot");
+
+    let ids = |problems: &[durafiber_runtime::DeployProblem]| {
+        let mut ids: Vec<RunId> = problems.iter().map(|p| p.run_id.clone()).collect();
+        ids.sort();
+        ids
+    };
+
+    let bare = check(&sim, |s| Runtime::builder(s).agent(CounterV2Bare)).await;
+    assert_eq!(ids(&bare), parked, "{bare:?}");
+    for p in &bare {
+        assert_eq!(p.kind, "counter");
+        assert!(p.reason.contains("stash") && p.reason.contains('1') && p.reason.contains('2'), "{p}");
+    }
+    let panicking = check(&sim, |s| Runtime::builder(s).agent(CounterV2Panicking)).await;
+    assert_eq!(ids(&panicking), parked, "{panicking:?}");
+    assert!(panicking.iter().all(|p| p.reason.contains("the upgrade has a bug")), "{panicking:?}");
+    let unhosted = check(&sim, Runtime::builder).await;
+    assert_eq!(ids(&unhosted), parked, "{unhosted:?}");
+    assert!(unhosted.iter().all(|p| p.reason.contains("not registered")), "{unhosted:?}");
+    let fixed = check(&sim, |s| Runtime::builder(s).agent(CounterV2)).await;
+    assert!(fixed.is_empty(), "{fixed:?}");
+    let v1_again = check(&sim, |s| Runtime::builder(s).agent(CounterV1)).await;
+    assert!(v1_again.is_empty(), "{v1_again:?}");
+
+    assert!(store(&sim).snapshot().await.expect("snapshot") == before, "the check changed the store");
+}

@@ -120,6 +120,21 @@ pub enum Command {
         #[arg(long)]
         data: PathBuf,
     },
+    /// Before a deploy, run with the new binary: lists every open run its agents would
+    /// escalate at the next recovery (a kind not hosted, an input or a stash that no longer
+    /// decodes, an upgrade that fails); exit code 1 if any. Reads only.
+    CheckDeploy {
+        /// The data directory (with no server running on it: take a backup and restore it
+        /// elsewhere to check beside a running server).
+        #[arg(long, conflicts_with = "store", required_unless_present = "store")]
+        data: Option<PathBuf>,
+        /// A PostgreSQL store (`postgres://…`), which may be serving meanwhile.
+        #[arg(long, env = "DURAFIBER_STORE")]
+        store: Option<String>,
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Runs: list or show.
     Runs {
         /// What to do.

@@ -10,9 +10,9 @@
 //! ```
 //!
 //! That binary has every operational command — `serve`, `runs`, `approvals`, `approve`,
-//! `cancel`, `alarms`, `send-event`, `tokens`, `store verify|salvage`, `backup`, `restore` —
-//! for the agents the closure registers, with one readable error line and a non-zero exit
-//! code on failure.
+//! `cancel`, `alarms`, `send-event`, `tokens`, `store verify|salvage`, `backup`, `restore`,
+//! `check-deploy` — for the agents the closure registers, with one readable error line and a
+//! non-zero exit code on failure.
 //!
 //! - [`args`]: the commands, their flags, and their defaults.
 //! - [`commands`]: what each command does; [`commands::run`] dispatches.

@@ -145,6 +145,7 @@ fn a_users_binary_has_every_operational_command_and_no_lab_command() {
         "send-event",
         "cancel",
         "alarms",
+        "check-deploy",
     ] {
         assert!(commands.contains(&wanted), "no {wanted} in {commands:?}");
     }
@@ -281,9 +282,15 @@ async fn a_users_own_binary_serves_its_agent_through_a_kill_and_a_console_approv
     cli(&["backup", "--server", &addr, "--data", data_arg, "--out", backup.to_str().expect("path")]);
     cli(&["restore", backup.to_str().expect("path"), "--data", restored.to_str().expect("path")]);
     assert_eq!(cli_code(&["store", "verify", "--data", restored.to_str().expect("path")]), Some(0));
+    // The check before a deploy: refused on the directory the server holds, clean on the
+    // restored copy and on the directory once the server has stopped.
+    assert_eq!(cli_code(&["check-deploy", "--data", data_arg]), Some(1));
+    assert_eq!(cli_code(&["check-deploy", "--data", restored.to_str().expect("path")]), Some(0));
     let mut server = server;
     assert_eq!(server.sigterm(), Some(0));
     assert_eq!(cli_code(&["store", "verify", "--data", data_arg]), Some(0));
+    let report = cli(&["check-deploy", "--data", data_arg, "--json"]);
+    assert_eq!(report["would_escalate"], 0, "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -371,6 +378,8 @@ async fn the_same_binary_runs_as_two_nodes_on_postgres() {
     cli(&args);
     cli(&["restore", backup.to_str().expect("path"), "--data", restored.to_str().expect("path")]);
     assert_eq!(cli_code(&["store", "verify", "--data", restored.to_str().expect("path")]), Some(0));
+    // The check before a deploy reads the database the nodes serve from.
+    assert_eq!(cli_code(&["check-deploy", "--store", url.as_str()]), Some(0));
 }
 
 /// The API is its document: schemathesis (pinned; `scripts/test.sh` installs it) generates

@@ -58,6 +58,12 @@ impl<A: Agent> ErasedAgent for Typed<A> {
         json::parse::<A::Input>(input_json).map(|_| ())
     }
 
+    fn check_stash(&self, stored: &crate::kernel::stash_record::Stored) -> Result<(), String> {
+        crate::stash::decode_versioned(stored, A::STASH_VERSION, A::upgrade_stash)
+            .map(|_: A::Stash| ())
+            .map_err(|e| format!("stash: {e}"))
+    }
+
     fn check_message(&self, message_json: &str) -> Result<(), String> {
         json::parse::<A::Message>(message_json).map(|_| ())
     }

@@ -46,6 +46,42 @@ pub async fn source(target: &Target, agents: Agents<'_>) -> anyhow::Result<Sourc
     Ok(Source::Direct(runtime))
 }
 
+/// `check-deploy`: this binary's agents against every open run of a store, read passively.
+pub async fn check_deploy(
+    agents: Agents<'_>,
+    data: Option<&std::path::Path>,
+    url: Option<&str>,
+    json: bool,
+) -> anyhow::Result<i32> {
+    let (store, place) = match (data, url) {
+        (_, Some(url)) => {
+            (Store::open_postgres(url, StoreConfig::default())?, "the PostgreSQL store".to_string())
+        }
+        (Some(dir), None) => match Store::open_existing_dir(dir, StoreConfig::default()) {
+            Ok(s) => (s, dir.display().to_string()),
+            Err(StoreError::DirLocked { path }) => bail!(
+                "{} is in use by a running server: stop it, or check a restored backup of it",
+                path.display()
+            ),
+            Err(e) => return Err(e).with_context(|| format!("opening {}", dir.display())),
+        },
+        (None, None) => bail!("give --data DIR or --store postgres://…"),
+    };
+    let runtime = agents(Runtime::builder(store)).passive().open().await?;
+    let problems = runtime.check_deploy();
+    runtime.shutdown().await;
+    let problems = problems?;
+    if json {
+        println!("{}", json!({ "would_escalate": problems.len(), "runs": problems }));
+    } else {
+        for problem in &problems {
+            println!("WOULD ESCALATE {problem}");
+        }
+        println!("{} open runs in {place} would escalate", problems.len());
+    }
+    Ok(i32::from(!problems.is_empty()))
+}
+
 fn to_json<T: serde::Serialize>(value: T) -> anyhow::Result<Value> {
     Ok(serde_json::to_value(value)?)
 }

@@ -69,6 +69,9 @@ pub async fn run(command: Command, agents: Agents<'_>) -> anyhow::Result<i32> {
             repair::backup(server, data.as_deref(), token, &out).await
         }
         Command::Restore { file, data } => repair::restore(&file, &data).await,
+        Command::CheckDeploy { data, store, json } => {
+            inspect::check_deploy(agents, data.as_deref(), store.as_deref(), json).await
+        }
         Command::Tokens { action: TokensAction::Create { role, name, target } } => {
             print_json(&inspect::tokens_create(&target, &name, &role).await?)
         }

@@ -6,13 +6,15 @@
 //! heartbeat, recovery backoff, alarm); on a virtual clock, `advance` walks the same
 //! deadlines in order. The handle's methods are split by what they do: `handle` (open, start,
 //! time, shutdown), `inspect` (reading runs), `inbound` (what reaches a run from outside),
-//! `testing` (crash hooks and internal views, as extension traits).
+//! `deploy_check` (would new code carry the open runs), `testing` (crash hooks and internal views, as extension traits).
 
+mod deploy_check;
 mod handle;
 mod inbound;
 mod inspect;
 pub mod testing;
 
+pub use deploy_check::DeployProblem;
 pub use handle::{RunOwner, Runtime, RuntimeBuilder};
 pub use inbound::PausedNow;
 pub use inspect::{Gauges, ListFilter, RunInspection, RunPage};
