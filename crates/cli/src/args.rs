@@ -266,6 +266,15 @@ pub enum RunsAction {
         #[command(flatten)]
         target: Target,
     },
+    /// Delete a settled run and every record it owns (an admin token on a server); the
+    /// audit trail keeps its entries. A start with its idempotency key starts a new run.
+    Delete {
+        /// The run's handle.
+        run_id: RunId,
+        /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
+    },
 }
 
 /// `tokens` subcommands.

@@ -13,8 +13,8 @@ use serde::{Serialize, de::DeserializeOwned};
 use serde_json::json;
 
 use crate::{
-    Cancelled, Client, ClientError, EventSent, Health, ListQuery, PAGE_MAX, Reply, RunView, StartOptions,
-    Status, StoragePage, TokenCreated, TokenRevoked, TokenShown, WAIT_POLL, sse,
+    Cancelled, Client, ClientError, EventSent, Health, ListQuery, PAGE_MAX, Reply, RunDeleted, RunView,
+    StartOptions, Status, StoragePage, TokenCreated, TokenRevoked, TokenShown, WAIT_POLL, sse,
 };
 
 impl Client {
@@ -138,6 +138,11 @@ impl Client {
     pub async fn cancel(&self, run_id: &str, reason: &str) -> Result<Cancelled, ClientError> {
         self.typed(self.post_json(&format!("/runs/{run_id}/cancel"), &json!({"reason": reason}), None).await)
             .await
+    }
+
+    /// Deletes a settled run and every record it owns (an admin token).
+    pub async fn delete_run(&self, run_id: &str) -> Result<RunDeleted, ClientError> {
+        self.typed(self.delete_json(&format!("/runs/{run_id}")).await).await
     }
 
     /// Sends the external event `name` to a run; a repeated `key` is delivered once.

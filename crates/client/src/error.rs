@@ -23,6 +23,8 @@ pub enum ApiErrorKind {
     AlreadyDecided,
     /// The run has finished.
     RunFinished,
+    /// The run is still open: only a settled run can be deleted (409).
+    RunOpen,
     /// The request is malformed or its values out of range.
     InvalidInput,
     /// The agent refused it (409).
@@ -91,6 +93,7 @@ impl ApiErrorKind {
             "NotPending" => NotPending,
             "AlreadyDecided" => AlreadyDecided,
             "RunFinished" => RunFinished,
+            "RunOpen" => RunOpen,
             "InvalidInput" => InvalidInput,
             "Agent" => Agent,
             "WrongMessage" => WrongMessage,

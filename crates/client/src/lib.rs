@@ -33,7 +33,7 @@ use serde_json::Value;
 
 pub use error::{ApiErrorKind, ClientError};
 pub use wire::{
-    Cancelled, EventSent, Health, Reply, RunSummary, RunView, Status, StorageEntry, StoragePage,
+    Cancelled, EventSent, Health, Reply, RunDeleted, RunSummary, RunView, Status, StorageEntry, StoragePage,
     TokenCreated, TokenRevoked, TokenShown,
 };
 

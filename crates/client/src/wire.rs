@@ -158,6 +158,15 @@ pub struct Cancelled {
     pub status: Value,
 }
 
+/// `DELETE /runs/{id}`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RunDeleted {
+    /// The run, which no longer exists.
+    pub run_id: String,
+    /// How many stored records went with it.
+    pub records: u64,
+}
+
 /// `POST /runs/{id}/requests`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Reply {

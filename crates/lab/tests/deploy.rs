@@ -291,6 +291,10 @@ async fn a_users_own_binary_serves_its_agent_through_a_kill_and_a_console_approv
     assert_eq!(cli_code(&["store", "verify", "--data", data_arg]), Some(0));
     let report = cli(&["check-deploy", "--data", data_arg, "--json"]);
     assert_eq!(report["would_escalate"], 0, "{report}");
+    // A settled run deleted with the binary's own command: gone from the store.
+    let deleted = cli(&["runs", "delete", second_id.as_str(), "--data", data_arg]);
+    assert_eq!(deleted["run_id"], second_id.as_str(), "{deleted}");
+    assert_ne!(cli_code(&["runs", "show", second_id.as_str(), "--data", data_arg]), Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -280,6 +280,11 @@ async fn every_operation_is_documented_and_every_answer_matches_its_schema() {
     c.call(Method::GET, "/tokens", http.get(url("/tokens"))).await;
     c.call(Method::DELETE, "/tokens/{name}", http.delete(url("/tokens/ci"))).await;
     c.call(Method::GET, "/audit", http.get(url("/audit?limit=3"))).await;
+    // Deleting: the open order is refused, the completed refund goes.
+    let (s, _) = c.call(Method::DELETE, "/runs/{id}", http.delete(url(&order_run))).await;
+    assert_eq!(s, 409, "an open run is kept");
+    let (s, _) = c.call(Method::DELETE, "/runs/{id}", http.delete(url(&run))).await;
+    assert_eq!(s, 200, "a completed run is deleted");
 
     // Every documented operation was answered.
     let documented: BTreeSet<(String, String)> = c.doc["paths"]

@@ -72,6 +72,8 @@ async fn every_endpoint_needs_a_token_whose_role_allows_it() {
         (Method::PUT, format!("/runs/{run_id}/alarms/a"), json!({"delay_ms": 60000}), "operator"),
         (Method::DELETE, format!("/runs/{run_id}/alarms/a"), Value::Null, "operator"),
         (Method::POST, format!("/runs/{run_id}/events/e"), json!({"payload": 1}), "operator"),
+        // The run is open: an admin's delete is refused with 409, never carried out.
+        (Method::DELETE, format!("/runs/{run_id}"), Value::Null, "admin"),
         (Method::GET, "/audit".into(), Value::Null, "admin"),
         (Method::GET, "/tokens".into(), Value::Null, "admin"),
         (Method::GET, "/backup".into(), Value::Null, "admin"),

@@ -75,6 +75,15 @@ pub enum RuntimeError {
         /// Its terminal state.
         state: String,
     },
+    /// The run is still open: only a settled run (completed, failed, cancelled, escalated)
+    /// can be deleted.
+    #[error("run {run_id} is still open ({state}); only a settled run can be deleted")]
+    RunOpen {
+        /// The run.
+        run_id: RunId,
+        /// Its state.
+        state: String,
+    },
     /// The input, message or payload was refused.
     #[error("invalid input: {0}")]
     InvalidInput(String),

@@ -39,6 +39,7 @@ mod kernel;
 pub mod limits;
 mod metrics;
 mod pause;
+mod retention;
 pub mod rng;
 mod run;
 mod runtime;
@@ -79,6 +80,7 @@ pub use eviction::keep_alive::KeepAlive;
 pub use json::{HASH_V2_PREFIX, canonical as canonical_json, hash_matches, payload_hash, sha256_hex};
 pub use kernel::shared::CrashHook;
 pub use metrics::{HistogramSummary, MetricsSnapshot, describe as describe_metrics};
+pub use retention::{DELETE_BATCH_MAX, RunDeleted};
 pub use run::start::StartOutcome;
 pub use runtime::{
     DeployProblem, Gauges, ListFilter, PausedNow, RunInspection, RunOwner, RunPage, Runtime, RuntimeBuilder,

@@ -99,6 +99,8 @@ fn required_role(method: &Method, path: &str, open_metrics: bool) -> Option<Role
         (_, "ui") => None,
         (&Method::GET, "metrics") if open_metrics && path == "/metrics" => None,
         (_, "tokens" | "audit" | "backup") => Some(Role::Admin),
+        // Deleting a run removes its history for good.
+        (&Method::DELETE, "runs") if path.trim_matches('/').split('/').count() == 2 => Some(Role::Admin),
         (&Method::GET | &Method::HEAD, _) => Some(Role::Reader),
         (&Method::POST, "runs") if path.contains("/approvals/") => Some(Role::Reviewer),
         _ => Some(Role::Operator),
@@ -265,6 +267,7 @@ fn describe(
             Some(id.to_string()),
             format!("name={name} {}", pick(&["delay_ms", "at_ms", "every_ms"])),
         ),
+        (&Method::DELETE, ["runs", id]) => ("delete_run".into(), Some(id.to_string()), String::new()),
         (&Method::DELETE, ["runs", id, "alarms", name]) => {
             ("cancel_alarm".into(), Some(id.to_string()), format!("name={name}"))
         }
@@ -378,6 +381,8 @@ mod tests {
         assert_eq!(required_role(&post, "/runs", false), Some(Role::Operator));
         assert_eq!(required_role(&Method::DELETE, "/runs/r1/alarms/x", false), Some(Role::Operator));
         assert_eq!(required_role(&get, "/audit", false), Some(Role::Admin));
+        assert_eq!(required_role(&Method::DELETE, "/runs/run_1", false), Some(Role::Admin));
+        assert_eq!(required_role(&Method::DELETE, "/runs/run_1/alarms/a", false), Some(Role::Operator));
         assert_eq!(required_role(&get, "/backup", false), Some(Role::Admin));
         assert_eq!(required_role(&post, "/tokens", false), Some(Role::Admin));
         assert_eq!(required_role(&post, "/ui/runs/r1/cancel", false), None);

@@ -15,7 +15,7 @@ use axum::{
 };
 use durafiber_runtime::{
     Alarm, AlarmAt, AlarmSpec, ApproveOutcome, Budget, CronSchedule, Decision, DurabilityMode, ListFilter,
-    PendingApproval, RunOptions, RunPage, RunState, RuntimeError, StartOutcome, canonical_json,
+    PendingApproval, RunDeleted, RunOptions, RunPage, RunState, RuntimeError, StartOutcome, canonical_json,
 };
 
 use crate::schema::{
@@ -115,6 +115,13 @@ pub(super) async fn list(State(app): State<AppState>, Query(q): Params) -> ApiRe
     responses((status = 200, description = "everything stored about the run", body = RunView), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn show(State(app): State<AppState>, Path(run_id): Path<RunId>) -> ApiResult {
     Ok(Json(view::run(&app, &run_id)?).into_response())
+}
+
+/// Deletes a settled run and every record it owns (admin); the audit trail keeps its entries.
+#[utoipa::path(delete, path = "/runs/{id}", tag = "runs", params(("id" = String, Path, description = "the run id")),
+    responses((status = 200, description = "deleted, with how many records went", body = RunDeleted), (status = "4XX", description = "refused: the JSON error shape (409 `RunOpen` for a run that is not settled)", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
+pub(super) async fn delete(State(app): State<AppState>, Path(run_id): Path<RunId>) -> ApiResult {
+    ok(app.runtime.delete_run(&run_id).await?)
 }
 
 #[utoipa::path(post, path = "/runs/{id}/cancel", tag = "runs", params(("id" = String, Path, description = "the run id")),

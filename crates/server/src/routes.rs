@@ -89,7 +89,7 @@ pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(openapi::Base::openapi())
         .routes(routes!(watch::health))
         .routes(routes!(handlers::start, handlers::list))
-        .routes(routes!(handlers::show))
+        .routes(routes!(handlers::show, handlers::delete))
         .routes(routes!(handlers::cancel))
         .routes(routes!(handlers::message))
         .routes(routes!(handlers::request))

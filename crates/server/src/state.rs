@@ -110,6 +110,7 @@ impl From<RuntimeError> for ApiError {
             NotPending { .. } => (StatusCode::CONFLICT, "NotPending"),
             AlreadyDecided { .. } => (StatusCode::CONFLICT, "AlreadyDecided"),
             RunFinished { .. } => (StatusCode::CONFLICT, "RunFinished"),
+            RunOpen { .. } => (StatusCode::CONFLICT, "RunOpen"),
             InvalidInput(_) | Config(_) => (StatusCode::BAD_REQUEST, "InvalidInput"),
             // The agent refused what the request asked: it conflicts with the run as it is.
             Agent(_) => (StatusCode::CONFLICT, "Agent"),

@@ -180,6 +180,14 @@ pub async fn cancel(
     }
 }
 
+/// `runs delete`.
+pub async fn delete_run(agents: Agents<'_>, target: &Target, run_id: &RunId) -> anyhow::Result<Value> {
+    match source(target, agents).await? {
+        Source::Server(c) => Ok(c.delete_json(&format!("/runs/{run_id}")).await?),
+        Source::Direct(rt) => to_json(rt.delete_run(run_id).await?),
+    }
+}
+
 /// `alarms list`.
 pub async fn alarms_list(agents: Agents<'_>, target: &Target, run_id: &RunId) -> anyhow::Result<Value> {
     match source(target, agents).await? {

@@ -84,6 +84,12 @@ pub(crate) async fn evict(shared: &Arc<Shared>, run_id: &str, why: &str) {
     give_back_recovery(shared, &live.cell, Some(WakeReason::Evicted)).await;
 }
 
+/// Drops a settled run from memory before its records are deleted: nothing is written. The
+/// caller holds the run's transition lock.
+pub(crate) async fn forget(shared: &Arc<Shared>, run_id: &str) {
+    kill(shared, run_id).await;
+}
+
 /// Drops a run whose shard another node owns now: killed as by an eviction, but nothing is
 /// written — the new owner writes the run from now on, and recovers it.
 pub(crate) async fn disown(shared: &Arc<Shared>, run_id: &str) {

@@ -180,6 +180,22 @@ impl Runtime {
         alarm::set(&self.shared, run_id, name, spec, None, None).await
     }
 
+    /// Deletes a settled run and every record it owns — its record and idempotency key,
+    /// stash, ledger, approvals, alarms, output stream, events, sleeps, storage, budget — in
+    /// batches of at most [`DELETE_BATCH_MAX`](crate::DELETE_BATCH_MAX) keys, its record last.
+    /// The audit trail keeps its entries about the run. A later start with the run's
+    /// idempotency key starts a new run. A crash part-way leaves the run settled with fewer
+    /// records; deleting it again finishes.
+    ///
+    /// # Errors
+    ///
+    /// [`RuntimeError::RunOpen`] for a run that is not settled (cancel it first),
+    /// [`RuntimeError::UnknownRun`], [`RuntimeError::NotOwner`] on a node that does not own
+    /// the run, and the store's errors.
+    pub async fn delete_run(&self, run_id: &RunId) -> Result<crate::RunDeleted, RuntimeError> {
+        crate::retention::delete(&self.shared, run_id).await
+    }
+
     /// Cancels a run's alarm; true when it existed.
     pub async fn cancel_alarm(&self, run_id: &RunId, name: &str) -> Result<bool, RuntimeError> {
         alarm::cancel(&self.shared, run_id, name).await
