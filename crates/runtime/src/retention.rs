@@ -40,7 +40,7 @@ pub(crate) async fn delete(shared: &Arc<Shared>, run_id: &str) -> Result<RunDele
     let _one_at_a_time = shared.registry.transition(run_id).await;
     settled(&shared.load_run(run_id)?)?;
     // Out of memory before the run's lock is taken: its actor may be waiting for that lock.
-    eviction::idle::forget(shared, run_id).await;
+    eviction::idle::kill(shared, run_id).await;
     let locked = shared.lock_run(run_id).await?;
     let run = &locked.run;
     settled(run)?;

@@ -38,9 +38,9 @@ pub(crate) async fn hibernate(shared: &Arc<Shared>, run_id: &str) {
 }
 
 /// Takes `run_id` out of memory as a process death would: its actor is killed wherever it
-/// is and its fiber's future dropped. The run as it was, if it was live. The caller holds
-/// the run's transition lock.
-async fn kill(shared: &Arc<Shared>, run_id: &str) -> Option<LiveRun> {
+/// is and its fiber's future dropped; nothing is written. The run as it was, if it was live.
+/// The caller holds the run's transition lock.
+pub(crate) async fn kill(shared: &Arc<Shared>, run_id: &str) -> Option<LiveRun> {
     let live = shared.registry.remove(run_id);
     if let Some(live) = &live {
         live.cell.evicted.store(true, Ordering::SeqCst);
@@ -82,12 +82,6 @@ pub(crate) async fn evict(shared: &Arc<Shared>, run_id: &str, why: &str) {
     shared.event(run_id, "evicted", why.to_string());
     // An evicted fiber leaves an interrupted run: mark why, and re-activate it by ourselves.
     give_back_recovery(shared, &live.cell, Some(WakeReason::Evicted)).await;
-}
-
-/// Drops a settled run from memory before its records are deleted: nothing is written. The
-/// caller holds the run's transition lock.
-pub(crate) async fn forget(shared: &Arc<Shared>, run_id: &str) {
-    kill(shared, run_id).await;
 }
 
 /// Drops a run whose shard another node owns now: killed as by an eviction, but nothing is

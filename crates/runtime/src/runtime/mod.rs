@@ -6,7 +6,8 @@
 //! heartbeat, recovery backoff, alarm); on a virtual clock, `advance` walks the same
 //! deadlines in order. The handle's methods are split by what they do: `handle` (open, start,
 //! time, shutdown), `inspect` (reading runs), `inbound` (what reaches a run from outside),
-//! `deploy_check` (would new code carry the open runs), `testing` (crash hooks and internal views, as extension traits).
+//! `deploy_check` (would new code carry the open runs), `testing` (crash hooks and internal
+//! views, as extension traits).
 
 mod deploy_check;
 mod handle;
