@@ -130,7 +130,13 @@ impl Group {
                 }
                 Cmd::Barrier { ack } => g.barrier_acks.push(ack),
                 Cmd::Snapshot { ack } => g.snapshot_acks.push(ack),
-                Cmd::Wake => {}
+                // A write sent ahead after this group took those before it: its wake-up is
+                // read here, so the write comes too, or it would wait for the next command.
+                Cmd::Wake => {
+                    for (batch, ack) in writer.take_ahead() {
+                        g.add(batch, Durability::Sync, ack, &writer.stats);
+                    }
+                }
             }
             next = if count < writer.config.group_batches_max { rx.try_recv().ok() } else { None };
         }

@@ -261,3 +261,34 @@ async fn a_write_sent_ahead_leads_the_next_group_past_every_queued_write() {
     assert_eq!(count(&store.writer_stats().batches), 8);
     store.close();
 }
+
+/// Two writes sent ahead at once, while the writer is idle: the second may be pushed after
+/// the writer took the first and before it read the second's wake-up, so taking the wake-up
+/// must take the write with it, or it waits for a command that may never come.
+#[test]
+fn writes_sent_ahead_at_once_are_each_answered_by_an_idle_writer() {
+    let store = Store::with_backend(Arc::new(SimBackend::new()), StoreConfig::default()).expect("store");
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    for round in 0..2_000 {
+        let both = (0..2).map(|lane| {
+            let store = store.clone();
+            rt.spawn(async move {
+                let mut batch = Batch::new();
+                batch.put(keys::meta(&format!("ahead-{round}-{lane}")), &round).expect("encode");
+                store.commit_ahead(batch).await
+            })
+        });
+        let both: Vec<_> = both.collect();
+        let answered = rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), async {
+                for commit in both {
+                    commit.await.expect("join").expect("commit ahead");
+                }
+            })
+            .await
+        });
+        assert!(answered.is_ok(), "round {round}: a write sent ahead was never answered");
+    }
+    store.close();
+}
