@@ -2,6 +2,7 @@
 //! overdue alarms after a restart in due order, re-setting inside a handler, and a million
 //! pending alarms with a bounded scheduler window.
 
+use durafiber_testkit::process::{CHILD_DEADLINE, OutputWithin};
 use std::{
     process::Command,
     sync::{Arc, Mutex},
@@ -159,7 +160,7 @@ fn run_child(location: &str, mode: &str) -> (Option<i32>, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_alarm-child"))
         .arg(location)
         .arg(mode)
-        .output()
+        .output_within(CHILD_DEADLINE)
         .expect("run alarm-child");
     (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string())
 }

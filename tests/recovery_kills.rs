@@ -6,6 +6,7 @@
 //! a recovery (the first one, in the fresh fibers) is an interruption and is not counted. On
 //! the embedded store and on PostgreSQL.
 
+use durafiber_testkit::process::{CHILD_DEADLINE, OutputWithin};
 use std::process::Command;
 
 const EPOCH_MS: u64 = 1_000_000_000;
@@ -15,7 +16,7 @@ fn child(location: &str, mode: &str, now_ms: u64) -> std::process::Output {
         .arg(location)
         .arg(mode)
         .arg(now_ms.to_string())
-        .output()
+        .output_within(CHILD_DEADLINE)
         .expect("run hook-child")
 }
 

@@ -3,6 +3,7 @@
 //! readable; a second process cannot open a directory in use; and the simulated backend
 //! loses exactly the writes after the last barrier.
 
+use durafiber_testkit::process::{CHILD_DEADLINE, OutputWithin};
 use std::sync::Arc;
 
 use durafiber_store::PgBackend;
@@ -100,7 +101,7 @@ fn a_second_process_gets_a_clear_error_for_a_directory_in_use() {
     let _held = Store::open_dir(dir.path(), StoreConfig::default()).expect("open");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_store-writer"))
         .args([dir.path().to_str().expect("utf-8"), "1", "0"])
-        .output()
+        .output_within(CHILD_DEADLINE)
         .expect("run store-writer");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -1,6 +1,7 @@
 //! The command line against a live server and against a bare data directory: the same
 //! answers, one readable error line and a non-zero exit on failure.
 
+use durafiber_testkit::process::{CHILD_DEADLINE, OutputWithin};
 use std::process::Command;
 
 use serde_json::Value;
@@ -9,7 +10,7 @@ mod common;
 use common::{BIN, Served};
 
 fn durafiber(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN).args(args).output().expect("run durafiber");
+    let out = Command::new(BIN).args(args).output_within(CHILD_DEADLINE).expect("run durafiber");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).to_string(),
@@ -284,7 +285,7 @@ fn the_data_directory_and_every_file_are_the_owners_only() {
         .arg(&data)
         .arg("--out")
         .arg(&backup)
-        .output()
+        .output_within(CHILD_DEADLINE)
         .expect("backup");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(server.sigterm(), Some(0));
@@ -314,7 +315,7 @@ fn the_data_directory_and_every_file_are_the_owners_only() {
     let out = std::process::Command::new(common::BIN)
         .args(["serve", "--listen", "127.0.0.1:0", "--data"])
         .arg(&shared)
-        .output()
+        .output_within(CHILD_DEADLINE)
         .expect("serve");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");

@@ -2,6 +2,7 @@
 //! must pass all five metrics — on one node, and across three nodes sharing a private
 //! PostgreSQL server.
 
+use durafiber_testkit::process::{CHILD_DEADLINE, OutputWithin};
 use std::process::Command;
 
 mod common;
@@ -17,7 +18,7 @@ fn drill_passes(args: &[&str], out: &std::path::Path, more_metrics: &[&str]) -> 
         .args(args)
         .arg("--out")
         .arg(out)
-        .output()
+        .output_within(CHILD_DEADLINE * 3)
         .expect("run the drill");
     let stdout = String::from_utf8_lossy(&result.stdout);
     assert!(result.status.success(), "drill failed:\n{stdout}\n{}", String::from_utf8_lossy(&result.stderr));

@@ -4,6 +4,7 @@
 
 mod common;
 
+use durafiber_testkit::process::{CHILD_DEADLINE, OutputWithin};
 use std::{collections::HashSet, ffi::OsStr, process::Command, time::Duration};
 
 use common::{BIN, Served};
@@ -44,7 +45,7 @@ async fn runs_started_over_http_survive_a_sigkill_in_the_database_and_complete()
         .args(["serve", "--listen", "127.0.0.1:0", "--data"])
         .arg(second.path())
         .args(["--store", &url])
-        .output()
+        .output_within(CHILD_DEADLINE)
         .expect("run a second server");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a second server opened a database in use");

@@ -3,12 +3,13 @@
 //! `restore` brings it back into a new directory that verifies; a directory that does not
 //! exist is an error and is not created.
 
+use durafiber_testkit::process::{CHILD_DEADLINE, OutputWithin};
 use std::process::Command;
 
 mod common;
 
 fn durafiber(args: &[&str]) -> (bool, String) {
-    let out = Command::new(common::BIN).args(args).output().expect("run durafiber");
+    let out = Command::new(common::BIN).args(args).output_within(CHILD_DEADLINE).expect("run durafiber");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
 }

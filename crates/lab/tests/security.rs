@@ -2,6 +2,7 @@
 //! roles on every endpoint, an audit trail of who did what, browser-safe requests, and a
 //! server secret that no caller can have sent to a server of its own.
 
+use durafiber_testkit::process::{CHILD_DEADLINE, OutputWithin};
 use std::{collections::HashMap, ffi::OsStr};
 
 use durafiber_testkit::upstream::Upstream;
@@ -222,7 +223,7 @@ async fn browsers_cannot_be_turned_against_the_server() {
         .args(["serve", "--data"])
         .arg(dir.path().join("other"))
         .args(["--listen", "0.0.0.0:0"])
-        .output()
+        .output_within(CHILD_DEADLINE)
         .expect("run");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--insecure-plain-http"));

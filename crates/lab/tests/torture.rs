@@ -3,6 +3,7 @@
 //! keep starting; every promise is then checked against the independent upstream. Two
 //! poison runs, whose recovery hook aborts the process, end escalated; no other run does.
 
+use durafiber_testkit::process::{CHILD_DEADLINE, OutputWithin};
 use std::process::Command;
 
 mod common;
@@ -13,7 +14,7 @@ fn a_server_killed_150_times_loses_nothing_and_duplicates_nothing() {
     let result = Command::new(common::BIN)
         .args(["torture", "--json", "--seed", "11", "--kills", "150", "--chaos", "0.1", "--out"])
         .arg(out.path())
-        .output()
+        .output_within(CHILD_DEADLINE * 3)
         .expect("run the torture");
     let stdout = String::from_utf8_lossy(&result.stdout);
     let stderr = String::from_utf8_lossy(&result.stderr);
