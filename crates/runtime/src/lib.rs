@@ -67,7 +67,7 @@ pub fn input_schema_of<T: schemars::JsonSchema>() -> serde_json::Value {
     schemars::schema_for!(T).to_value()
 }
 pub use boundary::{Boundary, UnknownBoundary};
-pub use config::{Budget, DurabilityMode, RuntimeConfig, parse_bytes, parse_range};
+pub use config::{Budget, DurabilityMode, Retention, RuntimeConfig, parse_bytes, parse_range};
 pub use durafiber_store::tables::{
     AlarmRecord, ApprovalRecord, BudgetLimits, BudgetRecord, BudgetSpent, CronRecord, DeadLetter, Decision,
     LedgerEntry, PauseRecord, Receipt, RunRecord, RunStatus, StashRecord,
@@ -80,7 +80,7 @@ pub use eviction::keep_alive::KeepAlive;
 pub use json::{HASH_V2_PREFIX, canonical as canonical_json, hash_matches, payload_hash, sha256_hex};
 pub use kernel::shared::CrashHook;
 pub use metrics::{HistogramSummary, MetricsSnapshot, describe as describe_metrics};
-pub use retention::{DELETE_BATCH_MAX, RunDeleted};
+pub use retention::{DELETE_BATCH_MAX, RunDeleted, SWEEP_EVERY, SWEEP_RUNS_MAX};
 pub use run::start::StartOutcome;
 pub use runtime::{
     DeployProblem, Gauges, ListFilter, PausedNow, RunInspection, RunOwner, RunPage, Runtime, RuntimeBuilder,

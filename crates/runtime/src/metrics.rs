@@ -117,6 +117,12 @@ pub struct Metrics {
     pub cost_units: Counter,
     /// Effects performed: receipts committed.
     pub effects: Counter,
+    /// Settled runs deleted, on request or by retention.
+    pub runs_deleted: Counter,
+    /// Settled runs deleted by retention.
+    pub runs_deleted_by_retention: Counter,
+    /// Audit entries deleted by retention.
+    pub audit_entries_deleted: Counter,
     /// Time from activation to the actor being ready.
     pub cold_start: Histogram,
     /// Time from the runtime's start (or an eviction) to a run's recovery hook being called.
@@ -159,6 +165,12 @@ pub struct MetricsSnapshot {
     pub cost_units: u64,
     /// Effects performed: receipts committed.
     pub effects: u64,
+    /// Settled runs deleted, on request or by retention.
+    pub runs_deleted: u64,
+    /// Settled runs deleted by retention.
+    pub runs_deleted_by_retention: u64,
+    /// Audit entries deleted by retention.
+    pub audit_entries_deleted: u64,
     /// Time from activation to the actor being ready.
     pub cold_start: HistogramSummary,
     /// Time from the runtime's start (or an eviction) to a run's recovery hook being called.
@@ -186,6 +198,9 @@ impl Default for Metrics {
             budget_stops: Counter::new("durafiber_budget_stops_total"),
             cost_units: Counter::new("durafiber_cost_units_total"),
             effects: Counter::new("durafiber_effects_total"),
+            runs_deleted: Counter::new("durafiber_runs_deleted_total"),
+            runs_deleted_by_retention: Counter::new("durafiber_runs_deleted_by_retention_total"),
+            audit_entries_deleted: Counter::new("durafiber_audit_entries_deleted_total"),
             cold_start: Histogram::new("durafiber_cold_start_seconds"),
             recover_latency: Histogram::new("durafiber_recover_latency_seconds"),
             stash_commit: Histogram::new("durafiber_stash_commit_seconds"),
@@ -214,6 +229,9 @@ pub fn describe() {
         (&m.budget_stops, "Runs stopped by their budget (effects, cost units, wall time or recoveries)."),
         (&m.cost_units, "Cost units charged by runs with ctx.charge."),
         (&m.effects, "Effects performed: receipts committed."),
+        (&m.runs_deleted, "Settled runs deleted, on request or by retention."),
+        (&m.runs_deleted_by_retention, "Settled runs deleted by retention."),
+        (&m.audit_entries_deleted, "Audit entries deleted by retention."),
     ];
     for (counter, help) in counters {
         describe_counter!(counter.name, Unit::Count, help);
@@ -231,6 +249,12 @@ pub fn describe() {
     describe_gauge!("durafiber_live_actors", Unit::Count, "Runs live in this process.");
     describe_gauge!("durafiber_hibernated_runs", Unit::Count, "Open runs not live in this process.");
     describe_gauge!("durafiber_pending_alarms", Unit::Count, "Alarms not yet delivered.");
+    describe_gauge!("durafiber_store_bytes", Unit::Bytes, "Bytes of the store's files on disk.");
+    describe_gauge!(
+        "durafiber_checkpoint_lag_seconds",
+        Unit::Seconds,
+        "How long acknowledged writes have waited in the write-ahead log for their checkpoint at most."
+    );
 }
 
 impl Metrics {
@@ -260,6 +284,9 @@ impl Metrics {
             budget_stops: self.budget_stops.get(),
             cost_units: self.cost_units.get(),
             effects: self.effects.get(),
+            runs_deleted: self.runs_deleted.get(),
+            runs_deleted_by_retention: self.runs_deleted_by_retention.get(),
+            audit_entries_deleted: self.audit_entries_deleted.get(),
             cold_start: self.cold_start.summary(),
             recover_latency: self.recover_latency.summary(),
             stash_commit: self.stash_commit.summary(),

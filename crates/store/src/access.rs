@@ -1,6 +1,7 @@
-//! Who may do what, and who did: the records behind API tokens, and the append-only audit
-//! trail, which the server (who asked for a change) and the runtime (a secret refused)
-//! both write. The store keeps them; the server decides what tokens allow.
+//! Who may do what, and who did: the records behind API tokens, and the audit trail —
+//! append-only but for its retention — which the server (who asked for a change) and the
+//! runtime (a secret refused) both write. The store keeps them; the server decides what
+//! tokens allow.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -83,6 +84,30 @@ pub fn of_run(store: &Store, run_id: &str) -> Result<Vec<AuditRecord>, StoreErro
         }
     }
     Ok(out)
+}
+
+/// Deletes up to `limit` of the oldest audit entries written before `before_ms`, with their
+/// marks on their runs, in one commit: the audit trail's retention. How many went; `limit`
+/// of them means more may be due. An entry that no longer decodes is deleted by its key
+/// alone, as its time is: its sequence number is its time in microseconds.
+pub async fn forget_before(store: &Store, before_ms: u64, limit: usize) -> Result<usize, StoreError> {
+    let before_seq = before_ms.saturating_mul(1_000);
+    let mut batch = Batch::new();
+    let mut forgotten = 0;
+    for (key, entry) in store.scan(&keys::AUDIT.all(), None, limit)? {
+        if keys::audit_seq(&key).is_none_or(|seq| seq >= before_seq) {
+            break;
+        }
+        if let Ok(AuditRecord { seq, run_id: Some(run_id), .. }) = entry {
+            batch.delete(keys::audit_by_run(run_id.as_str(), seq));
+        }
+        batch.delete(key);
+        forgotten += 1;
+    }
+    if forgotten > 0 {
+        store.commit(batch, Durability::Sync).await?;
+    }
+    Ok(forgotten)
 }
 
 #[cfg(test)]

@@ -191,6 +191,12 @@ pub trait Backend: Send + Sync + 'static {
     fn disk_bytes(&self) -> u64 {
         0
     }
+    /// For a backend that logs writes ahead of its engine: how long the writes that live
+    /// only in its log have waited for their checkpoint at most (zero when none wait).
+    /// `None` for a backend without such a log.
+    fn checkpoint_lag(&self) -> Option<std::time::Duration> {
+        None
+    }
     /// Bytes free on the filesystem behind the store, when there is one. Cheap: it is asked
     /// before every group commit.
     fn free_bytes(&self) -> Option<u64> {

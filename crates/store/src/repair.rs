@@ -253,9 +253,10 @@ async fn copy_entries(
             }
         }
         batch.put(keys::run_by_key(&run.kind, &run.key), &run.run_id)?;
-        if !run.status.is_terminal() {
-            batch.put(keys::open_run(&run_id), &())?;
-        }
+        match keys::Settled::of(&run.status) {
+            Some(how) => batch.put(keys::settled(how, run.updated_at_ms, &run_id), &())?,
+            None => batch.put(keys::open_run(&run_id), &())?,
+        };
         batch.put(keys::run(&run_id), &run)?;
         *report.copied.entry(keys::RUNS.name()).or_default() += 1;
         if batch.len() >= COPY_BATCH_RECORDS {

@@ -46,10 +46,16 @@ impl Shared {
         let key = keys::run(&run.run_id);
         batch.put(key, run)?;
         let open_key = keys::open_run(&run.run_id);
-        if run.status.is_terminal() {
-            batch.delete(open_key);
-        } else {
-            batch.put(open_key, &())?;
+        match keys::Settled::of(&run.status) {
+            Some(how) => {
+                batch.delete(open_key);
+                // Retention finds it here; an entry left by an earlier write of the settled
+                // record names another time, and retention drops it as stale.
+                batch.put(keys::settled(how, run.updated_at_ms, &run.run_id), &())?;
+            }
+            None => {
+                batch.put(open_key, &())?;
+            }
         }
         self.store.commit(batch, Durability::Sync).await?;
         self.status_changed();

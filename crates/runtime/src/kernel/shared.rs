@@ -73,6 +73,9 @@ pub(crate) struct Shared {
     pub wakeups: Mutex<BTreeSet<(u64, String)>>,
     /// Wakes the system-clock driver when a deadline moved earlier.
     pub driver_wake: Notify,
+    /// When the next retention sweep is due, ms; `u64::MAX` while one runs, or for ever
+    /// when nothing is to be deleted (`retention.rs`).
+    pub retention_due_ms: std::sync::atomic::AtomicU64,
     /// Work started by the supervisor or scheduler, awaited by `settle`.
     pub tracked: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Serializes `start` per idempotency key stripe, so two starts never both mint a run.

@@ -40,12 +40,17 @@ pub(crate) async fn tick(shared: &Arc<Shared>) -> Option<u64> {
         reactivate(shared, &run_id).await;
     }
     crate::run::alarm_delivery::start_due(shared);
+    crate::retention::start_due(shared);
     next_deadline(shared)
 }
 
 pub(crate) fn next_deadline(shared: &Shared) -> Option<u64> {
     let wake = shared.wakeups.lock().first().map(|(at, _)| *at);
-    [shared.liveness.next_deadline_ms(), wake, shared.scheduler.next_due_ms()].into_iter().flatten().min()
+    let sweep = Some(shared.retention_due_ms.load(Ordering::SeqCst)).filter(|at| *at != u64::MAX);
+    [shared.liveness.next_deadline_ms(), wake, shared.scheduler.next_due_ms(), sweep]
+        .into_iter()
+        .flatten()
+        .min()
 }
 
 pub(crate) async fn drive_system_clock(shared: Arc<Shared>) {

@@ -123,6 +123,7 @@ impl RuntimeBuilder {
             Some(agreed) => agreed.clone(),
             None => self.clock,
         };
+        let retention_on = self.config.retention.is_on() && !self.passive;
         let shared = Arc::new(Shared {
             reactivator: reactivate_boxed,
             store: self.store,
@@ -146,6 +147,11 @@ impl RuntimeBuilder {
             pause_version: tokio::sync::watch::Sender::new(0),
             wakeups: Mutex::new(BTreeSet::new()),
             driver_wake: tokio::sync::Notify::new(),
+            // The first sweep comes with the first tick.
+            retention_due_ms: std::sync::atomic::AtomicU64::new(match retention_on {
+                true => 0,
+                false => u64::MAX,
+            }),
             tracked: Mutex::new(Vec::new()),
             start_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
             run_locks: (0..limits::ACTIVATION_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),

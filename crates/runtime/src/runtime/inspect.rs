@@ -116,6 +116,11 @@ pub struct Gauges {
     pub hibernated_runs: u64,
     /// Alarms not yet delivered, the runtime's own among them.
     pub pending_alarms: u64,
+    /// Bytes of the store's files on disk (0 for a store without files of its own).
+    pub store_bytes: u64,
+    /// How long acknowledged writes have waited in the write-ahead log for their checkpoint
+    /// into sled at most; zero when none wait, `None` on PostgreSQL.
+    pub checkpoint_lag: Option<std::time::Duration>,
 }
 
 /// Every record of `table` that belongs to run `id`.
@@ -326,6 +331,8 @@ impl Runtime {
         gauges.live_actors = self.shared.registry.len() as u64;
         gauges.hibernated_runs = open.saturating_sub(gauges.live_actors);
         gauges.pending_alarms = store.keys_and_sizes(&keys::ALARMS.all(), usize::MAX)?.len() as u64;
+        gauges.store_bytes = store.backend().disk_bytes();
+        gauges.checkpoint_lag = store.backend().checkpoint_lag();
         Ok(gauges)
     }
 

@@ -408,6 +408,16 @@ impl Backend for SledBackend {
         self.engine.db.size_on_disk().unwrap_or(0) + self.log.lock().wal.file_bytes()
     }
 
+    /// Writes since the last checkpoint was handed over are the ones that may live only in
+    /// the log: none, or as old as that hand-over at most.
+    fn checkpoint_lag(&self) -> Option<std::time::Duration> {
+        let logged = self.log.lock();
+        match self.overlay.read().active.is_empty() {
+            true => Some(std::time::Duration::ZERO),
+            false => Some(logged.checkpointed_at.elapsed()),
+        }
+    }
+
     /// Asked of sled's open log file, in the data directory: `fstatvfs` skips the path
     /// lookup `statvfs` makes, which was most of its cost on every lone commit.
     fn free_bytes(&self) -> Option<u64> {

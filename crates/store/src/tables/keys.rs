@@ -97,6 +97,9 @@ tables! {
     AUDIT: AuditRecord = ("audit", b'u');
     /// The audit entries of one run: `y` run_id NUL seq.
     AUDIT_BY_RUN: () = ("audit_by_run", b'y');
+    /// Settled runs by how and when they settled, what retention walks: `S` how (one byte)
+    /// settled_at_ms run_id ([`settled`]).
+    SETTLED: () = ("settled", b'S');
 }
 
 /// The store's own bookkeeping (the rollback witness's commit sequence number, the log's
@@ -111,8 +114,8 @@ impl TableInfo {
 }
 
 /// The run a record belongs to, read from its key: the first key part for every table but
-/// `run_keys`, `meta`, `tokens`, `audit` and `paused_kinds` (which belong to no run) and
-/// `alarm_due` (after its due time).
+/// `run_keys`, `meta`, `tokens`, `audit` and `paused_kinds` (which belong to no run),
+/// `alarm_due` (after its due time) and `settled` (after how and when).
 pub fn run_of_key(key: &[u8]) -> Option<&str> {
     let table = TableInfo::of_key(key)?;
     let no_run = [RUN_KEYS.prefix(), META.prefix, TOKENS.prefix(), AUDIT.prefix(), PAUSED_KINDS.prefix()];
@@ -120,7 +123,11 @@ pub fn run_of_key(key: &[u8]) -> Option<&str> {
         return None;
     }
     let rest = key.get(1..)?;
-    let rest = if table.prefix == ALARM_DUE.prefix() { rest.get(8..)? } else { rest };
+    let rest = match table.prefix {
+        p if p == ALARM_DUE.prefix() => rest.get(8..)?,
+        p if p == SETTLED.prefix() => rest.get(9..)?,
+        _ => rest,
+    };
     let id = rest.split(|b| *b == 0).next()?;
     std::str::from_utf8(id).ok().filter(|s| !s.is_empty())
 }
@@ -186,6 +193,79 @@ pub fn alarm_retries_of(run_id: &str, name: Option<&str>) -> Prefix<AlarmRecord>
 /// An entry of the due index: time first, so a range scan is in due order.
 pub fn alarm_due(due_at_ms: u64, run_id: &str, due_name: &str) -> Key<()> {
     ALARM_DUE.key(&[&[due_at_ms.to_be_bytes().as_slice(), run_id.as_bytes()].concat(), due_name.as_bytes()])
+}
+
+/// How a settled run ended, the first part of its key in the settled index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Settled {
+    /// `RunStatus::Completed`.
+    Completed,
+    /// `RunStatus::Failed`.
+    Failed,
+    /// `RunStatus::Cancelled`.
+    Cancelled,
+    /// `RunStatus::Escalated`.
+    Escalated,
+}
+
+impl Settled {
+    /// Every way of settling.
+    pub const ALL: [Settled; 4] =
+        [Settled::Completed, Settled::Failed, Settled::Cancelled, Settled::Escalated];
+
+    /// How a run with `status` settled; `None` while it is open.
+    pub fn of(status: &RunStatus) -> Option<Settled> {
+        match status {
+            RunStatus::Completed { .. } => Some(Settled::Completed),
+            RunStatus::Failed { .. } => Some(Settled::Failed),
+            RunStatus::Cancelled { .. } => Some(Settled::Cancelled),
+            RunStatus::Escalated { .. } => Some(Settled::Escalated),
+            _ => None,
+        }
+    }
+
+    /// The state's name, as [`RunStatus::name`] spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Settled::Completed => "completed",
+            Settled::Failed => "failed",
+            Settled::Cancelled => "cancelled",
+            Settled::Escalated => "escalated",
+        }
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            Settled::Completed => b'c',
+            Settled::Failed => b'f',
+            Settled::Cancelled => b'x',
+            Settled::Escalated => b'e',
+        }
+    }
+}
+
+/// A run's entry in the settled index: how, then when, so that one range scan finds the
+/// runs that settled one way before a time, oldest first.
+pub fn settled(how: Settled, settled_at_ms: u64, run_id: &str) -> Key<()> {
+    SETTLED.key(&[&[&[how.code()], settled_at_ms.to_be_bytes().as_slice(), run_id.as_bytes()].concat()])
+}
+
+/// The entries of the runs that settled `how`, oldest first.
+pub fn settled_of(how: Settled) -> Prefix<()> {
+    SETTLED.all().narrowed(&[how.code()])
+}
+
+/// Present once every run settled before the settled index existed has its entry there.
+pub fn settled_index_complete() -> Key<u64> {
+    meta("settled_index")
+}
+
+/// Splits a settled-index key back into `(settled_at_ms, run_id)`.
+pub fn parse_settled(key: &Key<()>) -> Option<(u64, &str)> {
+    let rest = key.as_bytes().strip_prefix(&[SETTLED.prefix()])?.get(1..)?;
+    let at = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
+    let run_id = std::str::from_utf8(rest.get(8..)?).ok().filter(|id| !id.is_empty())?;
+    Some((at, run_id))
 }
 
 /// Splits a due-index key back into `(due_at_ms, run_id, due name)`.
@@ -369,6 +449,21 @@ mod tests {
         assert_eq!(run_of_key(key.as_bytes()), Some("run"));
         assert_eq!(run_of_key(alarm_retry("run", "tick", 42).as_bytes()), Some("run"));
         assert_eq!(run_of_key(stream_chunk("run", 7).as_bytes()), Some("run"));
+    }
+
+    #[test]
+    fn settled_keys_sort_by_how_then_time_and_name_their_run() {
+        let early = settled(Settled::Completed, 5, "run_b");
+        let late = settled(Settled::Completed, 300, "run_a");
+        assert!(early < late);
+        assert_eq!(parse_settled(&late), Some((300, "run_a")));
+        assert_eq!(run_of_key(late.as_bytes()), Some("run_a"));
+        let completed = settled_of(Settled::Completed);
+        assert!(completed.holds(&early) && completed.holds(&late));
+        assert!(
+            !completed.holds(&settled(Settled::Failed, 1, "run_c")),
+            "another way of settling is another range"
+        );
     }
 
     #[test]
