@@ -3,18 +3,19 @@
 //! storage, dead letters, budget. The audit trail keeps its entries about the run: it has
 //! its own retention.
 //!
-//! Retention ([`crate::Retention`]) deletes runs once they have been settled for as long as
-//! the config keeps their kind: a sweep every [`SWEEP_EVERY`] walks the settled index
-//! (`keys::SETTLED`, by how and when each run settled) from its oldest entry, deletes at most
-//! [`SWEEP_RUNS_MAX`] runs one after another — each in commits of at most
-//! [`DELETE_BATCH_MAX`] keys, so the writer takes them between everyone else's — and comes
-//! back a second later while more are due. It forgets audit entries past their time too.
+//! The records go in commits of at most about [`DELETE_BATCH_MAX`] keys, so that a run with a
+//! long stream never makes one write the store must take whole, and the writer takes them
+//! between everyone else's; the run's own record goes last, in a commit no earlier than any
+//! record it owns. A crash between commits leaves the run settled with fewer records, and
+//! deleting it again finishes the job: the run is gone once its record is. A start with the
+//! deleted run's idempotency key starts a new run.
 //!
-//! The owned records go first, in batches of at most [`DELETE_BATCH_MAX`] keys, each its own
-//! commit, so that a run with a long stream never makes one write the store must take whole;
-//! the run's record and key go last, in one commit. A crash between batches leaves the run
-//! settled with fewer records, and deleting it again finishes the job: the run is gone once
-//! its record is. A start with the deleted run's idempotency key starts a new run.
+//! Retention ([`crate::Retention`]) deletes runs once they have been settled for as long as
+//! the config keeps their kind: a sweep every [`SWEEP_EVERY`] (or every half of the shortest
+//! retention, when that is shorter) walks the settled index (`keys::SETTLED`, by how and when
+//! each run settled) from its oldest entry and deletes at most [`SWEEP_RUNS_MAX`] runs, a
+//! hundred at a time sharing their commits, and comes back a second later while more are
+//! due. It forgets audit entries past their time too.
 
 use std::{
     sync::{Arc, atomic::Ordering},
@@ -27,17 +28,22 @@ use durafiber_store::{
 };
 use serde::Serialize;
 
-use crate::{alarm, error::RuntimeError, eviction, kernel::shared::Shared};
+use crate::{alarm, config::Retention, error::RuntimeError, eviction, kernel::shared::Shared};
 
-/// Most keys one commit of a deletion removes.
+/// Keys one commit of a deletion removes at most, but for a settled run's alarms (rare), which
+/// go in the commit of its own record.
 pub const DELETE_BATCH_MAX: usize = 1_000;
 
-/// How often retention looks for runs past their time, while none are left over.
+/// How often retention looks for runs past their time, while none are left over and no
+/// retention is shorter than twice this.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// Runs one sweep deletes at most (and audit entries it forgets); more due are swept a
 /// second later.
 pub const SWEEP_RUNS_MAX: usize = 1_000;
+
+/// Runs a sweep deletes together, their records in shared commits.
+const SWEEP_GROUP_MAX: usize = 100;
 
 /// How soon a sweep that left runs due comes back.
 const SWEEP_AGAIN: Duration = Duration::from_secs(1);
@@ -56,48 +62,51 @@ pub struct RunDeleted {
 /// Deletes `run_id`, which must be settled (see the module's documentation).
 pub(crate) async fn delete(shared: &Arc<Shared>, run_id: &str) -> Result<RunDeleted, RuntimeError> {
     shared.ownership.check(run_id)?;
-    // The transition lock first, as an activation takes it: no activation comes between.
-    let _one_at_a_time = shared.registry.transition(run_id).await;
-    settled(&shared.load_run(run_id)?)?;
-    // Out of memory before the run's lock is taken: its actor may be waiting for that lock.
-    eviction::idle::kill(shared, run_id).await;
-    let locked = shared.lock_run(run_id).await?;
-    let run = &locked.run;
-    settled(run)?;
-    let mut records = 0;
-    records += drain(shared, &keys::LEDGER.of_run(run_id)).await?;
-    records += drain(shared, &keys::APPROVALS.of_run(run_id)).await?;
-    records += drain(shared, &keys::STREAM.of_run(run_id)).await?;
-    records += drain(shared, &keys::EVENTS.of_run(run_id)).await?;
-    records += drain(shared, &keys::EVENT_KEYS.of_run(run_id)).await?;
-    records += drain(shared, &keys::EVENT_WAITS.of_run(run_id)).await?;
-    records += drain(shared, &keys::SLEEPS.of_run(run_id)).await?;
-    records += drain(shared, &keys::STORAGE.of_run(run_id)).await?;
-    records += drain(shared, &keys::DEAD_LETTERS.of_run(run_id)).await?;
-    // The run's own records, one key each, and its alarms (a settled run keeps none unless
-    // it was escalated or cancelled while they were set) with their due-index entries.
-    let mut last = Batch::new();
-    alarm::delete_all_in(shared, run_id, &mut last)?;
-    records += gone(shared, &mut last, keys::run_by_key(&run.kind, &run.key))?;
-    records += gone(shared, &mut last, keys::open_run(run_id))?;
-    records += gone(shared, &mut last, keys::stash(run_id))?;
-    records += gone(shared, &mut last, keys::stash_version(run_id))?;
-    records += gone(shared, &mut last, keys::stream_head(run_id))?;
-    records += gone(shared, &mut last, keys::stream_mark(run_id))?;
-    records += gone(shared, &mut last, keys::hook_probe(run_id))?;
-    records += gone(shared, &mut last, keys::budget(run_id))?;
-    records += gone(shared, &mut last, keys::paused_run(run_id))?;
-    if let Some(how) = Settled::of(&run.status) {
-        records += gone(shared, &mut last, keys::settled(how, run.updated_at_ms, run_id))?;
+    let mut outcomes = delete_together(shared, &[run_id]).await?;
+    outcomes.pop().unwrap_or_else(|| Err(RuntimeError::UnknownRun { run_id: run_id.into() }))
+}
+
+/// Deletes the settled runs among `run_ids` together, their records gathered into shared
+/// commits of at most about [`DELETE_BATCH_MAX`] keys, each run's own record in a commit no
+/// earlier than any record it owns. Each run's outcome, in order: an open or unknown run is
+/// its own error; a store that fails is the error of them all.
+async fn delete_together(
+    shared: &Arc<Shared>,
+    run_ids: &[&str],
+) -> Result<Vec<Result<RunDeleted, RuntimeError>>, RuntimeError> {
+    // The transition locks first, as an activation takes them: no activation comes between.
+    let _one_at_a_time = shared.registry.transitions(run_ids).await;
+    let mut outcomes: Vec<Result<RunDeleted, RuntimeError>> = run_ids
+        .iter()
+        .map(|id| {
+            settled(&shared.load_run(id)?)?;
+            Ok(RunDeleted { run_id: (*id).into(), records: 0 })
+        })
+        .collect();
+    // Out of memory before the runs' locks are taken: an actor may be waiting for one.
+    for (id, outcome) in run_ids.iter().zip(&outcomes) {
+        if outcome.is_ok() {
+            eviction::idle::kill(shared, id).await;
+        }
     }
-    records += gone(shared, &mut last, keys::run(run_id))?;
-    shared.store.commit(last, Durability::Sync).await?;
-    drop(locked);
+    let _locks = shared.lock_runs(run_ids).await?;
+    let mut deleter = Deleter::default();
+    for (id, outcome) in run_ids.iter().zip(outcomes.iter_mut()) {
+        let Ok(deleted) = outcome else { continue };
+        match shared.load_run(id).and_then(|run| settled(&run).map(|()| run)) {
+            Ok(run) => deleted.records = deleter.run(shared, &run).await?,
+            Err(e) => *outcome = Err(e),
+        }
+    }
+    deleter.flush(shared).await?;
     shared.status_changed();
-    crate::metrics::Metrics::bump(&shared.metrics.runs_deleted);
-    tracing::info!(run_id, records, "run deleted");
-    shared.event(run_id, "deleted", format!("{records} records"));
-    Ok(RunDeleted { run_id: run_id.into(), records })
+    for deleted in outcomes.iter().flatten() {
+        let (run_id, records) = (deleted.run_id.as_str(), deleted.records);
+        crate::metrics::Metrics::bump(&shared.metrics.runs_deleted);
+        tracing::info!(run_id, records, "run deleted");
+        shared.event(run_id, "deleted", format!("{records} records"));
+    }
+    Ok(outcomes)
 }
 
 /// Only a settled run may go.
@@ -108,29 +117,88 @@ fn settled(run: &RunRecord) -> Result<(), RuntimeError> {
     }
 }
 
-/// Adds the removal of `key` to `batch`; 1 when it is stored (read without decoding it).
-fn gone<V>(shared: &Shared, batch: &mut Batch, key: Key<V>) -> Result<usize, RuntimeError> {
-    let stored = shared.store.keys_from_to(&key, &key, 1)?.len();
-    batch.delete(key);
-    Ok(stored)
+/// The removals of one or more runs' records, committed [`DELETE_BATCH_MAX`] keys at a time.
+#[derive(Default)]
+struct Deleter {
+    batch: Batch,
 }
 
-/// Removes every key under `prefix`, [`DELETE_BATCH_MAX`] to a commit. How many it removed.
-async fn drain<V>(shared: &Shared, prefix: &Prefix<V>) -> Result<usize, RuntimeError> {
-    let mut removed = 0;
-    loop {
-        let found = shared.store.keys_in(prefix, None, DELETE_BATCH_MAX, None)?;
-        if found.is_empty() {
-            return Ok(removed);
+impl Deleter {
+    /// Adds every record `run` owns, its own record last; how many are stored.
+    async fn run(&mut self, shared: &Shared, run: &RunRecord) -> Result<usize, RuntimeError> {
+        let run_id = run.run_id.as_str();
+        let mut records = 0;
+        records += self.drain(shared, &keys::LEDGER.of_run(run_id)).await?;
+        records += self.drain(shared, &keys::APPROVALS.of_run(run_id)).await?;
+        records += self.drain(shared, &keys::STREAM.of_run(run_id)).await?;
+        records += self.drain(shared, &keys::EVENTS.of_run(run_id)).await?;
+        records += self.drain(shared, &keys::EVENT_KEYS.of_run(run_id)).await?;
+        records += self.drain(shared, &keys::EVENT_WAITS.of_run(run_id)).await?;
+        records += self.drain(shared, &keys::SLEEPS.of_run(run_id)).await?;
+        records += self.drain(shared, &keys::STORAGE.of_run(run_id)).await?;
+        records += self.drain(shared, &keys::DEAD_LETTERS.of_run(run_id)).await?;
+        // The run's own records, one key each, and its alarms (a settled run keeps none unless
+        // it was escalated or cancelled while they were set) with their due-index entries:
+        // room for them in this commit, or the next.
+        if self.batch.len() + OWN_KEYS > DELETE_BATCH_MAX {
+            self.flush(shared).await?;
         }
-        removed += found.len();
-        let mut batch = Batch::new();
-        for key in found {
-            batch.delete(key);
+        alarm::delete_all_in(shared, run_id, &mut self.batch)?;
+        records += self.gone(shared, keys::run_by_key(&run.kind, &run.key))?;
+        records += self.gone(shared, keys::open_run(run_id))?;
+        records += self.gone(shared, keys::stash(run_id))?;
+        records += self.gone(shared, keys::stash_version(run_id))?;
+        records += self.gone(shared, keys::stream_head(run_id))?;
+        records += self.gone(shared, keys::stream_mark(run_id))?;
+        records += self.gone(shared, keys::hook_probe(run_id))?;
+        records += self.gone(shared, keys::budget(run_id))?;
+        records += self.gone(shared, keys::paused_run(run_id))?;
+        if let Some(how) = Settled::of(&run.status) {
+            records += self.gone(shared, keys::settled(how, run.updated_at_ms, run_id))?;
         }
-        shared.store.commit(batch, Durability::Sync).await?;
+        records += self.gone(shared, keys::run(run_id))?;
+        Ok(records)
+    }
+
+    /// Adds the removal of `key`; 1 when it is stored (read without decoding it).
+    fn gone<V>(&mut self, shared: &Shared, key: Key<V>) -> Result<usize, RuntimeError> {
+        let stored = shared.store.keys_from_to(&key, &key, 1)?.len();
+        self.batch.delete(key);
+        Ok(stored)
+    }
+
+    /// Adds the removal of every key under `prefix`, committing as the batch fills. How many.
+    async fn drain<V>(&mut self, shared: &Shared, prefix: &Prefix<V>) -> Result<usize, RuntimeError> {
+        let mut removed = 0;
+        let mut after = None;
+        loop {
+            let room = DELETE_BATCH_MAX.saturating_sub(self.batch.len()).max(1);
+            let found = shared.store.keys_in(prefix, after.as_ref(), room, None)?;
+            let done = found.len() < room;
+            removed += found.len();
+            after = found.last().cloned();
+            for key in found {
+                self.batch.delete(key);
+            }
+            if self.batch.len() >= DELETE_BATCH_MAX {
+                self.flush(shared).await?;
+            }
+            if done {
+                return Ok(removed);
+            }
+        }
+    }
+
+    async fn flush(&mut self, shared: &Shared) -> Result<(), RuntimeError> {
+        if !self.batch.is_empty() {
+            shared.store.commit(std::mem::take(&mut self.batch), Durability::Sync).await?;
+        }
+        Ok(())
     }
 }
+
+/// The keys of a run's own records [`Deleter::run`] adds after its tables' (alarms aside).
+const OWN_KEYS: usize = 12;
 
 /// What one retention sweep did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -145,10 +213,19 @@ pub(crate) struct Swept {
 
 impl Swept {
     /// When the next sweep is due, after one that ended at `now_ms`.
-    pub fn next_at_ms(&self, now_ms: u64) -> u64 {
-        let after = if self.more { SWEEP_AGAIN } else { SWEEP_EVERY };
+    pub fn next_at_ms(&self, retention: &Retention, now_ms: u64) -> u64 {
+        let after = if self.more { SWEEP_AGAIN } else { sweep_every(retention) };
         now_ms.saturating_add(u64::try_from(after.as_millis()).unwrap_or(u64::MAX))
     }
+}
+
+/// Every [`SWEEP_EVERY`], or every half of the shortest retention when that is shorter (but
+/// not more often than every [`SWEEP_AGAIN`]): a run is never kept much past its time.
+fn sweep_every(retention: &Retention) -> Duration {
+    let kept =
+        [retention.completed, retention.failed, retention.cancelled, retention.escalated, retention.audit];
+    let shortest = kept.into_iter().flatten().min().unwrap_or(SWEEP_EVERY);
+    (shortest / 2).clamp(SWEEP_AGAIN, SWEEP_EVERY)
 }
 
 /// Starts a retention sweep when one is due and none runs; it sets the next one's time
@@ -167,10 +244,10 @@ pub(crate) fn start_due(shared: &Arc<Shared>) {
     shared.spawn_tracked(async move {
         let shared = shared2;
         let next = match sweep(&shared).await {
-            Ok(swept) => swept.next_at_ms(shared.now_ms()),
+            Ok(swept) => swept.next_at_ms(&shared.config.retention, shared.now_ms()),
             Err(e) => {
                 tracing::warn!(error = %e, "retention sweep failed; it is tried again later");
-                Swept::default().next_at_ms(shared.now_ms())
+                Swept::default().next_at_ms(&shared.config.retention, shared.now_ms())
             }
         };
         shared.retention_due_ms.store(next, Ordering::SeqCst);
@@ -229,31 +306,31 @@ async fn sweep_settled(
     let mut after = None;
     let mut deleted = 0;
     while deleted < left {
-        let page = shared.store.keys_in(&index, after.as_ref(), left - deleted, shards.as_deref())?;
+        let page = shared.store.keys_in(
+            &index,
+            after.as_ref(),
+            (left - deleted).min(SWEEP_GROUP_MAX),
+            shards.as_deref(),
+        )?;
         let Some(last) = page.last().cloned() else { return Ok((deleted, false)) };
         let mut stale = Batch::new();
+        let mut due = Vec::new();
+        let mut past = false;
         for key in page {
             let Some((at_ms, run_id)) = keys::parse_settled(&key) else {
                 stale.delete(key);
                 continue;
             };
             if at_ms > until_ms {
-                commit_stale(shared, stale).await?;
-                return Ok((deleted, false));
+                past = true;
+                break;
             }
             if !shared.ownership.owns(run_id) {
                 continue;
             }
             match shared.load_run(run_id) {
                 Ok(run) if Settled::of(&run.status) == Some(how) && run.updated_at_ms == at_ms => {
-                    match delete(shared, run_id).await {
-                        Ok(_) => {
-                            deleted += 1;
-                            crate::metrics::Metrics::bump(&shared.metrics.runs_deleted_by_retention);
-                        }
-                        // Tried again at the next sweep; the others go meanwhile.
-                        Err(e) => tracing::warn!(run_id, error = %e, "retention could not delete the run"),
-                    }
+                    due.push(run_id.to_string());
                 }
                 Ok(_) | Err(RuntimeError::UnknownRun { .. }) => {
                     stale.delete(key.clone());
@@ -262,6 +339,20 @@ async fn sweep_settled(
             }
         }
         commit_stale(shared, stale).await?;
+        let due: Vec<&str> = due.iter().map(String::as_str).collect();
+        for (run_id, outcome) in due.iter().zip(delete_together(shared, &due).await?) {
+            match outcome {
+                Ok(_) => {
+                    deleted += 1;
+                    crate::metrics::Metrics::bump(&shared.metrics.runs_deleted_by_retention);
+                }
+                // Tried again at the next sweep; the others went meanwhile.
+                Err(e) => tracing::warn!(run_id, error = %e, "retention could not delete the run"),
+            }
+        }
+        if past {
+            return Ok((deleted, false));
+        }
         after = Some(last);
     }
     Ok((deleted, true))
