@@ -136,9 +136,8 @@ async fn every_endpoint_answers_and_every_refusal_is_a_json_error() {
     assert!(text.lines().any(|l| l.starts_with("durafiber_pending_alarms ")), "{text}");
     assert!(text.lines().any(|l| l.starts_with("durafiber_live_actors ")), "{text}");
     // The store's size and how long writes wait for their checkpoint, for alerts.
-    let gauge = |name: &str| {
-        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
-    };
+    let gauge =
+        |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok());
     assert!(gauge("durafiber_store_bytes").is_some_and(|b| b > 0.0), "{text}");
     assert!(gauge("durafiber_checkpoint_lag_seconds").is_some_and(|s| (0.0..60.0).contains(&s)), "{text}");
     assert!(text.contains("# HELP durafiber_stash_commit_seconds"), "{text}");
