@@ -1,4 +1,4 @@
-//! A store in a steady state under retention (§ retention in the operations guide): runs
+//! A store in a steady state under retention (the operations guide's "Retention"): runs
 //! start and finish for a while on the real clock with a 5-second retention for completed
 //! runs, and the data directory and the process's memory level off instead of growing with
 //! every run ever started; a few open runs waiting for people are never touched; the store

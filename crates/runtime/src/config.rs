@@ -147,6 +147,17 @@ impl Retention {
     pub fn is_on(&self) -> bool {
         *self != Retention::default()
     }
+
+    /// Each setting with its name in the config.
+    pub fn settings(&self) -> [(&'static str, Option<Duration>); 5] {
+        [
+            ("completed", self.completed),
+            ("failed", self.failed),
+            ("cancelled", self.cancelled),
+            ("escalated", self.escalated),
+            ("audit", self.audit),
+        ]
+    }
 }
 
 /// Everything a runtime can be told. `Default` gives the contract's defaults.
@@ -362,14 +373,8 @@ impl RuntimeConfig {
                 limits::ALARM_WINDOW_MIN
             )));
         }
-        let kept = [
-            ("completed", self.retention.completed),
-            ("failed", self.retention.failed),
-            ("cancelled", self.retention.cancelled),
-            ("escalated", self.retention.escalated),
-            ("audit", self.retention.audit),
-        ];
-        if let Some((what, _)) = kept.iter().find(|(_, d)| d.is_some_and(|d| d.is_zero())) {
+        let settings = self.retention.settings();
+        if let Some((what, _)) = settings.iter().find(|(_, d)| d.is_some_and(|d| d.is_zero())) {
             return Err(RuntimeError::Config(format!(
                 "retention.{what} must be above zero (leave it out to keep for ever)"
             )));

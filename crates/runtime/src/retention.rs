@@ -222,9 +222,7 @@ impl Swept {
 /// Every [`SWEEP_EVERY`], or every half of the shortest retention when that is shorter (but
 /// not more often than every [`SWEEP_AGAIN`]): a run is never kept much past its time.
 fn sweep_every(retention: &Retention) -> Duration {
-    let kept =
-        [retention.completed, retention.failed, retention.cancelled, retention.escalated, retention.audit];
-    let shortest = kept.into_iter().flatten().min().unwrap_or(SWEEP_EVERY);
+    let shortest = retention.settings().into_iter().filter_map(|(_, kept)| kept).min().unwrap_or(SWEEP_EVERY);
     (shortest / 2).clamp(SWEEP_AGAIN, SWEEP_EVERY)
 }
 
@@ -313,12 +311,12 @@ async fn sweep_settled(
             shards.as_deref(),
         )?;
         let Some(last) = page.last().cloned() else { return Ok((deleted, false)) };
-        let mut stale = Batch::new();
+        let mut stale = Deleter::default();
         let mut due = Vec::new();
         let mut past = false;
         for key in page {
             let Some((at_ms, run_id)) = keys::parse_settled(&key) else {
-                stale.delete(key);
+                stale.batch.delete(key);
                 continue;
             };
             if at_ms > until_ms {
@@ -333,12 +331,12 @@ async fn sweep_settled(
                     due.push(run_id.to_string());
                 }
                 Ok(_) | Err(RuntimeError::UnknownRun { .. }) => {
-                    stale.delete(key.clone());
+                    stale.batch.delete(key.clone());
                 }
                 Err(e) => tracing::warn!(run_id, error = %e, "retention could not read the run"),
             }
         }
-        commit_stale(shared, stale).await?;
+        stale.flush(shared).await?;
         let due: Vec<&str> = due.iter().map(String::as_str).collect();
         for (run_id, outcome) in due.iter().zip(delete_together(shared, &due).await?) {
             match outcome {
@@ -356,13 +354,6 @@ async fn sweep_settled(
         after = Some(last);
     }
     Ok((deleted, true))
-}
-
-async fn commit_stale(shared: &Shared, stale: Batch) -> Result<(), RuntimeError> {
-    if !stale.is_empty() {
-        shared.store.commit(stale, Durability::Sync).await?;
-    }
-    Ok(())
 }
 
 /// Enters every settled run in the settled index, once per store: runs that settled before

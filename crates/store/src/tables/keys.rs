@@ -196,7 +196,7 @@ pub fn alarm_due(due_at_ms: u64, run_id: &str, due_name: &str) -> Key<()> {
 }
 
 /// How a settled run ended, the first part of its key in the settled index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settled {
     /// `RunStatus::Completed`.
     Completed,
@@ -221,16 +221,6 @@ impl Settled {
             RunStatus::Cancelled { .. } => Some(Settled::Cancelled),
             RunStatus::Escalated { .. } => Some(Settled::Escalated),
             _ => None,
-        }
-    }
-
-    /// The state's name, as [`RunStatus::name`] spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Settled::Completed => "completed",
-            Settled::Failed => "failed",
-            Settled::Cancelled => "cancelled",
-            Settled::Escalated => "escalated",
         }
     }
 
