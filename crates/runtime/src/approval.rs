@@ -13,6 +13,7 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 
 use crate::boundary::Boundary;
+use crate::trace::{Ended, Parent};
 use crate::{
     alarm,
     error::{AgentError, RuntimeError},
@@ -62,6 +63,7 @@ pub(crate) async fn request(
         _ => {}
     }
     let now = shared.now_ms();
+    let asked_at_ms = now;
     let escalate_at_ms = now + shared.config.escalate_after.as_millis() as u64;
     let record = existing.unwrap_or(ApprovalRecord {
         run_id: run_id.clone(),
@@ -104,6 +106,15 @@ pub(crate) async fn request(
     shared.scheduler.insert(escalation.due_at_ms, &run_id, &escalation.name);
     shared.driver_wake.notify_one();
     shared.event(&run_id, "approval_requested", format!("{approval_id}: hash {}", record.payload_hash));
+    shared.span(|| {
+        raw.span_since("approval.request", asked_at_ms)
+            .attr("durafiber.approval.id", approval_id.to_string())
+            .attr("durafiber.approval.payload_hash", record.payload_hash.clone())
+            .attr(
+                "durafiber.approval.escalate_at_ms",
+                i64::try_from(record.escalate_at_ms).unwrap_or(i64::MAX),
+            )
+    });
     crate::eviction::idle::boundary(raw, || Boundary::AfterApprovalRequest(approval_id.to_string())).await;
     wait_for_decision(raw, approval_id, &key).await
 }
@@ -202,6 +213,15 @@ pub(crate) async fn approve(
     shared.scheduler.remove(record.escalate_at_ms, run_id, &escalation);
     shared.liveness.activity(run_id, shared.now_ms());
     shared.event(run_id, "approval_decided", format!("{approval_id}: approved={}", decision.approved));
+    // From the request to the decision: how long the run waited for a human.
+    shared.span(|| {
+        Ended::new(run_id, &run.kind, "approval.decision", Parent::Root)
+            .times(record.requested_at_ms, shared.now_ms())
+            .attr("durafiber.approval.id", approval_id.to_string())
+            .attr("durafiber.approval.payload_hash", record.payload_hash.clone())
+            .attr("durafiber.approval.approved", decision.approved)
+            .attr("durafiber.approval.comment", decision.comment.clone())
+    });
     deliver(shared, run_id, approval_id, decision).await;
     Ok(ApproveOutcome { run_id: run_id.into(), approval_id: approval_id.into(), recorded: true })
 }

@@ -16,6 +16,7 @@ use serde::{Serialize, de::DeserializeOwned};
 use crate::boundary::Boundary;
 use crate::{
     clock, error::AgentError, json, kernel::shared::RawCtx, limits, metrics::Metrics, rng::unguessable_hex,
+    trace,
 };
 
 /// How an effect's calls are retried within one entry of the fiber (`Ctx::effect_with`).
@@ -138,8 +139,15 @@ where
 
     let entry = match shared.store.get::<LedgerEntry>(&key)? {
         Some(entry) if !same_args(&entry.args_hash)? => return Err(conflict()),
-        Some(LedgerEntry { committed: Some(receipt), .. }) => {
+        Some(LedgerEntry { committed: Some(receipt), idempotency_key, .. }) => {
             Metrics::bump(&shared.metrics.effects_prevented);
+            shared.span(|| {
+                raw.span_since(format!("effect {effect_id}"), shared.now_ms())
+                    .client()
+                    .attr("durafiber.effect.id", effect_id.to_string())
+                    .attr("durafiber.effect.key", idempotency_key)
+                    .attr("durafiber.effect.outcome", "replayed")
+            });
             shared.event(
                 &run_id,
                 "effect_replayed",
@@ -178,12 +186,16 @@ where
     };
     crate::eviction::idle::boundary(raw, || Boundary::AfterEffectPrepare(effect_id.to_string())).await;
 
+    let mut calls = EffectSpan::start(raw, effect_id, &entry.idempotency_key);
     let mut last_error = String::new();
     for attempt in 1..=options.attempts {
         // A node past its self-fence deadline, or whose shard moved, starts no call: the
         // run's new owner makes it, with the same key.
         shared.ownership.check(&run_id)?;
-        let call = f(entry.idempotency_key.clone(), args.clone());
+        calls.calls = attempt;
+        let call = trace::with_traceparent(calls.traceparent.clone(), || {
+            f(entry.idempotency_key.clone(), args.clone())
+        });
         let answer = match options.timeout {
             None => call.await,
             Some(limit) if shared.clock.is_virtual() => {
@@ -220,11 +232,13 @@ where
                 crate::eviction::idle::boundary(raw, || Boundary::AfterEffectCall(effect_id.to_string()))
                     .await;
                 commit(raw, key, entry, &receipt).await?;
+                calls.end(raw, "executed", None);
                 crate::eviction::idle::boundary(raw, || Boundary::AfterEffectCommit(effect_id.to_string()))
                     .await;
                 return Ok(receipt);
             }
             Err(EffectError::Permanent(error)) => {
+                calls.end(raw, "rejected", Some(error.clone()));
                 tracing::warn!(%run_id, effect_id, attempt, error, "effect call refused; not retried");
                 shared.event(&run_id, "effect_rejected", format!("{effect_id}: {error}"));
                 return Err(AgentError::EffectRejected { effect_id: effect_id.to_string(), error });
@@ -240,6 +254,7 @@ where
             }
         }
     }
+    calls.end(raw, "failed", Some(last_error.clone()));
     shared.event(
         &run_id,
         "effect_exhausted",
@@ -250,6 +265,47 @@ where
         attempts: options.attempts,
         error: last_error,
     })
+}
+
+/// The span of an effect's calls in one entry of the fiber: from the first call to the
+/// receipt's commit, or to the last failure. Its `traceparent` goes with each call.
+struct EffectSpan {
+    span_id: opentelemetry::trace::SpanId,
+    traceparent: Option<String>,
+    effect_id: String,
+    key: String,
+    start_ms: u64,
+    calls: u32,
+}
+
+impl EffectSpan {
+    fn start(raw: &RawCtx, effect_id: &str, key: &str) -> EffectSpan {
+        let span_id = match raw.shared.traces.is_on() {
+            true => trace::fresh_span_id(),
+            false => opentelemetry::trace::SpanId::INVALID,
+        };
+        EffectSpan {
+            span_id,
+            traceparent: raw.shared.traces.traceparent(&raw.cell.run_id, span_id),
+            effect_id: effect_id.to_string(),
+            key: key.to_string(),
+            start_ms: raw.shared.now_ms(),
+            calls: 0,
+        }
+    }
+
+    fn end(&self, raw: &RawCtx, outcome: &'static str, error: Option<String>) {
+        raw.shared.span(|| {
+            raw.span_since(format!("effect {}", self.effect_id), self.start_ms)
+                .id(self.span_id)
+                .client()
+                .attr("durafiber.effect.id", self.effect_id.clone())
+                .attr("durafiber.effect.key", self.key.clone())
+                .attr("durafiber.effect.calls", i64::from(self.calls))
+                .attr("durafiber.effect.outcome", outcome)
+                .error(error)
+        });
+    }
 }
 
 async fn commit<R: Serialize>(

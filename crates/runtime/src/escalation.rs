@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use durafiber_store::{Batch, tables::RunStatus};
 
+use crate::trace::{Ended, Parent};
 use crate::{
     alarm,
     error::RuntimeError,
@@ -16,6 +17,13 @@ use crate::{
 
 pub(crate) async fn after_escalation(shared: &Arc<Shared>, kind: &str, run_id: &RunId, reason: &str) {
     Metrics::bump(&shared.metrics.escalations);
+    let now = shared.now_ms();
+    shared.span(|| {
+        Ended::new(run_id, kind, "escalate", Parent::Root)
+            .times(now, now)
+            .attr("durafiber.escalation.reason", reason.to_string())
+            .error(Some(reason.to_string()))
+    });
     if let Ok(agent) = shared.agent(kind) {
         agent.on_escalate(shared.hook_ctx(run_id, kind), reason.to_string()).await;
     }
@@ -42,6 +50,8 @@ pub(crate) async fn escalate(
         .await?;
     let Some(run) = written else { return Ok(()) };
     shared.event(run_id, "escalated", reason);
+    // Its last attempt did not end by itself, and no other follows.
+    shared.send_unfinished_attempt(run_id, &run.kind, run.attempt, "escalated");
     if let Some(live) = shared.registry.get(run_id) {
         if let Some((_, waiter)) = live.cell.approval_waiter.lock().take() {
             let _ = waiter.send(ApprovalOutcome::Escalated);

@@ -168,6 +168,7 @@ pub(crate) async fn wait(
     let shared = raw.shared.clone();
     let run_id = raw.cell.run_id.clone();
     let wkey = keys::event_wait(&run_id, name);
+    let entered_at_ms = shared.now_ms();
     let journaled: Option<EventWaitRecord> = shared.store.get(&wkey)?;
     if let Some(EventWaitRecord { result: Some(result), .. }) = journaled {
         return Ok(result);
@@ -180,11 +181,11 @@ pub(crate) async fn wait(
     loop {
         if let Some((event_key, event)) = oldest(&shared, &run_id, name)? {
             let got = Some(event.payload_json);
-            finish(raw, name, timeout_at_ms, got.clone(), Some(event_key)).await?;
+            finish(raw, name, timeout_at_ms, got.clone(), Some(event_key), entered_at_ms).await?;
             return Ok(got);
         }
         if timeout_at_ms.is_some_and(|at| at <= shared.now_ms()) {
-            finish(raw, name, timeout_at_ms, None, None).await?;
+            finish(raw, name, timeout_at_ms, None, None, entered_at_ms).await?;
             return Ok(None);
         }
         if !announced {
@@ -268,6 +269,7 @@ async fn finish(
     timeout_at_ms: Option<u64>,
     result: Option<String>,
     consumed: Option<Key<EventRecord>>,
+    entered_at_ms: u64,
 ) -> Result<(), AgentError> {
     let shared = raw.shared.clone();
     let run_id = raw.cell.run_id.clone();
@@ -298,6 +300,11 @@ async fn finish(
     }
     let what = if result.is_some() { "event_received" } else { "event_timed_out" };
     shared.event(&run_id, what, name.to_string());
+    shared.span(|| {
+        raw.span_since("event.wait", entered_at_ms)
+            .attr("durafiber.event.name", name.to_string())
+            .attr("durafiber.event.outcome", if result.is_some() { "received" } else { "timed out" })
+    });
     crate::eviction::idle::boundary(raw, || Boundary::AfterEvent(name.to_string())).await;
     Ok(())
 }

@@ -16,7 +16,8 @@
 //! - `kernel/`: shared state, the registry of live runs, the actors' inbox, run cells, the
 //!   busy count, the activity tracker, the alarm window.
 //! - base: [`clock`] (the only source of time), [`limits`], `config`, `error`, `json`,
-//!   `metrics`, [`rng`], `secret`, `events`, `hooks`, `types` (the run id, options, states).
+//!   `metrics`, [`rng`], `secret`, `events`, `hooks`, `types` (the run id, options, states),
+//!   [`trace`] (a run's trace: derived ids, spans sent over OTLP).
 #![deny(missing_docs)]
 
 pub mod agent;
@@ -48,6 +49,7 @@ mod sleep;
 mod stash;
 mod storage;
 mod stream;
+pub mod trace;
 mod typed;
 mod types;
 
@@ -67,7 +69,7 @@ pub fn input_schema_of<T: schemars::JsonSchema>() -> serde_json::Value {
     schemars::schema_for!(T).to_value()
 }
 pub use boundary::{Boundary, UnknownBoundary};
-pub use config::{Budget, DurabilityMode, Retention, RuntimeConfig, parse_bytes, parse_range};
+pub use config::{Budget, DurabilityMode, Retention, RuntimeConfig, TraceExport, parse_bytes, parse_range};
 pub use durafiber_store::tables::{
     AlarmRecord, ApprovalRecord, BudgetLimits, BudgetRecord, BudgetSpent, CronRecord, DeadLetter, Decision,
     LedgerEntry, PauseRecord, Receipt, RunRecord, RunStatus, StashRecord,

@@ -165,3 +165,10 @@ pub const RECOVERY_BATCH_MAX: usize = 256;
 pub const CONSOLE_SESSIONS_MAX: usize = 4_096;
 /// How long a console session lasts after sign-in.
 pub const CONSOLE_SESSION_TTL: std::time::Duration = std::time::Duration::from_secs(12 * 3600);
+
+/// Spans are sent at most this long after they end, by default (`traces.export_every`).
+pub const TRACE_EXPORT_EVERY_DEFAULT: std::time::Duration = std::time::Duration::from_secs(1);
+/// Spans that may wait to be sent, by default (`traces.queue_max`): about 8 MiB at most.
+pub const TRACE_QUEUE_MAX_DEFAULT: usize = 8_192;
+/// How long one export of spans may take, by default (`traces.timeout`).
+pub const TRACE_EXPORT_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(10);

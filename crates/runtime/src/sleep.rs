@@ -75,7 +75,13 @@ pub(crate) async fn sleep(raw: &mut RawCtx, name: &str, at: alarm::AlarmAt) -> R
         shared.parked(raw.in_fiber, shared.clock.sleep_until(record.wake_at_ms)).await;
         shared.fiber_waiting(&run_id, false, shared.now_ms());
     }
+    let wake_at_ms = record.wake_at_ms;
     woke(&shared, &raw.cell, record, &wake_alarm).await?;
+    shared.span(|| {
+        raw.span_since("sleep", now)
+            .attr("durafiber.sleep.name", name.to_string())
+            .attr("durafiber.sleep.wake_at_ms", i64::try_from(wake_at_ms).unwrap_or(i64::MAX))
+    });
     Ok(())
 }
 

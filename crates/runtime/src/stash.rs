@@ -85,6 +85,12 @@ pub(crate) async fn write(
     }
     shared.metrics.stash_commit.record_us(watch.elapsed_us());
     shared.event(&run_id, "stashed", format!("step {step}, seq {}", record.seq));
+    shared.span(|| {
+        raw.span_since("stash", record.written_at_ms)
+            .attr("durafiber.stash.step", step.to_string())
+            .attr("durafiber.stash.seq", i64::try_from(record.seq).unwrap_or(i64::MAX))
+            .attr("durafiber.stash.bytes", i64::try_from(record.stash_json.len()).unwrap_or(i64::MAX))
+    });
     crate::eviction::idle::boundary(raw, || Boundary::AfterStash(step.to_string())).await;
     Ok(())
 }

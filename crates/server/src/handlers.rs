@@ -31,7 +31,8 @@ use crate::{
 use serde_json::{Value, json};
 
 #[utoipa::path(post, path = "/runs", tag = "runs",
-    params(("Idempotency-Key" = String, Header, description = "a repeat with the same key returns the same run")),
+    params(("Idempotency-Key" = String, Header, description = "a repeat with the same key returns the same run"),
+        ("traceparent" = Option<String>, Header, description = "W3C Trace Context: the run's trace links to this span (a malformed one is ignored)")),
     request_body = StartBody,
     responses((status = 201, description = "accepted: the run is durable", body = StartOutcome),
         (status = 200, description = "the key was known: the same run", body = StartOutcome), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
@@ -73,13 +74,16 @@ pub(super) async fn start(State(app): State<AppState>, headers: HeaderMap, body:
             recoveries_max: b.recoveries_max,
         },
     };
+    // A caller in a trace links the run's trace to it; a malformed header is ignored.
+    let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
     let out = app
         .runtime
-        .start_json(
+        .start_json_traced(
             &body.kind,
             &key,
             &input,
             RunOptions { durability, fiber_keep_alive: options.fiber_keep_alive, budget },
+            traceparent,
         )
         .await?;
     let status = if out.accepted { StatusCode::CREATED } else { StatusCode::OK };

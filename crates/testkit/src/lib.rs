@@ -2,6 +2,7 @@
 //!
 //! - [`check`]: the crash and eviction checker, for any agent.
 //! - [`conformance`]: the store conformance suite; every backend runs it.
+//! - [`otlp`]: an OpenTelemetry collector in the test's process, to find a run's spans.
 //! - [`postgres`]: a private PostgreSQL server per test.
 //! - [`process`]: child processes with a deadline, so a hung child fails its test.
 //! - [`upstream`]: a real HTTP server on 127.0.0.1 that deduplicates by `Idempotency-Key`
@@ -10,6 +11,7 @@
 pub mod check;
 pub mod clock;
 pub mod conformance;
+pub mod otlp;
 pub mod postgres;
 pub mod process;
 pub mod upstream;

@@ -4,6 +4,7 @@
 //! the original response on every repeat; a repeat with a different body is `422`. A missing
 //! key or a malformed body is `400`. `GET /v1/{collection}` lists every object created, so a
 //! test counts side effects where they happened, not by our own "done" flag.
+//! [`post_idempotent`] sends the effect's `traceparent` when its run is traced.
 
 use parking_lot::Mutex;
 use std::{collections::HashMap, net::SocketAddr, sync::Arc};
@@ -26,6 +27,8 @@ struct Objects {
     /// Collections whose answers wait this long after the object is created: a caller
     /// stays between its call and its answer meanwhile.
     held: HashMap<String, std::time::Duration>,
+    /// (collection, idempotency key, `traceparent`) of every POST that carried one.
+    traceparents: Vec<(String, String, String)>,
 }
 
 type Shared = Arc<Mutex<Objects>>;
@@ -79,6 +82,9 @@ fn answer(
     let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string) else {
         return ((StatusCode::BAD_REQUEST, Json(json!({"error": "Idempotency-Key header required"}))), None);
     };
+    if let Some(parent) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
+        o.traceparents.push((collection.clone(), key.clone(), parent.to_string()));
+    }
     let Ok(parsed) = serde_json::from_str::<Value>(body) else {
         return ((StatusCode::BAD_REQUEST, Json(json!({"error": "body is not JSON"}))), None);
     };
@@ -144,6 +150,12 @@ impl Upstream {
         o.created.clear();
     }
 
+    /// `(collection, idempotency key, traceparent)` of every POST that carried a
+    /// `traceparent`, repeats included, in order.
+    pub fn traceparents(&self) -> Vec<(String, String, String)> {
+        lock(&self.objects).traceparents.clone()
+    }
+
     /// Every object created, with its collection, in order.
     pub fn all(&self) -> Vec<(String, Value)> {
         lock(&self.objects).created.clone()
@@ -182,6 +194,10 @@ pub async fn post_idempotent(
         .body(body.to_string());
     if let Some(token) = auth {
         request = request.header("Authorization", format!("Bearer {token}"));
+    }
+    // Inside an effect whose run is traced: the call joins the effect's span.
+    if let Some(parent) = durafiber_runtime::trace::traceparent() {
+        request = request.header("traceparent", parent);
     }
     let response = request.send().await.map_err(|e| format!("upstream unreachable: {e}"))?;
     let status = response.status();

@@ -9,6 +9,7 @@ use std::sync::{Arc, atomic::Ordering};
 use durafiber_store::tables::{RunStatus, WakeReason};
 
 use crate::boundary::Boundary;
+use crate::trace::{Ended, Parent};
 use crate::{
     kernel::{
         cell::RunCell,
@@ -70,6 +71,7 @@ pub(crate) async fn park(shared: &Arc<Shared>, run_id: &str) {
     let Some(live) = kill(shared, run_id).await else { return };
     Metrics::bump(&shared.metrics.parks);
     shared.event(run_id, "parked", "waiting");
+    left_memory(shared, &live.cell, "park", "waiting on a durable wait");
     give_back_recovery(shared, &live.cell, Some(WakeReason::Resumed)).await;
 }
 
@@ -80,8 +82,20 @@ pub(crate) async fn evict(shared: &Arc<Shared>, run_id: &str, why: &str) {
     let Some(live) = kill(shared, run_id).await else { return };
     Metrics::bump(&shared.metrics.evictions);
     shared.event(run_id, "evicted", why.to_string());
+    left_memory(shared, &live.cell, "evict", why);
     // An evicted fiber leaves an interrupted run: mark why, and re-activate it by ourselves.
     give_back_recovery(shared, &live.cell, Some(WakeReason::Evicted)).await;
+}
+
+/// The span of a run taken out of memory by the runtime (an eviction, a park).
+fn left_memory(shared: &Shared, cell: &RunCell, what: &'static str, why: &str) {
+    let now = shared.now_ms();
+    shared.span(|| {
+        Ended::new(&cell.run_id, &cell.kind, what, Parent::Root)
+            .times(now, now)
+            .attr("durafiber.attempt", i64::from(cell.attempt.load(Ordering::SeqCst)))
+            .attr("durafiber.reason", why.to_string())
+    });
 }
 
 /// Drops a run whose shard another node owns now: killed as by an eviction, but nothing is

@@ -32,6 +32,7 @@ use crate::{
     metrics::Metrics,
     rng::SeededRng,
     secret::Secrets,
+    trace::{Ended, Parent},
 };
 
 /// Called at every committed boundary of a fiber with the run's id and the [`Boundary`].
@@ -60,6 +61,8 @@ pub(crate) struct Shared {
     /// Chaos eviction draws, apart from jitter so that each sequence repeats on its own.
     pub rng_chaos: Mutex<SeededRng>,
     pub secrets: Secrets,
+    /// Where the runs' spans go (nowhere unless traces are configured).
+    pub traces: crate::trace::Traces,
     pub crash_hook: Option<CrashHook>,
     /// Bumped on every status change, so `wait` can sleep until something moved.
     pub status_version: watch::Sender<u64>,
@@ -173,6 +176,31 @@ impl Shared {
 
     pub fn event(&self, run_id: &str, kind: &str, detail: impl Into<String>) {
         self.events.push(self.now_ms(), run_id, kind, self.redact(detail.into()));
+    }
+
+    /// Sends the span `span` makes, secrets redacted; when traces are off, nothing is made.
+    pub fn span<'a>(&self, span: impl FnOnce() -> Ended<'a>) {
+        if self.traces.is_on() {
+            self.traces.send(&self.secrets, span());
+        }
+    }
+
+    /// Sends the span of attempt `attempt` of a run, an attempt that did not end by itself
+    /// (`run/attempt_span.rs`): the process that ran it knew neither when it would end nor
+    /// how, so it is sent as a moment, now.
+    pub fn send_unfinished_attempt(&self, run_id: &str, kind: &str, attempt: u32, outcome: &'static str) {
+        if attempt == 0 {
+            return;
+        }
+        let now = self.now_ms();
+        self.span(|| {
+            Ended::new(run_id, kind, "fiber.attempt", Parent::Root)
+                .id(crate::trace::attempt_span_id(run_id, attempt))
+                .times(now, now)
+                .attr("durafiber.attempt", i64::from(attempt))
+                .attr("durafiber.outcome", outcome)
+                .attr("durafiber.unfinished", true)
+        });
     }
 
     /// `text` with every configured secret value replaced: what the runtime stores, logs
@@ -297,6 +325,16 @@ pub(crate) struct RawCtx {
 impl RawCtx {
     pub fn new(shared: Arc<Shared>, cell: Arc<RunCell>, attempt: u32) -> Self {
         RawCtx { shared, cell, attempt, in_fiber: false }
+    }
+
+    /// A span of this run from `start_ms` to now: under the fiber's attempt in a fiber,
+    /// under the run's root in an event handler.
+    pub fn span_since(&self, name: impl Into<std::borrow::Cow<'static, str>>, start_ms: u64) -> Ended<'_> {
+        let parent = match self.in_fiber && self.attempt > 0 {
+            true => Parent::Attempt(self.attempt),
+            false => Parent::Root,
+        };
+        Ended::new(&self.cell.run_id, &self.cell.kind, name, parent).times(start_ms, self.shared.now_ms())
     }
 
     /// The cooperative cancel (§2.3): once the run was asked to stop, the fiber's next

@@ -20,6 +20,7 @@ use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::Instrument;
 
+use crate::trace;
 use crate::{
     clock::{self, Stopwatch},
     config::DurabilityMode,
@@ -223,7 +224,23 @@ impl Actor for RunActor {
         cell: &mut Arc<RunCell>,
     ) -> Result<(), ActorProcessingErr> {
         let attempt = cell.attempt.load(std::sync::atomic::Ordering::SeqCst);
-        let span = tracing::info_span!("run_event", run_id = %cell.run_id, kind = %cell.kind, attempt);
+        let span = tracing::info_span!(
+            "run_event",
+            run_id = %cell.run_id,
+            kind = %cell.kind,
+            attempt,
+            trace_id = tracing::field::Empty,
+        );
+        if self.shared.traces.is_on() {
+            span.record("trace_id", tracing::field::display(trace::trace_id(&cell.run_id)));
+        }
+        let started_ms = self.shared.now_ms();
+        let cause = match &msg {
+            RunMsg::Activate { .. } => "activate",
+            RunMsg::Message { .. } => "message",
+            RunMsg::Request { .. } => "request",
+            RunMsg::Alarm { .. } => "alarm",
+        };
         // Each event's work is boxed: the actor's task reserves room for `handle`'s future
         // from its spawn, and the largest event's state would otherwise be allocated with
         // every actor (about 2 KB each, in `bench alarms`' burst of fresh actors).
@@ -245,6 +262,12 @@ impl Actor for RunActor {
                 let _ = reply.send(result);
             }
         }
+        self.shared.span(|| {
+            trace::Ended::new(&cell.run_id, &cell.kind, "activation", trace::Parent::Root)
+                .times(started_ms, self.shared.now_ms())
+                .attr("durafiber.activation.cause", cause)
+                .attr("durafiber.attempt", i64::from(attempt))
+        });
         if let Some(mark) = self.mailbox.handled() {
             let (mailbox, run_id) = (self.mailbox.clone(), cell.run_id.clone());
             // Not tracked: it holds no run state, and once the run's mailbox is closed it

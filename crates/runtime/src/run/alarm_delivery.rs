@@ -12,6 +12,7 @@ use durafiber_store::{
     tables::{AlarmRecord, CronRecord, DeadLetter, SystemAlarm, keys},
 };
 
+use crate::trace::{Ended, Parent};
 use crate::{
     approval,
     error::{AgentError, RuntimeError},
@@ -225,6 +226,15 @@ async fn deliver(
     shared.event(run_id, "alarm_attempt", format!("{name} attempt {attempt}"));
     shared.liveness.activity(run_id, now);
     let result = call_handler(shared, run_id, event.clone()).await;
+    shared.span(|| {
+        Ended::new(run_id, &run.kind, format!("alarm {name}"), Parent::Root)
+            .times(now, shared.now_ms())
+            .attr("durafiber.alarm.name", name.to_string())
+            .attr("durafiber.alarm.attempt", i64::from(attempt))
+            .attr("durafiber.alarm.scheduled_at_ms", i64::try_from(alarm.scheduled_at_ms).unwrap_or(i64::MAX))
+            .attr("durafiber.alarm.outcome", if result.is_ok() { "delivered" } else { "failed" })
+            .error(result.as_ref().err().map(ToString::to_string))
+    });
     let current = slot.read(shared, run_id, name)?;
     let Some(mut current) = current.filter(|c| c.generation == alarm.generation) else {
         // The handler re-set (or cancelled) its own alarm: the new time stands.

@@ -36,7 +36,9 @@ use crate::{
     },
     limits,
     metrics::Metrics,
+    run::attempt_span::AttemptSpan,
     run::recovery::{self, Plan},
+    trace,
 };
 
 /// Starts or recovers the fiber if the run needs one. Runs inside the actor, so one at a time.
@@ -214,15 +216,34 @@ async fn drive(
     since: Stopwatch,
     busy: BusyGuard,
 ) {
-    let span = tracing::info_span!("fiber", run_id = %cell.run_id, kind = %cell.kind, attempt = registered.run.attempt);
+    let span = tracing::info_span!(
+        "fiber",
+        run_id = %cell.run_id,
+        kind = %cell.kind,
+        attempt = registered.run.attempt,
+        trace_id = tracing::field::Empty,
+    );
+    // Its log lines name the run's trace, when there is one to look up.
+    if shared.traces.is_on() {
+        span.record("trace_id", tracing::field::display(trace::trace_id(&cell.run_id)));
+    }
     async move {
         let mode = registered.mode;
+        let run = &registered.run;
+        let attempt_span = AttemptSpan::start(&shared, &cell, run.attempt, mode, run.recover_attempts);
         let result = call_agent(&shared, &cell, registered, since).await;
+        let (outcome, error) = outcome_of(&result);
         // Boxed: a fiber spends its life in `call_agent`, and the end's larger state would
         // otherwise be reserved in every waiting fiber's task.
         let retry_at = match Box::pin(finish(&shared, &cell, mode, result)).await {
-            Ok(retry_at) => retry_at,
+            Ok(End { retry_at, span_left_to_retry }) => {
+                if let Some(span) = attempt_span.filter(|_| !span_left_to_retry) {
+                    span.end(outcome, error);
+                }
+                retry_at
+            }
             Err(e) => {
+                // The run is recovered, and its next attempt sends this one's span.
                 tracing::error!(error = %e, "could not write the fiber's end; it will be recovered");
                 Some(shared.now_ms().saturating_add(1_000))
             }
@@ -251,6 +272,33 @@ async fn drive(
 }
 
 type FiberResult = Result<Result<String, AgentError>, String>;
+
+/// The run's last span: how it settled, from its acceptance to now.
+fn settled_span(shared: &Shared, run: &tables::RunRecord) {
+    let error = match &run.status {
+        RunStatus::Failed { error } => Some(error.clone()),
+        RunStatus::Cancelled { reason } => Some(reason.clone()),
+        _ => None,
+    };
+    shared.span(|| {
+        trace::Ended::new(&run.run_id, &run.kind, "run.settle", trace::Parent::Root)
+            .times(run.created_at_ms, shared.now_ms())
+            .attr("durafiber.run.state", run.status.name())
+            .attr("durafiber.attempts", i64::from(run.attempt))
+            .error(error)
+    });
+}
+
+/// How a fiber's attempt ended, for its span: a short name, and the error if it failed.
+fn outcome_of(result: &FiberResult) -> (&'static str, Option<String>) {
+    match result {
+        Ok(Ok(_)) => ("completed", None),
+        Ok(Err(AgentError::Escalate(reason))) => ("escalated", Some(reason.clone())),
+        Ok(Err(AgentError::Cancelled(reason))) => ("cancelled", Some(reason.clone())),
+        Ok(Err(e)) => ("failed", Some(e.to_string())),
+        Err(panic) => ("panicked", Some(panic.clone())),
+    }
+}
 
 async fn call_agent(
     shared: &Arc<Shared>,
@@ -312,17 +360,26 @@ fn enter(
     })
 }
 
-/// The fiber's end as one boundary: final stash (exit mode), status, alarms removed. Returns
-/// when to wake the run again, if it is to be retried.
+/// What a fiber's end wrote: when to wake the run again, if it is to be retried, and
+/// whether the retry sends this attempt's span (`attempt_span.rs`).
+struct End {
+    retry_at: Option<u64>,
+    span_left_to_retry: bool,
+}
+
+/// The fiber's end as one boundary: final stash (exit mode), status, alarms removed.
 async fn finish(
     shared: &Arc<Shared>,
     cell: &RunCell,
     mode: FiberMode,
     result: FiberResult,
-) -> Result<Option<u64>, RuntimeError> {
+) -> Result<End, RuntimeError> {
     let pending = cell.pending_exit.lock().take().map(|stash| *stash);
     let max_attempts = shared.config.max_recover_attempts;
     let mut retry_at = None;
+    // A retry that is not a recovery hook's: its registration takes this attempt for one
+    // that did not end, and sends its span.
+    let mut span_left_to_retry = false;
     let written = shared
         .update_run_from(cell, |run, batch| {
             if run.status.is_terminal() {
@@ -367,6 +424,7 @@ async fn finish(
                         run.next_recover_at_ms = 0;
                     }
                     retry_at = Some(shared.now_ms().saturating_add(1_000));
+                    span_left_to_retry = true;
                 } else if matches!(result, Ok(Err(AgentError::EffectRejected { .. }))) {
                     // A refusal: re-entering the run would only hear it again.
                     run.status = RunStatus::Failed { error };
@@ -377,6 +435,7 @@ async fn finish(
                     tracing::warn!(run_id = %run.run_id, error, "effect exhausted; the run will be recovered");
                     run.wake_reason = Some(tables::WakeReason::Resumed);
                     retry_at = Some(shared.now_ms().saturating_add(limits::EFFECT_BACKOFF_MAX.as_millis() as u64));
+                    span_left_to_retry = true;
                 } else if mode == FiberMode::Fresh {
                     run.status = RunStatus::Failed { error };
                 } else if run.recover_attempts >= max_attempts {
@@ -402,9 +461,12 @@ async fn finish(
         .await?;
     if let Some(run) = written {
         shared.event(&run.run_id, run.status.name(), format!("attempt {}", run.attempt));
+        if run.status.is_terminal() {
+            settled_span(shared, &run);
+        }
         if let RunStatus::Escalated { reason } = &run.status {
             after_escalation(shared, &run.kind, &run.run_id, reason).await;
         }
     }
-    Ok(retry_at)
+    Ok(End { retry_at, span_left_to_retry })
 }

@@ -1,11 +1,13 @@
 //! Runs: accepting them durably ([`start`]), activating them and their actor ([`actor`],
-//! the only code that spawns one), their fibers ([`fiber`]), recovery ([`recovery`]) and the
+//! the only code that spawns one), their fibers ([`fiber`]) and each attempt's span
+//! ([`attempt_span`]), recovery ([`recovery`]) and the
 //! scan that finds interrupted runs ([`rescan`]), alarm delivery ([`alarm_delivery`]), the
 //! loop that moves them on time ([`driver`]), the liveness rule checked ([`liveness`]), and
 //! a node's shards on a shared store ([`leases`]).
 
 pub(crate) mod actor;
 pub(crate) mod alarm_delivery;
+pub(crate) mod attempt_span;
 pub(crate) mod driver;
 pub(crate) mod fiber;
 pub(crate) mod leases;

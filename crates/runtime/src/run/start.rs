@@ -12,6 +12,7 @@ use durafiber_store::{
 };
 use serde::Serialize;
 
+use crate::trace;
 use crate::{
     error::RuntimeError,
     json,
@@ -49,6 +50,7 @@ pub(crate) async fn start(
     key: &str,
     input_json: &str,
     options: RunOptions,
+    caller: Option<opentelemetry::trace::SpanContext>,
 ) -> Result<StartOutcome, RuntimeError> {
     let agent = shared.agent(kind)?;
     tables::check_id("idempotency key", key).map_err(RuntimeError::InvalidInput)?;
@@ -111,6 +113,14 @@ pub(crate) async fn start(
     drop(_guard);
     Metrics::bump(&shared.metrics.starts);
     shared.event(&run.run_id, "accepted", format!("kind {kind}, key {key}"));
+    // The trace's root: every later span of the run, in any process, is under it.
+    shared.span(|| {
+        trace::Ended::new(&run.run_id, kind, "run", trace::Parent::Root)
+            .id(trace::root_span_id(&run.run_id))
+            .times(now, now)
+            .attr("durafiber.run.key", key.to_string())
+            .link(caller)
+    });
     Ok(StartOutcome { run_id: RunId::new(run.run_id), accepted: true, status: RunStatus::Accepted })
 }
 

@@ -124,6 +124,14 @@ impl RuntimeBuilder {
             None => self.clock,
         };
         let retention_on = self.config.retention.is_on() && !self.passive;
+        // An inspection handle runs no agent code: it has no spans to send.
+        let traces = match self.passive {
+            true => crate::trace::Traces::off(),
+            false => {
+                let node = self.store.backend().leases().map(|l| l.node_id().to_string());
+                crate::trace::Traces::open(&self.config.traces, node.as_deref().unwrap_or("local"))?
+            }
+        };
         let shared = Arc::new(Shared {
             reactivator: reactivate_boxed,
             store: self.store,
@@ -140,6 +148,7 @@ impl RuntimeBuilder {
             rng_jitter: Mutex::new(SeededRng::new(seed ^ 0x6a69_7474_6572)),
             rng_chaos: Mutex::new(SeededRng::new(seed ^ 0x0063_6861_6f73)),
             secrets: self.secrets,
+            traces,
             crash_hook: self.crash_hook,
             status_version: tokio::sync::watch::Sender::new(0),
             stream_version: tokio::sync::watch::Sender::new(0),
@@ -289,7 +298,23 @@ impl Runtime {
         input_json: &str,
         options: RunOptions,
     ) -> Result<StartOutcome, RuntimeError> {
-        let outcome = start::start(&self.shared, kind, key, input_json, options).await?;
+        self.start_json_traced(kind, key, input_json, options, None).await
+    }
+
+    /// `start_json` for a caller in a trace of its own: `traceparent` (a W3C header) becomes
+    /// a link of the run's root span, so the caller's trace leads to the run's. The run keeps
+    /// its own trace, whose id is derived from its run id ([`crate::trace::trace_id_of`]);
+    /// a malformed header is ignored.
+    pub async fn start_json_traced(
+        &self,
+        kind: &str,
+        key: &str,
+        input_json: &str,
+        options: RunOptions,
+        traceparent: Option<&str>,
+    ) -> Result<StartOutcome, RuntimeError> {
+        let caller = traceparent.and_then(crate::trace::parse_traceparent);
+        let outcome = start::start(&self.shared, kind, key, input_json, options, caller).await?;
         if outcome.accepted
             && !self.shared.ownership.owns(outcome.run_id.as_str())
             && let Some(leases) = self.shared.store.backend().leases()
@@ -477,5 +502,6 @@ impl Runtime {
         // Every run is stopped and written: other nodes may take the shards at once.
         leases::release_all(&self.shared);
         self.shared.closed.store(true, Ordering::SeqCst);
+        self.shared.traces.flush().await;
     }
 }

@@ -60,6 +60,10 @@ impl Runtime {
             .await?;
         if let Some(run) = written {
             self.shared.event(run_id, "cancel_requested", reason.to_string());
+            if run.status.is_terminal() {
+                // Cancelled without its fiber's help: the last attempt did not end by itself.
+                self.shared.send_unfinished_attempt(run_id, &run.kind, run.attempt, "cancelled");
+            }
             if let Some(live) = live {
                 live.cell.cancel.request(reason);
                 if run.status.is_terminal() {

@@ -43,6 +43,10 @@ pub struct RunInspection {
     pub dead_letters: Vec<DeadLetter>,
     /// Its budget and what it has spent, if it has one (or has charged).
     pub budget: Option<BudgetRecord>,
+    /// Its trace's id, derived from the run id ([`crate::trace::trace_id_of`]).
+    pub trace_id: String,
+    /// Its trace in the trace UI, when `traces.ui` is configured.
+    pub trace_url: Option<String>,
 }
 
 impl Serialize for RunInspection {
@@ -51,6 +55,7 @@ impl Serialize for RunInspection {
             "run": self.run, "stash": self.stash, "stash_version": self.stash_version, "ledger": self.ledger,
             "alarms": self.alarms,
             "approvals": self.approvals, "dead_letters": self.dead_letters, "budget": self.budget,
+            "trace_id": self.trace_id, "trace_url": self.trace_url,
         });
         embed_json_texts(fields).serialize(serializer)
     }
@@ -235,6 +240,8 @@ impl Runtime {
             approvals: scan_all(store, keys::APPROVALS, run_id)?,
             dead_letters: scan_all(store, keys::DEAD_LETTERS, run_id)?,
             budget: crate::kernel::spend::stored(store, run_id)?,
+            trace_id: crate::trace::trace_id_of(run_id),
+            trace_url: crate::trace::ui_link(&self.shared.config.traces, run_id),
             run,
         })
     }

@@ -33,6 +33,11 @@ pub struct RunView {
     pub budget: Option<durafiber_store::tables::BudgetRecord>,
     /// The audited requests about it.
     pub audit: Vec<AuditRecord>,
+    /// Its trace's id (32 hex digits), derived from the run id: every process's spans of the
+    /// run are in this trace.
+    pub trace_id: String,
+    /// Its trace in the trace UI, when the server's `traces.ui` is configured.
+    pub trace_url: Option<String>,
     /// On a store several nodes share: the node that runs it now (null while its shard has
     /// no owner). Absent alone.
     #[serde(skip_serializing_if = "Option::is_none")]

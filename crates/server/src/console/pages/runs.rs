@@ -112,6 +112,12 @@ pub fn run(frame: &Frame, view: &RunView) -> Markup {
                 dt { "Attempt" } dd { (text(&record["attempt"])) }
                 dt { "Created" } dd { (clock(record["created_at_ms"].as_u64().unwrap_or(0))) }
                 @if let Some(detail) = status_detail(status) { dt { "Why" } dd #why { (detail) } }
+                dt { "Trace" } dd {
+                    @match run["trace_url"].as_str().filter(|u| u.starts_with("http://") || u.starts_with("https://")) {
+                        Some(url) => a #trace href=(url) rel="noopener" { code { (text(&run["trace_id"])) } },
+                        None => code #trace { (text(&run["trace_id"])) },
+                    }
+                }
             }
             @for a in run["approvals"].as_array().into_iter().flatten().filter(|a| a["decision"].is_null() && a["escalated"].as_bool() != Some(true)) {
                 p.notice { "Waiting for a decision: " a href=(decision_url(&run_id, &text(&a["approval_id"]))) { "review " (text(&a["approval_id"])) } }
