@@ -26,7 +26,7 @@ use durafiber_runtime::{
 use durafiber_store::{Store, StoreConfig};
 use durafiber_testkit::{
     check::AgentCheck,
-    otlp::{ReceivedSpan, Receiver},
+    otlp::{self, ReceivedSpan, Receiver},
     upstream::{Upstream, post_idempotent},
 };
 use serde_json::{Value, json};
@@ -105,46 +105,6 @@ fn by_trace(spans: &[ReceivedSpan]) -> BTreeMap<String, Vec<ReceivedSpan>> {
     traces
 }
 
-/// What is wrong with one run's trace: not one root, a root whose run's trace id differs,
-/// a span id twice, a parent missing, a span of another run, an effect executed twice.
-fn problems_of(trace_id: &str, spans: &[ReceivedSpan]) -> Vec<String> {
-    let mut problems = Vec::new();
-    let roots: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.parent_span_id.is_empty()).collect();
-    let [root] = roots.as_slice() else {
-        problems.push(format!("{} roots", roots.len()));
-        return problems;
-    };
-    let run_id = root.attr("durafiber.run.id").unwrap_or_default();
-    if root.name != "run" || trace::trace_id_of(run_id) != trace_id {
-        problems.push(format!("root {} of run {run_id} in trace {trace_id}", root.name));
-    }
-    let mut ids = BTreeSet::new();
-    for span in spans {
-        if !ids.insert(span.span_id.as_str()) {
-            problems.push(format!("span {} ({}) sent twice", span.span_id, span.name));
-        }
-        if span.attr("durafiber.run.id") != Some(run_id) {
-            problems.push(format!("span {} is of run {:?}", span.name, span.attr("durafiber.run.id")));
-        }
-        if span.end_ns < span.start_ns {
-            problems.push(format!("span {} ends before it starts", span.name));
-        }
-    }
-    for span in spans {
-        if !span.parent_span_id.is_empty() && !ids.contains(span.parent_span_id.as_str()) {
-            problems.push(format!("the parent of {} ({}) is missing", span.name, span.parent_span_id));
-        }
-    }
-    let mut executed: BTreeMap<&str, usize> = BTreeMap::new();
-    for span in spans.iter().filter(|s| s.attr("durafiber.effect.outcome") == Some("executed")) {
-        *executed.entry(span.attr("durafiber.effect.key").unwrap_or_default()).or_default() += 1;
-    }
-    for (key, n) in executed.into_iter().filter(|(_, n)| *n > 1) {
-        problems.push(format!("effect key {key} executed {n} times"));
-    }
-    problems
-}
-
 fn names(spans: &[ReceivedSpan]) -> BTreeSet<String> {
     spans.iter().map(|s| s.name.clone()).collect()
 }
@@ -173,7 +133,7 @@ async fn every_run_keeps_one_whole_trace_through_crashes_and_evictions_at_every_
     assert_eq!(traces.len(), cases, "one trace per case's run");
     let mut problems = Vec::new();
     for (trace_id, spans) in &traces {
-        for problem in problems_of(trace_id, spans) {
+        for problem in otlp::problems(trace_id, spans) {
             problems.push(format!("{trace_id}: {problem}"));
         }
         // Each run completed: each effect was executed in it exactly once, and it settled once.
@@ -305,7 +265,7 @@ async fn a_callers_trace_links_an_effect_carries_its_span_and_no_secret_leaves()
 
     let trace_id = trace::trace_id_of(run.as_str());
     let spans = receiver.trace(&trace_id);
-    assert!(problems_of(&trace_id, &spans).is_empty(), "{:#?}", problems_of(&trace_id, &spans));
+    assert!(otlp::problems(&trace_id, &spans).is_empty(), "{:#?}", otlp::problems(&trace_id, &spans));
     assert!(receiver.refused() >= 2, "the collector refused {} exports", receiver.refused());
     let root = spans.iter().find(|s| s.name == "run").expect("root");
     assert_eq!(

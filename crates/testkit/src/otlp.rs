@@ -2,7 +2,12 @@
 //! protobuf), so a test can find a run's trace as Jaeger or Tempo would see it — and the
 //! raw bytes it was sent, to look for what must never leave the process.
 
-use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::SocketAddr,
+    sync::Arc,
+    time::Duration,
+};
 
 use axum::{Router, body::Bytes, extract::State, http::StatusCode, routing::post};
 use opentelemetry_proto::tonic::{
@@ -156,6 +161,47 @@ async fn export(State(received): State<Arc<Mutex<Received>>>, body: Bytes) -> (S
         }
     }
     (StatusCode::OK, ExportTraceServiceResponse::default().encode_to_vec())
+}
+
+/// What is wrong with one run's trace, `spans` all of `trace_id`: not one root, a root not
+/// named `run` or whose run's trace id differs, a span id twice, a parent missing, a span
+/// of another run, one that ends before it starts, an effect's key executed twice.
+pub fn problems(trace_id: &str, spans: &[ReceivedSpan]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let roots: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.parent_span_id.is_empty()).collect();
+    let [root] = roots.as_slice() else {
+        problems.push(format!("{} roots", roots.len()));
+        return problems;
+    };
+    let run_id = root.attr("durafiber.run.id").unwrap_or_default();
+    if root.name != "run" || durafiber_runtime::trace::trace_id_of(run_id) != trace_id {
+        problems.push(format!("root {} of run {run_id} in trace {trace_id}", root.name));
+    }
+    let mut ids = BTreeSet::new();
+    for span in spans {
+        if !ids.insert(span.span_id.as_str()) {
+            problems.push(format!("span {} ({}) sent twice", span.span_id, span.name));
+        }
+        if span.attr("durafiber.run.id") != Some(run_id) {
+            problems.push(format!("span {} is of run {:?}", span.name, span.attr("durafiber.run.id")));
+        }
+        if span.end_ns < span.start_ns {
+            problems.push(format!("span {} ends before it starts", span.name));
+        }
+    }
+    for span in spans {
+        if !span.parent_span_id.is_empty() && !ids.contains(span.parent_span_id.as_str()) {
+            problems.push(format!("the parent of {} ({}) is missing", span.name, span.parent_span_id));
+        }
+    }
+    let mut executed: BTreeMap<&str, usize> = BTreeMap::new();
+    for span in spans.iter().filter(|s| s.attr("durafiber.effect.outcome") == Some("executed")) {
+        *executed.entry(span.attr("durafiber.effect.key").unwrap_or_default()).or_default() += 1;
+    }
+    for (key, n) in executed.into_iter().filter(|(_, n)| *n > 1) {
+        problems.push(format!("effect key {key} executed {n} times"));
+    }
+    problems
 }
 
 fn hex(bytes: &[u8]) -> String {
