@@ -178,6 +178,7 @@ async fn a_reviewer_sees_what_the_agent_saw_approves_and_the_run_completes_in_a_
     // The run page follows the run live: a decision made elsewhere shows without a reload.
     a.goto(&server.url(&format!("/ui/runs/{second}"))).await.expect("run page");
     assert_eq!(text_of(&a, "#state").await, "waiting_approval");
+    assert_eq!(text_of(&a, "#trace").await, durafiber_runtime::trace::trace_id_of(&second));
     let second_hash = run_view(&server, &second).await["approvals"][0]["payload_hash"].clone();
     let r = server
         .client_with(&alice)
@@ -200,6 +201,8 @@ async fn a_reviewer_sees_what_the_agent_saw_approves_and_the_run_completes_in_a_
     a.goto(&server.url("/ui/runs")).await.expect("runs");
     let runs = text_of(&a, "#runs").await;
     assert!(runs.contains(&run_id) && runs.contains(&second));
+    let store = text_of(&a, "#store").await;
+    assert!(store.contains("MiB on disk") && store.contains("0 runs deleted by retention"), "{store}");
     screenshot(&a, "runs").await;
     a.goto(&server.url("/ui/attention")).await.expect("attention");
     assert!(text_of(&a, "#no-escalated").await.contains("None"));

@@ -86,7 +86,7 @@ pub use retention::{DELETE_BATCH_MAX, RunDeleted, SWEEP_EVERY, SWEEP_RUNS_MAX};
 pub use run::start::StartOutcome;
 pub use runtime::{
     DeployProblem, Gauges, ListFilter, PausedNow, RunInspection, RunOwner, RunPage, Runtime, RuntimeBuilder,
-    testing,
+    StoreGauges, testing,
 };
 pub use secret::{Destination, Secret, SecretRefusal, Secrets};
 pub use storage::{Storage, Transaction};

@@ -51,8 +51,18 @@ pub(super) async fn runs(State(app): State<AppState>, headers: HeaderMap, Query(
         &state_text,
         (&kind, &app.runtime.kinds()),
         page_of_runs.next.as_deref(),
+        &store_line(&app),
     );
     Ok(page(StatusCode::OK, markup))
+}
+
+fn store_line(app: &AppState) -> pages::StoreLine {
+    let gauges = app.runtime.store_gauges();
+    pages::StoreLine {
+        store_bytes: gauges.store_bytes,
+        checkpoint_lag: gauges.checkpoint_lag,
+        deleted_by_retention: app.runtime.metrics().runs_deleted_by_retention,
+    }
 }
 
 pub(super) async fn run_page(

@@ -10,7 +10,7 @@ mod approvals;
 mod runs;
 
 pub use approvals::{DecisionView, InboxRow, decision, inbox};
-pub use runs::{RunRow, RunView, TimelineEntry, attention, run, runs};
+pub use runs::{RunRow, RunView, StoreLine, TimelineEntry, attention, run, runs};
 
 /// What every page's frame needs: who is signed in (none on the sign-in page) and the
 /// CSRF token of its forms.

@@ -11,14 +11,25 @@ pub struct RunRow<'a> {
     pub run: &'a durafiber_store::tables::RunRecord,
 }
 
-/// The runs list with its filters (a state, one of the kinds the server hosts) and the link
-/// to the next page.
+/// How the store stands, under the runs list: what an operator watches over months.
+pub struct StoreLine {
+    /// Bytes of the store's files on disk; 0 on PostgreSQL.
+    pub store_bytes: u64,
+    /// How long acknowledged writes have waited for their checkpoint; `None` on PostgreSQL.
+    pub checkpoint_lag: Option<std::time::Duration>,
+    /// Settled runs this process deleted by retention since it started.
+    pub deleted_by_retention: u64,
+}
+
+/// The runs list with its filters (a state, one of the kinds the server hosts), the link
+/// to the next page, and how the store stands.
 pub fn runs(
     frame: &Frame,
     rows: &[RunRow],
     state: &str,
     (kind, kinds): (&str, &[String]),
     next: Option<&str>,
+    store: &StoreLine,
 ) -> Markup {
     let states = [
         "accepted",
@@ -66,6 +77,11 @@ pub fn runs(
             @if rows.is_empty() { p.empty { "No run matches." } }
             @if let Some(after) = next {
                 a #next-page href=(format!("/ui/runs?state={}&kind={}&after={}", enc(state), enc(kind), enc(after))) { "Next page →" }
+            }
+            p.hint #store {
+                @if store.store_bytes > 0 { "Store: " (format!("{:.1}", store.store_bytes as f64 / 1_048_576.0)) " MiB on disk · " }
+                @if let Some(lag) = store.checkpoint_lag { "checkpoint " (age(u64::try_from(lag.as_millis()).unwrap_or(u64::MAX))) " behind · " }
+                (store.deleted_by_retention) " runs deleted by retention since the server started"
             }
         },
     )
