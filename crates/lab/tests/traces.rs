@@ -1,9 +1,9 @@
 //! A run's one trace across a SIGKILL: `durafiber serve` exports to a collector in the
 //! test's process; a refund started with the caller's `traceparent` waits for its reviewer
 //! when the server is SIGKILLed; a second server takes the decision (a comment with the
-//! upstream's key pasted into it) and finishes the run. The trace holds both processes'
-//! spans under one root, every parent present, each effect executed once with its span's
-//! `traceparent` at the upstream, and not one byte of the key.
+//! upstream's key pasted into it; the decider named in its span) and finishes the run. The
+//! trace holds both processes' spans under one root, every parent present, each effect
+//! executed once with its span's `traceparent` at the upstream, and not one byte of the key.
 
 use std::{ffi::OsStr, time::Duration};
 
@@ -132,6 +132,11 @@ async fn a_run_keeps_one_trace_across_a_sigkilled_server() {
         .expect("attempt 1's span");
     assert_ne!(lost.resource.get("process.pid"), Some(first_pid), "{lost:?}");
     assert_eq!(lost.attr("durafiber.outcome"), Some("left memory"));
+    let decision = spans.iter().find(|s| s.name == "approval.decision").expect("decision span");
+    assert!(
+        !decision.attr("durafiber.approval.by").unwrap_or_default().is_empty(),
+        "who decided: {decision:?}"
+    );
     for name in
         ["stash", "approval.request", "approval.decision", "effect refund", "effect email:confirmation"]
     {

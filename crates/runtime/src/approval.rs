@@ -161,6 +161,7 @@ pub(crate) async fn approve(
     approval_id: &str,
     payload_hash: &str,
     decision: Decision,
+    by: Option<&str>,
 ) -> Result<ApproveOutcome, RuntimeError> {
     let _one_at_a_time = shared.inbound_lock(run_id).await;
     let run = shared.load_run(run_id)?;
@@ -221,6 +222,7 @@ pub(crate) async fn approve(
             .attr("durafiber.approval.payload_hash", record.payload_hash.clone())
             .attr("durafiber.approval.approved", decision.approved)
             .attr("durafiber.approval.comment", decision.comment.clone())
+            .attr("durafiber.approval.by", by.unwrap_or_default().to_string())
     });
     deliver(shared, run_id, approval_id, decision).await;
     Ok(ApproveOutcome { run_id: run_id.into(), approval_id: approval_id.into(), recorded: true })

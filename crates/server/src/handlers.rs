@@ -312,11 +312,18 @@ pub(super) async fn approvals(State(app): State<AppState>, Query(q): Params) -> 
 pub(super) async fn approve(
     State(app): State<AppState>,
     Path((run_id, approval_id)): Path<(RunId, String)>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
     body: Bytes,
 ) -> ApiResult {
     let body: ApproveBody = parse(&body)?;
     let decision = Decision { approved: body.approved, comment: body.comment };
-    ok(app.runtime.approve(&run_id, &approval_id, &body.payload_hash, decision).await?)
+    let hash = &body.payload_hash;
+    ok(match caller {
+        Some(axum::Extension(caller)) => {
+            app.runtime.approve_as(&run_id, &approval_id, hash, decision, &caller.name).await?
+        }
+        None => app.runtime.approve(&run_id, &approval_id, hash, decision).await?,
+    })
 }
 
 /// A page of the run's pending alarms, in the order of their names.

@@ -203,6 +203,23 @@ impl Shared {
         });
     }
 
+    /// Sends the run's last span, `run.settle`: how it settled, from its acceptance to now.
+    pub fn send_settled(&self, run: &durafiber_store::tables::RunRecord) {
+        use durafiber_store::tables::RunStatus;
+        let error = match &run.status {
+            RunStatus::Failed { error } => Some(error.clone()),
+            RunStatus::Cancelled { reason } | RunStatus::Escalated { reason } => Some(reason.clone()),
+            _ => None,
+        };
+        self.span(|| {
+            Ended::new(&run.run_id, &run.kind, "run.settle", Parent::Root)
+                .times(run.created_at_ms, self.now_ms())
+                .attr("durafiber.run.state", run.status.name())
+                .attr("durafiber.attempts", i64::from(run.attempt))
+                .error(error)
+        });
+    }
+
     /// `text` with every configured secret value replaced: what the runtime stores, logs
     /// and shows never holds one, even when an upstream echoes it back.
     pub fn redact(&self, text: String) -> String {

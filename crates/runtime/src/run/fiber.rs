@@ -273,22 +273,6 @@ async fn drive(
 
 type FiberResult = Result<Result<String, AgentError>, String>;
 
-/// The run's last span: how it settled, from its acceptance to now.
-fn settled_span(shared: &Shared, run: &tables::RunRecord) {
-    let error = match &run.status {
-        RunStatus::Failed { error } => Some(error.clone()),
-        RunStatus::Cancelled { reason } => Some(reason.clone()),
-        _ => None,
-    };
-    shared.span(|| {
-        trace::Ended::new(&run.run_id, &run.kind, "run.settle", trace::Parent::Root)
-            .times(run.created_at_ms, shared.now_ms())
-            .attr("durafiber.run.state", run.status.name())
-            .attr("durafiber.attempts", i64::from(run.attempt))
-            .error(error)
-    });
-}
-
 /// How a fiber's attempt ended, for its span: a short name, and the error if it failed.
 fn outcome_of(result: &FiberResult) -> (&'static str, Option<String>) {
     match result {
@@ -462,7 +446,7 @@ async fn finish(
     if let Some(run) = written {
         shared.event(&run.run_id, run.status.name(), format!("attempt {}", run.attempt));
         if run.status.is_terminal() {
-            settled_span(shared, &run);
+            shared.send_settled(&run);
         }
         if let RunStatus::Escalated { reason } = &run.status {
             after_escalation(shared, &run.kind, &run.run_id, reason).await;

@@ -63,6 +63,7 @@ impl Runtime {
             if run.status.is_terminal() {
                 // Cancelled without its fiber's help: the last attempt did not end by itself.
                 self.shared.send_unfinished_attempt(run_id, &run.kind, run.attempt, "cancelled");
+                self.shared.send_settled(&run);
             }
             if let Some(live) = live {
                 live.cell.cancel.request(reason);
@@ -174,7 +175,20 @@ impl Runtime {
         payload_hash: &str,
         decision: Decision,
     ) -> Result<ApproveOutcome, RuntimeError> {
-        approval::approve(&self.shared, run_id, approval_id, payload_hash, decision).await
+        approval::approve(&self.shared, run_id, approval_id, payload_hash, decision, None).await
+    }
+
+    /// `approve`, saying who decided: the decision's span in the run's trace names them
+    /// (`durafiber.approval.by`). The server passes the token's name.
+    pub async fn approve_as(
+        &self,
+        run_id: &RunId,
+        approval_id: &str,
+        payload_hash: &str,
+        decision: Decision,
+        by: &str,
+    ) -> Result<ApproveOutcome, RuntimeError> {
+        approval::approve(&self.shared, run_id, approval_id, payload_hash, decision, Some(by)).await
     }
 
     /// Sets (or replaces) a run's alarm from outside. Refused with `StorageFull` while the

@@ -39,7 +39,7 @@ tokio::task_local! {
 /// when traces are not exported.
 ///
 /// ```no_run
-/// # async fn call(ctx: &mut durafiber_runtime::Ctx) -> Result<(), durafiber_runtime::AgentError> {
+/// # async fn call<A: durafiber_runtime::Agent>(ctx: &mut durafiber_runtime::Ctx<A>) -> Result<(), durafiber_runtime::AgentError> {
 /// let http = reqwest::Client::new();
 /// let charged: String = ctx
 ///     .effect("charge", 1200u64, |key, cents| {

@@ -133,30 +133,33 @@ pub(super) async fn decide(
     let api_body = api_body.to_string();
     guard::record(&app, &session.caller, &Method::POST, &api_path, &headers, api_body.as_bytes()).await?;
     let decision = Decision { approved, comment };
-    Ok(match app.runtime.approve(&run_id, &approval_id, &shown_hash, decision).await {
-        Ok(_) => see_other(&format!(
-            "{}?decided={}",
-            pages::run_url(&run_id),
-            if approved { "approved" } else { "declined" }
-        )),
-        Err(RuntimeError::StaleApproval { .. }) => {
-            let text = "The payload changed since this page was shown, so nothing was decided. \
+    Ok(
+        match app.runtime.approve_as(&run_id, &approval_id, &shown_hash, decision, &session.caller.name).await
+        {
+            Ok(_) => see_other(&format!(
+                "{}?decided={}",
+                pages::run_url(&run_id),
+                if approved { "approved" } else { "declined" }
+            )),
+            Err(RuntimeError::StaleApproval { .. }) => {
+                let text = "The payload changed since this page was shown, so nothing was decided. \
                         Read what the run asks now, below, and decide again."
-                .to_string();
-            let notice = Notice { good: false, text };
-            show_decision(&app, &session, &run_id, &approval_id, Some(notice), StatusCode::CONFLICT)
-        }
-        Err(RuntimeError::AlreadyDecided { .. }) => {
-            let text =
-                already_decided(&app, &run_id, &approval_id).unwrap_or_else(|| "Already decided.".into());
-            let notice = Notice { good: false, text };
-            show_decision(&app, &session, &run_id, &approval_id, Some(notice), StatusCode::CONFLICT)
-        }
-        Err(e) => {
-            let refused = crate::state::ApiError::from(e);
-            refusal(&app, &session, refused.0, &format!("The decision was refused: {}", refused.1), &here)
-        }
-    })
+                    .to_string();
+                let notice = Notice { good: false, text };
+                show_decision(&app, &session, &run_id, &approval_id, Some(notice), StatusCode::CONFLICT)
+            }
+            Err(RuntimeError::AlreadyDecided { .. }) => {
+                let text =
+                    already_decided(&app, &run_id, &approval_id).unwrap_or_else(|| "Already decided.".into());
+                let notice = Notice { good: false, text };
+                show_decision(&app, &session, &run_id, &approval_id, Some(notice), StatusCode::CONFLICT)
+            }
+            Err(e) => {
+                let refused = crate::state::ApiError::from(e);
+                refusal(&app, &session, refused.0, &format!("The decision was refused: {}", refused.1), &here)
+            }
+        },
+    )
 }
 
 /// "Already decided by NAME" when the approval has a decision.
