@@ -22,6 +22,7 @@ async fn main() -> anyhow::Result<()> {
         customer_email: "ada@example.com".into(),
         upstream: upstream.url(),
         api_key: None,
+        approval_rule: None,
     };
     let run = rt.start::<Refund>("refund:ord_42", &input).await?.run_id;
     println!("started {run}");

@@ -20,6 +20,7 @@ fn input(upstream: &Upstream) -> RefundInput {
         customer_email: "ada@example.com".into(),
         upstream: upstream.url(),
         api_key: None,
+        approval_rule: None,
     }
 }
 

@@ -58,6 +58,7 @@ fn input(order: &str, upstream: &str) -> RefundInput {
         customer_email: "bo@example.com".into(),
         upstream: upstream.into(),
         api_key: Some(Secret::named("upstream_key")),
+        approval_rule: None,
     }
 }
 

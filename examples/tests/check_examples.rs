@@ -41,6 +41,7 @@ async fn the_refund_agent_refunds_and_emails_once_under_every_crash_and_eviction
         customer_email: "grace@example.com".into(),
         upstream: upstream.url(),
         api_key: None,
+        approval_rule: None,
     };
     AgentCheck::new(Refund::default())
         .input(&input)

@@ -168,6 +168,10 @@ pub enum Command {
         /// A comment for the record.
         #[arg(long, default_value = "")]
         comment: String,
+        /// Who decides, on a data directory (a server counts its caller's token): needed for
+        /// an approval that takes more than one person, each counted once.
+        #[arg(long = "as", value_name = "NAME")]
+        decider: Option<String>,
         /// Where the runs are.
         #[command(flatten)]
         target: Target,

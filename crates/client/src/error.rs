@@ -21,6 +21,12 @@ pub enum ApiErrorKind {
     NotPending,
     /// Another decision was recorded first.
     AlreadyDecided,
+    /// This person has already decided the approval differently: one person counts once.
+    AlreadyVoted,
+    /// The approval's rule does not let this person decide it (403).
+    NotAReviewer,
+    /// An approval that takes more than one person was decided without a name to count.
+    DeciderUnknown,
     /// The run has finished.
     RunFinished,
     /// The run is still open: only a settled run can be deleted (409).
@@ -92,6 +98,9 @@ impl ApiErrorKind {
             "StaleApproval" => StaleApproval,
             "NotPending" => NotPending,
             "AlreadyDecided" => AlreadyDecided,
+            "AlreadyVoted" => AlreadyVoted,
+            "NotAReviewer" => NotAReviewer,
+            "DeciderUnknown" => DeciderUnknown,
             "RunFinished" => RunFinished,
             "RunOpen" => RunOpen,
             "InvalidInput" => InvalidInput,

@@ -4,7 +4,7 @@
 //! - [`Refund`]: the article's refund job: draft → human approval → refund through an
 //!   idempotent upstream → confirmation email, each effect through the ledger.
 
-use durafiber_runtime::{Agent, AgentError, Ctx, Recovered, Secret};
+use durafiber_runtime::{Agent, AgentError, ApprovalRule, Ctx, Recovered, Secret};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -170,6 +170,10 @@ pub struct RefundInput {
     pub upstream: String,
     /// The upstream's API key: a pointer, resolved at use, never stored.
     pub api_key: Option<Secret>,
+    /// Who must approve when one person is not enough (a refund over a limit):
+    /// `{"required": 2, "from": {"named": ["alice", "bob", "carol"]}}`. None: anyone, once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_rule: Option<ApprovalRule>,
 }
 
 /// What the reviewer sees and approves.
@@ -213,7 +217,10 @@ impl Refund {
             reason: "customer request".into(),
         };
         ctx.stash("drafted", &RefundStash { phase: "drafted".into(), refund_id: None }).await?;
-        let decision = ctx.request_approval("refund", &draft).await?;
+        let decision = match &input.approval_rule {
+            Some(rule) => ctx.request_approval_with("refund", &draft, rule).await?,
+            None => ctx.request_approval("refund", &draft).await?,
+        };
         if !decision.approved {
             return Ok(RefundOutput { approved: false, refund_id: None, email_id: None });
         }

@@ -35,7 +35,21 @@ async fn create_token(server: &Served, name: &str, role: &str) -> String {
 /// Starts a refund of `cents` for `order` and waits until it asks for approval; returns the
 /// run id and the payload hash it shows.
 async fn refund_waiting(server: &Served, order: &str, cents: u64, upstream: &str) -> (String, String) {
-    let input = json!({"order_id": order, "amount_cents": cents, "customer_email": "c@example.com", "upstream": upstream});
+    refund_waiting_for(server, order, cents, upstream, None).await
+}
+
+/// `refund_waiting`, with an approval rule when one person is not enough.
+async fn refund_waiting_for(
+    server: &Served,
+    order: &str,
+    cents: u64,
+    upstream: &str,
+    rule: Option<Value>,
+) -> (String, String) {
+    let mut input = json!({"order_id": order, "amount_cents": cents, "customer_email": "c@example.com", "upstream": upstream});
+    if let Some(rule) = rule {
+        input["approval_rule"] = rule;
+    }
     let r = server
         .client()
         .post(server.url("/runs"))
@@ -212,6 +226,46 @@ async fn a_reviewer_sees_what_the_agent_saw_approves_and_the_run_completes_in_a_
     click(&a, "#sign-out").await;
     a.goto(&server.url("/ui/approvals")).await.expect("inbox");
     wait_for_path(&a, "/ui/sign-in").await;
+    let _ = a.close().await;
+    let _ = b.close().await;
+}
+
+/// A refund that takes two people: alice approves in her browser and sees "1 of 2 —
+/// approved by alice" and no second form; bob approves in his, and the run completes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_reviewers_approve_a_refund_that_takes_both_in_a_real_browser() {
+    let upstream = Upstream::start().await.expect("upstream");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Served::start(dir.path());
+    let alice = create_token(&server, "alice", "reviewer").await;
+    let bob = create_token(&server, "bob", "reviewer").await;
+    let rule = json!({"required": 2, "from": {"named": ["alice", "bob"]}});
+    let (run_id, _) = refund_waiting_for(&server, "order-22", 90_000, &upstream.url(), Some(rule)).await;
+    let decision_path = format!("/ui/runs/{run_id}/approvals/refund");
+    let mut driver = Driver::start();
+    let a = driver.browser().await;
+    let b = driver.browser().await;
+
+    sign_in(&a, &server, &alice).await;
+    a.goto(&server.url(&decision_path)).await.expect("decision page");
+    assert!(text_of(&a, "#quorum").await.starts_with("0 of 2"));
+    click(&a, "#approve").await;
+    wait_for_path(&a, &decision_path).await;
+    assert!(text_of(&a, "#quorum").await.contains("1 of 2 — approved by alice"));
+    assert!(text_of(&a, "#voted").await.contains("You have approved this"));
+    assert!(!has(&a, "#approve").await, "alice is offered a second decision");
+    screenshot(&a, "quorum-one-of-two").await;
+    assert!(upstream.objects("refunds").is_empty(), "refunded on one approval");
+
+    sign_in(&b, &server, &bob).await;
+    b.goto(&server.url(&decision_path)).await.expect("decision page");
+    assert!(text_of(&b, "#quorum").await.contains("1 of 2 — approved by alice"));
+    click(&b, "#approve").await;
+    wait_for_path(&b, &format!("/ui/runs/{run_id}")).await;
+    wait_for_text(&b, "#state", |s| s == "completed").await;
+    let view = run_view(&server, &run_id).await;
+    assert_eq!(view["approvals"][0]["decision"]["comment"], json!("approved by alice, bob"));
+    assert_eq!(upstream.objects("refunds").len(), 1, "one refund, exactly");
     let _ = a.close().await;
     let _ = b.close().await;
 }

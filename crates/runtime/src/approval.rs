@@ -6,8 +6,11 @@ use durafiber_store::RunId;
 use std::sync::Arc;
 
 use durafiber_store::{
-    Batch,
-    tables::{self, AlarmRecord, ApprovalRecord, Decision, Key, RunStatus, SystemAlarm, WakeReason, keys},
+    Batch, Durability,
+    tables::{
+        self, AlarmRecord, ApprovalRecord, ApprovalRuleRecord, Decision, Key, RunStatus, SystemAlarm,
+        VoteRecord, WakeReason, keys,
+    },
 };
 use serde::Serialize;
 use tokio::sync::oneshot;
@@ -16,6 +19,7 @@ use crate::boundary::Boundary;
 use crate::trace::{Ended, Parent};
 use crate::{
     alarm,
+    approval_quorum::{self as quorum, ApprovalRule, Decider},
     error::{AgentError, RuntimeError},
     escalation, json,
     kernel::cell::ApprovalOutcome,
@@ -39,8 +43,11 @@ pub(crate) async fn request(
     approval_id: &str,
     payload_json: String,
     payload_hash: String,
+    rule: Option<&ApprovalRule>,
 ) -> Result<Decision, AgentError> {
     tables::check_id("approval id", approval_id).map_err(AgentError::fail)?;
+    let escalate_after = rule.and_then(|r| r.escalate_after).unwrap_or(raw.shared.config.escalate_after);
+    let rule = rule.map(ApprovalRule::stored).transpose().map_err(AgentError::fail)?;
     if payload_json.len() > limits::PAYLOAD_BYTES_MAX {
         return Err(AgentError::fail(format!(
             "approval payload is over {} bytes",
@@ -64,7 +71,7 @@ pub(crate) async fn request(
     }
     let now = shared.now_ms();
     let asked_at_ms = now;
-    let escalate_at_ms = now + shared.config.escalate_after.as_millis() as u64;
+    let escalate_at_ms = now.saturating_add(u64::try_from(escalate_after.as_millis()).unwrap_or(u64::MAX));
     let record = existing.unwrap_or(ApprovalRecord {
         run_id: run_id.clone(),
         approval_id: approval_id.to_string(),
@@ -87,10 +94,14 @@ pub(crate) async fn request(
         system: Some(SystemAlarm::EscalateApproval { approval_id: approval_id.to_string() }),
     };
     let pending_stash = raw.cell.pending_exit.lock().take().map(|stash| *stash);
-    // One boundary: the pause, the waiting state, the escalation alarm, an exit-mode stash.
+    // One boundary: the pause and its rule, the waiting state, the escalation alarm, an
+    // exit-mode stash.
     shared
         .update_run_from(&raw.cell, |run, batch| {
             batch.put(key.clone(), &record)?;
+            if let Some(rule) = &rule {
+                batch.put(keys::approval_rule(&run_id, approval_id), rule)?;
+            }
             alarm::stage(batch, &escalation)?;
             if let Some(stash) = &pending_stash {
                 stash.stage(batch)?;
@@ -153,6 +164,12 @@ pub struct ApproveOutcome {
     pub approval_id: String,
     /// False when the same decision had already been recorded (a no-op).
     pub recorded: bool,
+    /// Whether the pause is decided now: with a rule, only once enough people decided.
+    pub decided: bool,
+    /// Approvals recorded so far (1 for a pause without a rule, once approved).
+    pub approvals: u32,
+    /// Approvals that decide it: its rule's, or 1.
+    pub required: u32,
 }
 
 pub(crate) async fn approve(
@@ -161,7 +178,7 @@ pub(crate) async fn approve(
     approval_id: &str,
     payload_hash: &str,
     decision: Decision,
-    by: Option<&str>,
+    by: Option<&Decider>,
 ) -> Result<ApproveOutcome, RuntimeError> {
     let _one_at_a_time = shared.inbound_lock(run_id).await;
     let run = shared.load_run(run_id)?;
@@ -178,28 +195,96 @@ pub(crate) async fn approve(
             approval_id: approval_id.to_string(),
         });
     }
-    match &record.decision {
-        Some(d) if *d == decision => {
-            return Ok(ApproveOutcome {
+    let rule: Option<ApprovalRuleRecord> = shared.store.get(&keys::approval_rule(run_id, approval_id))?;
+    let outcome = |recorded: bool, decided: bool, approvals: u32| ApproveOutcome {
+        run_id: run_id.into(),
+        approval_id: approval_id.into(),
+        recorded,
+        decided,
+        approvals,
+        required: rule.as_ref().map_or(1, |r| r.required),
+    };
+    let (decided, vote) = match &rule {
+        None => {
+            match &record.decision {
+                Some(d) if *d == decision => return Ok(outcome(false, true, u32::from(d.approved))),
+                Some(_) => return Err(already_decided(run_id, approval_id)),
+                None if run.status.is_terminal() => return Err(not_pending()),
+                None => {}
+            }
+            (decision.clone(), None)
+        }
+        Some(rule) => {
+            let decider = by.ok_or_else(|| RuntimeError::DeciderUnknown {
                 run_id: run_id.into(),
                 approval_id: approval_id.into(),
-                recorded: false,
-            });
+            })?;
+            if let Some(reason) = quorum::refusal(rule, decider) {
+                return Err(RuntimeError::NotAReviewer {
+                    run_id: run_id.into(),
+                    approval_id: approval_id.into(),
+                    reason,
+                });
+            }
+            let mut votes = votes_of(shared, run_id, approval_id)?;
+            if let Some(prior) = votes.iter().find(|v| v.by == decider.name) {
+                // One person counts once; the same decision again is a retry, answered alike.
+                let decided = record.decision.is_some();
+                let approvals = quorum::tally(rule, &votes).approvals;
+                return match prior.approved == decision.approved && prior.comment == decision.comment {
+                    true => Ok(outcome(false, decided, approvals)),
+                    false => Err(RuntimeError::AlreadyVoted {
+                        run_id: run_id.into(),
+                        approval_id: approval_id.into(),
+                        by: decider.name.clone(),
+                    }),
+                };
+            }
+            if record.decision.is_some() {
+                return Err(already_decided(run_id, approval_id));
+            }
+            if run.status.is_terminal() {
+                return Err(not_pending());
+            }
+            let vote = VoteRecord {
+                by: decider.name.clone(),
+                approved: decision.approved,
+                comment: decision.comment.clone(),
+                payload_hash: payload_hash.to_string(),
+                at_ms: shared.now_ms(),
+            };
+            votes.push(vote.clone());
+            let tally = quorum::tally(rule, &votes);
+            let Some(decided) = tally.decision else {
+                // Not decided yet: the vote alone, durable before it is answered.
+                let mut batch = Batch::new();
+                batch.put(keys::approval_vote(run_id, approval_id, &vote.by), &vote)?;
+                shared.store.commit(batch, Durability::Sync).await?;
+                shared.event(
+                    run_id,
+                    "approval_vote",
+                    format!(
+                        "{approval_id}: {} {}, {} of {}",
+                        vote.by,
+                        verb(vote.approved),
+                        tally.approvals,
+                        rule.required
+                    ),
+                );
+                vote_span(shared, &run.kind, &record, &vote, tally.approvals, rule.required);
+                return Ok(outcome(true, false, tally.approvals));
+            };
+            (decided, Some((vote, tally.approvals)))
         }
-        Some(_) => {
-            return Err(RuntimeError::AlreadyDecided {
-                run_id: run_id.into(),
-                approval_id: approval_id.into(),
-            });
-        }
-        None if run.status.is_terminal() => return Err(not_pending()),
-        None => {}
-    }
-    record.decision = Some(decision.clone());
+    };
+    record.decision = Some(decided.clone());
     let escalation = escalation_alarm_name(approval_id);
     shared
         .update_run(run_id, |run, batch| {
             batch.put(key.clone(), &record)?;
+            if let Some((vote, _)) = &vote {
+                batch.put(keys::approval_vote(run_id, approval_id, &vote.by), vote)?;
+            }
             alarm::unstage(batch, run_id, &escalation, record.escalate_at_ms);
             if run.status == (RunStatus::WaitingApproval { approval_id: approval_id.to_string() }) {
                 run.status = RunStatus::Running;
@@ -213,19 +298,68 @@ pub(crate) async fn approve(
         .await?;
     shared.scheduler.remove(record.escalate_at_ms, run_id, &escalation);
     shared.liveness.activity(run_id, shared.now_ms());
-    shared.event(run_id, "approval_decided", format!("{approval_id}: approved={}", decision.approved));
+    shared.event(run_id, "approval_decided", format!("{approval_id}: approved={}", decided.approved));
+    if let (Some((vote, approvals)), Some(rule)) = (&vote, &rule) {
+        vote_span(shared, &run.kind, &record, vote, *approvals, rule.required);
+    }
     // From the request to the decision: how long the run waited for a human.
     shared.span(|| {
         Ended::new(run_id, &run.kind, "approval.decision", Parent::Root)
             .times(record.requested_at_ms, shared.now_ms())
             .attr("durafiber.approval.id", approval_id.to_string())
             .attr("durafiber.approval.payload_hash", record.payload_hash.clone())
-            .attr("durafiber.approval.approved", decision.approved)
-            .attr("durafiber.approval.comment", decision.comment.clone())
-            .attr("durafiber.approval.by", by.unwrap_or_default().to_string())
+            .attr("durafiber.approval.approved", decided.approved)
+            .attr("durafiber.approval.comment", decided.comment.clone())
+            .attr("durafiber.approval.by", by.map(|d| d.name.clone()).unwrap_or_default())
     });
-    deliver(shared, run_id, approval_id, decision).await;
-    Ok(ApproveOutcome { run_id: run_id.into(), approval_id: approval_id.into(), recorded: true })
+    let approvals = match &vote {
+        Some((_, approvals)) => *approvals,
+        None => u32::from(decided.approved),
+    };
+    deliver(shared, run_id, approval_id, decided).await;
+    Ok(outcome(true, true, approvals))
+}
+
+fn already_decided(run_id: &str, approval_id: &str) -> RuntimeError {
+    RuntimeError::AlreadyDecided { run_id: run_id.into(), approval_id: approval_id.into() }
+}
+
+fn verb(approved: bool) -> &'static str {
+    if approved { "approved" } else { "declined" }
+}
+
+/// The decisions recorded on a pause with a rule, by decider.
+pub(crate) fn votes_of(
+    shared: &Shared,
+    run_id: &str,
+    approval_id: &str,
+) -> Result<Vec<VoteRecord>, RuntimeError> {
+    let mut votes = Vec::new();
+    for (_, vote) in shared.store.scan(&keys::approval_votes(run_id, approval_id), None, usize::MAX)? {
+        votes.push(vote?);
+    }
+    Ok(votes)
+}
+
+/// One person's decision on a pause with a rule, with where the rule stands after it.
+fn vote_span(
+    shared: &Shared,
+    kind: &str,
+    record: &ApprovalRecord,
+    vote: &VoteRecord,
+    approvals: u32,
+    required: u32,
+) {
+    shared.span(|| {
+        Ended::new(&record.run_id, kind, "approval.vote", Parent::Root)
+            .times(vote.at_ms, vote.at_ms)
+            .attr("durafiber.approval.id", record.approval_id.clone())
+            .attr("durafiber.approval.by", vote.by.clone())
+            .attr("durafiber.approval.approved", vote.approved)
+            .attr("durafiber.approval.payload_hash", vote.payload_hash.clone())
+            .attr("durafiber.approval.approvals", i64::from(approvals))
+            .attr("durafiber.approval.required", i64::from(required))
+    });
 }
 
 /// Hands the decision to the waiting fiber, or re-enters the run when its fiber is gone.
@@ -280,6 +414,16 @@ pub struct PendingApproval {
     pub age_ms: u64,
     /// When silence escalates it.
     pub escalate_at_ms: u64,
+    /// Approvals by different people that decide it (1 without a rule).
+    #[serde(default = "one")]
+    pub required: u32,
+    /// Who decided so far, under a rule: "1 of 2 — approved by alice".
+    #[serde(default)]
+    pub votes: Vec<VoteRecord>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl PendingApproval {
@@ -307,7 +451,21 @@ pub(crate) fn pending(shared: &Shared, run_id: Option<&str>) -> Result<Vec<Pendi
     for (key, record) in shared.store.scan(&prefix, None, usize::MAX)? {
         out.extend(still_pending(&key, record, now));
     }
-    Ok(out)
+    with_votes(shared, out)
+}
+
+/// Each pause with its rule's count and the decisions made so far.
+fn with_votes(
+    shared: &Shared,
+    mut pending: Vec<PendingApproval>,
+) -> Result<Vec<PendingApproval>, RuntimeError> {
+    for p in &mut pending {
+        if let Some(rule) = shared.store.get(&keys::approval_rule(&p.run_id, &p.approval_id))? {
+            p.required = rule.required;
+            p.votes = votes_of(shared, &p.run_id, &p.approval_id)?;
+        }
+    }
+    Ok(pending)
 }
 
 /// At most `limit` pending approvals across runs, in the order of their keys (the run's id,
@@ -337,7 +495,7 @@ pub(crate) fn pending_page(
             break;
         }
     }
-    Ok(out)
+    with_votes(shared, out)
 }
 
 /// The approval read at `key` as a reviewer sees it, when it still waits for a decision.
@@ -364,5 +522,7 @@ fn still_pending(
         requested_at_ms: record.requested_at_ms,
         age_ms: now.saturating_sub(record.requested_at_ms),
         escalate_at_ms: record.escalate_at_ms,
+        required: 1,
+        votes: Vec::new(),
     })
 }

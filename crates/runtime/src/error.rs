@@ -67,6 +67,35 @@ pub enum RuntimeError {
         /// The approval.
         approval_id: String,
     },
+    /// This person has already decided this pause, differently: one person counts once.
+    #[error("{by} has already decided approval {approval_id} of run {run_id}; one person counts once")]
+    AlreadyVoted {
+        /// The run.
+        run_id: RunId,
+        /// The approval.
+        approval_id: String,
+        /// Who.
+        by: String,
+    },
+    /// The pause's rule does not let this person decide it.
+    #[error("approval {approval_id} of run {run_id}: {reason}")]
+    NotAReviewer {
+        /// The run.
+        run_id: RunId,
+        /// The approval.
+        approval_id: String,
+        /// Why not.
+        reason: String,
+    },
+    /// A pause that takes more than one person was decided without saying who decides
+    /// (`Runtime::approve_as`).
+    #[error("approval {approval_id} of run {run_id} takes more than one person: say who decides")]
+    DeciderUnknown {
+        /// The run.
+        run_id: RunId,
+        /// The approval.
+        approval_id: String,
+    },
     /// The run has finished; it takes no more messages.
     #[error("run {run_id} has finished ({state})")]
     RunFinished {

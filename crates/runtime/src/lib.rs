@@ -23,6 +23,7 @@
 pub mod agent;
 mod alarm;
 mod approval;
+mod approval_quorum;
 mod approval_view;
 mod boundary;
 mod budget;
@@ -57,6 +58,7 @@ pub use agent::Ctx;
 pub use agent::{Agent, AlarmEvent, ExhaustedAction, Recovered, RecoveryReason};
 pub use alarm::{Alarm, AlarmAt, AlarmSpec, CronSchedule};
 pub use approval::{ApproveOutcome, PendingApproval};
+pub use approval_quorum::{ApprovalRule, Decider, DeclineRule, Reviewers};
 pub use approval_view::{ApprovalView, FieldValue, ViewField};
 
 /// JSON Schemas of agents' inputs, for the server's OpenAPI document (feature `schemars`).
@@ -71,8 +73,8 @@ pub fn input_schema_of<T: schemars::JsonSchema>() -> serde_json::Value {
 pub use boundary::{Boundary, UnknownBoundary};
 pub use config::{Budget, DurabilityMode, Retention, RuntimeConfig, TraceExport, parse_bytes, parse_range};
 pub use durafiber_store::tables::{
-    AlarmRecord, ApprovalRecord, BudgetLimits, BudgetRecord, BudgetSpent, CronRecord, DeadLetter, Decision,
-    LedgerEntry, PauseRecord, Receipt, RunRecord, RunStatus, StashRecord,
+    AlarmRecord, ApprovalRecord, ApprovalRuleRecord, BudgetLimits, BudgetRecord, BudgetSpent, CronRecord,
+    DeadLetter, Decision, LedgerEntry, PauseRecord, Receipt, RunRecord, RunStatus, StashRecord, VoteRecord,
 };
 pub use effect::{EffectError, EffectOptions};
 pub use error::{AgentError, LivenessViolation, RuntimeError};
@@ -85,8 +87,8 @@ pub use metrics::{HistogramSummary, MetricsSnapshot, describe as describe_metric
 pub use retention::{DELETE_BATCH_MAX, RunDeleted, SWEEP_EVERY, SWEEP_RUNS_MAX};
 pub use run::start::StartOutcome;
 pub use runtime::{
-    DeployProblem, Gauges, ListFilter, PausedNow, RunInspection, RunOwner, RunPage, Runtime, RuntimeBuilder,
-    StoreGauges, testing,
+    DeployProblem, Gauges, ListFilter, PausedNow, Quorum, RunInspection, RunOwner, RunPage, Runtime,
+    RuntimeBuilder, StoreGauges, testing,
 };
 pub use secret::{Destination, Secret, SecretRefusal, Secrets};
 pub use storage::{Storage, Transaction};

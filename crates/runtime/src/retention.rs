@@ -130,6 +130,8 @@ impl Deleter {
         let mut records = 0;
         records += self.drain(shared, &keys::LEDGER.of_run(run_id)).await?;
         records += self.drain(shared, &keys::APPROVALS.of_run(run_id)).await?;
+        records += self.drain(shared, &keys::APPROVAL_RULES.of_run(run_id)).await?;
+        records += self.drain(shared, &keys::APPROVAL_VOTES.of_run(run_id)).await?;
         records += self.drain(shared, &keys::STREAM.of_run(run_id)).await?;
         records += self.drain(shared, &keys::EVENTS.of_run(run_id)).await?;
         records += self.drain(shared, &keys::EVENT_KEYS.of_run(run_id)).await?;

@@ -48,6 +48,18 @@ impl Role {
     }
 }
 
+impl Caller {
+    /// The caller as a decider of approvals: their name, and every role theirs includes.
+    pub fn decider(&self) -> durafiber_runtime::Decider {
+        let roles: Vec<&str> = [Role::Reader, Role::Reviewer, Role::Operator, Role::Admin]
+            .into_iter()
+            .filter(|r| *r <= self.role)
+            .map(Role::name)
+            .collect();
+        durafiber_runtime::Decider::new(self.name.clone(), &roles)
+    }
+}
+
 impl FromStr for Role {
     type Err = AccessError;
     fn from_str(s: &str) -> Result<Self, AccessError> {

@@ -320,7 +320,7 @@ pub(super) async fn approve(
     let hash = &body.payload_hash;
     ok(match caller {
         Some(axum::Extension(caller)) => {
-            app.runtime.approve_as(&run_id, &approval_id, hash, decision, &caller.name).await?
+            app.runtime.approve_as(&run_id, &approval_id, hash, decision, &caller.decider()).await?
         }
         None => app.runtime.approve(&run_id, &approval_id, hash, decision).await?,
     })

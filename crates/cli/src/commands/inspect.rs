@@ -132,14 +132,26 @@ pub async fn approve(
     approval_id: &str,
     hash: &str,
     decision: Decision,
+    decider: Option<&str>,
 ) -> anyhow::Result<Value> {
     match source(target, agents).await? {
         Source::Server(c) => {
+            if decider.is_some() {
+                anyhow::bail!("--as is for a data directory: the server counts the token that asks");
+            }
             let body =
                 json!({"payload_hash": hash, "approved": decision.approved, "comment": decision.comment});
             Ok(c.post_json(&format!("/runs/{run_id}/approvals/{approval_id}"), &body, None).await?)
         }
-        Source::Direct(rt) => to_json(rt.approve(run_id, approval_id, hash, decision).await?),
+        Source::Direct(rt) => match decider {
+            // Whoever holds the data directory may decide as any reviewer.
+            Some(name) => {
+                let decider =
+                    durafiber_runtime::Decider::new(name, &["reader", "reviewer", "operator", "admin"]);
+                to_json(rt.approve_as(run_id, approval_id, hash, decision, &decider).await?)
+            }
+            None => to_json(rt.approve(run_id, approval_id, hash, decision).await?),
+        },
     }
 }
 

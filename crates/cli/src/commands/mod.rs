@@ -97,9 +97,12 @@ pub async fn run(command: Command, agents: Agents<'_>) -> anyhow::Result<i32> {
         Command::Approvals { action: ApprovalsAction::List { target } } => {
             print_json(&inspect::approvals_list(agents, &target).await?)
         }
-        Command::Approve { run_id, approval_id, hash, reject, comment, target } => {
+        Command::Approve { run_id, approval_id, hash, reject, comment, decider, target } => {
             let decision = Decision { approved: !reject, comment };
-            print_json(&inspect::approve(agents, &target, &run_id, &approval_id, &hash, decision).await?)
+            let decider = decider.as_deref();
+            print_json(
+                &inspect::approve(agents, &target, &run_id, &approval_id, &hash, decision, decider).await?,
+            )
         }
         Command::SendEvent { run_id, name, payload, key, target } => {
             print_json(&inspect::send_event(agents, &target, &run_id, &name, &payload, key.as_deref()).await?)

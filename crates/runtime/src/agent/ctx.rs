@@ -10,7 +10,9 @@ use serde::{Serialize, de::DeserializeOwned};
 use super::{Agent, Ctx};
 use crate::{
     alarm::{self, AlarmSpec},
-    approval, budget,
+    approval,
+    approval_quorum::ApprovalRule,
+    budget,
     effect::{self, EffectError, EffectOptions},
     error::AgentError,
     eviction::keep_alive::KeepAlive,
@@ -219,7 +221,32 @@ impl<A: Agent> Ctx<A> {
         let (payload_json, payload_hash) =
             self.raw.shared.redacted_with_hash(payload).map_err(AgentError::Serialization)?;
         budget::check(&self.raw)?;
-        Box::pin(approval::request(&mut self.raw, approval_id, payload_json, payload_hash)).await
+        Box::pin(approval::request(&mut self.raw, approval_id, payload_json, payload_hash, None)).await
+    }
+
+    /// `request_approval` decided by more than one person: the pause is decided once `rule`
+    /// is met — `required` approvals by different people it allows, or the declines it says
+    /// — each decision recorded with who made it and the hash they quoted. Re-entered after
+    /// a crash, it returns the recorded decision, as `request_approval` does.
+    ///
+    /// ```no_run
+    /// # use durafiber_runtime::{Agent, AgentError, ApprovalRule, Ctx, Reviewers};
+    /// # async fn refund<A: Agent>(ctx: &mut Ctx<A>) -> Result<(), AgentError> {
+    /// let rule = ApprovalRule::of(2).from(Reviewers::Named(vec!["alice".into(), "bob".into(), "carol".into()]));
+    /// let decision = ctx.request_approval_with("refund", &serde_json::json!({"cents": 250_000}), &rule).await?;
+    /// # let _ = decision; Ok(()) }
+    /// ```
+    pub async fn request_approval_with<P: Serialize>(
+        &mut self,
+        approval_id: &str,
+        payload: &P,
+        rule: &ApprovalRule,
+    ) -> Result<Decision, AgentError> {
+        self.raw.refuse_if_cancelled(&format!("approval {approval_id}"))?;
+        let (payload_json, payload_hash) =
+            self.raw.shared.redacted_with_hash(payload).map_err(AgentError::Serialization)?;
+        budget::check(&self.raw)?;
+        Box::pin(approval::request(&mut self.raw, approval_id, payload_json, payload_hash, Some(rule))).await
     }
 
     /// Sets (or replaces) the run's alarm called `name`.

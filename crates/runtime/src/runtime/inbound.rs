@@ -13,6 +13,7 @@ use crate::{
     alarm::AlarmSpec,
     approval,
     approval::ApproveOutcome,
+    approval_quorum::Decider,
     error::RuntimeError,
     eviction::keep_alive::KeepAlive,
     json,
@@ -178,15 +179,18 @@ impl Runtime {
         approval::approve(&self.shared, run_id, approval_id, payload_hash, decision, None).await
     }
 
-    /// `approve`, saying who decided: the decision's span in the run's trace names them
-    /// (`durafiber.approval.by`). The server passes the token's name.
+    /// `approve`, saying who decides. A pause requested with a rule
+    /// (`ctx.request_approval_with`) takes one decision from each person: it is decided by
+    /// the decision that meets the rule, and answers `AlreadyVoted` to a second, different
+    /// decision by the same person and `NotAReviewer` to someone the rule leaves out. The
+    /// decision's span in the run's trace names who decided. The server passes its caller.
     pub async fn approve_as(
         &self,
         run_id: &RunId,
         approval_id: &str,
         payload_hash: &str,
         decision: Decision,
-        by: &str,
+        by: &Decider,
     ) -> Result<ApproveOutcome, RuntimeError> {
         approval::approve(&self.shared, run_id, approval_id, payload_hash, decision, Some(by)).await
     }

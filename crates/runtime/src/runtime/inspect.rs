@@ -5,7 +5,8 @@ use durafiber_store::RunId;
 use durafiber_store::{
     Store,
     tables::{
-        ApprovalRecord, BudgetRecord, DeadLetter, LedgerEntry, RunRecord, RunStatus, StashRecord, Table, keys,
+        ApprovalRecord, ApprovalRuleRecord, BudgetRecord, DeadLetter, LedgerEntry, RunRecord, RunStatus,
+        StashRecord, Table, VoteRecord, keys,
     },
 };
 use serde::{Serialize, de::DeserializeOwned};
@@ -39,6 +40,9 @@ pub struct RunInspection {
     pub alarms: Vec<alarm::Alarm>,
     /// Its approvals, pending and decided.
     pub approvals: Vec<ApprovalRecord>,
+    /// The rules of its approvals that take more than one person, with each person's
+    /// decision so far: shown in their approval as `rule` and `votes`.
+    pub quorums: Vec<Quorum>,
     /// Its abandoned alarms.
     pub dead_letters: Vec<DeadLetter>,
     /// Its budget and what it has spent, if it has one (or has charged).
@@ -49,12 +53,31 @@ pub struct RunInspection {
     pub trace_url: Option<String>,
 }
 
+/// An approval that takes more than one person: its rule and the decisions so far.
+#[derive(Debug, Clone)]
+pub struct Quorum {
+    /// The approval.
+    pub approval_id: String,
+    /// Who must decide it.
+    pub rule: ApprovalRuleRecord,
+    /// Each person's decision so far, by name.
+    pub votes: Vec<VoteRecord>,
+}
+
 impl Serialize for RunInspection {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut approvals = serde_json::to_value(&self.approvals).map_err(serde::ser::Error::custom)?;
+        for approval in approvals.as_array_mut().into_iter().flatten() {
+            let id = approval["approval_id"].as_str().unwrap_or_default();
+            if let Some(quorum) = self.quorums.iter().find(|q| q.approval_id == id) {
+                approval["rule"] = serde_json::json!(quorum.rule);
+                approval["votes"] = serde_json::json!(quorum.votes);
+            }
+        }
         let fields = serde_json::json!({
             "run": self.run, "stash": self.stash, "stash_version": self.stash_version, "ledger": self.ledger,
             "alarms": self.alarms,
-            "approvals": self.approvals, "dead_letters": self.dead_letters, "budget": self.budget,
+            "approvals": approvals, "dead_letters": self.dead_letters, "budget": self.budget,
             "trace_id": self.trace_id, "trace_url": self.trace_url,
         });
         embed_json_texts(fields).serialize(serializer)
@@ -249,12 +272,25 @@ impl Runtime {
             ledger: scan_all(store, keys::LEDGER, run_id)?,
             alarms: alarm::list(&self.shared, run_id)?,
             approvals: scan_all(store, keys::APPROVALS, run_id)?,
+            quorums: self.quorums(run_id)?,
             dead_letters: scan_all(store, keys::DEAD_LETTERS, run_id)?,
             budget: crate::kernel::spend::stored(store, run_id)?,
             trace_id: crate::trace::trace_id_of(run_id),
             trace_url: crate::trace::ui_link(&self.shared.config.traces, run_id),
             run,
         })
+    }
+
+    /// The run's approvals that take more than one person, with their decisions so far.
+    fn quorums(&self, run_id: &RunId) -> Result<Vec<Quorum>, RuntimeError> {
+        let store = &self.shared.store;
+        let mut quorums = Vec::new();
+        for (key, rule) in store.scan(&keys::APPROVAL_RULES.of_run(run_id), None, usize::MAX)? {
+            let approval_id = key.last_part().unwrap_or_default().to_string();
+            let votes = crate::approval::votes_of(&self.shared, run_id, &approval_id)?;
+            quorums.push(Quorum { approval_id, rule: rule?, votes });
+        }
+        Ok(quorums)
     }
 
     /// Decodes a run's output once it is `Completed`.

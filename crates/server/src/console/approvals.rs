@@ -134,8 +134,13 @@ pub(super) async fn decide(
     guard::record(&app, &session.caller, &Method::POST, &api_path, &headers, api_body.as_bytes()).await?;
     let decision = Decision { approved, comment };
     Ok(
-        match app.runtime.approve_as(&run_id, &approval_id, &shown_hash, decision, &session.caller.name).await
+        match app
+            .runtime
+            .approve_as(&run_id, &approval_id, &shown_hash, decision, &session.caller.decider())
+            .await
         {
+            // Recorded, and the rule waits for others: back to the approval, which says so.
+            Ok(outcome) if !outcome.decided => see_other(&pages::decision_url(&run_id, &approval_id)),
             Ok(_) => see_other(&format!(
                 "{}?decided={}",
                 pages::run_url(&run_id),
@@ -146,6 +151,13 @@ pub(super) async fn decide(
                         Read what the run asks now, below, and decide again."
                     .to_string();
                 let notice = Notice { good: false, text };
+                show_decision(&app, &session, &run_id, &approval_id, Some(notice), StatusCode::CONFLICT)
+            }
+            Err(RuntimeError::AlreadyVoted { .. }) => {
+                let notice = Notice {
+                    good: false,
+                    text: "You have already decided this; one person counts once.".into(),
+                };
                 show_decision(&app, &session, &run_id, &approval_id, Some(notice), StatusCode::CONFLICT)
             }
             Err(RuntimeError::AlreadyDecided { .. }) => {

@@ -221,6 +221,12 @@ pub struct ApprovalShown {
     /// The token that decided, from the audit trail.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decided_by: Option<String>,
+    /// Who must decide it, when it takes more than one person.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<durafiber_store::tables::ApprovalRuleRecord>,
+    /// Each person's decision so far, when it takes more than one person.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub votes: Option<Vec<durafiber_store::tables::VoteRecord>>,
 }
 
 /// An abandoned alarm.

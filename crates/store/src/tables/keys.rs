@@ -46,6 +46,10 @@ tables! {
     LEDGER: LedgerEntry = ("ledger", b'l');
     /// Human approvals, pending and decided: `p` run_id NUL approval_id.
     APPROVALS: ApprovalRecord = ("approvals", b'p');
+    /// The rule of each approval more than one person decides: `R` run_id NUL approval_id.
+    APPROVAL_RULES: ApprovalRuleRecord = ("approval_rules", b'R');
+    /// Each person's decision on such an approval: `V` run_id NUL approval_id NUL by.
+    APPROVAL_VOTES: VoteRecord = ("approval_votes", b'V');
     /// Alarms by run and name: `a` run_id NUL name.
     ALARMS: AlarmRecord = ("alarms", b'a');
     /// Alarms by due time, the scheduler's index: `d` due_at_ms run_id NUL due name.
@@ -165,6 +169,21 @@ pub fn ledger(run_id: &str, effect_id: &str) -> Key<LedgerEntry> {
 /// Approval `approval_id` of a run.
 pub fn approval(run_id: &str, approval_id: &str) -> Key<ApprovalRecord> {
     APPROVALS.key(&[run_id.as_bytes(), approval_id.as_bytes()])
+}
+
+/// The rule of approval `approval_id` of a run, if it has one.
+pub fn approval_rule(run_id: &str, approval_id: &str) -> Key<ApprovalRuleRecord> {
+    APPROVAL_RULES.key(&[run_id.as_bytes(), approval_id.as_bytes()])
+}
+
+/// The decision `by` made on approval `approval_id` of a run.
+pub fn approval_vote(run_id: &str, approval_id: &str, by: &str) -> Key<VoteRecord> {
+    APPROVAL_VOTES.key(&[run_id.as_bytes(), approval_id.as_bytes(), by.as_bytes()])
+}
+
+/// The decisions made on approval `approval_id` of a run, in the order of their deciders.
+pub fn approval_votes(run_id: &str, approval_id: &str) -> Prefix<VoteRecord> {
+    APPROVAL_VOTES.prefix_of(&[run_id.as_bytes(), approval_id.as_bytes()])
 }
 
 /// Alarm `name` of a run.

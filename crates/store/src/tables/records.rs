@@ -207,6 +207,38 @@ pub struct ApprovalRecord {
     pub escalated: bool,
 }
 
+/// Who must decide an approval that takes more than one person (`approval_rules`),
+/// written with the pause. A pause without one is decided by its first decision.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalRuleRecord {
+    /// Approvals by different people that decide it.
+    pub required: u32,
+    /// The only people who may decide it, by name; empty: anyone the next field allows.
+    pub reviewers: Vec<String>,
+    /// The role a decider must hold, if any (as the server names roles).
+    pub role: Option<String>,
+    /// Whether one decline declines it (`false`), or only as many declines as leave the
+    /// approvals unable to reach `required` (`true`).
+    pub decline_by_majority: bool,
+}
+
+/// One person's decision on an approval with a rule (`approval_votes`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VoteRecord {
+    /// Who decided (the name the server knows them by).
+    pub by: String,
+    /// Approved or declined.
+    pub approved: bool,
+    /// Free text from them.
+    pub comment: String,
+    /// The payload hash they quoted: the one they saw.
+    pub payload_hash: String,
+    /// When, ms.
+    pub at_ms: u64,
+}
+
 /// A reviewer's answer.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

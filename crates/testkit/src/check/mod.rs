@@ -69,7 +69,7 @@ pub use upstream::{CheckUpstream, UpstreamFuture};
 use std::{collections::BTreeMap, ops::Range, sync::Arc, time::Duration};
 
 use durafiber_runtime::{
-    Agent, Boundary, CrashHook, Decision, PendingApproval, RunOptions, Runtime, RuntimeConfig,
+    Agent, Boundary, CrashHook, Decider, Decision, PendingApproval, RunOptions, Runtime, RuntimeConfig,
     clock::VirtualClock, testing::BuilderTestExt,
 };
 use durafiber_store::{SimBackend, Store, StoreConfig};
@@ -89,6 +89,7 @@ pub struct AgentCheck<A: Agent + Clone> {
     evictions: bool,
     seeds: Range<u64>,
     approver: Option<Approver>,
+    deciders: Vec<String>,
     upstream: Option<Arc<dyn CheckUpstream>>,
     time_limit: Duration,
     config: RuntimeConfig,
@@ -131,6 +132,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
             evictions: false,
             seeds: 1..4,
             approver: None,
+            deciders: Vec::new(),
             upstream: None,
             time_limit: Duration::from_secs(3600),
             config: RuntimeConfig::default(),
@@ -178,6 +180,24 @@ impl<A: Agent + Clone> AgentCheck<A> {
     ) -> Self {
         self.approver = Some(Arc::new(decide));
         self
+    }
+
+    /// Who decides a pause that takes more than one person (`request_approval_with`), in
+    /// turn, one decision per step of virtual time (default `reviewer-1`, `reviewer-2`, …,
+    /// each holding the role `reviewer`).
+    pub fn deciders(mut self, names: &[&str]) -> Self {
+        self.deciders = names.iter().map(|n| (*n).to_string()).collect();
+        self
+    }
+
+    /// The next person to decide `pending`: the first of the deciders who has not.
+    pub(super) fn decider_after(&self, pending: &PendingApproval) -> Decider {
+        let voted = |name: &str| pending.votes.iter().any(|v| v.by == name);
+        let name = match self.deciders.iter().find(|n| !voted(n)) {
+            Some(name) => name.clone(),
+            None => (1..).map(|n| format!("reviewer-{n}")).find(|n| !voted(n)).unwrap_or_default(),
+        };
+        Decider::new(name, &["reader", "reviewer"])
     }
 
     /// The outside world the agent calls, to count its effects per case.

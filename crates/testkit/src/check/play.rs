@@ -203,7 +203,15 @@ impl<A: Agent + Clone> AgentCheck<A> {
                         && let Ok(pending) = rt.pending_approvals(Some(run_id))
                     {
                         for p in pending {
-                            let _ = rt.approve(run_id, &p.approval_id, &p.payload_hash, decide(&p)).await;
+                            let decision = decide(&p);
+                            if p.required <= 1 {
+                                let _ = rt.approve(run_id, &p.approval_id, &p.payload_hash, decision).await;
+                                continue;
+                            }
+                            // A pause more than one person decides: one more of them a step.
+                            let next = self.decider_after(&p);
+                            let _ =
+                                rt.approve_as(run_id, &p.approval_id, &p.payload_hash, decision, &next).await;
                         }
                     }
                 }

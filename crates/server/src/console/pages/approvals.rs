@@ -106,10 +106,13 @@ pub fn decision(frame: &Frame, view: &DecisionView) -> Markup {
                 p.hash { "Payload hash " code #payload-hash { (text(&approval["payload_hash"])) } }
             }
             (context(run, &approval_id, view.events))
+            @if let Some(tally) = quorum_line(approval) { p.notice #quorum { (tally) } }
             @if decided {
                 (decided_box(approval))
             } @else if approval["escalated"].as_bool() == Some(true) {
                 p.notice.bad { "Nobody answered in time: this approval was escalated, and can no longer be decided here." }
+            } @else if let Some(mine) = own_vote(frame, approval) {
+                p.notice #voted { "You have " (mine) " this; it waits for the others. One person counts once." }
             } @else if frame.may(Role::Reviewer) {
                 form.card #decide method="post" action=(decision_url(&run_id, &approval_id)) {
                     h2 { "Your decision" }
@@ -154,6 +157,40 @@ fn approval_view(view: &durafiber_runtime::ApprovalView) -> Markup {
             }
         }
     }
+}
+
+/// "1 of 2 — approved by alice", for an approval that takes more than one person.
+fn quorum_line(approval: &Value) -> Option<String> {
+    let required = approval["rule"]["required"].as_u64()?;
+    let votes = approval["votes"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let who = |approved: bool| -> Vec<&str> {
+        votes
+            .iter()
+            .filter(|v| v["approved"].as_bool() == Some(approved))
+            .filter_map(|v| v["by"].as_str())
+            .collect()
+    };
+    let (yes, no) = (who(true), who(false));
+    let mut line = format!("{} of {required}", yes.len());
+    if !yes.is_empty() {
+        line.push_str(&format!(" — approved by {}", yes.join(", ")));
+    }
+    if !no.is_empty() {
+        line.push_str(&format!(" — declined by {}", no.join(", ")));
+    }
+    let reviewers: Vec<&str> =
+        approval["rule"]["reviewers"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    if !reviewers.is_empty() {
+        line.push_str(&format!(" (reviewers: {})", reviewers.join(", ")));
+    }
+    Some(line)
+}
+
+/// "approved" or "declined", when the signed-in person has decided this approval already.
+fn own_vote(frame: &Frame, approval: &Value) -> Option<&'static str> {
+    let name = &frame.session?.caller.name;
+    let vote = approval["votes"].as_array()?.iter().find(|v| v["by"].as_str() == Some(name.as_str()))?;
+    Some(if vote["approved"].as_bool() == Some(true) { "approved" } else { "declined" })
 }
 
 fn decided_box(approval: &Value) -> Markup {
