@@ -27,6 +27,8 @@ pub enum ApiErrorKind {
     NotAReviewer,
     /// An approval that takes more than one person was decided without a name to count.
     DeciderUnknown,
+    /// What a fork would need cannot be known (409).
+    ForkRefused,
     /// The run has finished.
     RunFinished,
     /// The run is still open: only a settled run can be deleted (409).
@@ -101,6 +103,7 @@ impl ApiErrorKind {
             "AlreadyVoted" => AlreadyVoted,
             "NotAReviewer" => NotAReviewer,
             "DeciderUnknown" => DeciderUnknown,
+            "ForkRefused" => ForkRefused,
             "RunFinished" => RunFinished,
             "RunOpen" => RunOpen,
             "InvalidInput" => InvalidInput,

@@ -158,6 +158,23 @@ async fn every_operation_is_documented_and_every_answer_matches_its_schema() {
         assert!(Instant::now() < deadline, "the refund never completed: {view}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Its history, and a fork from its last boundary (201, then 200 for the same key; a
+    // boundary the history does not keep is refused).
+    let (s, history) =
+        c.call(Method::GET, "/runs/{id}/history", http.get(url(&format!("{run}/history")))).await;
+    assert_eq!(s, 200);
+    let last = history.as_array().and_then(|h| h.last()).expect("a boundary")["seq"].clone();
+    let fork = |key: &str, at: &Value| {
+        http.post(url(&format!("{run}/fork")))
+            .header("Idempotency-Key", key)
+            .body(json!({"at": at}).to_string())
+    };
+    let (s, _) = c.call(Method::POST, "/runs/{id}/fork", fork("f-1", &last)).await;
+    assert_eq!(s, 201);
+    let (s, _) = c.call(Method::POST, "/runs/{id}/fork", fork("f-1", &last)).await;
+    assert_eq!(s, 200);
+    let (s, refused) = c.call(Method::POST, "/runs/{id}/fork", fork("f-2", &json!(99))).await;
+    assert_eq!((s, refused["kind"].clone()), (409, json!("ForkRefused")));
     let (s, _) = c.call(Method::GET, "/runs/{id}", http.get(url("/runs/run_nope"))).await;
     assert_eq!(s, 404);
 

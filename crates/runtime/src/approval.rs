@@ -104,7 +104,7 @@ pub(crate) async fn request(
             }
             alarm::stage(batch, &escalation)?;
             if let Some(stash) = &pending_stash {
-                stash.stage(batch)?;
+                stash.stage(batch, shared.config.history_max)?;
             }
             run.status = RunStatus::WaitingApproval { approval_id: approval_id.to_string() };
             run.recover_attempts = 0;
@@ -279,9 +279,12 @@ pub(crate) async fn approve(
     };
     record.decision = Some(decided.clone());
     let escalation = escalation_alarm_name(approval_id);
+    // The boundary the run stands at: a fork from a later one inherits the decision.
+    let seq = shared.store.get(&keys::stash(run_id))?.map_or(0, |stash| stash.seq);
     shared
         .update_run(run_id, |run, batch| {
             batch.put(key.clone(), &record)?;
+            batch.put(keys::journal_seq(run_id, keys::Journaled::Approval, approval_id), &seq)?;
             if let Some((vote, _)) = &vote {
                 batch.put(keys::approval_vote(run_id, approval_id, &vote.by), vote)?;
             }

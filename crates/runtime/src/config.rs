@@ -229,6 +229,9 @@ pub struct RuntimeConfig {
     pub budget: Budget,
     /// Keys one run may hold in `ctx.storage()`.
     pub storage_keys_max: usize,
+    /// Boundaries each run keeps in its history, the latest ones (32): their stashes, to
+    /// list (`Runtime::history`) and to fork from. 0 keeps none, and no run can be forked.
+    pub history_max: u32,
     /// Recovery attempts before escalation.
     pub max_recover_attempts: u32,
     /// Runs older than this when found interrupted are escalated.
@@ -322,6 +325,7 @@ impl Default for RuntimeConfig {
             stream_bytes_max: limits::STREAM_BYTES_MAX_DEFAULT,
             budget: Budget::default(),
             storage_keys_max: limits::STORAGE_KEYS_MAX_DEFAULT,
+            history_max: limits::HISTORY_MAX_DEFAULT,
             max_recover_attempts: limits::RECOVER_ATTEMPTS_MAX_DEFAULT,
             max_age: limits::MAX_AGE_DEFAULT,
             escalate_after: limits::ESCALATE_AFTER_DEFAULT,

@@ -9,7 +9,7 @@ use std::{future::Future, time::Duration};
 
 use durafiber_store::{
     Batch, Durability,
-    tables::{self, Key, LedgerEntry, Receipt, keys},
+    tables::{self, Key, LedgerEntry, Receipt, keys, keys::Journaled},
 };
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -321,6 +321,9 @@ async fn commit<R: Serialize>(
     entry.committed = Some(Receipt { receipt_json, receipt_hash, committed_at_ms: raw.shared.now_ms() });
     let mut batch = Batch::new();
     batch.put(key, &entry)?;
+    // Which boundary it came after: a fork from a later one inherits it.
+    let seq = raw.cell.seq.load(std::sync::atomic::Ordering::SeqCst);
+    batch.put(keys::journal_seq(&entry.run_id, Journaled::Effect, &entry.effect_id), &seq)?;
     raw.shared.commit_boundary(&raw.cell, batch, Durability::Sync).await?;
     raw.shared.event(&entry.run_id, "effect_committed", entry.effect_id.clone());
     Metrics::bump(&raw.shared.metrics.effects);

@@ -96,6 +96,14 @@ pub enum RuntimeError {
         /// The approval.
         approval_id: String,
     },
+    /// The run cannot be forked as asked: what its fork would need cannot be known.
+    #[error("run {run_id} cannot be forked: {reason}")]
+    ForkRefused {
+        /// The run.
+        run_id: RunId,
+        /// Why not.
+        reason: String,
+    },
     /// The run has finished; it takes no more messages.
     #[error("run {run_id} has finished ({state})")]
     RunFinished {

@@ -17,6 +17,7 @@ use durafiber_store::{
     Batch,
     tables::{
         self, AlarmRecord, EventRecord, EventWaitRecord, Key, RunStatus, SystemAlarm, WakeReason, keys,
+        keys::Journaled,
     },
 };
 use serde::Serialize;
@@ -281,10 +282,12 @@ async fn finish(
     if let Some(at) = timeout_at_ms {
         alarm::unstage(&mut extra, &run_id, &timeout_alarm_name(name), at);
     }
+    let seq = raw.cell.seq.load(std::sync::atomic::Ordering::SeqCst);
     shared
         .update_run_from(&raw.cell, |run, batch| {
             batch.extend(extra);
             batch.put(keys::event_wait(&run_id, name), &record)?;
+            batch.put(keys::journal_seq(&run_id, Journaled::EventWait, name), &seq)?;
             if matches!(run.status, RunStatus::WaitingEvent { .. } | RunStatus::Running) {
                 run.status = RunStatus::Running;
                 run.wake_reason = None;

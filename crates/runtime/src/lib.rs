@@ -74,7 +74,8 @@ pub use boundary::{Boundary, UnknownBoundary};
 pub use config::{Budget, DurabilityMode, Retention, RuntimeConfig, TraceExport, parse_bytes, parse_range};
 pub use durafiber_store::tables::{
     AlarmRecord, ApprovalRecord, ApprovalRuleRecord, BudgetLimits, BudgetRecord, BudgetSpent, CronRecord,
-    DeadLetter, Decision, LedgerEntry, PauseRecord, Receipt, RunRecord, RunStatus, StashRecord, VoteRecord,
+    DeadLetter, Decision, ForkRecord, LedgerEntry, PauseRecord, Receipt, RunRecord, RunStatus, StashRecord,
+    VoteRecord,
 };
 pub use effect::{EffectError, EffectOptions};
 pub use error::{AgentError, LivenessViolation, RuntimeError};
@@ -85,10 +86,11 @@ pub use json::{HASH_V2_PREFIX, canonical as canonical_json, hash_matches, payloa
 pub use kernel::shared::CrashHook;
 pub use metrics::{HistogramSummary, MetricsSnapshot, describe as describe_metrics};
 pub use retention::{DELETE_BATCH_MAX, RunDeleted, SWEEP_EVERY, SWEEP_RUNS_MAX};
+pub use run::fork::ForkOptions;
 pub use run::start::StartOutcome;
 pub use runtime::{
-    DeployProblem, Gauges, ListFilter, PausedNow, Quorum, RunInspection, RunOwner, RunPage, Runtime,
-    RuntimeBuilder, StoreGauges, testing,
+    DeployProblem, Gauges, HistoryEntry, ListFilter, PausedNow, Quorum, RunInspection, RunOwner, RunPage,
+    Runtime, RuntimeBuilder, StoreGauges, testing,
 };
 pub use secret::{Destination, Secret, SecretRefusal, Secrets};
 pub use storage::{Storage, Transaction};

@@ -81,6 +81,8 @@ pub const STORAGE_KEY_BYTES_MAX: usize = 2 * 1024;
 pub const STORAGE_VALUE_BYTES_MAX: usize = 128 * 1024;
 /// Keys one run may hold in its storage, unless configured otherwise.
 pub const STORAGE_KEYS_MAX_DEFAULT: usize = 100_000;
+/// Boundaries a run keeps in its history by default (`history_max`).
+pub const HISTORY_MAX_DEFAULT: u32 = 32;
 /// The most entries one storage `list` returns.
 pub const STORAGE_LIST_MAX: usize = 10_000;
 /// Lock stripes that serialize activation, hibernation and eviction per run, and as many

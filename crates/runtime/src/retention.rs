@@ -132,6 +132,8 @@ impl Deleter {
         records += self.drain(shared, &keys::APPROVALS.of_run(run_id)).await?;
         records += self.drain(shared, &keys::APPROVAL_RULES.of_run(run_id)).await?;
         records += self.drain(shared, &keys::APPROVAL_VOTES.of_run(run_id)).await?;
+        records += self.drain(shared, &keys::HISTORY.of_run(run_id)).await?;
+        records += self.drain(shared, &keys::JOURNAL_SEQS.of_run(run_id)).await?;
         records += self.drain(shared, &keys::STREAM.of_run(run_id)).await?;
         records += self.drain(shared, &keys::EVENTS.of_run(run_id)).await?;
         records += self.drain(shared, &keys::EVENT_KEYS.of_run(run_id)).await?;
@@ -155,6 +157,7 @@ impl Deleter {
         records += self.gone(shared, keys::hook_probe(run_id))?;
         records += self.gone(shared, keys::budget(run_id))?;
         records += self.gone(shared, keys::paused_run(run_id))?;
+        records += self.gone(shared, keys::fork(run_id))?;
         if let Some(how) = Settled::of(&run.status) {
             records += self.gone(shared, keys::settled(how, run.updated_at_ms, run_id))?;
         }

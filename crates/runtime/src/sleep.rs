@@ -9,7 +9,9 @@
 
 use std::sync::Arc;
 
-use durafiber_store::tables::{self, AlarmRecord, RunStatus, SleepRecord, SystemAlarm, WakeReason, keys};
+use durafiber_store::tables::{
+    self, AlarmRecord, RunStatus, SleepRecord, SystemAlarm, WakeReason, keys, keys::Journaled,
+};
 
 use crate::boundary::Boundary;
 use crate::{
@@ -95,9 +97,11 @@ async fn woke(
     record.done = true;
     let run_id = cell.run_id.as_str();
     let key = keys::sleep(run_id, &record.name);
+    let seq = cell.seq.load(std::sync::atomic::Ordering::SeqCst);
     shared
         .update_run_from(cell, |run, batch| {
             batch.put(key, &record)?;
+            batch.put(keys::journal_seq(run_id, Journaled::Sleep, &record.name), &seq)?;
             alarm::unstage(batch, run_id, &wake.name, wake.due_at_ms);
             if run.status == (RunStatus::WaitingAlarm { name: record.name.clone() }) {
                 run.status = RunStatus::Running;

@@ -77,7 +77,7 @@ pub(crate) async fn write(
     let watch = Stopwatch::start();
     let mut batch = Batch::new();
     let stored = Stored { record, version, stream_mark };
-    stored.stage(&mut batch)?;
+    stored.stage(&mut batch, shared.config.history_max)?;
     let record = stored.record;
     shared.commit_boundary(&raw.cell, batch, durability).await?;
     if let Some(mark) = stream_mark {

@@ -14,14 +14,15 @@ use axum::{
     response::IntoResponse,
 };
 use durafiber_runtime::{
-    Alarm, AlarmAt, AlarmSpec, ApproveOutcome, Budget, CronSchedule, Decision, DurabilityMode, ListFilter,
-    PendingApproval, RunDeleted, RunOptions, RunPage, RunState, RuntimeError, StartOutcome, canonical_json,
+    Alarm, AlarmAt, AlarmSpec, ApproveOutcome, Budget, CronSchedule, Decision, DurabilityMode, ForkOptions,
+    HistoryEntry, ListFilter, PendingApproval, RunDeleted, RunOptions, RunPage, RunState, RuntimeError,
+    StartOutcome, canonical_json,
 };
 
 use crate::schema::{
     AlarmBody, AlarmCancelled, AlarmSet, ApproveBody, CancelBody, Cancelled, ErrorBody, EventBody, EventSent,
-    Handled, PauseBody, PauseOutcome, Paused, PausedEntry, Reply, RunView, StartBody, StorageEntry,
-    StoragePage,
+    ForkBody, Handled, PauseBody, PauseOutcome, Paused, PausedEntry, Reply, RunView, StartBody, StartOptions,
+    StorageEntry, StoragePage,
 };
 
 use crate::{
@@ -37,12 +38,25 @@ use serde_json::{Value, json};
     responses((status = 201, description = "accepted: the run is durable", body = StartOutcome),
         (status = 200, description = "the key was known: the same run", body = StartOutcome), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn start(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult {
+    let key = idempotency_key(&headers)?;
+    let body: StartBody = parse(&body)?;
+    let input = canonical_json(&body.input).map_err(bad_request)?;
+    let options = run_options(body.options.unwrap_or_default())?;
+    // A caller in a trace links the run's trace to it; a malformed header is ignored.
+    let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
+    let out = app.runtime.start_json_traced(&body.kind, &key, &input, options, traceparent).await?;
+    let status = if out.accepted { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(json!(out))).into_response())
+}
+
+/// The `Idempotency-Key` header, as the document says: visible ASCII, spaces only within,
+/// at most `ID_CHARS_MAX`.
+fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
     let key = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .ok_or_else(|| bad_request("an Idempotency-Key header is required"))?
         .to_string();
-    // As the document says: visible ASCII, spaces only within, at most ID_CHARS_MAX.
     let printable = |b: &u8| (0x21..=0x7e).contains(b);
     let bytes = key.as_bytes();
     let shaped = bytes.first().is_some_and(printable)
@@ -55,9 +69,11 @@ pub(super) async fn start(State(app): State<AppState>, headers: HeaderMap, body:
             durafiber_store::tables::ID_CHARS_MAX
         )));
     }
-    let body: StartBody = parse(&body)?;
-    let options = body.options.unwrap_or_default();
-    let input = canonical_json(&body.input).map_err(bad_request)?;
+    Ok(key)
+}
+
+/// A new run's options as the API takes them.
+fn run_options(options: StartOptions) -> Result<RunOptions, ApiError> {
     let durability = options.durability.as_deref().map(DurabilityMode::parse).transpose()?;
     let budget = match options.budget {
         None => Budget::default(),
@@ -74,18 +90,32 @@ pub(super) async fn start(State(app): State<AppState>, headers: HeaderMap, body:
             recoveries_max: b.recoveries_max,
         },
     };
-    // A caller in a trace links the run's trace to it; a malformed header is ignored.
-    let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
-    let out = app
-        .runtime
-        .start_json_traced(
-            &body.kind,
-            &key,
-            &input,
-            RunOptions { durability, fiber_keep_alive: options.fiber_keep_alive, budget },
-            traceparent,
-        )
-        .await?;
+    Ok(RunOptions { durability, fiber_keep_alive: options.fiber_keep_alive, budget })
+}
+
+#[utoipa::path(get, path = "/runs/{id}/history", tag = "runs", params(("id" = String, Path, description = "the run id")),
+    responses((status = 200, description = "the boundaries the run's history keeps (the last `history_max`), oldest first: each stash as it was written", body = Vec<HistoryEntry>), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
+pub(super) async fn history(State(app): State<AppState>, Path(run_id): Path<RunId>) -> ApiResult {
+    ok(app.runtime.history(&run_id)?)
+}
+
+#[utoipa::path(post, path = "/runs/{id}/fork", tag = "runs",
+    params(("id" = String, Path, description = "the run to fork"),
+        ("Idempotency-Key" = String, Header, description = "the fork's key: a repeat returns the same fork")),
+    request_body = ForkBody,
+    responses((status = 201, description = "forked: a new run from that boundary, what came before it inherited", body = StartOutcome),
+        (status = 200, description = "the key was known: the same run", body = StartOutcome), (status = "4XX", description = "refused: the JSON error shape (409 `ForkRefused` when what the fork needs cannot be known)", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
+pub(super) async fn fork(
+    State(app): State<AppState>,
+    Path(run_id): Path<RunId>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult {
+    let key = idempotency_key(&headers)?;
+    let body: ForkBody = parse(&body)?;
+    let input_json = body.input.as_ref().map(canonical_json).transpose().map_err(bad_request)?;
+    let run = run_options(body.options.unwrap_or_default())?;
+    let out = app.runtime.fork(&run_id, body.at, &key, ForkOptions { input_json, run }).await?;
     let status = if out.accepted { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(json!(out))).into_response())
 }

@@ -91,6 +91,8 @@ pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(handlers::start, handlers::list))
         .routes(routes!(handlers::show, handlers::delete))
         .routes(routes!(handlers::cancel))
+        .routes(routes!(handlers::history))
+        .routes(routes!(handlers::fork))
         .routes(routes!(handlers::message))
         .routes(routes!(handlers::request))
         .routes(routes!(handlers::storage))

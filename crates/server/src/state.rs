@@ -112,6 +112,7 @@ impl From<RuntimeError> for ApiError {
             AlreadyVoted { .. } => (StatusCode::CONFLICT, "AlreadyVoted"),
             NotAReviewer { .. } => (StatusCode::FORBIDDEN, "NotAReviewer"),
             DeciderUnknown { .. } => (StatusCode::BAD_REQUEST, "DeciderUnknown"),
+            ForkRefused { .. } => (StatusCode::CONFLICT, "ForkRefused"),
             RunFinished { .. } => (StatusCode::CONFLICT, "RunFinished"),
             RunOpen { .. } => (StatusCode::CONFLICT, "RunOpen"),
             InvalidInput(_) | Config(_) => (StatusCode::BAD_REQUEST, "InvalidInput"),

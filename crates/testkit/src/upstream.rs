@@ -29,6 +29,8 @@ struct Objects {
     held: HashMap<String, std::time::Duration>,
     /// (collection, idempotency key, `traceparent`) of every POST that carried one.
     traceparents: Vec<(String, String, String)>,
+    /// (collection, idempotency key) of every POST with a key, repeats included.
+    calls: Vec<(String, String)>,
 }
 
 type Shared = Arc<Mutex<Objects>>;
@@ -82,6 +84,7 @@ fn answer(
     let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string) else {
         return ((StatusCode::BAD_REQUEST, Json(json!({"error": "Idempotency-Key header required"}))), None);
     };
+    o.calls.push((collection.clone(), key.clone()));
     if let Some(parent) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
         o.traceparents.push((collection.clone(), key.clone(), parent.to_string()));
     }
@@ -148,12 +151,20 @@ impl Upstream {
         let mut o = lock(&self.objects);
         o.by_key.clear();
         o.created.clear();
+        o.calls.clear();
+        o.traceparents.clear();
     }
 
     /// `(collection, idempotency key, traceparent)` of every POST that carried a
     /// `traceparent`, repeats included, in order.
     pub fn traceparents(&self) -> Vec<(String, String, String)> {
         lock(&self.objects).traceparents.clone()
+    }
+
+    /// `(collection, idempotency key)` of every POST that carried a key, repeats included,
+    /// in order: a call made again with the same key shows here, not among the objects.
+    pub fn calls(&self) -> Vec<(String, String)> {
+        lock(&self.objects).calls.clone()
     }
 
     /// Every object created, with its collection, in order.

@@ -6,7 +6,7 @@
 use durafiber_store::{
     Batch, Store, StoreError,
     prefetch::Prefetched,
-    tables::{StashRecord, keys},
+    tables::{HistoryRecord, StashRecord, keys},
 };
 
 /// A stash as stored: the record and the agent's stash version that wrote it.
@@ -21,8 +21,9 @@ pub(crate) struct Stored {
 
 impl Stored {
     /// Puts the stash, its version when it is not 1 and its stream mark when it changed,
-    /// into `batch`.
-    pub fn stage(&self, batch: &mut Batch) -> Result<(), StoreError> {
+    /// into `batch`; and into the run's history, whose entry `history_max` boundaries back
+    /// goes (none is kept when it is 0).
+    pub fn stage(&self, batch: &mut Batch, history_max: u32) -> Result<(), StoreError> {
         let run = &self.record.run_id;
         batch.put(keys::stash(run), &self.record)?;
         if self.version != 1 {
@@ -30,6 +31,18 @@ impl Stored {
         }
         if let Some(mark) = self.stream_mark {
             batch.put(keys::stream_mark(run), &mark)?;
+        }
+        if history_max > 0 {
+            let seq = self.record.seq;
+            let entry = HistoryRecord {
+                stash: self.record.clone(),
+                version: self.version,
+                stream_mark: self.stream_mark,
+            };
+            batch.put(keys::history(run, seq), &entry)?;
+            if let Some(old) = seq.checked_sub(u64::from(history_max)).filter(|old| *old > 0) {
+                batch.delete(keys::history(run, old));
+            }
         }
         Ok(())
     }

@@ -370,7 +370,7 @@ async fn finish(
                 return Ok(false);
             }
             if let Some(stash) = &pending {
-                stash.stage(batch)?;
+                stash.stage(batch, shared.config.history_max)?;
             }
             let error = match &result {
                 Ok(Ok(output_json)) => {

@@ -1,4 +1,4 @@
-//! Runs: accepting them durably ([`start`]), activating them and their actor ([`actor`],
+//! Runs: accepting them durably ([`start`]) or as forks of another's history ([`fork`]), activating them and their actor ([`actor`],
 //! the only code that spawns one), their fibers ([`fiber`]) and each attempt's span
 //! ([`attempt_span`]), recovery ([`recovery`]) and the
 //! scan that finds interrupted runs ([`rescan`]), alarm delivery ([`alarm_delivery`]), the
@@ -10,6 +10,7 @@ pub(crate) mod alarm_delivery;
 pub(crate) mod attempt_span;
 pub(crate) mod driver;
 pub(crate) mod fiber;
+pub(crate) mod fork;
 pub(crate) mod leases;
 pub(crate) mod liveness;
 pub(crate) mod recovery;

@@ -38,7 +38,7 @@ pub struct StartOutcome {
 
 /// A new run id: creation time first, so ids sort roughly by age, then 128 bits from the
 /// operating system's cryptographic generator.
-fn mint_run_id(now_ms: u64) -> Result<RunId, RuntimeError> {
+pub(crate) fn mint_run_id(now_ms: u64) -> Result<RunId, RuntimeError> {
     let token =
         unguessable_hex().map_err(|source| RuntimeError::NoRandomness { what: "a run id", source })?;
     Ok(RunId::new(format!("run_{now_ms:012x}{token}")))
@@ -126,7 +126,7 @@ pub(crate) async fn start(
 
 /// The run already accepted under the key, if any: same input → its handle; another input
 /// → `KeyConflict`.
-fn existing(
+pub(crate) fn existing(
     shared: &Shared,
     key_record: &Key<RunId>,
     key: &str,

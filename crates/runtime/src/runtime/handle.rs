@@ -301,6 +301,23 @@ impl Runtime {
         self.start_json_traced(kind, key, input_json, options, None).await
     }
 
+    /// Forks run `run_id` from boundary `at` of its history (a stash's `seq`,
+    /// [`Runtime::history`]): a new run of the same kind under idempotency key `key`, started
+    /// from that stash with the source's input or `options.input_json`. Effects the source
+    /// committed before `at` are inherited — their receipts returned, nothing called again —
+    /// as are approvals it had decided, sleeps it had woken from and event waits it had ended;
+    /// later ones get new keys or are asked again. The source is not touched. The same key
+    /// again returns the same fork. See `run/fork.rs` for what is refused (`ForkRefused`).
+    pub async fn fork(
+        &self,
+        run_id: &RunId,
+        at: u64,
+        key: &str,
+        options: crate::run::fork::ForkOptions,
+    ) -> Result<StartOutcome, RuntimeError> {
+        crate::run::fork::fork(&self.shared, run_id, at, key, options).await
+    }
+
     /// `start_json` for a caller in a trace of its own: `traceparent` (a W3C header) becomes
     /// a link of the run's root span, so the caller's trace leads to the run's. The run keeps
     /// its own trace, whose id is derived from its run id ([`crate::trace::trace_id_of`]);

@@ -5,8 +5,8 @@ use durafiber_store::RunId;
 use durafiber_store::{
     Store,
     tables::{
-        ApprovalRecord, ApprovalRuleRecord, BudgetRecord, DeadLetter, LedgerEntry, RunRecord, RunStatus,
-        StashRecord, Table, VoteRecord, keys,
+        ApprovalRecord, ApprovalRuleRecord, BudgetRecord, DeadLetter, ForkRecord, HistoryRecord, LedgerEntry,
+        RunRecord, RunStatus, StashRecord, Table, VoteRecord, keys,
     },
 };
 use serde::{Serialize, de::DeserializeOwned};
@@ -47,10 +47,30 @@ pub struct RunInspection {
     pub dead_letters: Vec<DeadLetter>,
     /// Its budget and what it has spent, if it has one (or has charged).
     pub budget: Option<BudgetRecord>,
+    /// The run it was forked from, at which boundary, and what it inherited.
+    pub forked_from: Option<ForkRecord>,
     /// Its trace's id, derived from the run id ([`crate::trace::trace_id_of`]).
     pub trace_id: String,
     /// Its trace in the trace UI, when `traces.ui` is configured.
     pub trace_url: Option<String>,
+}
+
+/// One boundary of a run's history ([`Runtime::history`]): the stash written there.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryEntry {
+    /// The boundary: the stash's sequence number, what `fork` takes as `at`.
+    pub seq: u64,
+    /// The step the fiber had reached.
+    pub step: String,
+    /// The fiber attempt that wrote it.
+    pub attempt: u32,
+    /// When, ms.
+    pub written_at_ms: u64,
+    /// The agent's `STASH_VERSION` that wrote it.
+    pub stash_version: u32,
+    /// The stash, as JSON.
+    pub stash: serde_json::Value,
 }
 
 /// An approval that takes more than one person: its rule and the decisions so far.
@@ -78,7 +98,7 @@ impl Serialize for RunInspection {
             "run": self.run, "stash": self.stash, "stash_version": self.stash_version, "ledger": self.ledger,
             "alarms": self.alarms,
             "approvals": approvals, "dead_letters": self.dead_letters, "budget": self.budget,
-            "trace_id": self.trace_id, "trace_url": self.trace_url,
+            "trace_id": self.trace_id, "trace_url": self.trace_url, "forked_from": self.forked_from,
         });
         embed_json_texts(fields).serialize(serializer)
     }
@@ -275,10 +295,29 @@ impl Runtime {
             quorums: self.quorums(run_id)?,
             dead_letters: scan_all(store, keys::DEAD_LETTERS, run_id)?,
             budget: crate::kernel::spend::stored(store, run_id)?,
+            forked_from: store.get(&keys::fork(run_id))?,
             trace_id: crate::trace::trace_id_of(run_id),
             trace_url: crate::trace::ui_link(&self.shared.config.traces, run_id),
             run,
         })
+    }
+
+    /// The boundaries the run's history keeps (the last `history_max`), oldest first.
+    pub fn history(&self, run_id: &RunId) -> Result<Vec<HistoryEntry>, RuntimeError> {
+        self.shared.load_run(run_id)?;
+        let mut out = Vec::new();
+        for (key, entry) in self.shared.store.scan(&keys::HISTORY.of_run(run_id), None, usize::MAX)? {
+            let entry: HistoryRecord = entry?;
+            out.push(HistoryEntry {
+                seq: keys::history_seq(&key).unwrap_or(entry.stash.seq),
+                stash: serde_json::from_str(&entry.stash.stash_json).unwrap_or(serde_json::Value::Null),
+                step: entry.stash.step,
+                attempt: entry.stash.attempt,
+                written_at_ms: entry.stash.written_at_ms,
+                stash_version: entry.version,
+            });
+        }
+        Ok(out)
     }
 
     /// The run's approvals that take more than one person, with their decisions so far.

@@ -80,7 +80,10 @@ pub(super) async fn run_page(
         Ok(run) => run,
         Err(e) => return Ok(refusal(&app, &session, e.0, &e.1, "/ui/runs")),
     };
-    let timeline = timeline(&run, &events);
+    // The history's stashes join the timeline as durable facts; an unreadable history
+    // leaves only the last stash there.
+    let history = app.runtime.history(&run_id).unwrap_or_default();
+    let timeline = timeline(&run, &history, &events);
     let notice = match q.get("decided").map(String::as_str) {
         Some(answer @ ("approved" | "declined")) => Some(Notice {
             good: true,
@@ -96,7 +99,11 @@ pub(super) async fn run_page(
 /// each approval asked and decided, each dead letter, each audited request) and this
 /// process's events, by time. Events that only repeat a durable fact are left out; the log
 /// is what shows activations, evictions, recoveries and every stash since the process began.
-pub(super) fn timeline(run: &Value, events: &[durafiber_runtime::Event]) -> Vec<pages::TimelineEntry> {
+pub(super) fn timeline(
+    run: &Value,
+    history: &[durafiber_runtime::HistoryEntry],
+    events: &[durafiber_runtime::Event],
+) -> Vec<pages::TimelineEntry> {
     const DURABLE: [&str; 5] =
         ["accepted", "effect_prepared", "effect_committed", "approval_requested", "alarm_dead_lettered"];
     let at = |v: &Value| v.as_u64().unwrap_or(0);
@@ -104,10 +111,20 @@ pub(super) fn timeline(run: &Value, events: &[durafiber_runtime::Event]) -> Vec<
         |at_ms: u64, what: &str, detail: String| pages::TimelineEntry { at_ms, what: what.into(), detail };
     let mut out =
         vec![entry(at(&run["run"]["created_at_ms"]), "accepted", format!("key {}", run["run"]["key"]))];
+    // Each stash the history keeps, and the last one in any case; the event log's own
+    // lines for them are left out below.
+    let logged = |detail: &str| events.iter().any(|e| e.kind == "stashed" && e.detail == detail);
+    let mut stashes: Vec<(u64, String)> =
+        history.iter().map(|h| (h.written_at_ms, format!("step {}, seq {}", h.step, h.seq))).collect();
     let stash = &run["stash"];
     let stash_detail = format!("step {}, seq {}", stash["step"].as_str().unwrap_or(""), stash["seq"]);
-    if !stash.is_null() && !events.iter().any(|e| e.kind == "stashed" && e.detail == stash_detail) {
-        out.push(entry(at(&stash["written_at_ms"]), "stashed", stash_detail));
+    if !stash.is_null() && !stashes.iter().any(|(_, d)| *d == stash_detail) {
+        stashes.push((at(&stash["written_at_ms"]), stash_detail));
+    }
+    for (at_ms, detail) in stashes {
+        if !logged(&detail) {
+            out.push(entry(at_ms, "stashed", detail));
+        }
     }
     for e in run["ledger"].as_array().into_iter().flatten() {
         let id = e["effect_id"].as_str().unwrap_or("").to_string();

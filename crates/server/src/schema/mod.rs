@@ -56,6 +56,20 @@ pub struct StartBody {
     pub options: Option<StartOptions>,
 }
 
+/// `POST /runs/{id}/fork`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkBody {
+    /// The boundary to fork from: a `seq` of `GET /runs/{id}/history`.
+    pub at: u64,
+    /// The fork's input; the source's when absent. It must be the kind's input type.
+    #[serde(default)]
+    pub input: Option<Value>,
+    /// How the fork is kept.
+    #[serde(default)]
+    pub options: Option<StartOptions>,
+}
+
 /// Options of a new run.
 #[derive(Debug, Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]

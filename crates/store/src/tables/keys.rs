@@ -50,6 +50,15 @@ tables! {
     APPROVAL_RULES: ApprovalRuleRecord = ("approval_rules", b'R');
     /// Each person's decision on such an approval: `V` run_id NUL approval_id NUL by.
     APPROVAL_VOTES: VoteRecord = ("approval_votes", b'V');
+    /// Each run's recent boundaries, their stashes as written (at most `history_max`):
+    /// `H` run_id NUL seq.
+    HISTORY: HistoryRecord = ("history", b'H');
+    /// The boundary (the last stash's `seq`) at which each journaled step of a run settled — an
+    /// effect committed, an approval decided, a sleep woken, an event wait ended — so a fork
+    /// knows which came before its point: `J` run_id NUL what NUL id.
+    JOURNAL_SEQS: u64 = ("journal_seqs", b'J');
+    /// Where each forked run came from: `K` run_id.
+    FORKS: ForkRecord = ("forks", b'K');
     /// Alarms by run and name: `a` run_id NUL name.
     ALARMS: AlarmRecord = ("alarms", b'a');
     /// Alarms by due time, the scheduler's index: `d` due_at_ms run_id NUL due name.
@@ -169,6 +178,50 @@ pub fn ledger(run_id: &str, effect_id: &str) -> Key<LedgerEntry> {
 /// Approval `approval_id` of a run.
 pub fn approval(run_id: &str, approval_id: &str) -> Key<ApprovalRecord> {
     APPROVALS.key(&[run_id.as_bytes(), approval_id.as_bytes()])
+}
+
+/// Boundary `seq` of a run's history.
+pub fn history(run_id: &str, seq: u64) -> Key<HistoryRecord> {
+    HISTORY.key(&[run_id.as_bytes(), &seq.to_be_bytes()])
+}
+
+/// The boundary of a run's history that a key of `history` holds.
+pub fn history_seq(key: &Key<HistoryRecord>) -> Option<u64> {
+    tail_number(key)
+}
+
+/// What a run's journal records the boundary of: which kind of step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Journaled {
+    /// An effect committed.
+    Effect,
+    /// An approval decided.
+    Approval,
+    /// A durable sleep woken.
+    Sleep,
+    /// An event wait ended.
+    EventWait,
+}
+
+impl Journaled {
+    fn code(self) -> &'static [u8] {
+        match self {
+            Journaled::Effect => b"effect",
+            Journaled::Approval => b"approval",
+            Journaled::Sleep => b"sleep",
+            Journaled::EventWait => b"event",
+        }
+    }
+}
+
+/// The boundary at which step `id` of kind `what` of a run settled.
+pub fn journal_seq(run_id: &str, what: Journaled, id: &str) -> Key<u64> {
+    JOURNAL_SEQS.key(&[run_id.as_bytes(), what.code(), id.as_bytes()])
+}
+
+/// Where run `run_id` was forked from, if it was.
+pub fn fork(run_id: &str) -> Key<ForkRecord> {
+    FORKS.key(&[run_id.as_bytes()])
 }
 
 /// The rule of approval `approval_id` of a run, if it has one.

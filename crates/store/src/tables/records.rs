@@ -239,6 +239,34 @@ pub struct VoteRecord {
     pub at_ms: u64,
 }
 
+/// One boundary of a run's history (`history`): its stash as written then, so that a run can
+/// be forked from it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryRecord {
+    /// The stash as it was written.
+    pub stash: StashRecord,
+    /// The agent's `STASH_VERSION` that wrote it.
+    pub version: u32,
+    /// Where the fiber stood in its output stream, when it had moved since the stash before.
+    pub stream_mark: Option<u64>,
+}
+
+/// Where a fork came from (`forks`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkRecord {
+    /// The run it was forked from.
+    pub source_run_id: RunId,
+    /// The boundary of the source it starts from (a stash's `seq`).
+    pub at_seq: u64,
+    /// The effects it inherited, committed: their receipts are returned, never called again.
+    pub inherited_effects: Vec<String>,
+    /// The approvals it inherited, decided.
+    pub inherited_approvals: Vec<String>,
+    /// When it was forked, ms.
+    pub forked_at_ms: u64,
+}
+
 /// A reviewer's answer.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -59,6 +59,7 @@
 //! # }
 //! ```
 
+mod fork;
 mod play;
 mod report;
 mod upstream;
@@ -90,6 +91,7 @@ pub struct AgentCheck<A: Agent + Clone> {
     seeds: Range<u64>,
     approver: Option<Approver>,
     deciders: Vec<String>,
+    forks: bool,
     upstream: Option<Arc<dyn CheckUpstream>>,
     time_limit: Duration,
     config: RuntimeConfig,
@@ -133,6 +135,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
             seeds: 1..4,
             approver: None,
             deciders: Vec::new(),
+            forks: false,
             upstream: None,
             time_limit: Duration::from_secs(3600),
             config: RuntimeConfig::default(),
@@ -158,6 +161,15 @@ impl<A: Agent + Clone> AgentCheck<A> {
     /// Crash between each effect's call and its receipt's commit.
     pub fn kill_during_effects(mut self) -> Self {
         self.effect_kills = true;
+        self
+    }
+
+    /// Play the run to its end, then fork it from each boundary of its history in turn
+    /// (`Runtime::fork`): each fork must end as the run did, call the upstream with none of
+    /// the keys it inherited, make objects only under its own keys, and leave the run it
+    /// came from unchanged.
+    pub fn fork_at_every_boundary(mut self) -> Self {
+        self.forks = true;
         self
     }
 
@@ -294,6 +306,20 @@ impl<A: Agent + Clone> AgentCheck<A> {
                 cases.push(
                     self.case(&format!("chaos evictions, seed {seed}"), None, trouble, &baseline).await,
                 );
+            }
+        }
+        if self.forks {
+            match self.history_seqs().await {
+                Ok(seqs) => {
+                    for at in seqs {
+                        cases.push(self.play_fork(at, &baseline).await);
+                    }
+                }
+                Err(e) => {
+                    let mut case = CaseReport::named("forks", None);
+                    case.problems.push(e);
+                    cases.push(case);
+                }
             }
         }
         if !self.events.is_empty() {

@@ -36,20 +36,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
         if let Some(upstream) = &self.upstream {
             upstream.reset().await;
         }
-        let mut report = CaseReport {
-            name: name.to_string(),
-            crash_point,
-            final_state: None,
-            upstream: BTreeMap::new(),
-            requests: Vec::new(),
-            duplicated_effects: Vec::new(),
-            missing_effects: Vec::new(),
-            liveness_violations: Vec::new(),
-            stream: Vec::new(),
-            storage: BTreeMap::new(),
-            problems: Vec::new(),
-            events: Vec::new(),
-        };
+        let mut report = CaseReport::named(name, crash_point);
         let Some(input) = &self.input else {
             report.problems.push("no input: call .input(&input)".into());
             return (report, 0);
@@ -173,7 +160,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
 
     /// Advances virtual time, deciding approvals, until the run ends, the store crashes or
     /// the time limit passes.
-    async fn drive(
+    pub(super) async fn drive(
         &self,
         rt: &Runtime,
         sim: &SimBackend,
@@ -293,7 +280,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
 }
 
 /// Records the run's output stream and storage as they are at its end.
-fn record_end(rt: &Runtime, run_id: &RunId, report: &mut CaseReport) {
+pub(super) fn record_end(rt: &Runtime, run_id: &RunId, report: &mut CaseReport) {
     loop {
         let from = report.stream.len() as u64;
         let Ok(page) = rt.stream_chunks(run_id, from, STREAM_PAGE) else { break };

@@ -73,6 +73,24 @@ pub struct CaseReport {
 }
 
 impl CaseReport {
+    /// A case called `name`, nothing found yet.
+    pub(super) fn named(name: &str, crash_point: Option<CrashPoint>) -> Self {
+        CaseReport {
+            name: name.to_string(),
+            crash_point,
+            final_state: None,
+            upstream: BTreeMap::new(),
+            requests: Vec::new(),
+            duplicated_effects: Vec::new(),
+            missing_effects: Vec::new(),
+            liveness_violations: Vec::new(),
+            stream: Vec::new(),
+            storage: BTreeMap::new(),
+            problems: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
     /// No problem found.
     pub fn ok(&self) -> bool {
         self.problems.is_empty()

@@ -17,11 +17,21 @@ pub trait CheckUpstream: Send + Sync {
     fn reset(&self) -> UpstreamFuture<'_, ()>;
     /// Every object created since the reset: `(collection, idempotency key, request body)`.
     fn objects(&self) -> UpstreamFuture<'_, Vec<(String, String, Value)>>;
+    /// Every call since the reset, repeats with the same key included: `(collection,
+    /// idempotency key)`. The fork cases read it to see an inherited effect called again;
+    /// an upstream that cannot tell answers none.
+    fn calls(&self) -> UpstreamFuture<'_, Vec<(String, String)>> {
+        Box::pin(async { Vec::new() })
+    }
 }
 
 impl CheckUpstream for Upstream {
     fn reset(&self) -> UpstreamFuture<'_, ()> {
         Box::pin(async move { Upstream::reset(self) })
+    }
+
+    fn calls(&self) -> UpstreamFuture<'_, Vec<(String, String)>> {
+        Box::pin(async move { Upstream::calls(self) })
     }
 
     fn objects(&self) -> UpstreamFuture<'_, Vec<(String, String, Value)>> {

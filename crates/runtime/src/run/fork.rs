@@ -1,0 +1,258 @@
+//! Forking a run from a boundary of its history: a new run of the same kind that starts from
+//! the stash written at that boundary, without paying again for what came before it.
+//!
+//! What the source had settled before the boundary — effects committed, approvals decided,
+//! sleeps woken, event waits ended (`journal_seqs` says at which boundary each settled) — is
+//! copied into the fork as settled: a committed effect keeps its idempotency key and receipt,
+//! so re-entered it returns the receipt and calls nothing, and the fork's record lists it as
+//! inherited. What settled at or after the boundary is not copied: the fork mints new keys for
+//! those effects, and asks again for those approvals. Its output stream is copied up to the
+//! boundary's mark. The source is only read.
+//!
+//! Refused (`ForkRefused`), rather than guessed: a boundary the history no longer keeps, a run
+//! that keeps storage (`ctx.storage()` has no history), a step settled before boundaries were
+//! journaled, a stream mark the history cannot tell. Alarms and pending waits of the source
+//! are not carried: the fork's code sets and asks them again as it goes on.
+
+use std::sync::Arc;
+
+use durafiber_store::{
+    Batch, Durability, StoreError,
+    tables::{
+        ApprovalRecord, EventWaitRecord, ForkRecord, HistoryRecord, LedgerEntry, RunRecord, RunStatus,
+        SleepRecord, StashRecord, StreamChunkRecord, StreamHead, WakeReason, keys, keys::Journaled,
+    },
+};
+
+use crate::{
+    error::RuntimeError,
+    json,
+    kernel::cell::stripe,
+    kernel::shared::Shared,
+    run::start::{self, StartOutcome},
+    types::{RunId, RunOptions},
+};
+
+/// How a fork starts: its input (the source's when `None`; it must be the kind's input type)
+/// and its options.
+#[derive(Debug, Clone, Default)]
+pub struct ForkOptions {
+    /// The fork's input as JSON; `None` keeps the source's.
+    pub input_json: Option<String>,
+    /// Its durability, keep-alive and budget.
+    pub run: RunOptions,
+}
+
+/// Most records a fork copies in its one write.
+const FORK_RECORDS_MAX: usize = 10_000;
+
+fn refused(run_id: &str, reason: impl Into<String>) -> RuntimeError {
+    RuntimeError::ForkRefused { run_id: run_id.into(), reason: reason.into() }
+}
+
+pub(crate) async fn fork(
+    shared: &Arc<Shared>,
+    source_id: &str,
+    at: u64,
+    key: &str,
+    options: ForkOptions,
+) -> Result<StartOutcome, RuntimeError> {
+    let source = shared.load_run(source_id)?;
+    let agent = shared.agent(&source.kind)?;
+    durafiber_store::tables::check_id("idempotency key", key).map_err(RuntimeError::InvalidInput)?;
+    let input_json = match &options.input_json {
+        None => source.input_json.clone(),
+        Some(text) => {
+            agent
+                .check_input(text)
+                .map_err(|e| RuntimeError::InvalidInput(format!("input for {}: {e}", source.kind)))?;
+            let value: serde_json::Value = json::parse(text).map_err(RuntimeError::InvalidInput)?;
+            json::canonical(&value).map_err(RuntimeError::InvalidInput)?
+        }
+    };
+    let input: serde_json::Value = json::parse(&input_json).map_err(RuntimeError::InvalidInput)?;
+    let key_record = keys::run_by_key(&source.kind, key);
+    let _guard = shared.start_locks[stripe(key, shared.start_locks.len())].lock().await;
+    if let Some(existing) = start::existing(shared, &key_record, key, &input)? {
+        return Ok(existing);
+    }
+    shared.store.check_room()?;
+    let store = &shared.store;
+    let Some(point) = store.get::<HistoryRecord>(&keys::history(source_id, at))? else {
+        return Err(refused(
+            source_id,
+            format!("boundary {at} is not in its history (it keeps the last history_max boundaries)"),
+        ));
+    };
+    if !store.scan(&keys::STORAGE.of_run(source_id), None, 1)?.is_empty() {
+        return Err(refused(
+            source_id,
+            "it keeps storage (ctx.storage()), which has no history to fork from",
+        ));
+    }
+    let before = |what: Journaled, id: &str| -> Result<bool, RuntimeError> {
+        match store.get::<u64>(&keys::journal_seq(source_id, what, id))? {
+            Some(seq) => Ok(seq < at),
+            None => Err(refused(source_id, format!("{id} settled before its boundary was journaled"))),
+        }
+    };
+
+    let now = shared.now_ms();
+    let run_id = start::mint_run_id(now)?;
+    let new = run_id.as_str();
+    let mut batch = Batch::new();
+    let mut inherited_effects = Vec::new();
+    for (_, entry) in store.scan(&keys::LEDGER.of_run(source_id), None, usize::MAX)? {
+        let mut entry: LedgerEntry = entry?;
+        if entry.committed.is_none() || !before(Journaled::Effect, &entry.effect_id)? {
+            continue;
+        }
+        let seq = store.get::<u64>(&keys::journal_seq(source_id, Journaled::Effect, &entry.effect_id))?;
+        batch.put(keys::journal_seq(new, Journaled::Effect, &entry.effect_id), &seq.unwrap_or(0))?;
+        inherited_effects.push(entry.effect_id.clone());
+        entry.run_id = run_id.clone();
+        batch.put(keys::ledger(new, &entry.effect_id), &entry)?;
+    }
+    let mut inherited_approvals = Vec::new();
+    for (_, approval) in store.scan(&keys::APPROVALS.of_run(source_id), None, usize::MAX)? {
+        let mut approval: ApprovalRecord = approval?;
+        if approval.decision.is_none() || !before(Journaled::Approval, &approval.approval_id)? {
+            continue;
+        }
+        let id = approval.approval_id.clone();
+        if let Some(rule) = store.get(&keys::approval_rule(source_id, &id))? {
+            batch.put(keys::approval_rule(new, &id), &rule)?;
+        }
+        for (_, vote) in store.scan(&keys::approval_votes(source_id, &id), None, usize::MAX)? {
+            let vote = vote?;
+            batch.put(keys::approval_vote(new, &id, &vote.by), &vote)?;
+        }
+        approval.run_id = run_id.clone();
+        batch.put(keys::approval(new, &id), &approval)?;
+        inherited_approvals.push(id);
+    }
+    for (_, sleep) in store.scan(&keys::SLEEPS.of_run(source_id), None, usize::MAX)? {
+        let mut sleep: SleepRecord = sleep?;
+        if sleep.done && before(Journaled::Sleep, &sleep.name)? {
+            sleep.run_id = run_id.clone();
+            batch.put(keys::sleep(new, &sleep.name), &sleep)?;
+        }
+    }
+    for (wait_key, wait) in store.scan(&keys::EVENT_WAITS.of_run(source_id), None, usize::MAX)? {
+        let wait: EventWaitRecord = wait?;
+        let name = wait_key.last_part().unwrap_or_default().to_string();
+        if wait.result.is_some() && before(Journaled::EventWait, &name)? {
+            batch.put(keys::event_wait(new, &name), &wait)?;
+        }
+    }
+    copy_stream(shared, source_id, new, at, &mut batch)?;
+    if batch.len() > FORK_RECORDS_MAX {
+        return Err(refused(
+            source_id,
+            format!("it would copy {} records, more than {FORK_RECORDS_MAX}", batch.len()),
+        ));
+    }
+
+    let stash = StashRecord { run_id: run_id.clone(), attempt: 0, written_at_ms: now, ..point.stash.clone() };
+    let fork = ForkRecord {
+        source_run_id: source.run_id.clone(),
+        at_seq: at,
+        inherited_effects,
+        inherited_approvals,
+        forked_at_ms: now,
+    };
+    let run = RunRecord {
+        run_id: run_id.clone(),
+        kind: source.kind.clone(),
+        key: key.to_string(),
+        input_hash: json::canonical_with_hash(&input).map_err(RuntimeError::InvalidInput)?.1,
+        input_json,
+        // Interrupted at its boundary, as a run found after a crash: its first activation
+        // recovers it from the stash.
+        status: RunStatus::Running,
+        created_at_ms: now,
+        updated_at_ms: now,
+        attempt: 0,
+        recover_attempts: 0,
+        next_recover_at_ms: 0,
+        wake_reason: Some(WakeReason::Resumed),
+        cancel_reason: None,
+        options: options.run.stored(),
+    };
+    batch.put(key_record.clone(), &run.run_id)?;
+    crate::budget::stage_at_start(&mut batch, new, options.run.budget.or(shared.config.budget).limits())?;
+    batch.put(keys::stash(new), &stash)?;
+    if point.version != 1 {
+        batch.put(keys::stash_version(new), &point.version)?;
+    }
+    batch.put(keys::history(new, at), &HistoryRecord { stash: stash.clone(), ..point })?;
+    batch.put(keys::fork(new), &fork)?;
+    batch.put(keys::run(new), &run)?;
+    batch.put(keys::open_run(new), &())?;
+    batch.all_new();
+    match store.commit(batch, Durability::Sync).await {
+        Ok(()) => shared.status_changed(),
+        Err(StoreError::Exists { .. }) => {
+            return start::existing(shared, &key_record, key, &input)?
+                .ok_or_else(|| RuntimeError::Store(StoreError::Exists { key: key.to_string() }));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    drop(_guard);
+    shared.event(new, "forked", format!("from {source_id} at boundary {at}"));
+    tracing::info!(run_id = new, source = source_id, at, "run forked");
+    shared.reactivate(new).await;
+    Ok(StartOutcome { run_id: RunId::new(run.run_id), accepted: true, status: RunStatus::Running })
+}
+
+/// The source's output stream up to its mark at boundary `at`, copied to the fork.
+fn copy_stream(
+    shared: &Shared,
+    source_id: &str,
+    new: &str,
+    at: u64,
+    batch: &mut Batch,
+) -> Result<(), RuntimeError> {
+    let store = &shared.store;
+    let Some(head) = store.get::<StreamHead>(&keys::stream_head(source_id))? else {
+        return Ok(());
+    };
+    if head.next_seq == 0 {
+        return Ok(());
+    }
+    // The mark is recorded with a stash when it moved: the latest one at or before `at`.
+    let mut mark = None;
+    let mut oldest = at;
+    for (key, entry) in store.scan(&keys::HISTORY.of_run(source_id), None, usize::MAX)? {
+        let seq = keys::history_seq(&key).unwrap_or(0);
+        oldest = oldest.min(seq);
+        if seq <= at
+            && let Some(m) = entry?.stream_mark
+        {
+            mark = Some(m);
+        }
+    }
+    let mark = match mark {
+        Some(mark) => mark,
+        // Nothing emitted before the first boundary moved the mark.
+        None if oldest == 1 => 0,
+        None => {
+            return Err(refused(source_id, "its stream mark at that boundary is older than its history"));
+        }
+    };
+    let mut bytes = 0u64;
+    for (key, chunk) in store.scan(&keys::STREAM.of_run(source_id), None, usize::MAX)? {
+        let seq = keys::stream_seq(&key).unwrap_or(u64::MAX);
+        if seq >= mark {
+            break;
+        }
+        let chunk: StreamChunkRecord = chunk?;
+        bytes = bytes.saturating_add(chunk.data_json.len() as u64);
+        batch.put(keys::stream_chunk(new, seq), &chunk)?;
+    }
+    if mark > 0 {
+        batch.put(keys::stream_head(new), &StreamHead { next_seq: mark, bytes })?;
+        batch.put(keys::stream_mark(new), &mark)?;
+    }
+    Ok(())
+}
