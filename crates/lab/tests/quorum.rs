@@ -12,30 +12,6 @@ use serde_json::{Value, json};
 mod common;
 use common::Served;
 
-async fn create_token(server: &Served, name: &str, role: &str) -> String {
-    let r = server
-        .client()
-        .post(server.url("/tokens"))
-        .body(json!({"name": name, "role": role}).to_string())
-        .send()
-        .await
-        .expect("an answer");
-    assert_eq!(r.status(), StatusCode::CREATED);
-    r.json::<Value>().await.expect("json")["token"].as_str().expect("token").to_string()
-}
-
-async fn view(server: &Served, run_id: &str) -> Value {
-    server
-        .client()
-        .get(server.url(&format!("/runs/{run_id}")))
-        .send()
-        .await
-        .expect("show")
-        .json()
-        .await
-        .expect("json")
-}
-
 async fn decide(
     server: &Served,
     token: &str,
@@ -61,7 +37,7 @@ async fn two_of_three_decide_once_across_a_sigkill_between_the_decisions() {
     let tokens: Vec<String> = {
         let mut t = Vec::new();
         for name in ["alice", "bob", "carol", "mallory"] {
-            t.push(create_token(&first, name, "reviewer").await);
+            t.push(first.create_token(name, "reviewer").await);
         }
         t
     };
@@ -83,7 +59,7 @@ async fn two_of_three_decide_once_across_a_sigkill_between_the_decisions() {
     let run_id = started["run_id"].as_str().expect("run id").to_string();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let hash = loop {
-        let shown = view(&first, &run_id).await;
+        let shown = first.run_view(&run_id).await;
         if let Some(hash) = shown["approvals"][0]["payload_hash"].as_str() {
             break hash.to_string();
         }
@@ -101,7 +77,7 @@ async fn two_of_three_decide_once_across_a_sigkill_between_the_decisions() {
     first.sigkill();
 
     let second = Served::start(dir.path());
-    let shown = view(&second, &run_id).await;
+    let shown = second.run_view(&run_id).await;
     assert!(shown["run"]["status"].get("waiting_approval").is_some(), "{shown}");
     assert_eq!(shown["approvals"][0]["votes"][0]["by"], json!("alice"));
     let (status, out) = decide(&second, alice, &run_id, &hash, false).await;
@@ -117,7 +93,7 @@ async fn two_of_three_decide_once_across_a_sigkill_between_the_decisions() {
     assert_eq!(out["decided"], json!(true));
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let done = loop {
-        let shown = view(&second, &run_id).await;
+        let shown = second.run_view(&run_id).await;
         if shown["run"]["status"].get("completed").is_some() {
             break shown;
         }

@@ -28,13 +28,6 @@ async fn call(
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
-async fn create_token(server: &Served, name: &str, role: &str) -> String {
-    let (s, t) =
-        call(&server.client(), server, Method::POST, "/tokens", json!({"name": name, "role": role})).await;
-    assert_eq!(s, 201, "{t}");
-    t["token"].as_str().expect("token").to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_endpoint_needs_a_token_whose_role_allows_it() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -50,7 +43,7 @@ async fn every_endpoint_needs_a_token_whose_role_allows_it() {
 
     let mut tokens: HashMap<&str, String> = HashMap::new();
     for role in ["reader", "reviewer", "operator"] {
-        tokens.insert(role, create_token(&server, &format!("{role}-1"), role).await);
+        tokens.insert(role, server.create_token(&format!("{role}-1"), role).await);
     }
     tokens.insert("admin", server.token.clone());
     let steps = json!({"kind": "steps", "input": {"steps": 100_000, "pause_ms": 1000}});

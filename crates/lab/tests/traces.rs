@@ -18,31 +18,6 @@ use common::Served;
 
 const KEY: &str = "sk_test_traced_secret_90211";
 
-async fn shown(server: &Served, run_id: &str) -> Value {
-    server
-        .client()
-        .get(server.url(&format!("/runs/{run_id}")))
-        .send()
-        .await
-        .expect("show")
-        .json()
-        .await
-        .expect("json")
-}
-
-/// Polls the run until `done` holds of its view.
-async fn wait_run(server: &Served, run_id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let view = shown(server, run_id).await;
-        if done(&view) {
-            return view;
-        }
-        assert!(std::time::Instant::now() < deadline, "the run is not {what}: {view}\n{}", server.log());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_keeps_one_trace_across_a_sigkilled_server() {
     let receiver = Receiver::start().await.expect("receiver");
@@ -80,10 +55,9 @@ async fn a_run_keeps_one_trace_across_a_sigkilled_server() {
         .expect("json");
     let run_id = started["run_id"].as_str().expect("run id").to_string();
     let trace_id = durafiber_runtime::trace::trace_id_of(&run_id);
-    let view = wait_run(&first, &run_id, "waiting for approval", |v| {
-        v["run"]["status"].get("waiting_approval").is_some()
-    })
-    .await;
+    let view = first
+        .wait_run(&run_id, "waiting for approval", |v| v["run"]["status"].get("waiting_approval").is_some())
+        .await;
     assert_eq!(view["trace_id"], json!(trace_id));
     assert_eq!(view["trace_url"], json!(format!("http://traces.example/trace/{trace_id}")));
 
@@ -97,7 +71,7 @@ async fn a_run_keeps_one_trace_across_a_sigkilled_server() {
     first.sigkill();
 
     let second = Served::start_env(&data, &args, &env);
-    let view = shown(&second, &run_id).await;
+    let view = second.run_view(&run_id).await;
     let hash = view["approvals"][0]["payload_hash"].as_str().expect("payload hash").to_string();
     let decision = json!({"payload_hash": hash, "approved": true, "comment": format!("ok, key {KEY}")});
     let decided = second
@@ -108,7 +82,7 @@ async fn a_run_keeps_one_trace_across_a_sigkilled_server() {
         .await
         .expect("approve");
     assert!(decided.status().is_success(), "{}", decided.text().await.unwrap_or_default());
-    wait_run(&second, &run_id, "completed", |v| v["run"]["status"].get("completed").is_some()).await;
+    second.wait_run(&run_id, "completed", |v| v["run"]["status"].get("completed").is_some()).await;
     let settled = receiver
         .wait_for(Duration::from_secs(30), |spans| {
             spans.iter().any(|s| s.trace_id == trace_id && s.name == "run.settle")

@@ -90,6 +90,44 @@ impl Served {
             .expect("client")
     }
 
+    /// A token named `name` with `role`, made through the admin API.
+    pub async fn create_token(&self, name: &str, role: &str) -> String {
+        let r = self
+            .client()
+            .post(self.url("/tokens"))
+            .body(serde_json::json!({"name": name, "role": role}).to_string())
+            .send()
+            .await
+            .expect("an answer");
+        assert_eq!(r.status(), reqwest::StatusCode::CREATED);
+        let body: serde_json::Value = r.json().await.expect("json");
+        body["token"].as_str().expect("token").to_string()
+    }
+
+    /// `GET /runs/{id}`, as the admin sees it.
+    pub async fn run_view(&self, run_id: &str) -> serde_json::Value {
+        let r = self.client().get(self.url(&format!("/runs/{run_id}"))).send().await.expect("run");
+        r.json().await.expect("json")
+    }
+
+    /// Polls the run's view until `done` holds of it (a minute at most).
+    pub async fn wait_run(
+        &self,
+        run_id: &str,
+        what: &str,
+        done: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let view = self.run_view(run_id).await;
+            if done(&view) {
+                return view;
+            }
+            assert!(std::time::Instant::now() < deadline, "the run is not {what}: {view}\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// What the server has written to stderr.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log.path()).unwrap_or_default()
