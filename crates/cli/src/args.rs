@@ -270,6 +270,32 @@ pub enum RunsAction {
         #[command(flatten)]
         target: Target,
     },
+    /// The boundaries a run's history keeps: each stash as it was written, oldest first.
+    History {
+        /// The run's handle.
+        run_id: RunId,
+        /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Fork a run from a boundary of its history: a new run of the same kind from that stash,
+    /// what the run had settled before it inherited (nothing paid twice), the rest made anew.
+    Fork {
+        /// The run to fork.
+        run_id: RunId,
+        /// The boundary (a `seq` of `runs history`).
+        #[arg(long)]
+        at: u64,
+        /// The fork's idempotency key: the same key again is the same fork.
+        #[arg(long)]
+        key: String,
+        /// The fork's input as JSON; the run's when absent.
+        #[arg(long)]
+        input: Option<String>,
+        /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
+    },
     /// Delete a settled run and every record it owns (an admin token on a server); the
     /// audit trail keeps its entries. A start with its idempotency key starts a new run.
     Delete {

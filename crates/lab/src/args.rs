@@ -202,6 +202,10 @@ pub enum Bench {
         /// spins on one core (a busy host's other tenants).
         #[arg(long, default_value_t = 0)]
         busy: usize,
+        /// Boundaries each run keeps in its history (`history_max`); 0 measures steps
+        /// without a history.
+        #[arg(long, default_value_t = durafiber_runtime::limits::HISTORY_MAX_DEFAULT)]
+        history_max: u32,
         /// Where to write the sequential steps' samples and histogram.
         #[arg(long)]
         out: Option<PathBuf>,

@@ -200,6 +200,40 @@ pub async fn delete_run(agents: Agents<'_>, target: &Target, run_id: &RunId) -> 
     }
 }
 
+/// `runs history`.
+pub async fn history(agents: Agents<'_>, target: &Target, run_id: &RunId) -> anyhow::Result<Value> {
+    match source(target, agents).await? {
+        Source::Server(c) => Ok(c.get_json(&format!("/runs/{run_id}/history")).await?),
+        Source::Direct(rt) => to_json(rt.history(run_id)?),
+    }
+}
+
+/// `runs fork`: on a data directory the fork is written, and the next `serve` runs it.
+pub async fn fork(
+    agents: Agents<'_>,
+    target: &Target,
+    run_id: &RunId,
+    at: u64,
+    key: &str,
+    input: Option<String>,
+) -> anyhow::Result<Value> {
+    let parsed: Option<Value> = input
+        .as_deref()
+        .map(serde_json::from_str)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--input: {e}"))?;
+    match source(target, agents).await? {
+        Source::Server(c) => {
+            let body = json!({"at": at, "input": parsed});
+            Ok(c.post_json(&format!("/runs/{run_id}/fork"), &body, Some(key)).await?)
+        }
+        Source::Direct(rt) => {
+            let options = durafiber_runtime::ForkOptions { input_json: input, ..Default::default() };
+            to_json(rt.fork(run_id, at, key, options).await?)
+        }
+    }
+}
+
 /// `alarms list`.
 pub async fn alarms_list(agents: Agents<'_>, target: &Target, run_id: &RunId) -> anyhow::Result<Value> {
     match source(target, agents).await? {

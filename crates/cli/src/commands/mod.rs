@@ -88,6 +88,12 @@ pub async fn run(command: Command, agents: Agents<'_>) -> anyhow::Result<i32> {
             let filter = ListFilter { state, kind, after, limit, stash_version_below };
             print_json(&inspect::runs_list(agents, &target, filter).await?)
         }
+        Command::Runs { action: RunsAction::History { run_id, target } } => {
+            print_json(&inspect::history(agents, &target, &run_id).await?)
+        }
+        Command::Runs { action: RunsAction::Fork { run_id, at, key, input, target } } => {
+            print_json(&inspect::fork(agents, &target, &run_id, at, &key, input).await?)
+        }
         Command::Runs { action: RunsAction::Delete { run_id, target } } => {
             print_json(&inspect::delete_run(agents, &target, &run_id).await?)
         }

@@ -59,8 +59,9 @@ pub async fn run(which: Bench) -> anyhow::Result<i32> {
         Bench::RecoverChild { data, mode, runs, pause_ms } => {
             recover_child(&data, &mode, runs, pause_ms).await
         }
-        Bench::Steps { json, runs, steps, sequential, gap_ms, kill_runs, busy, out } => {
-            let plan = super::bench_steps::Plan { runs, steps, sequential, gap_ms, kill_runs, busy };
+        Bench::Steps { json, runs, steps, sequential, gap_ms, kill_runs, busy, history_max, out } => {
+            let plan =
+                super::bench_steps::Plan { runs, steps, sequential, gap_ms, kill_runs, busy, history_max };
             super::bench_steps::steps(json, plan, out.as_deref()).await
         }
         Bench::BusyLoop => super::bench_steps::busy_loop(),

@@ -40,6 +40,8 @@ pub struct Plan {
     pub gap_ms: u64,
     pub kill_runs: usize,
     pub busy: usize,
+    /// Boundaries each run keeps in its history (`history_max`): 0 measures steps without it.
+    pub history_max: u32,
 }
 
 /// `busy` processes that each spin on a core until dropped.
@@ -83,9 +85,10 @@ pub fn busy_loop() -> anyhow::Result<i32> {
 const KILL_STEPS: u32 = 40;
 const KILL_PAUSE_MS: u64 = 20;
 
-async fn runtime(dir: &Path, agent: Steps) -> anyhow::Result<Runtime> {
+async fn runtime(dir: &Path, agent: Steps, history_max: u32) -> anyhow::Result<Runtime> {
     let store = Store::open_dir(dir, StoreConfig::default())?;
-    Ok(Runtime::builder(store).agent(agent).open().await?)
+    let config = durafiber_runtime::RuntimeConfig { history_max, ..Default::default() };
+    Ok(Runtime::builder(store).config(config).agent(agent).open().await?)
 }
 
 /// Every run of the store, all pages.
@@ -112,7 +115,7 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
     let raw = raw_fdatasync_per_s(dir.path(), 1.0)?;
 
     progress(&format!("{} concurrent runs x {} steps", plan.runs, plan.steps));
-    let rt = runtime(&dir.path().join("concurrent"), Steps::default()).await?;
+    let rt = runtime(&dir.path().join("concurrent"), Steps::default(), plan.history_max).await?;
     let started = Instant::now();
     let mut ids = Vec::new();
     for i in 0..plan.runs {
@@ -207,8 +210,8 @@ async fn sequential(dir: &Path, plan: &Plan) -> anyhow::Result<Sequential> {
         plan.sequential, plan.gap_ms
     ));
     let times = durafiber_demo::agents::StashTimes::default();
-    let rt = runtime(&dir.join("sequential"), Steps { stash_times: Some(times.clone()), ..Steps::default() })
-        .await?;
+    let agent = Steps { stash_times: Some(times.clone()), ..Steps::default() };
+    let rt = runtime(&dir.join("sequential"), agent, plan.history_max).await?;
     let (mut step, mut raw_gapped, mut gaps, mut cores) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for turn in 0..turns {
         let steps = plan.sequential / turns + u32::from(turn < plan.sequential % turns);
@@ -386,7 +389,8 @@ async fn kill_and_resume(data: &Path, runs: usize) -> anyhow::Result<Killed> {
 
 /// The process `bench steps` kills (`start`) and restarts (`resume`).
 pub async fn child(data: &Path, mode: &str, runs: usize) -> anyhow::Result<i32> {
-    let rt = runtime(data, Steps { print_acks: true, ..Steps::default() }).await?;
+    let agent = Steps { print_acks: true, ..Steps::default() };
+    let rt = runtime(data, agent, durafiber_runtime::limits::HISTORY_MAX_DEFAULT).await?;
     if mode == "start" {
         let input = StepsInput { steps: KILL_STEPS, pause_ms: KILL_PAUSE_MS };
         for i in 0..runs {
