@@ -62,12 +62,14 @@ pub(crate) async fn fork(
     durafiber_store::tables::check_id("idempotency key", key).map_err(RuntimeError::InvalidInput)?;
     let input_json = match &options.input_json {
         None => source.input_json.clone(),
+        // Another input must be the kind's: what the run was is fixed, so a mismatch is a
+        // conflict with it, not a malformed request.
         Some(text) => {
-            agent
-                .check_input(text)
-                .map_err(|e| RuntimeError::InvalidInput(format!("input for {}: {e}", source.kind)))?;
-            let value: serde_json::Value = json::parse(text).map_err(RuntimeError::InvalidInput)?;
-            json::canonical(&value).map_err(RuntimeError::InvalidInput)?
+            let not_its_input =
+                |e: String| refused(source_id, format!("the input is not {}'s: {e}", source.kind));
+            agent.check_input(text).map_err(not_its_input)?;
+            let value: serde_json::Value = json::parse(text).map_err(not_its_input)?;
+            json::canonical(&value).map_err(not_its_input)?
         }
     };
     let input: serde_json::Value = json::parse(&input_json).map_err(RuntimeError::InvalidInput)?;
