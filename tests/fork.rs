@@ -5,7 +5,7 @@
 //! nothing, at 2 the email, at 1 the refund and the email (after a new approval). No
 //! inherited key reaches the upstream again, the source's records are unchanged, the same
 //! key returns the same fork, and a wrong input or a boundary the history does not keep is
-//! refused. The checker does the same on a simulated disk (`fork_at_every_boundary`).
+//! refused; a fork of a fork inherits what its source had inherited. The checker does the same on a simulated disk (`fork_at_every_boundary`).
 
 use std::time::Duration;
 
@@ -94,6 +94,13 @@ async fn a_fork_at_each_boundary_pays_only_for_what_came_after_it() {
         assert_eq!((again.run_id, again.accepted), (fork.run_id, false));
     }
     assert_eq!(records_of(&rt, &source), before, "the source changed");
+
+    // A fork of a fork inherits what its own source had inherited.
+    let first = rt.fork(&source, 3, "fork-3", ForkOptions::default()).await.expect("fork-3").run_id;
+    let last = rt.history(&first).expect("history").last().expect("a boundary").seq;
+    let again = rt.fork(&first, last, "fork-of-fork", ForkOptions::default()).await.expect("fork of a fork");
+    assert!(matches!(rt.wait(&again.run_id).await.expect("wait"), RunStatus::Completed { .. }));
+    assert_eq!(upstream.requests(), expected.0, "a fork of a fork called the upstream");
 
     let wrong = ForkOptions { input_json: Some(r#"{"order": 7}"#.into()), ..ForkOptions::default() };
     let refused = rt.fork(&source, 2, "fork-wrong", wrong).await;

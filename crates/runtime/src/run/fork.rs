@@ -92,9 +92,10 @@ pub(crate) async fn fork(
             "it keeps storage (ctx.storage()), which has no history to fork from",
         ));
     }
-    let before = |what: Journaled, id: &str| -> Result<bool, RuntimeError> {
+    // The boundary step `id` settled at, when that was before `at`.
+    let settled_before = |what: Journaled, id: &str| -> Result<Option<u64>, RuntimeError> {
         match store.get::<u64>(&keys::journal_seq(source_id, what, id))? {
-            Some(seq) => Ok(seq < at),
+            Some(seq) => Ok((seq < at).then_some(seq)),
             None => Err(refused(source_id, format!("{id} settled before its boundary was journaled"))),
         }
     };
@@ -106,11 +107,12 @@ pub(crate) async fn fork(
     let mut inherited_effects = Vec::new();
     for (_, entry) in store.scan(&keys::LEDGER.of_run(source_id), None, usize::MAX)? {
         let mut entry: LedgerEntry = entry?;
-        if entry.committed.is_none() || !before(Journaled::Effect, &entry.effect_id)? {
+        if entry.committed.is_none() {
             continue;
         }
-        let seq = store.get::<u64>(&keys::journal_seq(source_id, Journaled::Effect, &entry.effect_id))?;
-        batch.put(keys::journal_seq(new, Journaled::Effect, &entry.effect_id), &seq.unwrap_or(0))?;
+        let Some(seq) = settled_before(Journaled::Effect, &entry.effect_id)? else { continue };
+        // The fork's own journal says the same, so a fork of the fork inherits it too.
+        batch.put(keys::journal_seq(new, Journaled::Effect, &entry.effect_id), &seq)?;
         inherited_effects.push(entry.effect_id.clone());
         entry.run_id = run_id.clone();
         batch.put(keys::ledger(new, &entry.effect_id), &entry)?;
@@ -118,10 +120,12 @@ pub(crate) async fn fork(
     let mut inherited_approvals = Vec::new();
     for (_, approval) in store.scan(&keys::APPROVALS.of_run(source_id), None, usize::MAX)? {
         let mut approval: ApprovalRecord = approval?;
-        if approval.decision.is_none() || !before(Journaled::Approval, &approval.approval_id)? {
+        if approval.decision.is_none() {
             continue;
         }
+        let Some(seq) = settled_before(Journaled::Approval, &approval.approval_id)? else { continue };
         let id = approval.approval_id.clone();
+        batch.put(keys::journal_seq(new, Journaled::Approval, &id), &seq)?;
         if let Some(rule) = store.get(&keys::approval_rule(source_id, &id))? {
             batch.put(keys::approval_rule(new, &id), &rule)?;
         }
@@ -135,7 +139,11 @@ pub(crate) async fn fork(
     }
     for (_, sleep) in store.scan(&keys::SLEEPS.of_run(source_id), None, usize::MAX)? {
         let mut sleep: SleepRecord = sleep?;
-        if sleep.done && before(Journaled::Sleep, &sleep.name)? {
+        if !sleep.done {
+            continue;
+        }
+        if let Some(seq) = settled_before(Journaled::Sleep, &sleep.name)? {
+            batch.put(keys::journal_seq(new, Journaled::Sleep, &sleep.name), &seq)?;
             sleep.run_id = run_id.clone();
             batch.put(keys::sleep(new, &sleep.name), &sleep)?;
         }
@@ -143,7 +151,11 @@ pub(crate) async fn fork(
     for (wait_key, wait) in store.scan(&keys::EVENT_WAITS.of_run(source_id), None, usize::MAX)? {
         let wait: EventWaitRecord = wait?;
         let name = wait_key.last_part().unwrap_or_default().to_string();
-        if wait.result.is_some() && before(Journaled::EventWait, &name)? {
+        if wait.result.is_none() {
+            continue;
+        }
+        if let Some(seq) = settled_before(Journaled::EventWait, &name)? {
+            batch.put(keys::journal_seq(new, Journaled::EventWait, &name), &seq)?;
             batch.put(keys::event_wait(new, &name), &wait)?;
         }
     }
