@@ -5,7 +5,8 @@
 //! nothing, at 2 the email, at 1 the refund and the email (after a new approval). No
 //! inherited key reaches the upstream again, the source's records are unchanged, the same
 //! key returns the same fork, and a wrong input or a boundary the history does not keep is
-//! refused; a fork of a fork inherits what its source had inherited. The checker does the same on a simulated disk (`fork_at_every_boundary`).
+//! refused; a fork of a fork inherits what its source had inherited. The checker does the
+//! same on a simulated disk (`fork_at_every_boundary`).
 
 use std::time::Duration;
 
