@@ -315,7 +315,21 @@ impl Runtime {
         key: &str,
         options: crate::run::fork::ForkOptions,
     ) -> Result<StartOutcome, RuntimeError> {
-        crate::run::fork::fork(&self.shared, run_id, at, key, options).await
+        let outcome = crate::run::fork::fork(&self.shared, run_id, at, key, options).await?;
+        self.announce_if_elsewhere(&outcome);
+        Ok(outcome)
+    }
+
+    /// A run just accepted that another node of a shared store runs: that node is told now
+    /// rather than finding it at its next tick.
+    fn announce_if_elsewhere(&self, outcome: &StartOutcome) {
+        if outcome.accepted
+            && !self.shared.ownership.owns(outcome.run_id.as_str())
+            && let Some(leases) = self.shared.store.backend().leases()
+            && let Err(e) = leases.announce(durafiber_store::shard::of_run(outcome.run_id.as_str()))
+        {
+            tracing::warn!(run_id = %outcome.run_id, error = %e, "could not tell the run's owner; it finds the run at its next tick");
+        }
     }
 
     /// `start_json` for a caller in a trace of its own: `traceparent` (a W3C header) becomes
@@ -332,15 +346,7 @@ impl Runtime {
     ) -> Result<StartOutcome, RuntimeError> {
         let caller = traceparent.and_then(crate::trace::parse_traceparent);
         let outcome = start::start(&self.shared, kind, key, input_json, options, caller).await?;
-        if outcome.accepted
-            && !self.shared.ownership.owns(outcome.run_id.as_str())
-            && let Some(leases) = self.shared.store.backend().leases()
-        {
-            // Another node runs it: tell that node now rather than at its next tick.
-            if let Err(e) = leases.announce(durafiber_store::shard::of_run(outcome.run_id.as_str())) {
-                tracing::warn!(run_id = %outcome.run_id, error = %e, "could not tell the run's owner; it finds the run at its next tick");
-            }
-        }
+        self.announce_if_elsewhere(&outcome);
         if outcome.accepted || matches!(outcome.status, RunStatus::Accepted) {
             // The handle is durable: return it now, and let the activation (its registration
             // write, the fiber) go on beside the caller. Virtual time and `settle` wait for it.
