@@ -20,18 +20,7 @@ fn cli(args: &[&str]) -> Value {
 async fn a_run_is_listed_by_its_boundaries_and_forked_from_one_on_the_command_line() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Served::start(dir.path());
-    let started: Value = server
-        .client()
-        .post(server.url("/runs"))
-        .header("Idempotency-Key", "three")
-        .body(json!({"kind": "steps", "input": {"steps": 3, "pause_ms": 0}}).to_string())
-        .send()
-        .await
-        .expect("start")
-        .json()
-        .await
-        .expect("json");
-    let run_id = started["run_id"].as_str().expect("run id").to_string();
+    let run_id = server.start_run("steps", "three", json!({"steps": 3, "pause_ms": 0}), &[]).await;
     server.wait_run(&run_id, "completed", |v| v["run"]["status"].get("completed").is_some()).await;
     let (addr, data) = (server.addr.to_string(), dir.path().to_str().expect("utf-8").to_string());
     let target = ["--server", addr.as_str(), "--data", data.as_str()];

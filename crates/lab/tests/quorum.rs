@@ -45,18 +45,7 @@ async fn two_of_three_decide_once_across_a_sigkill_between_the_decisions() {
     let input = json!({"order_id": "o-9", "amount_cents": 250_000, "customer_email": "a@b.c",
         "upstream": upstream.url(),
         "approval_rule": {"required": 2, "from": {"named": ["alice", "bob", "carol"]}}});
-    let started: Value = first
-        .client()
-        .post(first.url("/runs"))
-        .header("Idempotency-Key", "o-9")
-        .body(json!({"kind": "refund", "input": input}).to_string())
-        .send()
-        .await
-        .expect("start")
-        .json()
-        .await
-        .expect("json");
-    let run_id = started["run_id"].as_str().expect("run id").to_string();
+    let run_id = first.start_run("refund", "o-9", input, &[]).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let hash = loop {
         let shown = first.run_view(&run_id).await;

@@ -11,7 +11,7 @@ use durafiber_testkit::{
     otlp::{self, Receiver},
     upstream::Upstream,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 mod common;
 use common::Served;
@@ -41,19 +41,7 @@ async fn a_run_keeps_one_trace_across_a_sigkilled_server() {
     let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let input = json!({"order_id": "o-1", "amount_cents": 2500, "customer_email": "a@b.c",
         "upstream": upstream.url(), "api_key": {"secret": "upstream_key"}});
-    let started: Value = first
-        .client()
-        .post(first.url("/runs"))
-        .header("Idempotency-Key", "refund-o-1")
-        .header("traceparent", caller)
-        .body(json!({"kind": "refund", "input": input}).to_string())
-        .send()
-        .await
-        .expect("start")
-        .json()
-        .await
-        .expect("json");
-    let run_id = started["run_id"].as_str().expect("run id").to_string();
+    let run_id = first.start_run("refund", "refund-o-1", input, &[("traceparent", caller)]).await;
     let trace_id = durafiber_runtime::trace::trace_id_of(&run_id);
     let view = first
         .wait_run(&run_id, "waiting for approval", |v| v["run"]["status"].get("waiting_approval").is_some())

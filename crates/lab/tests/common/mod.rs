@@ -104,6 +104,27 @@ impl Served {
         body["token"].as_str().expect("token").to_string()
     }
 
+    /// Starts a run of `kind` with `input` under idempotency key `key` (and `headers`, such
+    /// as a `traceparent`), as the admin; the run's id.
+    pub async fn start_run(
+        &self,
+        kind: &str,
+        key: &str,
+        input: serde_json::Value,
+        headers: &[(&str, &str)],
+    ) -> String {
+        let mut request = self
+            .client()
+            .post(self.url("/runs"))
+            .header("Idempotency-Key", key)
+            .body(serde_json::json!({"kind": kind, "input": input}).to_string());
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let started: serde_json::Value = request.send().await.expect("start").json().await.expect("json");
+        started["run_id"].as_str().unwrap_or_else(|| panic!("no run id in {started}")).to_string()
+    }
+
     /// `GET /runs/{id}`, as the admin sees it.
     pub async fn run_view(&self, run_id: &str) -> serde_json::Value {
         let r = self.client().get(self.url(&format!("/runs/{run_id}"))).send().await.expect("run");
