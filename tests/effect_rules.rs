@@ -2,8 +2,9 @@
 //! cancellation, the same effect id with other arguments is a conflict and never a second
 //! effect, and a failing call is retried with the same key per the policy — three attempts
 //! in all — before the error reaches the fiber. With `effect_with`: a permanent error is not
-//! retried, a policy of its own is followed, a call past its timeout counts as a failure; an
-//! exhausted effect re-enters the run through recovery, in a first attempt as after one.
+//! retried, a policy of its own is followed, a call past its timeout counts as a failure, a
+//! throttled call (`Retry-After`) waits what the upstream asked; an exhausted effect
+//! re-enters the run through recovery, in a first attempt as after one.
 //!
 //! Calls are counted by the closure itself, so "not called" is observed, not assumed.
 
@@ -37,6 +38,8 @@ enum Script {
     Policy { fails: u32, attempts: u32 },
     /// `effect_with` with a 50 ms timeout: the first call never answers.
     Hangs,
+    /// The first call answers 429 with `Retry-After: 30`; the policy's backoff is 10 ms.
+    Throttled,
 }
 
 struct Effects {
@@ -119,6 +122,25 @@ impl Effects {
                         keys.lock().expect("keys").push(key);
                         let made = calls.fetch_add(1, Ordering::SeqCst) + 1;
                         if made <= fails { Err(EffectError::from_status(503, "busy")) } else { Ok(n) }
+                    }
+                })
+                .await
+            }
+            Script::Throttled => {
+                let options = EffectOptions {
+                    attempts: 3,
+                    backoff_initial: Duration::from_millis(10),
+                    backoff_max: Duration::from_millis(10),
+                    timeout: None,
+                };
+                let calls = self.calls.clone();
+                ctx.effect_with("charge", 7, options, move |_, n| {
+                    let calls = calls.clone();
+                    async move {
+                        match calls.fetch_add(1, Ordering::SeqCst) {
+                            0 => Err(EffectError::from_response(429, Some("30"), "slow down")),
+                            _ => Ok(n),
+                        }
                     }
                 })
                 .await
@@ -271,4 +293,19 @@ async fn a_call_past_its_timeout_is_retried() {
     rt.advance(Duration::from_secs(1)).await.expect("advance");
     assert_eq!(rt.output::<u32>(&run).expect("output"), Some(7));
     assert_eq!(calls.load(Ordering::SeqCst), 2, "the hung call timed out, the second answered");
+}
+
+/// A 429 with `Retry-After: 30` makes the next call wait the 30 s the upstream asked, not
+/// the policy's 10 ms backoff; the call after it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_call_waits_what_the_upstream_asked() {
+    let (rt, calls, _) = open(Script::Throttled).await;
+    let run = rt.start::<Effects>("t", &()).await.expect("start").run_id;
+    rt.advance(Duration::from_secs(1)).await.expect("advance");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "called again before its Retry-After");
+    rt.advance(Duration::from_secs(28)).await.expect("advance");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "called again before its Retry-After");
+    rt.advance(Duration::from_secs(2)).await.expect("advance");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(rt.output::<u32>(&run).expect("output"), Some(7));
 }

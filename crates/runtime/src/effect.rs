@@ -49,13 +49,23 @@ impl Default for EffectOptions {
 /// Why an effect's call failed, and whether calling again may help.
 ///
 /// Any `std::error::Error` converts into `Retryable` with `?`; say `Permanent` for an answer
-/// that will not change (a 4xx), or use [`EffectError::from_status`].
+/// that will not change (a 4xx), or use [`EffectError::from_status`] — or
+/// [`EffectError::from_response`], which honours a `Retry-After`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EffectError {
     /// An outage, a timeout, a 5xx: tried again while the policy allows.
     Retryable(String),
     /// A refusal: reaches the fiber at once as `AgentError::EffectRejected`.
     Permanent(String),
+    /// The upstream asked to be called again no sooner than `after` (a 429 or a 503 with
+    /// `Retry-After`): the next call waits that long instead of the policy's backoff (at
+    /// most [`limits::RETRY_AFTER_MAX`]), and counts among the policy's calls.
+    RetryAfter {
+        /// What the upstream said.
+        error: String,
+        /// How long it asked to be left alone.
+        after: Duration,
+    },
 }
 
 impl EffectError {
@@ -67,6 +77,32 @@ impl EffectError {
     /// A refusal no retry will change.
     pub fn permanent(e: impl std::fmt::Display) -> Self {
         EffectError::Permanent(e.to_string())
+    }
+
+    /// A failure whose next call should wait `after`, as the upstream asked.
+    pub fn retry_after(after: Duration, e: impl std::fmt::Display) -> Self {
+        EffectError::RetryAfter { error: e.to_string(), after }
+    }
+
+    /// `from_status`, honouring the answer's `Retry-After` header (seconds, or an HTTP date)
+    /// on a 429 or a 503: the next call waits what the upstream asked.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use durafiber_runtime::EffectError;
+    ///
+    /// let e = EffectError::from_response(429, Some("30"), "slow down");
+    /// assert_eq!(e, EffectError::RetryAfter { error: "HTTP 429: slow down".into(), after: Duration::from_secs(30) });
+    /// assert_eq!(EffectError::from_response(404, Some("30"), "gone"), EffectError::from_status(404, "gone"));
+    /// ```
+    pub fn from_response(status: u16, retry_after: Option<&str>, body: impl std::fmt::Display) -> Self {
+        let asked = retry_after.and_then(|value| parse_retry_after(value, std::time::SystemTime::now()));
+        match (status, asked) {
+            (429 | 503, Some(after)) => {
+                EffectError::RetryAfter { error: format!("HTTP {status}: {body}"), after }
+            }
+            _ => EffectError::from_status(status, body),
+        }
     }
 
     /// An HTTP answer's class: a 4xx is permanent, but for 408 (timeout), 425 (too early) and
@@ -86,8 +122,21 @@ impl std::fmt::Display for EffectError {
         match self {
             EffectError::Retryable(e) => write!(f, "{e}"),
             EffectError::Permanent(e) => write!(f, "permanent: {e}"),
+            EffectError::RetryAfter { error, after } => {
+                write!(f, "{error} (asked to retry after {})", humantime::format_duration(*after))
+            }
         }
     }
+}
+
+/// A `Retry-After` value: delay-seconds, or an HTTP date (from `now`); `None` if neither.
+fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 // No `std::error::Error` for `EffectError` itself: that keeps this blanket conversion
@@ -243,12 +292,19 @@ where
                 shared.event(&run_id, "effect_rejected", format!("{effect_id}: {error}"));
                 return Err(AgentError::EffectRejected { effect_id: effect_id.to_string(), error });
             }
-            Err(EffectError::Retryable(error)) => {
-                last_error = error;
-                tracing::warn!(%run_id, effect_id, attempt, error = %last_error, "effect call failed");
+            Err(failed @ (EffectError::Retryable(_) | EffectError::RetryAfter { .. })) => {
+                // The upstream's own wait, when it named one, else the policy's backoff.
+                let delay = match &failed {
+                    EffectError::RetryAfter { after, .. } => (*after).min(limits::RETRY_AFTER_MAX),
+                    _ => Duration::from_millis(retry_delay_ms(raw, &options, attempt)),
+                };
+                last_error = match failed {
+                    EffectError::RetryAfter { error, .. } | EffectError::Retryable(error) => error,
+                    EffectError::Permanent(error) => error,
+                };
+                tracing::warn!(%run_id, effect_id, attempt, error = %last_error, delay_ms = delay.as_millis() as u64, "effect call failed");
                 if attempt < options.attempts {
-                    let delay = retry_delay_ms(raw, &options, attempt);
-                    let sleep = clock::sleep(shared.clock.as_ref(), std::time::Duration::from_millis(delay));
+                    let sleep = clock::sleep(shared.clock.as_ref(), delay);
                     shared.parked(raw.in_fiber, sleep).await;
                 }
             }
@@ -341,6 +397,20 @@ mod tests {
         for retry in [408, 425, 429, 500, 503] {
             assert!(matches!(EffectError::from_status(retry, ""), EffectError::Retryable(_)), "{retry}");
         }
+    }
+
+    #[test]
+    fn a_retry_after_is_read_as_seconds_or_as_an_http_date_and_only_on_429_and_503() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_445_412_480); // Wed, 21 Oct 2015 07:28:00 GMT
+        assert_eq!(parse_retry_after(" 120 ", now), Some(Duration::from_secs(120)));
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:29:30 GMT", now), Some(Duration::from_secs(90)));
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:00:00 GMT", now), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("soon", now), None);
+        let asked = EffectError::from_response(503, Some("7"), "maintenance");
+        assert!(matches!(asked, EffectError::RetryAfter { after, .. } if after == Duration::from_secs(7)));
+        assert!(matches!(EffectError::from_response(429, None, ""), EffectError::Retryable(_)));
+        assert!(matches!(EffectError::from_response(500, Some("7"), ""), EffectError::Retryable(_)));
+        assert!(matches!(EffectError::from_response(422, Some("7"), ""), EffectError::Permanent(_)));
     }
 
     #[test]

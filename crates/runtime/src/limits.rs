@@ -174,3 +174,7 @@ pub const TRACE_EXPORT_EVERY_DEFAULT: std::time::Duration = std::time::Duration:
 pub const TRACE_QUEUE_MAX_DEFAULT: usize = 8_192;
 /// How long one export of spans may take, by default (`traces.timeout`).
 pub const TRACE_EXPORT_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The longest wait an upstream's `Retry-After` can impose on an effect's next call: a
+/// misconfigured or hostile upstream asking for days does not hold a run that long.
+pub const RETRY_AFTER_MAX: std::time::Duration = std::time::Duration::from_secs(3600);
