@@ -20,8 +20,8 @@ use std::{
 };
 
 use durafiber_runtime::{
-    Agent, AgentError, Ctx, Decision, Recovered, RunOptions, RunStatus, Runtime, RuntimeConfig, Secrets,
-    TraceExport, trace,
+    Agent, AgentError, Ctx, Decision, Recovered, RunId, RunOptions, RunStatus, Runtime, RuntimeConfig,
+    Secrets, TraceExport, trace,
 };
 use durafiber_store::{Store, StoreConfig};
 use durafiber_testkit::{
@@ -261,6 +261,23 @@ async fn a_callers_trace_links_an_effect_carries_its_span_and_no_secret_leaves()
         .expect("start")
         .run_id;
     assert!(matches!(rt.wait(&giver).await.expect("wait"), RunStatus::Escalated { .. }));
+    // A run's last spans are sent by its fiber just after its end is written, which `wait`
+    // sees: shutting down at once could stop the fiber between the two.
+    let ended = |run: &RunId, last: &'static str| {
+        let trace_id = trace::trace_id_of(run.as_str());
+        move |spans: &[ReceivedSpan]| {
+            let of_run = |name: &str| spans.iter().any(|s| s.trace_id == trace_id && s.name == name);
+            of_run(last) && of_run("fiber.attempt")
+        }
+    };
+    assert!(
+        receiver.wait_for(Duration::from_secs(30), ended(&run, "run.settle")).await,
+        "the errand's last spans"
+    );
+    assert!(
+        receiver.wait_for(Duration::from_secs(30), ended(&giver, "escalate")).await,
+        "the giver's last spans"
+    );
     rt.shutdown().await;
 
     let trace_id = trace::trace_id_of(run.as_str());

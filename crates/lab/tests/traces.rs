@@ -71,12 +71,21 @@ async fn a_run_keeps_one_trace_across_a_sigkilled_server() {
         .expect("approve");
     assert!(decided.status().is_success(), "{}", decided.text().await.unwrap_or_default());
     second.wait_run(&run_id, "completed", |v| v["run"]["status"].get("completed").is_some()).await;
+    // The settlement and the last attempt's span are sent one after the other, maybe in two
+    // exports: wait for both.
     let settled = receiver
         .wait_for(Duration::from_secs(30), |spans| {
-            spans.iter().any(|s| s.trace_id == trace_id && s.name == "run.settle")
+            let of_run = |name: &str, outcome: Option<&str>| {
+                spans.iter().any(|s| {
+                    s.trace_id == trace_id
+                        && s.name == name
+                        && outcome.is_none_or(|o| s.attr("durafiber.outcome") == Some(o))
+                })
+            };
+            of_run("run.settle", None) && of_run("fiber.attempt", Some("completed"))
         })
         .await;
-    assert!(settled, "the second server sent no settlement span");
+    assert!(settled, "the second server sent no settlement or last attempt");
 
     let spans = receiver.trace(&trace_id);
     let problems = otlp::problems(&trace_id, &spans);
