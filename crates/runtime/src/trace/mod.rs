@@ -9,10 +9,11 @@
 //! through [`traceparent`].
 //!
 //! Spans: `run` (the root, as the run is accepted), `activation` (each event a run's actor
-//! handles), `fiber.attempt` (a fiber from its registration to its end; one the process
-//! died in is sent by the attempt that recovers it), and under the attempt `stash`,
-//! `effect <id>`, `approval.request`, `sleep`, `event.wait`; under the root
-//! `approval.decision`, `alarm <name>`, `evict`, `escalate` and `run.settle`.
+//! handles), `fiber.attempt` (a fiber from its start to its end; one that did not end by
+//! itself is sent by the run's next attempt, `run/attempt_span.rs`), and under the attempt
+//! `stash`, `effect <id>`, `approval.request`, `sleep`, `event.wait`; under the root
+//! `approval.vote`, `approval.decision`, `alarm <name>`, `evict`, `park`, `escalate` and
+//! `run.settle`.
 
 mod export;
 mod ids;
