@@ -21,7 +21,7 @@ use std::{
 
 use durafiber_runtime::{
     Agent, AgentError, Ctx, Decision, Recovered, RunId, RunOptions, RunStatus, Runtime, RuntimeConfig,
-    Secrets, TraceExport, trace,
+    RuntimeError, Secrets, TraceExport, trace,
 };
 use durafiber_store::{Store, StoreConfig};
 use durafiber_testkit::{
@@ -313,4 +313,16 @@ async fn a_callers_trace_links_an_effect_carries_its_span_and_no_secret_leaves()
 
     let raw = receiver.raw();
     assert!(!raw.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()), "a secret left in a span");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_is_not_a_url_is_a_config_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open_at(dir.path().to_str().expect("utf-8"), StoreConfig::default()).expect("store");
+    let config = RuntimeConfig {
+        traces: TraceExport { endpoint: Some("not a url".into()), ..TraceExport::default() },
+        ..RuntimeConfig::default()
+    };
+    let opened = Runtime::builder(store).config(config).agent(Giver).open().await;
+    assert!(matches!(&opened, Err(RuntimeError::Config(e)) if e.contains("traces")), "{:?}", opened.err());
 }

@@ -66,7 +66,18 @@ pub(crate) fn processor(
 #[derive(Debug)]
 struct Blocking {
     client: reqwest::Client,
-    runtime: tokio::runtime::Runtime,
+    /// Always `Some` until dropped.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Blocking {
+    /// Dropped where the exporter is built too (an endpoint refused), inside the
+    /// application's runtime, where a runtime may not be dropped by blocking.
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 impl Blocking {
@@ -81,7 +92,7 @@ impl Blocking {
             .pool_max_idle_per_host(0)
             .build()
             .map_err(|e| format!("no HTTP client for the exporter: {e}"))?;
-        Ok(Blocking { client, runtime })
+        Ok(Blocking { client, runtime: Some(runtime) })
     }
 }
 
@@ -95,7 +106,8 @@ impl HttpClient for Blocking {
         let (parts, body) = request.into_parts();
         let request = reqwest::Request::try_from(Request::from_parts(parts, body.to_vec()))?;
         let client = self.client.clone();
-        self.runtime.block_on(async move {
+        let runtime = self.runtime.as_ref().ok_or("the trace exporter's runtime is gone")?;
+        runtime.block_on(async move {
             let answer = client.execute(request).await?;
             let status = answer.status();
             let headers = answer.headers().clone();
