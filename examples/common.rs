@@ -1,7 +1,10 @@
-//! What the examples share: their agents, and a runtime on a fresh data directory.
+//! What the examples share: their agents, a client of OpenAI-compatible chat models, and a
+//! runtime on a fresh data directory.
 
 #[path = "agents.rs"]
 pub mod agents;
+#[path = "openai.rs"]
+pub mod openai;
 
 use durafiber::{Runtime, RuntimeBuilder};
 use durafiber::{Store, StoreConfig};

@@ -9,7 +9,8 @@ use std::{sync::Arc, time::Duration};
 
 use durafiber_demo::agents::{Writer, WriterInput};
 use durafiber_runtime::{
-    Agent, AgentError, Ctx, Recovered, RunStatus, Runtime, RuntimeConfig, StreamChunk, clock::VirtualClock,
+    Agent, AgentError, Ctx, Recovered, RunStatus, Runtime, RuntimeConfig, StreamChunk, StreamItem,
+    clock::VirtualClock,
 };
 use durafiber_store::{RunId, SimBackend, SimCrash, Store, StoreConfig};
 use futures::StreamExt;
@@ -33,7 +34,7 @@ fn transcript(chunks: &[StreamChunk]) -> Vec<(u64, String)> {
 
 async fn read_all(rt: &Runtime, run_id: &RunId, from: u64) -> Vec<StreamChunk> {
     let stream = rt.stream(run_id, from).expect("stream");
-    let read = stream.map(|c| c.expect("chunk")).collect::<Vec<_>>();
+    let read = stream.map(|c| c.expect("chunk").durable().expect("a durable chunk")).collect::<Vec<_>>();
     tokio::time::timeout(Duration::from_secs(60), read).await.expect("the stream ends with its run")
 }
 
@@ -46,7 +47,9 @@ async fn a_reader_gets_every_chunk_once_in_order_from_any_point() {
     let run_id = rt.start::<Writer>("w", &input).await.expect("start").run_id;
     let early = tokio::spawn({
         let stream = rt.stream(&run_id, 0).expect("stream");
-        async move { stream.map(|c| c.expect("chunk")).collect::<Vec<_>>().await }
+        async move {
+            stream.map(|c| c.expect("chunk").durable().expect("a durable chunk")).collect::<Vec<_>>().await
+        }
     });
     assert!(matches!(rt.wait(&run_id).await.expect("wait"), RunStatus::Completed { .. }));
     let early = tokio::time::timeout(Duration::from_secs(60), early).await.expect("ends").expect("reader");
@@ -76,7 +79,7 @@ async fn crash_at(point: SimCrash) -> (Vec<(u64, String)>, Vec<(u64, String)>, b
             loop {
                 tokio::select! {
                     chunk = stream.next() => match chunk {
-                        Some(Ok(c)) => before.push(c),
+                        Some(Ok(c)) => before.extend(c.durable()),
                         Some(Err(_)) | None => break,
                     },
                     _ = crashed.wait_for(|c| *c) => break,
@@ -156,7 +159,7 @@ async fn a_reader_that_comes_while_a_write_is_not_durable_never_sees_it() {
     let run_id = rt.start::<AttemptWriter>("a", &40).await.expect("start").run_id;
     let mut first = rt.stream(&run_id, 0).expect("stream");
     for _ in 0..5 {
-        first.next().await.expect("a chunk").expect("chunk");
+        first.next().await.expect("a chunk").expect("chunk").durable().expect("a durable chunk");
     }
     // The next boundary is written but its barrier does not return: a reader that comes now
     // could see it, and the crash below takes it back.
@@ -164,7 +167,9 @@ async fn a_reader_that_comes_while_a_write_is_not_durable_never_sees_it() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut late = rt.stream(&run_id, 0).expect("stream");
     let mut seen = Vec::new();
-    while let Ok(Some(Ok(chunk))) = tokio::time::timeout(Duration::from_millis(200), late.next()).await {
+    while let Ok(Some(Ok(StreamItem::Chunk(chunk)))) =
+        tokio::time::timeout(Duration::from_millis(200), late.next()).await
+    {
         seen.push(chunk);
     }
     sim.crash();

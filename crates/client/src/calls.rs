@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use durafiber_runtime::{
     Agent, Alarm, ApproveOutcome, DurabilityMode, PendingApproval, RunPage, SendOutcome, StartOutcome,
-    StreamChunk,
+    StreamItem,
 };
 use futures::Stream;
 use serde::{Serialize, de::DeserializeOwned};
@@ -267,13 +267,15 @@ impl Client {
     }
 
     /// The run's output stream from chunk `from`, as it is written: the chunks already
-    /// durable, then each new one, until the run ends. A dropped connection is reopened
-    /// with `Last-Event-ID`, so no chunk is missed or repeated.
+    /// durable, then each new one, until the run ends, with a streaming effect's partial
+    /// chunks and resets between them (see `Runtime::stream`). A dropped connection is
+    /// reopened with `Last-Event-ID`, so no durable chunk is missed or repeated; partial
+    /// chunks shown before the drop are taken back with a reset.
     pub fn stream(
         &self,
         run_id: &str,
         from: u64,
-    ) -> impl Stream<Item = Result<StreamChunk, ClientError>> + Send + 'static {
+    ) -> impl Stream<Item = Result<StreamItem, ClientError>> + Send + 'static {
         sse::follow(self.clone(), format!("/runs/{run_id}/stream"), from)
     }
 

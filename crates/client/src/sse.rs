@@ -1,9 +1,11 @@
 //! Following a run's output stream over server-sent events, reopened with `Last-Event-ID`
-//! when the connection drops, so that every chunk arrives once and in order.
+//! when the connection drops, so that every durable chunk arrives once and in order. Partial
+//! chunks shown before a drop are taken back with a reset: the server that answers the
+//! reopened stream may be another process, whose call starts over.
 
 use std::time::{Duration, Instant};
 
-use durafiber_runtime::StreamChunk;
+use durafiber_runtime::{PartialChunk, StreamChunk, StreamItem, StreamReset};
 use futures::{SinkExt as _, Stream, StreamExt as _, channel::mpsc};
 use reqwest::Method;
 
@@ -59,12 +61,20 @@ enum Ended {
     Abandoned,
 }
 
-/// Reads one connection, sending each chunk on; `next` is the first chunk not yet sent.
+/// What the stream has shown since its last durable chunk.
+#[derive(Default)]
+struct Shown {
+    /// The effect whose partial chunks were shown and not yet replaced or taken back.
+    partial_of: Option<String>,
+}
+
+/// Reads one connection, sending each item on; `next` is the first chunk not yet sent.
 async fn one_connection(
     client: &Client,
     path: &str,
     next: &mut u64,
-    tx: &mut mpsc::Sender<Result<StreamChunk, ClientError>>,
+    shown: &mut Shown,
+    tx: &mut mpsc::Sender<Result<StreamItem, ClientError>>,
 ) -> Result<Ended, ClientError> {
     let from = *next;
     let response = client
@@ -93,8 +103,24 @@ async fn one_connection(
                         continue;
                     }
                     *next = seq.saturating_add(1);
+                    shown.partial_of = None;
                     let chunk = StreamChunk { seq, data_json: frame.data, emitted_at_ms: 0 };
-                    if tx.send(Ok(chunk)).await.is_err() {
+                    if tx.send(Ok(StreamItem::Chunk(chunk))).await.is_err() {
+                        return Ok(Ended::Abandoned);
+                    }
+                }
+                "partial" => {
+                    let partial = parse_partial(&frame.data)?;
+                    shown.partial_of = Some(partial.effect_id.clone());
+                    if tx.send(Ok(StreamItem::Partial(partial))).await.is_err() {
+                        return Ok(Ended::Abandoned);
+                    }
+                }
+                "reset" => {
+                    let reset: StreamReset = serde_json::from_str(&frame.data)
+                        .map_err(|e| ClientError::Decode(format!("a reset event: {e}: {}", frame.data)))?;
+                    shown.partial_of = None;
+                    if tx.send(Ok(StreamItem::Reset(reset))).await.is_err() {
                         return Ok(Ended::Abandoned);
                     }
                 }
@@ -107,18 +133,47 @@ async fn one_connection(
     Ok(Ended::Dropped)
 }
 
-/// The chunks of `path` from `from` on; see [`Client::stream`].
+/// A `partial` event's data: `{"effect_id", "call", "index", "data"}`.
+fn parse_partial(data: &str) -> Result<PartialChunk, ClientError> {
+    #[derive(serde::Deserialize)]
+    struct Wire {
+        effect_id: String,
+        call: u32,
+        index: u64,
+        data: Box<serde_json::value::RawValue>,
+    }
+    let wire: Wire = serde_json::from_str(data)
+        .map_err(|e| ClientError::Decode(format!("a partial event: {e}: {data}")))?;
+    Ok(PartialChunk {
+        effect_id: wire.effect_id,
+        call: wire.call,
+        index: wire.index,
+        data_json: wire.data.get().to_string(),
+    })
+}
+
+/// The items of `path` from `from` on; see [`Client::stream`].
 pub(crate) fn follow(
     client: Client,
     path: String,
     from: u64,
-) -> impl Stream<Item = Result<StreamChunk, ClientError>> + Send + 'static {
+) -> impl Stream<Item = Result<StreamItem, ClientError>> + Send + 'static {
     let (mut tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         let mut next = from;
+        let mut shown = Shown::default();
         let mut failing_since: Option<Instant> = None;
         loop {
-            match one_connection(&client, &path, &mut next, &mut tx).await {
+            // Partial chunks shown on a dropped connection are void: the call that sent them
+            // may never commit, and the next connection shows the call now running from its
+            // start.
+            if let Some(effect_id) = shown.partial_of.take() {
+                let reset = StreamReset { effect_id, reason: "the stream's connection dropped".into() };
+                if tx.send(Ok(StreamItem::Reset(reset))).await.is_err() {
+                    return;
+                }
+            }
+            match one_connection(&client, &path, &mut next, &mut shown, &mut tx).await {
                 Ok(Ended::Complete | Ended::Abandoned) => return,
                 Ok(Ended::Dropped) => failing_since = None,
                 Err(e @ ClientError::Unreachable { .. }) => {

@@ -147,6 +147,27 @@ impl<E: std::error::Error> From<E> for EffectError {
     }
 }
 
+/// What an effect does around its ledger entry beyond a plain call: a streaming effect writes
+/// its chunks with its receipt, and shows them again when its receipt is replayed.
+pub(crate) trait ReceiptHooks<R> {
+    /// The entry is about to be called: `prepared_before` when an earlier entry of the fiber
+    /// (in this process or one before it) prepared it and did not commit it.
+    fn entered(&self, _prepared_before: bool) {}
+    /// Before `receipt` is committed; what it stages goes into the commit's batch.
+    fn before_commit(&self, _raw: &RawCtx, _receipt: &mut R) -> Result<(), AgentError> {
+        Ok(())
+    }
+    /// A stored receipt is returned without a call.
+    fn replayed(&self, _raw: &RawCtx, _receipt: &R) -> Result<(), AgentError> {
+        Ok(())
+    }
+}
+
+/// A plain effect: its receipt is all there is.
+pub(crate) struct Plain;
+
+impl<R> ReceiptHooks<R> for Plain {}
+
 /// Full-jitter backoff before call `attempt + 1`: uniform in
 /// `0..=min(backoff_max, backoff_initial × 2^(attempt-1))`.
 fn retry_delay_ms(raw: &RawCtx, options: &EffectOptions, attempt: u32) -> u64 {
@@ -163,6 +184,7 @@ pub(crate) async fn perform<Args, R, F, Fut>(
     effect_id: &str,
     args: Args,
     options: EffectOptions,
+    hooks: &(impl ReceiptHooks<R> + Sync),
     mut f: F,
 ) -> Result<R, AgentError>
 where
@@ -202,9 +224,14 @@ where
                 "effect_replayed",
                 format!("{effect_id}: stored receipt returned, not called again"),
             );
-            return json::parse(&receipt.receipt_json).map_err(AgentError::Serialization);
+            let receipt = json::parse(&receipt.receipt_json).map_err(AgentError::Serialization)?;
+            hooks.replayed(raw, &receipt)?;
+            return Ok(receipt);
         }
-        Some(prepared) => prepared,
+        Some(prepared) => {
+            hooks.entered(true);
+            prepared
+        }
         None => {
             if raw.cell.cancel.is_requested() {
                 return Err(AgentError::Cancelled(format!(
@@ -230,6 +257,7 @@ where
             batch.put(key.clone(), &entry)?;
             shared.commit_boundary(&raw.cell, batch, Durability::Sync).await?;
             shared.event(&run_id, "effect_prepared", format!("{effect_id}: key {}", entry.idempotency_key));
+            hooks.entered(false);
             entry
         }
     };
@@ -277,9 +305,10 @@ where
             }
         };
         match answer {
-            Ok(receipt) => {
+            Ok(mut receipt) => {
                 crate::eviction::idle::boundary(raw, || Boundary::AfterEffectCall(effect_id.to_string()))
                     .await;
+                hooks.before_commit(raw, &mut receipt)?;
                 commit(raw, key, entry, &receipt).await?;
                 calls.end(raw, "executed", None);
                 crate::eviction::idle::boundary(raw, || Boundary::AfterEffectCommit(effect_id.to_string()))

@@ -30,6 +30,7 @@ mod budget;
 pub mod clock;
 mod config;
 mod effect;
+mod effect_stream;
 mod error;
 mod escalation;
 mod event;
@@ -78,6 +79,7 @@ pub use durafiber_store::tables::{
     VoteRecord,
 };
 pub use effect::{EffectError, EffectOptions};
+pub use effect_stream::StreamSink;
 pub use error::{AgentError, LivenessViolation, RuntimeError};
 pub use event::SendOutcome;
 pub use events::Event;
@@ -94,5 +96,5 @@ pub use runtime::{
 };
 pub use secret::{Destination, Secret, SecretRefusal, Secrets};
 pub use storage::{Storage, Transaction};
-pub use stream::StreamChunk;
+pub use stream::{PartialChunk, StreamChunk, StreamItem, StreamReset};
 pub use types::{RunId, RunOptions, RunState};

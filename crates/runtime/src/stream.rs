@@ -7,8 +7,15 @@
 //! stores the fiber's place in the stream beside it (its mark), so a fiber re-entered there
 //! emits again from that place: chunks the stream already holds are matched, not repeated,
 //! and the first new one continues the stream. `emit_sync` makes a chunk durable before it
-//! returns, at the price of a commit per chunk. Readers only ever see durable chunks: a chunk
-//! a reader has seen is never taken back.
+//! returns, at the price of a commit per chunk. A durable chunk a reader has seen is never
+//! taken back.
+//!
+//! A streaming effect's call (`Ctx::effect_stream`) shows its chunks to the run's readers on
+//! this node as it sends them, before they are durable: [`StreamItem::Partial`]. They are
+//! provisional. The call that commits writes its chunks to the stream with its receipt, and
+//! a durable chunk replaces every partial one shown before it; a call that fails or is cut off
+//! has its chunks taken back with a [`StreamItem::Reset`], so no reader is left holding half
+//! an answer.
 
 use std::sync::Arc;
 
@@ -16,10 +23,13 @@ use durafiber_store::tables::{StreamChunkRecord, StreamHead, keys};
 use futures::Stream;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
+use tokio::sync::watch;
+
 use crate::{
     error::{AgentError, RuntimeError},
     json,
     kernel::{
+        live_stream::{Next, Shown},
         shared::{RawCtx, Shared},
         stream_buffer::StreamBuffer,
     },
@@ -45,6 +55,56 @@ impl StreamChunk {
     }
 }
 
+/// What a reader of a run's output stream is shown, in order.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum StreamItem {
+    /// A durable chunk. It replaces every partial chunk shown before it: a streaming effect's
+    /// call that committed has its chunks durable as the chunks that follow.
+    Chunk(StreamChunk),
+    /// A chunk a streaming effect's call sent, not durable yet: show it, and drop it at the
+    /// next durable chunk or reset.
+    Partial(PartialChunk),
+    /// Drop the partial chunks shown of an effect: its call failed, was cut off, or another
+    /// call of it began (after a crash, on the process that took the run over).
+    Reset(StreamReset),
+}
+
+impl StreamItem {
+    /// The durable chunk, if this is one.
+    pub fn durable(self) -> Option<StreamChunk> {
+        match self {
+            StreamItem::Chunk(chunk) => Some(chunk),
+            _ => None,
+        }
+    }
+}
+
+/// A chunk of a streaming effect's call, shown before it is durable.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartialChunk {
+    /// The effect whose call sent it.
+    pub effect_id: String,
+    /// The call's number within this entry of the effect, from 1.
+    pub call: u32,
+    /// Its place among the call's chunks, from 0.
+    pub index: u64,
+    /// The chunk, as canonical JSON.
+    pub data_json: String,
+}
+
+/// The partial chunks of an effect are taken back.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamReset {
+    /// The effect whose partial chunks to drop.
+    pub effect_id: String,
+    /// Why: the call's error, or that another call began.
+    pub reason: String,
+}
+
 /// The stream as stored, for a fiber entering the run: its head, and its cursor at the mark
 /// of the stash the fiber re-enters (0 for a fiber that starts from the top).
 fn load(shared: &Shared, run_id: &str) -> Result<StreamBuffer, RuntimeError> {
@@ -62,12 +122,16 @@ fn load(shared: &Shared, run_id: &str) -> Result<StreamBuffer, RuntimeError> {
 /// stored, not shown again) and a different one is [`AgentError::StreamDiverged`]. Past the
 /// stream's end the chunk is appended, durable with the run's next boundary.
 pub(crate) fn emit<T: Serialize + ?Sized>(raw: &RawCtx, chunk: &T) -> Result<u64, AgentError> {
+    let text = json::canonical(chunk).map_err(AgentError::Serialization)?;
+    emit_json(raw, raw.shared.redact(text))
+}
+
+/// [`emit`] of a chunk already canonical JSON with secrets redacted.
+pub(crate) fn emit_json(raw: &RawCtx, data_json: String) -> Result<u64, AgentError> {
     if !raw.in_fiber {
         return Err(AgentError::EmitFromHandler);
     }
     let shared = &raw.shared;
-    let text = json::canonical(chunk).map_err(AgentError::Serialization)?;
-    let data_json = shared.redact(text);
     let mut guard = raw.cell.stream.lock();
     let buffer = match guard.as_mut() {
         Some(buffer) => buffer,
@@ -112,6 +176,16 @@ pub(crate) fn next_seq(raw: &RawCtx) -> Result<u64, AgentError> {
     Ok(guard.insert(load(&raw.shared, &raw.cell.run_id)?).cursor)
 }
 
+/// Bytes the run's output stream has room for before `stream_bytes_max`.
+pub(crate) fn room(raw: &RawCtx) -> Result<u64, AgentError> {
+    let mut guard = raw.cell.stream.lock();
+    let bytes = match guard.as_ref() {
+        Some(buffer) => buffer.head.bytes,
+        None => guard.insert(load(&raw.shared, &raw.cell.run_id)?).head.bytes,
+    };
+    Ok(raw.shared.config.stream_bytes_max.saturating_sub(bytes))
+}
+
 /// The mark a stash written now stores with it, when it changed (see [`StreamBuffer::new_mark`]).
 pub(crate) fn new_mark(raw: &RawCtx) -> Option<u64> {
     raw.cell.stream.lock().as_ref().and_then(StreamBuffer::new_mark)
@@ -141,36 +215,47 @@ pub(crate) fn read(
     Ok(out)
 }
 
-/// The run's durable chunks from `from_seq` on, then each new one as it becomes durable; the
+/// The run's durable chunks from `from_seq` on, then each new one as it becomes durable, and
+/// between them the partial chunks of a streaming effect's call running on this node; the
 /// stream ends after the last chunk of a run that has ended.
 pub(crate) fn follow(
     shared: Arc<Shared>,
     run_id: String,
     from_seq: u64,
-) -> impl Stream<Item = Result<StreamChunk, RuntimeError>> + Send + 'static {
+) -> impl Stream<Item = Result<StreamItem, RuntimeError>> + Send + 'static {
     struct Reader {
         shared: Arc<Shared>,
         run_id: String,
         next: u64,
-        ready: std::collections::VecDeque<StreamChunk>,
-        chunks: tokio::sync::watch::Receiver<u64>,
-        statuses: tokio::sync::watch::Receiver<u64>,
+        ready: std::collections::VecDeque<StreamItem>,
+        chunks: watch::Receiver<u64>,
+        statuses: watch::Receiver<u64>,
+        begun: watch::Receiver<u64>,
+        /// The running call's channel, once one was found.
+        live: Option<watch::Receiver<u64>>,
+        shown: Shown,
         done: bool,
     }
     let reader = Reader {
         chunks: shared.stream_version.subscribe(),
         statuses: shared.status_version.subscribe(),
+        begun: shared.live_version.subscribe(),
         shared,
         run_id,
         next: from_seq,
         ready: Default::default(),
+        live: None,
+        shown: Shown::default(),
         done: false,
     };
     futures::stream::unfold(reader, |mut r| async move {
         loop {
-            if let Some(chunk) = r.ready.pop_front() {
-                r.next = chunk.seq.saturating_add(1);
-                return Some((Ok(chunk), r));
+            if let Some(item) = r.ready.pop_front() {
+                if let StreamItem::Chunk(chunk) = &item {
+                    r.next = chunk.seq.saturating_add(1);
+                    r.shown.durable_shown();
+                }
+                return Some((Ok(item), r));
             }
             if r.done {
                 return None;
@@ -178,7 +263,11 @@ pub(crate) fn follow(
             // Marked seen before reading, so a chunk committed after the read wakes us.
             r.chunks.borrow_and_update();
             r.statuses.borrow_and_update();
-            // A reader is shown only what is durable.
+            r.begun.borrow_and_update();
+            if let Some(live) = r.live.as_mut() {
+                live.borrow_and_update();
+            }
+            // A reader is shown only what is durable, but for partial chunks, which say so.
             if let Err(e) = r.shared.store.settle_reads().await {
                 r.done = true;
                 return Some((Err(e.into()), r));
@@ -193,20 +282,72 @@ pub(crate) fn follow(
                 }
             };
             match read(&r.shared, &r.run_id, r.next, limits::STREAM_READ_PAGE) {
-                Ok(chunks) if !chunks.is_empty() => r.ready.extend(chunks),
-                Ok(_) if ended => return None,
-                Ok(_) => {
-                    tokio::select! {
-                        changed = r.chunks.changed() => if changed.is_err() { return None },
-                        changed = r.statuses.changed() => if changed.is_err() { return None },
-                        () = r.shared.foreign_writes_poll() => {}
-                    }
+                Ok(chunks) if !chunks.is_empty() => {
+                    r.ready.extend(chunks.into_iter().map(StreamItem::Chunk));
+                    continue;
                 }
+                Ok(_) if ended => return None,
+                Ok(_) => {}
                 Err(e) => {
                     r.done = true;
                     return Some((Err(e), r));
                 }
             }
+            // Caught up with the durable chunks: what the running call has sent since.
+            let Reader { shared, run_id, shown, live, ready, .. } = &mut r;
+            partial_items(shared, run_id, shown, live, ready);
+            if !r.ready.is_empty() {
+                continue;
+            }
+            let live_changed = async {
+                match r.live.as_mut() {
+                    Some(live) => live.changed().await.is_err(),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                changed = r.chunks.changed() => if changed.is_err() { return None },
+                changed = r.statuses.changed() => if changed.is_err() { return None },
+                changed = r.begun.changed() => if changed.is_err() { return None },
+                gone = live_changed => if gone { r.live = None },
+                () = r.shared.foreign_writes_poll() => {}
+            }
         }
     })
+}
+
+/// The partial chunks (and resets) the run's running streaming call has for a reader that has
+/// shown `shown`; subscribes the reader to the call's changes.
+fn partial_items(
+    shared: &Shared,
+    run_id: &str,
+    shown: &mut Shown,
+    live: &mut Option<watch::Receiver<u64>>,
+    ready: &mut std::collections::VecDeque<StreamItem>,
+) {
+    let Some(run) = shared.registry.get(run_id) else { return };
+    let slot = run.cell.live.lock();
+    let Some(slot) = slot.as_ref() else { return };
+    if live.is_none() {
+        let mut receiver = slot.changed.subscribe();
+        receiver.borrow_and_update();
+        *live = Some(receiver);
+    }
+    for next in slot.effect.next_for(shown) {
+        match next {
+            Next::Reset { effect_id, reason } => {
+                ready.push_back(StreamItem::Reset(StreamReset { effect_id, reason }))
+            }
+            Next::Partial { effect_id, call, index, chunks } => {
+                ready.extend(chunks.into_iter().enumerate().map(|(i, data_json)| {
+                    StreamItem::Partial(PartialChunk {
+                        effect_id: effect_id.clone(),
+                        call,
+                        index: (index + i) as u64,
+                        data_json,
+                    })
+                }));
+            }
+        }
+    }
 }

@@ -10,7 +10,7 @@ use axum::{
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
 };
-use durafiber_runtime::{Event, MetricsSnapshot, RunState, RuntimeError, StreamChunk};
+use durafiber_runtime::{Event, MetricsSnapshot, RunState, RuntimeError, StreamChunk, StreamItem};
 use futures::StreamExt as _;
 
 use crate::schema::{ErrorBody, Health};
@@ -125,10 +125,14 @@ pub(super) async fn events(State(app): State<AppState>, headers: HeaderMap, Quer
 /// chunks so far; with `Accept: text/event-stream`, server-sent events that follow the stream:
 /// each chunk an `event: chunk` with its `id` (its `seq`) and its data as JSON, and, once the
 /// run has ended and every chunk is sent, one `event: end` whose data is the run's state.
+/// Between them, a streaming effect's call running on this node sends `event: partial`
+/// (`{"effect_id", "call", "index", "data"}`, no `id`: not durable) as it goes, and
+/// `event: reset` (`{"effect_id", "reason"}`) when its chunks are taken back; a durable chunk
+/// replaces every partial one shown before it.
 #[utoipa::path(get, path = "/runs/{id}/stream", tag = "runs",
     params(("id" = String, Path, description = "the run id"),
         ("from" = Option<u64>, Query, description = "the first chunk wanted (default 0; `Last-Event-ID` + 1 when resuming)")),
-    responses((status = 200, description = "the durable chunks, in order; with `Accept: text/event-stream`, server-sent events (`event: chunk`, `id: seq`; `event: end` last) that follow the stream",
+    responses((status = 200, description = "the durable chunks, in order; with `Accept: text/event-stream`, server-sent events (`event: chunk`, `id: seq`; `event: partial` and `event: reset` for a streaming effect's call; `event: end` last) that follow the stream",
         content((Vec<StreamChunk> = "application/json"), (String = "text/event-stream"))), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn stream(
     State(app): State<AppState>,
@@ -158,12 +162,17 @@ pub(super) async fn stream(
     let until_stopping = async move {
         let _ = stopping.wait_for(|stop| *stop).await;
     };
-    let events = chunks.map(|chunk| -> Sse {
-        Ok(match chunk {
-            Ok(c) => {
-                axum::response::sse::Event::default().event("chunk").id(c.seq.to_string()).data(c.data_json)
+    let events = chunks.map(|item| -> Sse {
+        use axum::response::sse::Event;
+        Ok(match item {
+            Ok(StreamItem::Chunk(c)) => {
+                Event::default().event("chunk").id(c.seq.to_string()).data(c.data_json)
             }
-            Err(e) => axum::response::sse::Event::default().event("error").data(e.to_string()),
+            Ok(StreamItem::Partial(p)) => Event::default().event("partial").data(partial_json(&p)),
+            Ok(StreamItem::Reset(r)) => Event::default()
+                .event("reset")
+                .data(serde_json::json!({"effect_id": r.effect_id, "reason": r.reason}).to_string()),
+            Err(e) => Event::default().event("error").data(e.to_string()),
         })
     });
     let runtime = app.runtime.clone();
@@ -175,6 +184,13 @@ pub(super) async fn stream(
     Ok(axum::response::sse::Sse::new(stream)
         .keep_alive(axum::response::sse::KeepAlive::default())
         .into_response())
+}
+
+/// A partial chunk's event data: `{"effect_id", "call", "index", "data"}`, the chunk as it
+/// was sent.
+fn partial_json(p: &durafiber_runtime::PartialChunk) -> String {
+    let effect_id = serde_json::Value::from(p.effect_id.as_str());
+    format!(r#"{{"effect_id":{effect_id},"call":{},"index":{},"data":{}}}"#, p.call, p.index, p.data_json)
 }
 
 /// A consistent backup of the store, taken while it serves (`durafiber backup --server`).

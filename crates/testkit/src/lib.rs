@@ -2,6 +2,8 @@
 //!
 //! - [`check`]: the crash and eviction checker, for any agent.
 //! - [`conformance`]: the store conformance suite; every backend runs it.
+//! - [`openai`]: a fake OpenAI-compatible chat-completions server (streaming, tool calls,
+//!   usage, scripted `429`s and cut streams), so model-calling agents are tested offline.
 //! - [`otlp`]: an OpenTelemetry collector in the test's process, to find a run's spans.
 //! - [`postgres`]: a private PostgreSQL server per test.
 //! - [`process`]: child processes with a deadline, so a hung child fails its test.
@@ -11,6 +13,7 @@
 pub mod check;
 pub mod clock;
 pub mod conformance;
+pub mod openai;
 pub mod otlp;
 pub mod postgres;
 pub mod process;

@@ -14,6 +14,7 @@ use crate::{
     approval_quorum::ApprovalRule,
     budget,
     effect::{self, EffectError, EffectOptions},
+    effect_stream::{StreamSink, StreamedEffect},
     error::AgentError,
     eviction::keep_alive::KeepAlive,
     json,
@@ -160,7 +161,15 @@ impl<A: Agent> Ctx<A> {
             let answer = f(key, args);
             async move { answer.await.map_err(|e| EffectError::Retryable(e.to_string())) }
         };
-        Box::pin(effect::perform(&mut self.raw, effect_id, args, EffectOptions::default(), call)).await
+        Box::pin(effect::perform(
+            &mut self.raw,
+            effect_id,
+            args,
+            EffectOptions::default(),
+            &effect::Plain,
+            call,
+        ))
+        .await
     }
 
     /// [`Ctx::effect`] with its own retry policy, and errors that say whether to retry:
@@ -206,7 +215,79 @@ impl<A: Agent> Ctx<A> {
         Fut: Future<Output = Result<R, EffectError>> + Send,
     {
         self.raw.refuse_if_cancelled(&format!("effect {effect_id}"))?;
-        Box::pin(effect::perform(&mut self.raw, effect_id, args, options, f)).await
+        Box::pin(effect::perform(&mut self.raw, effect_id, args, options, &effect::Plain, f)).await
+    }
+
+    /// [`Ctx::effect_with`] for a call that streams its answer — a model's tokens. `f` gets
+    /// the idempotency key, the arguments and a [`StreamSink`]; each chunk it sends is shown at
+    /// once to the run's readers (`Runtime::stream`, `GET /runs/{id}/stream`) as a partial
+    /// chunk. The call that succeeds has its chunks written to the run's output stream with
+    /// the effect's receipt, in one write: the stream then holds one complete copy of the
+    /// answer. A call that fails, times out or is cut off has its chunks taken back — readers
+    /// see a reset, then the next call from its start, with the same key. Committed, the
+    /// effect is never called again: a re-entered fiber gets the stored answer, and its chunks
+    /// are matched with the stream as [`Ctx::emit`] matches, so a model answer is paid for
+    /// once. Fiber only.
+    ///
+    /// ```no_run
+    /// # use durafiber_runtime::{Agent, AgentError, Ctx, EffectError, EffectOptions};
+    /// # async fn tokens(prompt: &str) -> Vec<String> { vec![] }
+    /// # async fn answer<A: Agent>(ctx: &mut Ctx<A>) -> Result<String, AgentError> {
+    /// ctx.effect_stream("answer", "Why is the sky blue?".to_string(), EffectOptions::default(), |key, prompt, sink| async move {
+    ///     let mut answer = String::new();
+    ///     for token in tokens(&prompt).await { // a real client streams with `key` as its idempotency key
+    ///         sink.send(&token)?;
+    ///         answer.push_str(&token);
+    ///     }
+    ///     Ok(answer)
+    /// })
+    /// .await
+    /// # }
+    /// ```
+    pub async fn effect_stream<Args, R, F, Fut>(
+        &mut self,
+        effect_id: &str,
+        args: Args,
+        options: EffectOptions,
+        mut f: F,
+    ) -> Result<R, AgentError>
+    where
+        Args: Serialize + Clone + Send,
+        R: Serialize + DeserializeOwned + Send,
+        F: FnMut(String, Args, StreamSink) -> Fut + Send,
+        Fut: Future<Output = Result<R, EffectError>> + Send,
+    {
+        if !self.raw.in_fiber {
+            return Err(AgentError::EmitFromHandler);
+        }
+        self.raw.refuse_if_cancelled(&format!("effect {effect_id}"))?;
+        let streamed = StreamedEffect::new(&self.raw, effect_id)?;
+        let calls = streamed.clone();
+        let call = move |key, args| {
+            let (sink, guard) = calls.begin_call();
+            let answer = f(key, args, sink);
+            async move {
+                match answer.await {
+                    Ok(result) => Ok(guard.succeeded(result)),
+                    Err(e) => {
+                        guard.failed(&e);
+                        Err(e)
+                    }
+                }
+            }
+        };
+        let performed =
+            Box::pin(effect::perform(&mut self.raw, effect_id, args, options, &*streamed, call)).await;
+        match performed {
+            Ok(receipt) => {
+                streamed.settled();
+                Ok(receipt.result)
+            }
+            Err(e) => {
+                streamed.retract(None, &format!("the effect did not commit: {e}"));
+                Err(e)
+            }
+        }
     }
 
     /// Pauses for a human (§6): writes the pause bound to the payload's hash, then waits.

@@ -44,6 +44,9 @@ pub(crate) struct RunCell {
     /// Output chunks emitted since the last boundary; `None` until the first emit of this
     /// activation reads the stream's head.
     pub stream: Mutex<Option<super::stream_buffer::StreamBuffer>>,
+    /// The streaming effect whose call is running and what it sent, shown to readers before
+    /// it is durable. Boxed: few runs are ever in one.
+    pub live: Mutex<Option<Box<super::live_stream::LiveSlot>>>,
     /// Effects admitted and cost units charged since the last boundary.
     pub spend: Mutex<durafiber_store::tables::BudgetSpent>,
     /// Set once the run's budget was read and it has no limits (they never change after its
@@ -123,6 +126,7 @@ impl RunCell {
             pending_exit: Mutex::new(None),
             storage_keys: tokio::sync::Mutex::new(None),
             stream: Mutex::new(None),
+            live: Mutex::new(None),
             spend: Mutex::new(Default::default()),
             without_budget: std::sync::atomic::AtomicBool::new(false),
         }

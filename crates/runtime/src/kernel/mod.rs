@@ -10,6 +10,7 @@ pub(crate) mod busy;
 pub(crate) mod cell;
 pub(crate) mod hook_gate;
 pub(crate) mod inbox;
+pub(crate) mod live_stream;
 pub(crate) mod ownership;
 pub(crate) mod pauses;
 pub(crate) mod registry;

@@ -68,6 +68,9 @@ pub(crate) struct Shared {
     pub status_version: watch::Sender<u64>,
     /// Bumped whenever output chunks become durable, so stream readers sleep until then.
     pub stream_version: watch::Sender<u64>,
+    /// Bumped when a streaming effect's call begins on this node: a run's readers look for
+    /// its partial chunks then (see `kernel/live_stream.rs`).
+    pub live_version: watch::Sender<u64>,
     /// Kinds and runs operators paused, and the alarms held for them.
     pub pauses: Mutex<super::pauses::Pauses>,
     /// Bumped on every pause and resume, so a held fiber wakes to look again.

@@ -152,6 +152,7 @@ impl RuntimeBuilder {
             crash_hook: self.crash_hook,
             status_version: tokio::sync::watch::Sender::new(0),
             stream_version: tokio::sync::watch::Sender::new(0),
+            live_version: tokio::sync::watch::Sender::new(0),
             pauses: Mutex::new(pauses),
             pause_version: tokio::sync::watch::Sender::new(0),
             wakeups: Mutex::new(BTreeSet::new()),

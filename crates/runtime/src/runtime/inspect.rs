@@ -17,7 +17,7 @@ use crate::{
     approval::PendingApproval,
     error::RuntimeError,
     json, limits,
-    stream::{self, StreamChunk},
+    stream::{self, StreamChunk, StreamItem},
     types::RunState,
 };
 
@@ -381,12 +381,18 @@ impl Runtime {
     /// The run's output stream from sequence number `from_seq` on: every durable chunk, in
     /// order, then each new one as it becomes durable; it ends after the last chunk once the
     /// run has ended. A client that reconnects with the sequence number after the last chunk
-    /// it got receives each chunk exactly once.
+    /// it got receives each durable chunk exactly once.
+    ///
+    /// Between durable chunks come the partial chunks of a streaming effect's call running on
+    /// this node ([`StreamItem::Partial`], see `Ctx::effect_stream`), and a
+    /// [`StreamItem::Reset`] when such a call's chunks are taken back. A durable chunk replaces
+    /// every partial chunk shown before it. `.filter_map(|i| async { i.map(StreamItem::durable).transpose() })`
+    /// keeps only the durable ones.
     pub fn stream(
         &self,
         run_id: &RunId,
         from_seq: u64,
-    ) -> Result<futures::stream::BoxStream<'static, Result<StreamChunk, RuntimeError>>, RuntimeError> {
+    ) -> Result<futures::stream::BoxStream<'static, Result<StreamItem, RuntimeError>>, RuntimeError> {
         self.shared.load_run(run_id)?;
         Ok(Box::pin(stream::follow(self.shared.clone(), run_id.to_string(), from_seq)))
     }
