@@ -3,6 +3,8 @@
 
 #[path = "agents.rs"]
 pub mod agents;
+#[path = "model_agent.rs"]
+pub mod model_agent;
 #[path = "openai.rs"]
 pub mod openai;
 

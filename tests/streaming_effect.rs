@@ -106,7 +106,7 @@ fn shown(items: &[StreamItem]) -> (Vec<String>, Vec<String>) {
                 durable.push(c.data::<String>().expect("a string chunk"));
             }
             StreamItem::Partial(p) => {
-                partial.push(serde_json::from_str::<String>(&p.data_json).expect("text"))
+                partial.push(serde_json::from_str::<String>(&p.data_json).expect("text"));
             }
             StreamItem::Reset(_) => partial.clear(),
         }

@@ -336,7 +336,7 @@ fn partial_items(
     for next in slot.effect.next_for(shown) {
         match next {
             Next::Reset { effect_id, reason } => {
-                ready.push_back(StreamItem::Reset(StreamReset { effect_id, reason }))
+                ready.push_back(StreamItem::Reset(StreamReset { effect_id, reason }));
             }
             Next::Partial { effect_id, call, index, chunks } => {
                 ready.extend(chunks.into_iter().enumerate().map(|(i, data_json)| {

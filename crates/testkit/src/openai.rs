@@ -56,6 +56,9 @@ pub enum Reply {
     },
     /// A call of the tool `name` with `arguments` (a JSON object, as text).
     ToolCall {
+        /// The call's id; an empty one is numbered by the server, `call_1`, `call_2`, … in the
+        /// order tool calls are answered.
+        id: String,
         /// The tool's name.
         name: String,
         /// Its arguments, as the JSON text the model writes.
@@ -88,7 +91,7 @@ impl Reply {
 
     /// A call of tool `name` with `arguments`.
     pub fn tool_call(name: &str, arguments: &Value) -> Reply {
-        Reply::ToolCall { name: name.to_string(), arguments: arguments.to_string() }
+        Reply::ToolCall { id: String::new(), name: name.to_string(), arguments: arguments.to_string() }
     }
 
     /// A `429` asking to wait `secs`.
@@ -128,6 +131,8 @@ struct Inner {
     chunk_delay: Mutex<Duration>,
     in_flight: AtomicUsize,
     most_in_flight: AtomicUsize,
+    /// Tool calls answered so far, to number the next.
+    tool_calls: AtomicUsize,
     /// The next stream stops before this chunk of its text until [`FakeOpenAi::release`].
     hold_at: Mutex<Option<usize>>,
     gate: Arc<tokio::sync::Semaphore>,
@@ -159,6 +164,7 @@ impl FakeOpenAi {
             chunk_delay: Mutex::new(Duration::ZERO),
             in_flight: AtomicUsize::new(0),
             most_in_flight: AtomicUsize::new(0),
+            tool_calls: AtomicUsize::new(0),
             hold_at: Mutex::new(None),
             gate: Arc::new(tokio::sync::Semaphore::new(0)),
         });
@@ -190,6 +196,7 @@ impl FakeOpenAi {
         self.inner.completed.lock().clear();
         *self.inner.script.lock() = self.inner.scripted.lock().iter().cloned().collect();
         self.inner.most_in_flight.store(0, Ordering::SeqCst);
+        self.inner.tool_calls.store(0, Ordering::SeqCst);
     }
 
     /// What a request gets once the script is spent.
@@ -270,7 +277,15 @@ async fn completions(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: 
     let replayed = answered.is_some();
     let reply = match answered {
         Some(reply) => reply,
-        None => inner.script.lock().pop_front().unwrap_or_else(|| inner.default_answer.lock().clone()),
+        None => {
+            match inner.script.lock().pop_front().unwrap_or_else(|| inner.default_answer.lock().clone()) {
+                Reply::ToolCall { id, name, arguments } if id.is_empty() => {
+                    let n = inner.tool_calls.fetch_add(1, Ordering::SeqCst) + 1;
+                    Reply::ToolCall { id: format!("call_{n}"), name, arguments }
+                }
+                reply => reply,
+            }
+        }
     };
     let complete = match &reply {
         Reply::Text { cut_after, .. } => cut_after.is_none(),
@@ -323,9 +338,9 @@ fn usage(prompt_tokens: u64, completion_tokens: u64) -> Value {
 /// A `chat.completion` answered at once.
 fn whole(model: &str, reply: &Reply, prompt_tokens: u64) -> ([(&'static str, &'static str); 1], String) {
     let (message, finish, completion) = match reply {
-        Reply::ToolCall { name, arguments } => (
+        Reply::ToolCall { id, name, arguments } => (
             json!({"role": "assistant", "content": null, "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": name, "arguments": arguments}}]}),
+                {"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}]}),
             "tool_calls",
             5,
         ),
@@ -372,8 +387,8 @@ fn streamed(model: String, reply: Reply, prompt_tokens: u64, pace: Pace, in_flig
             events.push(chunk(json!({}), Some("stop"), Some(done)));
             cut = cut_after.map(|n| n + 1);
         }
-        Reply::ToolCall { name, arguments } => {
-            let call = json!([{"index": 0, "id": "call_1", "type": "function", "function": {"name": name, "arguments": arguments}}]);
+        Reply::ToolCall { id, name, arguments } => {
+            let call = json!([{"index": 0, "id": id, "type": "function", "function": {"name": name, "arguments": arguments}}]);
             events.push(chunk(json!({"role": "assistant", "tool_calls": call}), None, None));
             events.push(chunk(json!({}), Some("tool_calls"), Some(usage(prompt_tokens, 5))));
         }
