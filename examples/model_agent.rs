@@ -161,6 +161,7 @@ impl ModelAgent {
             backoff_initial: Duration::from_millis(200),
             backoff_max: Duration::from_secs(5),
             timeout: Some(Duration::from_secs(120)),
+            limit: None,
         };
         let (http, model) = (self.http.clone(), self.model.clone());
         ctx.effect_stream(

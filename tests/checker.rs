@@ -58,6 +58,7 @@ impl Charger {
                 true => EffectOptions {
                     attempts: 5,
                     timeout: Some(Duration::from_secs(10)),
+                    limit: None,
                     ..Default::default()
                 },
                 false => EffectOptions::default(),

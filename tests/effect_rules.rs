@@ -114,6 +114,7 @@ impl Effects {
                     backoff_initial: Duration::from_millis(10),
                     backoff_max: Duration::from_millis(40),
                     timeout: None,
+                    limit: None,
                 };
                 let (calls, keys) = (self.calls.clone(), self.keys.clone());
                 ctx.effect_with("charge", 7, options, move |key, n| {
@@ -132,6 +133,7 @@ impl Effects {
                     backoff_initial: Duration::from_millis(10),
                     backoff_max: Duration::from_millis(10),
                     timeout: None,
+                    limit: None,
                 };
                 let calls = self.calls.clone();
                 ctx.effect_with("charge", 7, options, move |_, n| {

@@ -67,6 +67,7 @@ async fn ask(ctx: &mut Ctx<Answerer>, q: Question) -> Result<String, AgentError>
         backoff_initial: Duration::from_millis(10),
         backoff_max: Duration::from_millis(50),
         timeout: Some(Duration::from_secs(30)),
+        limit: None,
     };
     let http = openai::http_client();
     let turn = ctx

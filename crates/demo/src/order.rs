@@ -182,6 +182,7 @@ impl<S: OrderStash> Order<S> {
             backoff_initial: std::time::Duration::from_millis(50),
             backoff_max: std::time::Duration::from_secs(1),
             timeout: Some(std::time::Duration::from_secs(10)),
+            limit: None,
         };
         let email: Value = ctx
             .effect_with("email", email_args, policy, move |key, args| {

@@ -22,7 +22,7 @@ use crate::{
 /// How an effect's calls are retried within one entry of the fiber (`Ctx::effect_with`).
 /// The same policy holds for the first attempt and for a recovered one: a recovery re-enters
 /// the effect with the same idempotency key and a fresh count of attempts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EffectOptions {
     /// Calls at most, the first included (at least 1).
     pub attempts: u32,
@@ -32,6 +32,9 @@ pub struct EffectOptions {
     pub backoff_max: Duration,
     /// How long one call may take before it counts as a retryable failure; `None`: no limit.
     pub timeout: Option<Duration>,
+    /// The named limit each call waits its turn in (`limits` in the runtime's config): at
+    /// most so many calls at once and per period, across the runtime and its nodes.
+    pub limit: Option<String>,
 }
 
 impl Default for EffectOptions {
@@ -42,6 +45,7 @@ impl Default for EffectOptions {
             backoff_initial: limits::EFFECT_BACKOFF_MIN,
             backoff_max: limits::EFFECT_BACKOFF_MAX,
             timeout: None,
+            limit: None,
         }
     }
 }
@@ -269,6 +273,11 @@ where
         // A node past its self-fence deadline, or whose shard moved, starts no call: the
         // run's new owner makes it, with the same key.
         shared.ownership.check(&run_id)?;
+        // Its turn in its named limit, held until the call returns.
+        let turn = match &options.limit {
+            Some(limit) => Some(crate::limit::acquire(raw, effect_id, limit).await?),
+            None => None,
+        };
         calls.calls = attempt;
         let call = trace::with_traceparent(calls.traceparent.clone(), || {
             f(entry.idempotency_key.clone(), args.clone())
@@ -304,6 +313,7 @@ where
                 shared.parked(raw.in_fiber, bounded).await
             }
         };
+        drop(turn);
         match answer {
             Ok(mut receipt) => {
                 crate::eviction::idle::boundary(raw, || Boundary::AfterEffectCall(effect_id.to_string()))

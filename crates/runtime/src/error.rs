@@ -199,6 +199,14 @@ pub enum AgentError {
         /// The approval.
         approval_id: String,
     },
+    /// An effect named a limit (`EffectOptions::limit`) the runtime's config does not define.
+    #[error("effect {effect_id} waits on limit {limit:?}, which the config's `limits` does not define")]
+    UnknownLimit {
+        /// The effect.
+        effect_id: String,
+        /// The limit it named.
+        limit: String,
+    },
     /// An effect failed on every attempt.
     #[error("effect {effect_id} failed after {attempts} attempts: {error}")]
     EffectFailed {

@@ -39,6 +39,7 @@ mod eviction;
 mod hooks;
 mod json;
 mod kernel;
+mod limit;
 pub mod limits;
 mod metrics;
 mod pause;
@@ -72,7 +73,9 @@ pub fn input_schema_of<T: schemars::JsonSchema>() -> serde_json::Value {
     schemars::schema_for!(T).to_value()
 }
 pub use boundary::{Boundary, UnknownBoundary};
-pub use config::{Budget, DurabilityMode, Retention, RuntimeConfig, TraceExport, parse_bytes, parse_range};
+pub use config::{
+    Budget, DurabilityMode, NamedLimit, Rate, Retention, RuntimeConfig, TraceExport, parse_bytes, parse_range,
+};
 pub use durafiber_store::tables::{
     AlarmRecord, ApprovalRecord, ApprovalRuleRecord, BudgetLimits, BudgetRecord, BudgetSpent, CronRecord,
     DeadLetter, Decision, ForkRecord, LedgerEntry, PauseRecord, Receipt, RunRecord, RunStatus, StashRecord,
@@ -85,6 +88,7 @@ pub use event::SendOutcome;
 pub use events::Event;
 pub use eviction::keep_alive::KeepAlive;
 pub use json::{HASH_V2_PREFIX, canonical as canonical_json, hash_matches, payload_hash, sha256_hex};
+pub use kernel::limiters::LimitGauge;
 pub use kernel::shared::CrashHook;
 pub use metrics::{HistogramSummary, MetricsSnapshot, describe as describe_metrics};
 pub use retention::{DELETE_BATCH_MAX, RunDeleted, SWEEP_EVERY, SWEEP_RUNS_MAX};

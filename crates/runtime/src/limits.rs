@@ -178,3 +178,10 @@ pub const TRACE_EXPORT_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duratio
 /// The longest wait an upstream's `Retry-After` can impose on an effect's next call: a
 /// misconfigured or hostile upstream asking for days does not hold a run that long.
 pub const RETRY_AFTER_MAX: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// How long a call holds a named limit's slot in a shared store without renewing it: a node
+/// that dies frees its slots this long after its last renewal (every third of it).
+pub const LIMIT_SLOT_TTL: Duration = Duration::from_secs(10);
+
+/// How often a call waiting for a named limit's slot in a shared store asks again.
+pub const LIMIT_SLOT_POLL: Duration = Duration::from_millis(20);

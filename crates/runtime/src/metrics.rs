@@ -249,6 +249,16 @@ pub fn describe() {
     describe_gauge!("durafiber_live_actors", Unit::Count, "Runs live in this process.");
     describe_gauge!("durafiber_hibernated_runs", Unit::Count, "Open runs not live in this process.");
     describe_gauge!("durafiber_pending_alarms", Unit::Count, "Alarms not yet delivered.");
+    describe_gauge!(
+        "durafiber_limit_waiting",
+        Unit::Count,
+        "Effects' calls waiting for their turn in a named limit, by limit."
+    );
+    describe_gauge!(
+        "durafiber_limit_in_flight",
+        Unit::Count,
+        "Effects' calls made now under a named limit, by limit."
+    );
     describe_gauge!("durafiber_store_bytes", Unit::Bytes, "Bytes of the store's files on disk.");
     describe_gauge!(
         "durafiber_checkpoint_lag_seconds",

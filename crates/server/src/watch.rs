@@ -19,7 +19,8 @@ use crate::state::{ApiError, ApiResult, AppState, Params, bad_request, ok};
 
 /// Prometheus' text exposition format, for scrapers: the counters and histograms the
 /// runtime records as it goes, and gauges read from the store now (runs by state, live and
-/// hibernated actors, pending alarms, the store's bytes on disk and its checkpoint lag).
+/// hibernated actors, pending alarms, the store's bytes on disk and its checkpoint lag, each
+/// named limit's calls waiting and in flight).
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text exposition format", body = String, content_type = "text/plain"), (status = "4XX", description = "refused: the JSON error shape", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn metrics(State(app): State<AppState>) -> ApiResult {
@@ -39,6 +40,10 @@ pub(super) async fn metrics(State(app): State<AppState>) -> ApiResult {
     ::metrics::gauge!("durafiber_hibernated_runs").set(gauges.hibernated_runs as f64);
     ::metrics::gauge!("durafiber_pending_alarms").set(gauges.pending_alarms as f64);
     ::metrics::gauge!("durafiber_store_bytes").set(gauges.store_bytes as f64);
+    for (name, limit) in &gauges.limits {
+        ::metrics::gauge!("durafiber_limit_waiting", "limit" => name.clone()).set(limit.waiting as f64);
+        ::metrics::gauge!("durafiber_limit_in_flight", "limit" => name.clone()).set(limit.in_flight as f64);
+    }
     if let Some(lag) = gauges.checkpoint_lag {
         ::metrics::gauge!("durafiber_checkpoint_lag_seconds").set(lag.as_secs_f64());
     }

@@ -97,6 +97,41 @@ pub trait Leases: Send + Sync {
     fn next_expiry(&self) -> Result<Option<std::time::Duration>, StoreError>;
 }
 
+/// Named limits that several nodes share (`limits` in the runtime config): concurrency slots
+/// leased for a time, and a token bucket per limit, both on the database's clock. A node that
+/// dies holds its slots until their leases expire: the nodes then make fewer calls at once
+/// for a while, never more.
+pub trait SharedLimits: Send + Sync {
+    /// Takes a free slot of the `slots` of `name` for `holder`, until `ttl` from now; `None`
+    /// when every slot is held.
+    fn take_slot(
+        &self,
+        name: &str,
+        slots: u32,
+        holder: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Option<u32>, StoreError>;
+    /// Extends `holder`'s lease on the slot; false when it was lost (it expired, and may
+    /// have been taken).
+    fn renew_slot(
+        &self,
+        name: &str,
+        slot: u32,
+        holder: &str,
+        ttl: std::time::Duration,
+    ) -> Result<bool, StoreError>;
+    /// Gives `holder`'s slot back.
+    fn release_slot(&self, name: &str, slot: u32, holder: &str) -> Result<(), StoreError>;
+    /// Takes a token from the bucket of `name`, which fills at `per_sec` up to `burst` and
+    /// starts empty; `None` when one was taken, else how long until one is due.
+    fn take_token(
+        &self,
+        name: &str,
+        per_sec: f64,
+        burst: f64,
+    ) -> Result<Option<std::time::Duration>, StoreError>;
+}
+
 /// A key-value engine with atomic batches and an explicit durability barrier.
 ///
 /// Contract for implementors, checked by the conformance suite in `durafiber-testkit`:
@@ -209,6 +244,11 @@ pub trait Backend: Send + Sync + 'static {
     /// Shard leases, for a backend that several nodes share; `None`: this process owns
     /// every shard.
     fn leases(&self) -> Option<&dyn Leases> {
+        None
+    }
+    /// Limits several nodes share, for a backend that several nodes share; `None`: this
+    /// process alone calls out, and keeps its limits in memory.
+    fn shared_limits(&self) -> Option<&dyn SharedLimits> {
         None
     }
     /// Where the store lives, for error messages.

@@ -62,7 +62,7 @@ pub mod tables;
 pub mod wal;
 pub mod witness;
 
-pub use backend::{Backend, Lease, Leases, ShardOwner};
+pub use backend::{Backend, Lease, Leases, ShardOwner, SharedLimits};
 pub use barrier::{Durability, WriterStats};
 pub use batch::Batch;
 pub use error::StoreError;

@@ -71,6 +71,8 @@ pub(crate) struct Shared {
     /// Bumped when a streaming effect's call begins on this node: a run's readers look for
     /// its partial chunks then (see `kernel/live_stream.rs`).
     pub live_version: watch::Sender<u64>,
+    /// The named limits effects' calls wait their turn in.
+    pub limiters: super::limiters::Limiters,
     /// Kinds and runs operators paused, and the alarms held for them.
     pub pauses: Mutex<super::pauses::Pauses>,
     /// Bumped on every pause and resume, so a held fiber wakes to look again.

@@ -132,6 +132,12 @@ impl RuntimeBuilder {
                 crate::trace::Traces::open(&self.config.traces, node.as_deref().unwrap_or("local"))?
             }
         };
+        let node = self.store.backend().leases().map(|l| l.node_id().to_string());
+        let limiters = crate::kernel::limiters::Limiters::new(
+            &self.config.limits,
+            node.as_deref().unwrap_or("local"),
+            clock.now_ms(),
+        );
         let shared = Arc::new(Shared {
             reactivator: reactivate_boxed,
             store: self.store,
@@ -153,6 +159,7 @@ impl RuntimeBuilder {
             status_version: tokio::sync::watch::Sender::new(0),
             stream_version: tokio::sync::watch::Sender::new(0),
             live_version: tokio::sync::watch::Sender::new(0),
+            limiters,
             pauses: Mutex::new(pauses),
             pause_version: tokio::sync::watch::Sender::new(0),
             wakeups: Mutex::new(BTreeSet::new()),

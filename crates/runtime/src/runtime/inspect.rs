@@ -53,6 +53,8 @@ pub struct RunInspection {
     pub trace_id: String,
     /// Its trace in the trace UI, when `traces.ui` is configured.
     pub trace_url: Option<String>,
+    /// The named limit an effect of the run waits its turn in now, in this process.
+    pub waiting_on_limit: Option<String>,
 }
 
 /// One boundary of a run's history ([`Runtime::history`]): the stash written there.
@@ -99,6 +101,7 @@ impl Serialize for RunInspection {
             "alarms": self.alarms,
             "approvals": approvals, "dead_letters": self.dead_letters, "budget": self.budget,
             "trace_id": self.trace_id, "trace_url": self.trace_url, "forked_from": self.forked_from,
+            "waiting_on_limit": self.waiting_on_limit,
         });
         embed_json_texts(fields).serialize(serializer)
     }
@@ -169,6 +172,8 @@ pub struct Gauges {
     /// How long acknowledged writes have waited in the write-ahead log for their checkpoint
     /// into sled at most; zero when none wait, `None` on PostgreSQL.
     pub checkpoint_lag: Option<std::time::Duration>,
+    /// Each named limit's calls waiting and in flight in this process, by name.
+    pub limits: std::collections::BTreeMap<String, crate::kernel::limiters::LimitGauge>,
 }
 
 /// The store's size and its checkpoint's lag: read without a scan, cheap enough for every
@@ -298,6 +303,7 @@ impl Runtime {
             forked_from: store.get(&keys::fork(run_id))?,
             trace_id: crate::trace::trace_id_of(run_id),
             trace_url: crate::trace::ui_link(&self.shared.config.traces, run_id),
+            waiting_on_limit: self.shared.limiters.waiting_on(run_id),
             run,
         })
     }
@@ -433,6 +439,7 @@ impl Runtime {
         let StoreGauges { store_bytes, checkpoint_lag } = self.store_gauges();
         gauges.store_bytes = store_bytes;
         gauges.checkpoint_lag = checkpoint_lag;
+        gauges.limits = self.shared.limiters.gauges();
         Ok(gauges)
     }
 

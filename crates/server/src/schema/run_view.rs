@@ -38,6 +38,8 @@ pub struct RunView {
     pub trace_id: String,
     /// Its trace in the trace UI, when the server's `traces.ui` is configured.
     pub trace_url: Option<String>,
+    /// The named limit one of its effects waits its turn in, on the node that answered.
+    pub waiting_on_limit: Option<String>,
     /// On a store several nodes share: the node that runs it now (null while its shard has
     /// no owner). Absent alone.
     #[serde(skip_serializing_if = "Option::is_none")]

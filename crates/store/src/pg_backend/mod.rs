@@ -47,6 +47,7 @@ use crate::{
 
 mod connection;
 mod leases;
+mod limits;
 mod reconnect;
 mod schema;
 
@@ -450,6 +451,10 @@ impl Backend for PgBackend {
 
     fn leases(&self) -> Option<&dyn Leases> {
         self.node.as_ref().map(|_| self as &dyn Leases)
+    }
+
+    fn shared_limits(&self) -> Option<&dyn crate::backend::SharedLimits> {
+        self.node.as_ref().map(|_| self as &dyn crate::backend::SharedLimits)
     }
 }
 

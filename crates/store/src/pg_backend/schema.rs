@@ -35,6 +35,9 @@ const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS df_nodes (node_id text PRIMARY KEY, http_addr text NOT NULL, seen_at timestamptz NOT NULL);
     ALTER TABLE df_nodes ADD COLUMN IF NOT EXISTS incarnation text;
     ALTER TABLE df_nodes ADD COLUMN IF NOT EXISTS taking boolean;
+    CREATE TABLE IF NOT EXISTS df_limit_slots (
+        name text, slot int, holder text NOT NULL, until timestamptz NOT NULL, PRIMARY KEY (name, slot));
+    CREATE TABLE IF NOT EXISTS df_limit_rates (name text PRIMARY KEY, tokens double precision NOT NULL, at timestamptz NOT NULL);
     CREATE OR REPLACE FUNCTION df_apply(
         gone bytea[], keys bytea[], vals bytea[], shards int[], absent bytea[],
         fence_shards int[], fence_epochs bigint[], node text) RETURNS void AS $$

@@ -128,6 +128,7 @@ pub fn run(frame: &Frame, view: &RunView) -> Markup {
                 dt { "Attempt" } dd { (text(&record["attempt"])) }
                 dt { "Created" } dd { (clock(record["created_at_ms"].as_u64().unwrap_or(0))) }
                 @if let Some(detail) = status_detail(status) { dt { "Why" } dd #why { (detail) } }
+                @if let Some(limit) = run["waiting_on_limit"].as_str() { dt { "Waiting" } dd #limit { "its turn in limit " code { (limit) } } }
                 dt { "Trace" } dd {
                     @match run["trace_url"].as_str().filter(|u| u.starts_with("http://") || u.starts_with("https://")) {
                         Some(url) => a #trace href=(url) rel="noopener" { code { (text(&run["trace_id"])) } },
