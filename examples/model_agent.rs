@@ -9,15 +9,17 @@
 //!   budget (`ctx.charge`), so `cost_units_max` stops a run that talks too much.
 //! - Each tool call is an **effect** keyed by the model's call id.
 //! - A risky tool (`refund`) waits for a **human approval** bound to the exact call.
-//! - The **transcript** lives in the run's storage, written with each turn's stash: a
-//!   re-entered fiber reads it there, never from memory or from the model.
+//! - The **transcript** lives in the run's storage, one key per turn (`transcript:N`, the
+//!   conversation as turn `N` began), written before the stash that moves to that turn: a
+//!   re-entered fiber reads its turn's there, never from memory or from the model.
 //! - The API key is a **bound secret**: handed to the model's host only.
 //!
 //! The binary `model-agent` serves it with every durafiber command; it reads
 //! `DURAFIBER_MODEL_BASE_URL`, `DURAFIBER_MODEL_NAME`, `DURAFIBER_MODEL_KEY_SECRET` (the
-//! secret's name, e.g. `openai_key` for `DURAFIBER_SECRET_OPENAI_KEY` and its `_HOSTS`) and
-//! `DURAFIBER_TOOLS_URL` (where the tools are, as `POST {url}/v1/{tool}` with an
-//! `Idempotency-Key`).
+//! secret's name, e.g. `openai_key` for `DURAFIBER_SECRET_OPENAI_KEY` and its `_HOSTS`),
+//! `DURAFIBER_MODEL_LIMIT` (optional: the named limit model calls wait their turn in, from
+//! `limits` in the `--config` file) and `DURAFIBER_TOOLS_URL` (where the tools are, as
+//! `POST {url}/v1/{tool}` with an `Idempotency-Key`).
 
 use std::time::Duration;
 
@@ -27,8 +29,15 @@ use serde_json::{Value, json};
 
 use crate::openai::{self, Message, ModelConfig, ToolCall, Turn};
 
-/// The conversation's storage key.
-const TRANSCRIPT: &str = "transcript";
+/// The storage key of the conversation as it stood when model turn `turn` began.
+///
+/// One key per turn, written before the stash that moves to it and never changed after: a
+/// storage write may be durable before the stash after it (another run's barrier can carry
+/// it), so a fiber re-entered at turn `n`'s stash must find turn `n`'s conversation as it
+/// was, whatever was written for turn `n + 1` before the crash.
+fn transcript_key(turn: u32) -> String {
+    format!("transcript:{turn}")
+}
 
 /// The agent: where its model and tools are.
 #[derive(Clone)]
@@ -53,6 +62,7 @@ impl ModelAgent {
             base_url: var("DURAFIBER_MODEL_BASE_URL")?,
             model: var("DURAFIBER_MODEL_NAME")?,
             key_secret: std::env::var("DURAFIBER_MODEL_KEY_SECRET").ok(),
+            limit: std::env::var("DURAFIBER_MODEL_LIMIT").ok(),
         };
         Ok(ModelAgent::new(model, &var("DURAFIBER_TOOLS_URL")?))
     }
@@ -98,7 +108,7 @@ impl Agent for ModelAgent {
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, task: Task) -> Result<String, AgentError> {
         let system = "You are a support agent. Use the tools; refunds need a person's approval.";
         let transcript = vec![Message::text("system", system), Message::text("user", &task.prompt)];
-        ctx.storage().put(TRANSCRIPT, &transcript).await?;
+        ctx.storage().put(&transcript_key(0), &transcript).await?;
         ctx.stash("turn", &0).await?;
         self.converse(ctx, &task, 0).await
     }
@@ -120,26 +130,30 @@ impl ModelAgent {
     /// turn, until it answers in words.
     async fn converse(&self, ctx: &mut Ctx<Self>, task: &Task, from: u32) -> Result<String, AgentError> {
         for turn in from..task.max_turns {
+            if let Some(before) = turn.checked_sub(1) {
+                // Only this turn's conversation is read from here on: the last one's goes.
+                ctx.storage().delete(&transcript_key(before)).await?;
+            }
             let mut transcript: Vec<Message> = ctx
                 .storage()
-                .get(TRANSCRIPT)?
+                .get(&transcript_key(turn))?
                 .ok_or_else(|| AgentError::fail("the run's transcript is missing from its storage"))?;
             let answer = self.ask_model(ctx, turn, &transcript).await?;
             ctx.charge(answer.usage.total_tokens, "model turn");
             transcript.push(answer.message.clone());
             let calls = answer.message.tool_calls.clone();
             if calls.is_empty() {
-                // Durable with the run's end; no stash here, or a fiber re-entered there would
-                // ask the model for a turn after its answer.
-                ctx.storage().put(TRANSCRIPT, &transcript).await?;
+                // The whole conversation, kept after the run. No stash here, or a fiber
+                // re-entered there would ask the model for a turn after its answer.
+                ctx.storage().put(&transcript_key(turn.saturating_add(1)), &transcript).await?;
                 return Ok(answer.message.content.unwrap_or_default());
             }
             for call in &calls {
                 let result = self.call_tool(ctx, call).await?;
                 transcript.push(Message::tool(&call.id, &result));
             }
-            // The turn's messages and the next turn's number, in one write.
-            ctx.storage().put(TRANSCRIPT, &transcript).await?;
+            // The next turn's conversation, then the stash that moves to it.
+            ctx.storage().put(&transcript_key(turn.saturating_add(1)), &transcript).await?;
             ctx.stash("turn", &turn.saturating_add(1)).await?;
         }
         Err(AgentError::fail(format!("no answer within {} model turns", task.max_turns)))
@@ -161,7 +175,7 @@ impl ModelAgent {
             backoff_initial: Duration::from_millis(200),
             backoff_max: Duration::from_secs(5),
             timeout: Some(Duration::from_secs(120)),
-            limit: None,
+            limit: self.model.limit.clone(),
         };
         let (http, model) = (self.http.clone(), self.model.clone());
         ctx.effect_stream(

@@ -21,6 +21,10 @@ pub struct ModelConfig {
     /// (`DURAFIBER_SECRET_<NAME>` and `DURAFIBER_SECRET_<NAME>_HOSTS`); `None` for a server
     /// that wants none.
     pub key_secret: Option<String>,
+    /// The named limit (`limits` in the runtime's config) each call to the model waits its
+    /// turn in: the provider's concurrency and rate, for every run and node at once.
+    #[serde(default)]
+    pub limit: Option<String>,
 }
 
 /// One message of the conversation, as the API writes it.

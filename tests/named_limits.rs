@@ -38,8 +38,12 @@ impl Agent for Asker {
             .effect_stream("ask", ask, options, |key, ask, sink| {
                 let http = http.clone();
                 async move {
-                    let model =
-                        ModelConfig { base_url: ask.base_url, model: "fake".into(), key_secret: None };
+                    let model = ModelConfig {
+                        base_url: ask.base_url,
+                        model: "fake".into(),
+                        key_secret: None,
+                        limit: None,
+                    };
                     let messages = [Message::text("user", "hello")];
                     openai::stream_turn(&http, &model, None, &key, &messages, &serde_json::json!([]), &sink)
                         .await

@@ -74,7 +74,8 @@ async fn ask(ctx: &mut Ctx<Answerer>, q: Question) -> Result<String, AgentError>
         .effect_stream("answer", q, policy, |key, q, sink| {
             let http = http.clone();
             async move {
-                let model = ModelConfig { base_url: q.base_url, model: "fake".into(), key_secret: None };
+                let model =
+                    ModelConfig { base_url: q.base_url, model: "fake".into(), key_secret: None, limit: None };
                 let messages = [Message::text("user", &q.prompt)];
                 openai::stream_turn(&http, &model, None, &key, &messages, &serde_json::json!([]), &sink).await
             }

@@ -3,13 +3,11 @@
 //! binary, SIGKILLed in the middle of a streamed answer and at random times after, with a
 //! client following its output stream across the restarts.
 
-use std::{
-    io::{BufRead as _, BufReader},
-    path::Path,
-    process::{Child, Command, Stdio},
-    sync::Arc,
-    time::Duration,
-};
+mod common;
+
+use std::{sync::Arc, time::Duration};
+
+use common::{eventually, free_port, rand_seed, serve};
 
 use durafiber::client::{Client, StartOptions, Status};
 use durafiber::testkit::{
@@ -70,7 +68,8 @@ async fn the_model_agent_pays_for_each_turn_and_calls_each_tool_once_under_every
     let model = Arc::new(FakeOpenAi::start().await.expect("model"));
     let tools = Arc::new(Upstream::start().await.expect("tools"));
     script(&model, &["Refunded ", "5.00 ", "on ord_1."]);
-    let config = ModelConfig { base_url: model.base_url(), model: "fake".into(), key_secret: None };
+    let config =
+        ModelConfig { base_url: model.base_url(), model: "fake".into(), key_secret: None, limit: None };
     let agent = ModelAgent::new(config, &tools.url());
     let report = AgentCheck::new(agent)
         .input(&task())
@@ -93,48 +92,6 @@ async fn the_model_agent_pays_for_each_turn_and_calls_each_tool_once_under_every
     assert_eq!(baseline.requests.len(), 5, "{:?}", baseline.requests);
 }
 
-/// A free port on 127.0.0.1, for servers that must come back at the same address.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
-/// `model-agent serve` on `port`, returned once it listens.
-fn serve(data: &Path, port: u16, model: &FakeOpenAi, tools: &Upstream) -> Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_model-agent"))
-        .args(["serve", "--data"])
-        .arg(data)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .env("DURAFIBER_MODEL_BASE_URL", model.base_url())
-        .env("DURAFIBER_MODEL_NAME", "fake")
-        .env("DURAFIBER_MODEL_KEY_SECRET", "model_key")
-        .env("DURAFIBER_SECRET_MODEL_KEY", "sk-test-123")
-        .env("DURAFIBER_SECRET_MODEL_KEY_HOSTS", model.base_url().trim_end_matches("/v1"))
-        .env("DURAFIBER_TOOLS_URL", tools.url())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn model-agent serve");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let line = rx.recv_timeout(Duration::from_secs(60)).expect("the server announces its address");
-    assert!(line.starts_with("listening on "), "{line}");
-    child
-}
-
-/// Polls `check` every 20 ms until it holds, for at most a minute.
-async fn eventually<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_model_agent_killed_mid_answer_and_at_random_streams_one_complete_answer_to_its_reader() {
     let seed = std::env::var("DURAFIBER_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand_seed);
@@ -150,7 +107,7 @@ async fn the_model_agent_killed_mid_answer_and_at_random_streams_one_complete_an
     model.hold_at(40); // the answer's stream stops at its 40th chunk until released
     let data = tempfile::tempdir().expect("data");
     let port = free_port();
-    let mut server = serve(data.path(), port, &model, &tools);
+    let mut server = serve(data.path(), port, &model, &tools, &[], &[]);
     let token = std::fs::read_to_string(data.path().join("admin.token")).expect("admin token");
     let client = Client::new(&format!("http://127.0.0.1:{port}"))
         .expect("client")
@@ -201,12 +158,12 @@ async fn the_model_agent_killed_mid_answer_and_at_random_streams_one_complete_an
 
     // Back up, and killed again at random times while it answers again.
     for _ in 0..2 {
-        server = serve(data.path(), port, &model, &tools);
+        server = serve(data.path(), port, &model, &tools, &[], &[]);
         tokio::time::sleep(Duration::from_millis(rng.between(0, 400))).await;
         server.kill().expect("SIGKILL");
         server.wait().expect("reaped");
     }
-    server = serve(data.path(), port, &model, &tools);
+    server = serve(data.path(), port, &model, &tools, &[], &[]);
     let status = client.wait(&run_id, Duration::from_secs(120)).await.expect("wait");
     let answer: String = tokens.concat();
     assert!(matches!(&status, Status::Completed { output } if *output == json!(answer)), "{status:?}");
@@ -250,8 +207,4 @@ async fn the_model_agent_killed_mid_answer_and_at_random_streams_one_complete_an
     assert_eq!(tools.objects("refund").len(), 1);
     server.kill().expect("stop");
     let _ = server.wait();
-}
-
-fn rand_seed() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64)
 }

@@ -6,6 +6,12 @@
 //! runs a barrier that covers it. A crash loses at most the writes since then, and always
 //! whole transactions, never part of one. Writes of one run are serialized by the run's
 //! storage lock, which also keeps its key count.
+//!
+//! A write is not part of the stash that follows it: it may be durable before that stash is
+//! (another run's barrier covers it; on PostgreSQL every write is durable once applied). A
+//! fiber re-entered at a stash can find storage written after it, before the crash. So what
+//! a re-entry reads to rebuild its place — an effect's arguments, say — is keyed by the step
+//! it belongs to and never rewritten (`examples/model_agent.rs` keeps one transcript a turn).
 
 use std::collections::BTreeMap;
 

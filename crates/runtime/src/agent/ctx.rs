@@ -134,7 +134,8 @@ impl<A: Agent> Ctx<A> {
     }
 
     /// The run's own key-value storage, in the fiber and in handlers alike; see [`Storage`].
-    /// A write is durable with the run's next boundary, or at `storage().sync()`.
+    /// A write is durable by the run's next boundary, or at `storage().sync()` — possibly before
+    /// it, so it is not part of the next stash (see [`Storage`]).
     pub fn storage(&self) -> Storage<'_> {
         Storage::new(&self.raw.shared, &self.raw.cell)
     }
