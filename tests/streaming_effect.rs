@@ -116,6 +116,12 @@ fn shown(items: &[StreamItem]) -> (Vec<String>, Vec<String>) {
     (durable, partial)
 }
 
+/// The run's durable output stream, as text.
+fn stored(rt: &Runtime, run_id: &durafiber_runtime::RunId) -> Vec<String> {
+    let chunks = rt.stream_chunks(run_id, 0, 1_000).expect("chunks");
+    chunks.iter().map(|c| c.data::<String>().expect("text")).collect()
+}
+
 fn transcript(answer_tokens: usize) -> Vec<String> {
     let mut all = vec!["Q: count".to_string()];
     all.extend(numbered_tokens(answer_tokens));
@@ -172,13 +178,7 @@ async fn a_stream_cut_at_chunk_50_of_100_is_taken_back_and_its_retry_leaves_one_
     let (durable, partial) = shown(&items);
     assert_eq!(durable, transcript(100), "the reader ends with one complete answer");
     assert!(partial.is_empty());
-    let stored: Vec<String> = rt
-        .stream_chunks(&run_id, 0, 1_000)
-        .expect("chunks")
-        .iter()
-        .map(|c| c.data::<String>().expect("text"))
-        .collect();
-    assert_eq!(stored, transcript(100), "the durable stream holds exactly one complete answer");
+    assert_eq!(stored(&rt, &run_id), transcript(100), "the durable stream holds exactly one complete answer");
 
     let calls = model.recorded();
     assert_eq!(calls.len(), 2, "the cut call and its retry");
@@ -202,13 +202,7 @@ async fn a_committed_answer_is_not_asked_for_again_by_a_fiber_evicted_after_it()
         assert!(matches!(&status, Ok(RunStatus::Completed { .. })), "{boundary}: {status:?}");
         assert!(once.load(std::sync::atomic::Ordering::SeqCst), "{boundary}: the run was evicted there");
         assert_eq!(model.recorded().len(), 1, "{boundary}: the model was asked once");
-        let stored: Vec<String> = rt
-            .stream_chunks(&run_id, 0, 1_000)
-            .expect("chunks")
-            .iter()
-            .map(|c| c.data::<String>().expect("text"))
-            .collect();
-        assert_eq!(stored, transcript(20), "{boundary}: one copy of the answer");
+        assert_eq!(stored(&rt, &run_id), transcript(20), "{boundary}: one copy of the answer");
         rt.shutdown().await;
     }
 }
