@@ -77,6 +77,7 @@ async fn a_thousand_runs_through_a_limit_of_five_never_have_more_than_five_calls
     let model = FakeOpenAi::start().await.expect("model");
     model.default_answer(Reply::text(&["a ", "b ", "c ", "d"]));
     model.chunk_delay(Duration::from_millis(1));
+    model.gather(5); // the first five calls meet: the limit is seen reached
     let dir = tempfile::tempdir().expect("dir");
     let rt = runtime(dir.path(), r#"{"model": {"concurrency": 5}}"#).await;
     let mut runs = Vec::new();

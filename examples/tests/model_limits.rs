@@ -30,6 +30,7 @@ async fn model(pace: Duration) -> FakeOpenAi {
     let model = FakeOpenAi::start().await.expect("model");
     model.default_answer(Reply::text(&["an ", "answer ", "in ", "four"]));
     model.chunk_delay(pace);
+    model.gather(5); // the first five calls meet: the limit is seen reached
     model
 }
 

@@ -131,6 +131,9 @@ struct Inner {
     chunk_delay: Mutex<Duration>,
     in_flight: AtomicUsize,
     most_in_flight: AtomicUsize,
+    /// Until this many requests are in flight at once, each waits for the others (once).
+    gather: Mutex<Option<usize>>,
+    gathered: tokio::sync::Notify,
     /// Tool calls answered so far, to number the next.
     tool_calls: AtomicUsize,
     /// The next stream stops before this chunk of its text until [`FakeOpenAi::release`].
@@ -165,6 +168,8 @@ impl FakeOpenAi {
             in_flight: AtomicUsize::new(0),
             most_in_flight: AtomicUsize::new(0),
             tool_calls: AtomicUsize::new(0),
+            gather: Mutex::new(None),
+            gathered: tokio::sync::Notify::new(),
             hold_at: Mutex::new(None),
             gate: Arc::new(tokio::sync::Semaphore::new(0)),
         });
@@ -220,6 +225,13 @@ impl FakeOpenAi {
         *self.inner.hold_at.lock() = Some(chunk);
     }
 
+    /// The first requests wait for each other until `n` are in flight at once (at most 30 s),
+    /// then every request is answered as it comes: a test of a limit of `n` calls at once
+    /// sees it reached, whatever the machine's speed.
+    pub fn gather(&self, n: usize) {
+        *self.inner.gather.lock() = Some(n);
+    }
+
     /// Lets a held stream go on.
     pub fn release(&self) {
         self.inner.gate.add_permits(1);
@@ -248,7 +260,25 @@ impl InFlight {
     fn enter(inner: &Arc<Inner>) -> InFlight {
         let now = inner.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         inner.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        inner.gathered.notify_waiters();
         InFlight(inner.clone())
+    }
+}
+
+/// Waits, while a gathering is on, until it is complete (see [`FakeOpenAi::gather`]).
+async fn gather(inner: &Inner) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let notified = inner.gathered.notified();
+        let Some(n) = *inner.gather.lock() else { return };
+        if inner.in_flight.load(Ordering::SeqCst) >= n {
+            *inner.gather.lock() = None;
+            inner.gathered.notify_waiters();
+            return;
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return;
+        }
     }
 }
 
@@ -260,6 +290,7 @@ impl Drop for InFlight {
 
 async fn completions(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: String) -> Response {
     let in_flight = InFlight::enter(&inner);
+    gather(&inner).await;
     if let Some(key) = inner.api_key.lock().clone() {
         let given = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
         if given != format!("Bearer {key}") {
