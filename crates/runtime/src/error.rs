@@ -207,6 +207,19 @@ pub enum AgentError {
         /// The limit it named.
         limit: String,
     },
+    /// A child run (`Ctx::start_child`) ended without an output: it failed, was escalated or
+    /// was cancelled. `Ctx::join` returns it for the parent to handle.
+    #[error("child {name} ({child}) ended {state}: {detail}")]
+    ChildFailed {
+        /// The child's name among the parent's children.
+        name: String,
+        /// The child's run.
+        child: RunId,
+        /// `failed`, `escalated` or `cancelled`.
+        state: String,
+        /// Its error or reason.
+        detail: String,
+    },
     /// An effect failed on every attempt.
     #[error("effect {effect_id} failed after {attempts} attempts: {error}")]
     EffectFailed {

@@ -52,7 +52,7 @@ pub(crate) async fn escalate(
     shared.event(run_id, "escalated", reason);
     // Its last attempt did not end by itself, and no other follows.
     shared.send_unfinished_attempt(run_id, &run.kind, run.attempt, "escalated");
-    shared.send_settled(&run);
+    crate::child::settled(shared, &run);
     if let Some(live) = shared.registry.get(run_id) {
         if let Some((_, waiter)) = live.cell.approval_waiter.lock().take() {
             let _ = waiter.send(ApprovalOutcome::Escalated);

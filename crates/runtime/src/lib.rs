@@ -27,6 +27,7 @@ mod approval_quorum;
 mod approval_view;
 mod boundary;
 mod budget;
+mod child;
 pub mod clock;
 mod config;
 mod effect;
@@ -73,6 +74,7 @@ pub fn input_schema_of<T: schemars::JsonSchema>() -> serde_json::Value {
     schemars::schema_for!(T).to_value()
 }
 pub use boundary::{Boundary, UnknownBoundary};
+pub use child::Child;
 pub use config::{
     Budget, DurabilityMode, NamedLimit, Rate, Retention, RuntimeConfig, TraceExport, parse_bytes, parse_range,
 };
@@ -95,8 +97,8 @@ pub use retention::{DELETE_BATCH_MAX, RunDeleted, SWEEP_EVERY, SWEEP_RUNS_MAX};
 pub use run::fork::ForkOptions;
 pub use run::start::StartOutcome;
 pub use runtime::{
-    DeployProblem, Gauges, HistoryEntry, ListFilter, PausedNow, Quorum, RunInspection, RunOwner, RunPage,
-    Runtime, RuntimeBuilder, StoreGauges, testing,
+    ChildShown, DeployProblem, Gauges, HistoryEntry, ListFilter, PausedNow, Quorum, RunInspection, RunOwner,
+    RunPage, Runtime, RuntimeBuilder, StoreGauges, testing,
 };
 pub use secret::{Destination, Secret, SecretRefusal, Secrets};
 pub use storage::{Storage, Transaction};

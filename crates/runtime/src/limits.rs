@@ -185,3 +185,10 @@ pub const LIMIT_SLOT_TTL: Duration = Duration::from_secs(10);
 
 /// How often a call waiting for a named limit's slot in a shared store asks again.
 pub const LIMIT_SLOT_POLL: Duration = Duration::from_millis(20);
+
+/// How long a join first waits for its child's end before it reads the child's state again
+/// (the end's event can be lost to a crash); each later wait is twice as long.
+pub const JOIN_RECHECK_FIRST: Duration = Duration::from_secs(60);
+
+/// The longest a join waits before it reads its child's state again.
+pub const JOIN_RECHECK_MAX: Duration = Duration::from_secs(3_600);

@@ -158,6 +158,8 @@ impl Deleter {
         records += self.gone(shared, keys::budget(run_id))?;
         records += self.gone(shared, keys::paused_run(run_id))?;
         records += self.gone(shared, keys::fork(run_id))?;
+        records += self.gone(shared, keys::parent_of(run_id))?;
+        records += self.drain(shared, &keys::CHILDREN.of_run(run_id)).await?;
         if let Some(how) = Settled::of(&run.status) {
             records += self.gone(shared, keys::settled(how, run.updated_at_ms, run_id))?;
         }

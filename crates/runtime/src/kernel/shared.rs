@@ -116,12 +116,19 @@ pub(crate) struct Shared {
     /// runtime points it at the runs layer (`run/actor.rs`) when it opens, so that a
     /// feature below that layer can have a run re-entered without importing it.
     pub reactivator: Reactivator,
+    /// Starts a run as a start through the runtime does — durably, idempotent by its key,
+    /// then activated — for a fiber starting a child (`Ctx::start_child`); pointed at the
+    /// runs layer as `reactivator` is.
+    pub starter: Starter,
     /// The runs this runtime may run: all of them, or its shards' on a shared store.
     pub ownership: super::ownership::Ownership,
 }
 
 /// See [`Shared::reactivator`].
 pub(crate) type Reactivator = fn(Arc<Shared>, String, Stopwatch) -> BoxFuture<()>;
+
+/// See [`Shared::starter`]: (kind, idempotency key, input JSON) → the run's id.
+pub(crate) type Starter = fn(Arc<Shared>, String, String, String) -> BoxFuture<Result<RunId, RuntimeError>>;
 
 impl Shared {
     pub fn wake_token(&self) -> WakeToken {

@@ -446,7 +446,7 @@ async fn finish(
     if let Some(run) = written {
         shared.event(&run.run_id, run.status.name(), format!("attempt {}", run.attempt));
         if run.status.is_terminal() {
-            shared.send_settled(&run);
+            crate::child::settled(shared, &run);
         }
         if let RunStatus::Escalated { reason } = &run.status {
             after_escalation(shared, &run.kind, &run.run_id, reason).await;

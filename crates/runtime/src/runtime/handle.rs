@@ -140,6 +140,7 @@ impl RuntimeBuilder {
         );
         let shared = Arc::new(Shared {
             reactivator: reactivate_boxed,
+            starter: start_boxed,
             store: self.store,
             clock,
             agreed,
@@ -331,13 +332,7 @@ impl Runtime {
     /// A run just accepted that another node of a shared store runs: that node is told now
     /// rather than finding it at its next tick.
     fn announce_if_elsewhere(&self, outcome: &StartOutcome) {
-        if outcome.accepted
-            && !self.shared.ownership.owns(outcome.run_id.as_str())
-            && let Some(leases) = self.shared.store.backend().leases()
-            && let Err(e) = leases.announce(durafiber_store::shard::of_run(outcome.run_id.as_str()))
-        {
-            tracing::warn!(run_id = %outcome.run_id, error = %e, "could not tell the run's owner; it finds the run at its next tick");
-        }
+        announce_if_elsewhere(&self.shared, outcome);
     }
 
     /// `start_json` for a caller in a trace of its own: `traceparent` (a W3C header) becomes
@@ -353,20 +348,7 @@ impl Runtime {
         traceparent: Option<&str>,
     ) -> Result<StartOutcome, RuntimeError> {
         let caller = traceparent.and_then(crate::trace::parse_traceparent);
-        let outcome = start::start(&self.shared, kind, key, input_json, options, caller).await?;
-        self.announce_if_elsewhere(&outcome);
-        if outcome.accepted || matches!(outcome.status, RunStatus::Accepted) {
-            // The handle is durable: return it now, and let the activation (its registration
-            // write, the fiber) go on beside the caller. Virtual time and `settle` wait for it.
-            let shared = self.shared.clone();
-            let run_id = outcome.run_id.clone();
-            let busy = shared.busy();
-            self.shared.spawn_tracked(async move {
-                reactivate(&shared, &run_id).await;
-                drop(busy);
-            });
-        }
-        Ok(outcome)
+        start_and_activate(&self.shared, kind, key, input_json, options, caller).await
     }
 
     /// Hibernates a run now, if it is hibernateable.
@@ -535,4 +517,54 @@ impl Runtime {
         self.shared.closed.store(true, Ordering::SeqCst);
         self.shared.traces.flush().await;
     }
+}
+
+/// Starts a run and, once its handle is durable, lets its activation go on beside the caller.
+async fn start_and_activate(
+    shared: &Arc<Shared>,
+    kind: &str,
+    key: &str,
+    input_json: &str,
+    options: RunOptions,
+    caller: Option<opentelemetry::trace::SpanContext>,
+) -> Result<StartOutcome, RuntimeError> {
+    let outcome = start::start(shared, kind, key, input_json, options, caller).await?;
+    announce_if_elsewhere(shared, &outcome);
+    if outcome.accepted || matches!(outcome.status, RunStatus::Accepted) {
+        // The handle is durable: return it now, and let the activation (its registration
+        // write, the fiber) go on beside the caller. Virtual time and `settle` wait for it.
+        let (activating, run_id) = (shared.clone(), outcome.run_id.clone());
+        let busy = shared.busy();
+        shared.spawn_tracked(async move {
+            reactivate(&activating, &run_id).await;
+            drop(busy);
+        });
+    }
+    Ok(outcome)
+}
+
+/// A run just accepted that another node of a shared store runs: that node is told now
+/// rather than finding it at its next tick.
+fn announce_if_elsewhere(shared: &Shared, outcome: &StartOutcome) {
+    if outcome.accepted
+        && !shared.ownership.owns(outcome.run_id.as_str())
+        && let Some(leases) = shared.store.backend().leases()
+        && let Err(e) = leases.announce(durafiber_store::shard::of_run(outcome.run_id.as_str()))
+    {
+        tracing::warn!(run_id = %outcome.run_id, error = %e, "could not tell the run's owner; it finds the run at its next tick");
+    }
+}
+
+/// [`Shared::starter`]: a child's start, with the runtime's defaults.
+fn start_boxed(
+    shared: Arc<Shared>,
+    kind: String,
+    key: String,
+    input_json: String,
+) -> crate::kernel::shared::BoxFuture<Result<RunId, RuntimeError>> {
+    Box::pin(async move {
+        let outcome =
+            start_and_activate(&shared, &kind, &key, &input_json, RunOptions::default(), None).await?;
+        Ok(outcome.run_id)
+    })
 }

@@ -64,8 +64,9 @@ impl Runtime {
             if run.status.is_terminal() {
                 // Cancelled without its fiber's help: the last attempt did not end by itself.
                 self.shared.send_unfinished_attempt(run_id, &run.kind, run.attempt, "cancelled");
-                self.shared.send_settled(&run);
+                crate::child::settled(&self.shared, &run);
             }
+            self.cancel_children(run_id, reason).await;
             if let Some(live) = live {
                 live.cell.cancel.request(reason);
                 if run.status.is_terminal() {
@@ -216,6 +217,26 @@ impl Runtime {
     /// the run, and the store's errors.
     pub async fn delete_run(&self, run_id: &RunId) -> Result<crate::RunDeleted, RuntimeError> {
         crate::retention::delete(&self.shared, run_id).await
+    }
+
+    /// Cancels every open child of a cancelled run (and theirs, in turn).
+    async fn cancel_children(&self, run_id: &RunId, reason: &str) {
+        let children = match crate::child::children_of(&self.shared, run_id) {
+            Ok(children) => children,
+            Err(e) => {
+                tracing::warn!(%run_id, error = %e, "could not read a cancelled run's children");
+                return;
+            }
+        };
+        for (name, child) in children {
+            let why = format!("its parent {run_id} was cancelled: {reason}");
+            match Box::pin(self.cancel(&child.child_run_id, &why)).await {
+                Ok(_) | Err(RuntimeError::RunFinished { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(%run_id, child = %child.child_run_id, name, error = %e, "could not cancel a child");
+                }
+            }
+        }
     }
 
     /// Cancels a run's alarm; true when it existed.

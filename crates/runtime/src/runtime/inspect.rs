@@ -55,6 +55,23 @@ pub struct RunInspection {
     pub trace_url: Option<String>,
     /// The named limit an effect of the run waits its turn in now, in this process.
     pub waiting_on_limit: Option<String>,
+    /// The run that started it as its child, and its name there.
+    pub parent: Option<durafiber_store::tables::ParentRecord>,
+    /// The runs it started as its children, by name, with their states.
+    pub children: Vec<ChildShown>,
+}
+
+/// A child run as its parent's inspection shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChildShown {
+    /// Its name among the parent's children.
+    pub name: String,
+    /// Its run.
+    pub run_id: RunId,
+    /// Its agent kind.
+    pub kind: String,
+    /// Its state now (`running`, `completed`, …).
+    pub state: String,
 }
 
 /// One boundary of a run's history ([`Runtime::history`]): the stash written there.
@@ -101,7 +118,7 @@ impl Serialize for RunInspection {
             "alarms": self.alarms,
             "approvals": approvals, "dead_letters": self.dead_letters, "budget": self.budget,
             "trace_id": self.trace_id, "trace_url": self.trace_url, "forked_from": self.forked_from,
-            "waiting_on_limit": self.waiting_on_limit,
+            "waiting_on_limit": self.waiting_on_limit, "parent": self.parent, "children": self.children,
         });
         embed_json_texts(fields).serialize(serializer)
     }
@@ -304,6 +321,19 @@ impl Runtime {
             trace_id: crate::trace::trace_id_of(run_id),
             trace_url: crate::trace::ui_link(&self.shared.config.traces, run_id),
             waiting_on_limit: self.shared.limiters.waiting_on(run_id),
+            parent: crate::child::parent_of(&self.shared, run_id)?,
+            children: crate::child::children_of(&self.shared, run_id)?
+                .into_iter()
+                .map(|(name, c)| {
+                    let state = self.shared.load_run(&c.child_run_id).map(|r| r.status.name().to_string());
+                    ChildShown {
+                        name,
+                        run_id: c.child_run_id,
+                        kind: c.kind,
+                        state: state.unwrap_or_else(|_| "deleted".into()),
+                    }
+                })
+                .collect(),
             run,
         })
     }

@@ -18,4 +18,6 @@ pub mod testing;
 pub use deploy_check::DeployProblem;
 pub use handle::{RunOwner, Runtime, RuntimeBuilder};
 pub use inbound::PausedNow;
-pub use inspect::{Gauges, HistoryEntry, ListFilter, Quorum, RunInspection, RunPage, StoreGauges};
+pub use inspect::{
+    ChildShown, Gauges, HistoryEntry, ListFilter, Quorum, RunInspection, RunPage, StoreGauges,
+};

@@ -40,6 +40,10 @@ pub struct RunView {
     pub trace_url: Option<String>,
     /// The named limit one of its effects waits its turn in, on the node that answered.
     pub waiting_on_limit: Option<String>,
+    /// The run that started it as its child (`Ctx::start_child`), and its name there.
+    pub parent: Option<durafiber_store::tables::ParentRecord>,
+    /// The runs it started as its children: `name`, `run_id`, `kind`, `state`.
+    pub children: Vec<serde_json::Value>,
     /// On a store several nodes share: the node that runs it now (null while its shard has
     /// no owner). Absent alone.
     #[serde(skip_serializing_if = "Option::is_none")]

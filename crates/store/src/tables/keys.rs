@@ -59,6 +59,10 @@ tables! {
     JOURNAL_SEQS: u64 = ("journal_seqs", b'J');
     /// Where each forked run came from: `K` run_id.
     FORKS: ForkRecord = ("forks", b'K');
+    /// The runs each run started as its children, by name: `C` parent_run_id NUL name.
+    CHILDREN: ChildRecord = ("children", b'C');
+    /// The parent of each child run: `A` run_id.
+    PARENTS: ParentRecord = ("parents", b'A');
     /// Alarms by run and name: `a` run_id NUL name.
     ALARMS: AlarmRecord = ("alarms", b'a');
     /// Alarms by due time, the scheduler's index: `d` due_at_ms run_id NUL due name.
@@ -222,6 +226,23 @@ pub fn journal_seq(run_id: &str, what: Journaled, id: &str) -> Key<u64> {
 /// Where run `run_id` was forked from, if it was.
 pub fn fork(run_id: &str) -> Key<ForkRecord> {
     FORKS.key(&[run_id.as_bytes()])
+}
+
+/// Child `name` of run `parent`.
+pub fn child(parent: &str, name: &str) -> Key<ChildRecord> {
+    CHILDREN.key(&[parent.as_bytes(), name.as_bytes()])
+}
+
+/// The parent of run `run_id`, if a run started it.
+pub fn parent_of(run_id: &str) -> Key<ParentRecord> {
+    PARENTS.key(&[run_id.as_bytes()])
+}
+
+/// The name a `children` key gives its child.
+pub fn child_name(key: &Key<ChildRecord>) -> Option<String> {
+    let parent = key.first_part()?;
+    let rest = key.as_bytes().get(1 + parent.len() + 1..)?;
+    std::str::from_utf8(rest).ok().map(str::to_string)
 }
 
 /// The rule of approval `approval_id` of a run, if it has one.

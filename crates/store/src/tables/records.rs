@@ -267,6 +267,28 @@ pub struct ForkRecord {
     pub forked_at_ms: u64,
 }
 
+/// A run a run started as its child (`children`, keyed by the parent and the child's name).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChildRecord {
+    /// The child's run.
+    pub child_run_id: RunId,
+    /// Its agent kind.
+    pub kind: String,
+    /// When the parent started it, ms.
+    pub started_at_ms: u64,
+}
+
+/// The run that started a run as its child, and the name it gave it (`parents`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentRecord {
+    /// The parent's run.
+    pub parent_run_id: RunId,
+    /// The child's name among the parent's children.
+    pub name: String,
+}
+
 /// A reviewer's answer.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -99,7 +99,12 @@ pub struct AgentCheck<A: Agent + Clone> {
     events: BTreeMap<String, Value>,
     output_matches: Option<OutputMatch>,
     storage_matches: Option<StorageMatch>,
+    /// More agent kinds the runtime runs: the checked agent's children.
+    more_agents: Vec<Register>,
 }
+
+type Register =
+    Arc<dyn Fn(durafiber_runtime::RuntimeBuilder) -> durafiber_runtime::RuntimeBuilder + Send + Sync>;
 
 /// What is done to one case.
 #[derive(Clone, Default)]
@@ -143,7 +148,15 @@ impl<A: Agent + Clone> AgentCheck<A> {
             events: BTreeMap::new(),
             output_matches: None,
             storage_matches: None,
+            more_agents: Vec::new(),
         }
+    }
+
+    /// Registers another agent kind beside the checked one — the kind of the children it
+    /// starts (`Ctx::start_child`): they run, crash and recover in the same runtime.
+    pub fn with_agent<B: Agent + Clone>(mut self, agent: B) -> Self {
+        self.more_agents.push(Arc::new(move |builder| builder.agent(agent.clone())));
+        self
     }
 
     /// The run's input.
@@ -360,6 +373,9 @@ impl<A: Agent + Clone> AgentCheck<A> {
             .config(config)
             .virtual_clock(VirtualClock::new(now_ms))
             .agent(self.agent.clone());
+        for register in &self.more_agents {
+            builder = register(builder);
+        }
         if let Some(hook) = hook {
             builder = builder.crash_hook(hook);
         }

@@ -128,6 +128,16 @@ pub fn run(frame: &Frame, view: &RunView) -> Markup {
                 dt { "Attempt" } dd { (text(&record["attempt"])) }
                 dt { "Created" } dd { (clock(record["created_at_ms"].as_u64().unwrap_or(0))) }
                 @if let Some(detail) = status_detail(status) { dt { "Why" } dd #why { (detail) } }
+                @if let Some(parent) = run["parent"]["parent_run_id"].as_str() {
+                    dt { "Parent" } dd #parent { a href=(run_url(parent)) { code { (parent) } } " (as " (text(&run["parent"]["name"])) ")" }
+                }
+                @if let Some(children) = run["children"].as_array().filter(|c| !c.is_empty()) {
+                    dt { "Children" } dd #children {
+                        @for c in children {
+                            a href=(run_url(&text(&c["run_id"]))) { (text(&c["name"])) } " " (text(&c["state"])) " "
+                        }
+                    }
+                }
                 @if let Some(limit) = run["waiting_on_limit"].as_str() { dt { "Waiting" } dd #limit { "its turn in limit " code { (limit) } } }
                 dt { "Trace" } dd {
                     @match run["trace_url"].as_str().filter(|u| u.starts_with("http://") || u.starts_with("https://")) {
