@@ -23,6 +23,7 @@
 pub mod agent;
 mod alarm;
 mod approval;
+mod approval_pending;
 mod approval_quorum;
 mod approval_view;
 mod boundary;
@@ -60,7 +61,8 @@ mod types;
 pub use agent::Ctx;
 pub use agent::{Agent, AlarmEvent, ExhaustedAction, Recovered, RecoveryReason};
 pub use alarm::{Alarm, AlarmAt, AlarmSpec, CronSchedule};
-pub use approval::{ApproveOutcome, PendingApproval};
+pub use approval::ApproveOutcome;
+pub use approval_pending::PendingApproval;
 pub use approval_quorum::{ApprovalRule, Decider, DeclineRule, Reviewers};
 pub use approval_view::{ApprovalView, FieldValue, ViewField};
 

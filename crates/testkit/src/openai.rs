@@ -242,6 +242,11 @@ impl FakeOpenAi {
         self.inner.recorded.lock().clone()
     }
 
+    /// The idempotency keys that got a complete answer.
+    pub fn completed_keys(&self) -> std::collections::HashSet<String> {
+        self.inner.completed.lock().keys().cloned().collect()
+    }
+
     /// How many requests carried the idempotency key `key`.
     pub fn calls_with_key(&self, key: &str) -> usize {
         self.inner.recorded.lock().iter().filter(|r| r.idempotency_key.as_deref() == Some(key)).count()
@@ -470,37 +475,4 @@ fn futures_stream(
             Some((Ok(event), (events, in_flight, false)))
         }
     })
-}
-
-/// The checker counts completions: one object per idempotency key answered whole, and every
-/// request with a key as a call.
-impl crate::check::CheckUpstream for FakeOpenAi {
-    fn reset(&self) -> crate::check::UpstreamFuture<'_, ()> {
-        Box::pin(async move { FakeOpenAi::reset(self) })
-    }
-
-    fn objects(&self) -> crate::check::UpstreamFuture<'_, Vec<(String, String, Value)>> {
-        Box::pin(async move {
-            let completed =
-                self.inner.completed.lock().keys().cloned().collect::<std::collections::HashSet<_>>();
-            let mut seen = std::collections::HashSet::new();
-            self.recorded()
-                .into_iter()
-                .filter_map(|r| {
-                    let key = r.idempotency_key?;
-                    (completed.contains(&key) && !r.replayed && seen.insert(key.clone()))
-                        .then(|| ("chat.completions".to_string(), key, r.body))
-                })
-                .collect()
-        })
-    }
-
-    fn calls(&self) -> crate::check::UpstreamFuture<'_, Vec<(String, String)>> {
-        Box::pin(async move {
-            self.recorded()
-                .into_iter()
-                .filter_map(|r| Some(("chat.completions".to_string(), r.idempotency_key?)))
-                .collect()
-        })
-    }
 }

@@ -10,6 +10,7 @@ use std::{future::Future, marker::PhantomData};
 
 use serde::{Serialize, de::DeserializeOwned};
 
+mod children;
 mod ctx;
 mod waits;
 

@@ -13,8 +13,8 @@ use serde::{Serialize, de::DeserializeOwned};
 
 use super::handle::Runtime;
 use crate::{
-    alarm, approval,
-    approval::PendingApproval,
+    alarm,
+    approval_pending::{self, PendingApproval},
     error::RuntimeError,
     json, limits,
     stream::{self, StreamChunk, StreamItem},
@@ -169,39 +169,6 @@ pub struct RunPage {
     pub runs: Vec<RunRecord>,
     /// Pass as `after` for the next page; `None` on the last one.
     pub next: Option<RunId>,
-}
-
-/// What the runtime holds right now, for gauges: read from the store at each call, so its
-/// cost grows with the number of runs (a scrape every few seconds, not a hot path).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Gauges {
-    /// Runs in each state, by the state's name (`running`, `waiting_approval`, ...).
-    pub runs_by_state: std::collections::BTreeMap<&'static str, u64>,
-    /// Runs live in this process: in memory, with an actor while one of their events is
-    /// handled. The name is older than actors that come and go.
-    pub live_actors: u64,
-    /// Open runs not live in this process: hibernated, evicted or waiting for a wake.
-    pub hibernated_runs: u64,
-    /// Alarms not yet delivered, the runtime's own among them.
-    pub pending_alarms: u64,
-    /// Bytes of the store's files on disk (0 for a store without files of its own).
-    pub store_bytes: u64,
-    /// How long acknowledged writes have waited in the write-ahead log for their checkpoint
-    /// into sled at most; zero when none wait, `None` on PostgreSQL.
-    pub checkpoint_lag: Option<std::time::Duration>,
-    /// Each named limit's calls waiting and in flight in this process, by name.
-    pub limits: std::collections::BTreeMap<String, crate::kernel::limiters::LimitGauge>,
-}
-
-/// The store's size and its checkpoint's lag: read without a scan, cheap enough for every
-/// page of the console.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
-pub struct StoreGauges {
-    /// Bytes of the store's files on disk (0 for a store without files of its own).
-    pub store_bytes: u64,
-    /// How long acknowledged writes have waited in the write-ahead log for their checkpoint
-    /// into sled at most; zero when none wait, `None` on PostgreSQL.
-    pub checkpoint_lag: Option<std::time::Duration>,
 }
 
 /// Every record of `table` that belongs to run `id`.
@@ -444,41 +411,6 @@ impl Runtime {
         stream::read(&self.shared, run_id, from_seq, limit)
     }
 
-    /// Counts of runs by state, live and hibernated actors, and pending alarms.
-    pub fn gauges(&self) -> Result<Gauges, RuntimeError> {
-        let store = &self.shared.store;
-        let mut gauges = Gauges::default();
-        let mut after = None;
-        loop {
-            let page = store.scan(&keys::RUNS.all(), after.as_ref(), limits::LIST_PAGE_MAX)?;
-            let exhausted = page.len() < limits::LIST_PAGE_MAX;
-            for (key, run) in page {
-                after = Some(key);
-                if let Ok(run) = run {
-                    *gauges.runs_by_state.entry(run.status.name()).or_default() += 1;
-                }
-            }
-            if exhausted {
-                break;
-            }
-        }
-        let open = store.keys_and_sizes(&keys::OPEN_RUNS.all(), usize::MAX)?.len() as u64;
-        gauges.live_actors = self.shared.registry.len() as u64;
-        gauges.hibernated_runs = open.saturating_sub(gauges.live_actors);
-        gauges.pending_alarms = store.keys_and_sizes(&keys::ALARMS.all(), usize::MAX)?.len() as u64;
-        let StoreGauges { store_bytes, checkpoint_lag } = self.store_gauges();
-        gauges.store_bytes = store_bytes;
-        gauges.checkpoint_lag = checkpoint_lag;
-        gauges.limits = self.shared.limiters.gauges();
-        Ok(gauges)
-    }
-
-    /// The store's size on disk and how far its checkpoint lags.
-    pub fn store_gauges(&self) -> StoreGauges {
-        let backend = self.shared.store.backend();
-        StoreGauges { store_bytes: backend.disk_bytes(), checkpoint_lag: backend.checkpoint_lag() }
-    }
-
     /// Abandoned alarms across runs, in run order, at most `limit` (up to
     /// [`limits::LIST_PAGE_MAX`]).
     pub fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, RuntimeError> {
@@ -493,7 +425,7 @@ impl Runtime {
     /// Pending approvals, with the payload the run showed and its hash; of one run or all.
     /// Across many runs, [`Runtime::pending_approvals_page`] reads them a page at a time.
     pub fn pending_approvals(&self, run_id: Option<&RunId>) -> Result<Vec<PendingApproval>, RuntimeError> {
-        approval::pending(&self.shared, run_id.map(RunId::as_str))
+        approval_pending::pending(&self.shared, run_id.map(RunId::as_str))
     }
 
     /// At most `limit` (up to [`limits::LIST_PAGE_MAX`]) pending approvals across runs, runs
@@ -505,7 +437,7 @@ impl Runtime {
         limit: usize,
     ) -> Result<Vec<PendingApproval>, RuntimeError> {
         let after = after.map(|(run_id, approval_id)| (run_id.as_str(), approval_id));
-        approval::pending_page(&self.shared, after, limit.clamp(1, limits::LIST_PAGE_MAX))
+        approval_pending::pending_page(&self.shared, after, limit.clamp(1, limits::LIST_PAGE_MAX))
     }
 
     /// The agent kinds this runtime hosts, in order.

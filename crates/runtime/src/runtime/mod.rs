@@ -9,15 +9,18 @@
 //! `deploy_check` (would new code carry the open runs), `testing` (crash hooks and internal
 //! views, as extension traits).
 
+mod builder;
 mod deploy_check;
+mod gauges;
 mod handle;
 mod inbound;
 mod inspect;
+mod starting;
 pub mod testing;
 
+pub use builder::RuntimeBuilder;
 pub use deploy_check::DeployProblem;
-pub use handle::{RunOwner, Runtime, RuntimeBuilder};
+pub use gauges::{Gauges, StoreGauges};
+pub use handle::{RunOwner, Runtime};
 pub use inbound::PausedNow;
-pub use inspect::{
-    ChildShown, Gauges, HistoryEntry, ListFilter, Quorum, RunInspection, RunPage, StoreGauges,
-};
+pub use inspect::{ChildShown, HistoryEntry, ListFilter, Quorum, RunInspection, RunPage};

@@ -2,7 +2,7 @@
 //! crash point, and views of the runtime's insides. Kept out of the everyday API as
 //! extension traits; `use durafiber_runtime::testing::*` brings them in.
 
-use super::handle::{Runtime, RuntimeBuilder};
+use super::{builder::RuntimeBuilder, handle::Runtime};
 use crate::kernel::shared::CrashHook;
 
 /// Test-only settings of a [`RuntimeBuilder`].

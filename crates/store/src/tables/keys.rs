@@ -189,11 +189,6 @@ pub fn history(run_id: &str, seq: u64) -> Key<HistoryRecord> {
     HISTORY.key(&[run_id.as_bytes(), &seq.to_be_bytes()])
 }
 
-/// The boundary of a run's history that a key of `history` holds.
-pub fn history_seq(key: &Key<HistoryRecord>) -> Option<u64> {
-    tail_number(key)
-}
-
 /// What a run's journal records the boundary of: which kind of step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Journaled {
@@ -236,13 +231,6 @@ pub fn child(parent: &str, name: &str) -> Key<ChildRecord> {
 /// The parent of run `run_id`, if a run started it.
 pub fn parent_of(run_id: &str) -> Key<ParentRecord> {
     PARENTS.key(&[run_id.as_bytes()])
-}
-
-/// The name a `children` key gives its child.
-pub fn child_name(key: &Key<ChildRecord>) -> Option<String> {
-    let parent = key.first_part()?;
-    let rest = key.as_bytes().get(1 + parent.len() + 1..)?;
-    std::str::from_utf8(rest).ok().map(str::to_string)
 }
 
 /// The rule of approval `approval_id` of a run, if it has one.
@@ -343,19 +331,6 @@ pub fn settled_index_complete() -> Key<u64> {
     meta("settled_index")
 }
 
-/// Splits a settled-index key back into `(settled_at_ms, run_id)`.
-pub fn parse_settled(key: &Key<()>) -> Option<(u64, &str)> {
-    let rest = key.as_bytes().strip_prefix(&[SETTLED.prefix()])?.get(1..)?;
-    let at = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
-    let run_id = std::str::from_utf8(rest.get(8..)?).ok().filter(|id| !id.is_empty())?;
-    Some((at, run_id))
-}
-
-/// Splits a due-index key back into `(due_at_ms, run_id, due name)`.
-pub fn parse_alarm_due(key: &Key<()>) -> Option<(u64, String, String)> {
-    parse_alarm_due_bytes(key.as_bytes())
-}
-
 pub(crate) fn parse_alarm_due_bytes(key: &[u8]) -> Option<(u64, String, String)> {
     let rest = key.strip_prefix(&[ALARM_DUE.prefix()])?;
     let due = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
@@ -372,26 +347,9 @@ pub fn retry_due_name(name: &str, scheduled_at_ms: u64) -> String {
     format!("{name}\0{scheduled_at_ms}")
 }
 
-/// Splits a due-index name back into the alarm's name and, for a retried occurrence, the time
-/// it was scheduled for.
-pub fn parse_due_name(due_name: &str) -> (&str, Option<u64>) {
-    match due_name.split_once('\0') {
-        Some((name, at)) => match at.parse() {
-            Ok(at) => (name, Some(at)),
-            Err(_) => (due_name, None),
-        },
-        None => (due_name, None),
-    }
-}
-
 /// Chunk `seq` of a run's output stream.
 pub fn stream_chunk(run_id: &str, seq: u64) -> Key<StreamChunkRecord> {
     STREAM.key(&[run_id.as_bytes(), &seq.to_be_bytes()])
-}
-
-/// The sequence number of a stream chunk's key.
-pub fn stream_seq(key: &Key<StreamChunkRecord>) -> Option<u64> {
-    tail_number(key)
 }
 
 /// How far a run's stream has come.
@@ -444,11 +402,6 @@ pub fn events_named(run_id: &str, name: &str) -> Prefix<EventRecord> {
     EVENTS.prefix_of(&[run_id.as_bytes(), name.as_bytes()])
 }
 
-/// The sequence number of a buffered event's key.
-pub fn event_seq(key: &Key<EventRecord>) -> Option<u64> {
-    tail_number(key)
-}
-
 /// The mark that an event with idempotency key `key` was sent to a run.
 pub fn event_key(run_id: &str, key: &str) -> Key<()> {
     EVENT_KEYS.key(&[run_id.as_bytes(), key.as_bytes()])
@@ -469,13 +422,6 @@ pub fn storage_from(run_id: &str, prefix: &str) -> Prefix<String> {
     STORAGE.of_run(run_id).narrowed(prefix.as_bytes())
 }
 
-/// The key in a run's own storage that a storage key names.
-pub fn storage_name(key: &Key<String>) -> Option<&str> {
-    let run_id = key.first_part()?;
-    let rest = key.as_bytes().get(1 + run_id.len() + 1..)?;
-    std::str::from_utf8(rest).ok()
-}
-
 /// The token named `name`.
 pub fn token(name: &str) -> Key<TokenRecord> {
     TOKENS.key(&[name.as_bytes()])
@@ -491,18 +437,6 @@ pub fn audit_by_run(run_id: &str, seq: u64) -> Key<()> {
     AUDIT_BY_RUN.key(&[run_id.as_bytes(), &seq.to_be_bytes()])
 }
 
-/// The number a key of `audit` or `audit_by_run` ends with.
-pub fn audit_seq<V>(key: &Key<V>) -> Option<u64> {
-    tail_number(key)
-}
-
-/// The big-endian number the last eight bytes of a key hold.
-fn tail_number<V>(key: &Key<V>) -> Option<u64> {
-    let bytes = key.as_bytes();
-    let tail = bytes.get(bytes.len().checked_sub(8)?..)?;
-    Some(u64::from_be_bytes(tail.try_into().ok()?))
-}
-
 /// Entry `name` of the store's own bookkeeping.
 pub(crate) fn meta<V>(name: &str) -> Key<V> {
     let mut bytes = vec![META.prefix];
@@ -510,68 +444,21 @@ pub(crate) fn meta<V>(name: &str) -> Key<V> {
     Key::new(META, bytes)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn alarm_due_keys_sort_by_time_and_parse_back() {
-        let a = alarm_due(5, "run", "x");
-        let b = alarm_due(300, "run", "a");
-        assert!(a < b);
-        assert_eq!(parse_alarm_due(&b), Some((300, "run".into(), "a".into())));
-    }
-
-    #[test]
-    fn a_retried_occurrence_has_its_own_due_name() {
-        let due = retry_due_name("tick", 42);
-        assert_eq!(parse_due_name(&due), ("tick", Some(42)));
-        assert_eq!(parse_due_name("tick"), ("tick", None));
-        let key = alarm_due(5, "run", &due);
-        assert_eq!(parse_alarm_due(&key), Some((5, "run".into(), due)));
-        assert_eq!(run_of_key(key.as_bytes()), Some("run"));
-        assert_eq!(run_of_key(alarm_retry("run", "tick", 42).as_bytes()), Some("run"));
-        assert_eq!(run_of_key(stream_chunk("run", 7).as_bytes()), Some("run"));
-    }
-
-    #[test]
-    fn settled_keys_sort_by_how_then_time_and_name_their_run() {
-        let early = settled(Settled::Completed, 5, "run_b");
-        let late = settled(Settled::Completed, 300, "run_a");
-        assert!(early < late);
-        assert_eq!(parse_settled(&late), Some((300, "run_a")));
-        assert_eq!(run_of_key(late.as_bytes()), Some("run_a"));
-        let completed = settled_of(Settled::Completed);
-        assert!(completed.holds(&early) && completed.holds(&late));
-        assert!(
-            !completed.holds(&settled(Settled::Failed, 1, "run_c")),
-            "another way of settling is another range"
-        );
-    }
-
-    #[test]
-    fn keys_that_end_in_a_number_give_it_back() {
-        assert_eq!(event_seq(&event("run", "paid", 9)), Some(9));
-        assert_eq!(stream_seq(&stream_chunk("run", 4)), Some(4));
-        assert_eq!(audit_seq(&audit_by_run("run", 77)), Some(77));
-        assert_eq!(storage_name(&storage("run", "a\u{1}b")), Some("a\u{1}b"));
-        assert!(storage_from("run", "a").holds(&storage("run", "ab")));
-        assert!(!storage_from("run", "a").holds(&storage("runa", "b")));
-    }
-
-    #[test]
-    fn the_architecture_lists_every_table_with_its_prefix() {
-        let doc = include_str!("../../../../ARCHITECTURE.md");
-        for table in ALL {
-            let row = format!("| {} | `{}`", table.name, table.prefix as char);
-            assert!(doc.contains(&row), "ARCHITECTURE.md's records on disk lack `{row}`");
-        }
-    }
-
-    #[test]
-    fn ids_with_nul_are_refused() {
-        assert!(super::super::check_id("effect id", "a\0b").is_err());
-        assert!(super::super::check_id("effect id", "").is_err());
-        assert!(super::super::check_id("effect id", "refund").is_ok());
-    }
+/// Splits a settled-index key back into `(settled_at_ms, run_id)`.
+pub fn parse_settled(key: &Key<()>) -> Option<(u64, &str)> {
+    let rest = key.as_bytes().strip_prefix(&[SETTLED.prefix()])?.get(1..)?;
+    let at = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
+    let run_id = std::str::from_utf8(rest.get(8..)?).ok().filter(|id| !id.is_empty())?;
+    Some((at, run_id))
 }
+
+/// Splits a due-index key back into `(due_at_ms, run_id, due name)`.
+pub fn parse_alarm_due(key: &Key<()>) -> Option<(u64, String, String)> {
+    parse_alarm_due_bytes(key.as_bytes())
+}
+
+pub use super::key_parts::*;
+
+#[cfg(test)]
+#[path = "keys_tests.rs"]
+mod tests;

@@ -5,6 +5,7 @@
 //! is a [`Table`] that names the type of its values; [`keys`] holds the table list and the
 //! functions that build their keys, the only place a key is built.
 
+mod key_parts;
 pub mod keys;
 mod records;
 mod table;

@@ -6,7 +6,7 @@ use std::{future::Future, pin::Pin};
 
 use serde_json::Value;
 
-use crate::upstream::Upstream;
+use crate::{openai::FakeOpenAi, upstream::Upstream};
 
 /// What a [`CheckUpstream`] answers with.
 pub type UpstreamFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -42,6 +42,38 @@ impl CheckUpstream for Upstream {
                     let key = o["idempotency_key"].as_str().unwrap_or_default().to_string();
                     (collection, key, o["request"].clone())
                 })
+                .collect()
+        })
+    }
+}
+
+/// The checker counts completions: one object per idempotency key answered whole, and every
+/// request with a key as a call.
+impl CheckUpstream for FakeOpenAi {
+    fn reset(&self) -> UpstreamFuture<'_, ()> {
+        Box::pin(async move { FakeOpenAi::reset(self) })
+    }
+
+    fn objects(&self) -> UpstreamFuture<'_, Vec<(String, String, Value)>> {
+        Box::pin(async move {
+            let completed = self.completed_keys();
+            let mut seen = std::collections::HashSet::new();
+            self.recorded()
+                .into_iter()
+                .filter_map(|r| {
+                    let key = r.idempotency_key?;
+                    (completed.contains(&key) && !r.replayed && seen.insert(key.clone()))
+                        .then(|| ("chat.completions".to_string(), key, r.body))
+                })
+                .collect()
+        })
+    }
+
+    fn calls(&self) -> UpstreamFuture<'_, Vec<(String, String)>> {
+        Box::pin(async move {
+            self.recorded()
+                .into_iter()
+                .filter_map(|r| Some(("chat.completions".to_string(), r.idempotency_key?)))
                 .collect()
         })
     }
