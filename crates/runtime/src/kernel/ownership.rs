@@ -23,12 +23,24 @@ pub(crate) struct Ownership {
     deadline: RwLock<Option<Instant>>,
     /// Told at every renewal, for whoever waits for the deadline to move.
     renewals: tokio::sync::Notify,
+    /// Held by whatever changes the leases (a tick, a request's take-over, the release at
+    /// shutdown), so that a tick under way when the node stops ends before the shards go
+    /// back: after, it would take them again. `true` once the node has left.
+    turn: tokio::sync::Mutex<bool>,
 }
+
+/// The right to change this node's leases, from [`Ownership::turn`].
+pub(crate) type LeaseTurn<'a> = tokio::sync::MutexGuard<'a, bool>;
 
 impl Ownership {
     /// Every run, for good: the store is this process's alone.
     pub fn everything() -> Self {
-        Ownership { shards: RwLock::new(None), deadline: RwLock::new(None), renewals: Default::default() }
+        Ownership {
+            shards: RwLock::new(None),
+            deadline: RwLock::new(None),
+            renewals: Default::default(),
+            turn: Default::default(),
+        }
     }
 
     /// No run yet: a node on a shared store, before its first acquisition.
@@ -37,6 +49,7 @@ impl Ownership {
             shards: RwLock::new(Some(HashSet::new())),
             deadline: RwLock::new(Some(Instant::now())),
             renewals: Default::default(),
+            turn: Default::default(),
         }
     }
 
@@ -114,6 +127,20 @@ impl Ownership {
     /// Whether the self-fence deadline has passed.
     pub fn expired(&self) -> bool {
         self.fenced_by_time()
+    }
+
+    /// Waits for the right to change the leases; `None` once the node has left.
+    pub async fn turn(&self) -> Option<LeaseTurn<'_>> {
+        let turn = self.turn.lock().await;
+        (!*turn).then_some(turn)
+    }
+
+    /// The last turn: waits for any change under way (for at most `within`: one stuck on a
+    /// database that does not answer is left behind), and no other comes after.
+    pub async fn last_turn(&self, within: Duration) {
+        if let Ok(mut turn) = tokio::time::timeout(within, self.turn.lock()).await {
+            *turn = true;
+        }
     }
 }
 

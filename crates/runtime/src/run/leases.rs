@@ -177,6 +177,7 @@ async fn renew(shared: &Arc<Shared>, advertise: &str) {
             () = tokio::time::sleep(wait) => {}
             changed = news.changed() => if changed.is_err() { return },
         }
+        let Some(_turn) = shared.ownership.turn().await else { return };
         if shared.shutting_down.load(Ordering::SeqCst) {
             return;
         }
@@ -309,7 +310,11 @@ pub(crate) async fn take_over(shared: &Arc<Shared>, shard: u32) -> bool {
         return false;
     }
     let ttl = shared.config.lease_ttl;
-    match call(shared, move |l| l.acquire_shard(shard, ttl)).await {
+    let acquired = {
+        let Some(_turn) = shared.ownership.turn().await else { return false };
+        call(shared, move |l| l.acquire_shard(shard, ttl)).await
+    };
+    match acquired {
         Ok(Some(_)) => {
             tracing::info!(shard, "took over a shard no node held, for a request");
             take_up(shared, &[shard]).await;
@@ -383,9 +388,11 @@ async fn hand_back(shared: &Arc<Shared>, shards: &[u32]) {
 }
 
 /// At shutdown, after every run was stopped: the shards go back at once, and the node stops
-/// counting as alive, so the others' fair share covers them right away.
-pub(crate) fn release_all(shared: &Shared) {
+/// counting as alive, so the others' fair share covers them right away. A tick under way
+/// ends first (it could take the shards again), bounded by a lease: past it they expire.
+pub(crate) async fn release_all(shared: &Shared) {
     let Some(leases) = leases(shared) else { return };
+    shared.ownership.last_turn(shared.config.lease_ttl).await;
     shared.ownership.lose(&leases.held());
     if let Err(e) = leases.leave() {
         tracing::warn!(error = %e, "could not hand the shards back at shutdown; they expire instead");

@@ -317,7 +317,7 @@ impl Runtime {
         }
         let _ = self.shared.store.barrier().await;
         // Every run is stopped and written: other nodes may take the shards at once.
-        leases::release_all(&self.shared);
+        leases::release_all(&self.shared).await;
         self.shared.closed.store(true, Ordering::SeqCst);
         self.shared.traces.flush().await;
     }
