@@ -33,6 +33,8 @@ pub enum ApiErrorKind {
     RunFinished,
     /// The run is still open: only a settled run can be deleted (409).
     RunOpen,
+    /// The run is a child of a run that still exists, and goes with it (409).
+    KeptWithParent,
     /// The request is malformed or its values out of range.
     InvalidInput,
     /// The agent refused it (409).
@@ -106,6 +108,7 @@ impl ApiErrorKind {
             "ForkRefused" => ForkRefused,
             "RunFinished" => RunFinished,
             "RunOpen" => RunOpen,
+            "KeptWithParent" => KeptWithParent,
             "InvalidInput" => InvalidInput,
             "Agent" => Agent,
             "WrongMessage" => WrongMessage,

@@ -5,13 +5,19 @@
 //! The limits are fixed at the run's start (`RunOptions::budget` over the runtime's); the
 //! spending rides on the run's boundaries (`kernel/spend.rs`), so after a crash the count is
 //! the one the surviving work paid.
+//!
+//! A parent's budget counts its children's effects and cost units (and theirs): each run
+//! keeps its own spending, and a check adds up what the runs below have recorded. A child
+//! is stopped by a limit of a run above it as by its own; runs going on side by side may
+//! each start one effect past a shared limit before they see the other's spending.
 
 use durafiber_store::{
-    Batch,
-    tables::{BudgetLimits, BudgetRecord, Key, RunRecord, keys},
+    Batch, RunId,
+    tables::{BudgetLimits, BudgetRecord, BudgetSpent, Key, RunRecord, keys},
 };
 
 use crate::{
+    child,
     error::{AgentError, RuntimeError},
     kernel::{
         shared::{RawCtx, Shared},
@@ -33,44 +39,104 @@ pub(crate) fn stage_at_start(
     Ok(())
 }
 
-/// A run's budget and its spending, durable and pending together; `None` for a run without
-/// limits, which after its first boundary costs no read.
-fn current(raw: &RawCtx) -> Result<Option<BudgetRecord>, AgentError> {
-    if raw.cell.without_budget.load(std::sync::atomic::Ordering::Relaxed) {
-        return Ok(None);
-    }
-    let stored = spend::stored(&raw.shared.store, &raw.cell.run_id)?;
-    let limits = stored.map(|r| r.limits).filter(|l| *l != BudgetLimits::default());
-    if limits.is_none() {
-        raw.cell.without_budget.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-    let Some(mut record) = stored.filter(|_| limits.is_some()) else { return Ok(None) };
-    let pending = *raw.cell.spend.lock();
-    record.spent.effects = record.spent.effects.saturating_add(pending.effects);
-    record.spent.cost_units = record.spent.cost_units.saturating_add(pending.cost_units);
-    Ok(Some(record))
+/// A budget a run's spending counts against — its own, or that of a run above it — with
+/// everything spent under it so far: by its run, durable and pending, and by the runs below.
+struct Counted {
+    payer: RunId,
+    limits: BudgetLimits,
+    spent: BudgetSpent,
 }
 
-/// The limit `record` has crossed, if any; `starting_effect` asks whether one more effect
-/// would cross `effects_max`.
-fn crossed(
-    shared: &Shared,
-    run_id: &str,
-    record: &BudgetRecord,
-    starting_effect: bool,
-) -> Result<Option<&'static str>, AgentError> {
-    let (limits, spent) = (record.limits, record.spent);
+fn add(a: BudgetSpent, b: BudgetSpent) -> BudgetSpent {
+    BudgetSpent {
+        effects: a.effects.saturating_add(b.effects),
+        cost_units: a.cost_units.saturating_add(b.cost_units),
+    }
+}
+
+/// What the runs below `run_id` (its children, theirs…) have spent, as their boundaries
+/// recorded it.
+fn spent_below(shared: &Shared, run_id: &str) -> Result<BudgetSpent, RuntimeError> {
+    let mut total = BudgetSpent::default();
+    let mut next = vec![run_id.to_string()];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(parent) = next.pop() {
+        for (_, record) in child::children_of(shared, &parent)? {
+            let id = record.child_run_id.to_string();
+            if !seen.insert(id.clone()) {
+                continue;
+            }
+            if let Some(budget) = spend::stored(&shared.store, &id)? {
+                total = add(total, budget.spent);
+            }
+            next.push(id);
+        }
+    }
+    Ok(total)
+}
+
+/// The budgets the fiber's run counts against, with what was spent under each; empty for a
+/// run without limits under runs without limits, which after its first boundary costs no read.
+fn current(raw: &RawCtx) -> Result<Vec<Counted>, AgentError> {
+    if raw.cell.without_budget.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(Vec::new());
+    }
+    let (shared, run_id) = (&raw.shared, &raw.cell.run_id);
+    let with_limits = |r: &BudgetRecord| r.limits != BudgetLimits::default();
+    let pending = *raw.cell.spend.lock();
+    let mut counted = Vec::new();
+    if let Some(own) = spend::stored(&shared.store, run_id)?.filter(with_limits) {
+        let spent = add(add(own.spent, pending), spent_below(shared, run_id)?);
+        counted.push(Counted { payer: run_id.clone(), limits: own.limits, spent });
+    }
+    // A parent's budget counts its children's spending: this run's durable spending is
+    // among what is below it, its pending spending not yet.
+    for above in child::lineage(shared, &raw.cell)? {
+        if let Some(theirs) = spend::stored(&shared.store, &above.run_id)?.filter(with_limits) {
+            let spent = add(add(theirs.spent, spent_below(shared, &above.run_id)?), pending);
+            counted.push(Counted { payer: above.run_id.clone(), limits: theirs.limits, spent });
+        }
+    }
+    if counted.is_empty() {
+        // Limits never change after a run's start, those of the runs above neither.
+        raw.cell.without_budget.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    Ok(counted)
+}
+
+/// The limit `counted` has crossed, if any, named; `starting_effect` asks whether one more
+/// effect would cross `effects_max`. The time and recovery limits are the run's own.
+fn crossed(raw: &RawCtx, counted: &Counted, starting_effect: bool) -> Result<Option<String>, AgentError> {
+    let (limits, spent) = (counted.limits, counted.spent);
+    let own = counted.payer == raw.cell.run_id;
+    let name = |which: &str| {
+        if own { which.to_string() } else { format!("{which}, counted against run {}", counted.payer) }
+    };
     let effects = spent.effects.saturating_add(u32::from(starting_effect));
     if limits.effects_max.is_some_and(|max| effects > max) {
-        return Ok(Some("effects"));
+        return Ok(Some(name("effects")));
     }
     if limits.cost_units_max.is_some_and(|max| spent.cost_units > max) {
-        return Ok(Some("cost_units"));
+        return Ok(Some(name("cost_units")));
     }
-    if let Some(max_ms) = limits.wall_time_max_ms {
-        let created = shared.load_run(run_id)?.created_at_ms;
-        if shared.now_ms().saturating_sub(created) > max_ms {
-            return Ok(Some("wall_time"));
+    if let Some(max_ms) = limits.wall_time_max_ms.filter(|_| own) {
+        let created = raw.shared.load_run(&raw.cell.run_id)?.created_at_ms;
+        if raw.shared.now_ms().saturating_sub(created) > max_ms {
+            return Ok(Some(name("wall_time")));
+        }
+    }
+    Ok(None)
+}
+
+/// The first limit crossed among `counted`, if any.
+fn first_crossed(
+    raw: &RawCtx,
+    counted: &[Counted],
+    starting_effect: bool,
+) -> Result<Option<String>, AgentError> {
+    for c in counted {
+        if let Some(which) = crossed(raw, c, starting_effect)? {
+            return Ok(Some(which));
         }
     }
     Ok(None)
@@ -82,21 +148,24 @@ fn stop(raw: &RawCtx, which: &str) -> AgentError {
     AgentError::escalate(format!("budget: {which}"))
 }
 
-/// At a boundary: the run stops here if it has crossed a limit.
+/// At a boundary: the run stops here if it, or a run above it, has crossed a limit.
 pub(crate) fn check(raw: &RawCtx) -> Result<(), AgentError> {
-    let Some(record) = current(raw)? else { return Ok(()) };
-    match crossed(&raw.shared, &raw.cell.run_id, &record, false)? {
-        Some(which) => Err(stop(raw, which)),
+    let counted = current(raw)?;
+    match first_crossed(raw, &counted, false)? {
+        Some(which) => Err(stop(raw, &which)),
         None => Ok(()),
     }
 }
 
-/// Before a new effect is prepared: refused (the run stops) if it would cross a limit, else
-/// counted with the prepare's boundary.
+/// Before a new effect is prepared: refused (the run stops) if it would cross a limit of its
+/// own or of a run above it, else counted with the prepare's boundary.
 pub(crate) fn admit_effect(raw: &RawCtx) -> Result<(), AgentError> {
-    let Some(record) = current(raw)? else { return Ok(()) };
-    if let Some(which) = crossed(&raw.shared, &raw.cell.run_id, &record, true)? {
-        return Err(stop(raw, which));
+    let counted = current(raw)?;
+    if counted.is_empty() {
+        return Ok(());
+    }
+    if let Some(which) = first_crossed(raw, &counted, true)? {
+        return Err(stop(raw, &which));
     }
     raw.cell.spend.lock().effects += 1;
     Ok(())

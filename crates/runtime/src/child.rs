@@ -22,7 +22,10 @@ use std::sync::Arc;
 use crate::{
     error::{AgentError, RuntimeError},
     event,
-    kernel::shared::{RawCtx, Shared},
+    kernel::{
+        cell::{Ancestor, RunCell},
+        shared::{RawCtx, Shared},
+    },
     limits,
 };
 
@@ -53,7 +56,43 @@ impl<B> Child<B> {
 
 /// The idempotency key child `name` of `parent` is started under.
 fn start_key(parent: &str, name: &str) -> String {
-    format!("{parent}:child:{name}")
+    format!("{parent}{CHILD_KEY_MARK}{name}")
+}
+
+const CHILD_KEY_MARK: &str = ":child:";
+
+/// Whether a run started under idempotency key `key` may be a child: only a key of the
+/// shape `start_key` makes can be. A run a user started costs no read to know it has no
+/// parent.
+pub(crate) fn may_have_parent(key: &str) -> bool {
+    key.contains(CHILD_KEY_MARK)
+}
+
+/// How many runs above a run are looked at: a bound a chain of sub-agents does not reach.
+const LINEAGE_MAX: usize = 64;
+
+/// The runs above `run_id` (started under `key`), nearest first, read through the parent
+/// links.
+pub(crate) fn ancestors(shared: &Shared, run_id: &str, key: &str) -> Result<Vec<Ancestor>, RuntimeError> {
+    let mut out = Vec::new();
+    let (mut run_id, mut key) = (run_id.to_string(), key.to_string());
+    while out.len() < LINEAGE_MAX && may_have_parent(&key) {
+        let Some(parent) = parent_of(shared, &run_id)? else { break };
+        let run = shared.load_run(&parent.parent_run_id)?;
+        out.push(Ancestor { run_id: run.run_id.clone(), kind: run.kind.clone() });
+        (run_id, key) = (run.run_id.to_string(), run.key);
+    }
+    Ok(out)
+}
+
+/// The runs above a live run, read at the first need of its activation (they never change).
+pub(crate) fn lineage<'a>(shared: &Shared, cell: &'a RunCell) -> Result<&'a [Ancestor], RuntimeError> {
+    if let Some(known) = cell.lineage.get() {
+        return Ok(known);
+    }
+    let run = shared.load_run(&cell.run_id)?;
+    let found = ancestors(shared, &cell.run_id, &run.key)?;
+    Ok(cell.lineage.get_or_init(|| found.into_boxed_slice()))
 }
 
 /// The event a child's settlement sends its parent, for the parent's wait number `wait`.

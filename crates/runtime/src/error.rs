@@ -121,6 +121,15 @@ pub enum RuntimeError {
         /// Its state.
         state: String,
     },
+    /// The run is a child of a run that still exists: it is deleted with its parent, whose
+    /// `join` may still read it.
+    #[error("run {run_id} is a child of run {parent}; it is deleted with its parent")]
+    KeptWithParent {
+        /// The run.
+        run_id: RunId,
+        /// The run that started it.
+        parent: RunId,
+    },
     /// The input, message or payload was refused.
     #[error("invalid input: {0}")]
     InvalidInput(String),

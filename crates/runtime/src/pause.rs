@@ -2,7 +2,8 @@
 //! its next effect or at its fiber's start — state `Paused{reason}`, durable, the same run
 //! id — new starts are accepted and park the same way, and its alarms are held. A resume lets
 //! all of it continue, in the order it was paused. The pauses themselves are stored, so a
-//! restart keeps them.
+//! restart keeps them. A pause of a run or of its kind holds the runs it started too (and
+//! theirs): a paused parent's sub-agents do not go on without it.
 
 use std::sync::Arc;
 
@@ -12,14 +13,61 @@ use durafiber_store::{
 };
 
 use crate::{
+    child,
     error::{AgentError, RuntimeError},
-    kernel::shared::{RawCtx, Shared},
+    kernel::{
+        cell::Ancestor,
+        shared::{RawCtx, Shared},
+    },
 };
 
+/// Why a run of `kind` is held, if it is: its own pause, its kind's, or those of a run
+/// above it. `above` lists the runs above, asked only while something is paused.
+fn held_by(
+    shared: &Shared,
+    kind: &str,
+    run_id: &str,
+    above: impl FnOnce() -> Result<Vec<Ancestor>, RuntimeError>,
+) -> Result<Option<String>, RuntimeError> {
+    {
+        let pauses = shared.pauses.lock();
+        if pauses.is_empty() {
+            return Ok(None);
+        }
+        if let Some(reason) = pauses.reason(kind, run_id) {
+            return Ok(Some(reason));
+        }
+    }
+    let above = above()?;
+    let pauses = shared.pauses.lock();
+    Ok(above.iter().find_map(|a| {
+        pauses
+            .reason(&a.kind, &a.run_id)
+            .map(|reason| format!("{reason} (run {} above it is paused)", a.run_id))
+    }))
+}
+
+/// Why the live run of `raw` is held, if it is.
+fn live_reason(raw: &RawCtx) -> Result<Option<String>, RuntimeError> {
+    held_by(&raw.shared, &raw.cell.kind, &raw.cell.run_id, || {
+        Ok(child::lineage(&raw.shared, &raw.cell)?.to_vec())
+    })
+}
+
+/// Why `run` is held, if it is. A lineage that cannot be read leaves the run's own pause
+/// and its kind's to decide: a run is not left behind for a read that failed.
+pub(crate) fn reason_of(shared: &Shared, run: &RunRecord) -> Option<String> {
+    let above = || child::ancestors(shared, &run.run_id, &run.key);
+    held_by(shared, &run.kind, &run.run_id, above).unwrap_or_else(|e| {
+        tracing::warn!(run_id = %run.run_id, error = %e, "could not read the runs above a run; only its own pauses hold it");
+        shared.pauses.lock().reason(&run.kind, &run.run_id)
+    })
+}
+
 /// Before an effect and before a fiber's first step: waits, parked and `Paused`, while the
-/// run or its kind is paused.
+/// run, its kind, or a run above it (or its kind) is paused.
 pub(crate) async fn gate(raw: &RawCtx) -> Result<(), AgentError> {
-    let Some(reason) = raw.shared.pause_reason(&raw.cell.kind, &raw.cell.run_id) else { return Ok(()) };
+    let Some(reason) = live_reason(raw)? else { return Ok(()) };
     // Boxed: the hold is rare, and inline its state would be reserved in every fiber's and
     // every effect's future.
     Box::pin(hold(raw, reason)).await
@@ -28,7 +76,7 @@ pub(crate) async fn gate(raw: &RawCtx) -> Result<(), AgentError> {
 /// Holds the run, `Paused`, until its pause is lifted.
 async fn hold(raw: &RawCtx, reason: String) -> Result<(), AgentError> {
     let shared = &raw.shared;
-    let (run_id, kind) = (raw.cell.run_id.as_str(), raw.cell.kind.as_str());
+    let run_id = raw.cell.run_id.as_str();
     let paused = RunStatus::Paused { reason: reason.clone() };
     shared
         .update_run_from(&raw.cell, |run, _| match run.status {
@@ -43,7 +91,7 @@ async fn hold(raw: &RawCtx, reason: String) -> Result<(), AgentError> {
     let mut versions = shared.pause_version.subscribe();
     loop {
         versions.borrow_and_update();
-        if shared.pause_reason(kind, run_id).is_none() {
+        if live_reason(raw)?.is_none() {
             break;
         }
         if let Some(reason) = raw.cell.cancel.reason() {
@@ -71,12 +119,11 @@ async fn hold(raw: &RawCtx, reason: String) -> Result<(), AgentError> {
 }
 
 /// Holds a due alarm of a paused run until its resume; true when it is held.
-pub(crate) fn hold_alarm(shared: &Shared, kind: &str, run_id: &str, due_name: &str) -> bool {
-    let mut pauses = shared.pauses.lock();
-    if pauses.reason(kind, run_id).is_none() {
+pub(crate) fn hold_alarm(shared: &Shared, run: &RunRecord, due_name: &str) -> bool {
+    if reason_of(shared, run).is_none() {
         return false;
     }
-    pauses.held_alarms.insert((run_id.to_string(), due_name.to_string()));
+    shared.pauses.lock().held_alarms.insert((run.run_id.to_string(), due_name.to_string()));
     true
 }
 
@@ -90,7 +137,7 @@ pub(crate) async fn reenter(shared: &Arc<Shared>, run_id: &str) -> Result<(), Ru
     }
     let written = shared
         .update_run(run_id, |run, _| match run.status {
-            RunStatus::Paused { .. } if shared.pause_reason(&run.kind, &run.run_id).is_none() => {
+            RunStatus::Paused { .. } if reason_of(shared, run).is_none() => {
                 if run.attempt == 0 {
                     run.status = RunStatus::Accepted;
                 } else {
@@ -123,11 +170,15 @@ impl Target<'_> {
         }
     }
 
-    fn covers(&self, run: &RunRecord) -> bool {
-        match self {
-            Target::Kind(kind) => run.kind == *kind,
-            Target::Run(run_id) => run.run_id == *run_id,
-        }
+    /// Whether the pause held `run`: a run of the kind or the run itself, or a run below one.
+    fn covers(&self, shared: &Shared, run: &RunRecord) -> bool {
+        let matches = |kind: &str, run_id: &str| match self {
+            Target::Kind(k) => kind == *k,
+            Target::Run(id) => run_id == *id,
+        };
+        matches(&run.kind, &run.run_id)
+            || child::ancestors(shared, &run.run_id, &run.key)
+                .is_ok_and(|above| above.iter().any(|a| matches(&a.kind, &a.run_id)))
     }
 
     fn check(&self, shared: &Shared) -> Result<(), RuntimeError> {
@@ -198,8 +249,8 @@ pub(crate) async fn resume(shared: &Arc<Shared>, target: Target<'_>) -> Result<b
         for run_id in ids {
             let run = shared.load_run(&run_id)?;
             if matches!(run.status, RunStatus::Paused { .. })
-                && target.covers(&run)
-                && shared.pause_reason(&run.kind, &run.run_id).is_none()
+                && target.covers(shared, &run)
+                && reason_of(shared, &run).is_none()
             {
                 parked.push(run);
             }
@@ -213,22 +264,8 @@ pub(crate) async fn resume(shared: &Arc<Shared>, target: Target<'_>) -> Result<b
     for run in &parked {
         reenter(shared, &run.run_id).await?;
     }
-    let held: Vec<(String, String)> = {
-        let mut pauses = shared.pauses.lock();
-        let released: Vec<_> = pauses
-            .held_alarms
-            .iter()
-            .filter(|(run_id, _)| match target {
-                Target::Run(id) => run_id == id,
-                Target::Kind(_) => true,
-            })
-            .cloned()
-            .collect();
-        for entry in &released {
-            pauses.held_alarms.remove(entry);
-        }
-        released
-    };
+    // Every held alarm: one of a run below the resumed one was held by its pause too.
+    let held = std::mem::take(&mut shared.pauses.lock().held_alarms);
     let now = shared.now_ms();
     for (run_id, due_name) in held {
         // Delivery looks at the pause again: an alarm still held (by the other pause) waits on.

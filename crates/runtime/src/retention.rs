@@ -10,6 +10,11 @@
 //! deleting it again finishes the job: the run is gone once its record is. A start with the
 //! deleted run's idempotency key starts a new run.
 //!
+//! A child run (a sub-agent) goes with its parent, whose `join` may read it at any time: it
+//! is not deleted by itself while its parent exists (retention drops its index entry), and
+//! deleting the parent deletes its settled children, and theirs. A child still open then
+//! stays, on its own: it is no one's child any more, and goes by retention as any run.
+//!
 //! Retention ([`crate::Retention`]) deletes runs once they have been settled for as long as
 //! the config keeps their kind: a sweep every [`SWEEP_EVERY`] (or every half of the shortest
 //! retention, when that is shorter) walks the settled index (`keys::SETTLED`, by how and when
@@ -28,7 +33,7 @@ use durafiber_store::{
 };
 use serde::Serialize;
 
-use crate::{alarm, config::Retention, error::RuntimeError, eviction, kernel::shared::Shared};
+use crate::{alarm, child, config::Retention, error::RuntimeError, eviction, kernel::shared::Shared};
 
 /// Keys one commit of a deletion removes at most, but for a settled run's alarms (rare), which
 /// go in the commit of its own record.
@@ -79,7 +84,7 @@ async fn delete_together(
     let mut outcomes: Vec<Result<RunDeleted, RuntimeError>> = run_ids
         .iter()
         .map(|id| {
-            settled(&shared.load_run(id)?)?;
+            deletable(shared, &shared.load_run(id)?)?;
             Ok(RunDeleted { run_id: (*id).into(), records: 0 })
         })
         .collect();
@@ -93,7 +98,7 @@ async fn delete_together(
     let mut deleter = Deleter::default();
     for (id, outcome) in run_ids.iter().zip(outcomes.iter_mut()) {
         let Ok(deleted) = outcome else { continue };
-        match shared.load_run(id).and_then(|run| settled(&run).map(|()| run)) {
+        match shared.load_run(id).and_then(|run| deletable(shared, &run).map(|()| run)) {
             Ok(run) => deleted.records = deleter.run(shared, &run).await?,
             Err(e) => *outcome = Err(e),
         }
@@ -114,6 +119,20 @@ fn settled(run: &RunRecord) -> Result<(), RuntimeError> {
     match run.status.is_terminal() {
         true => Ok(()),
         false => Err(RuntimeError::RunOpen { run_id: run.run_id.clone(), state: run.status.name().into() }),
+    }
+}
+
+/// A settled run that is no child of a run that still exists: that one's deletion takes it.
+fn deletable(shared: &Shared, run: &RunRecord) -> Result<(), RuntimeError> {
+    settled(run)?;
+    if !child::may_have_parent(&run.key) {
+        return Ok(());
+    }
+    match child::parent_of(shared, &run.run_id)? {
+        Some(p) if shared.store.get(&keys::run(&p.parent_run_id))?.is_some() => {
+            Err(RuntimeError::KeptWithParent { run_id: run.run_id.clone(), parent: p.parent_run_id })
+        }
+        _ => Ok(()),
     }
 }
 
@@ -141,6 +160,7 @@ impl Deleter {
         records += self.drain(shared, &keys::SLEEPS.of_run(run_id)).await?;
         records += self.drain(shared, &keys::STORAGE.of_run(run_id)).await?;
         records += self.drain(shared, &keys::DEAD_LETTERS.of_run(run_id)).await?;
+        records += Box::pin(self.children(shared, run_id)).await?;
         // The run's own records, one key each, and its alarms (a settled run keeps none unless
         // it was escalated or cancelled while they were set) with their due-index entries:
         // room for them in this commit, or the next.
@@ -164,6 +184,25 @@ impl Deleter {
             records += self.gone(shared, keys::settled(how, run.updated_at_ms, run_id))?;
         }
         records += self.gone(shared, keys::run(run_id))?;
+        Ok(records)
+    }
+
+    /// Adds the records of `run_id`'s settled children (and theirs); an open child is
+    /// left, no one's child now. How many records.
+    async fn children(&mut self, shared: &Shared, run_id: &str) -> Result<usize, RuntimeError> {
+        let mut records = 0;
+        for (_, link) in child::children_of(shared, run_id)? {
+            let child = match shared.load_run(&link.child_run_id) {
+                Ok(child) => child,
+                Err(RuntimeError::UnknownRun { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            if child.status.is_terminal() {
+                records += self.run(shared, &child).await?;
+            } else {
+                records += self.gone(shared, keys::parent_of(&child.run_id))?;
+            }
+        }
         Ok(records)
     }
 
@@ -335,7 +374,13 @@ async fn sweep_settled(
             }
             match shared.load_run(run_id) {
                 Ok(run) if Settled::of(&run.status) == Some(how) && run.updated_at_ms == at_ms => {
-                    due.push(run_id.to_string());
+                    match deletable(shared, &run) {
+                        // It goes with its parent: its entry is not looked at again.
+                        Err(RuntimeError::KeptWithParent { .. }) => {
+                            stale.batch.delete(key.clone());
+                        }
+                        _ => due.push(run_id.to_string()),
+                    }
                 }
                 Ok(_) | Err(RuntimeError::UnknownRun { .. }) => {
                     stale.batch.delete(key.clone());

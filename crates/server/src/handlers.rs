@@ -153,7 +153,7 @@ pub(super) async fn show(State(app): State<AppState>, Path(run_id): Path<RunId>)
 
 /// Deletes a settled run and every record it owns (admin); the audit trail keeps its entries.
 #[utoipa::path(delete, path = "/runs/{id}", tag = "runs", params(("id" = String, Path, description = "the run id")),
-    responses((status = 200, description = "deleted, with how many records went", body = RunDeleted), (status = "4XX", description = "refused: the JSON error shape (409 `RunOpen` for a run that is not settled)", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
+    responses((status = 200, description = "deleted, with how many records went", body = RunDeleted), (status = "4XX", description = "refused: the JSON error shape (409 `RunOpen` for a run that is not settled, `KeptWithParent` for a child of a run that exists)", body = ErrorBody), (status = "5XX", description = "the server's own failure", body = ErrorBody)))]
 pub(super) async fn delete(State(app): State<AppState>, Path(run_id): Path<RunId>) -> ApiResult {
     ok(app.runtime.delete_run(&run_id).await?)
 }

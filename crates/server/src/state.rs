@@ -115,6 +115,7 @@ impl From<RuntimeError> for ApiError {
             ForkRefused { .. } => (StatusCode::CONFLICT, "ForkRefused"),
             RunFinished { .. } => (StatusCode::CONFLICT, "RunFinished"),
             RunOpen { .. } => (StatusCode::CONFLICT, "RunOpen"),
+            KeptWithParent { .. } => (StatusCode::CONFLICT, "KeptWithParent"),
             InvalidInput(_) | Config(_) => (StatusCode::BAD_REQUEST, "InvalidInput"),
             // The agent refused what the request asked: it conflicts with the run as it is.
             Agent(_) => (StatusCode::CONFLICT, "Agent"),

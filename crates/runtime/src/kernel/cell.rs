@@ -52,6 +52,17 @@ pub(crate) struct RunCell {
     /// Set once the run's budget was read and it has no limits (they never change after its
     /// start), so its boundaries read nothing more.
     pub without_budget: std::sync::atomic::AtomicBool,
+    /// The runs above this one (a sub-agent's parent, that one's parent…), nearest first:
+    /// their pauses hold it and their budgets count its spending. Read once, when first
+    /// needed; set empty at once for a run no run started (`without_parent`).
+    pub lineage: std::sync::OnceLock<Box<[Ancestor]>>,
+}
+
+/// A run above another: its parent, or its parent's parent (sub-agents).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Ancestor {
+    pub run_id: RunId,
+    pub kind: String,
 }
 
 /// A request to stop the run, and its reason, for the fiber to see. A `watch` channel did
@@ -129,7 +140,14 @@ impl RunCell {
             live: Mutex::new(None),
             spend: Mutex::new(Default::default()),
             without_budget: std::sync::atomic::AtomicBool::new(false),
+            lineage: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Says that no run is above this one (no run started it), so nothing reads its lineage.
+    pub fn without_parent(self) -> Self {
+        let _ = self.lineage.set(Box::default());
+        self
     }
 
     pub fn fiber_running(&self) -> bool {

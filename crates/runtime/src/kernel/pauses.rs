@@ -30,6 +30,11 @@ impl Pauses {
         Ok(pauses)
     }
 
+    /// Whether nothing is paused: the check before every effect stops here.
+    pub fn is_empty(&self) -> bool {
+        self.kinds.is_empty() && self.runs.is_empty()
+    }
+
     /// Why a run of `kind` is held, if it is: the run's own pause, else its kind's.
     pub fn reason(&self, kind: &str, run_id: &str) -> Option<String> {
         self.runs.get(run_id).or_else(|| self.kinds.get(kind)).map(|p| p.reason.clone())

@@ -253,11 +253,6 @@ impl Shared {
         json::canonical_with_hash(&value)
     }
 
-    /// Why a run of `kind` is held by an operator, if it is.
-    pub fn pause_reason(&self, kind: &str, run_id: &str) -> Option<String> {
-        self.pauses.lock().reason(kind, run_id)
-    }
-
     pub fn status_changed(&self) {
         self.status_version.send_modify(|v| *v += 1);
     }

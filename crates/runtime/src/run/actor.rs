@@ -84,7 +84,7 @@ pub(crate) fn new_cell(
         None => shared.config.durability,
     };
     let seq = stash.as_ref().ok().and_then(|s| s.as_ref()).map(|s| s.record.seq).unwrap_or(0);
-    Ok(Arc::new(RunCell::new(
+    let cell = RunCell::new(
         &run.run_id,
         &run.kind,
         durability,
@@ -92,7 +92,8 @@ pub(crate) fn new_cell(
         run.attempt,
         seq,
         run.cancel_reason.clone(),
-    )))
+    );
+    Ok(Arc::new(if crate::child::may_have_parent(&run.key) { cell } else { cell.without_parent() }))
 }
 
 /// A cold start told to the activity tracker, the metrics and the event log. Logged before

@@ -185,7 +185,7 @@ async fn deliver(
         }
         None => {}
     }
-    if pause::hold_alarm(shared, &run.kind, run_id, due_name) {
+    if pause::hold_alarm(shared, &run, due_name) {
         shared.event(run_id, "alarm_held", format!("{name}: the run is paused"));
         return Ok(());
     }

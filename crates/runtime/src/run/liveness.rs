@@ -56,8 +56,7 @@ pub(crate) fn check(shared: &Shared) -> Result<Vec<LivenessViolation>, RuntimeEr
 /// run, and activation re-enters an interrupted fiber).
 fn parked(shared: &Shared, run: &tables::RunRecord) -> Result<bool, RuntimeError> {
     // Held by an operator, who resumes it: a durable wait for a human.
-    if matches!(run.status, RunStatus::Paused { .. }) && shared.pause_reason(&run.kind, &run.run_id).is_some()
-    {
+    if matches!(run.status, RunStatus::Paused { .. }) && crate::pause::reason_of(shared, run).is_some() {
         return Ok(true);
     }
     if let RunStatus::WaitingApproval { approval_id } = &run.status {

@@ -194,7 +194,7 @@ async fn reactivate_batch(shared: &Arc<Shared>, found: Vec<Found>) -> Result<usi
             RunStatus::Accepted | RunStatus::Running => interrupted += 1,
             // Paused, but its pause was lifted by a resume the process died in: no run is
             // left behind.
-            RunStatus::Paused { .. } if shared.pause_reason(&run.kind, &run.run_id).is_none() => {
+            RunStatus::Paused { .. } if crate::pause::reason_of(shared, &run).is_none() => {
                 interrupted += 1;
                 lifted.push(run_id);
                 continue;
