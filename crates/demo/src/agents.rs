@@ -276,6 +276,6 @@ impl Agent for Refund {
 }
 
 pub use crate::order::{
-    ORDER_ALARMS, ORDER_PHASES, ORDER_STORAGE, Order, OrderInput, OrderOutput, OrderProgress, OrderStash,
-    OrderV2,
+    Label, LabelInput, ORDER_ALARMS, ORDER_RECEIPT, ORDER_STORAGE, ORDER_STREAM, Order, OrderInput,
+    OrderOutput, OrderProgress, OrderStash, OrderV2,
 };

@@ -1,5 +1,6 @@
-//! The torture's order agent, in two stash versions, and what it writes: its phases, its
-//! storage keys, the upstream collection its alarm handler reports to.
+//! The torture's order agent, in two stash versions, and what it writes: its output stream,
+//! its storage keys, the upstream collection its alarm handler reports to; and the label
+//! agent it starts as a child run.
 
 use durafiber_runtime::{Agent, AgentError, Ctx, Recovered};
 use serde::{Deserialize, Serialize};
@@ -8,10 +9,12 @@ use serde_json::{Value, json};
 use durafiber_testkit::upstream::post_idempotent;
 
 /// The torture's order job: stashes, two named alarms, a human approval, two effects through
-/// an idempotent upstream, a durable sleep, a wait for the external event `packed`, storage
-/// written in transactions, and a wait until both alarms were delivered. Every step is a
-/// boundary, an effect or a guarded storage write, so re-entering from the top at any point
-/// is safe. What it stores, `on_request` answers (see [`ORDER_STORAGE`]).
+/// an idempotent upstream and a streaming one (the receipt, streamed to the run's output),
+/// a child run that makes the shipping label ([`Label`]) and is joined, a durable sleep, a
+/// wait for the external event `packed`, storage written in transactions, and a wait until
+/// both alarms were delivered. Every step is a boundary, an effect, a child started under
+/// its name or a guarded storage write, so re-entering from the top at any point is safe.
+/// What it stores, `on_request` answers (see [`ORDER_STORAGE`]).
 ///
 /// It comes in two stash versions, so the torture can deploy version 2 over a store full of
 /// version 1 runs: [`Order`] stashes its phase as a number, [`OrderV2`] as an
@@ -109,8 +112,27 @@ pub struct OrderInput {
     pub alarm_handler_ms: u64,
 }
 
-/// What [`Order`] writes to its output stream, one chunk per phase, each once.
-pub const ORDER_PHASES: [&str; 4] = ["received", "alarms_set", "charged", "done"];
+/// The receipt [`Order`] streams, chunk by chunk, from its streaming effect `receipt`.
+pub const ORDER_RECEIPT: [&str; 4] = ["thank you:", "your order", "is charged", "and on its way"];
+
+/// What [`Order`] writes to its output stream, each once and in this order: a chunk per
+/// phase, and the receipt's chunks after `charged`.
+pub const ORDER_STREAM: [&str; 8] = [
+    "received",
+    "alarms_set",
+    "charged",
+    ORDER_RECEIPT[0],
+    ORDER_RECEIPT[1],
+    ORDER_RECEIPT[2],
+    ORDER_RECEIPT[3],
+    "done",
+];
+
+/// Where in [`ORDER_STREAM`] each phase is.
+const AT_RECEIVED: u64 = 0;
+const AT_ALARMS_SET: u64 = 1;
+const AT_CHARGED: u64 = 2;
+const AT_DONE: u64 = 7;
 
 /// Output of [`Order`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -119,6 +141,9 @@ pub struct OrderOutput {
     pub charge_id: Option<String>,
     /// The upstream email's id.
     pub email_id: Option<String>,
+    /// The shipping label's id, as the child run that made it answered.
+    #[serde(default)]
+    pub label_id: Option<String>,
 }
 
 /// The upstream collection where [`Order`]'s alarm handler reports each delivery, keyed
@@ -131,18 +156,19 @@ pub const ORDER_ALARMS: &str = "alarm_deliveries";
 pub const ORDER_STORAGE: [&str; 3] = ["charge_id", "cool_off", "packed"];
 
 impl<S: OrderStash> Order<S> {
-    /// Emits phase `n` when the fiber stands at its place in the stream. The flow re-enters
-    /// from the top rather than at its last stash, where the stream stands past the phases
-    /// before it: those are skipped, not emitted again out of place.
-    fn phase(ctx: &Ctx<Self>, n: u32) -> Result<(), AgentError> {
-        if ctx.stream_len()? == u64::from(n) {
-            ctx.emit(ORDER_PHASES[n as usize])?;
+    /// Emits the phase at `at` in [`ORDER_STREAM`] when the fiber stands at its place in the
+    /// stream. The flow re-enters from the top rather than at its last stash, where the
+    /// stream stands past the phases before it: those are skipped, not emitted again out of
+    /// place.
+    fn phase(ctx: &Ctx<Self>, at: u64) -> Result<(), AgentError> {
+        if ctx.stream_len()? == at {
+            ctx.emit(ORDER_STREAM[at as usize])?;
         }
         Ok(())
     }
 
     async fn flow(&self, ctx: &mut Ctx<Self>, input: OrderInput) -> Result<OrderOutput, AgentError> {
-        Self::phase(ctx, 0)?;
+        Self::phase(ctx, AT_RECEIVED)?;
         ctx.stash("received", &S::at(0)).await?;
         for (i, delay_ms) in input.alarm_delays_ms.iter().enumerate() {
             let payload = json!({"upstream": input.upstream, "handler_ms": input.alarm_handler_ms});
@@ -158,7 +184,7 @@ impl<S: OrderStash> Order<S> {
                 ctx.set_alarm(&format!("alarm:{i}"), spec).await?;
             }
         }
-        Self::phase(ctx, 1)?;
+        Self::phase(ctx, AT_ALARMS_SET)?;
         ctx.stash("alarms_set", &S::at(1)).await?;
         let ask = json!({"order_id": input.order_id, "amount_cents": input.amount_cents});
         let decision = ctx.request_approval("ship", &ask).await?;
@@ -172,8 +198,26 @@ impl<S: OrderStash> Order<S> {
                 async move { post_idempotent(&http, &base, "charges", &key, None, &args).await }
             })
             .await?;
-        Self::phase(ctx, 2)?;
+        Self::phase(ctx, AT_CHARGED)?;
         ctx.stash("charged", &S::at(2)).await?;
+        // Streamed a chunk at a time, a little apart, so kills land in the middle of it: the
+        // stream keeps one copy, of the call that committed.
+        let (http, base) = (self.http.clone(), input.upstream.clone());
+        let receipt_args = json!({"order_id": input.order_id, "charge": charge["id"]});
+        let _receipt: Value = ctx
+            .effect_stream("receipt", receipt_args, Default::default(), move |key, args, sink| {
+                let (http, base) = (http.clone(), base.clone());
+                async move {
+                    for part in ORDER_RECEIPT {
+                        sink.send(part)?;
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    }
+                    post_idempotent(&http, &base, "receipts", &key, None, &args)
+                        .await
+                        .map_err(durafiber_runtime::EffectError::retryable)
+                }
+            })
+            .await?;
         let (http, base) = (self.http.clone(), input.upstream.clone());
         let email_args = json!({"order_id": input.order_id, "charge": charge["id"]});
         // A policy of its own: more attempts, shorter waits than the default.
@@ -194,6 +238,9 @@ impl<S: OrderStash> Order<S> {
                 }
             })
             .await?;
+        let label = LabelInput { order_id: input.order_id.clone(), upstream: input.upstream.clone() };
+        let label = ctx.start_child::<Label>("label", &label).await?;
+        let label_id = ctx.join(&label).await?;
         ctx.storage()
             .transaction(|txn| match txn.contains("charge_id")? {
                 true => Ok(()),
@@ -251,11 +298,12 @@ impl<S: OrderStash> Order<S> {
             }
             ctx.sleep_in_memory(std::time::Duration::from_millis(10)).await;
         }
-        Self::phase(ctx, 3)?;
+        Self::phase(ctx, AT_DONE)?;
         ctx.stash("done", &S::at(3)).await?;
         Ok(OrderOutput {
             charge_id: charge["id"].as_str().map(str::to_string),
             email_id: email["id"].as_str().map(str::to_string),
+            label_id: Some(label_id),
         })
     }
 
@@ -336,5 +384,54 @@ impl<S: OrderStash> Agent for Order<S> {
         let body = json!({"run_id": ctx.run_id(), "alarm": alarm.name});
         post_idempotent(&self.http, base, ORDER_ALARMS, &key, None, &body).await.map_err(AgentError::fail)?;
         Ok(())
+    }
+}
+
+/// Input of [`Label`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LabelInput {
+    /// The order the label is for.
+    pub order_id: String,
+    /// Base URL of the upstream.
+    pub upstream: String,
+}
+
+/// The shipping label of an [`Order`], made by a child run: one effect through the upstream
+/// (collection `labels`), answering with the label's id.
+#[derive(Clone, Default)]
+pub struct Label {
+    http: reqwest::Client,
+}
+
+impl Label {
+    async fn flow(&self, ctx: &mut Ctx<Self>, input: LabelInput) -> Result<String, AgentError> {
+        let (http, base) = (self.http.clone(), input.upstream.clone());
+        let made: Value = ctx
+            .effect("label", json!({"order_id": input.order_id}), move |key, args| {
+                let (http, base) = (http.clone(), base.clone());
+                async move { post_idempotent(&http, &base, "labels", &key, None, &args).await }
+            })
+            .await?;
+        Ok(made["id"].as_str().unwrap_or_default().to_string())
+    }
+}
+
+impl Agent for Label {
+    const KIND: &'static str = "label";
+    type Input = LabelInput;
+    type Stash = ();
+    type Output = String;
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, input: LabelInput) -> Result<String, AgentError> {
+        self.flow(ctx, input).await
+    }
+
+    async fn on_fiber_recovered(
+        &self,
+        ctx: &mut Ctx<Self>,
+        r: Recovered<Self>,
+    ) -> Result<String, AgentError> {
+        self.flow(ctx, r.input).await
     }
 }

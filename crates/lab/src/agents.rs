@@ -1,13 +1,13 @@
 //! The agents the `durafiber` binary hosts: the refund job of the drill, the order job of the
-//! torture and its poison, the `steps` agent of the benchmarks and the `writer` of the
-//! output-stream tests, all from the demo crate, so the server, the drill and the tests run
-//! the same code.
+//! torture with its label child and its poison, the `steps` agent of the benchmarks and the
+//! `writer` of the output-stream tests, all from the demo crate, so the server, the drill
+//! and the tests run the same code.
 
 use durafiber_runtime::RunId;
 use std::{io::Write as _, sync::Arc};
 
 use durafiber_demo::{
-    agents::{Order, OrderV2, Refund, Steps, Writer},
+    agents::{Label, Order, OrderV2, Refund, Steps, Writer},
     poison::Poison,
 };
 use durafiber_runtime::{Boundary, CrashHook, RuntimeBuilder, testing::BuilderTestExt as _};
@@ -23,7 +23,12 @@ pub struct Hosting {
 
 /// Registers every demo agent kind, and the stop point if one is asked for.
 pub fn register(builder: RuntimeBuilder, hosting: &Hosting) -> RuntimeBuilder {
-    let builder = builder.agent(Refund::default()).agent(Steps::default()).agent(Writer).agent(Poison);
+    let builder = builder
+        .agent(Refund::default())
+        .agent(Steps::default())
+        .agent(Writer)
+        .agent(Poison)
+        .agent(Label::default());
     let builder = match hosting.order_stash_version {
         2 => builder.agent(OrderV2::default()),
         _ => builder.agent(Order::<u32>::default()),

@@ -1,6 +1,7 @@
 //! The random-kill torture runs in the suite: a real server SIGKILLed 150 times at seeded
 //! random times (30% of them while the store opens and the recovery scan runs) while runs
-//! keep starting; every promise is then checked against the independent upstream. Two
+//! keep starting, each order streaming a receipt and joining a child run; every promise is
+//! then checked against the independent upstream. Two
 //! poison runs, whose recovery hook aborts the process, end escalated; no other run does.
 
 use durafiber_testkit::process::{CHILD_DEADLINE, OutputWithin};
@@ -28,6 +29,7 @@ fn a_server_killed_150_times_loses_nothing_and_duplicates_nothing() {
         "alarms_lost",
         "storage_mismatches",
         "streams_wrong",
+        "children_wrong",
         "events_twice",
         "store_unopenable",
         "panics",

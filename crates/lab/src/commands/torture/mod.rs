@@ -1,10 +1,11 @@
 //! `durafiber torture`: the project's own random-kill torture, beside the drill.
 //!
 //! A real `durafiber serve` hosts the order agent (stashes, two named alarms — for half the
-//! runs the first on a cron schedule —, an output stream, a human
-//! approval, two effects through the test kit's idempotent upstream (one with its own retry
-//! policy), a durable sleep, a wait
-//! for the external event `packed`, storage written in transactions). New runs keep being
+//! runs the first on a cron schedule —, an output stream, a human approval, two effects
+//! through the test kit's idempotent upstream (one with its own retry policy), a streaming
+//! effect whose receipt goes to the output stream chunk by chunk, a child run that makes the
+//! shipping label and is joined, a durable sleep, a wait for the external event `packed`,
+//! storage written in transactions). New runs keep being
 //! started, sent their event (once per run, with an idempotency key) and approved while the harness SIGKILLs the server at seeded random times — 30%
 //! of kills in the first 30 ms of a process's life (store open, recovery scan), the rest
 //! within 370 ms of the server answering — and restarts it. Then one last server runs until every run
@@ -13,13 +14,17 @@
 //!
 //! - one run id per idempotency key, over every start call (each key is started again at
 //!   the end);
-//! - upstream objects exactly as expected: one charge and one email per order;
+//! - upstream objects exactly as expected: one charge, one email, one receipt and one label
+//!   (made by the order's child run) per order;
 //! - every committed ledger receipt equals the upstream object of its key;
 //! - every order `Completed` (nothing escalated: no order asks for it, and the deaths the
 //!   poison causes are not theirs); every poison run `Escalated` for its hook's deaths;
 //! - every alarm delivered at least once;
-//! - each completed run's output stream exactly its phases, once each and in order (the
-//!   agent emits a phase unless its stream holds it, so a re-entry continues the stream);
+//! - each completed run's output stream exactly its phases and its receipt, once each and in
+//!   order (the agent emits a phase unless its stream holds it, so a re-entry continues the
+//!   stream; the receipt's chunks are those of the call that committed, however many calls
+//!   a kill cut off);
+//! - each completed order's output names the label its child made;
 //! - each run's storage as its story says: the charge id of its upstream charge, a sleep
 //!   that woke no earlier than its duration after the run first reached it, the payload of
 //!   its one event; every event sent again at the end is a `duplicate` or finds the run
@@ -192,6 +197,7 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
             report.alarms_lost,
             report.storage_mismatches,
             report.streams_wrong,
+            report.children_wrong,
             report.events_twice,
             report.store_unopenable,
             report.panics,
@@ -202,7 +208,12 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
         .all(|n| *n == 0);
     let recording = json!({
         "report": report,
-        "upstream": {"charges": h.upstream.objects("charges"), "emails": h.upstream.objects("emails")},
+        "upstream": {
+            "charges": h.upstream.objects("charges"),
+            "emails": h.upstream.objects("emails"),
+            "receipts": h.upstream.objects("receipts"),
+            "labels": h.upstream.objects("labels"),
+        },
         "runs": finished.runs,
     });
     std::fs::write(out.join("report.json"), serde_json::to_string_pretty(&recording)?)?;
@@ -325,7 +336,7 @@ pub async fn run(json_line: bool, plan: Plan, out: Option<&Path>) -> anyhow::Res
     );
     println!(
         "ids per key (max) {}, duplicate effects {}, missing effects {}, ledger mismatches {}, alarms lost {}, \
-         storage mismatches {}, streams wrong {}, stash version 2 {}, events twice {}, store unopenable {}, panics {}, stuck {}, server exits {}: {}",
+         storage mismatches {}, streams wrong {}, children wrong {}, stash version 2 {}, events twice {}, store unopenable {}, panics {}, stuck {}, server exits {}: {}",
         r.ids_per_key_max,
         r.duplicate_effects,
         r.missing_effects,
@@ -333,6 +344,7 @@ pub async fn run(json_line: bool, plan: Plan, out: Option<&Path>) -> anyhow::Res
         r.alarms_lost,
         r.storage_mismatches,
         r.streams_wrong,
+        r.children_wrong,
         r.stash_v2,
         r.events_twice,
         r.store_unopenable,

@@ -44,8 +44,11 @@ pub struct TortureReport {
     pub alarms_lost: usize,
     /// Completed runs whose storage is not what their story says (see the module doc).
     pub storage_mismatches: usize,
-    /// Completed runs whose output stream is not their phases, once each and in order.
+    /// Completed runs whose output stream is not their phases and receipt, once each and in
+    /// order.
     pub streams_wrong: usize,
+    /// Completed orders whose output does not name the label their child run made.
+    pub children_wrong: usize,
     /// Runs whose last stash was written (or upgraded) by version 2 of the order agent, deployed
     /// halfway: more than none, or the deploy carried nothing.
     pub stash_v2: usize,

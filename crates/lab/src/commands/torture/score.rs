@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use durafiber_demo::agents::{ORDER_ALARMS, ORDER_PHASES};
+use durafiber_demo::agents::{ORDER_ALARMS, ORDER_RECEIPT, ORDER_STREAM};
 use durafiber_runtime::payload_hash;
 use serde_json::{Value, json};
 
@@ -32,6 +32,7 @@ pub(super) fn score(h: &Harness, finished: &Finished, report: &mut TortureReport
     report.ids_per_key_max = h.ids.values().map(BTreeSet::len).max().unwrap_or(0);
     let upstream = |collection: &str| h.upstream.objects(collection);
     let (charges, emails, alarms) = (upstream("charges"), upstream("emails"), upstream(ORDER_ALARMS));
+    let (receipts, labels) = (upstream("receipts"), upstream("labels"));
     for run in finished.runs.values() {
         let status = &run["run"]["status"];
         if run["run"]["kind"] == "poison" {
@@ -53,7 +54,7 @@ pub(super) fn score(h: &Harness, finished: &Finished, report: &mut TortureReport
         }
     }
     report.stuck += h.ids.values().flatten().filter(|id| !finished.runs.contains_key(*id)).count();
-    for objects in [&charges, &emails] {
+    for objects in [&charges, &emails, &receipts, &labels] {
         let mut per_order: BTreeMap<String, usize> = BTreeMap::new();
         for o in objects.iter() {
             let order = o["request"]["order_id"].as_str().unwrap_or("?").to_string();
@@ -72,9 +73,14 @@ pub(super) fn score(h: &Harness, finished: &Finished, report: &mut TortureReport
             if entry["committed"].is_null() {
                 continue;
             }
-            let collection = if entry["effect_id"] == "charge" { &charges } else { &emails };
+            let collection = match entry["effect_id"].as_str() {
+                Some("charge") => &charges,
+                Some("receipt") => &receipts,
+                _ => &emails,
+            };
             let object = collection.iter().find(|o| o["idempotency_key"] == entry["idempotency_key"]);
-            let matches = object.is_some_and(|o| entry["committed"]["receipt_hash"] == hash_of(o).as_str());
+            let matches = object
+                .is_some_and(|o| entry["committed"]["receipt_hash"] == receipt_hash(&entry, o).as_str());
             if !matches {
                 report.ledger_mismatches += 1;
             }
@@ -86,6 +92,9 @@ pub(super) fn score(h: &Harness, finished: &Finished, report: &mut TortureReport
         let input = run["run"]["input"].clone();
         if !storage_as_told(run, &input, finished.storage.get(run_id), &charges) {
             report.storage_mismatches += 1;
+        }
+        if !label_as_told(run, &input, &labels) {
+            report.children_wrong += 1;
         }
         if !stream_as_told(finished.streams.get(run_id)) {
             report.streams_wrong += 1;
@@ -103,16 +112,36 @@ pub(super) fn score(h: &Harness, finished: &Finished, report: &mut TortureReport
     }
 }
 
-/// Whether a completed order's output stream is its phases, numbered 0, 1, 2, … in order.
+/// The hash a ledger entry's receipt has when it is upstream object `o`: a streaming
+/// effect's receipt keeps its chunks beside the answer, and where the stream holds them.
+fn receipt_hash(entry: &Value, o: &Value) -> String {
+    if entry["effect_id"] != "receipt" {
+        return hash_of(o);
+    }
+    let chunks: Vec<String> = ORDER_RECEIPT.iter().filter_map(|c| serde_json::to_string(c).ok()).collect();
+    let first_seq = ORDER_STREAM.iter().position(|c| *c == ORDER_RECEIPT[0]).unwrap_or(0);
+    hash_of(&json!({"result": o, "chunks": chunks, "first_seq": first_seq}))
+}
+
+/// Whether a completed order's output stream is its phases and its streamed receipt,
+/// numbered 0, 1, 2, … in order: one copy of the receipt, of the call that committed.
 fn stream_as_told(chunks: Option<&Vec<Value>>) -> bool {
     let Some(chunks) = chunks else { return false };
     let told: Vec<(u64, String)> = chunks
         .iter()
         .filter_map(|c| Some((c["seq"].as_u64()?, serde_json::from_str(c["data_json"].as_str()?).ok()?)))
         .collect();
-    let phases: Vec<(u64, String)> =
-        ORDER_PHASES.iter().enumerate().map(|(n, p)| (n as u64, p.to_string())).collect();
-    told == phases
+    let expected: Vec<(u64, String)> =
+        ORDER_STREAM.iter().enumerate().map(|(n, p)| (n as u64, p.to_string())).collect();
+    told == expected
+}
+
+/// Whether a completed order's output names the label its child run made upstream, for
+/// this order.
+fn label_as_told(run: &Value, input: &Value, labels: &[Value]) -> bool {
+    let Some(output) = run["run"]["status"]["completed"]["output"].as_object() else { return false };
+    let label = labels.iter().find(|o| o["request"]["order_id"] == input["order_id"]);
+    label.is_some_and(|l| output.get("label_id") == Some(&l["id"]))
 }
 
 /// Whether a completed order's storage tells its story: the id of the upstream charge its
