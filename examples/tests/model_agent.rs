@@ -64,7 +64,8 @@ impl CheckUpstream for World {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_model_agent_pays_for_each_turn_and_calls_each_tool_once_under_every_crash_kill_and_eviction() {
+async fn the_model_agent_pays_for_each_turn_and_calls_each_tool_once_under_every_crash_kill_eviction_and_fork()
+ {
     let model = Arc::new(FakeOpenAi::start().await.expect("model"));
     let tools = Arc::new(Upstream::start().await.expect("tools"));
     script(&model, &["Refunded ", "5.00 ", "on ord_1."]);
@@ -78,10 +79,12 @@ async fn the_model_agent_pays_for_each_turn_and_calls_each_tool_once_under_every
         .crash_at_every_boundary()
         .kill_during_effects()
         .eviction_matrix()
+        .fork_at_every_boundary()
         .seeds(1..3)
         .run()
         .await;
     report.assert_ok();
+    assert!(report.cases.iter().any(|c| c.name.contains("fork")), "forked at its boundaries");
     let baseline = &report.baseline;
     assert!(
         matches!(&baseline.final_state, Some(durafiber::RunStatus::Completed { output_json }) if output_json.contains("Refunded 5.00 on ord_1.")),

@@ -159,6 +159,7 @@ impl Deleter {
         records += self.drain(shared, &keys::EVENT_WAITS.of_run(run_id)).await?;
         records += self.drain(shared, &keys::SLEEPS.of_run(run_id)).await?;
         records += self.drain(shared, &keys::STORAGE.of_run(run_id)).await?;
+        records += self.drain(shared, &keys::STORAGE_UNDO.of_run(run_id)).await?;
         records += self.drain(shared, &keys::DEAD_LETTERS.of_run(run_id)).await?;
         records += Box::pin(self.children(shared, run_id)).await?;
         // The run's own records, one key each, and its alarms (a settled run keeps none unless
@@ -178,6 +179,7 @@ impl Deleter {
         records += self.gone(shared, keys::budget(run_id))?;
         records += self.gone(shared, keys::paused_run(run_id))?;
         records += self.gone(shared, keys::fork(run_id))?;
+        records += self.gone(shared, keys::storage_log(run_id))?;
         records += self.gone(shared, keys::parent_of(run_id))?;
         records += self.drain(shared, &keys::CHILDREN.of_run(run_id)).await?;
         if let Some(how) = Settled::of(&run.status) {

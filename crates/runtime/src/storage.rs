@@ -7,6 +7,13 @@
 //! whole transactions, never part of one. Writes of one run are serialized by the run's
 //! storage lock, which also keeps its key count.
 //!
+//! Each write also keeps, per key, what the key held before the run's first write to it after
+//! the last boundary (`storage_undo`), for the boundaries the run's history keeps: undone back
+//! to a boundary, they give the storage as it was there, which a fork of the run starts with
+//! ([`as_at`]). A run's storage history is whole from the boundary its `storage_logs` record
+//! names: its first write's (0 when its storage was empty), so a run whose storage was
+//! written before histories were kept cannot be forked to a boundary before that.
+//!
 //! A write is not part of the stash that follows it: it may be durable before that stash is
 //! (another run's barrier covers it; on PostgreSQL every write is durable once applied). A
 //! fiber re-entered at a stash can find storage written after it, before the crash. So what
@@ -15,7 +22,10 @@
 
 use std::collections::BTreeMap;
 
-use durafiber_store::{Batch, Durability, Store, tables::keys};
+use durafiber_store::{
+    Batch, Durability, Store,
+    tables::{StorageUndo, keys},
+};
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
@@ -168,14 +178,31 @@ impl<'a> Storage<'a> {
         if txn.staged.is_empty() {
             return Ok(out);
         }
+        let mut batch = Batch::new();
+        let keeps_history = shared.config.history_max > 0;
+        let boundary = self.cell.seq.load(std::sync::atomic::Ordering::SeqCst);
         let keys = match *keys_cached {
             Some(n) => n,
-            None => shared.store.keys_and_sizes(&keys::STORAGE.of_run(self.run_id()), usize::MAX)?.len(),
+            None => {
+                let n = shared.store.keys_and_sizes(&keys::STORAGE.of_run(self.run_id()), usize::MAX)?.len();
+                let log = keys::storage_log(self.run_id());
+                if keeps_history && shared.store.get(&log)?.is_none() {
+                    batch.put(log, &if n == 0 { 0 } else { boundary })?;
+                }
+                n
+            }
         };
-        let mut batch = Batch::new();
+        if keeps_history {
+            forget_undone_before(shared, self.run_id(), boundary, &mut batch)?;
+        }
         let mut keys_after = keys;
         for (key, value) in &txn.staged {
-            let existed = read_json(&shared.store, self.run_id(), key)?.is_some();
+            let before = read_json(&shared.store, self.run_id(), key)?;
+            let existed = before.is_some();
+            let undo = keys::storage_undo(self.run_id(), boundary, key);
+            if keeps_history && shared.store.get(&undo)?.is_none() {
+                batch.put(undo, &StorageUndo { before })?;
+            }
             let full_key = keys::storage(self.run_id(), key);
             match value {
                 Some(text) => {
@@ -206,6 +233,81 @@ impl<'a> Storage<'a> {
     /// Returns once every storage write of the run so far is durable.
     pub async fn sync(&self) -> Result<(), AgentError> {
         Ok(self.shared.store.barrier().await?)
+    }
+}
+
+/// How many of a run's oldest history entries a write looks at to forget.
+const UNDO_FORGET_MAX: usize = 16;
+
+/// Stages the removal of the run's oldest history entries that no boundary its history keeps
+/// needs any more: those of boundaries more than `history_max` before `boundary`.
+fn forget_undone_before(
+    shared: &Shared,
+    run_id: &str,
+    boundary: u64,
+    batch: &mut Batch,
+) -> Result<(), AgentError> {
+    let kept = u64::from(shared.config.history_max).saturating_add(1);
+    let Some(oldest_needed) = boundary.checked_sub(kept) else { return Ok(()) };
+    for key in shared.store.keys_in(&keys::STORAGE_UNDO.of_run(run_id), None, UNDO_FORGET_MAX, None)? {
+        match keys::storage_undo_parts(&key) {
+            Some((seq, _)) if seq < oldest_needed => {
+                batch.delete(key);
+            }
+            _ => break,
+        }
+    }
+    Ok(())
+}
+
+/// The storage of `run_id` as it was at boundary `at`, by key: today's, with every write
+/// made after `at` undone. `Err` with the reason when the history cannot tell (the run's
+/// storage was written before it kept one, from a later boundary).
+pub(crate) fn as_at(store: &Store, run_id: &str, at: u64) -> Result<BTreeMap<String, String>, AsAtError> {
+    let mut storage: BTreeMap<String, String> = BTreeMap::new();
+    for (key, value) in store.scan(&keys::STORAGE.of_run(run_id), None, usize::MAX)? {
+        storage.insert(keys::storage_name(&key).unwrap_or_default().to_string(), value?);
+    }
+    let undone = store.scan(&keys::STORAGE_UNDO.of_run(run_id), None, usize::MAX)?;
+    if storage.is_empty() && undone.is_empty() {
+        return Ok(storage);
+    }
+    match store.get(&keys::storage_log(run_id))? {
+        Some(whole_from) if whole_from <= at => {}
+        Some(whole_from) => {
+            return Err(AsAtError::Unknown(format!(
+                "its storage was written before it kept a history; that history is whole from boundary {whole_from}"
+            )));
+        }
+        None => return Err(AsAtError::Unknown("its storage was written before it kept a history".into())),
+    }
+    // The first write to a key after `at` holds what the key held at `at`.
+    let mut seen = std::collections::BTreeSet::new();
+    for (key, undo) in undone {
+        let Some((seq, name)) = keys::storage_undo_parts(&key) else { continue };
+        if seq < at || !seen.insert(name.to_string()) {
+            continue;
+        }
+        match undo?.before {
+            Some(before) => storage.insert(name.to_string(), before),
+            None => storage.remove(name),
+        };
+    }
+    Ok(storage)
+}
+
+/// Why [`as_at`] gives no storage.
+#[derive(Debug)]
+pub(crate) enum AsAtError {
+    /// The history cannot tell, for this reason.
+    Unknown(String),
+    /// The store failed.
+    Store(durafiber_store::StoreError),
+}
+
+impl From<durafiber_store::StoreError> for AsAtError {
+    fn from(e: durafiber_store::StoreError) -> Self {
+        AsAtError::Store(e)
     }
 }
 

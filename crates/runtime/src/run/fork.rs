@@ -7,11 +7,12 @@
 //! so re-entered it returns the receipt and calls nothing, and the fork's record lists it as
 //! inherited. What settled at or after the boundary is not copied: the fork mints new keys for
 //! those effects, and asks again for those approvals. Its output stream is copied up to the
-//! boundary's mark. The source is only read.
+//! boundary's mark, its storage as it was at the boundary (`storage::as_at`: today's, with
+//! the writes after the boundary undone). The source is only read.
 //!
-//! Refused (`ForkRefused`), rather than guessed: a boundary the history no longer keeps, a run
-//! that keeps storage (`ctx.storage()` has no history), a step settled before boundaries were
-//! journaled, a stream mark the history cannot tell. Alarms and pending waits of the source
+//! Refused (`ForkRefused`), rather than guessed: a boundary the history no longer keeps, a
+//! step settled before boundaries were journaled, a stream mark or storage the history
+//! cannot tell (storage written before the run kept a storage history). Alarms and pending waits of the source
 //! are not carried: the fork's code sets and asks them again as it goes on.
 
 use std::sync::Arc;
@@ -30,6 +31,7 @@ use crate::{
     kernel::cell::stripe,
     kernel::shared::Shared,
     run::start::{self, StartOutcome},
+    storage::AsAtError,
     types::{RunId, RunOptions},
 };
 
@@ -86,12 +88,11 @@ pub(crate) async fn fork(
             format!("boundary {at} is not in its history (it keeps the last history_max boundaries)"),
         ));
     };
-    if !store.scan(&keys::STORAGE.of_run(source_id), None, 1)?.is_empty() {
-        return Err(refused(
-            source_id,
-            "it keeps storage (ctx.storage()), which has no history to fork from",
-        ));
-    }
+    let storage = match crate::storage::as_at(store, source_id, at) {
+        Ok(storage) => storage,
+        Err(AsAtError::Unknown(reason)) => return Err(refused(source_id, reason)),
+        Err(AsAtError::Store(e)) => return Err(e.into()),
+    };
     // The boundary step `id` settled at, when that was before `at`.
     let settled_before = |what: Journaled, id: &str| -> Result<Option<u64>, RuntimeError> {
         match store.get::<u64>(&keys::journal_seq(source_id, what, id))? {
@@ -160,6 +161,11 @@ pub(crate) async fn fork(
         }
     }
     copy_stream(shared, source_id, new, at, &mut batch)?;
+    // Its storage as the source's was at the boundary; its own history is whole from there.
+    for (key, value) in &storage {
+        batch.put(keys::storage(new, key), value)?;
+    }
+    batch.put(keys::storage_log(new), &at)?;
     if batch.len() > FORK_RECORDS_MAX {
         return Err(refused(
             source_id,

@@ -44,6 +44,15 @@ pub fn storage_name(key: &Key<String>) -> Option<&str> {
     std::str::from_utf8(rest).ok()
 }
 
+/// The boundary and the storage key a `storage_undo` key names.
+pub fn storage_undo_parts(key: &Key<StorageUndo>) -> Option<(u64, &str)> {
+    let run_id = key.first_part()?;
+    let rest = key.as_bytes().get(1 + run_id.len() + 1..)?;
+    let seq = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
+    let name = rest.get(9..)?;
+    std::str::from_utf8(name).ok().map(|name| (seq, name))
+}
+
 /// The number a key of `audit` or `audit_by_run` ends with.
 pub fn audit_seq<V>(key: &Key<V>) -> Option<u64> {
     tail_number(key)

@@ -108,6 +108,13 @@ tables! {
     /// Each run's own key-value storage (`ctx.storage()`), canonical JSON under the user's key:
     /// `g` run_id NUL key.
     STORAGE: String = ("storage", b'g');
+    /// Each run's storage history, so a fork can have its storage as it was at a boundary:
+    /// what a key held before the run's first write to it after boundary `seq`:
+    /// `U` run_id NUL seq NUL key.
+    STORAGE_UNDO: StorageUndo = ("storage_undo", b'U');
+    /// The boundary from which a run's storage history is whole (its storage was empty then,
+    /// or the history began there): `L` run_id.
+    STORAGE_LOGS: u64 = ("storage_logs", b'L');
     /// API tokens by name (the token's hash, never the token): `t` name.
     TOKENS: TokenRecord = ("tokens", b't');
     /// The audit trail, append-only: `u` seq.
@@ -415,6 +422,16 @@ pub fn event_wait(run_id: &str, name: &str) -> Key<EventWaitRecord> {
 /// Key `key` of a run's own storage.
 pub fn storage(run_id: &str, key: &str) -> Key<String> {
     STORAGE.key(&[run_id.as_bytes(), key.as_bytes()])
+}
+
+/// What storage key `key` of a run held before its first write after boundary `seq`.
+pub fn storage_undo(run_id: &str, seq: u64, key: &str) -> Key<StorageUndo> {
+    STORAGE_UNDO.key(&[run_id.as_bytes(), &seq.to_be_bytes(), key.as_bytes()])
+}
+
+/// The boundary from which a run's storage history is whole.
+pub fn storage_log(run_id: &str) -> Key<u64> {
+    STORAGE_LOGS.key(&[run_id.as_bytes()])
 }
 
 /// The keys of a run's own storage that start with `prefix`.

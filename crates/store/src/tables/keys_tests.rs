@@ -44,6 +44,9 @@ fn keys_that_end_in_a_number_give_it_back() {
     assert_eq!(storage_name(&storage("run", "a\u{1}b")), Some("a\u{1}b"));
     assert!(storage_from("run", "a").holds(&storage("run", "ab")));
     assert!(!storage_from("run", "a").holds(&storage("runa", "b")));
+    // A boundary of zero bytes in the middle of the key, and a key after it.
+    assert_eq!(storage_undo_parts(&storage_undo("run", 256, "t/1")), Some((256, "t/1")));
+    assert!(storage_undo("run", 2, "z") < storage_undo("run", 10, "a"), "by boundary first");
 }
 
 #[test]

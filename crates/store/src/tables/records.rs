@@ -251,6 +251,15 @@ pub struct HistoryRecord {
     pub stream_mark: Option<u64>,
 }
 
+/// What a run's storage key held before the run's first write to it after a boundary
+/// (`storage_undo`): undone, the writes after that boundary give the storage as it was
+/// there, for a fork.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StorageUndo {
+    /// The value as canonical JSON, or `None` when the key held none.
+    pub before: Option<String>,
+}
+
 /// Where a fork came from (`forks`).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

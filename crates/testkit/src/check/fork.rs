@@ -66,8 +66,8 @@ impl<A: Agent + Clone> AgentCheck<A> {
         };
         let before = records_of(&rt, &source);
         let (calls_before, objects_before) = match &self.upstream {
-            Some(upstream) => (upstream.calls().await.len(), upstream.objects().await.len()),
-            None => (0, 0),
+            Some(upstream) => (upstream.calls().await, upstream.objects().await),
+            None => (Vec::new(), Vec::new()),
         };
         let options = ForkOptions { input_json: None, run: self.options };
         let fork = match rt.fork(&source, at, FORK_KEY, options).await {
@@ -97,7 +97,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
         if records_of(&rt, &source) != before {
             report.problems.push("the run it was forked from changed".into());
         }
-        self.check_inherited(&rt, &fork, calls_before, objects_before, &mut report).await;
+        self.check_inherited(&rt, &fork, &calls_before, &objects_before, &mut report).await;
         report.events = rt.events();
         rt.shutdown().await;
         report
@@ -108,8 +108,8 @@ impl<A: Agent + Clone> AgentCheck<A> {
         &self,
         rt: &Runtime,
         fork: &RunId,
-        calls_before: usize,
-        objects_before: usize,
+        calls_before: &[(String, String)],
+        objects_before: &[(String, String, Value)],
         report: &mut CaseReport,
     ) {
         let Some(upstream) = &self.upstream else { return };
@@ -131,14 +131,15 @@ impl<A: Agent + Clone> AgentCheck<A> {
                 false => own_keys.insert(key_of(effect)),
             };
         }
-        for (collection, key) in upstream.calls().await.into_iter().skip(calls_before) {
+        for (collection, key) in since(upstream.calls().await, calls_before, Clone::clone) {
             if inherited_keys.contains(&key) {
                 report
                     .problems
                     .push(format!("an inherited effect was called again: {collection} with key {key}"));
             }
         }
-        for (collection, key, body) in upstream.objects().await.into_iter().skip(objects_before) {
+        let objects = since(upstream.objects().await, objects_before, |(c, k, _)| (c.clone(), k.clone()));
+        for (collection, key, body) in objects {
             *report.upstream.entry(key.clone()).or_default() += 1;
             report.requests.push((collection.clone(), body));
             if !own_keys.contains(&key) {
@@ -148,4 +149,22 @@ impl<A: Agent + Clone> AgentCheck<A> {
             }
         }
     }
+}
+
+/// What `now` holds beyond `before`, each entry told apart by `id` and counted: an upstream
+/// that lists several collections may list a new entry before old ones.
+fn since<T>(now: Vec<T>, before: &[T], id: impl Fn(&T) -> (String, String)) -> Vec<T> {
+    let mut old: std::collections::HashMap<(String, String), usize> = std::collections::HashMap::new();
+    for entry in before {
+        *old.entry(id(entry)).or_default() += 1;
+    }
+    now.into_iter()
+        .filter(|entry| match old.get_mut(&id(entry)) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                false
+            }
+            _ => true,
+        })
+        .collect()
 }
