@@ -1,7 +1,7 @@
 //! Reading keys back: the parts of a table's key (a sequence number, a name, a due time) that
 //! scans hand back. Their layouts are `keys.rs`'s.
 
-use super::{records::*, table::Key};
+use super::{family_records::*, records::*, table::Key};
 
 /// The boundary of a run's history that a key of `history` holds.
 pub fn history_seq(key: &Key<HistoryRecord>) -> Option<u64> {

@@ -3,6 +3,7 @@
 //! ([`super::check_id`]); numbers in keys are big-endian, so a range scan is in their order.
 
 use super::{
+    family_records::*,
     records::*,
     table::{Key, Prefix, Table, TableInfo, decode_sealed, printable},
 };

@@ -5,10 +5,12 @@
 //! is a [`Table`] that names the type of its values; [`keys`] holds the table list and the
 //! functions that build their keys, the only place a key is built.
 
+mod family_records;
 mod key_parts;
 pub mod keys;
 mod records;
 mod table;
 
+pub use family_records::*;
 pub use records::*;
 pub use table::{ID_CHARS_MAX, Key, Prefix, Table, TableInfo, check_id, decode_sealed, printable};
