@@ -17,9 +17,9 @@ use durafiber_store::{
 };
 
 use crate::{
-    child,
     error::{AgentError, RuntimeError},
     kernel::{
+        lineage,
         shared::{RawCtx, Shared},
         spend,
     },
@@ -47,13 +47,6 @@ struct Counted {
     spent: BudgetSpent,
 }
 
-fn add(a: BudgetSpent, b: BudgetSpent) -> BudgetSpent {
-    BudgetSpent {
-        effects: a.effects.saturating_add(b.effects),
-        cost_units: a.cost_units.saturating_add(b.cost_units),
-    }
-}
-
 /// What the runs below `run_id` (its children, theirs…) have spent, as their boundaries
 /// recorded it.
 fn spent_below(shared: &Shared, run_id: &str) -> Result<BudgetSpent, RuntimeError> {
@@ -61,13 +54,13 @@ fn spent_below(shared: &Shared, run_id: &str) -> Result<BudgetSpent, RuntimeErro
     let mut next = vec![run_id.to_string()];
     let mut seen = std::collections::HashSet::new();
     while let Some(parent) = next.pop() {
-        for (_, record) in child::children_of(shared, &parent)? {
+        for (_, record) in lineage::children_of(shared, &parent)? {
             let id = record.child_run_id.to_string();
             if !seen.insert(id.clone()) {
                 continue;
             }
             if let Some(budget) = spend::stored(&shared.store, &id)? {
-                total = add(total, budget.spent);
+                total = total.plus(budget.spent);
             }
             next.push(id);
         }
@@ -86,14 +79,14 @@ fn current(raw: &RawCtx) -> Result<Vec<Counted>, AgentError> {
     let pending = *raw.cell.spend.lock();
     let mut counted = Vec::new();
     if let Some(own) = spend::stored(&shared.store, run_id)?.filter(with_limits) {
-        let spent = add(add(own.spent, pending), spent_below(shared, run_id)?);
+        let spent = own.spent.plus(pending).plus(spent_below(shared, run_id)?);
         counted.push(Counted { payer: run_id.clone(), limits: own.limits, spent });
     }
     // A parent's budget counts its children's spending: this run's durable spending is
     // among what is below it, its pending spending not yet.
-    for above in child::lineage(shared, &raw.cell)? {
+    for above in lineage::of_cell(shared, &raw.cell)? {
         if let Some(theirs) = spend::stored(&shared.store, &above.run_id)?.filter(with_limits) {
-            let spent = add(add(theirs.spent, spent_below(shared, &above.run_id)?), pending);
+            let spent = theirs.spent.plus(spent_below(shared, &above.run_id)?).plus(pending);
             counted.push(Counted { payer: above.run_id.clone(), limits: theirs.limits, spent });
         }
     }

@@ -23,7 +23,7 @@ use crate::{
     error::{AgentError, RuntimeError},
     event,
     kernel::{
-        cell::{Ancestor, RunCell},
+        lineage::{self, CHILD_KEY_MARK},
         shared::{RawCtx, Shared},
     },
     limits,
@@ -57,42 +57,6 @@ impl<B> Child<B> {
 /// The idempotency key child `name` of `parent` is started under.
 fn start_key(parent: &str, name: &str) -> String {
     format!("{parent}{CHILD_KEY_MARK}{name}")
-}
-
-const CHILD_KEY_MARK: &str = ":child:";
-
-/// Whether a run started under idempotency key `key` may be a child: only a key of the
-/// shape `start_key` makes can be. A run a user started costs no read to know it has no
-/// parent.
-pub(crate) fn may_have_parent(key: &str) -> bool {
-    key.contains(CHILD_KEY_MARK)
-}
-
-/// How many runs above a run are looked at: a bound a chain of sub-agents does not reach.
-const LINEAGE_MAX: usize = 64;
-
-/// The runs above `run_id` (started under `key`), nearest first, read through the parent
-/// links.
-pub(crate) fn ancestors(shared: &Shared, run_id: &str, key: &str) -> Result<Vec<Ancestor>, RuntimeError> {
-    let mut out = Vec::new();
-    let (mut run_id, mut key) = (run_id.to_string(), key.to_string());
-    while out.len() < LINEAGE_MAX && may_have_parent(&key) {
-        let Some(parent) = parent_of(shared, &run_id)? else { break };
-        let run = shared.load_run(&parent.parent_run_id)?;
-        out.push(Ancestor { run_id: run.run_id.clone(), kind: run.kind.clone() });
-        (run_id, key) = (run.run_id.to_string(), run.key);
-    }
-    Ok(out)
-}
-
-/// The runs above a live run, read at the first need of its activation (they never change).
-pub(crate) fn lineage<'a>(shared: &Shared, cell: &'a RunCell) -> Result<&'a [Ancestor], RuntimeError> {
-    if let Some(known) = cell.lineage.get() {
-        return Ok(known);
-    }
-    let run = shared.load_run(&cell.run_id)?;
-    let found = ancestors(shared, &cell.run_id, &run.key)?;
-    Ok(cell.lineage.get_or_init(|| found.into_boxed_slice()))
 }
 
 /// The event a child's settlement sends its parent, for the parent's wait number `wait`.
@@ -168,7 +132,10 @@ pub(crate) async fn join(raw: &mut RawCtx, child: &RunId) -> Result<RunStatus, A
 /// A run has settled: its span is sent and, if a run started it, that parent is told.
 pub(crate) fn settled(shared: &Arc<Shared>, run: &RunRecord) {
     shared.send_settled(run);
-    let parent = match shared.store.get(&keys::parent_of(&run.run_id)) {
+    if !lineage::may_have_parent(&run.key) {
+        return;
+    }
+    let parent = match lineage::parent_of(shared, &run.run_id) {
         Ok(Some(parent)) => parent,
         Ok(None) => return,
         Err(e) => {
@@ -191,19 +158,4 @@ pub(crate) fn settled(shared: &Arc<Shared>, run: &RunRecord) {
             tracing::info!(run_id = %to, %child, error = %e, "a child's end was not sent to its parent; its join reads the child again later");
         }
     });
-}
-
-/// The parent of `run_id`, if a run started it.
-pub(crate) fn parent_of(shared: &Shared, run_id: &str) -> Result<Option<ParentRecord>, RuntimeError> {
-    Ok(shared.store.get(&keys::parent_of(run_id))?)
-}
-
-/// Every child of `run_id`, by name.
-pub(crate) fn children_of(shared: &Shared, run_id: &str) -> Result<Vec<(String, ChildRecord)>, RuntimeError> {
-    let mut out = Vec::new();
-    for (key, child) in shared.store.scan(&keys::CHILDREN.of_run(run_id), None, usize::MAX)? {
-        let name = keys::child_name(&key).unwrap_or_default();
-        out.push((name, child?));
-    }
-    Ok(out)
 }

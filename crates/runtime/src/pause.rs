@@ -13,10 +13,10 @@ use durafiber_store::{
 };
 
 use crate::{
-    child,
     error::{AgentError, RuntimeError},
     kernel::{
         cell::Ancestor,
+        lineage,
         shared::{RawCtx, Shared},
     },
 };
@@ -50,14 +50,14 @@ fn held_by(
 /// Why the live run of `raw` is held, if it is.
 fn live_reason(raw: &RawCtx) -> Result<Option<String>, RuntimeError> {
     held_by(&raw.shared, &raw.cell.kind, &raw.cell.run_id, || {
-        Ok(child::lineage(&raw.shared, &raw.cell)?.to_vec())
+        Ok(lineage::of_cell(&raw.shared, &raw.cell)?.to_vec())
     })
 }
 
 /// Why `run` is held, if it is. A lineage that cannot be read leaves the run's own pause
 /// and its kind's to decide: a run is not left behind for a read that failed.
 pub(crate) fn reason_of(shared: &Shared, run: &RunRecord) -> Option<String> {
-    let above = || child::ancestors(shared, &run.run_id, &run.key);
+    let above = || lineage::ancestors(shared, &run.run_id, &run.key);
     held_by(shared, &run.kind, &run.run_id, above).unwrap_or_else(|e| {
         tracing::warn!(run_id = %run.run_id, error = %e, "could not read the runs above a run; only its own pauses hold it");
         shared.pauses.lock().reason(&run.kind, &run.run_id)
@@ -177,7 +177,7 @@ impl Target<'_> {
             Target::Run(id) => run_id == *id,
         };
         matches(&run.kind, &run.run_id)
-            || child::ancestors(shared, &run.run_id, &run.key)
+            || lineage::ancestors(shared, &run.run_id, &run.key)
                 .is_ok_and(|above| above.iter().any(|a| matches(&a.kind, &a.run_id)))
     }
 

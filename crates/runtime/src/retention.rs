@@ -33,7 +33,13 @@ use durafiber_store::{
 };
 use serde::Serialize;
 
-use crate::{alarm, child, config::Retention, error::RuntimeError, eviction, kernel::shared::Shared};
+use crate::{
+    alarm,
+    config::Retention,
+    error::RuntimeError,
+    eviction,
+    kernel::{lineage, shared::Shared},
+};
 
 /// Keys one commit of a deletion removes at most, but for a settled run's alarms (rare), which
 /// go in the commit of its own record.
@@ -125,10 +131,10 @@ fn settled(run: &RunRecord) -> Result<(), RuntimeError> {
 /// A settled run that is no child of a run that still exists: that one's deletion takes it.
 fn deletable(shared: &Shared, run: &RunRecord) -> Result<(), RuntimeError> {
     settled(run)?;
-    if !child::may_have_parent(&run.key) {
+    if !lineage::may_have_parent(&run.key) {
         return Ok(());
     }
-    match child::parent_of(shared, &run.run_id)? {
+    match lineage::parent_of(shared, &run.run_id)? {
         Some(p) if shared.store.get(&keys::run(&p.parent_run_id))?.is_some() => {
             Err(RuntimeError::KeptWithParent { run_id: run.run_id.clone(), parent: p.parent_run_id })
         }
@@ -193,7 +199,7 @@ impl Deleter {
     /// left, no one's child now. How many records.
     async fn children(&mut self, shared: &Shared, run_id: &str) -> Result<usize, RuntimeError> {
         let mut records = 0;
-        for (_, link) in child::children_of(shared, run_id)? {
+        for (_, link) in lineage::children_of(shared, run_id)? {
             let child = match shared.load_run(&link.child_run_id) {
                 Ok(child) => child,
                 Err(RuntimeError::UnknownRun { .. }) => continue,

@@ -192,16 +192,15 @@ impl<'a> Storage<'a> {
                 n
             }
         };
-        if keeps_history {
-            forget_undone_before(shared, self.run_id(), boundary, &mut batch)?;
-        }
         let mut keys_after = keys;
+        let mut undo_written = false;
         for (key, value) in &txn.staged {
             let before = read_json(&shared.store, self.run_id(), key)?;
             let existed = before.is_some();
             let undo = keys::storage_undo(self.run_id(), boundary, key);
             if keeps_history && shared.store.get(&undo)?.is_none() {
                 batch.put(undo, &StorageUndo { before })?;
+                undo_written = true;
             }
             let full_key = keys::storage(self.run_id(), key);
             match value {
@@ -214,6 +213,10 @@ impl<'a> Storage<'a> {
                     batch.delete(full_key);
                 }
             }
+        }
+        // Only a write that adds to the history looks for what it no longer needs.
+        if undo_written {
+            forget_undone_before(shared, self.run_id(), boundary, &mut batch)?;
         }
         let max = shared.config.storage_keys_max;
         if keys_after > keys && keys_after > max {

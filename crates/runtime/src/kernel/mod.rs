@@ -1,6 +1,6 @@
 //! The kernel: what every feature works through and nothing above it defines — the shared
 //! runtime state, run cells, the registry of live runs, the actors' inbox, the alarm window,
-//! the activity tracker, what this node owns, a run's stored stash, its output stream and spending between boundaries, the named limits' slots, and the interface through which agent code is called. It imports
+//! the activity tracker, what this node owns, a run's family as the store links it, a run's stored stash, its output stream and spending between boundaries, the named limits' slots, and the interface through which agent code is called. It imports
 //! only the base modules (limits, clock, config, error, json, metrics, rng, secret, events,
 //! hooks); features and runs import it.
 
@@ -11,6 +11,7 @@ pub(crate) mod cell;
 pub(crate) mod hook_gate;
 pub(crate) mod inbox;
 pub(crate) mod limiters;
+pub(crate) mod lineage;
 pub(crate) mod live_stream;
 pub(crate) mod ownership;
 pub(crate) mod pauses;

@@ -24,8 +24,7 @@ pub(crate) fn stage(
         return Ok(false);
     }
     let mut record = stored(store, run_id)?.unwrap_or_default();
-    record.spent.effects = record.spent.effects.saturating_add(pending.effects);
-    record.spent.cost_units = record.spent.cost_units.saturating_add(pending.cost_units);
+    record.spent = record.spent.plus(*pending);
     *pending = BudgetSpent::default();
     batch.put(keys::budget(run_id), &record)?;
     Ok(true)

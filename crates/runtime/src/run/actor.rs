@@ -93,7 +93,7 @@ pub(crate) fn new_cell(
         seq,
         run.cancel_reason.clone(),
     );
-    Ok(Arc::new(if crate::child::may_have_parent(&run.key) { cell } else { cell.without_parent() }))
+    Ok(Arc::new(if crate::kernel::lineage::may_have_parent(&run.key) { cell } else { cell.without_parent() }))
 }
 
 /// A cold start told to the activity tracker, the metrics and the event log. Logged before

@@ -288,8 +288,8 @@ impl Runtime {
             trace_id: crate::trace::trace_id_of(run_id),
             trace_url: crate::trace::ui_link(&self.shared.config.traces, run_id),
             waiting_on_limit: self.shared.limiters.waiting_on(run_id),
-            parent: crate::child::parent_of(&self.shared, run_id)?,
-            children: crate::child::children_of(&self.shared, run_id)?
+            parent: crate::kernel::lineage::parent_of(&self.shared, run_id)?,
+            children: crate::kernel::lineage::children_of(&self.shared, run_id)?
                 .into_iter()
                 .map(|(name, c)| {
                     let state = self.shared.load_run(&c.child_run_id).map(|r| r.status.name().to_string());

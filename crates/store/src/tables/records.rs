@@ -339,6 +339,16 @@ pub struct BudgetSpent {
     pub cost_units: u64,
 }
 
+impl BudgetSpent {
+    /// Both spendings together (saturating).
+    pub fn plus(self, other: BudgetSpent) -> BudgetSpent {
+        BudgetSpent {
+            effects: self.effects.saturating_add(other.effects),
+            cost_units: self.cost_units.saturating_add(other.cost_units),
+        }
+    }
+}
+
 /// A run's budget and its spending.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
