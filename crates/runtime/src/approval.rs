@@ -137,7 +137,7 @@ async fn wait_for_decision(
 ) -> Result<Decision, AgentError> {
     let shared = &raw.shared;
     let (tx, rx) = oneshot::channel();
-    *raw.cell.approval_waiter.lock() = Some((approval_id.to_string(), tx));
+    *raw.cell.approval_waiter.lock() = Some(Box::new((approval_id.to_string(), tx)));
     // A decision may have landed between the pause's write and the waiter's registration.
     if let Some(ApprovalRecord { decision: Some(d), .. }) = shared.store.get(key)? {
         raw.cell.approval_waiter.lock().take();
@@ -369,8 +369,8 @@ fn vote_span(
 async fn deliver(shared: &Arc<Shared>, run_id: &str, approval_id: &str, decision: Decision) {
     if let Some(live) = shared.registry.get(run_id) {
         let mut slot = live.cell.approval_waiter.lock();
-        if slot.as_ref().is_some_and(|(id, _)| id == approval_id)
-            && let Some((_, waiter)) = slot.take()
+        if slot.as_ref().is_some_and(|waiter| waiter.0 == approval_id)
+            && let Some(waiter) = slot.take().map(|waiter| waiter.1)
             && waiter.send(ApprovalOutcome::Decided(decision, shared.wake_token())).is_ok()
         {
             return;

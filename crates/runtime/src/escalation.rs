@@ -54,7 +54,7 @@ pub(crate) async fn escalate(
     shared.send_unfinished_attempt(run_id, &run.kind, run.attempt, "escalated");
     crate::child::settled(shared, &run);
     if let Some(live) = shared.registry.get(run_id) {
-        if let Some((_, waiter)) = live.cell.approval_waiter.lock().take() {
+        if let Some(waiter) = live.cell.approval_waiter.lock().take().map(|waiter| waiter.1) {
             let _ = waiter.send(ApprovalOutcome::Escalated);
         }
         if let Some(fiber) = live.cell.fiber.lock().take() {

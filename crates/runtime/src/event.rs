@@ -145,8 +145,8 @@ pub(crate) async fn send(
     }
     if let Some(live) = shared.registry.get(run_id) {
         let mut slot = live.cell.event_waiter.lock();
-        if slot.as_ref().is_some_and(|(waits_for, _)| waits_for == name)
-            && let Some((_, waiter)) = slot.take()
+        if slot.as_ref().is_some_and(|waiter| waiter.0 == name)
+            && let Some(waiter) = slot.take().map(|waiter| waiter.1)
             && waiter.send(shared.wake_token()).is_ok()
         {
             return Ok(SendOutcome::Delivered);
@@ -194,7 +194,7 @@ pub(crate) async fn wait(
             announced = true;
         }
         let (tx, rx) = oneshot::channel();
-        *raw.cell.event_waiter.lock() = Some((name.to_string(), tx));
+        *raw.cell.event_waiter.lock() = Some(Box::new((name.to_string(), tx)));
         // An event may have landed between the look and the waiter's registration.
         if oldest(&shared, &run_id, name)?.is_some() {
             raw.cell.event_waiter.lock().take();

@@ -168,7 +168,7 @@ impl<'a> Storage<'a> {
         f: impl FnOnce(&mut Transaction<'_>) -> Result<R, AgentError>,
     ) -> Result<R, AgentError> {
         let shared = self.shared;
-        let mut keys_cached = self.cell.storage_keys.lock().await;
+        let mut keys_cached = self.cell.storage_keys().lock().await;
         if shared.closed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(RuntimeError::ShuttingDown.into());
         }

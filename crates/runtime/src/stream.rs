@@ -135,7 +135,7 @@ pub(crate) fn emit_json(raw: &RawCtx, data_json: String) -> Result<u64, AgentErr
     let mut guard = raw.cell.stream.lock();
     let buffer = match guard.as_mut() {
         Some(buffer) => buffer,
-        None => guard.insert(load(shared, &raw.cell.run_id)?),
+        None => guard.insert(Box::new(load(shared, &raw.cell.run_id)?)),
     };
     let seq = buffer.cursor;
     if seq < buffer.head.next_seq {
@@ -173,7 +173,7 @@ pub(crate) fn next_seq(raw: &RawCtx) -> Result<u64, AgentError> {
     if let Some(buffer) = guard.as_ref() {
         return Ok(buffer.cursor);
     }
-    Ok(guard.insert(load(&raw.shared, &raw.cell.run_id)?).cursor)
+    Ok(guard.insert(Box::new(load(&raw.shared, &raw.cell.run_id)?)).cursor)
 }
 
 /// Bytes the run's output stream has room for before `stream_bytes_max`.
@@ -181,14 +181,14 @@ pub(crate) fn room(raw: &RawCtx) -> Result<u64, AgentError> {
     let mut guard = raw.cell.stream.lock();
     let bytes = match guard.as_ref() {
         Some(buffer) => buffer.head.bytes,
-        None => guard.insert(load(&raw.shared, &raw.cell.run_id)?).head.bytes,
+        None => guard.insert(Box::new(load(&raw.shared, &raw.cell.run_id)?)).head.bytes,
     };
     Ok(raw.shared.config.stream_bytes_max.saturating_sub(bytes))
 }
 
 /// The mark a stash written now stores with it, when it changed (see [`StreamBuffer::new_mark`]).
 pub(crate) fn new_mark(raw: &RawCtx) -> Option<u64> {
-    raw.cell.stream.lock().as_ref().and_then(StreamBuffer::new_mark)
+    raw.cell.stream.lock().as_deref().and_then(StreamBuffer::new_mark)
 }
 
 /// After a stash with mark `mark` committed: the buffer knows it is stored.

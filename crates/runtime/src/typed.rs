@@ -45,6 +45,12 @@ fn recovered<A: Agent>(r: RawRecovered) -> Result<Recovered<A>, AgentError> {
     })
 }
 
+/// The value, its box freed now rather than when the future that held it ends.
+#[allow(clippy::boxed_local)] // The box is the point: the future holds it, not the value.
+fn unboxed<T>(boxed: Box<T>) -> T {
+    *boxed
+}
+
 fn decode<T: DeserializeOwned>(what: &str, text: &str) -> Result<T, AgentError> {
     json::parse(text).map_err(|e| AgentError::Serialization(format!("{what}: {e}")))
 }
@@ -75,10 +81,13 @@ impl<A: Agent> ErasedAgent for Typed<A> {
             Ok(input) => input,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
+        // Boxed until the call: the agent's future holds the input, and a block that held it
+        // too would reserve its size twice for the fiber's whole life.
+        let input = Box::new(input);
         let agent = self.0.clone();
         Box::pin(async move {
             let mut ctx = Ctx::<A>::new(raw);
-            let output = agent.run_fiber(&mut ctx, input).await?;
+            let output = agent.run_fiber(&mut ctx, unboxed(input)).await?;
             encode("output", &output)
         })
     }
@@ -88,10 +97,12 @@ impl<A: Agent> ErasedAgent for Typed<A> {
             Ok(recovered) => recovered,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
+        // Boxed until the call, as `run_fiber`'s input is.
+        let recovered = Box::new(recovered);
         let agent = self.0.clone();
         Box::pin(async move {
             let mut ctx = Ctx::<A>::new(raw);
-            let output = agent.on_fiber_recovered(&mut ctx, recovered).await?;
+            let output = agent.on_fiber_recovered(&mut ctx, unboxed(recovered)).await?;
             encode("output", &output)
         })
     }

@@ -31,7 +31,7 @@ pub(crate) async fn hibernate(shared: &Arc<Shared>, run_id: &str) {
         return;
     };
     shared.liveness.remove(run_id);
-    if let Some(actor) = live.mailbox.close().await {
+    if let Some(actor) = live.mailbox().close().await {
         let _ = actor.stop_and_wait(Some("hibernated".into()), None).await;
     }
     Metrics::bump(&shared.metrics.hibernations);
@@ -50,7 +50,7 @@ pub(crate) async fn kill(shared: &Arc<Shared>, run_id: &str) -> Option<LiveRun> 
         }
         live.cell.approval_waiter.lock().take();
         live.cell.event_waiter.lock().take();
-        if let Some(actor) = live.mailbox.close().await {
+        if let Some(actor) = live.mailbox().close().await {
             let _ = actor.kill_and_wait(None).await;
         }
     }

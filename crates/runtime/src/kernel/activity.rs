@@ -17,6 +17,7 @@ use std::{
     sync::{Arc, atomic::Ordering},
 };
 
+use super::by_run_id::{ByRunId, HasRunId};
 use crate::{config::RuntimeConfig, metrics::Metrics, rng::SeededRng};
 
 #[derive(Debug, Clone)]
@@ -51,10 +52,16 @@ struct LiveState {
 /// the index cheaper (a recovery moves every run twice).
 #[derive(Default)]
 struct Table {
-    states: super::RunMap<Arc<str>, LiveState>,
+    states: ByRunId<LiveState>,
     by_deadline: BTreeMap<(u64, u64), Arc<str>>,
     /// Fibers waiting on a durable wait in memory, not yet being parked.
     waiting: usize,
+}
+
+impl HasRunId for LiveState {
+    fn run_id(&self) -> &str {
+        &self.id
+    }
 }
 
 impl LiveState {
@@ -182,24 +189,21 @@ impl Liveness {
             }
             None => Arc::from(run_id),
         };
-        table.states.insert(
-            id.clone(),
-            LiveState {
-                id,
-                last_activity_ms: now_ms,
-                evict_after_ms,
-                guards: 0,
-                fiber_active: false,
-                fiber_keep_alive: true,
-                fiber_waiting: false,
-                held_since_ms: None,
-                closing: false,
-                rng,
-                indexed_at_ms: None,
-                epoch: self.epochs.fetch_add(1, Ordering::Relaxed) + 1,
-                counted_waiting: false,
-            },
-        );
+        table.states.insert(LiveState {
+            id,
+            last_activity_ms: now_ms,
+            evict_after_ms,
+            guards: 0,
+            fiber_active: false,
+            fiber_keep_alive: true,
+            fiber_waiting: false,
+            held_since_ms: None,
+            closing: false,
+            rng,
+            indexed_at_ms: None,
+            epoch: self.epochs.fetch_add(1, Ordering::Relaxed) + 1,
+            counted_waiting: false,
+        });
         self.reindex(table, run_id);
     }
 
@@ -342,7 +346,7 @@ impl Liveness {
         let picked: Vec<Arc<str>> = table
             .by_deadline
             .values()
-            .filter(|id| table.states.get(*id).is_some_and(|s| s.counted_waiting))
+            .filter(|id| table.states.get(id).is_some_and(|s| s.counted_waiting))
             .take(excess)
             .cloned()
             .collect();

@@ -20,9 +20,11 @@ pub(crate) struct RunCell {
     /// The cancellation signal the fiber sees.
     pub cancel: CancelSignal,
     /// A fiber waiting in `request_approval`: the approval id and where to send the decision.
-    pub approval_waiter: Mutex<Option<(String, oneshot::Sender<ApprovalOutcome>)>>,
+    /// Boxed, as the waiter below and the stream are: every live run holds a cell, and most
+    /// never fill them.
+    pub approval_waiter: Waiter<ApprovalOutcome>,
     /// A fiber waiting in `wait_for_event`: the event's name and where to say one came.
-    pub event_waiter: Mutex<Option<(String, oneshot::Sender<WakeToken>)>>,
+    pub event_waiter: Waiter<WakeToken>,
     /// The running fiber's task, aborted on eviction. The fiber's own task clears it as its
     /// last step, before it schedules any wake, so a wake never finds a finished fiber here.
     pub fiber: Mutex<Option<tokio::task::AbortHandle>>,
@@ -39,11 +41,14 @@ pub(crate) struct RunCell {
     /// In `exit` durability, the stash that waits for the fiber to end or wait. Boxed: most
     /// runs never hold one, and every live run holds a cell.
     pub pending_exit: Mutex<Option<Box<super::stash_record::Stored>>>,
-    /// Serializes the run's storage writes; holds its key count once read.
-    pub storage_keys: tokio::sync::Mutex<Option<usize>>,
+    /// Serializes the run's storage writes; holds its key count once read. Made at the
+    /// first write, as the mailbox is at the first event: most live runs never need them.
+    storage_keys: std::sync::OnceLock<Box<tokio::sync::Mutex<Option<usize>>>>,
+    /// The run's actor slot.
+    mailbox: std::sync::OnceLock<Box<super::mailbox::Mailbox>>,
     /// Output chunks emitted since the last boundary; `None` until the first emit of this
     /// activation reads the stream's head.
-    pub stream: Mutex<Option<super::stream_buffer::StreamBuffer>>,
+    pub stream: Mutex<Option<Box<super::stream_buffer::StreamBuffer>>>,
     /// The streaming effect whose call is running and what it sent, shown to readers before
     /// it is durable. Boxed: few runs are ever in one.
     pub live: Mutex<Option<Box<super::live_stream::LiveSlot>>>,
@@ -57,6 +62,9 @@ pub(crate) struct RunCell {
     /// needed; set empty at once for a run no run started (`without_parent`).
     pub lineage: std::sync::OnceLock<Box<[Ancestor]>>,
 }
+
+/// A fiber waiting for something named: the name, and where to send what came.
+pub(crate) type Waiter<T> = Mutex<Option<Box<(String, oneshot::Sender<T>)>>>;
 
 /// A run above another: its parent, or its parent's parent (sub-agents).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,7 +143,8 @@ impl RunCell {
             hook: Mutex::new(None),
             evicted: std::sync::atomic::AtomicBool::new(false),
             pending_exit: Mutex::new(None),
-            storage_keys: tokio::sync::Mutex::new(None),
+            storage_keys: std::sync::OnceLock::new(),
+            mailbox: std::sync::OnceLock::new(),
             stream: Mutex::new(None),
             live: Mutex::new(None),
             spend: Mutex::new(Default::default()),
@@ -148,6 +157,16 @@ impl RunCell {
     pub fn without_parent(self) -> Self {
         let _ = self.lineage.set(Box::default());
         self
+    }
+
+    /// The lock of the run's storage writes, with its key count once read.
+    pub fn storage_keys(&self) -> &tokio::sync::Mutex<Option<usize>> {
+        self.storage_keys.get_or_init(Box::default)
+    }
+
+    /// The run's actor slot (see [`Mailbox`](super::mailbox::Mailbox)).
+    pub fn mailbox(&self) -> &super::mailbox::Mailbox {
+        self.mailbox.get_or_init(Box::default)
     }
 
     pub fn fiber_running(&self) -> bool {

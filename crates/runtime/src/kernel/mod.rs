@@ -7,12 +7,14 @@
 pub(crate) mod activity;
 pub(crate) mod alarm_window;
 pub(crate) mod busy;
+pub(crate) mod by_run_id;
 pub(crate) mod cell;
 pub(crate) mod hook_gate;
 pub(crate) mod inbox;
 pub(crate) mod limiters;
 pub(crate) mod lineage;
 pub(crate) mod live_stream;
+pub(crate) mod mailbox;
 pub(crate) mod ownership;
 pub(crate) mod pauses;
 pub(crate) mod registry;
@@ -21,8 +23,3 @@ pub(crate) mod shared;
 pub(crate) mod spend;
 pub(crate) mod stash_record;
 pub(crate) mod stream_buffer;
-
-/// A hash map keyed by run id. Run ids are minted by the runtime (128 random bits), so the
-/// maps every activation touches hash them with foldhash rather than SipHash: a recovery
-/// looks each run up a dozen times.
-pub(crate) type RunMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

@@ -28,7 +28,7 @@ use crate::{
     hooks::AlarmEvent,
     kernel::cell::RunCell,
     kernel::inbox::{Activation, RunMsg},
-    kernel::registry::{LiveRun, Mailbox},
+    kernel::registry::LiveRun,
     kernel::shared::{BoxFuture, RawCtx, Shared},
     kernel::stash_record::Stored,
     limits,
@@ -69,7 +69,7 @@ async fn live_or_spawn(
         drop(locked);
         begin(shared, &entry, since, decided).await;
     }
-    registry.insert(run_id, entry.clone());
+    registry.insert(entry.clone());
     Ok((entry, true))
 }
 
@@ -131,17 +131,17 @@ pub(crate) async fn activate(shared: &Arc<Shared>, run_id: &str) -> Result<LiveR
     Ok(live)
 }
 
-/// The live run's actor, spawned at its first need (see [`Mailbox`](crate::kernel::registry::Mailbox)).
+/// The live run's actor, spawned at its first need (see [`Mailbox`](crate::kernel::mailbox::Mailbox)).
 /// An error when the run left memory meanwhile, as when its actor stopped.
 pub(crate) async fn actor_of(shared: &Arc<Shared>, live: &LiveRun) -> Result<ActorRef<RunMsg>, RuntimeError> {
     let spawn = async {
-        let actor = RunActor { shared: shared.clone(), mailbox: live.mailbox.clone() };
+        let actor = RunActor { shared: shared.clone() };
         Actor::spawn(None, actor, live.cell.clone())
             .await
             .map(|(actor, _join)| actor)
             .map_err(|e| RuntimeError::Agent(AgentError::Runtime(format!("spawn: {e}"))))
     };
-    live.mailbox
+    live.mailbox()
         .actor(spawn)
         .await?
         .ok_or_else(|| RuntimeError::Agent(AgentError::Runtime("the run's actor stopped".into())))
@@ -198,11 +198,10 @@ pub(crate) fn reactivate_boxed(shared: Arc<Shared>, run_id: String, since: Stopw
     Box::pin(async move { reactivate_since(&shared, &run_id, since).await })
 }
 
+/// A live run's actor. It fills the slot of its cell's mailbox: it reports each event
+/// handled there, and stops once it has been idle for the grace.
 pub(crate) struct RunActor {
     pub shared: Arc<Shared>,
-    /// The slot this actor fills: it reports each event handled there, and stops once it
-    /// has been idle for the grace.
-    pub mailbox: Arc<Mailbox>,
 }
 
 impl Actor for RunActor {
@@ -269,14 +268,14 @@ impl Actor for RunActor {
                 .attr("durafiber.activation.cause", cause)
                 .attr("durafiber.attempt", i64::from(attempt))
         });
-        if let Some(mark) = self.mailbox.handled() {
-            let (mailbox, run_id) = (self.mailbox.clone(), cell.run_id.clone());
-            // Not tracked: it holds no run state, and once the run's mailbox is closed it
+        if let Some(mark) = cell.mailbox().handled() {
+            let cell = cell.clone();
+            // Not tracked: it changes no run state, and once the run's mailbox is closed it
             // finds nothing to stop.
             tokio::spawn(async move {
                 tokio::time::sleep(limits::ACTOR_IDLE_GRACE).await;
-                if mailbox.retire_if_idle(me.get_id(), mark).await {
-                    tracing::trace!(%run_id, "the run's actor was idle for its grace; it stops");
+                if cell.mailbox().retire_if_idle(me.get_id(), mark).await {
+                    tracing::trace!(run_id = %cell.run_id, "the run's actor was idle for its grace; it stops");
                     me.stop(None);
                 }
             });

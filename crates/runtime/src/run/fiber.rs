@@ -209,13 +209,15 @@ fn spawn(shared: &Arc<Shared>, cell: &Arc<RunCell>, registered: Box<Registered>,
     *slot = Some(task.abort_handle());
 }
 
-async fn drive(
+/// The fiber's task: its attempt, in the run's span. Not async itself, so that what it is
+/// handed is held once, by the attempt.
+fn drive(
     shared: Arc<Shared>,
     cell: Arc<RunCell>,
     registered: Box<Registered>,
     since: Stopwatch,
     busy: BusyGuard,
-) {
+) -> impl Future<Output = ()> + Send + 'static {
     let span = tracing::info_span!(
         "fiber",
         run_id = %cell.run_id,
@@ -227,48 +229,71 @@ async fn drive(
     if shared.traces.is_on() {
         span.record("trace_id", tracing::field::display(trace::trace_id(&cell.run_id)));
     }
-    async move {
-        let mode = registered.mode;
-        let run = &registered.run;
-        let attempt_span = AttemptSpan::start(&shared, &cell, run.attempt, mode, run.recover_attempts);
-        let result = call_agent(&shared, &cell, registered, since).await;
-        let (outcome, error) = outcome_of(&result);
-        // Boxed: a fiber spends its life in `call_agent`, and the end's larger state would
-        // otherwise be reserved in every waiting fiber's task.
-        let retry_at = match Box::pin(finish(&shared, &cell, mode, result)).await {
-            Ok(End { retry_at, span_left_to_retry }) => {
-                if let Some(span) = attempt_span.filter(|_| !span_left_to_retry) {
-                    span.end(outcome, error);
-                }
-                retry_at
+    attempt(shared, cell, registered, since, busy).instrument(span)
+}
+
+/// A fiber's attempt. What it holds while the agent's code runs is what every live fiber
+/// costs beside the agent's own future, a million waiting fibers a million times: the
+/// kernel's handles, the attempt's span and the agent's boxed future. Its entry and its end
+/// run once each and are boxed, so their larger state is held only while they run.
+async fn attempt(
+    shared: Arc<Shared>,
+    cell: Arc<RunCell>,
+    registered: Box<Registered>,
+    since: Stopwatch,
+    busy: BusyGuard,
+) {
+    let mode = registered.mode;
+    let run = &registered.run;
+    let attempt_span = AttemptSpan::start(&shared, &cell, run.attempt, mode, run.recover_attempts);
+    let result = match Box::pin(entered(&shared, &cell, registered, since)).await {
+        Ok(future) => AssertUnwindSafe(future).catch_unwind().await.map_err(panic_text),
+        Err(ended) => ended,
+    };
+    Box::pin(ended(&shared, &cell, mode, attempt_span, result, busy)).await;
+}
+
+/// The attempt's end: its boundary written, its span sent, its slot cleared, its wake set.
+async fn ended(
+    shared: &Arc<Shared>,
+    cell: &Arc<RunCell>,
+    mode: FiberMode,
+    attempt_span: Option<AttemptSpan>,
+    result: FiberResult,
+    busy: BusyGuard,
+) {
+    let (outcome, error) = outcome_of(&result);
+    let retry_at = match finish(shared, cell, mode, result).await {
+        Ok(End { retry_at, span_left_to_retry }) => {
+            if let Some(span) = attempt_span.filter(|_| !span_left_to_retry) {
+                span.end(outcome, error);
             }
-            Err(e) => {
-                // The run is recovered, and its next attempt sends this one's span.
-                tracing::error!(error = %e, "could not write the fiber's end; it will be recovered");
-                Some(shared.now_ms().saturating_add(1_000))
-            }
-        };
-        // An evicted cell's fiber whose abort came too late: the next cell owns the run and
-        // its liveness, so it touches neither.
-        if cell.evicted.load(Ordering::SeqCst) {
-            tracing::debug!("the fiber of an evicted cell ended; it wrote nothing");
-            drop(busy);
-            return;
+            retry_at
         }
-        // The fiber is over: clear its slot before anything can wake the run again, so the
-        // activation that wake causes sees no fiber and starts one. Then, still counted
-        // busy, hand over the wake: virtual time cannot pass it meanwhile.
-        cell.fiber.lock().take();
-        // A hook that ended has settled, whatever its end wrote.
-        cell.hook.lock().take();
-        shared.liveness.fiber_ended(&cell.run_id, shared.now_ms());
-        if let Some(at_ms) = retry_at {
-            shared.wake_at(at_ms, &cell.run_id);
+        Err(e) => {
+            // The run is recovered, and its next attempt sends this one's span.
+            tracing::error!(error = %e, "could not write the fiber's end; it will be recovered");
+            Some(shared.now_ms().saturating_add(1_000))
         }
+    };
+    // An evicted cell's fiber whose abort came too late: the next cell owns the run and
+    // its liveness, so it touches neither.
+    if cell.evicted.load(Ordering::SeqCst) {
+        tracing::debug!("the fiber of an evicted cell ended; it wrote nothing");
         drop(busy);
+        return;
     }
-    .instrument(span)
-    .await;
+    // The fiber is over: clear its slot before anything can wake the run again, so the
+    // activation that wake causes sees no fiber and starts one. Then, still counted
+    // busy, hand over the wake: virtual time cannot pass it meanwhile.
+    cell.fiber.lock().take();
+    // A hook that ended has settled, whatever its end wrote.
+    cell.hook.lock().take();
+    shared.liveness.fiber_ended(&cell.run_id, shared.now_ms());
+    if let Some(at_ms) = retry_at {
+        shared.wake_at(at_ms, &cell.run_id);
+    }
+    drop(busy);
 }
 
 type FiberResult = Result<Result<String, AgentError>, String>;
@@ -284,12 +309,15 @@ fn outcome_of(result: &FiberResult) -> (&'static str, Option<String>) {
     }
 }
 
-async fn call_agent(
+/// The agent's future for the fiber, once an operator's pause lets it start; or the
+/// attempt's end, when it cannot (a pause it was cancelled in, input that does not decode,
+/// a panic while the future was made).
+async fn entered(
     shared: &Arc<Shared>,
     cell: &Arc<RunCell>,
     registered: Box<Registered>,
     since: Stopwatch,
-) -> FiberResult {
+) -> Result<BoxFuture<Result<String, AgentError>>, FiberResult> {
     let mut raw = RawCtx::new(shared.clone(), cell.clone(), registered.run.attempt);
     raw.in_fiber = true;
     // A fiber enters at its last stash, and so stands in its stream at that stash's mark:
@@ -297,17 +325,15 @@ async fn call_agent(
     *cell.stream.lock() = None;
     // An operator's pause holds a run before its fiber's first step.
     if let Err(e) = crate::pause::gate(&raw).await {
-        return Ok(Err(e));
+        return Err(Ok(Err(e)));
     }
     // Making the future runs user code too (decoding the input and stash, upgrading an old
     // stash): a panic there is the fiber's, as one inside it is.
-    let entered = std::panic::catch_unwind(AssertUnwindSafe(|| enter(shared, raw, *registered, since)));
-    let future = match entered {
-        Ok(Ok(future)) => future,
-        Ok(Err(e)) => return Ok(Err(e)),
-        Err(panic) => return Err(panic_text(panic)),
-    };
-    AssertUnwindSafe(future).catch_unwind().await.map_err(panic_text)
+    match std::panic::catch_unwind(AssertUnwindSafe(|| enter(shared, raw, *registered, since))) {
+        Ok(Ok(future)) => Ok(future),
+        Ok(Err(e)) => Err(Ok(Err(e))),
+        Err(panic) => Err(Err(panic_text(panic))),
+    }
 }
 
 /// The agent's future for a registered fiber: `run_fiber`, or `on_fiber_recovered` with the

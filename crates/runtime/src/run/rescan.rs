@@ -235,7 +235,7 @@ async fn reactivate_batch(shared: &Arc<Shared>, found: Vec<Found>) -> Result<usi
                     actor::activated(shared, &registration.run, &watch);
                     let decided = fiber::registered(&cell, registration);
                     actor::begin(shared, &live, since, decided).await;
-                    shared.registry.insert(&cell.run_id, live);
+                    shared.registry.insert(live);
                 }
             }
             Err(e) => {

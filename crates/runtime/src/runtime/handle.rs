@@ -307,7 +307,7 @@ impl Runtime {
                 if let Some(fiber) = live.cell.fiber.lock().take() {
                     fiber.abort();
                 }
-                if let Some(actor) = live.mailbox.close().await {
+                if let Some(actor) = live.mailbox().close().await {
                     let _ = actor.kill_and_wait(None).await;
                 }
                 // A deploy is an interruption the runtime chose: a recovery it cut short is

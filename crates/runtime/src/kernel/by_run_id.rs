@@ -1,0 +1,93 @@
+//! A table of values that each hold their run's id, found by it. The tables every live run
+//! has an entry in (its cell in the registry, its state in the activity tracker) keep no key
+//! beside the value: a map keyed by a copy of the id cost each live run a string or a
+//! pointer more, a million waiting runs a million times.
+
+use std::hash::BuildHasher;
+
+/// A value that names its run.
+pub(crate) trait HasRunId {
+    fn run_id(&self) -> &str;
+}
+
+/// Values found by the run id they hold, at most one a run.
+pub(crate) struct ByRunId<T> {
+    table: hashbrown::HashTable<T>,
+    /// Run ids are minted by the runtime (128 random bits), so they are hashed with foldhash
+    /// rather than SipHash: a recovery looks each run up a dozen times.
+    hasher: foldhash::fast::RandomState,
+}
+
+impl<T> Default for ByRunId<T> {
+    fn default() -> Self {
+        ByRunId { table: hashbrown::HashTable::new(), hasher: foldhash::fast::RandomState::default() }
+    }
+}
+
+impl<T: HasRunId> ByRunId<T> {
+    pub fn get(&self, run_id: &str) -> Option<&T> {
+        self.table.find(self.hasher.hash_one(run_id), |value| value.run_id() == run_id)
+    }
+
+    pub fn get_mut(&mut self, run_id: &str) -> Option<&mut T> {
+        self.table.find_mut(self.hasher.hash_one(run_id), |value| value.run_id() == run_id)
+    }
+
+    /// Adds `value`, in place of its run's value if there was one.
+    pub fn insert(&mut self, value: T) {
+        let ByRunId { table, hasher } = self;
+        let run_id = value.run_id();
+        let hash_of = |held: &T| hasher.hash_one(held.run_id());
+        match table.entry(hasher.hash_one(run_id), |held| held.run_id() == run_id, hash_of) {
+            hashbrown::hash_table::Entry::Occupied(mut entry) => *entry.get_mut() = value,
+            hashbrown::hash_table::Entry::Vacant(entry) => {
+                entry.insert(value);
+            }
+        }
+    }
+
+    pub fn remove(&mut self, run_id: &str) -> Option<T> {
+        let hash = self.hasher.hash_one(run_id);
+        let entry = self.table.find_entry(hash, |value| value.run_id() == run_id).ok()?;
+        Some(entry.remove().0)
+    }
+
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &T> {
+        self.table.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Named(String, u32);
+
+    impl HasRunId for Named {
+        fn run_id(&self) -> &str {
+            &self.0
+        }
+    }
+
+    #[test]
+    fn a_value_is_found_by_its_run_id_and_replaced_by_the_next_of_the_same_run() {
+        let mut table = ByRunId::default();
+        for i in 0..1_000 {
+            table.insert(Named(format!("run-{i}"), i));
+        }
+        table.insert(Named("run-7".into(), 70));
+        assert_eq!(table.len(), 1_000);
+        assert_eq!(table.get("run-7").map(|n| n.1), Some(70));
+        if let Some(n) = table.get_mut("run-8") {
+            n.1 = 80;
+        }
+        assert_eq!(table.get("run-8").map(|n| n.1), Some(80));
+        assert_eq!(table.remove("run-9").map(|n| n.1), Some(9));
+        assert!(table.get("run-9").is_none() && table.remove("run-9").is_none());
+        assert_eq!(table.values().count(), 999);
+    }
+}
