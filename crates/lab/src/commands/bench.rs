@@ -191,6 +191,7 @@ async fn recover_child(data: &Path, mode: &str, runs: usize, pause_ms: u64) -> a
         "all_recovered_ms": all_recovered_ms.round(), "p50_ms": since_start(latency.p50_us),
         "p99_ms": since_start(latency.p99_us), "max_ms": since_start(latency.max_us),
         "cold_start_p50_us": m.cold_start.p50_us, "cold_start_p99_us": m.cold_start.p99_us,
+        "peak_rss_bytes": peak_rss_bytes(),
         "samples_ms": per_run.0,
     });
     println!("{report}");
@@ -270,8 +271,10 @@ async fn recover(
         Samples(samples).write(out, "recover", "ms since process start")?;
     }
     let mut lines = vec![format!(
-        "{runs} interrupted runs: store open after {} ms; all recovered {} ms after process start",
-        report["store_open_ms"], report["all_recovered_ms"]
+        "{runs} interrupted runs: store open after {} ms; all recovered {} ms after process start, {:.0} MB at the peak",
+        report["store_open_ms"],
+        report["all_recovered_ms"],
+        report["peak_rss_bytes"].as_f64().unwrap_or(0.0) / 1e6
     )];
     if repeat > 1 {
         lines.push(format!(

@@ -248,7 +248,7 @@ async fn attempt(
     let attempt_span = AttemptSpan::start(&shared, &cell, run.attempt, mode, run.recover_attempts);
     let result = match Box::pin(entered(&shared, &cell, registered, since)).await {
         Ok(future) => AssertUnwindSafe(future).catch_unwind().await.map_err(panic_text),
-        Err(ended) => ended,
+        Err(end) => end,
     };
     Box::pin(ended(&shared, &cell, mode, attempt_span, result, busy)).await;
 }
