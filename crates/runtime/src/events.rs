@@ -41,22 +41,22 @@ struct Log {
 impl EventLog {
     pub fn push(&self, at_ms: u64, run_id: &str, kind: &str, detail: String) {
         tracing::info!(run_id, event = kind, %detail, at_ms, "run event");
-        // The run id is made, and a replaced event's strings are freed, outside the lock.
-        let run_id = RunId::from(run_id);
         let mut log = self.inner.lock();
-        // A full log reuses its oldest event's strings for the kind.
-        let oldest = if log.events.len() >= EVENT_LOG_MAX { log.events.pop_front() } else { None };
         log.last_seq += 1;
         let seq = log.last_seq;
-        let (event, replaced) = match oldest {
+        // A full log reuses its oldest event's strings for the run id and the kind, and frees
+        // the replaced detail outside the lock: a recovery logs events for every run, and
+        // making and freeing their strings was most of what logging one cost.
+        let replaced = if log.events.len() >= EVENT_LOG_MAX { log.events.pop_front() } else { None };
+        let (event, replaced) = match replaced {
             Some(mut old) => {
-                let old_run = std::mem::replace(&mut old.run_id, run_id);
+                old.run_id.set(run_id);
                 old.kind.clear();
                 old.kind.push_str(kind);
                 let old_detail = std::mem::replace(&mut old.detail, detail);
-                (Event { seq, at_ms, ..old }, Some((old_run, old_detail)))
+                (Event { seq, at_ms, ..old }, Some(old_detail))
             }
-            None => (Event { seq, at_ms, run_id, kind: kind.to_string(), detail }, None),
+            None => (Event { seq, at_ms, run_id: RunId::from(run_id), kind: kind.to_string(), detail }, None),
         };
         log.events.push_back(event);
         drop(log);

@@ -235,22 +235,34 @@ fn drive(
 /// A fiber's attempt. What it holds while the agent's code runs is what every live fiber
 /// costs beside the agent's own future, a million waiting fibers a million times: the
 /// kernel's handles, the attempt's span and the agent's boxed future. Its entry and its end
-/// run once each and are boxed, so their larger state is held only while they run.
-async fn attempt(
+/// run once each and are boxed, so their larger state is held only while they run. A block
+/// rather than an async fn, which would hold its arguments twice; the entry's result is
+/// taken apart before the agent's future is awaited, and its end is boxed, so the attempt
+/// keeps neither.
+#[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+fn attempt(
     shared: Arc<Shared>,
     cell: Arc<RunCell>,
     registered: Box<Registered>,
     since: Stopwatch,
     busy: BusyGuard,
-) {
-    let mode = registered.mode;
-    let run = &registered.run;
-    let attempt_span = AttemptSpan::start(&shared, &cell, run.attempt, mode, run.recover_attempts);
-    let result = match Box::pin(entered(&shared, &cell, registered, since)).await {
-        Ok(future) => AssertUnwindSafe(future).catch_unwind().await.map_err(panic_text),
-        Err(end) => end,
-    };
-    Box::pin(ended(&shared, &cell, mode, attempt_span, result, busy)).await;
+) -> impl Future<Output = ()> + Send + 'static {
+    async move {
+        let mode = registered.mode;
+        let run = &registered.run;
+        // Boxed: spans are off unless traces are exported, and the attempt holds it throughout.
+        let attempt_span =
+            AttemptSpan::start(&shared, &cell, run.attempt, mode, run.recover_attempts).map(Box::new);
+        let future = match Box::pin(entered(&shared, &cell, registered, since)).await {
+            Ok(future) => future,
+            Err(end) => {
+                Box::pin(ended(&shared, &cell, mode, attempt_span, *end, busy)).await;
+                return;
+            }
+        };
+        let result = AssertUnwindSafe(future).catch_unwind().await.map_err(panic_text);
+        Box::pin(ended(&shared, &cell, mode, attempt_span, result, busy)).await;
+    }
 }
 
 /// The attempt's end: its boundary written, its span sent, its slot cleared, its wake set.
@@ -258,7 +270,7 @@ async fn ended(
     shared: &Arc<Shared>,
     cell: &Arc<RunCell>,
     mode: FiberMode,
-    attempt_span: Option<AttemptSpan>,
+    attempt_span: Option<Box<AttemptSpan>>,
     result: FiberResult,
     busy: BusyGuard,
 ) {
@@ -311,13 +323,13 @@ fn outcome_of(result: &FiberResult) -> (&'static str, Option<String>) {
 
 /// The agent's future for the fiber, once an operator's pause lets it start; or the
 /// attempt's end, when it cannot (a pause it was cancelled in, input that does not decode,
-/// a panic while the future was made).
+/// a panic while the future was made), boxed: the attempt holds it while it ends.
 async fn entered(
     shared: &Arc<Shared>,
     cell: &Arc<RunCell>,
     registered: Box<Registered>,
     since: Stopwatch,
-) -> Result<BoxFuture<Result<String, AgentError>>, FiberResult> {
+) -> Result<BoxFuture<Result<String, AgentError>>, Box<FiberResult>> {
     let mut raw = RawCtx::new(shared.clone(), cell.clone(), registered.run.attempt);
     raw.in_fiber = true;
     // A fiber enters at its last stash, and so stands in its stream at that stash's mark:
@@ -325,14 +337,14 @@ async fn entered(
     *cell.stream.lock() = None;
     // An operator's pause holds a run before its fiber's first step.
     if let Err(e) = crate::pause::gate(&raw).await {
-        return Err(Ok(Err(e)));
+        return Err(Box::new(Ok(Err(e))));
     }
     // Making the future runs user code too (decoding the input and stash, upgrading an old
     // stash): a panic there is the fiber's, as one inside it is.
     match std::panic::catch_unwind(AssertUnwindSafe(|| enter(shared, raw, *registered, since))) {
         Ok(Ok(future)) => Ok(future),
-        Ok(Err(e)) => Err(Ok(Err(e))),
-        Err(panic) => Err(Err(panic_text(panic))),
+        Ok(Err(e)) => Err(Box::new(Ok(Err(e)))),
+        Err(panic) => Err(Box::new(Err(panic_text(panic)))),
     }
 }
 
