@@ -19,9 +19,9 @@ pub(crate) struct ByRunId<T> {
 }
 
 /// A value with its run id's hash. Kept beside the value so that growing the table moves
-/// entries without reading their run ids: a recovery of a million runs grows each table
-/// twenty times, and reading every held id again (a cache miss each, then the hash) was
-/// half of what inserting cost.
+/// entries without reading their run ids again (a cache miss each, then the hash): a
+/// recovery of a million runs grows each table about twenty times, and the activity
+/// tracker's inserts were 9% of its CPU.
 struct Hashed<T> {
     hash: u64,
     value: T,

@@ -236,9 +236,9 @@ fn drive(
 /// costs beside the agent's own future, a million waiting fibers a million times: the
 /// kernel's handles, the attempt's span and the agent's boxed future. Its entry and its end
 /// run once each and are boxed, so their larger state is held only while they run. A block
-/// rather than an async fn, which would hold its arguments twice; the entry's result is
-/// taken apart before the agent's future is awaited, and its end is boxed, so the attempt
-/// keeps neither.
+/// rather than an async fn, which would hold its arguments twice; the entry's early end is
+/// boxed, so the entry's result it holds while the agent's future runs is two pointers. Its
+/// task fits tokio's 256-byte cell.
 #[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
 fn attempt(
     shared: Arc<Shared>,
@@ -253,14 +253,10 @@ fn attempt(
         // Boxed: spans are off unless traces are exported, and the attempt holds it throughout.
         let attempt_span =
             AttemptSpan::start(&shared, &cell, run.attempt, mode, run.recover_attempts).map(Box::new);
-        let future = match Box::pin(entered(&shared, &cell, registered, since)).await {
-            Ok(future) => future,
-            Err(end) => {
-                Box::pin(ended(&shared, &cell, mode, attempt_span, *end, busy)).await;
-                return;
-            }
+        let result = match Box::pin(entered(&shared, &cell, registered, since)).await {
+            Ok(future) => AssertUnwindSafe(future).catch_unwind().await.map_err(panic_text),
+            Err(end) => *end,
         };
-        let result = AssertUnwindSafe(future).catch_unwind().await.map_err(panic_text);
         Box::pin(ended(&shared, &cell, mode, attempt_span, result, busy)).await;
     }
 }
