@@ -139,9 +139,16 @@ pub(super) async fn wait_run(
     }
 }
 
+/// A server's log as text, empty when it cannot be read. Read lossily: a server killed while
+/// it wrote a line can leave half a character at the end (its lines carry `µs`), and a
+/// strict read would then see no log at all.
+pub(super) fn read_log(path: &Path) -> String {
+    std::fs::read(path).map(|bytes| String::from_utf8_lossy(&bytes).into_owned()).unwrap_or_default()
+}
+
 async fn wait_log(path: &Path, needle: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !std::fs::read_to_string(path).unwrap_or_default().contains(needle) {
+    while !read_log(path).contains(needle) {
         if Instant::now() > deadline {
             bail!("timed out waiting for {needle:?} in {}", path.display());
         }
@@ -235,9 +242,7 @@ pub async fn drill(exe: &Path, seed: u64, out: &Path, stop_at: &str) -> anyhow::
 
     eprintln!("drill: [5/5] score against the upstream");
     let snaps = Snapshots { before_kill_1, after_kill_1, before_kill_2, after_kill_2, done, runs };
-    let logs: Vec<String> = (1..=3)
-        .map(|i| std::fs::read_to_string(out.join(format!("server-{i}.log"))).unwrap_or_default())
-        .collect();
+    let logs: Vec<String> = (1..=3).map(|i| read_log(&out.join(format!("server-{i}.log")))).collect();
     let outcome = Outcome { snaps, run_id, stop_at, logs, human_sees_context, seed, started };
     conclude(outcome, &upstream, out, true, json!({}))
 }

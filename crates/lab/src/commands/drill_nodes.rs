@@ -25,8 +25,8 @@ use durafiber_testkit::upstream::Upstream;
 use serde_json::{Value, json};
 
 use super::drill::{
-    AcrossNodes, DrillReport, Outcome, Server, Snapshots, conclude, hash_of, out_dir, print_report, sigkill,
-    sigterm, spawn_server_with, wait_run,
+    AcrossNodes, DrillReport, Outcome, Server, Snapshots, conclude, hash_of, out_dir, print_report, read_log,
+    sigkill, sigterm, spawn_server_with, wait_run,
 };
 
 /// The lease the drill's nodes hold their shards by.
@@ -270,8 +270,11 @@ async fn run_nodes(
 
     eprintln!("drill: [5/5] score against the upstream");
     let snaps = Snapshots { before_kill_1, after_kill_1, before_kill_2, after_kill_2, done, runs };
-    let logs: Vec<String> =
-        owners.iter().map(|i| std::fs::read_to_string(log(*i)).unwrap_or_default()).collect();
+    // The logs of the nodes that carried the run on: the first node named may only have
+    // held its shard while it waited (shards move to the nodes that join after the run
+    // starts, and a node that takes a shard leaves its waiting runs where they are), so its
+    // log need not name the run; the second ran the decision and the third finished it.
+    let logs: Vec<String> = owners.iter().skip(1).map(|i| read_log(&log(*i))).collect();
     let outcome = Outcome {
         snaps,
         run_id,
