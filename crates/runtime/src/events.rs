@@ -34,37 +34,84 @@ pub(crate) struct EventLog {
 
 #[derive(Default)]
 struct Log {
-    events: VecDeque<Event>,
+    events: VecDeque<Logged>,
     last_seq: u64,
 }
 
+/// An event as the log holds it: its run id and a short detail inside the entry itself, so
+/// that logging one writes the next entry of the ring and nothing else. A recovery logs two
+/// events a run; entries that pointed at strings of their own made each event replace
+/// strings allocated 65,536 events before, a cache miss each, and free them.
+struct Logged {
+    seq: u64,
+    at_ms: u64,
+    run_id: Text<RUN_ID_INLINE>,
+    kind: &'static str,
+    detail: Text<DETAIL_INLINE>,
+}
+
+/// Bytes of a run id held in the entry: a minted id is 48.
+const RUN_ID_INLINE: usize = 55;
+/// Bytes of a detail held in the entry: most details are a word or a number or two.
+const DETAIL_INLINE: usize = 62;
+
+/// Text of up to `N` bytes held in place, longer text on the heap.
+enum Text<const N: usize> {
+    Inline { len: u8, bytes: [u8; N] },
+    Heap(Box<str>),
+}
+
+impl<const N: usize> Text<N> {
+    fn new(text: &str) -> Self {
+        match u8::try_from(text.len()) {
+            Ok(len) if text.len() <= N => {
+                let mut bytes = [0; N];
+                bytes[..text.len()].copy_from_slice(text.as_bytes());
+                Text::Inline { len, bytes }
+            }
+            _ => Text::Heap(text.into()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            // Only whole `&str`s are copied in, so the bytes are UTF-8 up to `len`.
+            Text::Inline { len, bytes } => {
+                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
+            }
+            Text::Heap(text) => text,
+        }
+    }
+}
+
+impl Logged {
+    fn event(&self) -> Event {
+        Event {
+            seq: self.seq,
+            at_ms: self.at_ms,
+            run_id: RunId::from(self.run_id.as_str()),
+            kind: self.kind.to_string(),
+            detail: self.detail.as_str().to_string(),
+        }
+    }
+}
+
 impl EventLog {
-    pub fn push(&self, at_ms: u64, run_id: &str, kind: &str, detail: String) {
+    pub fn push(&self, at_ms: u64, run_id: &str, kind: &'static str, detail: String) {
         tracing::info!(run_id, event = kind, %detail, at_ms, "run event");
+        let (run_id, detail) = (Text::new(run_id), Text::new(&detail));
         let mut log = self.inner.lock();
         log.last_seq += 1;
         let seq = log.last_seq;
-        // A full log reuses its oldest event's strings for the run id and the kind, and frees
-        // the replaced detail outside the lock: a recovery logs events for every run, and
-        // making and freeing their strings was most of what logging one cost.
         let replaced = if log.events.len() >= EVENT_LOG_MAX { log.events.pop_front() } else { None };
-        let (event, replaced) = match replaced {
-            Some(mut old) => {
-                old.run_id.set(run_id);
-                old.kind.clear();
-                old.kind.push_str(kind);
-                let old_detail = std::mem::replace(&mut old.detail, detail);
-                (Event { seq, at_ms, ..old }, Some(old_detail))
-            }
-            None => (Event { seq, at_ms, run_id: RunId::from(run_id), kind: kind.to_string(), detail }, None),
-        };
-        log.events.push_back(event);
+        log.events.push_back(Logged { seq, at_ms, run_id, kind, detail });
         drop(log);
+        // An event whose text was too long for its entry is freed outside the lock.
         drop(replaced);
     }
 
     pub fn snapshot(&self) -> Vec<Event> {
-        self.inner.lock().events.iter().cloned().collect()
+        self.inner.lock().events.iter().map(Logged::event).collect()
     }
 
     /// The events after `after_seq`, of one run or all, at most `limit`, oldest first.
@@ -76,9 +123,9 @@ impl EventLog {
         log.events
             .iter()
             .skip(skip)
-            .filter(|e| run_id.is_none_or(|r| r == e.run_id))
+            .filter(|e| run_id.is_none_or(|r| r == e.run_id.as_str()))
             .take(limit)
-            .cloned()
+            .map(Logged::event)
             .collect()
     }
 }
@@ -99,5 +146,37 @@ mod tests {
         assert_eq!(of_a.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(), ["activated"]);
         assert!(log.since(3, None, 10).is_empty());
         assert_eq!(log.since(0, None, 2).len(), 2);
+    }
+
+    #[test]
+    fn short_and_long_texts_come_back_as_they_went_in() {
+        let log = EventLog::default();
+        let long_id = format!("run_{}", "9".repeat(200));
+        let long_detail = "é".repeat(100);
+        log.push(1, "run_01a2", "activated", "cold start 12 µs".into());
+        log.push(2, &long_id, "escalated", long_detail.clone());
+        log.push(3, "", "woke", String::new());
+        let all = log.snapshot();
+        assert_eq!(all[0].run_id.as_str(), "run_01a2");
+        assert_eq!(all[0].detail, "cold start 12 µs");
+        assert_eq!(
+            (all[1].run_id.as_str(), all[1].detail.as_str()),
+            (long_id.as_str(), long_detail.as_str())
+        );
+        assert_eq!((all[2].run_id.as_str(), all[2].kind.as_str(), all[2].detail.as_str()), ("", "woke", ""));
+        assert_eq!(log.since(0, Some(&long_id), 10).len(), 1);
+    }
+
+    #[test]
+    fn a_full_log_keeps_the_newest_events() {
+        let log = EventLog::default();
+        for i in 0..EVENT_LOG_MAX + 5 {
+            log.push(i as u64, &format!("run_{i}"), "accepted", format!("{i}"));
+        }
+        let all = log.snapshot();
+        assert_eq!(all.len(), EVENT_LOG_MAX);
+        assert_eq!(all[0].seq, 6);
+        assert_eq!(all[0].run_id.as_str(), "run_5");
+        assert_eq!(all.last().map(|e| e.detail.clone()), Some(format!("{}", EVENT_LOG_MAX + 4)));
     }
 }

@@ -27,13 +27,6 @@ impl RunId {
     pub fn into_string(self) -> String {
         self.0
     }
-
-    /// Becomes `id`, in the memory this id held when it is large enough: a log that replaces
-    /// its oldest entries reuses their ids instead of freeing one and making another.
-    pub fn set(&mut self, id: &str) {
-        self.0.clear();
-        self.0.push_str(id);
-    }
 }
 
 impl From<String> for RunId {

@@ -186,7 +186,7 @@ impl Shared {
         self.kinds.get(kind).cloned().ok_or_else(|| RuntimeError::UnknownKind { kind: kind.to_string() })
     }
 
-    pub fn event(&self, run_id: &str, kind: &str, detail: impl Into<String>) {
+    pub fn event(&self, run_id: &str, kind: &'static str, detail: impl Into<String>) {
         self.events.push(self.now_ms(), run_id, kind, self.redact(detail.into()));
     }
 
