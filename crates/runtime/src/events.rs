@@ -45,27 +45,26 @@ struct Log {
 struct Logged {
     seq: u64,
     at_ms: u64,
-    run_id: Text<RUN_ID_INLINE>,
+    run_id: Text,
     kind: &'static str,
-    detail: Text<DETAIL_INLINE>,
+    detail: Text,
 }
 
-/// Bytes of a run id held in the entry: a minted id is 48.
-const RUN_ID_INLINE: usize = 55;
-/// Bytes of a detail held in the entry: most details are a word or a number or two.
-const DETAIL_INLINE: usize = 62;
+/// Bytes of text an entry holds in place: with its length and the variant's tag, a `Text`
+/// is 64 bytes. A minted run id is 48; most details are a word or a number or two.
+const INLINE: usize = 62;
 
-/// Text of up to `N` bytes held in place, longer text on the heap.
-enum Text<const N: usize> {
-    Inline { len: u8, bytes: [u8; N] },
+/// Text of up to [`INLINE`] bytes held in place, longer text on the heap.
+enum Text {
+    Inline { len: u8, bytes: [u8; INLINE] },
     Heap(Box<str>),
 }
 
-impl<const N: usize> Text<N> {
+impl Text {
     fn new(text: &str) -> Self {
         match u8::try_from(text.len()) {
-            Ok(len) if text.len() <= N => {
-                let mut bytes = [0; N];
+            Ok(len) if text.len() <= INLINE => {
+                let mut bytes = [0; INLINE];
                 bytes[..text.len()].copy_from_slice(text.as_bytes());
                 Text::Inline { len, bytes }
             }
@@ -165,6 +164,13 @@ mod tests {
         );
         assert_eq!((all[2].run_id.as_str(), all[2].kind.as_str(), all[2].detail.as_str()), ("", "woke", ""));
         assert_eq!(log.since(0, Some(&long_id), 10).len(), 1);
+    }
+
+    #[test]
+    fn held_text_is_64_bytes_and_longer_text_goes_to_the_heap() {
+        assert_eq!(std::mem::size_of::<Text>(), 64);
+        assert_eq!(Text::new(&"x".repeat(INLINE)).as_str().len(), INLINE);
+        assert!(matches!(Text::new(&"x".repeat(INLINE + 1)), Text::Heap(_)));
     }
 
     #[test]
