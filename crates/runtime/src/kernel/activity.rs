@@ -121,22 +121,34 @@ impl Liveness {
     /// Puts the run back in the deadline index under its current deadline, and counts it
     /// among the waiting fibers if it is one.
     fn reindex(&self, table: &mut Table, run_id: &str) {
-        let Some(state) = table.states.get_mut(run_id) else { return };
+        let Table { states, by_deadline, waiting } = table;
+        if let Some(state) = states.get_mut(run_id) {
+            self.place(by_deadline, waiting, state);
+        }
+    }
+
+    /// [`Liveness::reindex`] for a state in hand.
+    fn place(
+        &self,
+        by_deadline: &mut BTreeMap<(u64, u64), Arc<str>>,
+        waiting: &mut usize,
+        state: &mut LiveState,
+    ) {
         let counted = !state.closing && state.parkable();
         if counted != state.counted_waiting {
             state.counted_waiting = counted;
-            table.waiting = if counted { table.waiting + 1 } else { table.waiting.saturating_sub(1) };
+            *waiting = if counted { *waiting + 1 } else { waiting.saturating_sub(1) };
         }
         let at = (!state.closing).then(|| self.deadline(state));
         if at == state.indexed_at_ms {
             return;
         }
         if let Some(old) = state.indexed_at_ms.take() {
-            table.by_deadline.remove(&(old, state.epoch));
+            by_deadline.remove(&(old, state.epoch));
         }
         if let Some(at) = at {
             state.indexed_at_ms = Some(at);
-            table.by_deadline.insert((at, state.epoch), state.id.clone());
+            by_deadline.insert((at, state.epoch), state.id.clone());
         }
     }
 
@@ -172,39 +184,49 @@ impl Liveness {
     }
 
     /// A run was activated; `stream` names its draw stream (the run's kind, key and time).
-    pub fn activated(&self, run_id: &str, now_ms: u64, stream: u64) {
+    /// `fiber` is the keep-alive of a fiber that starts with the activation, told here
+    /// instead of by [`Liveness::fiber_started`]: a recovery tells the tracker of each run
+    /// once, in one probe of its table and one place in its index.
+    pub fn activated(&self, run_id: &str, now_ms: u64, stream: u64, fiber: Option<bool>) {
         let mut rng = SeededRng::new(self.seed ^ stream);
         let evict_after_ms = self.draw(&mut rng);
+        let epoch = self.epochs.fetch_add(1, Ordering::Relaxed) + 1;
         let mut guard = self.lock();
-        let table = &mut *guard;
-        let id: Arc<str> = match table.states.get(run_id) {
-            Some(old) => {
-                if let Some(at) = old.indexed_at_ms {
-                    table.by_deadline.remove(&(at, old.epoch));
+        let Table { states, by_deadline, waiting } = &mut *guard;
+        let state = states.replace_with(run_id, |old| {
+            let id: Arc<str> = match old {
+                Some(old) => {
+                    if let Some(at) = old.indexed_at_ms {
+                        by_deadline.remove(&(at, old.epoch));
+                    }
+                    if old.counted_waiting {
+                        *waiting = waiting.saturating_sub(1);
+                    }
+                    old.id.clone()
                 }
-                if old.counted_waiting {
-                    table.waiting = table.waiting.saturating_sub(1);
-                }
-                old.id.clone()
+                None => Arc::from(run_id),
+            };
+            LiveState {
+                id,
+                last_activity_ms: now_ms,
+                evict_after_ms,
+                guards: 0,
+                fiber_active: fiber.is_some(),
+                fiber_keep_alive: fiber.unwrap_or(true),
+                fiber_waiting: false,
+                held_since_ms: None,
+                closing: false,
+                rng,
+                indexed_at_ms: None,
+                epoch,
+                counted_waiting: false,
             }
-            None => Arc::from(run_id),
-        };
-        table.states.insert(LiveState {
-            id,
-            last_activity_ms: now_ms,
-            evict_after_ms,
-            guards: 0,
-            fiber_active: false,
-            fiber_keep_alive: true,
-            fiber_waiting: false,
-            held_since_ms: None,
-            closing: false,
-            rng,
-            indexed_at_ms: None,
-            epoch: self.epochs.fetch_add(1, Ordering::Relaxed) + 1,
-            counted_waiting: false,
         });
-        self.reindex(table, run_id);
+        // As `change` marks a run that a fiber's start makes held.
+        if state.held() {
+            state.held_since_ms = Some(now_ms);
+        }
+        self.place(by_deadline, waiting, state);
     }
 
     /// An inbound event was handled: a new idle period starts.

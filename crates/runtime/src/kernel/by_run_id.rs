@@ -56,6 +56,24 @@ impl<T: HasRunId> ByRunId<T> {
         }
     }
 
+    /// Puts `make(old)` in place of the run's value, or adds it when the run had none, in
+    /// one probe of the table; returns the value put. `make` returns a value of `run_id`.
+    pub fn replace_with(&mut self, run_id: &str, make: impl FnOnce(Option<&T>) -> T) -> &mut T {
+        let hash = self.hasher.hash_one(run_id);
+        let held = match self.table.entry(hash, |held| held.is(hash, run_id), |held| held.hash) {
+            hashbrown::hash_table::Entry::Occupied(entry) => {
+                let held = entry.into_mut();
+                held.value = make(Some(&held.value));
+                held
+            }
+            hashbrown::hash_table::Entry::Vacant(entry) => {
+                entry.insert(Hashed { hash, value: make(None) }).into_mut()
+            }
+        };
+        debug_assert_eq!(held.value.run_id(), run_id);
+        &mut held.value
+    }
+
     pub fn remove(&mut self, run_id: &str) -> Option<T> {
         let hash = self.hasher.hash_one(run_id);
         let entry = self.table.find_entry(hash, |held| held.is(hash, run_id)).ok()?;
@@ -107,5 +125,17 @@ mod tests {
         assert_eq!(table.remove("run-9").map(|n| n.1), Some(9));
         assert!(table.get("run-9").is_none() && table.remove("run-9").is_none());
         assert_eq!(table.values().count(), 999);
+    }
+
+    #[test]
+    fn replacing_a_value_sees_the_old_one_and_adding_one_sees_none() {
+        let mut table = ByRunId::default();
+        table.insert(Named("run-1".into(), 1));
+        let put = table.replace_with("run-1", |old| Named("run-1".into(), old.map_or(0, |n| n.1) + 10));
+        put.1 += 1;
+        let added = table.replace_with("run-2", |old| Named("run-2".into(), old.map_or(100, |n| n.1)));
+        assert_eq!(added.1, 100);
+        assert_eq!(table.get("run-1").map(|n| n.1), Some(12));
+        assert_eq!(table.len(), 2);
     }
 }

@@ -63,7 +63,7 @@ async fn live_or_spawn(
     let mut locked = shared.lock_run(run_id).await?;
     let stash = fiber::read_stash(shared, run_id);
     let entry = LiveRun::new(new_cell(shared, &locked.run, &stash)?);
-    activated(shared, &locked.run, &watch);
+    activated(shared, &locked.run, &watch, None);
     if !shared.passive {
         let decided = fiber::decide(shared, &entry.cell, &mut locked, stash).await;
         drop(locked);
@@ -98,8 +98,9 @@ pub(crate) fn new_cell(
 
 /// A cold start told to the activity tracker, the metrics and the event log. Logged before
 /// the fiber can start, so the event log's order does not depend on which task the
-/// scheduler runs first.
-pub(crate) fn activated(shared: &Shared, run: &RunRecord, watch: &Stopwatch) {
+/// scheduler runs first. `fiber` is the keep-alive of a fiber started with the activation
+/// ([`fiber::start_registered`]), which the tracker is told of here.
+pub(crate) fn activated(shared: &Shared, run: &RunRecord, watch: &Stopwatch, fiber: Option<bool>) {
     let now_ms = shared.now_ms();
     let stream = {
         use std::hash::{Hash, Hasher};
@@ -107,7 +108,7 @@ pub(crate) fn activated(shared: &Shared, run: &RunRecord, watch: &Stopwatch) {
         (&run.kind, &run.key, now_ms).hash(&mut h);
         h.finish()
     };
-    shared.liveness.activated(&run.run_id, now_ms, stream);
+    shared.liveness.activated(&run.run_id, now_ms, stream, fiber);
     Metrics::bump(&shared.metrics.activations);
     shared.metrics.cold_start.record_us(watch.elapsed_us());
     shared.event(&run.run_id, "activated", format!("cold start {} µs", watch.elapsed_us()));

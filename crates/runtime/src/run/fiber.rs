@@ -76,7 +76,7 @@ pub(crate) fn begin(
     decided: Activation,
 ) -> Option<Activation> {
     match decided {
-        Activation::Start(registered) => spawn(shared, cell, registered, since),
+        Activation::Start(registered) => spawn(shared, cell, registered, since, Tracker::Tell),
         Activation::Later(at_ms) => shared.wake_at(at_ms, &cell.run_id),
         Activation::Nothing => {}
         escalate @ Activation::Escalate(_) => return Some(escalate),
@@ -193,18 +193,49 @@ pub(crate) fn register(
 }
 
 /// A registration that is durable now, as the fiber to start.
-pub(crate) fn registered(cell: &RunCell, mut registered: Box<Registered>) -> Activation {
+pub(crate) fn registered(cell: &RunCell, registered: Box<Registered>) -> Activation {
+    Activation::Start(onto_cell(cell, registered))
+}
+
+/// Puts what a durable registration decided for the run's live side into its cell.
+fn onto_cell(cell: &RunCell, mut registered: Box<Registered>) -> Box<Registered> {
     cell.recovering.store(matches!(registered.mode, FiberMode::Recover(_)), Ordering::SeqCst);
     cell.attempt.store(registered.run.attempt, Ordering::SeqCst);
     *cell.hook.lock() = registered.hook.take();
-    Activation::Start(registered)
+    registered
 }
 
-fn spawn(shared: &Arc<Shared>, cell: &Arc<RunCell>, registered: Box<Registered>, since: Stopwatch) {
+/// Starts the fiber of a registration made durable in a recovery's batch, whose activation
+/// told the activity tracker that the fiber runs (`actor::activated`).
+pub(crate) fn start_registered(
+    shared: &Arc<Shared>,
+    cell: &Arc<RunCell>,
+    registered: Box<Registered>,
+    since: Stopwatch,
+) {
+    spawn(shared, cell, onto_cell(cell, registered), since, Tracker::Told);
+}
+
+/// Whether a fiber's start is still to be told to the activity tracker.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tracker {
+    Tell,
+    Told,
+}
+
+fn spawn(
+    shared: &Arc<Shared>,
+    cell: &Arc<RunCell>,
+    registered: Box<Registered>,
+    since: Stopwatch,
+    tracker: Tracker,
+) {
     // The slot stays locked until it holds the task, so the task's own clearing (its last
     // step) can never run before the slot is filled.
     let mut slot = cell.fiber.lock();
-    shared.liveness.fiber_started(&cell.run_id, cell.fiber_keep_alive, shared.now_ms());
+    if tracker == Tracker::Tell {
+        shared.liveness.fiber_started(&cell.run_id, cell.fiber_keep_alive, shared.now_ms());
+    }
     let task = tokio::spawn(drive(shared.clone(), cell.clone(), registered, since, shared.busy()));
     *slot = Some(task.abort_handle());
 }

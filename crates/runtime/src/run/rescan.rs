@@ -232,9 +232,8 @@ async fn reactivate_batch(shared: &Arc<Shared>, found: Vec<Found>) -> Result<usi
                 shared.status_changed();
                 for (cell, registration) in registered {
                     let live = LiveRun::new(cell.clone());
-                    actor::activated(shared, &registration.run, &watch);
-                    let decided = fiber::registered(&cell, registration);
-                    actor::begin(shared, &live, since, decided).await;
+                    actor::activated(shared, &registration.run, &watch, Some(cell.fiber_keep_alive));
+                    fiber::start_registered(shared, &cell, registration, since);
                     shared.registry.insert(live);
                 }
             }
