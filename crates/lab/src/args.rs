@@ -157,6 +157,10 @@ pub enum Bench {
         /// and report every time with the median and the best (the machine's noise shows).
         #[arg(long, default_value_t = 1)]
         repeat: usize,
+        /// Boundaries each run keeps in its history (`history_max`), before the kill and
+        /// after: each kept boundary is one more record a step writes (and one it deletes).
+        #[arg(long, default_value_t = durafiber_runtime::limits::HISTORY_MAX_DEFAULT)]
+        history_max: u32,
         /// Where to write samples and the histogram.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -289,5 +293,8 @@ pub enum Bench {
         /// Time each run waits before each step.
         #[arg(long, default_value_t = 1000)]
         pause_ms: u64,
+        /// Boundaries each run keeps in its history.
+        #[arg(long, default_value_t = durafiber_runtime::limits::HISTORY_MAX_DEFAULT)]
+        history_max: u32,
     },
 }

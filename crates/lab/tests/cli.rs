@@ -218,12 +218,25 @@ fn bench_idle_parks_every_waiting_run_and_the_approved_ones_go_on() {
     assert!(report["parked_bytes_per_run"].as_f64().is_some(), "{report}");
 }
 
-/// `bench recover --repeat` recovers every run of the killed store on each fresh copy of it.
+/// `bench recover --repeat` recovers every run of the killed store on each fresh copy of it,
+/// with the runs' history set as asked, before the kill and after.
 #[test]
 fn bench_recover_repeated_recovers_every_run_on_each_copy_of_the_killed_store() {
-    let report =
-        bench_report(&["bench", "recover", "--json", "--runs", "40", "--pause-ms", "60000", "--repeat", "2"]);
+    let report = bench_report(&[
+        "bench",
+        "recover",
+        "--json",
+        "--runs",
+        "40",
+        "--pause-ms",
+        "60000",
+        "--repeat",
+        "2",
+        "--history-max",
+        "0",
+    ]);
     assert_eq!(report["recovered"], 40, "{report}");
+    assert_eq!(report["history_max"], 0, "{report}");
     let each = report["all_recovered_ms_each"].as_array().expect("one time per recovery");
     assert_eq!(each.len(), 2, "{report}");
     assert!(each.iter().all(|t| t.as_f64().is_some_and(|ms| ms > 0.0)), "{report}");

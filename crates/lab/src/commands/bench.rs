@@ -49,15 +49,15 @@ pub async fn run(which: Bench) -> anyhow::Result<i32> {
         Bench::StashNode { url, node_id, nodes, writers, start_at_ms, seconds } => {
             super::bench_nodes::node(&url, &node_id, nodes, writers, start_at_ms, seconds).await
         }
-        Bench::Recover { json, runs, pause_ms, repeat, out } => {
-            recover(json, runs, pause_ms, repeat, out.as_deref()).await
+        Bench::Recover { json, runs, pause_ms, repeat, history_max, out } => {
+            recover(json, Workload { runs, pause_ms, history_max }, repeat, out.as_deref()).await
         }
         Bench::Alarms { json, alarms, pending, out } => {
             bench_alarms(json, alarms, pending, out.as_deref()).await
         }
         Bench::AlarmsMemoryChild { data } => alarms_memory_child(&data).await,
-        Bench::RecoverChild { data, mode, runs, pause_ms } => {
-            recover_child(&data, &mode, runs, pause_ms).await
+        Bench::RecoverChild { data, mode, runs, pause_ms, history_max } => {
+            recover_child(&data, &mode, Workload { runs, pause_ms, history_max }).await
         }
         Bench::Steps { json, runs, steps, sequential, gap_ms, kill_runs, busy, history_max, out } => {
             let plan =
@@ -150,13 +150,37 @@ fn epoch_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// What `bench recover`'s runs do: how many, how long each waits before each step, and how
+/// many boundaries each keeps in its history.
+#[derive(Debug, Clone, Copy)]
+struct Workload {
+    runs: usize,
+    pause_ms: u64,
+    history_max: u32,
+}
+
+impl Workload {
+    /// The arguments of `bench recover-child` after its data directory and mode.
+    fn args(&self) -> [String; 5] {
+        [
+            self.runs.to_string(),
+            "--pause-ms".into(),
+            self.pause_ms.to_string(),
+            "--history-max".into(),
+            self.history_max.to_string(),
+        ]
+    }
+}
+
 /// The process `bench recover` starts, kills and restarts.
-async fn recover_child(data: &Path, mode: &str, runs: usize, pause_ms: u64) -> anyhow::Result<i32> {
+async fn recover_child(data: &Path, mode: &str, workload: Workload) -> anyhow::Result<i32> {
+    let Workload { runs, pause_ms, history_max } = workload;
     let process_start = Instant::now();
     let process_start_ms = epoch_ms();
     let store = Store::open_dir(data, StoreConfig::default())?;
     let store_open_ms = process_start.elapsed().as_secs_f64() * 1000.0;
-    let rt = Runtime::builder(store).agent(Steps::default()).open().await?;
+    let config = durafiber_runtime::RuntimeConfig { history_max, ..Default::default() };
+    let rt = Runtime::builder(store).config(config).agent(Steps::default()).open().await?;
     let runtime_open_ms = process_start.elapsed().as_secs_f64() * 1000.0;
     if mode == "start" {
         let input = StepsInput { steps: 1_000_000, pause_ms };
@@ -185,7 +209,7 @@ async fn recover_child(data: &Path, mode: &str, runs: usize, pause_ms: u64) -> a
             .collect(),
     );
     let report = json!({
-        "runs": runs, "pause_ms": pause_ms, "recovered": m.recoveries, "timed_runs": latency.count,
+        "runs": runs, "pause_ms": pause_ms, "history_max": history_max, "recovered": m.recoveries, "timed_runs": latency.count,
         "logged_runs": per_run.0.len(), "store_open_ms": (store_open_ms * 10.0).round() / 10.0,
         "runtime_open_ms": runtime_open_ms.round(),
         "all_recovered_ms": all_recovered_ms.round(), "p50_ms": since_start(latency.p50_us),
@@ -198,21 +222,19 @@ async fn recover_child(data: &Path, mode: &str, runs: usize, pause_ms: u64) -> a
     std::process::exit(0);
 }
 
-async fn recover(
-    json: bool,
-    runs: usize,
-    pause_ms: u64,
-    repeat: usize,
-    out: Option<&Path>,
-) -> anyhow::Result<i32> {
+async fn recover(json: bool, workload: Workload, repeat: usize, out: Option<&Path>) -> anyhow::Result<i32> {
+    let Workload { runs, pause_ms, history_max } = workload;
     let exe = std::env::current_exe()?;
     let dir = tempfile::Builder::new().prefix("durafiber-bench-").tempdir_in(std::env::temp_dir())?;
     let killed = dir.path().join("killed");
-    progress(&format!("starting {runs} runs that stash every {pause_ms} ms"));
+    progress(&format!(
+        "starting {runs} runs that stash every {pause_ms} ms, each keeping {history_max} boundaries in its history"
+    ));
     let mut child = Command::new(&exe)
         .args(["bench", "recover-child"])
         .arg(&killed)
-        .args(["start", &runs.to_string(), "--pause-ms", &pause_ms.to_string()])
+        .arg("start")
+        .args(workload.args())
         .stdout(Stdio::piped())
         .spawn()?;
     let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
@@ -239,7 +261,8 @@ async fn recover(
         let output = Command::new(&exe)
             .args(["bench", "recover-child"])
             .arg(&data)
-            .args(["recover", &runs.to_string(), "--pause-ms", &pause_ms.to_string()])
+            .arg("recover")
+            .args(workload.args())
             .stderr(Stdio::inherit())
             .output()?;
         let text = String::from_utf8_lossy(&output.stdout);
