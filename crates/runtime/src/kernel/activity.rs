@@ -190,8 +190,9 @@ impl Liveness {
     pub fn activated(&self, run_id: &str, now_ms: u64, stream: u64, fiber: Option<bool>) {
         let mut rng = SeededRng::new(self.seed ^ stream);
         let evict_after_ms = self.draw(&mut rng);
-        let epoch = self.epochs.fetch_add(1, Ordering::Relaxed) + 1;
         let mut guard = self.lock();
+        // Numbered under the lock, as the table sees activations in the order of their epochs.
+        let epoch = self.epochs.fetch_add(1, Ordering::Relaxed) + 1;
         let Table { states, by_deadline, waiting } = &mut *guard;
         let state = states.replace_with(run_id, |old| {
             let id: Arc<str> = match old {
