@@ -184,7 +184,9 @@ async fn recover_child(data: &Path, mode: &str, workload: Workload) -> anyhow::R
     let runtime_open_ms = process_start.elapsed().as_secs_f64() * 1000.0;
     if mode == "start" {
         let input = StepsInput { steps: 1_000_000, pause_ms };
+        let reporter = tokio::spawn(report_starts(rt.clone(), runs));
         start_runs::<Steps>(&rt, runs, "bench", &input, |_| false).await?;
+        reporter.abort();
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         println!("ready");
         std::future::pending::<()>().await;
@@ -220,6 +222,24 @@ async fn recover_child(data: &Path, mode: &str, workload: Workload) -> anyhow::R
     });
     println!("{report}");
     std::process::exit(0);
+}
+
+/// Says every two seconds how far the start phase is: runs started, and how many stashes
+/// the started ones committed (how the machine keeps up with them shows in the latter).
+async fn report_starts(rt: Runtime, runs: usize) {
+    let mut stashes = 0;
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let m = rt.metrics();
+        let committed = m.stash_commit.count;
+        progress(&format!(
+            "{} of {runs} runs started; {} stashes a second, their commits taking {} ms at the median",
+            m.starts,
+            committed.saturating_sub(stashes) / 2,
+            m.stash_commit.p50_us / 1000
+        ));
+        stashes = committed;
+    }
 }
 
 async fn recover(json: bool, workload: Workload, repeat: usize, out: Option<&Path>) -> anyhow::Result<i32> {

@@ -21,8 +21,8 @@ pub(crate) struct Stored {
 
 impl Stored {
     /// Puts the stash, its version when it is not 1 and its stream mark when it changed,
-    /// into `batch`; and into the run's history, whose entry `history_max` boundaries back
-    /// goes (none is kept when it is 0).
+    /// into `batch`; and into the run's history, over the entry `history_max` boundaries
+    /// back (none is kept when it is 0): two writes a stash, none of them a delete.
     pub fn stage(&self, batch: &mut Batch, history_max: u32) -> Result<(), StoreError> {
         let run = &self.record.run_id;
         batch.put(keys::stash(run), &self.record)?;
@@ -39,13 +39,36 @@ impl Stored {
                 version: self.version,
                 stream_mark: self.stream_mark,
             };
-            batch.put(keys::history(run, seq), &entry)?;
-            if let Some(old) = seq.checked_sub(u64::from(history_max)).filter(|old| *old > 0) {
-                batch.delete(keys::history(run, old));
-            }
+            batch.put(keys::history(run, seq, history_max), &entry)?;
         }
         Ok(())
     }
+}
+
+/// The boundaries a run's history keeps, oldest first: those of its ring's entries within
+/// `history_max` of the newest. The ring may also hold older entries, none of them current: those
+/// of a larger `history_max` before, or of stores that keyed the history by boundary; they
+/// are left out. With `history_max` 0 no history is written, and what an earlier one
+/// left is all listed.
+pub(crate) fn history(
+    store: &Store,
+    run_id: &str,
+    history_max: u32,
+) -> Result<Vec<HistoryRecord>, StoreError> {
+    let mut entries = Vec::new();
+    for (_, entry) in store.scan(&keys::HISTORY.of_run(run_id), None, usize::MAX)? {
+        let entry: HistoryRecord = entry?;
+        entries.push(entry);
+    }
+    entries.sort_by_key(|e| e.stash.seq);
+    entries.dedup_by_key(|e| e.stash.seq);
+    if let Some(newest) = entries.last().map(|e| e.stash.seq)
+        && history_max > 0
+    {
+        let oldest_kept = newest.saturating_sub(u64::from(history_max));
+        entries.retain(|e| e.stash.seq > oldest_kept);
+    }
+    Ok(entries)
 }
 
 /// The run's last stash with its version (1 when none is recorded); `None` before the first.

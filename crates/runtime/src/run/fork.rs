@@ -82,7 +82,8 @@ pub(crate) async fn fork(
     }
     shared.store.check_room()?;
     let store = &shared.store;
-    let Some(point) = store.get::<HistoryRecord>(&keys::history(source_id, at))? else {
+    let history = crate::kernel::stash_record::history(store, source_id, shared.config.history_max)?;
+    let Some(point) = history.iter().find(|entry| entry.stash.seq == at).cloned() else {
         return Err(refused(
             source_id,
             format!("boundary {at} is not in its history (it keeps the last history_max boundaries)"),
@@ -160,7 +161,7 @@ pub(crate) async fn fork(
             batch.put(keys::event_wait(new, &name), &wait)?;
         }
     }
-    copy_stream(shared, source_id, new, at, &mut batch)?;
+    copy_stream(shared, source_id, new, at, &history, &mut batch)?;
     // Its storage as the source's was at the boundary; its own history is whole from there.
     for (key, value) in &storage {
         batch.put(keys::storage(new, key), value)?;
@@ -205,7 +206,10 @@ pub(crate) async fn fork(
     if point.version != 1 {
         batch.put(keys::stash_version(new), &point.version)?;
     }
-    batch.put(keys::history(new, at), &HistoryRecord { stash: stash.clone(), ..point })?;
+    batch.put(
+        keys::history(new, at, shared.config.history_max),
+        &HistoryRecord { stash: stash.clone(), ..point },
+    )?;
     batch.put(keys::fork(new), &fork)?;
     batch.put(keys::run(new), &run)?;
     batch.put(keys::open_run(new), &())?;
@@ -231,6 +235,7 @@ fn copy_stream(
     source_id: &str,
     new: &str,
     at: u64,
+    history: &[HistoryRecord],
     batch: &mut Batch,
 ) -> Result<(), RuntimeError> {
     let store = &shared.store;
@@ -240,24 +245,21 @@ fn copy_stream(
     if head.next_seq == 0 {
         return Ok(());
     }
-    // The mark is recorded with a stash when it moved: the latest one at or before `at`.
-    let mut mark = None;
-    let mut oldest = at;
-    for (key, entry) in store.scan(&keys::HISTORY.of_run(source_id), None, usize::MAX)? {
-        let seq = keys::history_seq(&key).unwrap_or(0);
-        oldest = oldest.min(seq);
-        if seq <= at
-            && let Some(m) = entry?.stream_mark
-        {
-            mark = Some(m);
-        }
-    }
-    let mark = match mark {
-        Some(mark) => mark,
-        // Nothing emitted before the first boundary moved the mark.
-        None if oldest == 1 => 0,
-        None => {
-            return Err(refused(source_id, "its stream mark at that boundary is older than its history"));
+    // The mark is recorded with a stash when it moved: the latest one at or before `at`,
+    // looked for boundary by boundary back from `at`. A boundary missing on the way (a ring
+    // that grew overwrote it) leaves the mark unknown; back at boundary 1 without one,
+    // nothing had been emitted before the first boundary moved it.
+    let by_seq: std::collections::HashMap<u64, &HistoryRecord> =
+        history.iter().map(|entry| (entry.stash.seq, entry)).collect();
+    let mut seq = at;
+    let mark = loop {
+        match by_seq.get(&seq).map(|entry| entry.stream_mark) {
+            Some(Some(mark)) => break mark,
+            Some(None) if seq <= 1 => break 0,
+            Some(None) => seq -= 1,
+            None => {
+                return Err(refused(source_id, "its stream mark at that boundary is older than its history"));
+            }
         }
     };
     let mut bytes = 0u64;

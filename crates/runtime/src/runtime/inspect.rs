@@ -5,8 +5,8 @@ use durafiber_store::RunId;
 use durafiber_store::{
     Store,
     tables::{
-        ApprovalRecord, ApprovalRuleRecord, BudgetRecord, DeadLetter, ForkRecord, HistoryRecord, LedgerEntry,
-        RunRecord, RunStatus, StashRecord, Table, VoteRecord, keys,
+        ApprovalRecord, ApprovalRuleRecord, BudgetRecord, DeadLetter, ForkRecord, LedgerEntry, RunRecord,
+        RunStatus, StashRecord, Table, VoteRecord, keys,
     },
 };
 use serde::{Serialize, de::DeserializeOwned};
@@ -308,19 +308,19 @@ impl Runtime {
     /// The boundaries the run's history keeps (the last `history_max`), oldest first.
     pub fn history(&self, run_id: &RunId) -> Result<Vec<HistoryEntry>, RuntimeError> {
         self.shared.load_run(run_id)?;
-        let mut out = Vec::new();
-        for (key, entry) in self.shared.store.scan(&keys::HISTORY.of_run(run_id), None, usize::MAX)? {
-            let entry: HistoryRecord = entry?;
-            out.push(HistoryEntry {
-                seq: keys::history_seq(&key).unwrap_or(entry.stash.seq),
+        let entries =
+            crate::kernel::stash_record::history(&self.shared.store, run_id, self.shared.config.history_max)?;
+        Ok(entries
+            .into_iter()
+            .map(|entry| HistoryEntry {
+                seq: entry.stash.seq,
                 stash: serde_json::from_str(&entry.stash.stash_json).unwrap_or(serde_json::Value::Null),
                 step: entry.stash.step,
                 attempt: entry.stash.attempt,
                 written_at_ms: entry.stash.written_at_ms,
                 stash_version: entry.version,
-            });
-        }
-        Ok(out)
+            })
+            .collect())
     }
 
     /// The run's approvals that take more than one person, with their decisions so far.

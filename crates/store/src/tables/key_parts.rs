@@ -3,11 +3,6 @@
 
 use super::{family_records::*, records::*, table::Key};
 
-/// The boundary of a run's history that a key of `history` holds.
-pub fn history_seq(key: &Key<HistoryRecord>) -> Option<u64> {
-    tail_number(key)
-}
-
 /// The name a `children` key gives its child.
 pub fn child_name(key: &Key<ChildRecord>) -> Option<String> {
     let parent = key.first_part()?;

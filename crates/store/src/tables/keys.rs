@@ -51,8 +51,8 @@ tables! {
     APPROVAL_RULES: ApprovalRuleRecord = ("approval_rules", b'R');
     /// Each person's decision on such an approval: `V` run_id NUL approval_id NUL by.
     APPROVAL_VOTES: VoteRecord = ("approval_votes", b'V');
-    /// Each run's recent boundaries, their stashes as written (at most `history_max`):
-    /// `H` run_id NUL seq.
+    /// Each run's recent boundaries, their stashes as written, in a ring of `history_max`
+    /// slots: `H` run_id NUL slot, the slot being the boundary's `seq` modulo `history_max`.
     HISTORY: HistoryRecord = ("history", b'H');
     /// The boundary (the last stash's `seq`) at which each journaled step of a run settled — an
     /// effect committed, an approval decided, a sleep woken, an event wait ended — so a fork
@@ -192,9 +192,13 @@ pub fn approval(run_id: &str, approval_id: &str) -> Key<ApprovalRecord> {
     APPROVALS.key(&[run_id.as_bytes(), approval_id.as_bytes()])
 }
 
-/// Boundary `seq` of a run's history.
-pub fn history(run_id: &str, seq: u64) -> Key<HistoryRecord> {
-    HISTORY.key(&[run_id.as_bytes(), &seq.to_be_bytes()])
+/// The slot of a run's history that boundary `seq` is written to when the history keeps
+/// `history_max` boundaries: a ring, so a new boundary overwrites the one `history_max`
+/// back instead of adding a key and deleting another. With `history_max` 0 (no history is
+/// kept, but a fork still records its point) the slot is `seq` itself.
+pub fn history(run_id: &str, seq: u64, history_max: u32) -> Key<HistoryRecord> {
+    let slot = seq.checked_rem(u64::from(history_max)).unwrap_or(seq);
+    HISTORY.key(&[run_id.as_bytes(), &slot.to_be_bytes()])
 }
 
 /// What a run's journal records the boundary of: which kind of step.
