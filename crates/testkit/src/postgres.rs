@@ -43,6 +43,10 @@ fn bin_dir() -> Result<PathBuf, String> {
     found.pop().map(|(_, bin)| bin).ok_or_else(|| "no initdb under /usr/lib/postgresql/*/bin".into())
 }
 
+/// How long a start waits for the server, seconds: on a loaded machine (the suite under
+/// `scripts/stress-tests.sh`) a server has taken over 30 s to begin.
+const START_WAIT_S: &str = "120";
+
 fn free_port() -> Result<u16, String> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
     listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
@@ -96,8 +100,11 @@ impl PgServer {
         )?;
         let log = dir.path().join("log").display().to_string();
         let sockets = dir.path().display().to_string();
-        // A port found free can be taken before the server binds it: try a few.
-        let mut last = String::new();
+        // A port found free can be taken before the server binds it: try a few. A start
+        // that failed can still leave its server starting (pg_ctl gave up on it, or a
+        // second one raced it for the directory): it is stopped before the next try, which
+        // would otherwise find the directory locked.
+        let mut failures = Vec::new();
         for _ in 0..5 {
             let port = free_port()?;
             let options =
@@ -105,17 +112,29 @@ impl PgServer {
             match run(
                 as_postgres,
                 &bin.join("pg_ctl"),
-                &["-D", &data_s, "-l", &log, "-w", "-t", "30", "-o", &options, "start"],
+                &["-D", &data_s, "-l", &log, "-w", "-t", START_WAIT_S, "-o", &options, "start"],
             ) {
                 Ok(_) => {
                     let base = format!("postgres://postgres@127.0.0.1:{port}");
                     let cluster = Cluster { dir, as_postgres, options };
                     return Ok(PgServer { bin, base, cluster: Some(cluster) });
                 }
-                Err(e) => last = format!("{e}\n{}", std::fs::read_to_string(&log).unwrap_or_default()),
+                Err(e) => {
+                    failures.push(e);
+                    let _ = run(
+                        as_postgres,
+                        &bin.join("pg_ctl"),
+                        &["-D", &data_s, "-m", "immediate", "-w", "stop"],
+                    );
+                }
             }
         }
-        Err(format!("PostgreSQL did not start: {last}"))
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        Err(format!(
+            "PostgreSQL did not start, {} tries: {}\nits log:\n{log}",
+            failures.len(),
+            failures.join("\n")
+        ))
     }
 
     /// A new, empty database on the server; its URL.
@@ -142,7 +161,7 @@ impl PgServer {
         let c = self.cluster.as_ref().ok_or("not a server the test kit started")?;
         let data = c.dir.path().join("data").display().to_string();
         let log = c.dir.path().join("log").display().to_string();
-        let args = ["-D", &data, "-l", &log, "-w", "-t", "30", "-o", &c.options, "start"];
+        let args = ["-D", &data, "-l", &log, "-w", "-t", START_WAIT_S, "-o", &c.options, "start"];
         run(c.as_postgres, &self.bin.join("pg_ctl"), &args).map(drop)
     }
 
