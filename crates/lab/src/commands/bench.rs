@@ -4,8 +4,8 @@
 //! - `stash`: sync-mode commits per second with 1 and with N concurrent writers, against a
 //!   raw append + `fdatasync` loop. The raw loop and the single writer take turns, so a disk
 //!   whose speed drifts over the run weighs on both alike;
-//! - `recover`: N runs in flight, SIGKILL, restart: time from the new process's start to the
-//!   store being open and to every run's recovery hook having been called;
+//! - `recover` (`bench_recover.rs`): N runs in flight, SIGKILL, restart: time from the new
+//!   process's start to the store being open and to every run's recovery hook having been called;
 //! - `alarms`: lateness of N alarms due within one second, optionally with many more pending,
 //!   scheduling throughput, and resident memory per pending alarm: the difference between
 //!   two processes of their own that open the store, one before the pending alarms are
@@ -15,23 +15,21 @@
 use durafiber_runtime::RunId;
 use parking_lot::Mutex;
 use std::{
-    io::{BufRead, BufReader},
     path::Path,
     process::{Command, Stdio},
     sync::Arc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::{Context as _, bail};
-use durafiber_demo::agents::{Steps, StepsInput};
+use anyhow::Context as _;
 use durafiber_runtime::testing::RuntimeTestExt;
 use durafiber_runtime::{Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Recovered, Runtime, RuntimeConfig};
 use durafiber_store::{Store, StoreConfig};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::measure::{
-    RawSyncs, Samples, bench_began, commit_until, peak_rss_bytes, print_bench_report, progress, rss_bytes,
-    start_runs,
+    RawSyncs, Samples, bench_began, commit_until, epoch_ms, peak_rss_bytes, print_bench_report, progress,
+    rss_bytes, start_runs,
 };
 use crate::args::Bench;
 
@@ -50,14 +48,16 @@ pub async fn run(which: Bench) -> anyhow::Result<i32> {
             super::bench_nodes::node(&url, &node_id, nodes, writers, start_at_ms, seconds).await
         }
         Bench::Recover { json, runs, pause_ms, repeat, history_max, out } => {
-            recover(json, Workload { runs, pause_ms, history_max }, repeat, out.as_deref()).await
+            let workload = super::bench_recover::Workload { runs, pause_ms, history_max };
+            super::bench_recover::recover(json, workload, repeat, out.as_deref()).await
         }
         Bench::Alarms { json, alarms, pending, out } => {
             bench_alarms(json, alarms, pending, out.as_deref()).await
         }
         Bench::AlarmsMemoryChild { data } => alarms_memory_child(&data).await,
         Bench::RecoverChild { data, mode, runs, pause_ms, history_max } => {
-            recover_child(&data, &mode, Workload { runs, pause_ms, history_max }).await
+            let workload = super::bench_recover::Workload { runs, pause_ms, history_max };
+            super::bench_recover::child(&data, &mode, workload).await
         }
         Bench::Steps { json, runs, steps, sequential, gap_ms, kill_runs, busy, history_max, out } => {
             let plan =
@@ -144,210 +144,6 @@ async fn stash(json: bool, writers: usize, seconds: f64, out: Option<&Path>) -> 
     }
     print_bench_report(lines, report, json)?;
     Ok(0)
-}
-
-fn epoch_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
-
-/// What `bench recover`'s runs do: how many, how long each waits before each step, and how
-/// many boundaries each keeps in its history.
-#[derive(Debug, Clone, Copy)]
-struct Workload {
-    runs: usize,
-    pause_ms: u64,
-    history_max: u32,
-}
-
-impl Workload {
-    /// The arguments of `bench recover-child` after its data directory and mode.
-    fn args(&self) -> [String; 5] {
-        [
-            self.runs.to_string(),
-            "--pause-ms".into(),
-            self.pause_ms.to_string(),
-            "--history-max".into(),
-            self.history_max.to_string(),
-        ]
-    }
-}
-
-/// The process `bench recover` starts, kills and restarts.
-async fn recover_child(data: &Path, mode: &str, workload: Workload) -> anyhow::Result<i32> {
-    let Workload { runs, pause_ms, history_max } = workload;
-    let process_start = Instant::now();
-    let process_start_ms = epoch_ms();
-    let store = Store::open_dir(data, StoreConfig::default())?;
-    let store_open_ms = process_start.elapsed().as_secs_f64() * 1000.0;
-    let config = durafiber_runtime::RuntimeConfig { history_max, ..Default::default() };
-    let rt = Runtime::builder(store).config(config).agent(Steps::default()).open().await?;
-    let runtime_open_ms = process_start.elapsed().as_secs_f64() * 1000.0;
-    if mode == "start" {
-        let input = StepsInput { steps: 1_000_000, pause_ms };
-        let reporter = tokio::spawn(report_starts(rt.clone(), runs));
-        start_runs::<Steps>(&rt, runs, "bench", &input, |_| false).await?;
-        reporter.abort();
-        tokio::time::sleep(Duration::from_millis(1_500)).await;
-        println!("ready");
-        std::future::pending::<()>().await;
-    }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while (rt.metrics().recoveries as usize) < runs && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let all_recovered_ms = process_start.elapsed().as_secs_f64() * 1000.0;
-    let m = rt.metrics();
-    // Every recovery's time since the runtime's open is in its histogram (within 1%), which
-    // loses none; the runtime opens right after the store, so adding the store's open makes
-    // them times since process start. The event log keeps the newest events only: its
-    // samples (for `--out`) describe the runs recovered last, and `logged_runs` says how many.
-    let since_start = |us: u64| ((store_open_ms + us as f64 / 1000.0) * 10.0).round() / 10.0;
-    let latency = &m.recover_latency;
-    let per_run = Samples(
-        rt.events()
-            .iter()
-            .filter(|e| e.kind == "recovered")
-            .map(|e| e.at_ms.saturating_sub(process_start_ms))
-            .collect(),
-    );
-    let report = json!({
-        "runs": runs, "pause_ms": pause_ms, "history_max": history_max, "recovered": m.recoveries, "timed_runs": latency.count,
-        "logged_runs": per_run.0.len(), "store_open_ms": (store_open_ms * 10.0).round() / 10.0,
-        "runtime_open_ms": runtime_open_ms.round(),
-        "all_recovered_ms": all_recovered_ms.round(), "p50_ms": since_start(latency.p50_us),
-        "p99_ms": since_start(latency.p99_us), "max_ms": since_start(latency.max_us),
-        "cold_start_p50_us": m.cold_start.p50_us, "cold_start_p99_us": m.cold_start.p99_us,
-        "peak_rss_bytes": peak_rss_bytes(),
-        "samples_ms": per_run.0,
-    });
-    println!("{report}");
-    std::process::exit(0);
-}
-
-/// Says every two seconds how far the start phase is: runs started, and how many stashes
-/// the started ones committed (how the machine keeps up with them shows in the latter).
-async fn report_starts(rt: Runtime, runs: usize) {
-    let mut stashes = 0;
-    loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let m = rt.metrics();
-        let committed = m.stash_commit.count;
-        progress(&format!(
-            "{} of {runs} runs started; {} stashes a second, their commits taking {} ms at the median",
-            m.starts,
-            committed.saturating_sub(stashes) / 2,
-            m.stash_commit.p50_us / 1000
-        ));
-        stashes = committed;
-    }
-}
-
-async fn recover(json: bool, workload: Workload, repeat: usize, out: Option<&Path>) -> anyhow::Result<i32> {
-    let Workload { runs, pause_ms, history_max } = workload;
-    let exe = std::env::current_exe()?;
-    let dir = tempfile::Builder::new().prefix("durafiber-bench-").tempdir_in(std::env::temp_dir())?;
-    let killed = dir.path().join("killed");
-    progress(&format!(
-        "starting {runs} runs that stash every {pause_ms} ms, each keeping {history_max} boundaries in its history"
-    ));
-    let mut child = Command::new(&exe)
-        .args(["bench", "recover-child"])
-        .arg(&killed)
-        .arg("start")
-        .args(workload.args())
-        .stdout(Stdio::piped())
-        .spawn()?;
-    let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
-    if lines.next().transpose()?.as_deref() != Some("ready") {
-        bail!("the run-starting process did not get ready");
-    }
-    progress("SIGKILL with every run in flight, then restart");
-    let _ = child.kill(); // SIGKILL
-    let _ = child.wait();
-    let repeat = repeat.max(1);
-    let mut first: Option<Value> = None;
-    let mut times = Vec::with_capacity(repeat);
-    for round in 0..repeat {
-        // One recovery recovers the killed directory itself; several each recover a fresh,
-        // synced copy of it, so every one starts from the same state.
-        let data = if repeat == 1 {
-            killed.clone()
-        } else {
-            progress(&format!("recovery {} of {repeat}, on a copy of the killed store", round + 1));
-            let copy = dir.path().join(format!("copy-{round}"));
-            copy_dir(&killed, &copy)?;
-            copy
-        };
-        let output = Command::new(&exe)
-            .args(["bench", "recover-child"])
-            .arg(&data)
-            .arg("recover")
-            .args(workload.args())
-            .stderr(Stdio::inherit())
-            .output()?;
-        let text = String::from_utf8_lossy(&output.stdout);
-        let report: Value =
-            serde_json::from_str(text.lines().last().unwrap_or("")).context("recovery report")?;
-        let recovered = report["recovered"].as_u64().unwrap_or(0);
-        if recovered != runs as u64 {
-            bail!("recovery {} of {repeat}: {recovered} of {runs} runs were recovered", round + 1);
-        }
-        times.push(report["all_recovered_ms"].as_f64().unwrap_or(f64::NAN));
-        if repeat > 1 {
-            let _ = std::fs::remove_dir_all(&data);
-        }
-        first.get_or_insert(report);
-    }
-    let mut report = first.context("no recovery ran")?;
-    let samples: Vec<u64> = serde_json::from_value(report["samples_ms"].take()).unwrap_or_default();
-    if let Some(obj) = report.as_object_mut() {
-        obj.remove("samples_ms");
-        if repeat > 1 {
-            let mut sorted = times.clone();
-            sorted.sort_by(f64::total_cmp);
-            obj.insert("all_recovered_ms_each".into(), json!(times));
-            obj.insert("all_recovered_ms_median".into(), json!(sorted[sorted.len() / 2]));
-            obj.insert("all_recovered_ms_best".into(), json!(sorted[0]));
-        }
-    }
-    if let Some(out) = out {
-        Samples(samples).write(out, "recover", "ms since process start")?;
-    }
-    let mut lines = vec![format!(
-        "{runs} interrupted runs: store open after {} ms; all recovered {} ms after process start, {:.0} MB at the peak",
-        report["store_open_ms"],
-        report["all_recovered_ms"],
-        report["peak_rss_bytes"].as_f64().unwrap_or(0.0) / 1e6
-    )];
-    if repeat > 1 {
-        lines.push(format!(
-            "{repeat} recoveries of the same killed store: all recovered after {} ms (median {}, best {})",
-            times.iter().map(|t| format!("{t}")).collect::<Vec<_>>().join(", "),
-            report["all_recovered_ms_median"],
-            report["all_recovered_ms_best"]
-        ));
-    }
-    print_bench_report(lines, report, json)?;
-    Ok(0)
-}
-
-/// Copies the data directory `from` to `to` (files and folders), each file synced, so a
-/// recovery of the copy reads the disk as a recovery of the original would.
-fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
-    for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
-        let entry = entry?;
-        let target = to.join(entry.file_name());
-        if entry.file_type()?.is_dir() {
-            copy_dir(&entry.path(), &target)?;
-        } else {
-            std::fs::copy(entry.path(), &target)
-                .with_context(|| format!("copying {}", entry.path().display()))?;
-            std::fs::File::open(&target).and_then(|f| f.sync_all())?;
-        }
-    }
-    std::fs::File::open(to).and_then(|d| d.sync_all())?;
-    Ok(())
 }
 
 /// Holds its run open; records how late each alarm fires.

@@ -21,15 +21,8 @@ use serde_json::{Value, json};
 
 use super::{
     drill_nodes::Scratch,
-    measure::{commit_until, print_bench_report, progress, raw_fdatasync_per_s},
+    measure::{commit_until, epoch_ms, print_bench_report, progress, raw_fdatasync_per_s},
 };
-
-fn epoch_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// The parent: a scratch database, N node processes, their figures summed.
 pub async fn stash(

@@ -335,6 +335,14 @@ impl RawSyncs {
     }
 }
 
+/// The wall clock, ms since the Unix epoch (0 before it).
+pub(super) fn epoch_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

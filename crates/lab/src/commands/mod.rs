@@ -4,6 +4,7 @@
 pub mod bench;
 mod bench_idle;
 mod bench_nodes;
+mod bench_recover;
 mod bench_steps;
 pub mod drill;
 mod drill_nodes;
