@@ -121,11 +121,7 @@ impl PgServer {
                 }
                 Err(e) => {
                     failures.push(e);
-                    let _ = run(
-                        as_postgres,
-                        &bin.join("pg_ctl"),
-                        &["-D", &data_s, "-m", "immediate", "-w", "stop"],
-                    );
+                    let _ = stop_immediately_in(as_postgres, &bin, &data_s);
                 }
             }
         }
@@ -150,9 +146,7 @@ impl PgServer {
     /// kit did not start (`DURAFIBER_PG_URL`).
     pub fn stop_immediately(&self) -> Result<(), String> {
         let c = self.cluster.as_ref().ok_or("not a server the test kit started")?;
-        let data = c.dir.path().join("data").display().to_string();
-        run(c.as_postgres, &self.bin.join("pg_ctl"), &["-D", &data, "-m", "immediate", "-w", "stop"])
-            .map(drop)
+        stop_immediately_in(c.as_postgres, &self.bin, &c.dir.path().join("data").display().to_string())
     }
 
     /// Starts the private server again on its port after [`PgServer::stop_immediately`]
@@ -171,6 +165,11 @@ impl PgServer {
     }
 }
 
+/// Stops the server of data directory `data`, if one runs there, as a crash would.
+fn stop_immediately_in(as_postgres: bool, bin: &Path, data: &str) -> Result<(), String> {
+    run(as_postgres, &bin.join("pg_ctl"), &["-D", data, "-m", "immediate", "-w", "stop"]).map(drop)
+}
+
 fn is_root() -> bool {
     // `id -u` keeps the test kit free of a libc binding for one call.
     Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"))
@@ -180,9 +179,7 @@ impl Drop for PgServer {
     fn drop(&mut self) {
         if let Some(c) = &self.cluster {
             let data = c.dir.path().join("data").display().to_string();
-            if let Err(e) =
-                run(c.as_postgres, &self.bin.join("pg_ctl"), &["-D", &data, "-m", "immediate", "-w", "stop"])
-            {
+            if let Err(e) = stop_immediately_in(c.as_postgres, &self.bin, &data) {
                 eprintln!("could not stop the test's PostgreSQL: {e}");
             }
         }

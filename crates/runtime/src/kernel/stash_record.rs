@@ -55,11 +55,9 @@ pub(crate) fn history(
     run_id: &str,
     history_max: u32,
 ) -> Result<Vec<HistoryRecord>, StoreError> {
-    let mut entries = Vec::new();
-    for (_, entry) in store.scan(&keys::HISTORY.of_run(run_id), None, usize::MAX)? {
-        let entry: HistoryRecord = entry?;
-        entries.push(entry);
-    }
+    let scanned = store.scan(&keys::HISTORY.of_run(run_id), None, usize::MAX)?;
+    let mut entries =
+        scanned.into_iter().map(|(_, entry)| entry).collect::<Result<Vec<HistoryRecord>, _>>()?;
     entries.sort_by_key(|e| e.stash.seq);
     entries.dedup_by_key(|e| e.stash.seq);
     if let Some(newest) = entries.last().map(|e| e.stash.seq)
