@@ -52,7 +52,7 @@ pub(super) async fn child(data: &Path, mode: &str, workload: Workload) -> anyhow
     let runtime_open_ms = process_start.elapsed().as_secs_f64() * 1000.0;
     if mode == "start" {
         let input = StepsInput { steps: 1_000_000, pause_ms };
-        let reporter = tokio::spawn(report_starts(rt.clone(), runs));
+        let reporter = tokio::spawn(report_starts(rt.clone(), runs, pause_ms));
         start_runs::<Steps>(&rt, runs, "bench", &input, |_| false).await?;
         reporter.abort();
         tokio::time::sleep(Duration::from_millis(1_500)).await;
@@ -94,21 +94,38 @@ pub(super) async fn child(data: &Path, mode: &str, workload: Workload) -> anyhow
 
 /// Says every two seconds how far the start phase is: runs started, and how many stashes
 /// the started ones committed (how the machine keeps up with them shows in the latter).
-async fn report_starts(rt: Runtime, runs: usize) {
+/// When a commit has taken longer than the pause between a run's steps, at the median since
+/// the start, three reports in a row, the runs ask more than this machine commits: the
+/// process says so on stdout, in place of `ready`, and ends, where the start phase would
+/// otherwise drag on for as long as the backlog grows.
+async fn report_starts(rt: Runtime, runs: usize, pause_ms: u64) {
     let mut stashes = 0;
+    let mut behind = 0;
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let m = rt.metrics();
         let committed = m.stash_commit.count;
+        let per_second = committed.saturating_sub(stashes) / 2;
+        let median_ms = m.stash_commit.p50_us / 1000;
         progress(&format!(
-            "{} of {runs} runs started; {} stashes a second, their commits taking {} ms at the median",
-            m.starts,
-            committed.saturating_sub(stashes) / 2,
-            m.stash_commit.p50_us / 1000
+            "{} of {runs} runs started; {per_second} stashes a second, their commits taking {median_ms} ms at the median",
+            m.starts
         ));
         stashes = committed;
+        behind = if median_ms > pause_ms { behind + 1 } else { 0 };
+        if behind == 3 {
+            let asked = m.starts.saturating_mul(1000) / pause_ms.max(1);
+            println!(
+                "{OVERLOADED}{} of {runs} runs started; they ask about {asked} stashes a second and this machine commits {per_second}, each waiting {median_ms} ms at the median, longer than the {pause_ms} ms between a run's steps",
+                m.starts
+            );
+            std::process::exit(3);
+        }
     }
 }
+
+/// What the start phase prints in place of `ready` when the machine cannot carry its runs.
+const OVERLOADED: &str = "overloaded: ";
 
 pub(super) async fn recover(
     json: bool,
@@ -131,8 +148,16 @@ pub(super) async fn recover(
         .stdout(Stdio::piped())
         .spawn()?;
     let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
-    if lines.next().transpose()?.as_deref() != Some("ready") {
-        bail!("the run-starting process did not get ready");
+    match lines.next().transpose()? {
+        Some(line) if line == "ready" => {}
+        Some(line) if line.starts_with(OVERLOADED) => {
+            let _ = child.wait();
+            bail!(
+                "the workload is more than this machine's store commits, so its recovery cannot be measured: {}",
+                &line[OVERLOADED.len()..]
+            );
+        }
+        _ => bail!("the run-starting process did not get ready"),
     }
     progress("SIGKILL with every run in flight, then restart");
     let _ = child.kill(); // SIGKILL
