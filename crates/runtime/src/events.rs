@@ -72,6 +72,12 @@ impl Text {
         }
     }
 
+    /// [`Text::new`] of a `String` the caller gives up: longer text keeps its heap buffer
+    /// rather than being copied into a new one.
+    fn owned(text: String) -> Self {
+        if text.len() <= INLINE { Text::new(&text) } else { Text::Heap(text.into_boxed_str()) }
+    }
+
     fn as_str(&self) -> &str {
         match self {
             // Only whole `&str`s are copied in, so the bytes are UTF-8 up to `len`.
@@ -98,7 +104,7 @@ impl Logged {
 impl EventLog {
     pub fn push(&self, at_ms: u64, run_id: &str, kind: &'static str, detail: String) {
         tracing::info!(run_id, event = kind, %detail, at_ms, "run event");
-        let (run_id, detail) = (Text::new(run_id), Text::new(&detail));
+        let (run_id, detail) = (Text::new(run_id), Text::owned(detail));
         let mut log = self.inner.lock();
         log.last_seq += 1;
         let seq = log.last_seq;
