@@ -9,7 +9,6 @@ use std::{
     time::Duration,
 };
 
-use durafiber_runtime::testing::RuntimeTestExt;
 use durafiber_runtime::{
     Agent, AgentError, AlarmEvent, AlarmSpec, Ctx, Runtime, RuntimeError, clock::VirtualClock,
 };
