@@ -28,15 +28,17 @@ pub(super) struct Workload {
 }
 
 impl Workload {
-    /// The arguments of `bench recover-child` after its data directory and mode.
-    fn args(&self) -> [String; 5] {
-        [
-            self.runs.to_string(),
-            "--pause-ms".into(),
-            self.pause_ms.to_string(),
-            "--history-max".into(),
-            self.history_max.to_string(),
-        ]
+    /// `bench recover-child` of this workload on `data`, in `mode` (`start` or `recover`).
+    fn child_command(&self, exe: &Path, data: &Path, mode: &str) -> Command {
+        let mut command = Command::new(exe);
+        command.args(["bench", "recover-child"]).arg(data).arg(mode).arg(self.runs.to_string());
+        command.args([
+            "--pause-ms",
+            &self.pause_ms.to_string(),
+            "--history-max",
+            &self.history_max.to_string(),
+        ]);
+        command
     }
 }
 
@@ -141,21 +143,14 @@ pub(super) async fn recover(
     progress(&format!(
         "starting {runs} runs that stash every {pause_ms} ms, each keeping {history_max} boundaries in its history"
     ));
-    let mut child = Command::new(&exe)
-        .args(["bench", "recover-child"])
-        .arg(&killed)
-        .arg("start")
-        .args(workload.args())
-        .stdout(Stdio::piped())
-        .spawn()?;
+    let mut child = workload.child_command(&exe, &killed, "start").stdout(Stdio::piped()).spawn()?;
     let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
-    match lines.next().transpose()? {
-        Some(line) if line == "ready" => {}
-        Some(line) if line.starts_with(OVERLOADED) => {
+    match lines.next().transpose()?.as_deref() {
+        Some("ready") => {}
+        Some(line) if let Some(why) = line.strip_prefix(OVERLOADED) => {
             let _ = child.wait();
             bail!(
-                "the workload is more than this machine's store commits, so its recovery cannot be measured: {}",
-                &line[OVERLOADED.len()..]
+                "the workload is more than this machine's store commits, so its recovery cannot be measured: {why}"
             );
         }
         _ => bail!("the run-starting process did not get ready"),
@@ -177,13 +172,7 @@ pub(super) async fn recover(
             copy_dir(&killed, &copy)?;
             copy
         };
-        let output = Command::new(&exe)
-            .args(["bench", "recover-child"])
-            .arg(&data)
-            .arg("recover")
-            .args(workload.args())
-            .stderr(Stdio::inherit())
-            .output()?;
+        let output = workload.child_command(&exe, &data, "recover").stderr(Stdio::inherit()).output()?;
         let text = String::from_utf8_lossy(&output.stdout);
         let report: Value =
             serde_json::from_str(text.lines().last().unwrap_or("")).context("recovery report")?;

@@ -56,14 +56,7 @@ impl Scratch {
         let (admin, connection) =
             config.connect(tokio_postgres::NoTls).await.context("connecting to --pg-url")?;
         tokio::spawn(connection);
-        let name = format!(
-            "durafiber_scratch_{}_{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis())
-                .unwrap_or(0)
-        );
+        let name = format!("durafiber_scratch_{}_{}", std::process::id(), super::measure::epoch_ms());
         admin
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
