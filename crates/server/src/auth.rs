@@ -152,8 +152,13 @@ fn new_token() -> Result<String, AccessError> {
 /// Creates a token; returns it (the only time it is shown).
 pub async fn create(store: &Store, name: &str, role: Role, now_ms: u64) -> Result<String, AccessError> {
     check_name(name)?;
-    let key = keys::token(name);
     let token = new_token()?;
+    insert(store, name, role, &token, now_ms).await?;
+    Ok(token)
+}
+
+/// Stores `token`'s record under `name`.
+async fn insert(store: &Store, name: &str, role: Role, token: &str, now_ms: u64) -> Result<(), AccessError> {
     let record = TokenRecord {
         name: name.to_string(),
         role: role.name().into(),
@@ -163,9 +168,9 @@ pub async fn create(store: &Store, name: &str, role: Role, now_ms: u64) -> Resul
     // An insert, not a put: two nodes sharing a store that create the same name at once
     // must not both believe they did (the second would hold a token that no longer works).
     let mut batch = Batch::new();
-    batch.insert(key, &record)?;
+    batch.insert(keys::token(name), &record)?;
     match store.commit(batch, Durability::Sync).await {
-        Ok(()) => Ok(token),
+        Ok(()) => Ok(()),
         Err(StoreError::Exists { .. }) => Err(AccessError::NameTaken(name.to_string())),
         Err(e) => Err(e.into()),
     }
@@ -243,28 +248,48 @@ pub enum Bootstrap {
     /// The store has tokens already, made earlier or by another node sharing it (even one
     /// that started at the same instant): this node wrote no file.
     Existing,
+    /// The store has tokens already, and the `admin.token` here held none of them: a start
+    /// killed between writing the file and committing its record, on a store another node
+    /// made its admin in since. The file was removed.
+    StaleFileRemoved(PathBuf),
 }
 
 /// On a store with no token at all: creates the `admin` token and writes it to
 /// `DATA/admin.token`, readable by its owner only. Of several nodes that start together on
 /// a fresh database, exactly one does; the others find it made.
+///
+/// The file is durable before the token's record is committed, so a start killed at any
+/// moment leaves either no record (the next start mints the admin again and writes the file
+/// anew) or a record whose token is in the file. Never a record whose token nobody has.
 pub async fn bootstrap(store: &Store, data: &Path, now_ms: u64) -> Result<Bootstrap, AccessError> {
-    if !list(store)?.is_empty() {
-        return Ok(Bootstrap::Existing);
-    }
-    let token = match create(store, "admin", Role::Admin, now_ms).await {
-        Ok(token) => token,
-        // Another node created it between the look and the insert.
-        Err(AccessError::NameTaken(_)) => return Ok(Bootstrap::Existing),
-        Err(e) => return Err(e),
-    };
     let path = data.join(ADMIN_TOKEN_FILE);
+    if !list(store)?.is_empty() {
+        return match read_admin_token(data) {
+            Some(token) if verify(store, &token)?.is_none() => {
+                remove_file(&path)?;
+                Ok(Bootstrap::StaleFileRemoved(path))
+            }
+            _ => Ok(Bootstrap::Existing),
+        };
+    }
+    let token = new_token()?;
     write_private(&path, &token).map_err(|source| AccessError::File { path: path.clone(), source })?;
+    match insert(store, "admin", Role::Admin, &token, now_ms).await {
+        Ok(()) => {}
+        // Another node created it between the look and the insert: the file written here
+        // holds a token that never worked.
+        Err(AccessError::NameTaken(_)) => {
+            remove_file(&path)?;
+            return Ok(Bootstrap::Existing);
+        }
+        Err(e) => return Err(e),
+    }
     access::append(store, "durafiber", "token_create", None, "admin (admin), written to admin.token", now_ms)
         .await?;
     Ok(Bootstrap::Created(path))
 }
 
+/// Writes `token` to `path` (mode 0600) durably: the file, then its directory's entry.
 fn write_private(path: &Path, token: &str) -> std::io::Result<()> {
     use std::{io::Write, os::unix::fs::OpenOptionsExt};
     let tmp = path.with_extension("token.tmp");
@@ -272,7 +297,25 @@ fn write_private(path: &Path, token: &str) -> std::io::Result<()> {
         std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
     file.write_all(format!("{token}\n").as_bytes())?;
     file.sync_all()?;
-    std::fs::rename(&tmp, path)
+    std::fs::rename(&tmp, path)?;
+    sync_parent(path)
+}
+
+/// Removes the admin token file (gone already is fine), durably.
+fn remove_file(path: &Path) -> Result<(), AccessError> {
+    let removed = match std::fs::remove_file(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    };
+    removed.and_then(|()| sync_parent(path)).map_err(|source| AccessError::File { path: path.into(), source })
+}
+
+/// Makes a rename or removal in `path`'s directory durable.
+fn sync_parent(path: &Path) -> std::io::Result<()> {
+    match path.parent() {
+        Some(dir) => std::fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
 }
 
 /// The admin token `serve` wrote into `data`, when this user can read it.

@@ -310,6 +310,15 @@ pub async fn serve(
                  with an admin token"
             );
         }
+        Bootstrap::StaleFileRemoved(path) => {
+            tracing::warn!(file = %path.display(), "admin.token held no token of the store; removed");
+            eprintln!(
+                "durafiber: {} held a token the store does not know (a start stopped before its \
+                 record was written, or a revoked token); removed it. Use the admin.token of the \
+                 node that made the store's admin, or `durafiber tokens create` with an admin token",
+                path.display()
+            );
+        }
         Bootstrap::Existing => {}
     }
     let access = Access::new(addr, &options.allowed_hosts, options.open_metrics);
