@@ -2,8 +2,9 @@
 //! order, from any sequence number, and never a chunk a crash takes back; a run crashed at
 //! every barrier finishes with a stream that has no gap and no repeat; `emit_sync` does the
 //! same for a fiber that makes each chunk durable at once; a fiber re-entered at its last
-//! stash after a wait or an eviction repeats no chunk, and one that emits something else is
-//! escalated; the limit and the handler rule are typed errors.
+//! stash after a wait or an eviction repeats no chunk, and one that emits something else (a
+//! deploy reworded it) keeps the durable chunk and records the new one — escalated only under
+//! `strict_streams`, as the checker runs; the limit and the handler rule are typed errors.
 
 use std::{sync::Arc, time::Duration};
 
@@ -340,9 +341,21 @@ impl Agent for Sleeper {
 /// Runs a [`Sleeper`] to its end with an eviction during the sleep or a crash of the process;
 /// returns its status and stream.
 async fn sleep_through(diverge: bool, crash: bool) -> (RunStatus, Vec<String>) {
+    let (status, stream, _) = sleep_through_with(diverge, crash, RuntimeConfig::default()).await;
+    (status, stream)
+}
+
+/// [`sleep_through`] with `config`; also what inspection says of re-emitted chunks, and the
+/// counter of them.
+async fn sleep_through_with(
+    diverge: bool,
+    crash: bool,
+    config: RuntimeConfig,
+) -> (RunStatus, Vec<String>, (serde_json::Value, u64)) {
     let (sim, clock) = (SimBackend::new(), VirtualClock::new(1_000_000_000));
     let open = || async {
         Runtime::builder(store(&sim))
+            .config(config.clone())
             .virtual_clock(clock.clone())
             .agent(Sleeper { diverge })
             .open()
@@ -364,8 +377,11 @@ async fn sleep_through(diverge: bool, crash: bool) -> (RunStatus, Vec<String>) {
     rt.advance(Duration::from_secs(120)).await.expect("advance");
     let status = rt.status(&run_id).expect("status");
     let chunks = rt.stream_chunks(&run_id, 0, 100).expect("chunks");
+    let shown = serde_json::to_value(rt.inspect(&run_id).expect("inspect")).expect("json");
+    let counted = rt.metrics().stream_reemissions;
     rt.shutdown().await;
-    (status, chunks.iter().map(|c| c.data::<String>().expect("a string")).collect())
+    let stream = chunks.iter().map(|c| c.data::<String>().expect("a string")).collect();
+    (status, stream, (shown["reemissions"].clone(), counted))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -378,9 +394,31 @@ async fn a_fiber_re_entered_at_its_stash_repeats_no_chunk() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_re_entered_fiber_that_emits_another_chunk_is_escalated_with_its_place() {
-    let (status, stream) = sleep_through(true, false).await;
+async fn a_re_entered_fiber_that_emits_another_chunk_keeps_the_durable_one_and_records_it() {
+    // As after a deploy that reworded the chunk: the run goes on, the stream holds what a
+    // reader may have seen, and the run's records say what the new code emitted instead.
+    for crash in [false, true] {
+        let (status, stream, (reemissions, counted)) =
+            sleep_through_with(true, crash, RuntimeConfig::default()).await;
+        assert!(matches!(status, RunStatus::Completed { .. }), "crash {crash}: {status:?}");
+        assert_eq!(stream, ["a", "b", "c"], "crash {crash}: the durable chunk stands, once");
+        let reemissions = reemissions.as_array().expect("a list").clone();
+        assert_eq!(reemissions.len(), 1, "crash {crash}: {reemissions:?}");
+        assert_eq!(
+            (reemissions[0]["seq"].as_u64(), reemissions[0]["emitted"].as_str()),
+            (Some(1), Some("B"))
+        );
+        if !crash {
+            assert_eq!(counted, 1, "the counter of /metrics");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_strict_streams_a_re_entered_fiber_that_emits_another_chunk_is_escalated_with_its_place() {
+    let config = RuntimeConfig { strict_streams: true, ..RuntimeConfig::default() };
+    let (status, stream, _) = sleep_through_with(true, false, config).await;
     let RunStatus::Escalated { reason } = status else { panic!("not escalated: {status:?}") };
-    assert!(reason.contains("chunk 1 differs"), "{reason}");
+    assert!(reason.contains("chunk 1 differs") && reason.contains("AgentCheck"), "{reason}");
     assert_eq!(stream, ["a", "b"], "nothing of the other chunk reached the stream");
 }

@@ -282,10 +282,13 @@ pub enum AgentError {
         max: u64,
     },
     /// A re-entered fiber emitted, at place `seq` of its stream, a chunk other than the one
-    /// the stream holds there: its code or its inputs changed since. The run escalates.
+    /// the stream holds there, under `strict_streams` (as `AgentCheck` runs): within one
+    /// build, its code depends on something other than its stash. The run escalates.
     #[error(
         "output stream: chunk {seq} differs from the one the stream already holds; a re-entered \
-         fiber must emit again what it emitted after its last stash"
+         fiber must emit again what it emitted after its last stash (checked strictly here, as \
+         `AgentCheck` does: within one build a different re-emission is a determinism bug; after \
+         a deploy the runtime keeps the durable chunk and records the difference)"
     )]
     StreamDiverged {
         /// The chunk's place in the stream.

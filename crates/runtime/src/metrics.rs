@@ -117,6 +117,8 @@ pub struct Metrics {
     pub cost_units: Counter,
     /// Effects performed: receipts committed.
     pub effects: Counter,
+    /// Chunks a re-entered fiber emitted differently from the durable ones (after a deploy).
+    pub stream_reemissions: Counter,
     /// Settled runs deleted, on request or by retention.
     pub runs_deleted: Counter,
     /// Settled runs deleted by retention.
@@ -165,6 +167,8 @@ pub struct MetricsSnapshot {
     pub cost_units: u64,
     /// Effects performed: receipts committed.
     pub effects: u64,
+    /// Chunks a re-entered fiber emitted differently from the durable ones.
+    pub stream_reemissions: u64,
     /// Settled runs deleted, on request or by retention.
     pub runs_deleted: u64,
     /// Settled runs deleted by retention.
@@ -198,6 +202,7 @@ impl Default for Metrics {
             budget_stops: Counter::new("durafiber_budget_stops_total"),
             cost_units: Counter::new("durafiber_cost_units_total"),
             effects: Counter::new("durafiber_effects_total"),
+            stream_reemissions: Counter::new("durafiber_stream_reemissions_total"),
             runs_deleted: Counter::new("durafiber_runs_deleted_total"),
             runs_deleted_by_retention: Counter::new("durafiber_runs_deleted_by_retention_total"),
             audit_entries_deleted: Counter::new("durafiber_audit_entries_deleted_total"),
@@ -229,6 +234,10 @@ pub fn describe() {
         (&m.budget_stops, "Runs stopped by their budget (effects, cost units, wall time or recoveries)."),
         (&m.cost_units, "Cost units charged by runs with ctx.charge."),
         (&m.effects, "Effects performed: receipts committed."),
+        (
+            &m.stream_reemissions,
+            "Output chunks a re-entered fiber emitted differently from the durable ones; the durable ones stood.",
+        ),
         (&m.runs_deleted, "Settled runs deleted, on request or by retention."),
         (&m.runs_deleted_by_retention, "Settled runs deleted by retention."),
         (&m.audit_entries_deleted, "Audit entries deleted by retention."),
@@ -294,6 +303,7 @@ impl Metrics {
             budget_stops: self.budget_stops.get(),
             cost_units: self.cost_units.get(),
             effects: self.effects.get(),
+            stream_reemissions: self.stream_reemissions.get(),
             runs_deleted: self.runs_deleted.get(),
             runs_deleted_by_retention: self.runs_deleted_by_retention.get(),
             audit_entries_deleted: self.audit_entries_deleted.get(),

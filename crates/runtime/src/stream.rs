@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use durafiber_store::tables::{StreamChunkRecord, StreamHead, keys};
+use durafiber_store::tables::{ReemissionRecord, StreamChunkRecord, StreamHead, keys};
 use futures::Stream;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
@@ -112,15 +112,27 @@ fn load(shared: &Shared, run_id: &str) -> Result<StreamBuffer, RuntimeError> {
     let head = shared.store.get::<StreamHead>(&key)?.unwrap_or_default();
     let key = keys::stream_mark(run_id);
     let mark = shared.store.get::<u64>(&key)?.unwrap_or(0);
-    Ok(StreamBuffer { head, pending: Vec::new(), cursor: mark.min(head.next_seq), mark })
+    Ok(StreamBuffer {
+        head,
+        pending: Vec::new(),
+        cursor: mark.min(head.next_seq),
+        mark,
+        reemissions: Vec::new(),
+    })
 }
 
 /// Emits `chunk` at the fiber's place in the run's stream; returns its sequence number.
 ///
 /// A fiber re-entered at its last stash emits again what it emitted after that stash: where
-/// the stream already holds a chunk at that place, the same chunk is taken as that one (not
-/// stored, not shown again) and a different one is [`AgentError::StreamDiverged`]. Past the
-/// stream's end the chunk is appended, durable with the run's next boundary.
+/// the stream already holds a chunk at that place, the chunk is taken as that one (not
+/// stored, not shown again). Past the stream's end the chunk is appended, durable with the
+/// run's next boundary.
+///
+/// A re-emitted chunk that differs from the durable one — a deploy reworded it — is not the
+/// run's error: what is durable stands, exactly once, and the difference is recorded (an
+/// event, a counter, a `stream_reemissions` record with the next boundary). Under
+/// `strict_streams` (what `AgentCheck` runs with, where code does not change between
+/// attempts) it is [`AgentError::StreamDiverged`].
 pub(crate) fn emit<T: Serialize + ?Sized>(raw: &RawCtx, chunk: &T) -> Result<u64, AgentError> {
     let text = json::canonical(chunk).map_err(AgentError::Serialization)?;
     emit_json(raw, raw.shared.redact(text))
@@ -141,11 +153,15 @@ pub(crate) fn emit_json(raw: &RawCtx, data_json: String) -> Result<u64, AgentErr
     if seq < buffer.head.next_seq {
         let key = keys::stream_chunk(&raw.cell.run_id, seq);
         let held = shared.store.get::<StreamChunkRecord>(&key)?;
-        if held.is_some_and(|held| held.data_json == data_json) {
-            buffer.cursor = seq.saturating_add(1);
-            return Ok(seq);
+        let same = held.as_ref().is_some_and(|held| held.data_json == data_json);
+        if !same && (held.is_none() || shared.config.strict_streams) {
+            return Err(AgentError::StreamDiverged { seq });
         }
-        return Err(AgentError::StreamDiverged { seq });
+        if !same {
+            buffer.reemissions.push(reemission(shared, &raw.cell.run_id, seq, data_json));
+        }
+        buffer.cursor = seq.saturating_add(1);
+        return Ok(seq);
     }
     let max = shared.config.stream_bytes_max;
     let bytes = buffer.head.bytes.saturating_add(data_json.len() as u64);
@@ -156,6 +172,28 @@ pub(crate) fn emit_json(raw: &RawCtx, data_json: String) -> Result<u64, AgentErr
     buffer.cursor = buffer.head.next_seq;
     buffer.pending.push((seq, StreamChunkRecord { data_json, emitted_at_ms: shared.now_ms() }));
     Ok(seq)
+}
+
+/// A chunk re-emitted at `seq` unlike the durable one: traced, counted, logged in the run's
+/// timeline, and its record for the next boundary.
+fn reemission(shared: &Shared, run_id: &str, seq: u64, data_json: String) -> ReemissionRecord {
+    tracing::info!(run_id, seq, "output stream: chunk re-emitted differently; the durable chunk stands");
+    crate::metrics::Metrics::bump(&shared.metrics.stream_reemissions);
+    shared.event(
+        run_id,
+        "stream_reemitted",
+        format!("chunk {seq} re-emitted differently (after a deploy?); the durable chunk stands"),
+    );
+    let emitted_bytes = data_json.len() as u64;
+    let mut emitted_json = data_json;
+    if emitted_json.len() > ReemissionRecord::KEPT_BYTES {
+        let mut cut = ReemissionRecord::KEPT_BYTES;
+        while !emitted_json.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        emitted_json.truncate(cut);
+    }
+    ReemissionRecord { seq, emitted_json, emitted_bytes, at_ms: shared.now_ms() }
 }
 
 /// `emit`, then a boundary that carries it: durable when this returns.

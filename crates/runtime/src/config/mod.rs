@@ -121,6 +121,12 @@ pub struct RuntimeConfig {
     pub budget: Budget,
     /// Keys one run may hold in `ctx.storage()`.
     pub storage_keys_max: usize,
+    /// Whether a re-entered fiber that emits, at a place its stream already holds, a chunk
+    /// other than the durable one fails the run (`StreamDiverged`). Off by default: the
+    /// durable chunk stands and the difference is recorded, so a deploy that rewords a
+    /// progress message escalates no run. `AgentCheck` turns it on: within one build, a
+    /// different re-emission is a determinism bug.
+    pub strict_streams: bool,
     /// Boundaries each run keeps in its history, the latest ones (32): their stashes, to
     /// list (`Runtime::history`) and to fork from. 0 keeps none, and no run can be forked.
     pub history_max: u32,
@@ -219,6 +225,7 @@ impl Default for RuntimeConfig {
             stream_bytes_max: limits::STREAM_BYTES_MAX_DEFAULT,
             budget: Budget::default(),
             storage_keys_max: limits::STORAGE_KEYS_MAX_DEFAULT,
+            strict_streams: false,
             history_max: limits::HISTORY_MAX_DEFAULT,
             max_recover_attempts: limits::RECOVER_ATTEMPTS_MAX_DEFAULT,
             max_age: limits::MAX_AGE_DEFAULT,

@@ -6,7 +6,7 @@
 
 use durafiber_store::{
     Batch, StoreError,
-    tables::{StreamChunkRecord, StreamHead, keys},
+    tables::{ReemissionRecord, StreamChunkRecord, StreamHead, keys},
 };
 
 /// The stream as this activation knows it.
@@ -21,11 +21,17 @@ pub(crate) struct StreamBuffer {
     pub cursor: u64,
     /// The stream mark stored with the run's last stash (`tables::STREAM_MARKS`).
     pub mark: u64,
+    /// Chunks this activation emitted differently from the durable ones at their places,
+    /// recorded with the next boundary.
+    pub reemissions: Vec<ReemissionRecord>,
 }
 
 impl StreamBuffer {
     /// Adds the pending chunks and the new head to `batch`; true when there were any.
     pub fn stage_into(&mut self, run_id: &str, batch: &mut Batch) -> Result<bool, StoreError> {
+        for reemission in self.reemissions.drain(..) {
+            batch.put(keys::stream_reemission(run_id, reemission.seq), &reemission)?;
+        }
         if self.pending.is_empty() {
             return Ok(false);
         }

@@ -369,6 +369,9 @@ impl<A: Agent + Clone> AgentCheck<A> {
     ) -> Result<Runtime, String> {
         let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default())
             .map_err(|e| format!("the simulated store does not open: {e}"))?;
+        // Within one build a fiber re-entered must emit again what it emitted: a different
+        // chunk is a determinism bug the author wants to see, not a deploy to ride out.
+        let config = RuntimeConfig { strict_streams: true, ..config };
         let mut builder = Runtime::builder(store)
             .config(config)
             .virtual_clock(VirtualClock::new(now_ms))
