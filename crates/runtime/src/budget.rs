@@ -54,7 +54,7 @@ fn spent_below(shared: &Shared, run_id: &str) -> Result<BudgetSpent, RuntimeErro
     let mut next = vec![run_id.to_string()];
     let mut seen = std::collections::HashSet::new();
     while let Some(parent) = next.pop() {
-        for (_, record) in lineage::children_of(shared, &parent)? {
+        for (_, record) in lineage::own_children_of(shared, &parent)? {
             let id = record.child_run_id.to_string();
             if !seen.insert(id.clone()) {
                 continue;

@@ -82,10 +82,15 @@ pub(crate) async fn start(
     crate::pause::gate(raw).await?;
     let shared = &raw.shared;
     let parent = raw.cell.run_id.clone();
+    let link = keys::child(&parent, name);
+    if let Some(linked) = shared.store.get(&link)? {
+        // A child this run started before, or one a fork inherited from the run it came
+        // from: the same child run, never started again.
+        return same_child(shared, name, kind, &input_json, linked);
+    }
     let key = start_key(&parent, name);
     let child = (shared.starter)(shared.clone(), kind.to_string(), key, input_json).await?;
-    let link = keys::child(&parent, name);
-    if shared.store.get(&link)?.is_none() {
+    {
         let mut batch = Batch::new();
         batch.put(
             link,
@@ -99,6 +104,9 @@ pub(crate) async fn start(
             keys::parent_of(&child),
             &ParentRecord { parent_run_id: parent.clone(), name: name.to_string() },
         )?;
+        // Which boundary it was started after: a fork from a later one has the same child.
+        let seq = raw.cell.seq.load(std::sync::atomic::Ordering::SeqCst);
+        batch.put(keys::journal_seq(&parent, keys::Journaled::Child, name), &seq)?;
         // New records, as a start's: no lease on either run's shard is needed.
         batch.all_new();
         match shared.store.commit(batch, Durability::Sync).await {
@@ -109,6 +117,25 @@ pub(crate) async fn start(
     }
     tracing::debug!(run_id = %parent, child = %child, name, "child run started");
     Ok(child)
+}
+
+/// The child a link names, when the fiber starts child `name` again: its kind and input
+/// must be the ones it was started with.
+fn same_child(
+    shared: &Shared,
+    name: &str,
+    kind: &str,
+    input_json: &str,
+    linked: ChildRecord,
+) -> Result<RunId, AgentError> {
+    let run = shared.load_run(&linked.child_run_id)?;
+    let input: serde_json::Value = crate::json::parse(input_json).map_err(AgentError::Serialization)?;
+    let same_input = crate::json::hash_matches(&run.input_hash, &input).map_err(AgentError::Serialization)?;
+    if linked.kind != kind || !same_input {
+        return Err(RuntimeError::KeyConflict { key: run.key, run_id: linked.child_run_id }.into());
+    }
+    tracing::debug!(child = %linked.child_run_id, name, "child run found again");
+    Ok(linked.child_run_id)
 }
 
 /// Waits durably until `child` has ended; its final state.
@@ -129,33 +156,34 @@ pub(crate) async fn join(raw: &mut RawCtx, child: &RunId) -> Result<RunStatus, A
     }
 }
 
-/// A run has settled: its span is sent and, if a run started it, that parent is told.
+/// A run has settled: its span is sent and, if a run started it, that parent is told, and
+/// so is every fork that inherited it.
 pub(crate) fn settled(shared: &Arc<Shared>, run: &RunRecord) {
     shared.send_settled(run);
     if !lineage::may_have_parent(&run.key) {
         return;
     }
-    let parent = match lineage::parent_of(shared, &run.run_id) {
-        Ok(Some(parent)) => parent,
-        Ok(None) => return,
+    let parents = match lineage::parents_to_tell(shared, &run.run_id) {
+        Ok(parents) => parents,
         Err(e) => {
             tracing::warn!(run_id = %run.run_id, error = %e, "could not read a run's parent; its join reads the run again later");
             return;
         }
     };
-    let (shared_, child) = (shared.clone(), run.run_id.clone());
-    shared.spawn_tracked(async move {
-        let to = parent.parent_run_id;
-        // The wait the parent is in now, if it waits for this child; else the first, which
-        // keeps the event until the parent's join waits for it.
-        let name = match shared_.load_run(&to).map(|p| p.status) {
-            Ok(RunStatus::WaitingEvent { name }) if name.starts_with(&wait_name(&child, 0)) => name,
-            Ok(status) if status.is_terminal() => return,
-            _ => wait_name(&child, 0),
-        };
-        let key = format!("settled:{child}:{name}");
-        if let Err(e) = event::send(&shared_, &to, &name, "{}", Some(&key)).await {
-            tracing::info!(run_id = %to, %child, error = %e, "a child's end was not sent to its parent; its join reads the child again later");
-        }
-    });
+    for to in parents {
+        let (shared_, child) = (shared.clone(), run.run_id.clone());
+        shared.spawn_tracked(async move {
+            // The wait the parent is in now, if it waits for this child; else the first, which
+            // keeps the event until the parent's join waits for it.
+            let name = match shared_.load_run(&to).map(|p| p.status) {
+                Ok(RunStatus::WaitingEvent { name }) if name.starts_with(&wait_name(&child, 0)) => name,
+                Ok(status) if status.is_terminal() => return,
+                _ => wait_name(&child, 0),
+            };
+            let key = format!("settled:{child}:{name}");
+            if let Err(e) = event::send(&shared_, &to, &name, "{}", Some(&key)).await {
+                tracing::info!(run_id = %to, %child, error = %e, "a child's end was not sent to its parent; its join reads the child again later");
+            }
+        });
+    }
 }

@@ -160,6 +160,7 @@ impl Deleter {
         records += self.drain(shared, &keys::HISTORY.of_run(run_id)).await?;
         records += self.drain(shared, &keys::JOURNAL_SEQS.of_run(run_id)).await?;
         records += self.drain(shared, &keys::STREAM.of_run(run_id)).await?;
+        records += self.drain(shared, &keys::STREAM_REEMISSIONS.of_run(run_id)).await?;
         records += self.drain(shared, &keys::EVENTS.of_run(run_id)).await?;
         records += self.drain(shared, &keys::EVENT_KEYS.of_run(run_id)).await?;
         records += self.drain(shared, &keys::EVENT_WAITS.of_run(run_id)).await?;
@@ -188,6 +189,7 @@ impl Deleter {
         records += self.gone(shared, keys::storage_log(run_id))?;
         records += self.gone(shared, keys::parent_of(run_id))?;
         records += self.drain(shared, &keys::CHILDREN.of_run(run_id)).await?;
+        records += self.drain(shared, &keys::FORK_PARENTS.of_run(run_id)).await?;
         if let Some(how) = Settled::of(&run.status) {
             records += self.gone(shared, keys::settled(how, run.updated_at_ms, run_id))?;
         }
@@ -199,7 +201,7 @@ impl Deleter {
     /// left, no one's child now. How many records.
     async fn children(&mut self, shared: &Shared, run_id: &str) -> Result<usize, RuntimeError> {
         let mut records = 0;
-        for (_, link) in lineage::children_of(shared, run_id)? {
+        for (_, link) in lineage::own_children_of(shared, run_id)? {
             let child = match shared.load_run(&link.child_run_id) {
                 Ok(child) => child,
                 Err(RuntimeError::UnknownRun { .. }) => continue,

@@ -3,7 +3,10 @@
 //! its spending. A child is started under the key `<parent>:child:<name>`, so a run whose key
 //! has no such mark has no parent and costs no read to know it.
 
-use durafiber_store::tables::{ChildRecord, ParentRecord, keys};
+use durafiber_store::{
+    RunId,
+    tables::{ChildRecord, ParentRecord, keys},
+};
 
 use crate::{
     error::RuntimeError,
@@ -29,6 +32,16 @@ pub(crate) fn parent_of(shared: &Shared, run_id: &str) -> Result<Option<ParentRe
     Ok(shared.store.get(&keys::parent_of(run_id))?)
 }
 
+/// The runs a child's end is sent to: the run that started it, then every fork that
+/// inherited it.
+pub(crate) fn parents_to_tell(shared: &Shared, run_id: &str) -> Result<Vec<RunId>, RuntimeError> {
+    let mut out: Vec<RunId> = parent_of(shared, run_id)?.map(|p| p.parent_run_id).into_iter().collect();
+    for (_, fork) in shared.store.scan(&keys::FORK_PARENTS.of_run(run_id), None, usize::MAX)? {
+        out.push(fork?.parent_run_id);
+    }
+    Ok(out)
+}
+
 /// Every child of `run_id`, by name.
 pub(crate) fn children_of(shared: &Shared, run_id: &str) -> Result<Vec<(String, ChildRecord)>, RuntimeError> {
     let mut out = Vec::new();
@@ -37,6 +50,23 @@ pub(crate) fn children_of(shared: &Shared, run_id: &str) -> Result<Vec<(String, 
         out.push((name, child?));
     }
     Ok(out)
+}
+
+/// The children `run_id` started itself, by name: its children but for those a fork
+/// inherited from the run it came from, which stay that run's (theirs to cancel, to count
+/// against a budget, to delete).
+pub(crate) fn own_children_of(
+    shared: &Shared,
+    run_id: &str,
+) -> Result<Vec<(String, ChildRecord)>, RuntimeError> {
+    let mut out = children_of(shared, run_id)?;
+    let mut own = Vec::with_capacity(out.len());
+    for (name, child) in out.drain(..) {
+        if parent_of(shared, &child.child_run_id)?.is_some_and(|p| p.parent_run_id.as_str() == run_id) {
+            own.push((name, child));
+        }
+    }
+    Ok(own)
 }
 
 /// The runs above `run_id` (started under `key`), nearest first, read through the parent

@@ -8,7 +8,9 @@
 //! inherited. What settled at or after the boundary is not copied: the fork mints new keys for
 //! those effects, and asks again for those approvals. Its output stream is copied up to the
 //! boundary's mark, its storage as it was at the boundary (`storage::as_at`: today's, with
-//! the writes after the boundary undone). The source is only read.
+//! the writes after the boundary undone). Children started before the boundary are the
+//! fork's children too — the same runs, joined or not, never started again; those started
+//! at or after it are started anew by the fork. The source is only read.
 //!
 //! Refused (`ForkRefused`), rather than guessed: a boundary the history no longer keeps, a
 //! step settled before boundaries were journaled, a stream mark or storage the history
@@ -20,8 +22,9 @@ use std::sync::Arc;
 use durafiber_store::{
     Batch, Durability, StoreError,
     tables::{
-        ApprovalRecord, EventWaitRecord, ForkRecord, HistoryRecord, LedgerEntry, RunRecord, RunStatus,
-        SleepRecord, StashRecord, StreamChunkRecord, StreamHead, WakeReason, keys, keys::Journaled,
+        ApprovalRecord, ChildRecord, EventWaitRecord, ForkRecord, HistoryRecord, LedgerEntry, ParentRecord,
+        RunRecord, RunStatus, SleepRecord, StashRecord, StreamChunkRecord, StreamHead, WakeReason, keys,
+        keys::Journaled,
     },
 };
 
@@ -159,6 +162,19 @@ pub(crate) async fn fork(
         if let Some(seq) = settled_before(Journaled::EventWait, &name)? {
             batch.put(keys::journal_seq(new, Journaled::EventWait, &name), &seq)?;
             batch.put(keys::event_wait(new, &name), &wait)?;
+        }
+    }
+    // Children started before the point are the fork's too, the same runs: a joined one
+    // answers its join from its end, one still going is joined, neither starts again. They
+    // stay their starter's children (its to cancel, to count against its budget, to delete).
+    for (link_key, link) in store.scan(&keys::CHILDREN.of_run(source_id), None, usize::MAX)? {
+        let link: ChildRecord = link?;
+        let name = keys::child_name(&link_key).unwrap_or_default();
+        if let Some(seq) = settled_before(Journaled::Child, &name)? {
+            batch.put(keys::journal_seq(new, Journaled::Child, &name), &seq)?;
+            let adopted = ParentRecord { parent_run_id: run_id.clone(), name: name.clone() };
+            batch.put(keys::fork_parent(&link.child_run_id, new), &adopted)?;
+            batch.put(keys::child(new, &name), &link)?;
         }
     }
     copy_stream(shared, source_id, new, at, &history, &mut batch)?;

@@ -221,7 +221,7 @@ impl Runtime {
 
     /// Cancels every open child of a cancelled run (and theirs, in turn).
     async fn cancel_children(&self, run_id: &RunId, reason: &str) {
-        let children = match crate::kernel::lineage::children_of(&self.shared, run_id) {
+        let children = match crate::kernel::lineage::own_children_of(&self.shared, run_id) {
             Ok(children) => children,
             Err(e) => {
                 tracing::warn!(%run_id, error = %e, "could not read a cancelled run's children");

@@ -59,6 +59,9 @@ pub struct RunInspection {
     pub parent: Option<durafiber_store::tables::ParentRecord>,
     /// The runs it started as its children, by name, with their states.
     pub children: Vec<ChildShown>,
+    /// Chunks of its output stream that a re-entered fiber emitted differently (after a
+    /// deploy that changed them): the durable chunks stood; these say what the new code said.
+    pub reemissions: Vec<durafiber_store::tables::ReemissionRecord>,
 }
 
 /// A child run as its parent's inspection shows it.
@@ -119,6 +122,7 @@ impl Serialize for RunInspection {
             "approvals": approvals, "dead_letters": self.dead_letters, "budget": self.budget,
             "trace_id": self.trace_id, "trace_url": self.trace_url, "forked_from": self.forked_from,
             "waiting_on_limit": self.waiting_on_limit, "parent": self.parent, "children": self.children,
+            "reemissions": self.reemissions,
         });
         embed_json_texts(fields).serialize(serializer)
     }
@@ -289,6 +293,7 @@ impl Runtime {
             trace_url: crate::trace::ui_link(&self.shared.config.traces, run_id),
             waiting_on_limit: self.shared.limiters.waiting_on(run_id),
             parent: crate::kernel::lineage::parent_of(&self.shared, run_id)?,
+            reemissions: scan_all(store, keys::STREAM_REEMISSIONS, run_id)?,
             children: crate::kernel::lineage::children_of(&self.shared, run_id)?
                 .into_iter()
                 .map(|(name, c)| {

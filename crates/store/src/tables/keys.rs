@@ -64,6 +64,9 @@ tables! {
     CHILDREN: ChildRecord = ("children", b'C');
     /// The parent of each child run: `A` run_id.
     PARENTS: ParentRecord = ("parents", b'A');
+    /// The forks that inherited a child run from the run that started it, so the child's end
+    /// reaches their joins too: `F` child_run_id NUL fork_run_id.
+    FORK_PARENTS: ParentRecord = ("fork_parents", b'F');
     /// Alarms by run and name: `a` run_id NUL name.
     ALARMS: AlarmRecord = ("alarms", b'a');
     /// Alarms by due time, the scheduler's index: `d` due_at_ms run_id NUL due name.
@@ -77,6 +80,10 @@ tables! {
     ALARM_RETRIES: AlarmRecord = ("alarm_retries", b'q');
     /// Each run's durable output stream, one chunk per key, in order: `b` run_id NUL seq.
     STREAM: StreamChunkRecord = ("stream", b'b');
+    /// Chunks a re-entered fiber emitted differently from the durable one at their place
+    /// (its code changed in a deploy): the durable chunk stood, and this says what the new
+    /// code emitted. Written with the run's next boundary: `D` run_id NUL seq.
+    STREAM_REEMISSIONS: ReemissionRecord = ("stream_reemissions", b'D');
     /// Each run's stream length and size, written with its chunks: `h` run_id.
     STREAM_HEADS: StreamHead = ("stream_heads", b'h');
     /// Each run's stream length at its last stash: where a fiber re-entered there stands in its
@@ -212,6 +219,8 @@ pub enum Journaled {
     Sleep,
     /// An event wait ended.
     EventWait,
+    /// A child run started (`Ctx::start_child`).
+    Child,
 }
 
 impl Journaled {
@@ -221,6 +230,7 @@ impl Journaled {
             Journaled::Approval => b"approval",
             Journaled::Sleep => b"sleep",
             Journaled::EventWait => b"event",
+            Journaled::Child => b"child",
         }
     }
 }
@@ -243,6 +253,11 @@ pub fn child(parent: &str, name: &str) -> Key<ChildRecord> {
 /// The parent of run `run_id`, if a run started it.
 pub fn parent_of(run_id: &str) -> Key<ParentRecord> {
     PARENTS.key(&[run_id.as_bytes()])
+}
+
+/// Fork `fork`'s link to child `child`, which it inherited.
+pub fn fork_parent(child: &str, fork: &str) -> Key<ParentRecord> {
+    FORK_PARENTS.key(&[child.as_bytes(), fork.as_bytes()])
 }
 
 /// The rule of approval `approval_id` of a run, if it has one.
@@ -362,6 +377,11 @@ pub fn retry_due_name(name: &str, scheduled_at_ms: u64) -> String {
 /// Chunk `seq` of a run's output stream.
 pub fn stream_chunk(run_id: &str, seq: u64) -> Key<StreamChunkRecord> {
     STREAM.key(&[run_id.as_bytes(), &seq.to_be_bytes()])
+}
+
+/// What a re-entered fiber emitted at place `seq` of a run's stream, where it differed.
+pub fn stream_reemission(run_id: &str, seq: u64) -> Key<ReemissionRecord> {
+    STREAM_REEMISSIONS.key(&[run_id.as_bytes(), &seq.to_be_bytes()])
 }
 
 /// How far a run's stream has come.

@@ -368,6 +368,25 @@ pub struct StreamChunkRecord {
     pub emitted_at_ms: u64,
 }
 
+/// A chunk a re-entered fiber emitted at a place of its stream that held another one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReemissionRecord {
+    /// The chunk's place in the stream.
+    pub seq: u64,
+    /// What the fiber emitted, as canonical JSON, cut to its first
+    /// [`ReemissionRecord::KEPT_BYTES`] bytes.
+    pub emitted_json: String,
+    /// The whole emitted chunk's length, bytes.
+    pub emitted_bytes: u64,
+    /// When, ms.
+    pub at_ms: u64,
+}
+
+impl ReemissionRecord {
+    /// Bytes of the emitted chunk a record keeps.
+    pub const KEPT_BYTES: usize = 1024;
+}
+
 /// How far a run's output stream has come.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamHead {

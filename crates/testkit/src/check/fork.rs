@@ -131,6 +131,13 @@ impl<A: Agent + Clone> AgentCheck<A> {
                 false => own_keys.insert(key_of(effect)),
             };
         }
+        // The children the fork started are its own, and so is what they call; those it
+        // inherited (started before its point) must call nothing again.
+        for (child, own) in family_of(rt, fork) {
+            let keys = if own { &mut own_keys } else { &mut inherited_keys };
+            let ledger = rt.inspect(&child).map(|i| i.ledger).unwrap_or_default();
+            keys.extend(ledger.into_iter().map(|entry| entry.idempotency_key));
+        }
         for (collection, key) in since(upstream.calls().await, calls_before, Clone::clone) {
             if inherited_keys.contains(&key) {
                 report
@@ -149,6 +156,29 @@ impl<A: Agent + Clone> AgentCheck<A> {
             }
         }
     }
+}
+
+/// Every run below `run_id` (its children, theirs…), each with whether `run_id`'s line
+/// started it (true) or a fork inherited it from the run it came from (false).
+fn family_of(rt: &Runtime, run_id: &RunId) -> Vec<(RunId, bool)> {
+    let mut out = Vec::new();
+    let mut next = vec![(run_id.clone(), true)];
+    while let Some((parent, own_line)) = next.pop() {
+        let Ok(shown) = rt.inspect(&parent) else { continue };
+        for child in shown.children {
+            let started_here = rt
+                .inspect(&child.run_id)
+                .ok()
+                .and_then(|c| c.parent)
+                .is_some_and(|p| p.parent_run_id == parent);
+            let own = own_line && started_here;
+            if out.iter().all(|(seen, _)| *seen != child.run_id) {
+                out.push((child.run_id.clone(), own));
+                next.push((child.run_id, own));
+            }
+        }
+    }
+    out
 }
 
 /// What `now` holds beyond `before`, each entry told apart by `id` and counted: an upstream
