@@ -120,9 +120,13 @@ pub enum Command {
         #[arg(long)]
         data: PathBuf,
     },
-    /// Before a deploy, run with the new binary: lists every open run its agents would
-    /// escalate at the next recovery (a kind not hosted, an input or a stash that no longer
-    /// decodes, an upgrade that fails); exit code 1 if any. Reads only.
+    /// Before a deploy, run with the new binary: decodes every open run's input and stash
+    /// as its agents would, then re-enters each from its last boundary in a sandbox (a copy
+    /// of the store in memory, time stopped, effects answered from the ledger, any new call
+    /// stopped before it leaves) and lists what the new code does differently: an effect
+    /// called with other arguments, a stash it cannot upgrade, a wait it no longer reaches, a
+    /// call it would make, a chunk it re-emits otherwise. Exit code 1 only for runs that
+    /// would escalate. Reads only.
     CheckDeploy {
         /// The data directory (with no server running on it: take a backup and restore it
         /// elsewhere to check beside a running server).

@@ -15,7 +15,6 @@ use durafiber_testkit::process::{CHILD_DEADLINE, OutputWithin};
 use std::{
     path::{Path, PathBuf},
     process::Command,
-    sync::OnceLock,
     time::{Duration, Instant},
 };
 
@@ -29,34 +28,9 @@ use common::{
     browser::{Driver, click, screenshot, sign_in, text_of, wait_for_path, wait_for_text},
 };
 
-/// How long a build of the example may take before the test gives up on it.
-const BUILD_DEADLINE: Duration = Duration::from_secs(1200);
-
-/// The example's binary, built once per test process into its own target directory.
-fn expenses() -> &'static Path {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/deploy/Cargo.toml");
-        // The test binary is target/<profile>/deps/<name>: the target directory is three up.
-        let exe = std::env::current_exe().expect("test binary path");
-        let target = exe.ancestors().nth(3).expect("target directory").join("deploy-example");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        eprintln!("building examples/deploy into {} (a few minutes on a fresh machine)", target.display());
-        let out = Command::new(cargo)
-            .args(["build", "--locked", "--manifest-path"])
-            .arg(&manifest)
-            .arg("--target-dir")
-            .arg(&target)
-            .env_remove("CARGO_TARGET_DIR")
-            .output_within(BUILD_DEADLINE)
-            .expect("run cargo build for examples/deploy");
-        assert!(
-            out.status.success(),
-            "examples/deploy does not build:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        target.join("debug/expenses")
-    })
+/// The example's `expenses` binary.
+fn expenses() -> PathBuf {
+    common::example::example_bin("expenses")
 }
 
 /// Runs `expenses ARGS`; its standard output as JSON when it succeeds.
@@ -117,7 +91,7 @@ fn payment_of(output: &Value) -> &str {
 
 fn serve(data: &Path, extra: &[&str]) -> Served {
     let extra: Vec<&std::ffi::OsStr> = extra.iter().map(std::convert::AsRef::as_ref).collect();
-    Served::start_program(expenses(), data, &extra, &[])
+    Served::start_program(&expenses(), data, &extra, &[])
 }
 
 #[test]

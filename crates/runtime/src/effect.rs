@@ -233,10 +233,16 @@ where
             return Ok(receipt);
         }
         Some(prepared) => {
+            stop_if_replaying(
+                &shared,
+                effect_id,
+                "it would call it again under its key: its last call's answer was never recorded",
+            )?;
             hooks.entered(true);
             prepared
         }
         None => {
+            stop_if_replaying(&shared, effect_id, "it would make a new call before its next boundary")?;
             if raw.cell.cancel.is_requested() {
                 return Err(AgentError::Cancelled(format!(
                     "effect {effect_id} not started: the run was cancelled"
@@ -401,6 +407,18 @@ impl EffectSpan {
                 .error(error)
         });
     }
+}
+
+/// Under `stop_calls`, the call that would leave here is not made.
+fn stop_if_replaying(
+    shared: &crate::kernel::shared::Shared,
+    effect_id: &str,
+    what: &str,
+) -> Result<(), AgentError> {
+    if shared.config.stop_calls {
+        return Err(AgentError::CallStopped { effect_id: effect_id.to_string(), what: what.to_string() });
+    }
+    Ok(())
 }
 
 async fn commit<R: Serialize>(

@@ -196,6 +196,15 @@ pub enum AgentError {
     /// The run was cancelled; no new effect starts.
     #[error("cancelled: {0}")]
     Cancelled(String),
+    /// Under `stop_calls` (a replay, as `check-deploy` runs one): the effect's call would have
+    /// left the process and was not made. The run ends cancelled with this as its reason.
+    #[error("replay stopped before effect {effect_id}'s call: {what}")]
+    CallStopped {
+        /// The effect.
+        effect_id: String,
+        /// What the call would have been.
+        what: String,
+    },
     /// The same effect id came with other arguments: the control flow diverged.
     #[error("effect {effect_id} was prepared with other arguments")]
     EffectConflict {

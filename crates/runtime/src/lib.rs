@@ -99,8 +99,8 @@ pub use retention::{DELETE_BATCH_MAX, RunDeleted, SWEEP_EVERY, SWEEP_RUNS_MAX};
 pub use run::fork::ForkOptions;
 pub use run::start::StartOutcome;
 pub use runtime::{
-    ChildShown, DeployProblem, Gauges, HistoryEntry, ListFilter, PausedNow, Quorum, RunInspection, RunOwner,
-    RunPage, Runtime, RuntimeBuilder, StoreGauges, testing,
+    ChildShown, DeployProblem, Gauges, HistoryEntry, ListFilter, PausedNow, Quorum, ReplayReport,
+    RunInspection, RunOwner, RunPage, RunReplay, Runtime, RuntimeBuilder, StoreGauges, testing,
 };
 pub use secret::{Destination, Secret, SecretRefusal, Secrets};
 pub use storage::{Storage, Transaction};

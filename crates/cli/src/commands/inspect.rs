@@ -69,17 +69,43 @@ pub async fn check_deploy(
     };
     let runtime = agents(Runtime::builder(store)).passive().open().await?;
     let problems = runtime.check_deploy();
+    let replay = match &problems {
+        Ok(_) => Some(runtime.replay_open_runs().await),
+        Err(_) => None,
+    };
     runtime.shutdown().await;
     let problems = problems?;
+    let replay = replay.transpose()?.unwrap_or_default();
+    // A run whose input or stash does not decode escalates in the replay too: said once.
+    let decoded_badly = |run_id: &RunId| problems.iter().any(|p| &p.run_id == run_id);
+    let escalating =
+        problems.len() + replay.runs.iter().filter(|r| r.escalates && !decoded_badly(&r.run_id)).count();
     if json {
-        println!("{}", json!({ "would_escalate": problems.len(), "runs": problems }));
+        println!(
+            "{}",
+            json!({ "would_escalate": escalating, "runs": problems, "replayed": replay.replayed,
+                    "replay": replay.runs, "replay_ms": replay.took_ms })
+        );
     } else {
         for problem in &problems {
             println!("WOULD ESCALATE {problem}");
         }
-        println!("{} open runs in {place} would escalate", problems.len());
+        for run in &replay.runs {
+            for finding in &run.findings {
+                let tag = if run.escalates { "WOULD ESCALATE" } else { "DIFFERS" };
+                if !(run.escalates && decoded_badly(&run.run_id)) {
+                    println!("{tag} {} ({}): {finding}", run.run_id, run.kind);
+                }
+            }
+        }
+        println!(
+            "{escalating} open runs in {place} would escalate; {} replayed in {} ms, {} treated differently",
+            replay.replayed,
+            replay.took_ms,
+            replay.runs.len()
+        );
     }
-    Ok(i32::from(!problems.is_empty()))
+    Ok(i32::from(escalating > 0))
 }
 
 fn to_json<T: serde::Serialize>(value: T) -> anyhow::Result<Value> {

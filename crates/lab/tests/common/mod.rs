@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod example;
 pub mod nodes;
 
 use std::{

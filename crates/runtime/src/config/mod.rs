@@ -127,6 +127,11 @@ pub struct RuntimeConfig {
     /// progress message escalates no run. `AgentCheck` turns it on: within one build, a
     /// different re-emission is a determinism bug.
     pub strict_streams: bool,
+    /// Whether effects' calls are stopped before they leave the process: an effect whose
+    /// receipt the ledger does not hold ends its run, cancelled, with
+    /// `AgentError::CallStopped`'s reason, instead of calling out. Off by default; what
+    /// `check-deploy` replays open runs with, on a scratch copy of the store.
+    pub stop_calls: bool,
     /// Boundaries each run keeps in its history, the latest ones (32): their stashes, to
     /// list (`Runtime::history`) and to fork from. 0 keeps none, and no run can be forked.
     pub history_max: u32,
@@ -226,6 +231,7 @@ impl Default for RuntimeConfig {
             budget: Budget::default(),
             storage_keys_max: limits::STORAGE_KEYS_MAX_DEFAULT,
             strict_streams: false,
+            stop_calls: false,
             history_max: limits::HISTORY_MAX_DEFAULT,
             max_recover_attempts: limits::RECOVER_ATTEMPTS_MAX_DEFAULT,
             max_age: limits::MAX_AGE_DEFAULT,

@@ -121,6 +121,11 @@ async fn finish(
                     run.status = RunStatus::Escalated { reason: diverged.to_string() };
                     None
                 }
+                // A replay's sandbox stopped a call: the run ends there, saying which.
+                Ok(Err(stopped @ AgentError::CallStopped { .. })) => {
+                    run.status = RunStatus::Cancelled { reason: stopped.to_string() };
+                    None
+                }
                 Ok(Err(AgentError::Cancelled(reason))) => {
                     // The reason the requester gave wins over the runtime's own wording.
                     let reason = run.cancel_reason.clone().unwrap_or_else(|| reason.clone());

@@ -6,11 +6,13 @@
 //! heartbeat, recovery backoff, alarm); on a virtual clock, `advance` walks the same
 //! deadlines in order. The handle's methods are split by what they do: `handle` (open, start,
 //! time, shutdown), `inspect` (reading runs), `inbound` (what reaches a run from outside),
-//! `deploy_check` (would new code carry the open runs), `testing` (crash hooks and internal
+//! `deploy_check` (would new code carry the open runs: their inputs and stashes decoded),
+//! `deploy_replay` (what new code does with each open run, re-entered in a sandbox), `testing` (crash hooks and internal
 //! views, as extension traits).
 
 mod builder;
 mod deploy_check;
+mod deploy_replay;
 mod gauges;
 mod handle;
 mod inbound;
@@ -20,6 +22,7 @@ pub mod testing;
 
 pub use builder::RuntimeBuilder;
 pub use deploy_check::DeployProblem;
+pub use deploy_replay::{ReplayReport, RunReplay};
 pub use gauges::{Gauges, StoreGauges};
 pub use handle::{RunOwner, Runtime};
 pub use inbound::PausedNow;
