@@ -139,7 +139,7 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Runs: list or show.
+    /// Runs: list, show, history, fork, delete.
     Runs {
         /// What to do.
         #[command(subcommand)]
@@ -212,6 +212,112 @@ pub enum Command {
         /// What to do.
         #[command(subcommand)]
         action: AlarmsAction,
+    },
+    /// Start a run: durably, once per idempotency key (the same key again is the same run).
+    Start {
+        /// The agent kind.
+        kind: String,
+        /// The idempotency key.
+        #[arg(long)]
+        key: String,
+        /// The input, as JSON.
+        #[arg(long, default_value = "null")]
+        input: String,
+        /// How the run is kept, as JSON (a server): `durability`, `fiber_keep_alive`, `budget`.
+        #[arg(long)]
+        options: Option<String>,
+        /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Ask a live run a question (its `on_request`) and print the reply (a server).
+    Request {
+        /// The run's handle.
+        run_id: RunId,
+        /// The request, as JSON.
+        #[arg(long, default_value = "null")]
+        message: String,
+        /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// A run's own key-value storage: get one key, or list keys.
+    Storage {
+        /// What to do.
+        #[command(subcommand)]
+        action: StorageAction,
+    },
+    /// Follow a run's output stream: one JSON line per item (durable chunks; on a server,
+    /// also a streaming effect's partial chunks and resets) until the run ends. A dropped
+    /// connection is resumed where it was.
+    Stream {
+        /// The run's handle.
+        run_id: RunId,
+        /// The first chunk's sequence number.
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// The kill switch: hold a kind's runs, or one run, before their next effect or start.
+    Pause {
+        /// The run to hold (or `--kind`).
+        #[arg(required_unless_present = "kind", conflicts_with = "kind")]
+        run_id: Option<RunId>,
+        /// The agent kind whose runs to hold.
+        #[arg(long)]
+        kind: Option<String>,
+        /// Why: shown as the runs' state.
+        #[arg(long)]
+        reason: String,
+        /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Lift a pause of a kind or of one run: its runs continue in the order they were held.
+    Resume {
+        /// The run to let go (or `--kind`).
+        #[arg(required_unless_present = "kind", conflicts_with = "kind")]
+        run_id: Option<RunId>,
+        /// The agent kind to let go.
+        #[arg(long)]
+        kind: Option<String>,
+        /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+/// `storage` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum StorageAction {
+    /// One key's value, as JSON (`null` when absent).
+    Get {
+        /// The run's handle.
+        run_id: RunId,
+        /// The key.
+        key: String,
+        /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Keys and values under a prefix, in key order, a page at a time.
+    List {
+        /// The run's handle.
+        run_id: RunId,
+        /// Only keys that start with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Start after this key (the previous page's last).
+        #[arg(long)]
+        after: Option<String>,
+        /// Page size.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Where the runs are.
+        #[command(flatten)]
+        target: Target,
     },
 }
 

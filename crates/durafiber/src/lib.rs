@@ -14,7 +14,9 @@
 //! - with `postgres`: the PostgreSQL store, for several nodes;
 //! - with `testkit` (a dev-dependency): the crash and eviction checker and test helpers;
 //! - [`serde`], [`serde_json`] and [`tokio`], so that an agent's types derive with
-//!   `#[serde(crate = "durafiber::serde")]` and nothing else needs adding.
+//!   `#[serde(crate = "durafiber::serde")]` and nothing else needs adding; [`reqwest`], the
+//!   HTTP client the runtime itself is built with (rustls, native roots), for effects'
+//!   calls: `durafiber::reqwest::Client::new()`.
 //!
 //! A binary hosting its own agent, in full:
 //!
@@ -39,6 +41,7 @@ pub use durafiber_server as server;
 #[cfg(feature = "testkit")]
 pub use durafiber_testkit as testkit;
 
+pub use reqwest;
 pub use serde;
 pub use serde_json;
 pub use tokio;

@@ -1,6 +1,7 @@
 //! One module per group of commands; [`run`] dispatches and prints.
 
 pub mod inspect;
+pub mod operate;
 pub mod repair;
 
 use durafiber_runtime::{Decision, ListFilter};
@@ -8,7 +9,7 @@ use durafiber_server::{ServeError, ServerOptions, TlsFiles};
 
 use crate::{
     Agents,
-    args::{AlarmsAction, ApprovalsAction, Command, RunsAction, StoreAction, TokensAction},
+    args::{AlarmsAction, ApprovalsAction, Command, RunsAction, StorageAction, StoreAction, TokensAction},
 };
 
 fn print_json(value: &serde_json::Value) -> anyhow::Result<i32> {
@@ -118,6 +119,30 @@ pub async fn run(command: Command, agents: Agents<'_>) -> anyhow::Result<i32> {
         }
         Command::Alarms { action: AlarmsAction::List { run_id, target } } => {
             print_json(&inspect::alarms_list(agents, &target, &run_id).await?)
+        }
+        Command::Start { kind, key, input, options, target } => {
+            print_json(&operate::start(agents, &target, &kind, &key, &input, options.as_deref()).await?)
+        }
+        Command::Request { run_id, message, target } => {
+            print_json(&operate::request(agents, &target, &run_id, &message).await?)
+        }
+        Command::Storage { action: StorageAction::Get { run_id, key, target } } => {
+            print_json(&operate::storage_get(agents, &target, &run_id, &key).await?)
+        }
+        Command::Storage { action: StorageAction::List { run_id, prefix, after, limit, target } } => {
+            print_json(
+                &operate::storage_list(agents, &target, &run_id, &prefix, after.as_deref(), limit).await?,
+            )
+        }
+        Command::Stream { run_id, from, target } => {
+            operate::stream(agents, &target, &run_id, from).await?;
+            Ok(0)
+        }
+        Command::Pause { run_id, kind, reason, target } => {
+            print_json(&operate::pause(agents, &target, run_id.as_ref(), kind.as_deref(), &reason).await?)
+        }
+        Command::Resume { run_id, kind, target } => {
+            print_json(&operate::resume(agents, &target, run_id.as_ref(), kind.as_deref()).await?)
         }
     }
 }

@@ -58,6 +58,8 @@ pub async fn after_plan<A: Agent>(
             Ok::<_, AgentError>(format!("htl_{tail}"))
         })
         .await?;
+    // Kept where requests read it (`on_request`): the run's storage, not the prompt.
+    ctx.storage().put("hotel", &hotel).await?;
     ctx.emit(&json!({"text": "payment:waiting", "by": by}))?;
     let confirmed = match input.wait.as_str() {
         "event" => ctx.wait_for_event::<durafiber::serde_json::Value>("payment", None).await?.is_some(),
@@ -73,4 +75,10 @@ pub async fn after_plan<A: Agent>(
     };
     ctx.emit(&json!({"text": "trip:booked"}))?;
     Ok(Booked { hotel, confirmed })
+}
+
+/// What a request for the run's booking answers: the hotel it booked, once it has.
+pub fn booking<A: Agent>(ctx: &Ctx<A>) -> Result<durafiber::serde_json::Value, AgentError> {
+    let hotel: Option<String> = ctx.storage().get("hotel")?;
+    Ok(json!({"hotel": hotel}))
 }

@@ -3,7 +3,7 @@
 use durafiber::serde::{Deserialize, Serialize};
 use durafiber::{Agent, AgentError, Ctx, Recovered, serde_json::json};
 
-use crate::common::{Booked, TripInput, after_plan};
+use crate::common::{Booked, TripInput, after_plan, booking};
 
 /// The agent.
 pub struct Trip;
@@ -27,6 +27,10 @@ impl Agent for Trip {
         ctx.emit(&json!({"text": "trip:planning"}))?;
         ctx.stash("planned", &Planned { trip: input.trip.clone() }).await?;
         after_plan(ctx, &input, "v1", 2).await
+    }
+
+    async fn on_request(&self, ctx: &mut Ctx<Self>, (): ()) -> Result<durafiber::serde_json::Value, AgentError> {
+        booking(ctx)
     }
 
     async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: Recovered<Self>) -> Result<Booked, AgentError> {

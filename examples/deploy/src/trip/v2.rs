@@ -6,7 +6,7 @@
 use durafiber::serde::{Deserialize, Serialize};
 use durafiber::{Agent, AgentError, Ctx, Recovered, serde_json::json};
 
-use crate::common::{Booked, TripInput, after_plan};
+use crate::common::{Booked, TripInput, after_plan, booking};
 
 /// The agent; it books `NIGHTS` nights.
 pub struct Trip<const NIGHTS: u32>;
@@ -40,6 +40,10 @@ impl<const NIGHTS: u32> Agent for Trip<NIGHTS> {
         ctx.emit(&json!({"text": "trip:planning"}))?;
         ctx.stash("planned", &Planned { destination: input.trip.clone(), travellers: 1 }).await?;
         after_plan(ctx, &input, "v2", NIGHTS).await
+    }
+
+    async fn on_request(&self, ctx: &mut Ctx<Self>, (): ()) -> Result<durafiber::serde_json::Value, AgentError> {
+        booking(ctx)
     }
 
     async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: Recovered<Self>) -> Result<Booked, AgentError> {
