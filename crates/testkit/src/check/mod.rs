@@ -101,6 +101,8 @@ pub struct AgentCheck<A: Agent + Clone> {
     storage_matches: Option<StorageMatch>,
     /// More agent kinds the runtime runs: the checked agent's children.
     more_agents: Vec<Register>,
+    /// The next deploy of the checked agent, for `deploy_at_every_boundary`.
+    deploy: Option<Register>,
 }
 
 type Register =
@@ -119,6 +121,10 @@ struct Trouble {
     chaos_seed: Option<u64>,
     /// Send the events right after the start, before the run waits for them.
     events_early: bool,
+    /// After the crash, the process that opens the disk runs the next deploy's code.
+    deploy: bool,
+    /// And that process is killed at its first boundary, once.
+    crash_after_deploy: bool,
 }
 
 /// What a dry run saw.
@@ -149,6 +155,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
             output_matches: None,
             storage_matches: None,
             more_agents: Vec::new(),
+            deploy: None,
         }
     }
 
@@ -183,6 +190,19 @@ impl<A: Agent + Clone> AgentCheck<A> {
     /// came from unchanged.
     pub fn fork_at_every_boundary(mut self) -> Self {
         self.forks = true;
+        self
+    }
+
+    /// Deploy `next` — the checked agent's next version, of the same kind — at every
+    /// boundary: the run is crashed right after each boundary its dry run passes, and the
+    /// process that opens the disk runs `next`'s code; then once more with that process
+    /// killed at its own first boundary (an upgraded stash's write). Each case must end in
+    /// the state the uninterrupted run did — nothing escalated — with no effect made twice.
+    /// Its output and stream may differ after the deploy point: the new code's, not a
+    /// replay's. Chunks the new code re-emits otherwise are kept as they were (not compared
+    /// strictly, as they are between attempts of one build).
+    pub fn deploy_at_every_boundary<B: Agent + Clone>(mut self, next: B) -> Self {
+        self.deploy = Some(Arc::new(move |builder| builder.agent(next.clone())));
         self
     }
 
@@ -308,6 +328,22 @@ impl<A: Agent + Clone> AgentCheck<A> {
                 cases.push(self.case(&format!("crash {point}"), Some(point), trouble, &baseline).await);
             }
         }
+        if self.deploy.is_some() {
+            for (i, boundary) in dry.boundaries.iter().enumerate() {
+                for crash_after_deploy in [false, true] {
+                    let trouble = Trouble {
+                        crash_after_boundary: Some(i + 1),
+                        deploy: true,
+                        crash_after_deploy,
+                        ..Trouble::default()
+                    };
+                    let point = CrashPoint::At(boundary.clone());
+                    let killed = if crash_after_deploy { ", killed at its first boundary" } else { "" };
+                    let case = format!("deployed after {point} (boundary {}){killed}", i + 1);
+                    cases.push(self.case(&case, Some(point), trouble, &baseline).await);
+                }
+            }
+        }
         if self.evictions {
             for k in 1..=dry.boundaries.len() {
                 let trouble = Trouble { evict_at_boundary: Some(k), ..Trouble::default() };
@@ -367,15 +403,28 @@ impl<A: Agent + Clone> AgentCheck<A> {
         config: RuntimeConfig,
         hook: Option<CrashHook>,
     ) -> Result<Runtime, String> {
-        let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default())
-            .map_err(|e| format!("the simulated store does not open: {e}"))?;
         // Within one build a fiber re-entered must emit again what it emitted: a different
         // chunk is a determinism bug the author wants to see, not a deploy to ride out.
-        let config = RuntimeConfig { strict_streams: true, ..config };
-        let mut builder = Runtime::builder(store)
-            .config(config)
-            .virtual_clock(VirtualClock::new(now_ms))
-            .agent(self.agent.clone());
+        self.reopen(sim, now_ms, RuntimeConfig { strict_streams: true, ..config }, hook, false).await
+    }
+
+    /// Opens a runtime on the simulated disk with the checked agent's code, or with the
+    /// next deploy's (`deployed`), under `config` as given.
+    pub(super) async fn reopen(
+        &self,
+        sim: &SimBackend,
+        now_ms: u64,
+        config: RuntimeConfig,
+        hook: Option<CrashHook>,
+        deployed: bool,
+    ) -> Result<Runtime, String> {
+        let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default())
+            .map_err(|e| format!("the simulated store does not open: {e}"))?;
+        let mut builder = Runtime::builder(store).config(config).virtual_clock(VirtualClock::new(now_ms));
+        builder = match (&self.deploy, deployed) {
+            (Some(register), true) => register(builder),
+            _ => builder.agent(self.agent.clone()),
+        };
         for register in &self.more_agents {
             builder = register(builder);
         }
