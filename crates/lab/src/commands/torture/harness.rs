@@ -19,6 +19,17 @@ pub(super) fn kind_of(key: &str) -> &'static str {
     if key.starts_with("poison-") { "poison" } else { "order" }
 }
 
+/// Whether runs under `key` are forks (made by the harness, not started).
+pub(super) fn is_fork(key: &str) -> bool {
+    key.starts_with(FORK_PREFIX)
+}
+
+/// What a fork's key starts with; the rest is its source's key.
+const FORK_PREFIX: &str = "fork-";
+
+/// The step of the order's last boundary: after its child and every effect.
+const LAST_STEP: &str = "done";
+
 /// The harness's memory of what it asked for and what it was told.
 pub(super) struct Harness {
     pub(super) upstream: Upstream,
@@ -35,6 +46,10 @@ pub(super) struct Harness {
     pub(super) unsent: BTreeMap<String, String>,
     pub(super) next_order: u64,
     pub(super) runs_max: usize,
+    /// The orders forked, by the source's run id: the fork's key. A fork is made at the
+    /// order's last boundary, after its child made the label and every effect settled, so it
+    /// inherits all of them and pays for nothing again.
+    pub(super) forked: BTreeMap<String, String>,
 }
 
 impl Harness {
@@ -105,6 +120,41 @@ impl Harness {
         }
         self.send_events(client).await;
         approve_pending(client).await;
+        if self.rng.chance(0.3) {
+            self.fork_one(client).await;
+        }
+    }
+
+    /// Forks a completed order not forked yet (a fork asked again under its key is the same
+    /// fork): at its last boundary, so it inherits its label's child run and every effect.
+    pub(super) async fn fork_one(&mut self, client: &Client) {
+        let unforked: Vec<(String, String)> = self
+            .ids
+            .iter()
+            .filter(|(key, _)| kind_of(key) == "order" && !is_fork(key))
+            .flat_map(|(key, ids)| ids.iter().map(move |id| (key.clone(), id.clone())))
+            .filter(|(_, id)| !self.forked.contains_key(id))
+            .collect();
+        for (key, run_id) in unforked {
+            let Ok(run) = client.get_json(&format!("/runs/{run_id}")).await else { return };
+            if run["run"]["status"].get("completed").is_none() {
+                continue;
+            }
+            let Ok(history) = client.get_json(&format!("/runs/{run_id}/history")).await else { return };
+            let at = history.as_array().into_iter().flatten().find(|h| h["step"] == LAST_STEP);
+            let Some(at) = at.and_then(|h| h["seq"].as_u64()) else { continue };
+            let fork_key = format!("{FORK_PREFIX}{key}");
+            // Written down before the call: a fork whose answer a kill cut is asked again.
+            self.forked.insert(run_id.clone(), fork_key.clone());
+            let answer =
+                client.post_json(&format!("/runs/{run_id}/fork"), &json!({"at": at}), Some(&fork_key)).await;
+            if let Some(id) = answer.ok().and_then(|a| a["run_id"].as_str().map(str::to_string)) {
+                self.ids.entry(fork_key).or_default().insert(id);
+            } else {
+                self.forked.remove(&run_id);
+            }
+            return;
+        }
     }
 }
 

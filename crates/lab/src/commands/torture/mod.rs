@@ -31,6 +31,12 @@
 //!   finished, never delivered twice;
 //! - the store opened on every start; no panic in any log; nothing stuck.
 //!
+//! Completed orders are forked at their last boundary while the kills go on (and at the end,
+//! so that at least one run in four is a fork): a fork inherits the child run that made the
+//! label and every effect, so the upstream's one-object-per-order counts hold for forks too;
+//! each fork completes, with its own alarms, and its storage and stream tell its source's
+//! story. The score requires forks.
+//!
 //! Halfway through the kills the servers start hosting version 2 of the order agent's stash
 //! (`OrderV2`): every run open then is carried across the deploy by `upgrade_stash`, and the
 //! score counts the runs whose last stash version 2 wrote or upgraded (`stash_v2`), which the
@@ -73,6 +79,8 @@ const FINISH_DEADLINE: Duration = Duration::from_secs(90);
 const LISTEN_DEADLINE: Duration = Duration::from_secs(60);
 /// Last servers the poison may take down before the torture gives up on them.
 const LAST_SERVERS_MAX: u32 = 10;
+/// One run in this many, at least, is a fork of a completed order.
+const FORK_EVERY: usize = 4;
 
 fn server_config(out: &Path, plan: Plan) -> anyhow::Result<PathBuf> {
     let path = out.join("config.json");
@@ -103,6 +111,7 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
         unsent: BTreeMap::new(),
         next_order: 0,
         runs_max: (plan.kills as usize).saturating_mul(2).max(10),
+        forked: BTreeMap::new(),
     };
     let mut report = TortureReport { seed: plan.seed, ..Default::default() };
     let mut logs = Vec::new();
@@ -181,6 +190,7 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
     score(&h, &finished, &mut report);
+    report.forks = h.ids.keys().filter(|key| harness::is_fork(key)).count();
     report.panics =
         logs.iter().map(|l| std::fs::read_to_string(l).unwrap_or_default().matches("panicked").count()).sum();
     report.elapsed_ms = started.elapsed().as_millis() as u64;
@@ -188,6 +198,7 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
         && report.poison_escalated == report.poison_runs
         && report.runs > 0
         && report.stash_v2 > 0
+        && report.forks > 0
         && report.ids_per_key_max == 1
         && [
             report.escalated,
@@ -258,12 +269,18 @@ async fn finish(
             h.start(&client, key, input).await;
         }
     }
-    let run_ids: BTreeSet<String> = h.ids.values().flatten().cloned().collect();
     let deadline = Instant::now() + FINISH_DEADLINE;
     let mut runs = BTreeMap::new();
+    let mut run_ids: BTreeSet<String>;
     loop {
         h.send_events(&client).await;
         approve_pending(&client).await;
+        // A fork of an order at least every fourth order, those the kills left unforked
+        // made now, and waited for like every run.
+        if h.forked.len().saturating_mul(FORK_EVERY) < h.ids.len() {
+            h.fork_one(&client).await;
+        }
+        run_ids = h.ids.values().flatten().cloned().collect();
         runs.clear();
         for id in &run_ids {
             if let Ok(run) = client.get_json(&format!("/runs/{id}")).await {
@@ -281,7 +298,10 @@ async fn finish(
     }
     // Every event once more: a duplicate whatever became of the run, once a send of it was
     // acknowledged; one never acknowledged may find its run finished.
-    for (key, ids) in h.ids.iter().filter(|(key, _)| harness::kind_of(key) == "order") {
+    // A fork waits for no event: what its source was sent settled before its point.
+    for (key, ids) in
+        h.ids.iter().filter(|(key, _)| harness::kind_of(key) == "order" && !harness::is_fork(key))
+    {
         for run_id in ids {
             let acknowledged = !h.unsent.contains_key(run_id);
             match send_packed(&client, run_id, key).await {
@@ -336,7 +356,7 @@ pub async fn run(json_line: bool, plan: Plan, out: Option<&Path>) -> anyhow::Res
     );
     println!(
         "ids per key (max) {}, duplicate effects {}, missing effects {}, ledger mismatches {}, alarms lost {}, \
-         storage mismatches {}, streams wrong {}, children wrong {}, stash version 2 {}, events twice {}, store unopenable {}, panics {}, stuck {}, server exits {}: {}",
+         storage mismatches {}, streams wrong {}, children wrong {}, stash version 2 {}, forks {}, events twice {}, store unopenable {}, panics {}, stuck {}, server exits {}: {}",
         r.ids_per_key_max,
         r.duplicate_effects,
         r.missing_effects,
@@ -346,6 +366,7 @@ pub async fn run(json_line: bool, plan: Plan, out: Option<&Path>) -> anyhow::Res
         r.streams_wrong,
         r.children_wrong,
         r.stash_v2,
+        r.forks,
         r.events_twice,
         r.store_unopenable,
         r.panics,

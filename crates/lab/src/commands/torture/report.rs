@@ -52,6 +52,9 @@ pub struct TortureReport {
     /// Runs whose last stash was written (or upgraded) by version 2 of the order agent, deployed
     /// halfway: more than none, or the deploy carried nothing.
     pub stash_v2: usize,
+    /// Completed orders forked at their last boundary, by the harness, under kills: each
+    /// counted among the runs and scored as one (more than none).
+    pub forks: usize,
     /// Events sent again at the end that were delivered or buffered a second time.
     pub events_twice: usize,
     /// Server starts that could not open the store.
