@@ -316,3 +316,40 @@ async fn every_operation_is_documented_and_every_answer_matches_its_schema() {
     let missed: Vec<_> = documented.difference(&c.answered).collect();
     assert!(missed.is_empty(), "documented but never exercised here: {missed:?}");
 }
+
+/// The guide's table of endpoints (`docs/guide/operations.md`, "Every endpoint") is the
+/// server's: the same operations as `GET /openapi.json`, none missing, none extra.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guides_endpoint_table_lists_exactly_the_documents_operations() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Served::start(dir.path());
+    let doc: Value =
+        reqwest::get(server.url("/openapi.json")).await.expect("doc").json().await.expect("json");
+    let mut served = BTreeSet::new();
+    for (path, operations) in doc["paths"].as_object().expect("paths") {
+        for method in operations.as_object().expect("operations").keys() {
+            if ["get", "post", "put", "delete", "patch"].contains(&method.as_str()) {
+                served.insert((method.to_ascii_uppercase(), path.clone()));
+            }
+        }
+    }
+    let guide =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/guide/operations.md"))
+            .expect("the operations guide");
+    let table =
+        guide.split("### Every endpoint").nth(1).expect("the section").split("\n### ").next().unwrap_or("");
+    let listed: BTreeSet<(String, String)> = table
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let method = *cells.get(1)?;
+            let path = cells.get(2)?.trim_matches('`');
+            ["GET", "POST", "PUT", "DELETE", "PATCH"]
+                .contains(&method)
+                .then(|| (method.to_string(), path.to_string()))
+        })
+        .collect();
+    let missing: Vec<_> = served.difference(&listed).collect();
+    let extra: Vec<_> = listed.difference(&served).collect();
+    assert!(missing.is_empty() && extra.is_empty(), "not in the guide: {missing:?}; not served: {extra:?}");
+}

@@ -72,9 +72,13 @@ impl<A: Agent> Ctx<A> {
     /// eviction, a wait) stands at that place again: a chunk it emits where the stream already
     /// holds one is matched with it — not stored, not shown again, its sequence number
     /// returned — and the first chunk past the stream's end continues it. So write the fiber
-    /// plainly, with no guard against repeats; a re-entered fiber that emits a *different*
-    /// chunk at a place the stream holds gets [`AgentError::StreamDiverged`] and the run is
-    /// escalated (its code or inputs changed since). Past `stream_bytes_max` it is
+    /// plainly, with no guard against repeats. A re-entered fiber that emits a *different*
+    /// chunk at a place the stream holds (a deploy reworded it) keeps the durable chunk — a
+    /// reader may have seen it — and the difference is recorded: an event in the run's
+    /// timeline, `durafiber_stream_reemissions_total`, and the run's inspection
+    /// (`reemissions`). Under `RuntimeConfig::strict_streams`, which `AgentCheck` runs with,
+    /// it is [`AgentError::StreamDiverged`] and the run escalates: within one build a
+    /// different re-emission is a determinism bug. Past `stream_bytes_max` it is
     /// [`AgentError::StreamFull`]. Fiber only.
     ///
     /// ```no_run
