@@ -64,8 +64,12 @@ impl ReplayReport {
 
 impl Runtime {
     /// Re-enters every open run from its last boundary with this runtime's agents, in a
-    /// sandbox (see the [module](self)), and reports what each would do differently. Reads
-    /// this runtime's store only; open the runtime [`passive`](crate::RuntimeBuilder::passive)ly.
+    /// sandbox — a copy of the store in memory, a virtual clock stopped at now, effects
+    /// answered from the ledger and every new call stopped before it leaves — and reports
+    /// what each would do differently: an escalation, a wait it no longer reaches, a call it
+    /// would make, a chunk it re-emits otherwise. A waiting run is re-entered as its wait's
+    /// end would re-enter it. Reads this runtime's store only; open the runtime
+    /// [`passive`](crate::RuntimeBuilder::passive)ly.
     ///
     /// # Errors
     ///
