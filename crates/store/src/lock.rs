@@ -7,7 +7,8 @@
 //! library's locks spin briefly and then wait on a futex, so a waiter is woken as soon as
 //! the lock is free. These wrap them with `parking_lot`'s shape: no poisoning, as nothing
 //! holding one of them panics on purpose, and a panic elsewhere leaves the data as whole as
-//! it was.
+//! it was. Also whether the calling thread may block at all (`on_multi_threaded_runtime`),
+//! which the writer and the PostgreSQL backend both ask.
 
 use std::{sync::PoisonError, time::Duration};
 
@@ -128,4 +129,12 @@ mod tests {
         drop(done);
         assert!(t.join().is_ok());
     }
+}
+
+/// Whether this thread runs inside a multi-threaded tokio runtime, whose other workers go
+/// on while it blocks (a single-threaded one would stop as a whole): whether a caller may
+/// block here.
+pub(crate) fn on_multi_threaded_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|rt| rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }

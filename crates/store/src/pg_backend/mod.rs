@@ -223,7 +223,7 @@ impl PgBackend {
         // thread while this one waits: a database that stops answering must not stop the
         // runtime's timers (its self-fence deadline among them) with it. Elsewhere (the
         // store's writer thread, a single-threaded runtime) the thread just waits.
-        if crate::store::on_multi_threaded_runtime() {
+        if crate::lock::on_multi_threaded_runtime() {
             tokio::task::block_in_place(answer)?
         } else {
             answer()?

@@ -146,13 +146,6 @@ pub fn is_database_url(location: &str) -> bool {
     location.starts_with("postgres://") || location.starts_with("postgresql://")
 }
 
-/// Whether this thread runs inside a multi-threaded tokio runtime, whose other workers go
-/// on while it blocks (a single-threaded one would stop as a whole).
-pub(crate) fn on_multi_threaded_runtime() -> bool {
-    tokio::runtime::Handle::try_current()
-        .is_ok_and(|rt| rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
-}
-
 impl Store {
     /// Opens the sled store in `dir`, creating it if needed. A store that went back in time
     /// since its last clean close is refused with [`StoreError::RolledBack`].
@@ -309,7 +302,7 @@ impl Store {
         self.check_failed()?;
         // A single-threaded runtime has no other thread to go on with while this one
         // waits for a disk: on a disk that stopped answering, it would stop as a whole.
-        let other_workers = on_multi_threaded_runtime();
+        let other_workers = crate::lock::on_multi_threaded_runtime();
         let batch = match durability {
             Durability::Sync if other_workers => match self.inner.writer.write_inline(batch) {
                 Ok(written) => return written,

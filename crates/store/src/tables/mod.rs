@@ -5,9 +5,11 @@
 //! is a [`Table`] that names the type of its values; [`keys`] holds the table list and the
 //! functions that build their keys, the only place a key is built.
 
+mod family_keys;
 mod family_records;
 mod key_parts;
 pub mod keys;
+mod list;
 mod records;
 mod table;
 
