@@ -63,20 +63,8 @@ pub(crate) async fn fork(
     options: ForkOptions,
 ) -> Result<StartOutcome, RuntimeError> {
     let source = shared.load_run(source_id)?;
-    let agent = shared.agent(&source.kind)?;
     durafiber_store::tables::check_id("idempotency key", key).map_err(RuntimeError::InvalidInput)?;
-    let input_json = match &options.input_json {
-        None => source.input_json.clone(),
-        // Another input must be the kind's: what the run was is fixed, so a mismatch is a
-        // conflict with it, not a malformed request.
-        Some(text) => {
-            let not_its_input =
-                |e: String| refused(source_id, format!("the input is not {}'s: {e}", source.kind));
-            agent.check_input(text).map_err(not_its_input)?;
-            let value: serde_json::Value = json::parse(text).map_err(not_its_input)?;
-            json::canonical(&value).map_err(not_its_input)?
-        }
-    };
+    let input_json = fork_input(shared, &source, options.input_json.as_deref())?;
     let input: serde_json::Value = json::parse(&input_json).map_err(RuntimeError::InvalidInput)?;
     let key_record = keys::run_by_key(&source.kind, key);
     let _guard = shared.start_locks[stripe(key, shared.start_locks.len())].lock().await;
@@ -85,104 +73,18 @@ pub(crate) async fn fork(
     }
     shared.store.check_room()?;
     let store = &shared.store;
-    let history = crate::kernel::stash_record::history(store, source_id, shared.config.history_max)?;
-    let Some(point) = history.iter().find(|entry| entry.stash.seq == at).cloned() else {
-        return Err(refused(
-            source_id,
-            format!("boundary {at} is not in its history (it keeps the last history_max boundaries)"),
-        ));
-    };
-    let storage = match crate::storage::as_at(store, source_id, at) {
-        Ok(storage) => storage,
-        Err(AsAtError::Unknown(reason)) => return Err(refused(source_id, reason)),
-        Err(AsAtError::Store(e)) => return Err(e.into()),
-    };
-    // The boundary step `id` settled at, when that was before `at`.
-    let settled_before = |what: Journaled, id: &str| -> Result<Option<u64>, RuntimeError> {
-        match store.get::<u64>(&keys::journal_seq(source_id, what, id))? {
-            Some(seq) => Ok((seq < at).then_some(seq)),
-            None => Err(refused(source_id, format!("{id} settled before its boundary was journaled"))),
-        }
-    };
-
+    let (history, point) = point_at(shared, source_id, at)?;
     let now = shared.now_ms();
     let run_id = start::mint_run_id(now)?;
     let new = run_id.as_str();
     let mut batch = Batch::new();
-    let mut inherited_effects = Vec::new();
-    for (_, entry) in store.scan(&keys::LEDGER.of_run(source_id), None, usize::MAX)? {
-        let mut entry: LedgerEntry = entry?;
-        if entry.committed.is_none() {
-            continue;
-        }
-        let Some(seq) = settled_before(Journaled::Effect, &entry.effect_id)? else { continue };
-        // The fork's own journal says the same, so a fork of the fork inherits it too.
-        batch.put(keys::journal_seq(new, Journaled::Effect, &entry.effect_id), &seq)?;
-        inherited_effects.push(entry.effect_id.clone());
-        entry.run_id = run_id.clone();
-        batch.put(keys::ledger(new, &entry.effect_id), &entry)?;
-    }
-    let mut inherited_approvals = Vec::new();
-    for (_, approval) in store.scan(&keys::APPROVALS.of_run(source_id), None, usize::MAX)? {
-        let mut approval: ApprovalRecord = approval?;
-        if approval.decision.is_none() {
-            continue;
-        }
-        let Some(seq) = settled_before(Journaled::Approval, &approval.approval_id)? else { continue };
-        let id = approval.approval_id.clone();
-        batch.put(keys::journal_seq(new, Journaled::Approval, &id), &seq)?;
-        if let Some(rule) = store.get(&keys::approval_rule(source_id, &id))? {
-            batch.put(keys::approval_rule(new, &id), &rule)?;
-        }
-        for (_, vote) in store.scan(&keys::approval_votes(source_id, &id), None, usize::MAX)? {
-            let vote = vote?;
-            batch.put(keys::approval_vote(new, &id, &vote.by), &vote)?;
-        }
-        approval.run_id = run_id.clone();
-        batch.put(keys::approval(new, &id), &approval)?;
-        inherited_approvals.push(id);
-    }
-    for (_, sleep) in store.scan(&keys::SLEEPS.of_run(source_id), None, usize::MAX)? {
-        let mut sleep: SleepRecord = sleep?;
-        if !sleep.done {
-            continue;
-        }
-        if let Some(seq) = settled_before(Journaled::Sleep, &sleep.name)? {
-            batch.put(keys::journal_seq(new, Journaled::Sleep, &sleep.name), &seq)?;
-            sleep.run_id = run_id.clone();
-            batch.put(keys::sleep(new, &sleep.name), &sleep)?;
-        }
-    }
-    for (wait_key, wait) in store.scan(&keys::EVENT_WAITS.of_run(source_id), None, usize::MAX)? {
-        let wait: EventWaitRecord = wait?;
-        let name = wait_key.last_part().unwrap_or_default().to_string();
-        if wait.result.is_none() {
-            continue;
-        }
-        if let Some(seq) = settled_before(Journaled::EventWait, &name)? {
-            batch.put(keys::journal_seq(new, Journaled::EventWait, &name), &seq)?;
-            batch.put(keys::event_wait(new, &name), &wait)?;
-        }
-    }
-    // Children started before the point are the fork's too, the same runs: a joined one
-    // answers its join from its end, one still going is joined, neither starts again. They
-    // stay their starter's children (its to cancel, to count against its budget, to delete).
-    for (link_key, link) in store.scan(&keys::CHILDREN.of_run(source_id), None, usize::MAX)? {
-        let link: ChildRecord = link?;
-        let name = keys::child_name(&link_key).unwrap_or_default();
-        if let Some(seq) = settled_before(Journaled::Child, &name)? {
-            batch.put(keys::journal_seq(new, Journaled::Child, &name), &seq)?;
-            let adopted = ParentRecord { parent_run_id: run_id.clone(), name: name.clone() };
-            batch.put(keys::fork_parent(&link.child_run_id, new), &adopted)?;
-            batch.put(keys::child(new, &name), &link)?;
-        }
-    }
+    let mut settled = Settled { store, source_id, at, new: &run_id, batch: &mut batch };
+    let inherited_effects = settled.effects()?;
+    let inherited_approvals = settled.approvals()?;
+    settled.waits()?;
+    settled.children()?;
     copy_stream(shared, source_id, new, at, &history, &mut batch)?;
-    // Its storage as the source's was at the boundary; its own history is whole from there.
-    for (key, value) in &storage {
-        batch.put(keys::storage(new, key), value)?;
-    }
-    batch.put(keys::storage_log(new), &at)?;
+    copy_storage(store, source_id, new, at, &mut batch)?;
     if batch.len() > FORK_RECORDS_MAX {
         return Err(refused(
             source_id,
@@ -190,7 +92,6 @@ pub(crate) async fn fork(
         ));
     }
 
-    let stash = StashRecord { run_id: run_id.clone(), attempt: 0, written_at_ms: now, ..point.stash.clone() };
     let fork = ForkRecord {
         source_run_id: source.run_id.clone(),
         at_seq: at,
@@ -198,34 +99,11 @@ pub(crate) async fn fork(
         inherited_approvals,
         forked_at_ms: now,
     };
-    let run = RunRecord {
-        run_id: run_id.clone(),
-        kind: source.kind.clone(),
-        key: key.to_string(),
-        input_hash: json::canonical_with_hash(&input).map_err(RuntimeError::InvalidInput)?.1,
-        input_json,
-        // Interrupted at its boundary, as a run found after a crash: its first activation
-        // recovers it from the stash.
-        status: RunStatus::Running,
-        created_at_ms: now,
-        updated_at_ms: now,
-        attempt: 0,
-        recover_attempts: 0,
-        next_recover_at_ms: 0,
-        wake_reason: Some(WakeReason::Resumed),
-        cancel_reason: None,
-        options: options.run.stored(),
-    };
+    let input_hash = json::canonical_with_hash(&input).map_err(RuntimeError::InvalidInput)?.1;
+    let run = fork_record_of(&source, &run_id, key, input_json, input_hash, &options, now);
     batch.put(key_record.clone(), &run.run_id)?;
     crate::budget::stage_at_start(&mut batch, new, options.run.budget.or(shared.config.budget).limits())?;
-    batch.put(keys::stash(new), &stash)?;
-    if point.version != 1 {
-        batch.put(keys::stash_version(new), &point.version)?;
-    }
-    batch.put(
-        keys::history(new, at, shared.config.history_max),
-        &HistoryRecord { stash: stash.clone(), ..point },
-    )?;
+    stage_first_stash(&mut batch, &run_id, point, now, shared.config.history_max)?;
     batch.put(keys::fork(new), &fork)?;
     batch.put(keys::run(new), &run)?;
     batch.put(keys::open_run(new), &())?;
@@ -243,6 +121,203 @@ pub(crate) async fn fork(
     tracing::info!(run_id = new, source = source_id, at, "run forked");
     shared.reactivate(new).await;
     Ok(StartOutcome { run_id: RunId::new(run.run_id), accepted: true, status: RunStatus::Running })
+}
+
+/// The source's history and its entry at boundary `at`, which the history must still keep.
+fn point_at(
+    shared: &Shared,
+    source_id: &str,
+    at: u64,
+) -> Result<(Vec<HistoryRecord>, HistoryRecord), RuntimeError> {
+    let history = crate::kernel::stash_record::history(&shared.store, source_id, shared.config.history_max)?;
+    let Some(point) = history.iter().find(|entry| entry.stash.seq == at).cloned() else {
+        return Err(refused(
+            source_id,
+            format!("boundary {at} is not in its history (it keeps the last history_max boundaries)"),
+        ));
+    };
+    Ok((history, point))
+}
+
+/// The fork's input as canonical JSON: the source's, or `given`, which must be the kind's —
+/// what the run was is fixed, so a mismatch is a conflict with it, not a malformed request.
+fn fork_input(shared: &Shared, source: &RunRecord, given: Option<&str>) -> Result<String, RuntimeError> {
+    let Some(text) = given else { return Ok(source.input_json.clone()) };
+    let not_its_input =
+        |e: String| refused(&source.run_id, format!("the input is not {}'s: {e}", source.kind));
+    shared.agent(&source.kind)?.check_input(text).map_err(not_its_input)?;
+    let value: serde_json::Value = json::parse(text).map_err(not_its_input)?;
+    json::canonical(&value).map_err(not_its_input)
+}
+
+/// The fork's run record: interrupted at its boundary, as a run found after a crash, so its
+/// first activation recovers it from the stash.
+fn fork_record_of(
+    source: &RunRecord,
+    run_id: &RunId,
+    key: &str,
+    input_json: String,
+    input_hash: String,
+    options: &ForkOptions,
+    now: u64,
+) -> RunRecord {
+    RunRecord {
+        run_id: run_id.clone(),
+        kind: source.kind.clone(),
+        key: key.to_string(),
+        input_hash,
+        input_json,
+        status: RunStatus::Running,
+        created_at_ms: now,
+        updated_at_ms: now,
+        attempt: 0,
+        recover_attempts: 0,
+        next_recover_at_ms: 0,
+        wake_reason: Some(WakeReason::Resumed),
+        cancel_reason: None,
+        options: options.run.stored(),
+    }
+}
+
+/// The fork's first stash, the one written at the boundary it came from, with its version
+/// and its place in the fork's history.
+fn stage_first_stash(
+    batch: &mut Batch,
+    run_id: &RunId,
+    point: HistoryRecord,
+    now: u64,
+    history_max: u32,
+) -> Result<(), RuntimeError> {
+    let stash = StashRecord { run_id: run_id.clone(), attempt: 0, written_at_ms: now, ..point.stash.clone() };
+    batch.put(keys::stash(run_id), &stash)?;
+    if point.version != 1 {
+        batch.put(keys::stash_version(run_id), &point.version)?;
+    }
+    batch.put(keys::history(run_id, stash.seq, history_max), &HistoryRecord { stash, ..point })?;
+    Ok(())
+}
+
+/// The source's storage as it was at the boundary, copied to the fork, whose own storage
+/// history is whole from there.
+fn copy_storage(
+    store: &durafiber_store::Store,
+    source_id: &str,
+    new: &str,
+    at: u64,
+    batch: &mut Batch,
+) -> Result<(), RuntimeError> {
+    let storage = match crate::storage::as_at(store, source_id, at) {
+        Ok(storage) => storage,
+        Err(AsAtError::Unknown(reason)) => return Err(refused(source_id, reason)),
+        Err(AsAtError::Store(e)) => return Err(e.into()),
+    };
+    for (key, value) in &storage {
+        batch.put(keys::storage(new, key), value)?;
+    }
+    batch.put(keys::storage_log(new), &at)?;
+    Ok(())
+}
+
+/// What the source had settled before the fork's boundary `at`, copied into the fork's
+/// batch as settled, each with the fork's own journal entry (so a fork of the fork inherits
+/// it too).
+struct Settled<'a> {
+    store: &'a durafiber_store::Store,
+    source_id: &'a str,
+    at: u64,
+    new: &'a RunId,
+    batch: &'a mut Batch,
+}
+
+impl Settled<'_> {
+    /// Whether step `id` settled before `at`; if so, the fork's journal says at which boundary.
+    fn inherit(&mut self, what: Journaled, id: &str) -> Result<bool, RuntimeError> {
+        match self.store.get::<u64>(&keys::journal_seq(self.source_id, what, id))? {
+            Some(seq) if seq < self.at => {
+                self.batch.put(keys::journal_seq(self.new, what, id), &seq)?;
+                Ok(true)
+            }
+            Some(_) => Ok(false),
+            None => Err(refused(self.source_id, format!("{id} settled before its boundary was journaled"))),
+        }
+    }
+
+    /// Effects committed before the point, with their keys and receipts; their ids.
+    fn effects(&mut self) -> Result<Vec<String>, RuntimeError> {
+        let mut inherited = Vec::new();
+        for (_, entry) in self.store.scan(&keys::LEDGER.of_run(self.source_id), None, usize::MAX)? {
+            let mut entry: LedgerEntry = entry?;
+            if entry.committed.is_none() || !self.inherit(Journaled::Effect, &entry.effect_id)? {
+                continue;
+            }
+            inherited.push(entry.effect_id.clone());
+            entry.run_id = self.new.clone();
+            self.batch.put(keys::ledger(self.new, &entry.effect_id), &entry)?;
+        }
+        Ok(inherited)
+    }
+
+    /// Approvals decided before the point, with their rules and votes; their ids.
+    fn approvals(&mut self) -> Result<Vec<String>, RuntimeError> {
+        let (store, source_id, new) = (self.store, self.source_id, self.new);
+        let mut inherited = Vec::new();
+        for (_, approval) in store.scan(&keys::APPROVALS.of_run(source_id), None, usize::MAX)? {
+            let mut approval: ApprovalRecord = approval?;
+            let id = approval.approval_id.clone();
+            if approval.decision.is_none() || !self.inherit(Journaled::Approval, &id)? {
+                continue;
+            }
+            if let Some(rule) = store.get(&keys::approval_rule(source_id, &id))? {
+                self.batch.put(keys::approval_rule(new, &id), &rule)?;
+            }
+            for (_, vote) in store.scan(&keys::approval_votes(source_id, &id), None, usize::MAX)? {
+                let vote = vote?;
+                self.batch.put(keys::approval_vote(new, &id, &vote.by), &vote)?;
+            }
+            approval.run_id = new.clone();
+            self.batch.put(keys::approval(new, &id), &approval)?;
+            inherited.push(id);
+        }
+        Ok(inherited)
+    }
+
+    /// Durable sleeps woken and event waits ended before the point, with what they returned.
+    fn waits(&mut self) -> Result<(), RuntimeError> {
+        let (store, source_id, new) = (self.store, self.source_id, self.new);
+        for (_, sleep) in store.scan(&keys::SLEEPS.of_run(source_id), None, usize::MAX)? {
+            let mut sleep: SleepRecord = sleep?;
+            if sleep.done && self.inherit(Journaled::Sleep, &sleep.name)? {
+                sleep.run_id = new.clone();
+                self.batch.put(keys::sleep(new, &sleep.name), &sleep)?;
+            }
+        }
+        for (wait_key, wait) in store.scan(&keys::EVENT_WAITS.of_run(source_id), None, usize::MAX)? {
+            let wait: EventWaitRecord = wait?;
+            let name = wait_key.last_part().unwrap_or_default().to_string();
+            if wait.result.is_some() && self.inherit(Journaled::EventWait, &name)? {
+                self.batch.put(keys::event_wait(new, &name), &wait)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Children started before the point are the fork's too, the same runs: a joined one
+    /// answers its join from its end, one still going is joined, neither starts again. They
+    /// stay their starter's children (its to cancel, to count against its budget, to
+    /// delete); `fork_parents` sends their end to the fork too.
+    fn children(&mut self) -> Result<(), RuntimeError> {
+        let (store, source_id, new) = (self.store, self.source_id, self.new);
+        for (link_key, link) in store.scan(&keys::CHILDREN.of_run(source_id), None, usize::MAX)? {
+            let link: ChildRecord = link?;
+            let name = keys::child_name(&link_key).unwrap_or_default();
+            if self.inherit(Journaled::Child, &name)? {
+                let adopted = ParentRecord { parent_run_id: new.clone(), name: name.clone() };
+                self.batch.put(keys::fork_parent(&link.child_run_id, new), &adopted)?;
+                self.batch.put(keys::child(new, &name), &link)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The source's output stream up to its mark at boundary `at`, copied to the fork.
