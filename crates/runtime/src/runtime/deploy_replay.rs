@@ -15,7 +15,7 @@ use std::{sync::Arc, time::Duration};
 
 use durafiber_store::{
     Batch, Durability, RunId, SimBackend, Store, StoreConfig,
-    tables::{ReemissionRecord, RunRecord, RunStatus, TableInfo, WakeReason, keys},
+    tables::{ReemissionRecord, RunRecord, RunStatus, TableInfo, WakeReason, decode_sealed, keys},
 };
 use serde::Serialize;
 
@@ -76,40 +76,7 @@ impl Runtime {
     /// A store that cannot be read, or a sandbox that does not open.
     pub async fn replay_open_runs(&self) -> Result<ReplayReport, RuntimeError> {
         let began = std::time::Instant::now();
-        let now_ms = self.shared.now_ms();
-        let entries = self.shared.store.snapshot().await?;
-        let sim = SimBackend::new();
-        let sandbox_store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default())?;
-        let mut before: Vec<RunRecord> = Vec::new();
-        let mut batch = Batch::new();
-        for (key, sealed) in entries {
-            if TableInfo::of_key(&key).is_some_and(|t| t.prefix == keys::OPEN_RUNS.prefix())
-                && let Some(run_id) = keys::run_of_key(&key)
-            {
-                match self.shared.load_run(run_id) {
-                    Ok(run) => before.push(run),
-                    Err(RuntimeError::UnknownRun { .. }) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            batch.put_sealed(key, sealed);
-            if batch.len() >= COPY_BATCH {
-                sandbox_store.commit(std::mem::take(&mut batch), Durability::Async).await?;
-            }
-        }
-        // Each waiting run re-entered as a wait's end re-enters it.
-        for run in &before {
-            if waits(&run.status) {
-                let resumed = RunRecord {
-                    status: RunStatus::Running,
-                    wake_reason: Some(WakeReason::Resumed),
-                    ..run.clone()
-                };
-                batch.put(keys::run(&run.run_id), &resumed)?;
-            }
-        }
-        sandbox_store.commit(batch, Durability::Sync).await?;
-
+        let (sim, copy, before) = self.copy_into_sandbox().await?;
         let config = RuntimeConfig {
             stop_calls: true,
             // A recovery hook that fails once fails every time in a sandbox whose time does
@@ -117,8 +84,8 @@ impl Runtime {
             max_recover_attempts: 1,
             ..self.shared.config.clone()
         };
-        let mut builder =
-            Runtime::builder(sandbox_store).config(config).virtual_clock(VirtualClock::new(now_ms));
+        let clock = VirtualClock::new(self.shared.now_ms());
+        let mut builder = Runtime::builder(copy).config(config).virtual_clock(clock);
         builder.kinds = self.shared.kinds.clone();
         let sandbox = builder.open().await?;
         let limit = REPLAY_TIME_BASE.saturating_add(REPLAY_TIME_PER_RUN.saturating_mul(before.len() as u32));
@@ -141,6 +108,46 @@ impl Runtime {
             "open runs replayed"
         );
         Ok(report)
+    }
+
+    /// A consistent copy of this runtime's store in memory, each waiting run in it set running
+    /// and resumed (as a wait's end re-enters it); the open runs as the copy held them.
+    async fn copy_into_sandbox(&self) -> Result<(SimBackend, Store, Vec<RunRecord>), RuntimeError> {
+        let sim = SimBackend::new();
+        let copy = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default())?;
+        let mut open = std::collections::HashSet::new();
+        let mut before = Vec::new();
+        let mut batch = Batch::new();
+        // Key order puts `open_runs` before `runs`: an open run's record is read from the same
+        // snapshot that says it is open.
+        for (key, sealed) in self.shared.store.snapshot().await? {
+            match TableInfo::of_key(&key) {
+                Some(t) if t.prefix == keys::OPEN_RUNS.prefix() => {
+                    open.extend(keys::run_of_key(&key).map(str::to_string));
+                }
+                Some(t)
+                    if t.prefix == keys::RUNS.prefix()
+                        && keys::run_of_key(&key).is_some_and(|id| open.contains(id)) =>
+                {
+                    before.push(decode_sealed::<RunRecord>(t, &key, &sealed)?);
+                }
+                _ => {}
+            }
+            batch.put_sealed(key, sealed);
+            if batch.len() >= COPY_BATCH {
+                copy.commit(std::mem::take(&mut batch), Durability::Async).await?;
+            }
+        }
+        for run in before.iter().filter(|run| waits(&run.status)) {
+            let resumed = RunRecord {
+                status: RunStatus::Running,
+                wake_reason: Some(WakeReason::Resumed),
+                ..run.clone()
+            };
+            batch.put(keys::run(&run.run_id), &resumed)?;
+        }
+        copy.commit(batch, Durability::Sync).await?;
+        Ok((sim, copy, before))
     }
 }
 
@@ -169,74 +176,68 @@ fn compare(
     run: &RunRecord,
     settled: bool,
 ) -> Result<RunReplay, RuntimeError> {
-    let mut out = RunReplay {
-        run_id: run.run_id.clone(),
-        kind: run.kind.clone(),
-        escalates: false,
-        findings: Vec::new(),
-    };
     let mut after = sandbox.shared.load_run(&run.run_id)?.status;
     // A fiber re-entered at an event wait it had journaled waits again without a boundary
     // (the store still says running): what it waits for, and the chunks it re-emitted
     // differently, are in its cell.
     let mut unwritten = Vec::new();
-    if let Some(live) = sandbox.shared.registry.get(&run.run_id) {
-        if let Some(waiter) = live.cell.event_waiter.lock().as_ref() {
+    let still_live = sandbox.shared.registry.get(&run.run_id);
+    if let Some(cell) = still_live.as_ref().map(|live| &live.cell) {
+        if let Some(waiter) = cell.event_waiter.lock().as_ref() {
             after = RunStatus::WaitingEvent { name: waiter.0.clone() };
         }
-        if let Some(buffer) = live.cell.stream.lock().as_ref() {
+        if let Some(buffer) = cell.stream.lock().as_ref() {
             unwritten.extend(buffer.reemissions.iter().cloned());
         }
     }
-    match &after {
-        RunStatus::Escalated { reason } => {
-            out.escalates = true;
-            out.findings.push(format!("would escalate: {reason}"));
-        }
-        RunStatus::Cancelled { reason } if reason.starts_with("replay stopped") => {
-            out.findings.push(reason.clone());
-        }
-        RunStatus::Cancelled { reason } if !matches!(run.status, RunStatus::Cancelled { .. }) => {
-            out.findings.push(format!("would end cancelled: {reason}"));
-        }
-        RunStatus::Failed { error } => out.findings.push(format!("would fail: {error}")),
-        RunStatus::Completed { .. } if waits(&run.status) => {
-            out.findings
-                .push(format!("no longer waits on its {}: it would complete", wait_name(&run.status)));
-        }
-        status if waits(&run.status) && waits(status) && *status != run.status => {
-            out.findings.push(format!(
-                "no longer waits on its {}: it would wait on {}",
-                wait_name(&run.status),
-                wait_name(status)
-            ));
-        }
-        RunStatus::Running | RunStatus::Accepted
-            if !settled || sandbox.shared.registry.get(&run.run_id).is_some() =>
-        {
-            out.findings.push("did not reach a wait or an end within the replay's time".into());
-        }
-        _ => {}
-    }
-    let held: Vec<u64> = live
-        .store
-        .scan::<ReemissionRecord>(&keys::STREAM_REEMISSIONS.of_run(&run.run_id), None, usize::MAX)?
-        .into_iter()
-        .filter_map(|(_, r)| r.ok().map(|r| r.seq))
-        .collect();
-    let written = sandbox.shared.store.scan::<ReemissionRecord>(
-        &keys::STREAM_REEMISSIONS.of_run(&run.run_id),
-        None,
-        usize::MAX,
-    )?;
-    let written: Vec<ReemissionRecord> = written.into_iter().map(|(_, r)| r).collect::<Result<_, _>>()?;
-    for reemission in written.into_iter().chain(unwritten) {
+    let stuck = !settled || still_live.is_some();
+    let mut findings: Vec<String> = status_finding(&run.status, &after, stuck).into_iter().collect();
+    let held: Vec<u64> = reemissions(live, &run.run_id)?.iter().map(|r| r.seq).collect();
+    for reemission in reemissions(&sandbox.shared, &run.run_id)?.into_iter().chain(unwritten) {
         if !held.contains(&reemission.seq) {
-            out.findings.push(format!(
+            findings.push(format!(
                 "chunk {} re-emitted differently (the durable chunk stands): {}",
                 reemission.seq, reemission.emitted_json
             ));
         }
     }
-    Ok(out)
+    Ok(RunReplay {
+        run_id: run.run_id.clone(),
+        kind: run.kind.clone(),
+        escalates: matches!(after, RunStatus::Escalated { .. }),
+        findings,
+    })
+}
+
+/// What a run ending the replay in `after`, having been in `before`, does differently; `stuck`
+/// when its fiber still ran when the replay ended.
+fn status_finding(before: &RunStatus, after: &RunStatus, stuck: bool) -> Option<String> {
+    match after {
+        RunStatus::Escalated { reason } => Some(format!("would escalate: {reason}")),
+        RunStatus::Cancelled { reason } if reason.starts_with("replay stopped") => Some(reason.clone()),
+        RunStatus::Cancelled { reason } => Some(format!("would end cancelled: {reason}")),
+        RunStatus::Failed { error } => Some(format!("would fail: {error}")),
+        RunStatus::Completed { .. } if waits(before) => {
+            Some(format!("no longer waits on its {}: it would complete", wait_name(before)))
+        }
+        status if waits(before) && waits(status) && status != before => Some(format!(
+            "no longer waits on its {}: it would wait on {}",
+            wait_name(before),
+            wait_name(status)
+        )),
+        RunStatus::Running | RunStatus::Accepted if stuck => {
+            Some("did not reach a wait or an end within the replay's time".into())
+        }
+        _ => None,
+    }
+}
+
+/// The chunks `shared`'s store records as re-emitted differently for a run.
+fn reemissions(
+    shared: &crate::kernel::shared::Shared,
+    run_id: &str,
+) -> Result<Vec<ReemissionRecord>, RuntimeError> {
+    let scanned =
+        shared.store.scan::<ReemissionRecord>(&keys::STREAM_REEMISSIONS.of_run(run_id), None, usize::MAX)?;
+    Ok(scanned.into_iter().map(|(_, r)| r).collect::<Result<_, _>>()?)
 }
