@@ -91,6 +91,14 @@ impl<T> RwLock<T> {
     }
 }
 
+/// Whether this thread runs inside a multi-threaded tokio runtime, whose other workers go
+/// on while it blocks (a single-threaded one would stop as a whole): whether a caller may
+/// block here.
+pub(crate) fn on_multi_threaded_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|rt| rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,12 +137,4 @@ mod tests {
         drop(done);
         assert!(t.join().is_ok());
     }
-}
-
-/// Whether this thread runs inside a multi-threaded tokio runtime, whose other workers go
-/// on while it blocks (a single-threaded one would stop as a whole): whether a caller may
-/// block here.
-pub(crate) fn on_multi_threaded_runtime() -> bool {
-    tokio::runtime::Handle::try_current()
-        .is_ok_and(|rt| rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }

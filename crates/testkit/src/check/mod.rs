@@ -329,20 +329,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
             }
         }
         if self.deploy.is_some() {
-            for (i, boundary) in dry.boundaries.iter().enumerate() {
-                for crash_after_deploy in [false, true] {
-                    let trouble = Trouble {
-                        crash_after_boundary: Some(i + 1),
-                        deploy: true,
-                        crash_after_deploy,
-                        ..Trouble::default()
-                    };
-                    let point = CrashPoint::At(boundary.clone());
-                    let killed = if crash_after_deploy { ", killed at its first boundary" } else { "" };
-                    let case = format!("deployed after {point} (boundary {}){killed}", i + 1);
-                    cases.push(self.case(&case, Some(point), trouble, &baseline).await);
-                }
-            }
+            cases.extend(self.deploy_cases(&dry.boundaries, &baseline).await);
         }
         if self.evictions {
             for k in 1..=dry.boundaries.len() {
@@ -376,6 +363,26 @@ impl<A: Agent + Clone> AgentCheck<A> {
             cases.push(self.case("events sent before the run waits", None, trouble, &baseline).await);
         }
         CheckReport { baseline, cases }
+    }
+
+    /// A deploy after each boundary, then the same with the new process killed at its first.
+    async fn deploy_cases(&self, boundaries: &[Boundary], baseline: &CaseReport) -> Vec<CaseReport> {
+        let mut cases = Vec::new();
+        for (i, boundary) in boundaries.iter().enumerate() {
+            for crash_after_deploy in [false, true] {
+                let trouble = Trouble {
+                    crash_after_boundary: Some(i + 1),
+                    deploy: true,
+                    crash_after_deploy,
+                    ..Trouble::default()
+                };
+                let point = CrashPoint::At(boundary.clone());
+                let killed = if crash_after_deploy { ", killed at its first boundary" } else { "" };
+                let case = format!("deployed after {point} (boundary {}){killed}", i + 1);
+                cases.push(self.case(&case, Some(point), trouble, baseline).await);
+            }
+        }
+        cases
     }
 
     async fn dry_run(&self) -> Dry {

@@ -49,21 +49,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
         if let Some(seed) = trouble.chaos_seed {
             config = RuntimeConfig { seed, chaos_evict_rate: 0.3, ..config };
         }
-        let passed = Arc::new(AtomicUsize::new(0));
-        let hook: CrashHook = {
-            let (sim, passed, record) = (sim.clone(), passed.clone(), record_boundaries.clone());
-            let trouble = trouble.clone();
-            Arc::new(move |_, point| {
-                let n = passed.fetch_add(1, Ordering::SeqCst) + 1;
-                if let Some(record) = &record {
-                    record.lock().push(point.clone());
-                }
-                if trouble.crash_after_boundary == Some(n) {
-                    sim.crash();
-                }
-                trouble.evict_at_boundary == Some(n)
-            })
-        };
+        let hook = case_hook(&sim, &trouble, record_boundaries);
         let rt = match self.open(&sim, SIM_EPOCH_MS, config.clone(), Some(hook)).await {
             Ok(rt) => rt,
             Err(e) => {
@@ -71,9 +57,8 @@ impl<A: Agent + Clone> AgentCheck<A> {
                 return (report, 0);
             }
         };
-        let key = "checked-run";
-        let started = rt.start_json(A::KIND, key, &input.to_string(), self.options).await;
-        let mut run_id = started.as_ref().ok().map(|s| s.run_id.clone());
+        let started = rt.start_json(A::KIND, RUN_KEY, &input.to_string(), self.options).await;
+        let run_id = started.as_ref().ok().map(|s| s.run_id.clone());
         let mut status = None;
         if let Some(id) = &run_id {
             if trouble.events_early {
@@ -82,20 +67,46 @@ impl<A: Agent + Clone> AgentCheck<A> {
             status = self.drive(&rt, &sim, id, &mut report).await;
         }
         let (writes, _) = sim.counts();
-        let mut rt = rt;
+        let mut restarted = Restarted { rt, run_id, status };
+        if let Err(e) =
+            self.restart_while_crashed(&sim, &config, &trouble, input, &mut restarted, &mut report).await
+        {
+            report.problems.push(format!("after the crash, {e}"));
+            return (report, writes);
+        }
+        let Restarted { rt, run_id, status } = restarted;
+        if let Some(id) = &run_id {
+            record_end(&rt, id, &mut report);
+        }
+        report.events = rt.events();
+        rt.shutdown().await;
+        report.final_state = status;
+        self.judge(&mut report, &trouble, baseline).await;
+        (report, writes)
+    }
+
+    /// While the store is crashed, the process dies with it and a new one opens what the disk
+    /// kept — with the next deploy's code, in a deploy case, which may itself be killed once at
+    /// its first boundary (the upgraded stash's write) — starts the run again with the same key
+    /// (a caller that saw no answer) and drives it.
+    async fn restart_while_crashed(
+        &self,
+        sim: &SimBackend,
+        config: &RuntimeConfig,
+        trouble: &Trouble,
+        input: &Value,
+        restarted: &mut Restarted,
+        report: &mut CaseReport,
+    ) -> Result<(), String> {
         let mut restarts = 0u32;
         while sim.is_crashed() {
-            // The process dies with the store; a new one opens what the disk kept — with the
-            // next deploy's code, in a deploy case, which may itself be killed once at its
-            // first boundary (the upgraded stash's write).
-            let now = rt.now_ms();
-            rt.shutdown().await;
+            let now = restarted.rt.now_ms();
+            restarted.rt.shutdown().await;
             sim.revive();
             restarts += 1;
-            let deployed = trouble.deploy;
             let mut reopen_config = config.clone();
             let mut hook = None;
-            if deployed {
+            if trouble.deploy {
                 reopen_config.strict_streams = false;
                 if trouble.crash_after_deploy && restarts == 1 {
                     let sim = sim.clone();
@@ -105,71 +116,63 @@ impl<A: Agent + Clone> AgentCheck<A> {
                     }) as CrashHook);
                 }
             }
-            rt = match self.reopen(&sim, now, reopen_config, hook, deployed).await {
-                Ok(rt) => rt,
-                Err(e) => {
-                    report.problems.push(format!("after the crash, {e}"));
-                    return (report, writes);
-                }
-            };
-            // A caller that saw no answer starts again with the same key.
-            let again = rt.start_json(A::KIND, key, &input.to_string(), self.options).await;
-            match (&run_id, again) {
+            restarted.rt = self.reopen(sim, now, reopen_config, hook, trouble.deploy).await?;
+            let rt = &restarted.rt;
+            let again = rt.start_json(A::KIND, RUN_KEY, &input.to_string(), self.options).await;
+            match (&restarted.run_id, again) {
                 (Some(id), Ok(out)) if out.run_id != *id => {
                     report.problems.push(format!("the key's run changed from {id} to {}", out.run_id));
                 }
-                (_, Ok(out)) => run_id = Some(out.run_id),
+                (_, Ok(out)) => restarted.run_id = Some(out.run_id),
                 // Killed again while it opened (a deploy case's first boundary): the next
                 // process starts again.
                 (_, Err(_)) if sim.is_crashed() => continue,
                 (_, Err(e)) => report.problems.push(format!("start after the crash: {e}")),
             }
-            if let Some(id) = &run_id {
+            if let Some(id) = &restarted.run_id {
                 if trouble.events_early {
-                    self.send_events(&rt, id, None).await;
+                    self.send_events(rt, id, None).await;
                 }
-                status = self.drive(&rt, &sim, id, &mut report).await;
+                restarted.status = self.drive(rt, sim, id, report).await;
             }
         }
-        if let Some(id) = &run_id {
-            record_end(&rt, id, &mut report);
-        }
-        report.events = rt.events();
-        rt.shutdown().await;
-        report.final_state = status;
+        Ok(())
+    }
+
+    /// The case's end against the baseline's: its state, the upstream's objects, its records;
+    /// after a deploy, its state only (new code may answer otherwise and say other things
+    /// after its point; it must end the way the run did, escalating nothing, paying nothing
+    /// twice).
+    async fn judge(&self, report: &mut CaseReport, trouble: &Trouble, baseline: Option<&CaseReport>) {
         if report.final_state.is_none() {
             report
                 .problems
                 .push(format!("did not finish within {} s of virtual time", self.time_limit.as_secs()));
         }
-        self.count_upstream(&mut report, baseline).await;
+        self.count_upstream(report, baseline).await;
         if let Some(baseline) = baseline
             && report.final_state.is_some()
         {
-            if trouble.deploy {
-                // New code may answer otherwise and say other things after its point; it
-                // must end the way the run did, escalating nothing, paying nothing twice.
-                let name = |s: &Option<RunStatus>| s.as_ref().map(RunStatus::name);
-                if name(&report.final_state) != name(&baseline.final_state) {
-                    report.problems.push(format!(
-                        "after the deploy it ended as {:?}, the uninterrupted run as {:?}",
-                        report.final_state, baseline.final_state
-                    ));
-                }
-            } else {
+            let name = |s: &Option<RunStatus>| s.as_ref().map(RunStatus::name);
+            if trouble.deploy && name(&report.final_state) != name(&baseline.final_state) {
+                report.problems.push(format!(
+                    "after the deploy it ended as {:?}, the uninterrupted run as {:?}",
+                    report.final_state, baseline.final_state
+                ));
+            }
+            if !trouble.deploy {
                 if !self.same_end(&report.final_state, &baseline.final_state) {
                     report.problems.push(format!(
                         "ended as {:?}, the uninterrupted run as {:?}",
                         report.final_state, baseline.final_state
                     ));
                 }
-                self.compare_records(&mut report, baseline);
+                self.compare_records(report, baseline);
             }
         }
         if !report.liveness_violations.is_empty() {
             report.problems.push(format!("left behind: {:?}", report.liveness_violations));
         }
-        (report, writes)
     }
 
     /// Whether a case ended as the baseline did: the same state, and an output that matches.
@@ -306,6 +309,32 @@ impl<A: Agent + Clone> AgentCheck<A> {
             }
         }
     }
+}
+
+/// The idempotency key every case starts its run with.
+const RUN_KEY: &str = "checked-run";
+
+/// The process a case is on, the run it started and where the run ended.
+struct Restarted {
+    rt: Runtime,
+    run_id: Option<RunId>,
+    status: Option<RunStatus>,
+}
+
+/// The crash hook of a case's first process: it records each boundary passed (for a dry
+/// run), crashes the store after the n-th when asked, and evicts at the n-th when asked.
+fn case_hook(sim: &SimBackend, trouble: &Trouble, record: Option<Arc<Mutex<Vec<Boundary>>>>) -> CrashHook {
+    let (sim, passed, trouble) = (sim.clone(), Arc::new(AtomicUsize::new(0)), trouble.clone());
+    Arc::new(move |_, point| {
+        let n = passed.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(record) = &record {
+            record.lock().push(point.clone());
+        }
+        if trouble.crash_after_boundary == Some(n) {
+            sim.crash();
+        }
+        trouble.evict_at_boundary == Some(n)
+    })
 }
 
 /// Records the run's output stream and storage as they are at its end.
