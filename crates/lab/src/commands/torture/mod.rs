@@ -125,32 +125,7 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
         // Halfway, version 2 of the order agent's stash is deployed over the open runs.
         let order_version = if life > plan.kills / 2 { 2 } else { 1 };
         let mut server = Server::spawn(exe, &data, &config, &log, order_version)?;
-        let mut kill_at = if early { Some(server.born + kill_after) } else { None };
-        let listen_by = server.born + LISTEN_DEADLINE;
-        let mut started_here = 0;
-        let mut client = None;
-        while kill_at.is_none_or(|at| Instant::now() < at) && Instant::now() < listen_by {
-            if server.exited() {
-                break;
-            }
-            if client.is_none()
-                && let Some(addr) = server.poll_addr()
-            {
-                let token = durafiber_server::read_admin_token(&data);
-                client = Some(
-                    Client::from_addr(addr)
-                        .with_timeout(Duration::from_secs(2))
-                        .with_retry_budget(Duration::ZERO)
-                        .with_token(token),
-                );
-                kill_at.get_or_insert(Instant::now() + kill_after);
-            }
-            if let (Some(client), Some(at)) = (&client, kill_at) {
-                let remaining = at.saturating_duration_since(Instant::now());
-                let _ = tokio::time::timeout(remaining, h.round(client, &mut started_here)).await;
-            }
-            tokio::time::sleep(Duration::from_millis(3)).await;
-        }
+        serve_until_killed(&mut server, &mut h, &data, early, kill_after).await;
         if server.exited() {
             let log = server.log_text();
             if log.contains(POISON_MARK) {
@@ -170,31 +145,111 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
         }
     }
     eprintln!("torture: last server, until every run finishes");
-    // A poison run not escalated yet still takes a last server down with it: start another.
-    let mut last = 0;
-    let finished = loop {
-        last += 1;
-        let log = out.join(format!("server-final-{last}.log"));
-        let mut server = Server::spawn(exe, &data, &config, &log, 2)?;
-        logs.push(log);
-        let finished = finish(&mut h, &mut server, &data, &mut report).await;
-        let poisoned = server.exited() && server.log_text().contains(POISON_MARK);
-        server.kill();
-        match finished {
-            Ok(finished) if !poisoned => break finished,
-            _ if poisoned && last < LAST_SERVERS_MAX => report.poison_exits += 1,
-            Ok(finished) => break finished,
-            Err(e) => return Err(e),
-        }
-        // Its recovery backoff doubles with each death: the next server waits it out.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    };
+    let finished = last_servers(exe, &data, &config, out, &mut h, &mut logs, &mut report).await?;
     score(&h, &finished, &mut report);
     report.forks = h.ids.keys().filter(|key| harness::is_fork(key)).count();
     report.panics =
         logs.iter().map(|l| std::fs::read_to_string(l).unwrap_or_default().matches("panicked").count()).sum();
     report.elapsed_ms = started.elapsed().as_millis() as u64;
-    report.pass = report.completed + report.poison_runs == report.runs
+    report.pass = passes(&report);
+    write_recording(out, &h, &finished, &report)?;
+    Ok(report)
+}
+
+/// One server's life: the harness's rounds of work until its kill time (counted from the
+/// spawn for an early kill, else from the moment it answers), or until it exits by itself
+/// or never listens.
+async fn serve_until_killed(
+    server: &mut Server,
+    h: &mut Harness,
+    data: &Path,
+    early: bool,
+    kill_after: Duration,
+) {
+    let mut kill_at = if early { Some(server.born + kill_after) } else { None };
+    let listen_by = server.born + LISTEN_DEADLINE;
+    let mut started_here = 0;
+    let mut client = None;
+    while kill_at.is_none_or(|at| Instant::now() < at) && Instant::now() < listen_by {
+        if server.exited() {
+            break;
+        }
+        if client.is_none()
+            && let Some(addr) = server.poll_addr()
+        {
+            let token = durafiber_server::read_admin_token(data);
+            client = Some(
+                Client::from_addr(addr)
+                    .with_timeout(Duration::from_secs(2))
+                    .with_retry_budget(Duration::ZERO)
+                    .with_token(token),
+            );
+            kill_at.get_or_insert(Instant::now() + kill_after);
+        }
+        if let (Some(client), Some(at)) = (&client, kill_at) {
+            let remaining = at.saturating_duration_since(Instant::now());
+            let _ = tokio::time::timeout(remaining, h.round(client, &mut started_here)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+}
+
+/// Last servers until one finishes every run: a poison run not escalated yet still takes a
+/// last server down with it, so another starts (at most [`LAST_SERVERS_MAX`]).
+async fn last_servers(
+    exe: &Path,
+    data: &Path,
+    config: &Path,
+    out: &Path,
+    h: &mut Harness,
+    logs: &mut Vec<PathBuf>,
+    report: &mut TortureReport,
+) -> anyhow::Result<Finished> {
+    let mut last = 0;
+    loop {
+        last += 1;
+        let log = out.join(format!("server-final-{last}.log"));
+        let mut server = Server::spawn(exe, data, config, &log, 2)?;
+        logs.push(log);
+        let finished = finish(h, &mut server, data, report).await;
+        let poisoned = server.exited() && server.log_text().contains(POISON_MARK);
+        server.kill();
+        match finished {
+            Ok(finished) if !poisoned => return Ok(finished),
+            _ if poisoned && last < LAST_SERVERS_MAX => report.poison_exits += 1,
+            Ok(finished) => return Ok(finished),
+            Err(e) => return Err(e),
+        }
+        // Its recovery backoff doubles with each death: the next server waits it out.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// `report.json`: the report, the upstream's objects and every run as the last server showed it.
+fn write_recording(
+    out: &Path,
+    h: &Harness,
+    finished: &Finished,
+    report: &TortureReport,
+) -> anyhow::Result<()> {
+    let recording = json!({
+        "report": report,
+        "upstream": {
+            "charges": h.upstream.objects("charges"),
+            "emails": h.upstream.objects("emails"),
+            "receipts": h.upstream.objects("receipts"),
+            "labels": h.upstream.objects("labels"),
+        },
+        "runs": finished.runs,
+    });
+    std::fs::write(out.join("report.json"), serde_json::to_string_pretty(&recording)?)?;
+    Ok(())
+}
+
+/// Whether the torture passed: every order completed, every poison run escalated, forks
+/// and a deploy's stashes among them, and every failure count 0.
+fn passes(report: &TortureReport) -> bool {
+    report.completed + report.poison_runs == report.runs
         && report.poison_escalated == report.poison_runs
         && report.runs > 0
         && report.stash_v2 > 0
@@ -216,19 +271,7 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
             report.server_exits,
         ]
         .iter()
-        .all(|n| *n == 0);
-    let recording = json!({
-        "report": report,
-        "upstream": {
-            "charges": h.upstream.objects("charges"),
-            "emails": h.upstream.objects("emails"),
-            "receipts": h.upstream.objects("receipts"),
-            "labels": h.upstream.objects("labels"),
-        },
-        "runs": finished.runs,
-    });
-    std::fs::write(out.join("report.json"), serde_json::to_string_pretty(&recording)?)?;
-    Ok(report)
+        .all(|n| *n == 0)
 }
 
 /// Lets the last server finish every run, approving as needed; re-sends every start.
@@ -296,29 +339,43 @@ async fn finish(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Every event once more: a duplicate whatever became of the run, once a send of it was
-    // acknowledged; one never acknowledged may find its run finished.
+    resend_events(h, &client, report).await;
+    let (streams, storage) = records_of(&client, &run_ids).await;
+    Ok(Finished { runs, storage, streams })
+}
+
+/// Every event once more: a duplicate whatever became of the run, once a send of it was
+/// acknowledged; one never acknowledged may find its run finished. Anything else counts as
+/// an event delivered twice.
+async fn resend_events(h: &Harness, client: &Client, report: &mut TortureReport) {
     // A fork waits for no event: what its source was sent settled before its point.
     for (key, ids) in
         h.ids.iter().filter(|(key, _)| harness::kind_of(key) == "order" && !harness::is_fork(key))
     {
         for run_id in ids {
             let acknowledged = !h.unsent.contains_key(run_id);
-            match send_packed(&client, run_id, key).await {
+            match send_packed(client, run_id, key).await {
                 Ok(outcome) if outcome != "duplicate" => report.events_twice += 1,
                 Err(e) if acknowledged || !e.to_string().contains("has finished") => report.events_twice += 1,
                 _ => {}
             }
         }
     }
+}
+
+/// Each run's output stream and storage, as the last server shows them.
+async fn records_of(
+    client: &Client,
+    run_ids: &BTreeSet<String>,
+) -> (BTreeMap<String, Vec<Value>>, BTreeMap<String, BTreeMap<String, Value>>) {
     let mut streams = BTreeMap::new();
-    for id in &run_ids {
+    for id in run_ids {
         if let Ok(chunks) = client.get_json(&format!("/runs/{id}/stream")).await {
             streams.insert(id.clone(), chunks.as_array().cloned().unwrap_or_default());
         }
     }
     let mut storage = BTreeMap::new();
-    for id in &run_ids {
+    for id in run_ids {
         if let Ok(page) = client.get_json(&format!("/runs/{id}/storage")).await {
             let entries = page["entries"].as_array().cloned().unwrap_or_default();
             let by_key: BTreeMap<String, Value> = entries
@@ -328,7 +385,7 @@ async fn finish(
             storage.insert(id.clone(), by_key);
         }
     }
-    Ok(Finished { runs, storage, streams })
+    (streams, storage)
 }
 
 /// `durafiber torture`: prints the counts; the last line is the JSON report with `--json`.
