@@ -197,79 +197,15 @@ where
     F: FnMut(String, Args) -> Fut + Send,
     Fut: Future<Output = Result<R, EffectError>> + Send,
 {
-    if options.attempts == 0 || options.backoff_initial > options.backoff_max {
-        return Err(AgentError::fail(format!(
-            "effect {effect_id}: attempts must be at least 1 and backoff_initial at most backoff_max"
-        )));
-    }
-    tables::check_id("effect id", effect_id).map_err(AgentError::fail)?;
+    check_effect(effect_id, &options)?;
     // An operator's pause holds the run here, before anything goes out.
     crate::pause::gate(raw).await?;
     let shared = raw.shared.clone();
     let run_id = raw.cell.run_id.clone();
-    let (_, args_hash) = json::canonical_with_hash(&args).map_err(AgentError::Serialization)?;
-    let same_args = |stored: &str| json::hash_matches(stored, &args).map_err(AgentError::Serialization);
     let key = keys::ledger(&run_id, effect_id);
-    let conflict = || AgentError::EffectConflict { effect_id: effect_id.to_string() };
-
-    let entry = match shared.store.get::<LedgerEntry>(&key)? {
-        Some(entry) if !same_args(&entry.args_hash)? => return Err(conflict()),
-        Some(LedgerEntry { committed: Some(receipt), idempotency_key, .. }) => {
-            Metrics::bump(&shared.metrics.effects_prevented);
-            shared.span(|| {
-                raw.span_since(format!("effect {effect_id}"), shared.now_ms())
-                    .client()
-                    .attr("durafiber.effect.id", effect_id.to_string())
-                    .attr("durafiber.effect.key", idempotency_key)
-                    .attr("durafiber.effect.outcome", "replayed")
-            });
-            shared.event(
-                &run_id,
-                "effect_replayed",
-                format!("{effect_id}: stored receipt returned, not called again"),
-            );
-            let receipt = json::parse(&receipt.receipt_json).map_err(AgentError::Serialization)?;
-            hooks.replayed(raw, &receipt)?;
-            return Ok(receipt);
-        }
-        Some(prepared) => {
-            stop_if_replaying(
-                &shared,
-                effect_id,
-                "it would call it again under its key: its last call's answer was never recorded",
-            )?;
-            hooks.entered(true);
-            prepared
-        }
-        None => {
-            stop_if_replaying(&shared, effect_id, "it would make a new call before its next boundary")?;
-            if raw.cell.cancel.is_requested() {
-                return Err(AgentError::Cancelled(format!(
-                    "effect {effect_id} not started: the run was cancelled"
-                )));
-            }
-            crate::budget::admit_effect(raw)?;
-            let token = unguessable_hex().map_err(|source| {
-                AgentError::from(crate::error::RuntimeError::NoRandomness {
-                    what: "an idempotency key",
-                    source,
-                })
-            })?;
-            let entry = LedgerEntry {
-                run_id: run_id.clone(),
-                effect_id: effect_id.to_string(),
-                idempotency_key: format!("{run_id}:{effect_id}:{token}"),
-                args_hash,
-                prepared_at_ms: shared.now_ms(),
-                committed: None,
-            };
-            let mut batch = Batch::new();
-            batch.put(key.clone(), &entry)?;
-            shared.commit_boundary(&raw.cell, batch, Durability::Sync).await?;
-            shared.event(&run_id, "effect_prepared", format!("{effect_id}: key {}", entry.idempotency_key));
-            hooks.entered(false);
-            entry
-        }
+    let entry = match enter(raw, effect_id, &args, &key, hooks).await? {
+        Entered::Replayed(receipt) => return Ok(receipt),
+        Entered::Entry(entry) => entry,
     };
     crate::eviction::idle::boundary(raw, || Boundary::AfterEffectPrepare(effect_id.to_string())).await;
 
@@ -288,49 +224,10 @@ where
         let call = trace::with_traceparent(calls.traceparent.clone(), || {
             f(entry.idempotency_key.clone(), args.clone())
         });
-        let answer = match options.timeout {
-            None => call.await,
-            Some(limit) if shared.clock.is_virtual() => {
-                // On a virtual clock the call is still real I/O: it is work in flight, which
-                // virtual time waits for, and its deadline is on the real clock — so whether
-                // it times out does not depend on how fast the machine moves virtual time.
-                match tokio::time::timeout(limit, call).await {
-                    Ok(answer) => answer,
-                    Err(_) => Err(EffectError::Retryable(format!(
-                        "no answer within {}",
-                        humantime::format_duration(limit)
-                    ))),
-                }
-            }
-            Some(limit) => {
-                // Waiting for an answer with a deadline is waiting on the clock: on a virtual
-                // clock, time may move to the deadline meanwhile.
-                // The deadline is set before the wait is parked, so a virtual clock sees it.
-                // It is dropped only after the wait counts as work again (see `VirtualSleep`).
-                let mut deadline = clock::sleep(shared.clock.as_ref(), limit);
-                let bounded = async {
-                    tokio::select! {
-                        answer = call => answer,
-                        () = &mut deadline => Err(EffectError::Retryable(
-                            format!("no answer within {}", humantime::format_duration(limit)),
-                        )),
-                    }
-                };
-                shared.parked(raw.in_fiber, bounded).await
-            }
-        };
+        let answer = answer_within(raw, call, options.timeout).await;
         drop(turn);
         match answer {
-            Ok(mut receipt) => {
-                crate::eviction::idle::boundary(raw, || Boundary::AfterEffectCall(effect_id.to_string()))
-                    .await;
-                hooks.before_commit(raw, &mut receipt)?;
-                commit(raw, key, entry, &receipt).await?;
-                calls.end(raw, "executed", None);
-                crate::eviction::idle::boundary(raw, || Boundary::AfterEffectCommit(effect_id.to_string()))
-                    .await;
-                return Ok(receipt);
-            }
+            Ok(receipt) => return committed(raw, effect_id, (key, entry), receipt, hooks, &mut calls).await,
             Err(EffectError::Permanent(error)) => {
                 calls.end(raw, "rejected", Some(error.clone()));
                 tracing::warn!(%run_id, effect_id, attempt, error, "effect call refused; not retried");
@@ -338,20 +235,7 @@ where
                 return Err(AgentError::EffectRejected { effect_id: effect_id.to_string(), error });
             }
             Err(failed @ (EffectError::Retryable(_) | EffectError::RetryAfter { .. })) => {
-                // The upstream's own wait, when it named one, else the policy's backoff.
-                let delay = match &failed {
-                    EffectError::RetryAfter { after, .. } => (*after).min(limits::RETRY_AFTER_MAX),
-                    _ => Duration::from_millis(retry_delay_ms(raw, &options, attempt)),
-                };
-                last_error = match failed {
-                    EffectError::RetryAfter { error, .. } | EffectError::Retryable(error) => error,
-                    EffectError::Permanent(error) => error,
-                };
-                tracing::warn!(%run_id, effect_id, attempt, error = %last_error, delay_ms = delay.as_millis() as u64, "effect call failed");
-                if attempt < options.attempts {
-                    let sleep = clock::sleep(shared.clock.as_ref(), delay);
-                    shared.parked(raw.in_fiber, sleep).await;
-                }
+                last_error = wait_to_retry(raw, effect_id, &options, attempt, failed).await;
             }
         }
     }
@@ -366,6 +250,185 @@ where
         attempts: options.attempts,
         error: last_error,
     })
+}
+
+/// A call's answer committed as the effect's receipt, with the boundaries around it.
+async fn committed<R: Serialize>(
+    raw: &RawCtx,
+    effect_id: &str,
+    (key, entry): (Key<LedgerEntry>, LedgerEntry),
+    mut receipt: R,
+    hooks: &(impl ReceiptHooks<R> + Sync),
+    calls: &mut EffectSpan,
+) -> Result<R, AgentError> {
+    crate::eviction::idle::boundary(raw, || Boundary::AfterEffectCall(effect_id.to_string())).await;
+    hooks.before_commit(raw, &mut receipt)?;
+    commit(raw, key, entry, &receipt).await?;
+    calls.end(raw, "executed", None);
+    crate::eviction::idle::boundary(raw, || Boundary::AfterEffectCommit(effect_id.to_string())).await;
+    Ok(receipt)
+}
+
+/// An effect's id and policy, checked before anything else.
+fn check_effect(effect_id: &str, options: &EffectOptions) -> Result<(), AgentError> {
+    if options.attempts == 0 || options.backoff_initial > options.backoff_max {
+        return Err(AgentError::fail(format!(
+            "effect {effect_id}: attempts must be at least 1 and backoff_initial at most backoff_max"
+        )));
+    }
+    tables::check_id("effect id", effect_id).map_err(AgentError::fail)
+}
+
+/// After a retryable failure of call `attempt`: logs it and, when the policy allows another
+/// call, waits the upstream's own wait when it named one, else the policy's backoff. The
+/// failure's text.
+async fn wait_to_retry(
+    raw: &RawCtx,
+    effect_id: &str,
+    options: &EffectOptions,
+    attempt: u32,
+    failed: EffectError,
+) -> String {
+    let delay = match &failed {
+        EffectError::RetryAfter { after, .. } => (*after).min(limits::RETRY_AFTER_MAX),
+        _ => Duration::from_millis(retry_delay_ms(raw, options, attempt)),
+    };
+    let error = match failed {
+        EffectError::RetryAfter { error, .. }
+        | EffectError::Retryable(error)
+        | EffectError::Permanent(error) => error,
+    };
+    let run_id = &raw.cell.run_id;
+    tracing::warn!(%run_id, effect_id, attempt, error, delay_ms = delay.as_millis() as u64, "effect call failed");
+    if attempt < options.attempts {
+        let sleep = clock::sleep(raw.shared.clock.as_ref(), delay);
+        raw.shared.parked(raw.in_fiber, sleep).await;
+    }
+    error
+}
+
+/// Where an effect's entry into the ledger left it.
+enum Entered<R> {
+    /// Committed before: its receipt, returned without a call.
+    Replayed(R),
+    /// Prepared (now, or before and never committed): the entry to call under.
+    Entry(LedgerEntry),
+}
+
+/// Reads the effect's ledger entry: other arguments are a conflict; a committed one is
+/// replayed; a prepared one is called again under its key; none is prepared now, its key
+/// minted and made durable before any call (§5).
+async fn enter<Args: Serialize, R: DeserializeOwned>(
+    raw: &RawCtx,
+    effect_id: &str,
+    args: &Args,
+    key: &Key<LedgerEntry>,
+    hooks: &(impl ReceiptHooks<R> + Sync),
+) -> Result<Entered<R>, AgentError> {
+    let shared = &raw.shared;
+    let Some(entry) = shared.store.get::<LedgerEntry>(key)? else {
+        stop_if_replaying(shared, effect_id, "it would make a new call before its next boundary")?;
+        let entry = prepare(raw, effect_id, args, key).await?;
+        hooks.entered(false);
+        return Ok(Entered::Entry(entry));
+    };
+    if !json::hash_matches(&entry.args_hash, args).map_err(AgentError::Serialization)? {
+        return Err(AgentError::EffectConflict { effect_id: effect_id.to_string() });
+    }
+    let Some(receipt) = &entry.committed else {
+        stop_if_replaying(
+            shared,
+            effect_id,
+            "it would call it again under its key: its last call's answer was never recorded",
+        )?;
+        hooks.entered(true);
+        return Ok(Entered::Entry(entry));
+    };
+    Metrics::bump(&shared.metrics.effects_prevented);
+    shared.span(|| {
+        raw.span_since(format!("effect {effect_id}"), shared.now_ms())
+            .client()
+            .attr("durafiber.effect.id", effect_id.to_string())
+            .attr("durafiber.effect.key", entry.idempotency_key.clone())
+            .attr("durafiber.effect.outcome", "replayed")
+    });
+    shared.event(
+        &entry.run_id,
+        "effect_replayed",
+        format!("{effect_id}: stored receipt returned, not called again"),
+    );
+    let receipt = json::parse(&receipt.receipt_json).map_err(AgentError::Serialization)?;
+    hooks.replayed(raw, &receipt)?;
+    Ok(Entered::Replayed(receipt))
+}
+
+/// A new ledger entry for the effect: its idempotency key minted and the entry committed as
+/// a boundary, before any call. Refused for a cancelled run or one past its budget.
+async fn prepare<Args: Serialize>(
+    raw: &RawCtx,
+    effect_id: &str,
+    args: &Args,
+    key: &Key<LedgerEntry>,
+) -> Result<LedgerEntry, AgentError> {
+    let (shared, run_id) = (&raw.shared, &raw.cell.run_id);
+    if raw.cell.cancel.is_requested() {
+        return Err(AgentError::Cancelled(format!("effect {effect_id} not started: the run was cancelled")));
+    }
+    crate::budget::admit_effect(raw)?;
+    let token = unguessable_hex().map_err(|source| {
+        AgentError::from(crate::error::RuntimeError::NoRandomness { what: "an idempotency key", source })
+    })?;
+    let (_, args_hash) = json::canonical_with_hash(args).map_err(AgentError::Serialization)?;
+    let entry = LedgerEntry {
+        run_id: run_id.clone(),
+        effect_id: effect_id.to_string(),
+        idempotency_key: format!("{run_id}:{effect_id}:{token}"),
+        args_hash,
+        prepared_at_ms: shared.now_ms(),
+        committed: None,
+    };
+    let mut batch = Batch::new();
+    batch.put(key.clone(), &entry)?;
+    shared.commit_boundary(&raw.cell, batch, Durability::Sync).await?;
+    shared.event(run_id, "effect_prepared", format!("{effect_id}: key {}", entry.idempotency_key));
+    Ok(entry)
+}
+
+/// One call's answer, within `timeout` when there is one (a timeout is a retryable failure).
+async fn answer_within<R, Fut>(raw: &RawCtx, call: Fut, timeout: Option<Duration>) -> Result<R, EffectError>
+where
+    Fut: Future<Output = Result<R, EffectError>>,
+{
+    let shared = &raw.shared;
+    let timed_out = |limit: Duration| {
+        Err(EffectError::Retryable(format!("no answer within {}", humantime::format_duration(limit))))
+    };
+    match timeout {
+        None => call.await,
+        Some(limit) if shared.clock.is_virtual() => {
+            // On a virtual clock the call is still real I/O: it is work in flight, which
+            // virtual time waits for, and its deadline is on the real clock — so whether
+            // it times out does not depend on how fast the machine moves virtual time.
+            match tokio::time::timeout(limit, call).await {
+                Ok(answer) => answer,
+                Err(_) => timed_out(limit),
+            }
+        }
+        Some(limit) => {
+            // Waiting for an answer with a deadline is waiting on the clock: on a virtual
+            // clock, time may move to the deadline meanwhile.
+            // The deadline is set before the wait is parked, so a virtual clock sees it.
+            // It is dropped only after the wait counts as work again (see `VirtualSleep`).
+            let mut deadline = clock::sleep(shared.clock.as_ref(), limit);
+            let bounded = async {
+                tokio::select! {
+                    answer = call => answer,
+                    () = &mut deadline => timed_out(limit),
+                }
+            };
+            shared.parked(raw.in_fiber, bounded).await
+        }
+    }
 }
 
 /// The span of an effect's calls in one entry of the fiber: from the first call to the
