@@ -90,31 +90,25 @@ pub(crate) async fn start(
     }
     let key = start_key(&parent, name);
     let child = (shared.starter)(shared.clone(), kind.to_string(), key, input_json).await?;
-    {
-        let mut batch = Batch::new();
-        batch.put(
-            link,
-            &ChildRecord {
-                child_run_id: child.clone(),
-                kind: kind.to_string(),
-                started_at_ms: shared.now_ms(),
-            },
-        )?;
-        batch.put(
-            keys::parent_of(&child),
-            &ParentRecord { parent_run_id: parent.clone(), name: name.to_string() },
-        )?;
-        // Which boundary it was started after: a fork from a later one has the same child.
-        let seq = raw.cell.seq.load(std::sync::atomic::Ordering::SeqCst);
-        batch.put(keys::journal_seq(&parent, keys::Journaled::Child, name), &seq)?;
-        // New records, as a start's: no lease on either run's shard is needed.
-        batch.all_new();
-        match shared.store.commit(batch, Durability::Sync).await {
-            Ok(()) | Err(durafiber_store::StoreError::Exists { .. }) => {}
-            Err(e) => return Err(RuntimeError::from(e).into()),
-        }
-        shared.event(&parent, "child_started", format!("{name}: {kind} {child}"));
+    let mut batch = Batch::new();
+    batch.put(
+        link,
+        &ChildRecord { child_run_id: child.clone(), kind: kind.to_string(), started_at_ms: shared.now_ms() },
+    )?;
+    batch.put(
+        keys::parent_of(&child),
+        &ParentRecord { parent_run_id: parent.clone(), name: name.to_string() },
+    )?;
+    // Which boundary it was started after: a fork from a later one has the same child.
+    let seq = raw.cell.seq.load(std::sync::atomic::Ordering::SeqCst);
+    batch.put(keys::journal_seq(&parent, keys::Journaled::Child, name), &seq)?;
+    // New records, as a start's: no lease on either run's shard is needed.
+    batch.all_new();
+    match shared.store.commit(batch, Durability::Sync).await {
+        Ok(()) | Err(durafiber_store::StoreError::Exists { .. }) => {}
+        Err(e) => return Err(RuntimeError::from(e).into()),
     }
+    shared.event(&parent, "child_started", format!("{name}: {kind} {child}"));
     tracing::debug!(run_id = %parent, child = %child, name, "child run started");
     Ok(child)
 }

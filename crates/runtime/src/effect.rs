@@ -4,19 +4,21 @@
 //! The key is minted once, written durably before the first call, and reused on every
 //! re-entry, so an upstream that deduplicates on it sees one request however often the
 //! run is resumed. A committed entry returns its receipt without calling the outside world.
+//! The entry's reading, preparing and committing are `effect_ledger.rs`'s; this file makes
+//! the calls, with their policy: retries, backoff, `Retry-After`, timeouts, named limits.
 
 use std::{future::Future, time::Duration};
 
-use durafiber_store::{
-    Batch, Durability,
-    tables::{self, Key, LedgerEntry, Receipt, keys, keys::Journaled},
-};
+use durafiber_store::tables::{self, Key, LedgerEntry, keys};
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::boundary::Boundary;
 use crate::{
-    clock, error::AgentError, json, kernel::shared::RawCtx, limits, metrics::Metrics, rng::unguessable_hex,
-    trace,
+    clock,
+    effect_ledger::{Entered, ReceiptHooks, commit, enter},
+    error::AgentError,
+    kernel::shared::RawCtx,
+    limits, trace,
 };
 
 /// How an effect's calls are retried within one entry of the fiber (`Ctx::effect_with`).
@@ -150,27 +152,6 @@ impl<E: std::error::Error> From<E> for EffectError {
         EffectError::Retryable(e.to_string())
     }
 }
-
-/// What an effect does around its ledger entry beyond a plain call: a streaming effect writes
-/// its chunks with its receipt, and shows them again when its receipt is replayed.
-pub(crate) trait ReceiptHooks<R> {
-    /// The entry is about to be called: `prepared_before` when an earlier entry of the fiber
-    /// (in this process or one before it) prepared it and did not commit it.
-    fn entered(&self, _prepared_before: bool) {}
-    /// Before `receipt` is committed; what it stages goes into the commit's batch.
-    fn before_commit(&self, _raw: &RawCtx, _receipt: &mut R) -> Result<(), AgentError> {
-        Ok(())
-    }
-    /// A stored receipt is returned without a call.
-    fn replayed(&self, _raw: &RawCtx, _receipt: &R) -> Result<(), AgentError> {
-        Ok(())
-    }
-}
-
-/// A plain effect: its receipt is all there is.
-pub(crate) struct Plain;
-
-impl<R> ReceiptHooks<R> for Plain {}
 
 /// Full-jitter backoff before call `attempt + 1`: uniform in
 /// `0..=min(backoff_max, backoff_initial × 2^(attempt-1))`.
@@ -307,93 +288,6 @@ async fn wait_to_retry(
     error
 }
 
-/// Where an effect's entry into the ledger left it.
-enum Entered<R> {
-    /// Committed before: its receipt, returned without a call.
-    Replayed(R),
-    /// Prepared (now, or before and never committed): the entry to call under.
-    Entry(LedgerEntry),
-}
-
-/// Reads the effect's ledger entry: other arguments are a conflict; a committed one is
-/// replayed; a prepared one is called again under its key; none is prepared now, its key
-/// minted and made durable before any call (§5).
-async fn enter<Args: Serialize, R: DeserializeOwned>(
-    raw: &RawCtx,
-    effect_id: &str,
-    args: &Args,
-    key: &Key<LedgerEntry>,
-    hooks: &(impl ReceiptHooks<R> + Sync),
-) -> Result<Entered<R>, AgentError> {
-    let shared = &raw.shared;
-    let Some(entry) = shared.store.get::<LedgerEntry>(key)? else {
-        stop_if_replaying(shared, effect_id, "it would make a new call before its next boundary")?;
-        let entry = prepare(raw, effect_id, args, key).await?;
-        hooks.entered(false);
-        return Ok(Entered::Entry(entry));
-    };
-    if !json::hash_matches(&entry.args_hash, args).map_err(AgentError::Serialization)? {
-        return Err(AgentError::EffectConflict { effect_id: effect_id.to_string() });
-    }
-    let Some(receipt) = &entry.committed else {
-        stop_if_replaying(
-            shared,
-            effect_id,
-            "it would call it again under its key: its last call's answer was never recorded",
-        )?;
-        hooks.entered(true);
-        return Ok(Entered::Entry(entry));
-    };
-    Metrics::bump(&shared.metrics.effects_prevented);
-    shared.span(|| {
-        raw.span_since(format!("effect {effect_id}"), shared.now_ms())
-            .client()
-            .attr("durafiber.effect.id", effect_id.to_string())
-            .attr("durafiber.effect.key", entry.idempotency_key.clone())
-            .attr("durafiber.effect.outcome", "replayed")
-    });
-    shared.event(
-        &entry.run_id,
-        "effect_replayed",
-        format!("{effect_id}: stored receipt returned, not called again"),
-    );
-    let receipt = json::parse(&receipt.receipt_json).map_err(AgentError::Serialization)?;
-    hooks.replayed(raw, &receipt)?;
-    Ok(Entered::Replayed(receipt))
-}
-
-/// A new ledger entry for the effect: its idempotency key minted and the entry committed as
-/// a boundary, before any call. Refused for a cancelled run or one past its budget.
-async fn prepare<Args: Serialize>(
-    raw: &RawCtx,
-    effect_id: &str,
-    args: &Args,
-    key: &Key<LedgerEntry>,
-) -> Result<LedgerEntry, AgentError> {
-    let (shared, run_id) = (&raw.shared, &raw.cell.run_id);
-    if raw.cell.cancel.is_requested() {
-        return Err(AgentError::Cancelled(format!("effect {effect_id} not started: the run was cancelled")));
-    }
-    crate::budget::admit_effect(raw)?;
-    let token = unguessable_hex().map_err(|source| {
-        AgentError::from(crate::error::RuntimeError::NoRandomness { what: "an idempotency key", source })
-    })?;
-    let (_, args_hash) = json::canonical_with_hash(args).map_err(AgentError::Serialization)?;
-    let entry = LedgerEntry {
-        run_id: run_id.clone(),
-        effect_id: effect_id.to_string(),
-        idempotency_key: format!("{run_id}:{effect_id}:{token}"),
-        args_hash,
-        prepared_at_ms: shared.now_ms(),
-        committed: None,
-    };
-    let mut batch = Batch::new();
-    batch.put(key.clone(), &entry)?;
-    shared.commit_boundary(&raw.cell, batch, Durability::Sync).await?;
-    shared.event(run_id, "effect_prepared", format!("{effect_id}: key {}", entry.idempotency_key));
-    Ok(entry)
-}
-
 /// One call's answer, within `timeout` when there is one (a timeout is a retryable failure).
 async fn answer_within<R, Fut>(raw: &RawCtx, call: Fut, timeout: Option<Duration>) -> Result<R, EffectError>
 where
@@ -470,40 +364,6 @@ impl EffectSpan {
                 .error(error)
         });
     }
-}
-
-/// Under `stop_calls`, the call that would leave here is not made.
-fn stop_if_replaying(
-    shared: &crate::kernel::shared::Shared,
-    effect_id: &str,
-    what: &str,
-) -> Result<(), AgentError> {
-    if shared.config.stop_calls {
-        return Err(AgentError::CallStopped { effect_id: effect_id.to_string(), what: what.to_string() });
-    }
-    Ok(())
-}
-
-async fn commit<R: Serialize>(
-    raw: &RawCtx,
-    key: Key<LedgerEntry>,
-    mut entry: LedgerEntry,
-    receipt: &R,
-) -> Result<(), AgentError> {
-    assert!(entry.committed.is_none(), "only a prepared effect is committed");
-    // An upstream that echoes what it was sent must not put a secret into the ledger.
-    let (receipt_json, receipt_hash) =
-        raw.shared.redacted_with_hash(receipt).map_err(AgentError::Serialization)?;
-    entry.committed = Some(Receipt { receipt_json, receipt_hash, committed_at_ms: raw.shared.now_ms() });
-    let mut batch = Batch::new();
-    batch.put(key, &entry)?;
-    // Which boundary it came after: a fork from a later one inherits it.
-    let seq = raw.cell.seq.load(std::sync::atomic::Ordering::SeqCst);
-    batch.put(keys::journal_seq(&entry.run_id, Journaled::Effect, &entry.effect_id), &seq)?;
-    raw.shared.commit_boundary(&raw.cell, batch, Durability::Sync).await?;
-    raw.shared.event(&entry.run_id, "effect_committed", entry.effect_id.clone());
-    Metrics::bump(&raw.shared.metrics.effects);
-    Ok(())
 }
 
 #[cfg(test)]

@@ -20,7 +20,8 @@ use std::sync::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    effect::{EffectError, ReceiptHooks},
+    effect::EffectError,
+    effect_ledger::ReceiptHooks,
     error::AgentError,
     json,
     kernel::{

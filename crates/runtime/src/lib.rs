@@ -32,6 +32,7 @@ mod child;
 pub mod clock;
 mod config;
 mod effect;
+mod effect_ledger;
 mod effect_stream;
 mod error;
 mod escalation;

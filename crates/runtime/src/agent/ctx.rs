@@ -14,6 +14,7 @@ use crate::{
     approval_quorum::ApprovalRule,
     budget,
     effect::{self, EffectError, EffectOptions},
+    effect_ledger,
     effect_stream::{StreamSink, StreamedEffect},
     error::AgentError,
     eviction::keep_alive::KeepAlive,
@@ -171,7 +172,7 @@ impl<A: Agent> Ctx<A> {
             effect_id,
             args,
             EffectOptions::default(),
-            &effect::Plain,
+            &effect_ledger::Plain,
             call,
         ))
         .await
@@ -220,7 +221,7 @@ impl<A: Agent> Ctx<A> {
         Fut: Future<Output = Result<R, EffectError>> + Send,
     {
         self.raw.refuse_if_cancelled(&format!("effect {effect_id}"))?;
-        Box::pin(effect::perform(&mut self.raw, effect_id, args, options, &effect::Plain, f)).await
+        Box::pin(effect::perform(&mut self.raw, effect_id, args, options, &effect_ledger::Plain, f)).await
     }
 
     /// [`Ctx::effect_with`] for a call that streams its answer — a model's tokens. `f` gets

@@ -76,7 +76,7 @@ tables! {
     ALARM_CRONS: CronRecord = ("alarm_crons", b'c');
     /// Failed occurrences of periodic and cron alarms, retried beside the schedule, which goes
     /// on: `q` run_id NUL name NUL scheduled_at_ms. Their `alarm_due` entries name them
-    /// `name NUL scheduled_at_ms` ([`retry_due_name`]).
+    /// `name NUL scheduled_at_ms` ([`super::keys::retry_due_name`]).
     ALARM_RETRIES: AlarmRecord = ("alarm_retries", b'q');
     /// Each run's durable output stream, one chunk per key, in order: `b` run_id NUL seq.
     STREAM: StreamChunkRecord = ("stream", b'b');
@@ -130,7 +130,7 @@ tables! {
     /// The audit entries of one run: `y` run_id NUL seq.
     AUDIT_BY_RUN: () = ("audit_by_run", b'y');
     /// Settled runs by how and when they settled, what retention walks: `S` how (one byte)
-    /// settled_at_ms run_id ([`settled`]).
+    /// settled_at_ms run_id ([`super::keys::settled`]).
     SETTLED: () = ("settled", b'S');
 }
 
