@@ -4,10 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use durafiber_runtime::{
-    Agent, Alarm, ApproveOutcome, DurabilityMode, PendingApproval, RunPage, SendOutcome, StartOutcome,
-    StreamItem,
+use durafiber_api::{
+    Alarm, ApproveOutcome, DurabilityMode, PendingApproval, RunPage, SendOutcome, StartOutcome, StreamItem,
 };
+#[cfg(feature = "agents")]
+use durafiber_runtime::Agent;
 use futures::Stream;
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::json;
@@ -55,6 +56,7 @@ impl Client {
     }
 
     /// Starts a run of agent `A` with its typed input.
+    #[cfg(feature = "agents")]
     pub async fn start_agent<A: Agent>(
         &self,
         key: &str,
@@ -109,6 +111,7 @@ impl Client {
     }
 
     /// Waits for the output of a run of agent `A`, typed as `A::Output`.
+    #[cfg(feature = "agents")]
     pub async fn wait_agent<A: Agent>(
         &self,
         run_id: &str,

@@ -26,14 +26,15 @@ mod wire;
 
 use std::time::{Duration, Instant};
 
-use durafiber_runtime::{Budget, DurabilityMode};
+use durafiber_api::{Budget, DurabilityMode};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-pub use error::{ApiErrorKind, ClientError};
+pub use durafiber_api::{ApiErrorKind, Status};
+pub use error::ClientError;
 pub use wire::{
-    Cancelled, EventSent, Health, Reply, RunDeleted, RunSummary, RunView, Status, StorageEntry, StoragePage,
+    Cancelled, EventSent, Health, Reply, RunDeleted, RunSummary, RunView, StorageEntry, StoragePage,
     TokenCreated, TokenRevoked, TokenShown,
 };
 
@@ -44,7 +45,7 @@ const WAIT_POLL: Duration = Duration::from_millis(100);
 /// Longest a `Retry-After` is honoured for at once; a longer one waits this and tries again.
 const RETRY_AFTER_MAX: Duration = Duration::from_secs(5);
 /// The largest page a list endpoint gives (`limit`): the server's `LIST_PAGE_MAX`.
-pub const PAGE_MAX: usize = durafiber_runtime::limits::LIST_PAGE_MAX;
+pub const PAGE_MAX: usize = durafiber_api::LIST_PAGE_MAX;
 
 /// Options of one start: durability, keep-alive and budget, as `POST /runs` takes them.
 #[derive(Debug, Clone, Default)]

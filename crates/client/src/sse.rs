@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use durafiber_runtime::{PartialChunk, StreamChunk, StreamItem, StreamReset};
+use durafiber_api::{PartialChunk, StreamChunk, StreamItem, StreamReset};
 use futures::{SinkExt as _, Stream, StreamExt as _, channel::mpsc};
 use reqwest::Method;
 

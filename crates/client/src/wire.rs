@@ -5,7 +5,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use durafiber_runtime::SendOutcome;
+use durafiber_api::{SendOutcome, Status};
 
 /// `GET /health`.
 #[derive(Debug, Clone, Deserialize)]
@@ -22,99 +22,6 @@ pub struct Health {
     pub low_on_space: bool,
     /// This node's id on a shared store.
     pub node_id: Option<String>,
-}
-
-/// A run's state as the API shows it: a completed run's output as JSON.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    /// Durably recorded; no fiber has started yet.
-    Accepted,
-    /// A fiber is registered.
-    Running,
-    /// Waits for a human.
-    WaitingApproval {
-        /// The approval.
-        approval_id: String,
-    },
-    /// Waits for an alarm.
-    WaitingAlarm {
-        /// The alarm.
-        name: String,
-    },
-    /// Waits for an external event.
-    WaitingEvent {
-        /// The event.
-        name: String,
-    },
-    /// Finished with an output.
-    Completed {
-        /// The output.
-        output: Value,
-    },
-    /// Finished with an error.
-    Failed {
-        /// What went wrong.
-        error: String,
-    },
-    /// Stopped on request.
-    Cancelled {
-        /// Why.
-        reason: String,
-    },
-    /// A human must look.
-    Escalated {
-        /// Why.
-        reason: String,
-    },
-    /// Held by an operator; a resume lets it continue where it stopped.
-    Paused {
-        /// Why.
-        reason: String,
-    },
-}
-
-impl Status {
-    /// Whether the run has finished for good.
-    pub fn is_terminal(&self) -> bool {
-        matches!(
-            self,
-            Status::Completed { .. }
-                | Status::Failed { .. }
-                | Status::Cancelled { .. }
-                | Status::Escalated { .. }
-        )
-    }
-
-    /// The state's name, as `GET /runs?state=` takes it.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Status::Accepted => "accepted",
-            Status::Running => "running",
-            Status::WaitingApproval { .. } => "waiting_approval",
-            Status::WaitingAlarm { .. } => "waiting_alarm",
-            Status::WaitingEvent { .. } => "waiting_event",
-            Status::Completed { .. } => "completed",
-            Status::Failed { .. } => "failed",
-            Status::Cancelled { .. } => "cancelled",
-            Status::Escalated { .. } => "escalated",
-            Status::Paused { .. } => "paused",
-        }
-    }
-
-    /// What it waits for, or why it ended; empty for the rest.
-    pub fn detail(&self) -> &str {
-        match self {
-            Status::WaitingApproval { approval_id: s }
-            | Status::WaitingAlarm { name: s }
-            | Status::WaitingEvent { name: s }
-            | Status::Failed { error: s }
-            | Status::Cancelled { reason: s }
-            | Status::Escalated { reason: s }
-            | Status::Paused { reason: s } => s,
-            _ => "",
-        }
-    }
 }
 
 /// A run's record as `GET /runs/{id}` shows it.

@@ -2,7 +2,6 @@
 //! of the payload the human saw. A decision is written once; it reaches a live fiber in place
 //! or re-enters the run through `on_fiber_recovered`, with the same result either way.
 
-use durafiber_store::RunId;
 use std::sync::Arc;
 
 use durafiber_store::{
@@ -12,7 +11,6 @@ use durafiber_store::{
         VoteRecord, WakeReason, keys,
     },
 };
-use serde::Serialize;
 use tokio::sync::oneshot;
 
 use crate::boundary::Boundary;
@@ -26,6 +24,8 @@ use crate::{
     kernel::shared::{RawCtx, Shared},
     limits,
 };
+
+pub use durafiber_api::ApproveOutcome;
 
 /// Whether a stored payload hash (of any version) is the hash of `payload_json`.
 fn same_payload(stored: &str, payload_json: &str) -> Result<bool, AgentError> {
@@ -152,24 +152,6 @@ async fn wait_for_decision(
         Ok(ApprovalOutcome::Escalated) => Err(AgentError::escalate("approval_timeout")),
         Err(_) => Err(AgentError::Runtime("the approval wait was dropped".into())),
     }
-}
-
-/// What `approve` did.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct ApproveOutcome {
-    /// The run.
-    pub run_id: RunId,
-    /// The approval.
-    pub approval_id: String,
-    /// False when the same decision had already been recorded (a no-op).
-    pub recorded: bool,
-    /// Whether the pause is decided now: with a rule, only once enough people decided.
-    pub decided: bool,
-    /// Approvals recorded so far (1 for a pause without a rule, once approved).
-    pub approvals: u32,
-    /// Approvals that decide it: its rule's, or 1.
-    pub required: u32,
 }
 
 pub(crate) async fn approve(

@@ -1,58 +1,11 @@
 //! The approvals that wait for a reviewer, as a reviewer's screen loads them: every one, a
 //! run's, or a page at a time, each with its rule and the votes so far.
 
-use durafiber_store::{
-    RunId,
-    tables::{ApprovalRecord, Key, VoteRecord, keys},
-};
-use serde::Serialize;
+use durafiber_store::tables::{ApprovalRecord, Key, keys};
 
 use crate::{approval::votes_of, error::RuntimeError, kernel::shared::Shared, limits};
 
-/// A pause waiting for a reviewer, as a reviewer's screen loads it.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct PendingApproval {
-    /// The run's handle.
-    pub run_id: RunId,
-    /// The pause within the run.
-    pub approval_id: String,
-    /// Exactly what the run showed.
-    pub payload: serde_json::Value,
-    /// The hash an approval must quote.
-    pub payload_hash: String,
-    /// When it was requested.
-    pub requested_at_ms: u64,
-    /// How long it has waited.
-    pub age_ms: u64,
-    /// When silence escalates it.
-    pub escalate_at_ms: u64,
-    /// Approvals by different people that decide it (1 without a rule).
-    #[serde(default = "one")]
-    pub required: u32,
-    /// Who decided so far, under a rule: "1 of 2 — approved by alice".
-    #[serde(default)]
-    pub votes: Vec<VoteRecord>,
-}
-
-fn one() -> u32 {
-    1
-}
-
-impl PendingApproval {
-    /// Where a page that ends with this approval is continued from: `<run_id>/<approval_id>`,
-    /// as `GET /approvals?after=` and the console's inbox take it.
-    pub fn cursor(&self) -> String {
-        format!("{}/{}", self.run_id, self.approval_id)
-    }
-
-    /// A [`PendingApproval::cursor`] split into its run and its approval; `None` when either
-    /// half is missing.
-    pub fn split_cursor(cursor: &str) -> Option<(RunId, &str)> {
-        let (run_id, approval_id) = cursor.split_once('/')?;
-        (!run_id.is_empty() && !approval_id.is_empty()).then(|| (RunId::from(run_id), approval_id))
-    }
-}
+pub use durafiber_api::PendingApproval;
 
 pub(crate) fn pending(shared: &Shared, run_id: Option<&str>) -> Result<Vec<PendingApproval>, RuntimeError> {
     let prefix = match run_id {

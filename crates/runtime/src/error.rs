@@ -136,6 +136,9 @@ pub enum RuntimeError {
     /// A configuration value is wrong.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A durability mode's name is none of the three.
+    #[error("invalid configuration: {0}")]
+    Durability(#[from] durafiber_api::UnknownDurability),
     /// The operating system's cryptographic generator failed: an id that must not be
     /// guessable (a run id, an idempotency key) cannot be minted.
     #[error("the operating system gave no randomness for {what}")]

@@ -20,7 +20,6 @@ use durafiber_store::{
         keys::Journaled,
     },
 };
-use serde::Serialize;
 use tokio::sync::oneshot;
 
 use crate::boundary::Boundary;
@@ -33,18 +32,7 @@ use crate::{
     limits,
 };
 
-/// What `send_event` did with an event.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SendOutcome {
-    /// A wait for it was pending: the run has it now (or will as soon as it is re-entered).
-    Delivered,
-    /// Nobody waits for it yet: kept, in order, until a wait of that name takes it.
-    Buffered,
-    /// Its idempotency key was seen before: nothing new was delivered.
-    Duplicate,
-}
+pub use durafiber_api::SendOutcome;
 
 fn timeout_alarm_name(name: &str) -> String {
     format!("event:{name}")

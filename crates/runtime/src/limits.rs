@@ -11,7 +11,7 @@ pub const STREAM_READ_PAGE: usize = 256;
 /// Inputs, messages, effect args, approval payloads and alarm payloads share one bound.
 pub const PAYLOAD_BYTES_MAX: usize = 1024 * 1024;
 /// The most runs one `list` call returns.
-pub const LIST_PAGE_MAX: usize = 1000;
+pub const LIST_PAGE_MAX: usize = durafiber_api::LIST_PAGE_MAX;
 /// Runs read per page by the recovery scan at start-up.
 pub const RECOVERY_SCAN_PAGE_MAX: usize = 4096;
 /// Recovery hook attempts before a run is escalated (§3.6).

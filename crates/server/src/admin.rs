@@ -12,15 +12,20 @@ use axum::{
     http::StatusCode,
     response::IntoResponse,
 };
+use durafiber_api::ApiErrorKind;
 use durafiber_store::access;
 
 impl From<AccessError> for ApiError {
     fn from(e: AccessError) -> Self {
         match e {
-            AccessError::Invalid(m) => ApiError(StatusCode::BAD_REQUEST, m, "InvalidInput"),
-            e @ AccessError::NameTaken(_) => ApiError(StatusCode::CONFLICT, e.to_string(), "NameTaken"),
-            e @ AccessError::LastAdmin(_) => ApiError(StatusCode::CONFLICT, e.to_string(), "LastAdmin"),
-            e => ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), "StoreFailed"),
+            AccessError::Invalid(m) => ApiError(StatusCode::BAD_REQUEST, m, ApiErrorKind::InvalidInput),
+            e @ AccessError::NameTaken(_) => {
+                ApiError(StatusCode::CONFLICT, e.to_string(), ApiErrorKind::NameTaken)
+            }
+            e @ AccessError::LastAdmin(_) => {
+                ApiError(StatusCode::CONFLICT, e.to_string(), ApiErrorKind::LastAdmin)
+            }
+            e => ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), ApiErrorKind::StoreFailed),
         }
     }
 }

@@ -18,6 +18,7 @@
 //! alarm set or an event with an idempotency key apply once however often they are sent; a
 //! message sent again may arrive twice.
 
+use durafiber_api::ApiErrorKind;
 use durafiber_runtime::RunId;
 
 use axum::{
@@ -68,7 +69,7 @@ pub async fn to_owner(State(app): State<AppState>, req: Request, next: Next) -> 
                 return ApiError(
                     StatusCode::MISDIRECTED_REQUEST,
                     format!("run {run_id} (shard {shard}) is owned by node {node_id} now: send it again"),
-                    "NotOwner",
+                    ApiErrorKind::NotOwner,
                 )
                 .into_response();
             }
@@ -84,7 +85,7 @@ fn unowned(shard: u32) -> Response {
     let mut response = ApiError(
         StatusCode::SERVICE_UNAVAILABLE,
         format!("shard {shard} has no reachable owner at the moment; a node takes it over shortly"),
-        "NoOwner",
+        ApiErrorKind::NoOwner,
     )
     .into_response();
     response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
@@ -97,7 +98,8 @@ async fn pass_on(req: Request, peers: &Peers, addr: &str, node_id: &str) -> Resp
     let body = match to_bytes(body, limits::HTTP_BODY_BYTES_MAX).await {
         Ok(b) => b,
         Err(e) => {
-            return ApiError(StatusCode::BAD_REQUEST, format!("body: {e}"), "BadRequest").into_response();
+            return ApiError(StatusCode::BAD_REQUEST, format!("body: {e}"), ApiErrorKind::BadRequest)
+                .into_response();
         }
     };
     let path = parts.uri.path_and_query().map(axum::http::uri::PathAndQuery::as_str).unwrap_or("/");
@@ -129,7 +131,7 @@ async fn pass_on(req: Request, peers: &Peers, addr: &str, node_id: &str) -> Resp
             let mut response = ApiError(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("the run's owner, node {node_id} at {addr}: {what}; send it again shortly"),
-                "OwnerUnreachable",
+                ApiErrorKind::OwnerUnreachable,
             )
             .into_response();
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));

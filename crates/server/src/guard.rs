@@ -10,6 +10,7 @@ use axum::{
     middleware::Next,
     response::{IntoResponse, Response},
 };
+use durafiber_api::ApiErrorKind;
 use durafiber_runtime::limits;
 use durafiber_store::access;
 use serde_json::{Value, json};
@@ -19,7 +20,7 @@ use crate::auth::{self, Role};
 use crate::state::Access;
 use crate::state::{ApiError, AppState};
 
-fn refuse(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Response {
+fn refuse(status: StatusCode, kind: ApiErrorKind, message: impl Into<String>) -> Response {
     ApiError(status, message.into(), kind).into_response()
 }
 
@@ -33,18 +34,20 @@ pub async fn browser_safe(State(app): State<AppState>, req: Request, next: Next)
         Some(host) => {
             return refuse(
                 StatusCode::MISDIRECTED_REQUEST,
-                "HostNotAllowed",
+                ApiErrorKind::HostNotAllowed,
                 format!("this server does not answer to Host {host:?}; see --allowed-host"),
             );
         }
-        None => return refuse(StatusCode::BAD_REQUEST, "HostNotAllowed", "a Host header is required"),
+        None => {
+            return refuse(StatusCode::BAD_REQUEST, ApiErrorKind::HostNotAllowed, "a Host header is required");
+        }
     }
     if let Some(origin) = req.headers().get(header::ORIGIN) {
         let authority = origin.to_str().ok().and_then(|o| o.split_once("://")).map(|(_, a)| a.to_string());
         if !authority.is_some_and(|a| app.access.allows_host(&a)) {
             return refuse(
                 StatusCode::FORBIDDEN,
-                "OriginNotAllowed",
+                ApiErrorKind::OriginNotAllowed,
                 "a request from another site is refused",
             );
         }
@@ -68,7 +71,7 @@ pub async fn json_bodies(req: Request, next: Next) -> Response {
         if (has_body || declared) && !is_json(req.headers()) {
             return refuse(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "UnsupportedMediaType",
+                ApiErrorKind::UnsupportedMediaType,
                 "a request that changes state must be Content-Type: application/json",
             );
         }
@@ -143,7 +146,7 @@ pub async fn authorize(State(app): State<AppState>, req: Request, next: Next) ->
         None => {
             return refuse(
                 StatusCode::UNAUTHORIZED,
-                "Unauthorized",
+                ApiErrorKind::Unauthorized,
                 "an Authorization: Bearer <token> header is required",
             );
         }
@@ -153,16 +156,16 @@ pub async fn authorize(State(app): State<AppState>, req: Request, next: Next) ->
         Ok(None) => {
             return refuse(
                 StatusCode::UNAUTHORIZED,
-                "Unauthorized",
+                ApiErrorKind::Unauthorized,
                 "an Authorization: Bearer <token> header with a valid token is required",
             );
         }
-        Err(e) => return refuse(StatusCode::SERVICE_UNAVAILABLE, "StoreFailed", e.to_string()),
+        Err(e) => return refuse(StatusCode::SERVICE_UNAVAILABLE, ApiErrorKind::StoreFailed, e.to_string()),
     };
     if caller.role < needed {
         return refuse(
             StatusCode::FORBIDDEN,
-            "Forbidden",
+            ApiErrorKind::Forbidden,
             format!("token {:?} is a {}; this needs {}", caller.name, caller.role, needed),
         );
     }
@@ -190,7 +193,7 @@ pub async fn audit(State(app): State<AppState>, req: Request, next: Next) -> Res
     let path = req.uri().path().to_string();
     let (parts, body) = req.into_parts();
     let Ok(bytes) = to_bytes(body, limits::HTTP_BODY_BYTES_MAX).await else {
-        return refuse(StatusCode::PAYLOAD_TOO_LARGE, "PayloadTooLarge", "the body is too large");
+        return refuse(StatusCode::PAYLOAD_TOO_LARGE, ApiErrorKind::PayloadTooLarge, "the body is too large");
     };
     if let Err(refusal) = record(&app, &caller, &parts.method, &path, &parts.headers, &bytes).await {
         return refusal;
@@ -226,7 +229,7 @@ pub async fn record(
     .map_err(|e| {
         refuse(
             StatusCode::SERVICE_UNAVAILABLE,
-            "StoreFailed",
+            ApiErrorKind::StoreFailed,
             format!("the audit trail cannot be written: {e}"),
         )
     })?;
@@ -289,14 +292,14 @@ pub async fn read_body(State(app): State<AppState>, req: Request, next: Next) ->
         Ok(Ok(bytes)) => bytes,
         Ok(Err(e)) => {
             let message = format!("the body is over {} bytes or broke off: {e}", limits::HTTP_BODY_BYTES_MAX);
-            let body = axum::Json(json!({"error": message, "kind": "PayloadTooLarge"}));
+            let body = axum::Json(json!({"error": message, "kind": ApiErrorKind::PayloadTooLarge.name()}));
             return (StatusCode::PAYLOAD_TOO_LARGE, close, body).into_response();
         }
         Err(_) => {
             tracing::debug!(path = %parts.uri.path(), ?limit, "a request body did not arrive in time");
             let message =
                 format!("the request body did not arrive within {}", humantime::format_duration(limit));
-            let body = axum::Json(json!({"error": message, "kind": "RequestTimeout"}));
+            let body = axum::Json(json!({"error": message, "kind": ApiErrorKind::RequestTimeout.name()}));
             return (StatusCode::REQUEST_TIMEOUT, close, body).into_response();
         }
     };
@@ -309,7 +312,7 @@ pub async fn size_limits(req: Request, next: Next) -> Response {
     if target > limits::HTTP_URI_BYTES_MAX {
         return refuse(
             StatusCode::URI_TOO_LONG,
-            "UriTooLong",
+            ApiErrorKind::UriTooLong,
             format!("the request target is over {} bytes", limits::HTTP_URI_BYTES_MAX),
         );
     }
@@ -317,7 +320,7 @@ pub async fn size_limits(req: Request, next: Next) -> Response {
     if header_bytes > limits::HTTP_HEADER_BYTES_MAX {
         return refuse(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "HeadersTooLarge",
+            ApiErrorKind::HeadersTooLarge,
             format!("the request headers are over {} bytes", limits::HTTP_HEADER_BYTES_MAX),
         );
     }
@@ -346,13 +349,13 @@ pub async fn json_errors(req: Request, next: Next) -> Response {
         .map(|b| String::from_utf8_lossy(&b).trim().to_string())
         .unwrap_or_default();
     let kind = match status {
-        StatusCode::PAYLOAD_TOO_LARGE => "PayloadTooLarge",
-        StatusCode::URI_TOO_LONG => "UriTooLong",
-        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "HeadersTooLarge",
-        StatusCode::NOT_FOUND => "NotFound",
-        StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowed",
-        s if s.is_server_error() => "Internal",
-        _ => "BadRequest",
+        StatusCode::PAYLOAD_TOO_LARGE => ApiErrorKind::PayloadTooLarge,
+        StatusCode::URI_TOO_LONG => ApiErrorKind::UriTooLong,
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => ApiErrorKind::HeadersTooLarge,
+        StatusCode::NOT_FOUND => ApiErrorKind::NotFound,
+        StatusCode::METHOD_NOT_ALLOWED => ApiErrorKind::MethodNotAllowed,
+        s if s.is_server_error() => ApiErrorKind::Internal,
+        _ => ApiErrorKind::BadRequest,
     };
     let message =
         if text.is_empty() { status.canonical_reason().unwrap_or("refused").to_string() } else { text };

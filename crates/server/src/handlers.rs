@@ -3,6 +3,7 @@
 //! them. Bodies are parsed by hand so that malformed JSON gets the same JSON error shape as
 //! every other refusal; nothing a client sends can crash the server.
 
+use durafiber_api::ApiErrorKind;
 use durafiber_runtime::RunId;
 use std::time::Duration;
 
@@ -74,7 +75,8 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
 
 /// A new run's options as the API takes them.
 fn run_options(options: StartOptions) -> Result<RunOptions, ApiError> {
-    let durability = options.durability.as_deref().map(DurabilityMode::parse).transpose()?;
+    let durability =
+        options.durability.as_deref().map(DurabilityMode::parse).transpose().map_err(RuntimeError::from)?;
     let budget = match options.budget {
         None => Budget::default(),
         Some(b) => Budget {
@@ -268,7 +270,7 @@ pub(super) async fn request(
     let value: Value = parse_value(&body)?;
     let reply = app.runtime.request_json(&run_id, &value.to_string()).await?;
     let reply: Value = serde_json::from_str(&app.secrets.redact(&reply))
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "Internal"))?;
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), ApiErrorKind::Internal))?;
     ok(Reply { run_id, reply })
 }
 
@@ -291,8 +293,9 @@ pub(super) async fn storage(
     let next = if page.len() == limit { page.last().map(|(k, _)| k.clone()) } else { None };
     let mut entries = Vec::with_capacity(page.len());
     for (key, text) in page {
-        let value: Value = serde_json::from_str(&app.secrets.redact(&text))
-            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "Internal"))?;
+        let value: Value = serde_json::from_str(&app.secrets.redact(&text)).map_err(|e| {
+            ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), ApiErrorKind::Internal)
+        })?;
         entries.push(StorageEntry { key, value });
     }
     ok(StoragePage { run_id, entries, next })

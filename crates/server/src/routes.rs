@@ -9,6 +9,7 @@ use axum::{
     middleware::{self, Next},
     response::{IntoResponse, Response},
 };
+use durafiber_api::ApiErrorKind;
 use durafiber_runtime::RuntimeError;
 
 use crate::{
@@ -63,7 +64,7 @@ async fn bounded_writes(State(app): State<AppState>, req: Request, next: Next) -
                     "the disk is full: the request waited {} for space; it may still be carried out when space returns",
                     humantime::format_duration(limit)
                 ),
-                "StorageFull",
+                ApiErrorKind::StorageFull,
             )
             .into_response();
         }
@@ -78,7 +79,7 @@ async fn bounded_writes(State(app): State<AppState>, req: Request, next: Next) -
 const PARKED_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 async fn not_found() -> ApiError {
-    ApiError(StatusCode::NOT_FOUND, "no such endpoint".into(), "NotFound")
+    ApiError(StatusCode::NOT_FOUND, "no such endpoint".into(), ApiErrorKind::NotFound)
 }
 
 /// The API's routes, each registered through its `#[utoipa::path]` annotation, and the
@@ -125,7 +126,11 @@ pub fn router(state: AppState) -> Router {
     api.merge(console::router())
         .fallback(not_found)
         .method_not_allowed_fallback(|| async {
-            ApiError(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here".into(), "MethodNotAllowed")
+            ApiError(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed here".into(),
+                ApiErrorKind::MethodNotAllowed,
+            )
         })
         // Route layers run only for a route that exists: an undeclared method is 405 and a
         // path of no route 404, before any token is looked at, any body checked or any

@@ -1,6 +1,7 @@
 //! What every handler shares ([`AppState`], who may reach the server ([`Access`])), the
 //! API's error shape ([`ApiError`]), and the small helpers every JSON handler uses.
 
+use durafiber_api::ApiErrorKind;
 use std::net::SocketAddr;
 
 use axum::{
@@ -88,11 +89,11 @@ fn prometheus_builder() -> metrics_exporter_prometheus::PrometheusBuilder {
 }
 
 /// An API error: a status and a JSON body.
-pub struct ApiError(pub StatusCode, pub String, pub &'static str);
+pub struct ApiError(pub StatusCode, pub String, pub ApiErrorKind);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.0, Json(json!({"error": self.1, "kind": self.2}))).into_response()
+        (self.0, Json(json!({"error": self.1, "kind": self.2.name()}))).into_response()
     }
 }
 
@@ -100,37 +101,39 @@ impl From<RuntimeError> for ApiError {
     fn from(e: RuntimeError) -> Self {
         use RuntimeError::*;
         let (status, kind) = match &e {
-            UnknownRun { .. } => (StatusCode::NOT_FOUND, "UnknownRun"),
+            UnknownRun { .. } => (StatusCode::NOT_FOUND, ApiErrorKind::UnknownRun),
             NotOwner { .. } | Store(durafiber_store::StoreError::Fenced { .. }) => {
-                (StatusCode::MISDIRECTED_REQUEST, "NotOwner")
+                (StatusCode::MISDIRECTED_REQUEST, ApiErrorKind::NotOwner)
             }
-            UnknownKind { .. } => (StatusCode::BAD_REQUEST, "UnknownKind"),
-            KeyConflict { .. } => (StatusCode::CONFLICT, "KeyConflict"),
-            StaleApproval { .. } => (StatusCode::CONFLICT, "StaleApproval"),
-            NotPending { .. } => (StatusCode::CONFLICT, "NotPending"),
-            AlreadyDecided { .. } => (StatusCode::CONFLICT, "AlreadyDecided"),
-            AlreadyVoted { .. } => (StatusCode::CONFLICT, "AlreadyVoted"),
-            NotAReviewer { .. } => (StatusCode::FORBIDDEN, "NotAReviewer"),
-            DeciderUnknown { .. } => (StatusCode::BAD_REQUEST, "DeciderUnknown"),
-            ForkRefused { .. } => (StatusCode::CONFLICT, "ForkRefused"),
-            RunFinished { .. } => (StatusCode::CONFLICT, "RunFinished"),
-            RunOpen { .. } => (StatusCode::CONFLICT, "RunOpen"),
-            KeptWithParent { .. } => (StatusCode::CONFLICT, "KeptWithParent"),
-            InvalidInput(_) | Config(_) => (StatusCode::BAD_REQUEST, "InvalidInput"),
+            UnknownKind { .. } => (StatusCode::BAD_REQUEST, ApiErrorKind::UnknownKind),
+            KeyConflict { .. } => (StatusCode::CONFLICT, ApiErrorKind::KeyConflict),
+            StaleApproval { .. } => (StatusCode::CONFLICT, ApiErrorKind::StaleApproval),
+            NotPending { .. } => (StatusCode::CONFLICT, ApiErrorKind::NotPending),
+            AlreadyDecided { .. } => (StatusCode::CONFLICT, ApiErrorKind::AlreadyDecided),
+            AlreadyVoted { .. } => (StatusCode::CONFLICT, ApiErrorKind::AlreadyVoted),
+            NotAReviewer { .. } => (StatusCode::FORBIDDEN, ApiErrorKind::NotAReviewer),
+            DeciderUnknown { .. } => (StatusCode::BAD_REQUEST, ApiErrorKind::DeciderUnknown),
+            ForkRefused { .. } => (StatusCode::CONFLICT, ApiErrorKind::ForkRefused),
+            RunFinished { .. } => (StatusCode::CONFLICT, ApiErrorKind::RunFinished),
+            RunOpen { .. } => (StatusCode::CONFLICT, ApiErrorKind::RunOpen),
+            KeptWithParent { .. } => (StatusCode::CONFLICT, ApiErrorKind::KeptWithParent),
+            InvalidInput(_) | Config(_) | Durability(_) => {
+                (StatusCode::BAD_REQUEST, ApiErrorKind::InvalidInput)
+            }
             // The agent refused what the request asked: it conflicts with the run as it is.
-            Agent(_) => (StatusCode::CONFLICT, "Agent"),
-            WrongMessage { .. } => (StatusCode::CONFLICT, "WrongMessage"),
-            ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "ShuttingDown"),
-            Evicted { .. } => (StatusCode::SERVICE_UNAVAILABLE, "Evicted"),
+            Agent(_) => (StatusCode::CONFLICT, ApiErrorKind::Agent),
+            WrongMessage { .. } => (StatusCode::CONFLICT, ApiErrorKind::WrongMessage),
+            ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, ApiErrorKind::ShuttingDown),
+            Evicted { .. } => (StatusCode::SERVICE_UNAVAILABLE, ApiErrorKind::Evicted),
             Store(durafiber_store::StoreError::StorageFull { .. }) => {
-                (StatusCode::INSUFFICIENT_STORAGE, "StorageFull")
+                (StatusCode::INSUFFICIENT_STORAGE, ApiErrorKind::StorageFull)
             }
             Store(durafiber_store::StoreError::Failed { .. }) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "StoreFailed")
+                (StatusCode::SERVICE_UNAVAILABLE, ApiErrorKind::StoreFailed)
             }
             // The rest, and kinds added later (the enum is `#[non_exhaustive]`), are the
             // server's own failure.
-            _ => (StatusCode::INTERNAL_SERVER_ERROR, "Internal"),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, ApiErrorKind::Internal),
         };
         ApiError(status, e.to_string(), kind)
     }
@@ -168,7 +171,7 @@ impl Access {
 }
 
 pub fn bad_request(msg: impl Into<String>) -> ApiError {
-    ApiError(StatusCode::BAD_REQUEST, msg.into(), "BadRequest")
+    ApiError(StatusCode::BAD_REQUEST, msg.into(), ApiErrorKind::BadRequest)
 }
 
 /// Any JSON value of a body, as it is (a message's or a request's).
@@ -233,8 +236,9 @@ pub type ApiResult = Result<Response, ApiError>;
 
 pub fn ok(value: impl serde::Serialize) -> ApiResult {
     Ok(Json(
-        serde_json::to_value(value)
-            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "Internal"))?,
+        serde_json::to_value(value).map_err(|e| {
+            ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), ApiErrorKind::Internal)
+        })?,
     )
     .into_response())
 }

@@ -2,6 +2,7 @@
 //! stored about it, the audit entries about it, who decided each approval — secrets
 //! redacted.
 
+use durafiber_api::ApiErrorKind;
 use durafiber_runtime::{RunId, RuntimeError};
 use durafiber_store::access::{self, AuditRecord};
 use serde_json::{Value, json};
@@ -36,7 +37,7 @@ pub fn redacted(app: &AppState, value: &Value) -> Result<Value, ApiError> {
 }
 
 fn internal(e: serde_json::Error) -> ApiError {
-    ApiError(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "Internal")
+    ApiError(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), ApiErrorKind::Internal)
 }
 
 /// The token that recorded `approval`'s decision: the first audited request for it with

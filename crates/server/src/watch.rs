@@ -1,6 +1,7 @@
 //! What operators watch through the API: Prometheus metrics and their JSON twin, the event
 //! log as server-sent events, a run's output stream, a backup of the store, and health.
 
+use durafiber_api::ApiErrorKind;
 use durafiber_runtime::RunId;
 use std::time::Duration;
 
@@ -28,7 +29,7 @@ pub(super) async fn metrics(State(app): State<AppState>) -> ApiResult {
         return Err(ApiError(
             StatusCode::NOT_FOUND,
             "no Prometheus recorder in this process".into(),
-            "NotFound",
+            ApiErrorKind::NotFound,
         ));
     };
     let gauges = app.runtime.gauges()?;

@@ -19,7 +19,8 @@
 //!   every other record stays readable.
 //!
 //! # Module map
-//! - [`RunId`]: the id a run's records hold, as a type of its own.
+//! - [`RunId`]: the id a run's records hold, as a type of its own (`durafiber-api`'s, as are the
+//!   record types of [`tables`]).
 //! - [`envelope`]: format version + checksum around every record.
 //! - [`codec`]: the one bincode configuration.
 //! - [`tables`]: key layout of the logical tables, and the record types stored in them.
@@ -47,7 +48,6 @@ mod direct;
 pub mod envelope;
 mod error;
 mod fsync;
-mod ids;
 pub mod lock;
 mod memtable;
 #[cfg(feature = "postgres")]
@@ -65,8 +65,8 @@ pub mod witness;
 pub use backend::{Backend, Lease, Leases, ShardOwner, SharedLimits};
 pub use barrier::{Durability, WriterStats};
 pub use batch::Batch;
+pub use durafiber_api::RunId;
 pub use error::StoreError;
-pub use ids::RunId;
 #[cfg(feature = "postgres")]
 pub use pg_backend::PgBackend;
 pub use sim_backend::{SimBackend, SimCrash};

@@ -6,7 +6,7 @@
 
 mod cron;
 
-use std::{ops::Deref, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use durafiber_store::{
     Batch,
@@ -15,7 +15,9 @@ use durafiber_store::{
 use serde::Serialize;
 
 pub use cron::CronSchedule;
+
 pub(crate) use cron::next_after as next_cron;
+pub use durafiber_api::Alarm;
 
 use crate::{error::RuntimeError, json, kernel::cell::RunCell, kernel::shared::Shared, limits};
 
@@ -122,28 +124,6 @@ impl AlarmSpec {
             return Err(RuntimeError::InvalidInput("only a cron alarm has a time zone".into()));
         };
         Ok(AlarmSpec { cron: Some(cron.in_time_zone(zone)?), ..self })
-    }
-}
-
-/// A pending alarm as listed: its record (the next due time, attempts), its cron schedule if
-/// it has one, and the failed occurrences of a periodic or cron alarm still being retried.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-pub struct Alarm {
-    /// The alarm's record; its fields read through (`alarm.due_at_ms`).
-    #[serde(flatten)]
-    pub record: AlarmRecord,
-    /// The cron schedule of a cron alarm.
-    pub cron: Option<CronRecord>,
-    /// Failed occurrences being retried, each with its own next attempt time.
-    pub retrying: Vec<AlarmRecord>,
-}
-
-impl Deref for Alarm {
-    type Target = AlarmRecord;
-
-    fn deref(&self) -> &AlarmRecord {
-        &self.record
     }
 }
 

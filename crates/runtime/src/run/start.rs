@@ -10,7 +10,6 @@ use durafiber_store::{
     Durability, StoreError,
     tables::{self, Key, RunRecord, RunStatus, keys},
 };
-use serde::Serialize;
 
 use crate::trace;
 use crate::{
@@ -24,17 +23,7 @@ use crate::{
     types::{RunId, RunOptions},
 };
 
-/// What `start` returns: the run's handle and whether this call created it.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-pub struct StartOutcome {
-    /// The run's id: the handle to keep.
-    pub run_id: RunId,
-    /// True when this call accepted the run; false when the key was already known.
-    pub accepted: bool,
-    /// The run's current state.
-    pub status: RunStatus,
-}
+pub use durafiber_api::StartOutcome;
 
 /// A new run id: creation time first, so ids sort roughly by age, then 128 bits from the
 /// operating system's cryptographic generator.

@@ -21,6 +21,8 @@ use crate::{
     types::RunState,
 };
 
+pub use durafiber_api::RunPage;
+
 /// Everything stored about a run, for inspection. Secrets are pointers by construction.
 ///
 /// Serialized, every stored JSON text is embedded as JSON under the field's name without
@@ -163,16 +165,6 @@ pub struct ListFilter {
     /// Only open runs whose last stash is older than this `STASH_VERSION`: the runs a deploy
     /// of that version still has to carry (`Agent::upgrade_stash`).
     pub stash_version_below: Option<u32>,
-}
-
-/// One page of runs.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct RunPage {
-    /// The runs.
-    pub runs: Vec<RunRecord>,
-    /// Pass as `after` for the next page; `None` on the last one.
-    pub next: Option<RunId>,
 }
 
 /// Every record of `table` that belongs to run `id`.

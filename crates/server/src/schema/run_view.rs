@@ -64,7 +64,7 @@ pub struct RunShown {
     /// The input's hash.
     pub input_hash: String,
     /// Its state.
-    pub status: StatusShown,
+    pub status: durafiber_api::Status,
     /// When it was accepted, ms.
     pub created_at_ms: u64,
     /// When it last changed, ms.
@@ -81,56 +81,6 @@ pub struct RunShown {
     pub cancel_reason: Option<String>,
     /// How it is kept.
     pub options: RunOptions,
-}
-
-/// A run's state, a completed run's output as JSON.
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum StatusShown {
-    /// Durably recorded; no fiber has started yet.
-    Accepted,
-    /// A fiber is registered.
-    Running,
-    /// Waits for a human.
-    WaitingApproval {
-        /// The approval.
-        approval_id: String,
-    },
-    /// Waits for an alarm.
-    WaitingAlarm {
-        /// The alarm.
-        name: String,
-    },
-    /// Waits for an external event.
-    WaitingEvent {
-        /// The event.
-        name: String,
-    },
-    /// Finished with an output.
-    Completed {
-        /// The output.
-        output: Value,
-    },
-    /// Finished with an error.
-    Failed {
-        /// What went wrong.
-        error: String,
-    },
-    /// Stopped on request.
-    Cancelled {
-        /// Why.
-        reason: String,
-    },
-    /// A human must look.
-    Escalated {
-        /// Why.
-        reason: String,
-    },
-    /// Held by an operator; a resume lets it continue where it stopped.
-    Paused {
-        /// Why.
-        reason: String,
-    },
 }
 
 /// The run's last stash.

@@ -3,8 +3,9 @@
 //! its children and the forks that inherited them. Re-exported by [`super::keys`], the one
 //! place keys are built.
 
+use durafiber_api::family_records::*;
+
 use super::{
-    family_records::*,
     list::{CHILDREN, FORK_PARENTS, FORKS, HISTORY, JOURNAL_SEQS, PARENTS},
     table::Key,
 };

@@ -1,7 +1,9 @@
 //! Reading keys back: the parts of a table's key (a sequence number, a name, a due time) that
 //! scans hand back. Their layouts are `keys.rs`'s.
 
-use super::{family_records::*, records::*, table::Key};
+use durafiber_api::{family_records::*, records::*};
+
+use super::table::Key;
 
 /// The name a `children` key gives its child.
 pub fn child_name(key: &Key<ChildRecord>) -> Option<String> {

@@ -3,11 +3,9 @@
 //! Parts of a key are joined with a NUL byte, which ids may not contain
 //! ([`super::check_id`]); numbers in keys are big-endian, so a range scan is in their order.
 
-use super::{
-    family_records::*,
-    records::*,
-    table::{Key, Prefix},
-};
+use durafiber_api::{family_records::*, records::*};
+
+use super::table::{Key, Prefix};
 use crate::RunId;
 
 pub use super::{family_keys::*, list::*};

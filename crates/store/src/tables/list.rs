@@ -2,11 +2,9 @@
 //! follows from the list — every table (`ALL`), the decoder that checks a stored record as
 //! its table's type, and the run a stored key belongs to. Re-exported by [`super::keys`].
 
-use super::{
-    family_records::*,
-    records::*,
-    table::{Table, TableInfo, decode_sealed, printable},
-};
+use durafiber_api::{family_records::*, records::*};
+
+use super::table::{Table, TableInfo, decode_sealed, printable};
 use crate::{RunId, error::StoreError};
 
 /// Declares each table once: its name, prefix and value type; [`ALL`] and the decoder that

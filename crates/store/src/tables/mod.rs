@@ -6,13 +6,10 @@
 //! functions that build their keys, the only place a key is built.
 
 mod family_keys;
-mod family_records;
 mod key_parts;
 pub mod keys;
 mod list;
-mod records;
 mod table;
 
-pub use family_records::*;
-pub use records::*;
+pub use durafiber_api::{family_records::*, records::*};
 pub use table::{ID_CHARS_MAX, Key, Prefix, Table, TableInfo, check_id, decode_sealed, printable};

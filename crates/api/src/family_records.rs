@@ -4,8 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::records::StashRecord;
-use crate::RunId;
+use crate::ids::RunId;
+use crate::records::StashRecord;
 
 /// One boundary of a run's history (`history`): its stash as written then, so that a run can
 /// be forked from it.

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::RunId;
+use crate::ids::RunId;
 
 /// The durable record of a run: its handle, its input and where it stands.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

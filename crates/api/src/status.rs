@@ -1,0 +1,124 @@
+//! A run's state as the API shows it: the one status the server writes and every client
+//! reads, a completed run's output as JSON rather than as the text it is stored as.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::records::RunStatus;
+
+/// A run's state as the API shows it: a completed run's output as JSON.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Durably recorded; no fiber has started yet.
+    Accepted,
+    /// A fiber is registered.
+    Running,
+    /// Waits for a human.
+    WaitingApproval {
+        /// The approval.
+        approval_id: String,
+    },
+    /// Waits for an alarm.
+    WaitingAlarm {
+        /// The alarm.
+        name: String,
+    },
+    /// Waits for an external event.
+    WaitingEvent {
+        /// The event.
+        name: String,
+    },
+    /// Finished with an output.
+    Completed {
+        /// The output.
+        output: Value,
+    },
+    /// Finished with an error.
+    Failed {
+        /// What went wrong.
+        error: String,
+    },
+    /// Stopped on request.
+    Cancelled {
+        /// Why.
+        reason: String,
+    },
+    /// A human must look.
+    Escalated {
+        /// Why.
+        reason: String,
+    },
+    /// Held by an operator; a resume lets it continue where it stopped.
+    Paused {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Status {
+    /// Whether the run has finished for good.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            Status::Completed { .. }
+                | Status::Failed { .. }
+                | Status::Cancelled { .. }
+                | Status::Escalated { .. }
+        )
+    }
+
+    /// The state's name, as `GET /runs?state=` takes it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Status::Accepted => "accepted",
+            Status::Running => "running",
+            Status::WaitingApproval { .. } => "waiting_approval",
+            Status::WaitingAlarm { .. } => "waiting_alarm",
+            Status::WaitingEvent { .. } => "waiting_event",
+            Status::Completed { .. } => "completed",
+            Status::Failed { .. } => "failed",
+            Status::Cancelled { .. } => "cancelled",
+            Status::Escalated { .. } => "escalated",
+            Status::Paused { .. } => "paused",
+        }
+    }
+
+    /// What it waits for, or why it ended; empty for the rest.
+    pub fn detail(&self) -> &str {
+        match self {
+            Status::WaitingApproval { approval_id: s }
+            | Status::WaitingAlarm { name: s }
+            | Status::WaitingEvent { name: s }
+            | Status::Failed { error: s }
+            | Status::Cancelled { reason: s }
+            | Status::Escalated { reason: s }
+            | Status::Paused { reason: s } => s,
+            _ => "",
+        }
+    }
+}
+
+impl From<&RunStatus> for Status {
+    /// The stored state as shown: an output that is not JSON (never written so) shows as text.
+    fn from(status: &RunStatus) -> Self {
+        match status {
+            RunStatus::Accepted => Status::Accepted,
+            RunStatus::Running => Status::Running,
+            RunStatus::WaitingApproval { approval_id } => {
+                Status::WaitingApproval { approval_id: approval_id.clone() }
+            }
+            RunStatus::WaitingAlarm { name } => Status::WaitingAlarm { name: name.clone() },
+            RunStatus::WaitingEvent { name } => Status::WaitingEvent { name: name.clone() },
+            RunStatus::Completed { output_json } => Status::Completed {
+                output: serde_json::from_str(output_json)
+                    .unwrap_or_else(|_| Value::String(output_json.clone())),
+            },
+            RunStatus::Failed { error } => Status::Failed { error: error.clone() },
+            RunStatus::Cancelled { reason } => Status::Cancelled { reason: reason.clone() },
+            RunStatus::Escalated { reason } => Status::Escalated { reason: reason.clone() },
+            RunStatus::Paused { reason } => Status::Paused { reason: reason.clone() },
+        }
+    }
+}
