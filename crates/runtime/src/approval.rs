@@ -113,11 +113,11 @@ pub(crate) async fn request(
         })
         .await
         .map_err(AgentError::from)?;
-    raw.cell.recovering.store(false, std::sync::atomic::Ordering::SeqCst);
-    shared.scheduler.insert(escalation.due_at_ms, &run_id, &escalation.name);
-    shared.driver_wake.notify_one();
+    raw.cell.task.recovering.store(false, std::sync::atomic::Ordering::SeqCst);
+    shared.timers.scheduler.insert(escalation.due_at_ms, &run_id, &escalation.name);
+    shared.timers.driver_wake.notify_one();
     shared.event(&run_id, "approval_requested", format!("{approval_id}: hash {}", record.payload_hash));
-    shared.span(|| {
+    shared.obs.span(|| {
         raw.span_since("approval.request", asked_at_ms)
             .attr("durafiber.approval.id", approval_id.to_string())
             .attr("durafiber.approval.payload_hash", record.payload_hash.clone())
@@ -137,14 +137,14 @@ async fn wait_for_decision(
 ) -> Result<Decision, AgentError> {
     let shared = &raw.shared;
     let (tx, rx) = oneshot::channel();
-    *raw.cell.approval_waiter.lock() = Some(Box::new((approval_id.to_string(), tx)));
+    *raw.cell.waits.approval.lock() = Some(Box::new((approval_id.to_string(), tx)));
     // A decision may have landed between the pause's write and the waiter's registration.
     if let Some(ApprovalRecord { decision: Some(d), .. }) = shared.store.get(key)? {
-        raw.cell.approval_waiter.lock().take();
+        raw.cell.waits.approval.lock().take();
         return Ok(d);
     }
     shared.fiber_waiting(&raw.cell.run_id, true, shared.now_ms());
-    let outcome = shared.parked(raw.in_fiber, rx).await;
+    let outcome = shared.life.parked(raw.in_fiber, rx).await;
     shared.fiber_waiting(&raw.cell.run_id, false, shared.now_ms());
     match outcome {
         // The wake token drops here, after the fiber counts itself busy again.
@@ -162,7 +162,7 @@ pub(crate) async fn approve(
     decision: Decision,
     by: Option<&Decider>,
 ) -> Result<ApproveOutcome, RuntimeError> {
-    let _one_at_a_time = shared.inbound_lock(run_id).await;
+    let _one_at_a_time = shared.stripes.inbound(run_id).await;
     let run = shared.load_run(run_id)?;
     let key = keys::approval(run_id, approval_id);
     let not_pending =
@@ -281,14 +281,14 @@ pub(crate) async fn approve(
             Ok(true)
         })
         .await?;
-    shared.scheduler.remove(record.escalate_at_ms, run_id, &escalation);
+    shared.timers.scheduler.remove(record.escalate_at_ms, run_id, &escalation);
     shared.liveness.activity(run_id, shared.now_ms());
     shared.event(run_id, "approval_decided", format!("{approval_id}: approved={}", decided.approved));
     if let (Some((vote, approvals)), Some(rule)) = (&vote, &rule) {
         vote_span(shared, &run.kind, &record, vote, *approvals, rule.required);
     }
     // From the request to the decision: how long the run waited for a human.
-    shared.span(|| {
+    shared.obs.span(|| {
         Ended::new(run_id, &run.kind, "approval.decision", Parent::Root)
             .times(record.requested_at_ms, shared.now_ms())
             .attr("durafiber.approval.id", approval_id.to_string())
@@ -335,7 +335,7 @@ fn vote_span(
     approvals: u32,
     required: u32,
 ) {
-    shared.span(|| {
+    shared.obs.span(|| {
         Ended::new(&record.run_id, kind, "approval.vote", Parent::Root)
             .times(vote.at_ms, vote.at_ms)
             .attr("durafiber.approval.id", record.approval_id.clone())
@@ -350,10 +350,10 @@ fn vote_span(
 /// Hands the decision to the waiting fiber, or re-enters the run when its fiber is gone.
 async fn deliver(shared: &Arc<Shared>, run_id: &str, approval_id: &str, decision: Decision) {
     if let Some(live) = shared.registry.get(run_id) {
-        let mut slot = live.cell.approval_waiter.lock();
+        let mut slot = live.cell.waits.approval.lock();
         if slot.as_ref().is_some_and(|waiter| waiter.0 == approval_id)
             && let Some(waiter) = slot.take().map(|waiter| waiter.1)
-            && waiter.send(ApprovalOutcome::Decided(decision, shared.wake_token())).is_ok()
+            && waiter.send(ApprovalOutcome::Decided(decision, shared.life.wake_token())).is_ok()
         {
             return;
         }
@@ -367,7 +367,7 @@ pub(crate) async fn on_escalation_alarm(
     run_id: &str,
     approval_id: &str,
 ) -> Result<(), RuntimeError> {
-    let _one_at_a_time = shared.inbound_lock(run_id).await;
+    let _one_at_a_time = shared.stripes.inbound(run_id).await;
     let key = keys::approval(run_id, approval_id);
     let Some(mut record) = shared.store.get::<ApprovalRecord>(&key)? else {
         return Ok(());

@@ -71,12 +71,12 @@ fn spent_below(shared: &Shared, run_id: &str) -> Result<BudgetSpent, RuntimeErro
 /// The budgets the fiber's run counts against, with what was spent under each; empty for a
 /// run without limits under runs without limits, which after its first boundary costs no read.
 fn current(raw: &RawCtx) -> Result<Vec<Counted>, AgentError> {
-    if raw.cell.without_budget.load(std::sync::atomic::Ordering::Relaxed) {
+    if raw.cell.spending.without_budget.load(std::sync::atomic::Ordering::Relaxed) {
         return Ok(Vec::new());
     }
     let (shared, run_id) = (&raw.shared, &raw.cell.run_id);
     let with_limits = |r: &BudgetRecord| r.limits != BudgetLimits::default();
-    let pending = *raw.cell.spend.lock();
+    let pending = *raw.cell.spending.spend.lock();
     let mut counted = Vec::new();
     if let Some(own) = spend::stored(&shared.store, run_id)?.filter(with_limits) {
         let spent = own.spent.plus(pending).plus(spent_below(shared, run_id)?);
@@ -92,7 +92,7 @@ fn current(raw: &RawCtx) -> Result<Vec<Counted>, AgentError> {
     }
     if counted.is_empty() {
         // Limits never change after a run's start, those of the runs above neither.
-        raw.cell.without_budget.store(true, std::sync::atomic::Ordering::Relaxed);
+        raw.cell.spending.without_budget.store(true, std::sync::atomic::Ordering::Relaxed);
     }
     Ok(counted)
 }
@@ -136,7 +136,7 @@ fn first_crossed(
 }
 
 fn stop(raw: &RawCtx, which: &str) -> AgentError {
-    Metrics::bump(&raw.shared.metrics.budget_stops);
+    Metrics::bump(&raw.shared.obs.metrics.budget_stops);
     raw.shared.event(&raw.cell.run_id, "budget_exceeded", which.to_string());
     AgentError::escalate(format!("budget: {which}"))
 }
@@ -160,17 +160,17 @@ pub(crate) fn admit_effect(raw: &RawCtx) -> Result<(), AgentError> {
     if let Some(which) = first_crossed(raw, &counted, true)? {
         return Err(stop(raw, &which));
     }
-    raw.cell.spend.lock().effects += 1;
+    raw.cell.spending.spend.lock().effects += 1;
     Ok(())
 }
 
 /// Records `units` of cost spent on `what`, durable with the run's next boundary.
 pub(crate) fn charge(raw: &RawCtx, units: u64, what: &str) {
     {
-        let mut pending = raw.cell.spend.lock();
+        let mut pending = raw.cell.spending.spend.lock();
         pending.cost_units = pending.cost_units.saturating_add(units);
     }
-    Metrics::add(&raw.shared.metrics.cost_units, units);
+    Metrics::add(&raw.shared.obs.metrics.cost_units, units);
     raw.shared.event(&raw.cell.run_id, "charged", format!("{units} units: {what}"));
 }
 

@@ -89,7 +89,7 @@ pub(crate) async fn start(
         return same_child(shared, name, kind, &input_json, linked);
     }
     let key = start_key(&parent, name);
-    let child = (shared.starter)(shared.clone(), kind.to_string(), key, input_json).await?;
+    let child = (shared.agents.starter)(shared.clone(), kind.to_string(), key, input_json).await?;
     let mut batch = Batch::new();
     batch.put(
         link,
@@ -166,7 +166,7 @@ pub(crate) fn settled(shared: &Arc<Shared>, run: &RunRecord) {
     };
     for to in parents {
         let (shared_, child) = (shared.clone(), run.run_id.clone());
-        shared.spawn_tracked(async move {
+        shared.life.spawn_tracked(async move {
             // The wait the parent is in now, if it waits for this child; else the first, which
             // keeps the event until the parent's join waits for it.
             let name = match shared_.load_run(&to).map(|p| p.status) {

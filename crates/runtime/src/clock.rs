@@ -117,6 +117,38 @@ impl Clock for AgreedClock {
     }
 }
 
+/// A runtime's time: its clock, and on a store several nodes share the agreed clock it
+/// reads, whose offset the lease heartbeat sets.
+pub(crate) struct Time {
+    /// The runtime's time: on a store several nodes share, `agreed`.
+    pub clock: Arc<dyn Clock>,
+    /// On a store several nodes share (and a clock that is not virtual): the time base the
+    /// nodes agree on, the database's clock, which `clock` reads.
+    pub agreed: Option<Arc<AgreedClock>>,
+}
+
+impl Time {
+    /// `local`'s time, agreed with the other nodes' when `agree` (a shared store, a clock
+    /// that is not virtual).
+    pub fn new(local: Arc<dyn Clock>, agree: bool) -> Self {
+        let agreed = agree.then(|| Arc::new(AgreedClock::new(local.clone())));
+        let clock: Arc<dyn Clock> = match &agreed {
+            Some(agreed) => agreed.clone(),
+            None => local,
+        };
+        Time { clock, agreed }
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// The runtime's time `at_ms` on this machine's own clock.
+    pub fn to_local_ms(&self, at_ms: u64) -> u64 {
+        self.agreed.as_ref().map_or(at_ms, |a| a.to_local_ms(at_ms))
+    }
+}
+
 /// Time that moves only when told to, deterministically.
 #[derive(Clone)]
 pub struct VirtualClock {

@@ -161,7 +161,7 @@ fn retry_delay_ms(raw: &RawCtx, options: &EffectOptions, attempt: u32) -> u64 {
         .checked_shl(attempt.saturating_sub(1).min(16))
         .unwrap_or(u64::MAX)
         .min(options.backoff_max.as_millis() as u64);
-    raw.shared.jitter_between(0, cap)
+    raw.shared.controls.jitter_between(0, cap)
 }
 
 pub(crate) async fn perform<Args, R, F, Fut>(
@@ -282,8 +282,8 @@ async fn wait_to_retry(
     let run_id = &raw.cell.run_id;
     tracing::warn!(%run_id, effect_id, attempt, error, delay_ms = delay.as_millis() as u64, "effect call failed");
     if attempt < options.attempts {
-        let sleep = clock::sleep(raw.shared.clock.as_ref(), delay);
-        raw.shared.parked(raw.in_fiber, sleep).await;
+        let sleep = clock::sleep(raw.shared.time.clock.as_ref(), delay);
+        raw.shared.life.parked(raw.in_fiber, sleep).await;
     }
     error
 }
@@ -299,7 +299,7 @@ where
     };
     match timeout {
         None => call.await,
-        Some(limit) if shared.clock.is_virtual() => {
+        Some(limit) if shared.time.clock.is_virtual() => {
             // On a virtual clock the call is still real I/O: it is work in flight, which
             // virtual time waits for, and its deadline is on the real clock — so whether
             // it times out does not depend on how fast the machine moves virtual time.
@@ -313,14 +313,14 @@ where
             // clock, time may move to the deadline meanwhile.
             // The deadline is set before the wait is parked, so a virtual clock sees it.
             // It is dropped only after the wait counts as work again (see `VirtualSleep`).
-            let mut deadline = clock::sleep(shared.clock.as_ref(), limit);
+            let mut deadline = clock::sleep(shared.time.clock.as_ref(), limit);
             let bounded = async {
                 tokio::select! {
                     answer = call => answer,
                     () = &mut deadline => timed_out(limit),
                 }
             };
-            shared.parked(raw.in_fiber, bounded).await
+            shared.life.parked(raw.in_fiber, bounded).await
         }
     }
 }
@@ -338,13 +338,13 @@ struct EffectSpan {
 
 impl EffectSpan {
     fn start(raw: &RawCtx, effect_id: &str, key: &str) -> EffectSpan {
-        let span_id = match raw.shared.traces.is_on() {
+        let span_id = match raw.shared.obs.traces.is_on() {
             true => trace::fresh_span_id(),
             false => opentelemetry::trace::SpanId::INVALID,
         };
         EffectSpan {
             span_id,
-            traceparent: raw.shared.traces.traceparent(&raw.cell.run_id, span_id),
+            traceparent: raw.shared.obs.traces.traceparent(&raw.cell.run_id, span_id),
             effect_id: effect_id.to_string(),
             key: key.to_string(),
             start_ms: raw.shared.now_ms(),
@@ -353,7 +353,7 @@ impl EffectSpan {
     }
 
     fn end(&self, raw: &RawCtx, outcome: &'static str, error: Option<String>) {
-        raw.shared.span(|| {
+        raw.shared.obs.span(|| {
             raw.span_since(format!("effect {}", self.effect_id), self.start_ms)
                 .id(self.span_id)
                 .client()

@@ -71,8 +71,8 @@ pub(crate) async fn enter<Args: Serialize, R: DeserializeOwned>(
         hooks.entered(true);
         return Ok(Entered::Entry(entry));
     };
-    Metrics::bump(&shared.metrics.effects_prevented);
-    shared.span(|| {
+    Metrics::bump(&shared.obs.metrics.effects_prevented);
+    shared.obs.span(|| {
         raw.span_since(format!("effect {effect_id}"), shared.now_ms())
             .client()
             .attr("durafiber.effect.id", effect_id.to_string())
@@ -142,7 +142,7 @@ pub(crate) async fn commit<R: Serialize>(
     assert!(entry.committed.is_none(), "only a prepared effect is committed");
     // An upstream that echoes what it was sent must not put a secret into the ledger.
     let (receipt_json, receipt_hash) =
-        raw.shared.redacted_with_hash(receipt).map_err(AgentError::Serialization)?;
+        raw.shared.obs.redacted_with_hash(receipt).map_err(AgentError::Serialization)?;
     entry.committed = Some(Receipt { receipt_json, receipt_hash, committed_at_ms: raw.shared.now_ms() });
     let mut batch = Batch::new();
     batch.put(key, &entry)?;
@@ -151,6 +151,6 @@ pub(crate) async fn commit<R: Serialize>(
     batch.put(keys::journal_seq(&entry.run_id, Journaled::Effect, &entry.effect_id), &seq)?;
     raw.shared.commit_boundary(&raw.cell, batch, Durability::Sync).await?;
     raw.shared.event(&entry.run_id, "effect_committed", entry.effect_id.clone());
-    Metrics::bump(&raw.shared.metrics.effects);
+    Metrics::bump(&raw.shared.obs.metrics.effects);
     Ok(())
 }

@@ -58,7 +58,7 @@ impl StreamSink {
     pub fn send<T: Serialize + ?Sized>(&self, chunk: &T) -> Result<(), EffectError> {
         let c = &self.call;
         let text = json::canonical(chunk).map_err(EffectError::Permanent)?;
-        let text = c.shared.redact(text);
+        let text = c.shared.obs.redact(text);
         let used = c.used.fetch_add(text.len() as u64, Ordering::SeqCst).saturating_add(text.len() as u64);
         if used > c.room {
             return Err(EffectError::Permanent(format!(
@@ -66,7 +66,7 @@ impl StreamSink {
                 c.room
             )));
         }
-        let mut slot = c.cell.live.lock();
+        let mut slot = c.cell.output.live.lock();
         match slot.as_mut() {
             Some(slot) if slot.effect.is_call(&c.effect_id, c.call) && slot.effect.retracted.is_none() => {
                 slot.effect.chunks.push(text);
@@ -134,8 +134,8 @@ impl StreamedEffect {
             chunks: Vec::new(),
             retracted: None,
         };
-        *self.cell.live.lock() = Some(LiveSlot::new(effect));
-        self.shared.live_version.send_modify(|v| *v = v.wrapping_add(1));
+        *self.cell.output.live.lock() = Some(LiveSlot::new(effect));
+        self.shared.signals.live_version.send_modify(|v| *v = v.wrapping_add(1));
         let sink = StreamSink {
             call: Arc::new(SinkCall {
                 shared: self.shared.clone(),
@@ -151,7 +151,7 @@ impl StreamedEffect {
 
     /// The chunks call `call` sent.
     fn chunks_of(&self, call: u32) -> Vec<String> {
-        match self.cell.live.lock().as_ref() {
+        match self.cell.output.live.lock().as_ref() {
             Some(slot) if slot.effect.is_call(&self.effect_id, call) => slot.effect.chunks.clone(),
             _ => Vec::new(),
         }
@@ -159,7 +159,7 @@ impl StreamedEffect {
 
     /// Takes back what call `call` sent (or the last call, given `None`), for `reason`.
     pub fn retract(&self, call: Option<u32>, reason: &str) {
-        let mut slot = self.cell.live.lock();
+        let mut slot = self.cell.output.live.lock();
         let Some(slot) = slot.as_mut() else { return };
         let ours = slot.effect.effect_id == self.effect_id && call.is_none_or(|c| c == slot.effect.call);
         if ours && slot.effect.retracted.is_none() {
@@ -172,7 +172,7 @@ impl StreamedEffect {
 
     /// The effect committed (or was replayed): its chunks are durable, the slot goes.
     pub fn settled(&self) {
-        let mut slot = self.cell.live.lock();
+        let mut slot = self.cell.output.live.lock();
         if slot.as_ref().is_some_and(|s| s.effect.effect_id == self.effect_id) {
             *slot = None;
         }

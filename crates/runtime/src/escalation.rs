@@ -16,15 +16,15 @@ use crate::{
 };
 
 pub(crate) async fn after_escalation(shared: &Arc<Shared>, kind: &str, run_id: &RunId, reason: &str) {
-    Metrics::bump(&shared.metrics.escalations);
+    Metrics::bump(&shared.obs.metrics.escalations);
     let now = shared.now_ms();
-    shared.span(|| {
+    shared.obs.span(|| {
         Ended::new(run_id, kind, "escalate", Parent::Root)
             .times(now, now)
             .attr("durafiber.escalation.reason", reason.to_string())
             .error(Some(reason.to_string()))
     });
-    if let Ok(agent) = shared.agent(kind) {
+    if let Ok(agent) = shared.agents.agent(kind) {
         agent.on_escalate(shared.hook_ctx(run_id, kind), reason.to_string()).await;
     }
 }
@@ -54,10 +54,10 @@ pub(crate) async fn escalate(
     shared.send_unfinished_attempt(run_id, &run.kind, run.attempt, "escalated");
     crate::child::settled(shared, &run);
     if let Some(live) = shared.registry.get(run_id) {
-        if let Some(waiter) = live.cell.approval_waiter.lock().take().map(|waiter| waiter.1) {
+        if let Some(waiter) = live.cell.waits.approval.lock().take().map(|waiter| waiter.1) {
             let _ = waiter.send(ApprovalOutcome::Escalated);
         }
-        if let Some(fiber) = live.cell.fiber.lock().take() {
+        if let Some(fiber) = live.cell.task.fiber.lock().take() {
             fiber.abort();
         }
         shared.liveness.fiber_ended(run_id, shared.now_ms());

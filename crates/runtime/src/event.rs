@@ -87,7 +87,7 @@ pub(crate) async fn send(
     }
     let payload_json = json::recanonicalize(payload_json).map_err(RuntimeError::InvalidInput)?;
     // Events and decisions of one run are written one at a time.
-    let _one_at_a_time = shared.inbound_lock(run_id).await;
+    let _one_at_a_time = shared.stripes.inbound(run_id).await;
     let run = shared.load_run(run_id)?;
     // A repeat is answered as a repeat whatever became of the run since: a caller retrying
     // a send it was not sure of must learn it arrived, even if the run has consumed it and
@@ -132,10 +132,10 @@ pub(crate) async fn send(
         return Ok(SendOutcome::Buffered);
     }
     if let Some(live) = shared.registry.get(run_id) {
-        let mut slot = live.cell.event_waiter.lock();
+        let mut slot = live.cell.waits.event.lock();
         if slot.as_ref().is_some_and(|waiter| waiter.0 == name)
             && let Some(waiter) = slot.take().map(|waiter| waiter.1)
-            && waiter.send(shared.wake_token()).is_ok()
+            && waiter.send(shared.life.wake_token()).is_ok()
         {
             return Ok(SendOutcome::Delivered);
         }
@@ -182,19 +182,20 @@ pub(crate) async fn wait(
             announced = true;
         }
         let (tx, rx) = oneshot::channel();
-        *raw.cell.event_waiter.lock() = Some(Box::new((name.to_string(), tx)));
+        *raw.cell.waits.event.lock() = Some(Box::new((name.to_string(), tx)));
         // An event may have landed between the look and the waiter's registration.
         if oldest(&shared, &run_id, name)?.is_some() {
-            raw.cell.event_waiter.lock().take();
+            raw.cell.waits.event.lock().take();
             continue;
         }
         shared.fiber_waiting(&run_id, true, shared.now_ms());
         let deadline = timeout_at_ms.unwrap_or(u64::MAX);
         let woken = shared
+            .life
             .parked(raw.in_fiber, async {
                 tokio::select! {
                     token = rx => token.ok(),
-                    () = shared.clock.sleep_until(deadline) => None,
+                    () = shared.time.clock.sleep_until(deadline) => None,
                 }
             })
             .await;
@@ -241,10 +242,10 @@ async fn park(raw: &mut RawCtx, name: &str, timeout_at_ms: Option<u64>) -> Resul
             Ok(true)
         })
         .await?;
-    raw.cell.recovering.store(false, std::sync::atomic::Ordering::SeqCst);
+    raw.cell.task.recovering.store(false, std::sync::atomic::Ordering::SeqCst);
     if let Some(alarm) = &alarm {
-        shared.scheduler.insert(alarm.due_at_ms, &run_id, &alarm.name);
-        shared.driver_wake.notify_one();
+        shared.timers.scheduler.insert(alarm.due_at_ms, &run_id, &alarm.name);
+        shared.timers.driver_wake.notify_one();
     }
     shared.event(&run_id, "event_wait", name.to_string());
     crate::eviction::idle::boundary(raw, || Boundary::AfterEventWait(name.to_string())).await;
@@ -285,13 +286,13 @@ async fn finish(
             Ok(true)
         })
         .await?;
-    raw.cell.recovering.store(false, std::sync::atomic::Ordering::SeqCst);
+    raw.cell.task.recovering.store(false, std::sync::atomic::Ordering::SeqCst);
     if let Some(at) = timeout_at_ms {
-        shared.scheduler.remove(at, &run_id, &timeout_alarm_name(name));
+        shared.timers.scheduler.remove(at, &run_id, &timeout_alarm_name(name));
     }
     let what = if result.is_some() { "event_received" } else { "event_timed_out" };
     shared.event(&run_id, what, name.to_string());
-    shared.span(|| {
+    shared.obs.span(|| {
         raw.span_since("event.wait", entered_at_ms)
             .attr("durafiber.event.name", name.to_string())
             .attr("durafiber.event.outcome", if result.is_some() { "received" } else { "timed out" })

@@ -94,7 +94,7 @@ pub use events::Event;
 pub use eviction::keep_alive::KeepAlive;
 pub use json::{HASH_V2_PREFIX, canonical as canonical_json, hash_matches, payload_hash, sha256_hex};
 pub use kernel::limiters::LimitGauge;
-pub use kernel::shared::CrashHook;
+pub use kernel::observe::CrashHook;
 pub use metrics::{HistogramSummary, MetricsSnapshot, describe as describe_metrics};
 pub use retention::{DELETE_BATCH_MAX, RunDeleted, SWEEP_EVERY, SWEEP_RUNS_MAX};
 pub use run::fork::ForkOptions;

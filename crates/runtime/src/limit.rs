@@ -53,7 +53,7 @@ struct Waiting<'a> {
 impl<'a> Waiting<'a> {
     fn new(shared: &'a Shared, limiter: &'a Limiter, run_id: &'a RunId) -> Self {
         limiter.waiting.fetch_add(1, Ordering::SeqCst);
-        shared.limiters.waiting.lock().insert(run_id.clone(), limiter.name.clone());
+        shared.controls.limiters.waiting.lock().insert(run_id.clone(), limiter.name.clone());
         Waiting { shared, limiter, run_id }
     }
 }
@@ -61,14 +61,14 @@ impl<'a> Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.limiter.waiting.fetch_sub(1, Ordering::SeqCst);
-        self.shared.limiters.waiting.lock().remove(self.run_id);
+        self.shared.controls.limiters.waiting.lock().remove(self.run_id);
     }
 }
 
 /// Waits for effect `effect_id`'s turn in limit `name`.
 pub(crate) async fn acquire(raw: &RawCtx, effect_id: &str, name: &str) -> Result<LimitPermit, AgentError> {
     let shared = &raw.shared;
-    let Some(limiter) = shared.limiters.by_name.get(name).cloned() else {
+    let Some(limiter) = shared.controls.limiters.by_name.get(name).cloned() else {
         return Err(AgentError::UnknownLimit { effect_id: effect_id.to_string(), limit: name.to_string() });
     };
     let run_id = &raw.cell.run_id;
@@ -76,7 +76,7 @@ pub(crate) async fn acquire(raw: &RawCtx, effect_id: &str, name: &str) -> Result
     let began = shared.now_ms();
     let local = match &limiter.slots {
         Some(slots) => {
-            let permit = shared.parked(raw.in_fiber, slots.clone().acquire_owned()).await;
+            let permit = shared.life.parked(raw.in_fiber, slots.clone().acquire_owned()).await;
             Some(permit.map_err(|_| AgentError::fail(format!("limit {name} was closed")))?)
         }
         None => None,
@@ -102,7 +102,7 @@ pub(crate) async fn acquire(raw: &RawCtx, effect_id: &str, name: &str) -> Result
 /// one, waited for behind a fair lock so that calls take tokens in the order they came.
 async fn take_token(raw: &RawCtx, limiter: &Limiter, per_sec: f64, burst: f64) -> Result<(), AgentError> {
     let shared = &raw.shared;
-    let mut bucket = shared.parked(raw.in_fiber, limiter.bucket.lock()).await;
+    let mut bucket = shared.life.parked(raw.in_fiber, limiter.bucket.lock()).await;
     loop {
         let wait = if shared.store.backend().shared_limits().is_some() {
             let (store, name) = (shared.store.clone(), limiter.name.clone());
@@ -126,15 +126,15 @@ async fn take_token(raw: &RawCtx, limiter: &Limiter, per_sec: f64, burst: f64) -
         let Some(wait) = wait else { return Ok(()) };
         // At least a millisecond: the clock counts in them.
         let wait = wait.max(Duration::from_millis(1));
-        shared.parked(raw.in_fiber, clock::sleep(shared.clock.as_ref(), wait)).await;
+        shared.life.parked(raw.in_fiber, clock::sleep(shared.time.clock.as_ref(), wait)).await;
     }
 }
 
 /// One of the limit's slots in the database, asked for until one is free.
 async fn take_shared_slot(raw: &RawCtx, name: &str, slots: u32) -> Result<SharedSlot, AgentError> {
     let shared = &raw.shared;
-    let n = shared.limiters.taken.fetch_add(1, Ordering::SeqCst);
-    let holder = format!("{}/{n}", shared.limiters.holder);
+    let n = shared.controls.limiters.taken.fetch_add(1, Ordering::SeqCst);
+    let holder = format!("{}/{n}", shared.controls.limiters.holder);
     loop {
         let (store, lname, h) = (shared.store.clone(), name.to_string(), holder.clone());
         let slot = blocking(move || match store.backend().shared_limits() {
@@ -145,7 +145,7 @@ async fn take_shared_slot(raw: &RawCtx, name: &str, slots: u32) -> Result<Shared
         if let Some(slot) = slot {
             return Ok(SharedSlot::hold(raw.shared.clone(), name, slot, holder));
         }
-        shared.parked(raw.in_fiber, tokio::time::sleep(limits::LIMIT_SLOT_POLL)).await;
+        shared.life.parked(raw.in_fiber, tokio::time::sleep(limits::LIMIT_SLOT_POLL)).await;
     }
 }
 
@@ -185,7 +185,7 @@ impl SharedSlot {
         self.renewer.abort();
         let SharedSlot { shared, name, slot, holder, .. } = self;
         let store = shared.store.clone();
-        shared.spawn_tracked(async move {
+        shared.life.spawn_tracked(async move {
             let released = blocking(move || match store.backend().shared_limits() {
                 Some(l) => l.release_slot(&name, slot, &holder),
                 None => Ok(()),

@@ -30,7 +30,7 @@ fn held_by(
     above: impl FnOnce() -> Result<Vec<Ancestor>, RuntimeError>,
 ) -> Result<Option<String>, RuntimeError> {
     {
-        let pauses = shared.pauses.lock();
+        let pauses = shared.controls.pauses.lock();
         if pauses.is_empty() {
             return Ok(None);
         }
@@ -39,7 +39,7 @@ fn held_by(
         }
     }
     let above = above()?;
-    let pauses = shared.pauses.lock();
+    let pauses = shared.controls.pauses.lock();
     Ok(above.iter().find_map(|a| {
         pauses
             .reason(&a.kind, &a.run_id)
@@ -60,7 +60,7 @@ pub(crate) fn reason_of(shared: &Shared, run: &RunRecord) -> Option<String> {
     let above = || lineage::ancestors(shared, &run.run_id, &run.key);
     held_by(shared, &run.kind, &run.run_id, above).unwrap_or_else(|e| {
         tracing::warn!(run_id = %run.run_id, error = %e, "could not read the runs above a run; only its own pauses hold it");
-        shared.pauses.lock().reason(&run.kind, &run.run_id)
+        shared.controls.pauses.lock().reason(&run.kind, &run.run_id)
     })
 }
 
@@ -88,7 +88,7 @@ async fn hold(raw: &RawCtx, reason: String) -> Result<(), AgentError> {
         })
         .await?;
     shared.event(run_id, "paused", reason);
-    let mut versions = shared.pause_version.subscribe();
+    let mut versions = shared.signals.pause_version.subscribe();
     loop {
         versions.borrow_and_update();
         if live_reason(raw)?.is_none() {
@@ -103,7 +103,7 @@ async fn hold(raw: &RawCtx, reason: String) -> Result<(), AgentError> {
                 _ = raw.cell.cancel.requested() => {}
             }
         };
-        shared.parked(raw.in_fiber, changed).await;
+        shared.life.parked(raw.in_fiber, changed).await;
     }
     shared
         .update_run_from(&raw.cell, |run, _| match run.status {
@@ -123,7 +123,7 @@ pub(crate) fn hold_alarm(shared: &Shared, run: &RunRecord, due_name: &str) -> bo
     if reason_of(shared, run).is_none() {
         return false;
     }
-    shared.pauses.lock().held_alarms.insert((run.run_id.to_string(), due_name.to_string()));
+    shared.controls.pauses.lock().held_alarms.insert((run.run_id.to_string(), due_name.to_string()));
     true
 }
 
@@ -183,7 +183,7 @@ impl Target<'_> {
 
     fn check(&self, shared: &Shared) -> Result<(), RuntimeError> {
         match self {
-            Target::Kind(kind) => shared.agent(kind).map(drop),
+            Target::Kind(kind) => shared.agents.agent(kind).map(drop),
             Target::Run(run_id) => {
                 let run = shared.load_run(run_id)?;
                 if run.status.is_terminal() {
@@ -211,13 +211,13 @@ pub(crate) async fn pause(
     batch.put(target.key(), &record)?;
     shared.store.commit(batch, Durability::Sync).await?;
     {
-        let mut pauses = shared.pauses.lock();
+        let mut pauses = shared.controls.pauses.lock();
         match target {
             Target::Kind(kind) => pauses.kinds.insert(kind.to_string(), record),
             Target::Run(run_id) => pauses.runs.insert(run_id.to_string(), record),
         };
     }
-    shared.pause_version.send_modify(|v| *v += 1);
+    shared.signals.pause_version.send_modify(|v| *v += 1);
     tracing::info!(?target, reason, "paused");
     Ok(())
 }
@@ -233,14 +233,14 @@ pub(crate) async fn resume(shared: &Arc<Shared>, target: Target<'_>) -> Result<b
     batch.delete(key);
     shared.store.commit(batch, Durability::Sync).await?;
     {
-        let mut pauses = shared.pauses.lock();
+        let mut pauses = shared.controls.pauses.lock();
         match target {
             Target::Kind(kind) => pauses.kinds.remove(kind),
             Target::Run(run_id) => pauses.runs.remove(run_id),
         };
     }
     // Fibers held in memory look again and go on by themselves.
-    shared.pause_version.send_modify(|v| *v += 1);
+    shared.signals.pause_version.send_modify(|v| *v += 1);
     // Runs parked with no fiber in memory (paused before a restart) are re-entered.
     let mut parked = Vec::new();
     let mut after = None;
@@ -265,13 +265,13 @@ pub(crate) async fn resume(shared: &Arc<Shared>, target: Target<'_>) -> Result<b
         reenter(shared, &run.run_id).await?;
     }
     // Every held alarm: one of a run below the resumed one was held by its pause too.
-    let held = std::mem::take(&mut shared.pauses.lock().held_alarms);
+    let held = std::mem::take(&mut shared.controls.pauses.lock().held_alarms);
     let now = shared.now_ms();
     for (run_id, due_name) in held {
         // Delivery looks at the pause again: an alarm still held (by the other pause) waits on.
-        shared.scheduler.insert(now, &run_id, &due_name);
+        shared.timers.scheduler.insert(now, &run_id, &due_name);
     }
-    shared.driver_wake.notify_one();
+    shared.timers.driver_wake.notify_one();
     tracing::info!(?target, runs = parked.len(), "resumed");
     Ok(true)
 }

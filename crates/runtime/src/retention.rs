@@ -110,10 +110,10 @@ async fn delete_together(
         }
     }
     deleter.flush(shared).await?;
-    shared.status_changed();
+    shared.signals.status_changed();
     for deleted in outcomes.iter().flatten() {
         let (run_id, records) = (deleted.run_id.as_str(), deleted.records);
-        crate::metrics::Metrics::bump(&shared.metrics.runs_deleted);
+        crate::metrics::Metrics::bump(&shared.obs.metrics.runs_deleted);
         tracing::info!(run_id, records, "run deleted");
         shared.event(run_id, "deleted", format!("{records} records"));
     }
@@ -285,9 +285,10 @@ fn sweep_every(retention: &Retention) -> Duration {
 /// Starts a retention sweep when one is due and none runs; it sets the next one's time
 /// when it ends. The driver asks at every tick.
 pub(crate) fn start_due(shared: &Arc<Shared>) {
-    let due = shared.retention_due_ms.load(Ordering::SeqCst);
+    let due = shared.timers.retention_due_ms.load(Ordering::SeqCst);
     if due > shared.now_ms()
         || shared
+            .timers
             .retention_due_ms
             .compare_exchange(due, u64::MAX, Ordering::SeqCst, Ordering::SeqCst)
             .is_err()
@@ -295,7 +296,7 @@ pub(crate) fn start_due(shared: &Arc<Shared>) {
         return;
     }
     let shared2 = shared.clone();
-    shared.spawn_tracked(async move {
+    shared.life.spawn_tracked(async move {
         let shared = shared2;
         let next = match sweep(&shared).await {
             Ok(swept) => swept.next_at_ms(&shared.config.retention, shared.now_ms()),
@@ -304,8 +305,8 @@ pub(crate) fn start_due(shared: &Arc<Shared>) {
                 Swept::default().next_at_ms(&shared.config.retention, shared.now_ms())
             }
         };
-        shared.retention_due_ms.store(next, Ordering::SeqCst);
-        shared.driver_wake.notify_one();
+        shared.timers.retention_due_ms.store(next, Ordering::SeqCst);
+        shared.timers.driver_wake.notify_one();
     });
 }
 
@@ -327,7 +328,7 @@ pub(crate) async fn sweep(shared: &Arc<Shared>) -> Result<Swept, RuntimeError> {
     }
     if let Some(until_ms) = retention.audit.and_then(|keep| before(now_ms, keep)) {
         swept.audit_entries = access::forget_before(&shared.store, until_ms, SWEEP_RUNS_MAX).await?;
-        crate::metrics::Metrics::add(&shared.metrics.audit_entries_deleted, swept.audit_entries as u64);
+        crate::metrics::Metrics::add(&shared.obs.metrics.audit_entries_deleted, swept.audit_entries as u64);
         swept.more |= swept.audit_entries == SWEEP_RUNS_MAX;
     }
     if swept.runs > 0 || swept.audit_entries > 0 {
@@ -404,7 +405,7 @@ async fn sweep_settled(
             match outcome {
                 Ok(_) => {
                     deleted += 1;
-                    crate::metrics::Metrics::bump(&shared.metrics.runs_deleted_by_retention);
+                    crate::metrics::Metrics::bump(&shared.obs.metrics.runs_deleted_by_retention);
                 }
                 // Tried again at the next sweep; the others went meanwhile.
                 Err(e) => tracing::warn!(run_id, error = %e, "retention could not delete the run"),

@@ -67,19 +67,19 @@ pub(crate) async fn sleep(raw: &mut RawCtx, name: &str, at: alarm::AlarmAt) -> R
                 Ok(true)
             })
             .await?;
-        raw.cell.recovering.store(false, std::sync::atomic::Ordering::SeqCst);
-        shared.scheduler.insert(wake_alarm.due_at_ms, &run_id, &wake_alarm.name);
-        shared.driver_wake.notify_one();
+        raw.cell.task.recovering.store(false, std::sync::atomic::Ordering::SeqCst);
+        shared.timers.scheduler.insert(wake_alarm.due_at_ms, &run_id, &wake_alarm.name);
+        shared.timers.driver_wake.notify_one();
         shared.event(&run_id, "sleep", format!("{name} until {}", record.wake_at_ms));
         crate::eviction::idle::boundary(raw, || Boundary::AfterSleep(name.to_string())).await;
         // Waiting here is not work: the run may be evicted meanwhile, like a pause.
         shared.fiber_waiting(&run_id, true, now);
-        shared.parked(raw.in_fiber, shared.clock.sleep_until(record.wake_at_ms)).await;
+        shared.life.parked(raw.in_fiber, shared.time.clock.sleep_until(record.wake_at_ms)).await;
         shared.fiber_waiting(&run_id, false, shared.now_ms());
     }
     let wake_at_ms = record.wake_at_ms;
     woke(&shared, &raw.cell, record, &wake_alarm).await?;
-    shared.span(|| {
+    shared.obs.span(|| {
         raw.span_since("sleep", now)
             .attr("durafiber.sleep.name", name.to_string())
             .attr("durafiber.sleep.wake_at_ms", i64::try_from(wake_at_ms).unwrap_or(i64::MAX))
@@ -111,7 +111,7 @@ async fn woke(
             Ok(true)
         })
         .await?;
-    shared.scheduler.remove(wake.due_at_ms, run_id, &wake.name);
+    shared.timers.scheduler.remove(wake.due_at_ms, run_id, &wake.name);
     shared.event(run_id, "woke", record.name.clone());
     Ok(())
 }

@@ -50,7 +50,7 @@ pub(crate) async fn write(
 ) -> Result<(), AgentError> {
     let shared = raw.shared.clone();
     let run_id = raw.cell.run_id.clone();
-    let stash_json = shared.redact(stash_json);
+    let stash_json = shared.obs.redact(stash_json);
     let max = shared.config.stash_bytes_max;
     if stash_json.len() > max {
         return Err(AgentError::StashTooLarge { bytes: stash_json.len(), max });
@@ -83,9 +83,9 @@ pub(crate) async fn write(
     if let Some(mark) = stream_mark {
         crate::stream::marked(raw, mark);
     }
-    shared.metrics.stash_commit.record_us(watch.elapsed_us());
+    shared.obs.metrics.stash_commit.record_us(watch.elapsed_us());
     shared.event(&run_id, "stashed", format!("step {step}, seq {}", record.seq));
-    shared.span(|| {
+    shared.obs.span(|| {
         raw.span_since("stash", record.written_at_ms)
             .attr("durafiber.stash.step", step.to_string())
             .attr("durafiber.stash.seq", i64::try_from(record.seq).unwrap_or(i64::MAX))

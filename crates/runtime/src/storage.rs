@@ -169,7 +169,7 @@ impl<'a> Storage<'a> {
     ) -> Result<R, AgentError> {
         let shared = self.shared;
         let mut keys_cached = self.cell.storage_keys().lock().await;
-        if shared.closed.load(std::sync::atomic::Ordering::SeqCst) {
+        if shared.life.closed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(RuntimeError::ShuttingDown.into());
         }
         shared.check_not_evicted(self.cell)?;
@@ -206,7 +206,7 @@ impl<'a> Storage<'a> {
             match value {
                 Some(text) => {
                     keys_after += usize::from(!existed);
-                    batch.put(full_key, &shared.redact(text.clone()))?;
+                    batch.put(full_key, &shared.obs.redact(text.clone()))?;
                 }
                 None => {
                     keys_after = keys_after.saturating_sub(usize::from(existed));

@@ -68,7 +68,7 @@ fn load(shared: &Shared, run_id: &str) -> Result<StreamBuffer, RuntimeError> {
 /// attempts) it is [`AgentError::StreamDiverged`].
 pub(crate) fn emit<T: Serialize + ?Sized>(raw: &RawCtx, chunk: &T) -> Result<u64, AgentError> {
     let text = json::canonical(chunk).map_err(AgentError::Serialization)?;
-    emit_json(raw, raw.shared.redact(text))
+    emit_json(raw, raw.shared.obs.redact(text))
 }
 
 /// [`emit`] of a chunk already canonical JSON with secrets redacted.
@@ -77,7 +77,7 @@ pub(crate) fn emit_json(raw: &RawCtx, data_json: String) -> Result<u64, AgentErr
         return Err(AgentError::EmitFromHandler);
     }
     let shared = &raw.shared;
-    let mut guard = raw.cell.stream.lock();
+    let mut guard = raw.cell.output.stream.lock();
     let buffer = match guard.as_mut() {
         Some(buffer) => buffer,
         None => guard.insert(Box::new(load(shared, &raw.cell.run_id)?)),
@@ -111,7 +111,7 @@ pub(crate) fn emit_json(raw: &RawCtx, data_json: String) -> Result<u64, AgentErr
 /// timeline, and its record for the next boundary.
 fn reemission(shared: &Shared, run_id: &str, seq: u64, data_json: String) -> ReemissionRecord {
     tracing::info!(run_id, seq, "output stream: chunk re-emitted differently; the durable chunk stands");
-    crate::metrics::Metrics::bump(&shared.metrics.stream_reemissions);
+    crate::metrics::Metrics::bump(&shared.obs.metrics.stream_reemissions);
     shared.event(
         run_id,
         "stream_reemitted",
@@ -140,7 +140,7 @@ pub(crate) async fn emit_sync<T: Serialize + ?Sized>(raw: &RawCtx, chunk: &T) ->
 /// The sequence number the fiber's next chunk gets: after a re-entry, its place in the
 /// stream at the stash it re-entered.
 pub(crate) fn next_seq(raw: &RawCtx) -> Result<u64, AgentError> {
-    let mut guard = raw.cell.stream.lock();
+    let mut guard = raw.cell.output.stream.lock();
     if let Some(buffer) = guard.as_ref() {
         return Ok(buffer.cursor);
     }
@@ -149,7 +149,7 @@ pub(crate) fn next_seq(raw: &RawCtx) -> Result<u64, AgentError> {
 
 /// Bytes the run's output stream has room for before `stream_bytes_max`.
 pub(crate) fn room(raw: &RawCtx) -> Result<u64, AgentError> {
-    let mut guard = raw.cell.stream.lock();
+    let mut guard = raw.cell.output.stream.lock();
     let bytes = match guard.as_ref() {
         Some(buffer) => buffer.head.bytes,
         None => guard.insert(Box::new(load(&raw.shared, &raw.cell.run_id)?)).head.bytes,
@@ -159,12 +159,12 @@ pub(crate) fn room(raw: &RawCtx) -> Result<u64, AgentError> {
 
 /// The mark a stash written now stores with it, when it changed (see [`StreamBuffer::new_mark`]).
 pub(crate) fn new_mark(raw: &RawCtx) -> Option<u64> {
-    raw.cell.stream.lock().as_deref().and_then(StreamBuffer::new_mark)
+    raw.cell.output.stream.lock().as_deref().and_then(StreamBuffer::new_mark)
 }
 
 /// After a stash with mark `mark` committed: the buffer knows it is stored.
 pub(crate) fn marked(raw: &RawCtx, mark: u64) {
-    if let Some(buffer) = raw.cell.stream.lock().as_mut() {
+    if let Some(buffer) = raw.cell.output.stream.lock().as_mut() {
         buffer.mark = mark;
     }
 }
@@ -208,9 +208,9 @@ pub(crate) fn follow(
         done: bool,
     }
     let reader = Reader {
-        chunks: shared.stream_version.subscribe(),
-        statuses: shared.status_version.subscribe(),
-        begun: shared.live_version.subscribe(),
+        chunks: shared.signals.stream_version.subscribe(),
+        statuses: shared.signals.status_version.subscribe(),
+        begun: shared.signals.live_version.subscribe(),
         shared,
         run_id,
         next: from_seq,
@@ -297,7 +297,7 @@ fn partial_items(
     ready: &mut std::collections::VecDeque<StreamItem>,
 ) {
     let Some(run) = shared.registry.get(run_id) else { return };
-    let slot = run.cell.live.lock();
+    let slot = run.cell.output.live.lock();
     let Some(slot) = slot.as_ref() else { return };
     if live.is_none() {
         let mut receiver = slot.changed.subscribe();

@@ -39,7 +39,11 @@ pub async fn browser_safe(State(app): State<AppState>, req: Request, next: Next)
             );
         }
         None => {
-            return refuse(StatusCode::BAD_REQUEST, ApiErrorKind::HostNotAllowed, "a Host header is required");
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                ApiErrorKind::HostNotAllowed,
+                "a Host header is required",
+            );
         }
     }
     if let Some(origin) = req.headers().get(header::ORIGIN) {

@@ -306,7 +306,7 @@ impl<A: Agent> Ctx<A> {
         self.raw.refuse_if_cancelled(&format!("approval {approval_id}"))?;
         // What a reviewer is shown never holds a secret value.
         let (payload_json, payload_hash) =
-            self.raw.shared.redacted_with_hash(payload).map_err(AgentError::Serialization)?;
+            self.raw.shared.obs.redacted_with_hash(payload).map_err(AgentError::Serialization)?;
         budget::check(&self.raw)?;
         Box::pin(approval::request(&mut self.raw, approval_id, payload_json, payload_hash, None)).await
     }
@@ -331,7 +331,7 @@ impl<A: Agent> Ctx<A> {
     ) -> Result<Decision, AgentError> {
         self.raw.refuse_if_cancelled(&format!("approval {approval_id}"))?;
         let (payload_json, payload_hash) =
-            self.raw.shared.redacted_with_hash(payload).map_err(AgentError::Serialization)?;
+            self.raw.shared.obs.redacted_with_hash(payload).map_err(AgentError::Serialization)?;
         budget::check(&self.raw)?;
         Box::pin(approval::request(&mut self.raw, approval_id, payload_json, payload_hash, Some(rule))).await
     }
@@ -379,7 +379,7 @@ impl<A: Agent> Ctx<A> {
             // A fiber that waits here has nothing more to do: its recovery has settled.
             self.raw.shared.settle_hook(&self.raw.cell).await;
         }
-        self.raw.shared.parked(self.raw.in_fiber, self.raw.cell.cancel.requested()).await;
+        self.raw.shared.life.parked(self.raw.in_fiber, self.raw.cell.cancel.requested()).await;
     }
 
     /// Records `units` of cost (model tokens, API credits — whatever the run's budget counts)
@@ -424,7 +424,7 @@ impl<A: Agent> Ctx<A> {
     /// ```
     pub fn secret_for(&self, secret: &Secret, url: &str) -> Result<String, AgentError> {
         let shared = &self.raw.shared;
-        shared.secrets.resolve_for(secret, url).map_err(|refusal| {
+        shared.obs.secrets.resolve_for(secret, url).map_err(|refusal| {
             let destination = match refusal {
                 SecretRefusal::Unknown => "(not configured)".to_string(),
                 SecretRefusal::Destination(d) => d,
@@ -435,7 +435,7 @@ impl<A: Agent> Ctx<A> {
             shared.event(run_id, "secret_refused", detail.clone());
             // Into the audit trail too, beside what callers asked for: by the run itself.
             let (store, run, now) = (shared.store.clone(), run_id.clone(), shared.now_ms());
-            shared.spawn_tracked(async move {
+            shared.life.spawn_tracked(async move {
                 let actor = format!("run:{run}");
                 if let Err(e) = access::append(&store, &actor, "secret_refused", Some(&run), &detail, now).await {
                     tracing::error!(run_id = %run, error = %e, "could not audit a refused secret");
@@ -450,6 +450,7 @@ impl<A: Agent> Ctx<A> {
     pub fn secret(&self, secret: &Secret) -> Result<String, AgentError> {
         self.raw
             .shared
+            .obs
             .secrets
             .resolve(secret)
             .ok_or_else(|| AgentError::fail(format!("secret {} is not configured", secret.secret)))

@@ -81,7 +81,7 @@ impl<A: Agent> Ctx<A> {
     /// Sleeps on the runtime's clock, in memory only: an interruption loses the wait, and
     /// recovery re-enters the last boundary. [`Ctx::sleep_for`] is the durable one.
     pub async fn sleep_in_memory(&self, d: Duration) {
-        let sleep = clock::sleep(self.raw.shared.clock.as_ref(), d);
-        self.raw.shared.parked(self.raw.in_fiber, sleep).await;
+        let sleep = clock::sleep(self.raw.shared.time.clock.as_ref(), d);
+        self.raw.shared.life.parked(self.raw.in_fiber, sleep).await;
     }
 }

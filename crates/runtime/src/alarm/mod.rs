@@ -228,7 +228,7 @@ fn forget(
 
 fn unschedule(shared: &Shared, run_id: &str, entries: Vec<(u64, String)>) {
     for (due_at_ms, due_name) in entries {
-        shared.scheduler.remove(due_at_ms, run_id, &due_name);
+        shared.timers.scheduler.remove(due_at_ms, run_id, &due_name);
     }
 }
 
@@ -363,8 +363,8 @@ pub(crate) async fn set(
         None => shared.store.commit(batch, durafiber_store::Durability::Sync).await?,
     }
     unschedule(shared, run_id, unscheduled);
-    shared.scheduler.insert(due_at_ms, run_id, name);
-    shared.driver_wake.notify_one();
+    shared.timers.scheduler.insert(due_at_ms, run_id, name);
+    shared.timers.driver_wake.notify_one();
     shared.event(run_id, "alarm_set", format!("{name} due at {due_at_ms}"));
     Ok(())
 }

@@ -34,7 +34,7 @@ pub(crate) async fn hibernate(shared: &Arc<Shared>, run_id: &str) {
     if let Some(actor) = live.mailbox().close().await {
         let _ = actor.stop_and_wait(Some("hibernated".into()), None).await;
     }
-    Metrics::bump(&shared.metrics.hibernations);
+    Metrics::bump(&shared.obs.metrics.hibernations);
     shared.event(run_id, "hibernated", "idle");
 }
 
@@ -44,12 +44,12 @@ pub(crate) async fn hibernate(shared: &Arc<Shared>, run_id: &str) {
 pub(crate) async fn kill(shared: &Arc<Shared>, run_id: &str) -> Option<LiveRun> {
     let live = shared.registry.remove(run_id);
     if let Some(live) = &live {
-        live.cell.evicted.store(true, Ordering::SeqCst);
-        if let Some(fiber) = live.cell.fiber.lock().take() {
+        live.cell.task.evicted.store(true, Ordering::SeqCst);
+        if let Some(fiber) = live.cell.task.fiber.lock().take() {
             fiber.abort();
         }
-        live.cell.approval_waiter.lock().take();
-        live.cell.event_waiter.lock().take();
+        live.cell.waits.approval.lock().take();
+        live.cell.waits.event.lock().take();
         if let Some(actor) = live.mailbox().close().await {
             let _ = actor.kill_and_wait(None).await;
         }
@@ -69,7 +69,7 @@ pub(crate) async fn park(shared: &Arc<Shared>, run_id: &str) {
         return;
     }
     let Some(live) = kill(shared, run_id).await else { return };
-    Metrics::bump(&shared.metrics.parks);
+    Metrics::bump(&shared.obs.metrics.parks);
     shared.event(run_id, "parked", "waiting");
     left_memory(shared, &live.cell, "park", "waiting on a durable wait");
     give_back_recovery(shared, &live.cell, Some(WakeReason::Resumed)).await;
@@ -80,7 +80,7 @@ pub(crate) async fn evict(shared: &Arc<Shared>, run_id: &str, why: &str) {
     // Held until the run is marked, so no activation comes between the kill and the mark.
     let _one_at_a_time = shared.registry.transition(run_id).await;
     let Some(live) = kill(shared, run_id).await else { return };
-    Metrics::bump(&shared.metrics.evictions);
+    Metrics::bump(&shared.obs.metrics.evictions);
     shared.event(run_id, "evicted", why.to_string());
     left_memory(shared, &live.cell, "evict", why);
     // An evicted fiber leaves an interrupted run: mark why, and re-activate it by ourselves.
@@ -90,7 +90,7 @@ pub(crate) async fn evict(shared: &Arc<Shared>, run_id: &str, why: &str) {
 /// The span of a run taken out of memory by the runtime (an eviction, a park).
 fn left_memory(shared: &Shared, cell: &RunCell, what: &'static str, why: &str) {
     let now = shared.now_ms();
-    shared.span(|| {
+    shared.obs.span(|| {
         Ended::new(&cell.run_id, &cell.kind, what, Parent::Root)
             .times(now, now)
             .attr("durafiber.attempt", i64::from(cell.attempt.load(Ordering::SeqCst)))
@@ -112,7 +112,7 @@ pub(crate) async fn disown(shared: &Arc<Shared>, run_id: &str) {
 /// that was cut short before any boundary is not counted as failed (§3.6), `reason` marks
 /// why the run will be re-entered, and an interrupted run is woken at once.
 pub(crate) async fn give_back_recovery(shared: &Arc<Shared>, cell: &RunCell, reason: Option<WakeReason>) {
-    let counted = cell.recovering.swap(false, Ordering::SeqCst);
+    let counted = cell.task.recovering.swap(false, Ordering::SeqCst);
     let run_id = cell.run_id.as_str();
     let marked = shared
         .update_run(run_id, |run, _| {
@@ -131,11 +131,11 @@ pub(crate) async fn give_back_recovery(shared: &Arc<Shared>, cell: &RunCell, rea
         })
         .await;
     match marked {
-        Ok(Some(_)) if reason.is_some() => shared.wake_at(shared.now_ms(), run_id),
+        Ok(Some(_)) if reason.is_some() => shared.timers.wake_at(shared.now_ms(), run_id),
         Ok(_) => {}
         Err(e) => {
             tracing::error!(run_id, error = %e, "could not mark the interrupted run; retrying in 1 s");
-            shared.wake_at(shared.now_ms().saturating_add(1_000), run_id);
+            shared.timers.wake_at(shared.now_ms().saturating_add(1_000), run_id);
         }
     }
 }
@@ -144,7 +144,7 @@ pub(crate) async fn give_back_recovery(shared: &Arc<Shared>, cell: &RunCell, rea
 pub(crate) fn request_eviction(shared: &Arc<Shared>, run_id: &str, why: &'static str) {
     let shared2 = shared.clone();
     let run_id = run_id.to_string();
-    shared.spawn_tracked(async move { evict(&shared2, &run_id, why).await });
+    shared.life.spawn_tracked(async move { evict(&shared2, &run_id, why).await });
 }
 
 /// A boundary was committed: the crash hook or seeded chaos may evict the run right here,
@@ -153,9 +153,9 @@ pub(crate) fn request_eviction(shared: &Arc<Shared>, run_id: &str, why: &'static
 pub(crate) async fn boundary(raw: &RawCtx, point: impl FnOnce() -> Boundary) {
     let shared = &raw.shared;
     let run_id = &raw.cell.run_id;
-    let hooked = shared.crash_hook.as_ref().is_some_and(|hook| hook(run_id, &point()));
+    let hooked = shared.obs.crash_hook.as_ref().is_some_and(|hook| hook(run_id, &point()));
     if hooked || (raw.in_fiber && shared.chaos_strikes()) {
         request_eviction(shared, run_id, if hooked { "crash point" } else { "chaos" });
-        shared.parked(raw.in_fiber, std::future::pending::<()>()).await;
+        shared.life.parked(raw.in_fiber, std::future::pending::<()>()).await;
     }
 }

@@ -28,7 +28,7 @@ impl KeepAlive {
             && let Some(epoch) = self.epoch
         {
             self.shared.liveness.guard_released(&self.run_id, epoch, self.shared.now_ms());
-            self.shared.driver_wake.notify_one();
+            self.shared.timers.driver_wake.notify_one();
         }
     }
 

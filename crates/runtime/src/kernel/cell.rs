@@ -19,12 +19,39 @@ pub(crate) struct RunCell {
     pub seq: AtomicU64,
     /// The cancellation signal the fiber sees.
     pub cancel: CancelSignal,
+    /// What the fiber waits for in memory: a decision, an event.
+    pub waits: Waits,
+    /// The fiber's task and the recovery it is in.
+    pub task: FiberTask,
+    /// In `exit` durability, the stash that waits for the fiber to end or wait. Boxed: most
+    /// runs never hold one, and every live run holds a cell.
+    pub pending_exit: Mutex<Option<Box<super::stash_record::Stored>>>,
+    /// Serializes the run's storage writes; holds its key count once read. Made at the
+    /// first write, as the mailbox is at the first event: most live runs never need them.
+    storage_keys: std::sync::OnceLock<Box<tokio::sync::Mutex<Option<usize>>>>,
+    /// The run's actor slot.
+    mailbox: std::sync::OnceLock<Box<super::mailbox::Mailbox>>,
+    /// What the run emitted since its last boundary, and a streaming call's live chunks.
+    pub output: CellOutput,
+    /// What the run spent since its last boundary (`kernel/spend.rs`).
+    pub spending: super::spend::CellSpending,
+    /// The runs above this one (a sub-agent's parent, that one's parent…), nearest first:
+    /// their pauses hold it and their budgets count its spending. Read once, when first
+    /// needed; set empty at once for a run no run started (`without_parent`).
+    pub lineage: std::sync::OnceLock<Box<[Ancestor]>>,
+}
+
+/// The waits of a fiber in memory. Boxed, as the stream is: every live run holds a cell,
+/// and most never fill them.
+pub(crate) struct Waits {
     /// A fiber waiting in `request_approval`: the approval id and where to send the decision.
-    /// Boxed, as the waiter below and the stream are: every live run holds a cell, and most
-    /// never fill them.
-    pub approval_waiter: Waiter<ApprovalOutcome>,
+    pub approval: Waiter<ApprovalOutcome>,
     /// A fiber waiting in `wait_for_event`: the event's name and where to say one came.
-    pub event_waiter: Waiter<WakeToken>,
+    pub event: Waiter<WakeToken>,
+}
+
+/// A run's fiber task as the runtime drives it.
+pub(crate) struct FiberTask {
     /// The running fiber's task, aborted on eviction. The fiber's own task clears it as its
     /// last step, before it schedules any wake, so a wake never finds a finished fiber here.
     pub fiber: Mutex<Option<tokio::task::AbortHandle>>,
@@ -38,29 +65,16 @@ pub(crate) struct RunCell {
     /// effect only at the task's next yield (and the task may be running right now): from
     /// here on anything that fiber still does writes nothing — the next cell owns the run.
     pub evicted: std::sync::atomic::AtomicBool,
-    /// In `exit` durability, the stash that waits for the fiber to end or wait. Boxed: most
-    /// runs never hold one, and every live run holds a cell.
-    pub pending_exit: Mutex<Option<Box<super::stash_record::Stored>>>,
-    /// Serializes the run's storage writes; holds its key count once read. Made at the
-    /// first write, as the mailbox is at the first event: most live runs never need them.
-    storage_keys: std::sync::OnceLock<Box<tokio::sync::Mutex<Option<usize>>>>,
-    /// The run's actor slot.
-    mailbox: std::sync::OnceLock<Box<super::mailbox::Mailbox>>,
+}
+
+/// A run's output between boundaries.
+pub(crate) struct CellOutput {
     /// Output chunks emitted since the last boundary; `None` until the first emit of this
     /// activation reads the stream's head.
     pub stream: Mutex<Option<Box<super::stream_buffer::StreamBuffer>>>,
     /// The streaming effect whose call is running and what it sent, shown to readers before
     /// it is durable. Boxed: few runs are ever in one.
     pub live: Mutex<Option<Box<super::live_stream::LiveSlot>>>,
-    /// Effects admitted and cost units charged since the last boundary.
-    pub spend: Mutex<durafiber_store::tables::BudgetSpent>,
-    /// Set once the run's budget was read and it has no limits (they never change after its
-    /// start), so its boundaries read nothing more.
-    pub without_budget: std::sync::atomic::AtomicBool,
-    /// The runs above this one (a sub-agent's parent, that one's parent…), nearest first:
-    /// their pauses hold it and their budgets count its spending. Read once, when first
-    /// needed; set empty at once for a run no run started (`without_parent`).
-    pub lineage: std::sync::OnceLock<Box<[Ancestor]>>,
 }
 
 /// A fiber waiting for something named: the name, and where to send what came.
@@ -136,19 +150,18 @@ impl RunCell {
             attempt: std::sync::atomic::AtomicU32::new(attempt),
             seq: AtomicU64::new(seq),
             cancel: CancelSignal { reason: Mutex::new(cancel_reason), requested: Notify::new() },
-            approval_waiter: Mutex::new(None),
-            event_waiter: Mutex::new(None),
-            fiber: Mutex::new(None),
-            recovering: std::sync::atomic::AtomicBool::new(false),
-            hook: Mutex::new(None),
-            evicted: std::sync::atomic::AtomicBool::new(false),
+            waits: Waits { approval: Mutex::new(None), event: Mutex::new(None) },
+            task: FiberTask {
+                fiber: Mutex::new(None),
+                recovering: std::sync::atomic::AtomicBool::new(false),
+                hook: Mutex::new(None),
+                evicted: std::sync::atomic::AtomicBool::new(false),
+            },
             pending_exit: Mutex::new(None),
             storage_keys: std::sync::OnceLock::new(),
             mailbox: std::sync::OnceLock::new(),
-            stream: Mutex::new(None),
-            live: Mutex::new(None),
-            spend: Mutex::new(Default::default()),
-            without_budget: std::sync::atomic::AtomicBool::new(false),
+            output: CellOutput { stream: Mutex::new(None), live: Mutex::new(None) },
+            spending: Default::default(),
             lineage: std::sync::OnceLock::new(),
         }
     }
@@ -170,7 +183,7 @@ impl RunCell {
     }
 
     pub fn fiber_running(&self) -> bool {
-        self.fiber.lock().as_ref().is_some_and(|h| !h.is_finished())
+        self.task.fiber.lock().as_ref().is_some_and(|h| !h.is_finished())
     }
 }
 

@@ -58,7 +58,7 @@ impl Shared {
             }
         }
         self.store.commit(batch, Durability::Sync).await?;
-        self.status_changed();
+        self.signals.status_changed();
         Ok(())
     }
 
@@ -84,8 +84,8 @@ impl Shared {
     /// Reads a run record under its stripe lock, which is held until the [`LockedRun`] is
     /// dropped: activation reads a run once and writes its registration from that read.
     pub async fn lock_run(&self, run_id: &str) -> Result<LockedRun<'_>, RuntimeError> {
-        let guard = self.run_locks[stripe(run_id, self.run_locks.len())].lock().await;
-        if self.closed.load(Ordering::SeqCst) {
+        let guard = self.stripes.runs[stripe(run_id, self.stripes.runs.len())].lock().await;
+        if self.life.is_closed() {
             return Err(RuntimeError::ShuttingDown);
         }
         let run = self.load_run(run_id)?;
@@ -99,8 +99,8 @@ impl Shared {
         &self,
         run_ids: &[impl AsRef<str>],
     ) -> Result<Vec<tokio::sync::MutexGuard<'_, ()>>, RuntimeError> {
-        let guards = lock_stripes(&self.run_locks, run_ids).await;
-        if self.closed.load(Ordering::SeqCst) {
+        let guards = lock_stripes(&self.stripes.runs, run_ids).await;
+        if self.life.is_closed() {
             return Err(RuntimeError::ShuttingDown);
         }
         Ok(guards)
@@ -125,7 +125,7 @@ impl Shared {
         // Checked under the run's lock, so an eviction is either before the write (refused)
         // or after it (as if the fiber had written just before it was evicted).
         let mut streamed = false;
-        let probe = cell.hook.lock().as_ref().is_some_and(super::hook_gate::HookPermit::is_probe);
+        let probe = cell.task.hook.lock().as_ref().is_some_and(super::hook_gate::HookPermit::is_probe);
         let written = self
             .update_run(&cell.run_id, |run, batch| {
                 self.check_not_evicted(cell)?;
@@ -140,7 +140,7 @@ impl Shared {
         self.streamed(cell, streamed, written.is_ok());
         if matches!(written, Ok(Some(_))) {
             // The run's own write: its recovery hook, if one runs, has settled.
-            cell.hook.lock().take();
+            cell.task.hook.lock().take();
         }
         written
     }
@@ -148,7 +148,7 @@ impl Shared {
     /// A recovery hook that parks on a durable wait without a write has settled: a probe's
     /// count is cleared (`kernel/hook_gate.rs`), and its place at the gate given up.
     pub async fn settle_hook(&self, cell: &RunCell) {
-        let probe = match cell.hook.lock().as_ref() {
+        let probe = match cell.task.hook.lock().as_ref() {
             None => return,
             Some(hook) => hook.is_probe(),
         };
@@ -160,20 +160,15 @@ impl Shared {
                 tracing::warn!(run_id = %cell.run_id, error = %e, "could not clear the recovery's probe");
             }
         }
-        cell.hook.lock().take();
+        cell.task.hook.lock().take();
     }
 
     /// Refuses a write of an evicted cell's fiber.
     pub fn check_not_evicted(&self, cell: &RunCell) -> Result<(), RuntimeError> {
-        if cell.evicted.load(Ordering::SeqCst) {
+        if cell.task.evicted.load(Ordering::SeqCst) {
             return Err(RuntimeError::Evicted { run_id: cell.run_id.clone() });
         }
         Ok(())
-    }
-
-    /// The lock that serializes decisions and events of `run_id`.
-    pub async fn inbound_lock(&self, run_id: &str) -> tokio::sync::MutexGuard<'_, ()> {
-        self.inbound_locks[stripe(run_id, self.inbound_locks.len())].lock().await
     }
 
     /// Commits a boundary of a live run. The first boundary after a recovery is progress:
@@ -184,11 +179,11 @@ impl Shared {
         batch: Batch,
         durability: Durability,
     ) -> Result<(), RuntimeError> {
-        if self.closed.load(Ordering::SeqCst) {
+        if self.life.is_closed() {
             return Err(RuntimeError::ShuttingDown);
         }
         self.check_not_evicted(cell)?;
-        if !cell.recovering.load(Ordering::SeqCst) {
+        if !cell.task.recovering.load(Ordering::SeqCst) {
             let mut batch = batch;
             let streamed = self.stage_pending(cell, &mut batch)?;
             let committed = self.store.commit(batch, durability).await;
@@ -205,15 +200,15 @@ impl Shared {
             Ok(true)
         }))
         .await?;
-        cell.recovering.store(false, Ordering::SeqCst);
+        cell.task.recovering.store(false, Ordering::SeqCst);
         Ok(())
     }
 
     /// Takes the run's output chunks emitted, and what it spent, since its last boundary
     /// into `batch`; true when there were chunks.
     fn stage_pending(&self, cell: &RunCell, batch: &mut Batch) -> Result<bool, RuntimeError> {
-        super::spend::stage(&self.store, &cell.run_id, &mut cell.spend.lock(), batch)?;
-        match cell.stream.lock().as_mut() {
+        super::spend::stage(&self.store, &cell.run_id, &mut cell.spending.spend.lock(), batch)?;
+        match cell.output.stream.lock().as_mut() {
             Some(buffer) => Ok(buffer.stage_into(&cell.run_id, batch)?),
             None => Ok(false),
         }
@@ -226,9 +221,9 @@ impl Shared {
             return;
         }
         if committed {
-            self.stream_version.send_modify(|v| *v += 1);
+            self.signals.stream_version.send_modify(|v| *v += 1);
         } else {
-            *cell.stream.lock() = None;
+            *cell.output.stream.lock() = None;
         }
     }
 

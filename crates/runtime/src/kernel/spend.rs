@@ -8,6 +8,16 @@ use durafiber_store::{
     tables::{BudgetRecord, BudgetSpent, keys},
 };
 
+/// What a live run spent since its last boundary, held in its cell.
+#[derive(Default)]
+pub(crate) struct CellSpending {
+    /// Effects admitted and cost units charged since the last boundary.
+    pub spend: durafiber_store::lock::Mutex<BudgetSpent>,
+    /// Set once the run's budget was read and it has no limits (they never change after its
+    /// start), so its boundaries read nothing more.
+    pub without_budget: std::sync::atomic::AtomicBool,
+}
+
 /// A run's budget record as stored; `None` for a run with no budget that charged nothing.
 pub(crate) fn stored(store: &Store, run_id: &str) -> Result<Option<BudgetRecord>, StoreError> {
     store.get(&keys::budget(run_id))

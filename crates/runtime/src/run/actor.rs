@@ -54,17 +54,17 @@ async fn live_or_spawn(
     if let Some(run) = registry.get(run_id) {
         return Ok((run, false));
     }
-    let _activating = shared.activating()?;
+    let _activating = shared.life.activating()?;
     // Another node runs the runs of shards this one does not own.
     shared.ownership.check(run_id)?;
     // Virtual time waits for the registration write.
-    let _busy = shared.busy();
+    let _busy = shared.life.busy();
     let watch = Stopwatch::start();
     let mut locked = shared.lock_run(run_id).await?;
     let stash = fiber::read_stash(shared, run_id);
     let entry = LiveRun::new(new_cell(shared, &locked.run, &stash)?);
     activated(shared, &locked.run, &watch, None);
-    if !shared.passive {
+    if !shared.life.passive {
         let decided = fiber::decide(shared, &entry.cell, &mut locked, stash).await;
         drop(locked);
         begin(shared, &entry, since, decided).await;
@@ -109,8 +109,8 @@ pub(crate) fn activated(shared: &Shared, run: &RunRecord, watch: &Stopwatch, fib
         h.finish()
     };
     shared.liveness.activated(&run.run_id, now_ms, stream, fiber);
-    Metrics::bump(&shared.metrics.activations);
-    shared.metrics.cold_start.record_us(watch.elapsed_us());
+    Metrics::bump(&shared.obs.metrics.activations);
+    shared.obs.metrics.cold_start.record_us(watch.elapsed_us());
     shared.event(&run.run_id, "activated", format!("cold start {} µs", watch.elapsed_us()));
 }
 
@@ -156,12 +156,12 @@ async fn send_activate(
     decided: Option<Activation>,
 ) {
     let sent = match actor_of(shared, live).await {
-        Ok(actor) => actor.cast(RunMsg::Activate { busy: shared.busy(), since, decided }).is_ok(),
+        Ok(actor) => actor.cast(RunMsg::Activate { busy: shared.life.busy(), since, decided }).is_ok(),
         Err(_) => false,
     };
     if !sent {
         tracing::warn!(run_id, "actor stopped before activation; retrying");
-        shared.wake_at(shared.now_ms(), run_id);
+        shared.timers.wake_at(shared.now_ms(), run_id);
     }
 }
 
@@ -173,7 +173,7 @@ pub(crate) async fn reactivate(shared: &Arc<Shared>, run_id: &str) {
 
 /// `reactivate`, with recovery latency counted from `since`.
 pub(crate) async fn reactivate_since(shared: &Arc<Shared>, run_id: &str, since: Stopwatch) {
-    if shared.passive {
+    if shared.life.passive {
         return;
     }
     match live_or_spawn(shared, run_id, since).await {
@@ -188,7 +188,7 @@ pub(crate) async fn reactivate_since(shared: &Arc<Shared>, run_id: &str, since: 
         Err(e) => {
             // Never leave the run behind: a store that failed now may answer in a second.
             tracing::error!(run_id, error = %e, "could not activate the run; retrying in 1 s");
-            shared.wake_at(shared.now_ms().saturating_add(1_000), run_id);
+            shared.timers.wake_at(shared.now_ms().saturating_add(1_000), run_id);
         }
     }
 }
@@ -232,7 +232,7 @@ impl Actor for RunActor {
             attempt,
             trace_id = tracing::field::Empty,
         );
-        if self.shared.traces.is_on() {
+        if self.shared.obs.traces.is_on() {
             span.record("trace_id", tracing::field::display(trace::trace_id(&cell.run_id)));
         }
         let started_ms = self.shared.now_ms();
@@ -263,7 +263,7 @@ impl Actor for RunActor {
                 let _ = reply.send(result);
             }
         }
-        self.shared.span(|| {
+        self.shared.obs.span(|| {
             trace::Ended::new(&cell.run_id, &cell.kind, "activation", trace::Parent::Root)
                 .times(started_ms, self.shared.now_ms())
                 .attr("durafiber.activation.cause", cause)
@@ -287,13 +287,13 @@ impl Actor for RunActor {
 
 impl RunActor {
     async fn on_message(&self, cell: &Arc<RunCell>, json: String) -> Result<(), AgentError> {
-        let agent = self.shared.agent(&cell.kind).map_err(AgentError::from)?;
+        let agent = self.shared.agents.agent(&cell.kind).map_err(AgentError::from)?;
         let raw = RawCtx::new(self.shared.clone(), cell.clone(), 0);
         self.under_wall_limit("on_message", agent.on_message(raw, json)).await
     }
 
     async fn on_request(&self, cell: &Arc<RunCell>, json: String) -> Result<String, AgentError> {
-        let agent = self.shared.agent(&cell.kind).map_err(AgentError::from)?;
+        let agent = self.shared.agents.agent(&cell.kind).map_err(AgentError::from)?;
         let raw = RawCtx::new(self.shared.clone(), cell.clone(), 0);
         self.under_wall_limit("on_request", agent.on_request(raw, json)).await
     }
@@ -305,7 +305,8 @@ impl RunActor {
         handler: impl std::future::Future<Output = Result<T, AgentError>>,
     ) -> Result<T, AgentError> {
         let handler = AssertUnwindSafe(handler).catch_unwind();
-        match clock::timeout(self.shared.clock.as_ref(), self.shared.config.message_wall_limit, handler).await
+        match clock::timeout(self.shared.time.clock.as_ref(), self.shared.config.message_wall_limit, handler)
+            .await
         {
             None => Err(AgentError::fail(format!("{hook} exceeded the message wall limit"))),
             Some(Err(panic)) => Err(AgentError::fail(format!("{hook} panicked: {}", panic_text(panic)))),
@@ -314,10 +315,12 @@ impl RunActor {
     }
 
     async fn on_alarm(&self, cell: &Arc<RunCell>, event: AlarmEvent) -> Result<(), AgentError> {
-        let agent = self.shared.agent(&cell.kind).map_err(AgentError::from)?;
+        let agent = self.shared.agents.agent(&cell.kind).map_err(AgentError::from)?;
         let raw = RawCtx::new(self.shared.clone(), cell.clone(), 0);
         let handler = AssertUnwindSafe(agent.on_alarm(raw, event)).catch_unwind();
-        match clock::timeout(self.shared.clock.as_ref(), self.shared.config.alarm_wall_limit, handler).await {
+        match clock::timeout(self.shared.time.clock.as_ref(), self.shared.config.alarm_wall_limit, handler)
+            .await
+        {
             None => Err(AgentError::fail("on_alarm exceeded the alarm wall limit")),
             Some(Err(panic)) => Err(AgentError::fail(format!("on_alarm panicked: {}", panic_text(panic)))),
             Some(Ok(result)) => result,

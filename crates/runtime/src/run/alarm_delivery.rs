@@ -30,13 +30,13 @@ use crate::{
 /// Delay before retry `n` (1-based): 2 s × 2^(n-1), plus up to 25% jitter.
 pub(crate) fn retry_delay_ms(shared: &Shared, n: u32) -> u64 {
     let base = (shared.config.alarm_retry_base.as_millis() as u64) << n.saturating_sub(1).min(20);
-    base + shared.jitter_between(0, base / 4)
+    base + shared.controls.jitter_between(0, base / 4)
 }
 
 /// Starts a delivery for every alarm due by now; returns how many started.
 pub(crate) fn start_due(shared: &Arc<Shared>) -> usize {
-    let room = limits::ALARM_DELIVERIES_IN_FLIGHT_MAX.saturating_sub(shared.scheduler.in_flight());
-    let due = shared.scheduler.take_due(shared.now_ms(), room);
+    let room = limits::ALARM_DELIVERIES_IN_FLIGHT_MAX.saturating_sub(shared.timers.scheduler.in_flight());
+    let due = shared.timers.scheduler.take_due(shared.now_ms(), room);
     let n = due.len();
     // Read the next alarms in, so the driver knows when to wake instead of guessing.
     refill_if_low(shared);
@@ -51,13 +51,13 @@ pub(crate) fn start_due(shared: &Arc<Shared>) -> usize {
     }
     for (run_id, alarms) in per_run {
         let shared2 = shared.clone();
-        shared.spawn_tracked(async move {
+        shared.life.spawn_tracked(async move {
             for (due_at_ms, name) in alarms {
                 match deliver(&shared2, &run_id, &name, due_at_ms).await {
-                    Ok(()) => shared2.alarm_runtime_failures.store(0, Ordering::Relaxed),
+                    Ok(()) => shared2.timers.alarm_runtime_failures.store(0, Ordering::Relaxed),
                     Err(e) => runtime_failure(&shared2, &run_id, &name, &e),
                 }
-                shared2.scheduler.delivered(&run_id, &name);
+                shared2.timers.scheduler.delivered(&run_id, &name);
             }
         });
     }
@@ -69,7 +69,7 @@ pub(crate) fn start_due(shared: &Arc<Shared>) -> usize {
 /// thousands of keys, and held up every pick-up due meanwhile by milliseconds (`bench
 /// alarms`). On a virtual clock it runs in place, so a test's tick sees its result.
 fn refill_if_low(shared: &Arc<Shared>) {
-    if !shared.scheduler.wants_refill() {
+    if !shared.timers.scheduler.wants_refill() {
         return;
     }
     let refill = |shared: &Shared| {
@@ -77,24 +77,24 @@ fn refill_if_low(shared: &Arc<Shared>) {
             tracing::error!(error = %e, "could not read the alarm index");
         }
     };
-    if shared.clock.is_virtual() {
+    if shared.time.clock.is_virtual() {
         return refill(shared);
     }
     let shared = shared.clone();
     tokio::task::spawn_blocking(move || {
         refill(&shared);
-        shared.driver_wake.notify_one();
+        shared.timers.driver_wake.notify_one();
     });
 }
 
 /// The runtime's own failure (a store write): not the handler's, so it is not counted. The
 /// backoff doubles per consecutive failure of the runtime, capped at 1024 s.
 fn runtime_failure(shared: &Shared, run_id: &str, name: &str, e: &RuntimeError) {
-    let n = shared.alarm_runtime_failures.fetch_add(1, Ordering::Relaxed).min(10);
+    let n = shared.timers.alarm_runtime_failures.fetch_add(1, Ordering::Relaxed).min(10);
     let delay = (1_000u64 << n).min(limits::ALARM_RUNTIME_BACKOFF_MAX.as_millis() as u64);
     tracing::error!(run_id, alarm = name, error = %e, delay_ms = delay, "alarm delivery failed in the runtime");
-    shared.scheduler.insert(shared.now_ms().saturating_add(delay), run_id, name);
-    shared.driver_wake.notify_one();
+    shared.timers.scheduler.insert(shared.now_ms().saturating_add(delay), run_id, name);
+    shared.timers.driver_wake.notify_one();
 }
 
 /// Where the alarm being delivered lives: its own record, or a failed occurrence of a
@@ -155,11 +155,11 @@ async fn deliver(
     let now = shared.now_ms();
     if alarm.due_at_ms > now {
         if alarm.due_at_ms != due_key_ms {
-            shared.scheduler.insert(alarm.due_at_ms, run_id, due_name);
+            shared.timers.scheduler.insert(alarm.due_at_ms, run_id, due_name);
         }
         return Ok(());
     }
-    shared.metrics.alarm_lateness.record_us(now.saturating_sub(alarm.due_at_ms) * 1_000);
+    shared.obs.metrics.alarm_lateness.record_us(now.saturating_sub(alarm.due_at_ms) * 1_000);
     let run = shared.load_run(run_id)?;
     if run.status.is_terminal() {
         let mut batch = Batch::new();
@@ -226,7 +226,7 @@ async fn deliver(
     shared.event(run_id, "alarm_attempt", format!("{name} attempt {attempt}"));
     shared.liveness.activity(run_id, now);
     let result = call_handler(shared, run_id, event.clone()).await;
-    shared.span(|| {
+    shared.obs.span(|| {
         Ended::new(run_id, &run.kind, format!("alarm {name}"), Parent::Root)
             .times(now, shared.now_ms())
             .attr("durafiber.alarm.name", name.to_string())
@@ -248,7 +248,7 @@ async fn deliver(
         }
         Err(e) => e,
     };
-    Metrics::bump(&shared.metrics.alarm_retries);
+    Metrics::bump(&shared.obs.metrics.alarm_retries);
     shared.event(run_id, "alarm_failed", format!("{name} attempt {attempt}: {e}"));
     let failed_at = shared.now_ms();
     let mut batch = Batch::new();
@@ -268,25 +268,25 @@ async fn deliver(
         crate::alarm::stage_retry(&mut batch, &current)?;
         let next = advance(shared, &mut batch, &current, cron.as_ref())?;
         next_schedule = next;
-        shared.scheduler.remove(old_due, run_id, name);
-        shared.scheduler.insert(
+        shared.timers.scheduler.remove(old_due, run_id, name);
+        shared.timers.scheduler.insert(
             current.due_at_ms,
             run_id,
             &Slot::Retry { scheduled_at_ms: current.scheduled_at_ms }.due_name(name),
         );
     } else if moved {
         slot.stage(&mut batch, &current)?;
-        shared.scheduler.insert(current.due_at_ms, run_id, due_name);
+        shared.timers.scheduler.insert(current.due_at_ms, run_id, due_name);
     } else {
-        shared.scheduler.insert(current.due_at_ms, run_id, due_name);
+        shared.timers.scheduler.insert(current.due_at_ms, run_id, due_name);
     }
     if !batch.is_empty() {
         shared.store.commit(batch, Durability::Sync).await?;
     }
     if let Some(due) = next_schedule {
-        shared.scheduler.insert(due, run_id, name);
+        shared.timers.scheduler.insert(due, run_id, name);
     }
-    shared.driver_wake.notify_one();
+    shared.timers.driver_wake.notify_one();
     Ok(())
 }
 
@@ -327,9 +327,9 @@ async fn succeeded(
     };
     shared.store.commit(batch, Durability::Sync).await?;
     if let Some(due) = next {
-        shared.scheduler.insert(due, &alarm.run_id, &alarm.name);
+        shared.timers.scheduler.insert(due, &alarm.run_id, &alarm.name);
         // The next period may come before the driver's next wake-up (a sub-second period).
-        shared.driver_wake.notify_one();
+        shared.timers.driver_wake.notify_one();
     }
     shared.event(&alarm.run_id, "alarm_done", alarm.name.clone());
     Ok(())
@@ -355,8 +355,8 @@ async fn exhausted(
     let (run_id, name) = (alarm.run_id.clone(), alarm.name.clone());
     dead_letter(shared, kind, batch, alarm, recurring, last_error).await?;
     if let Some(due) = next {
-        shared.scheduler.insert(due, &run_id, &name);
-        shared.driver_wake.notify_one();
+        shared.timers.scheduler.insert(due, &run_id, &name);
+        shared.timers.driver_wake.notify_one();
     }
     Ok(())
 }
@@ -389,9 +389,10 @@ async fn dead_letter(
     let run_id = alarm.run_id.clone();
     batch.put(key, &DeadLetter { alarm, last_error: last_error.clone(), dead_at_ms: now })?;
     shared.store.commit(batch, Durability::Sync).await?;
-    Metrics::bump(&shared.metrics.dead_letters);
+    Metrics::bump(&shared.obs.metrics.dead_letters);
     shared.event(&run_id, "alarm_dead_lettered", format!("{}: {last_error}", event.name));
     let action = shared
+        .agents
         .agent(kind)
         .map(|a| a.on_alarm_exhausted(shared.hook_ctx(&run_id, kind), &event))
         .unwrap_or(ExhaustedAction::Escalate);

@@ -39,7 +39,7 @@ impl AttemptSpan {
         mode: FiberMode,
         recover_attempts: u32,
     ) -> Option<AttemptSpan> {
-        if !shared.traces.is_on() {
+        if !shared.obs.traces.is_on() {
             return None;
         }
         let before_ended_itself = matches!(mode, FiberMode::Recover(_)) && recover_attempts > 1;
@@ -73,6 +73,6 @@ impl AttemptSpan {
         if let Some(reason) = reason {
             span = span.attr("durafiber.recovery.reason", reason);
         }
-        self.shared.span(|| span);
+        self.shared.obs.span(|| span);
     }
 }

@@ -16,14 +16,14 @@ use crate::{eviction::idle, kernel::activity::Action, kernel::shared::Shared, ru
 pub(crate) async fn tick(shared: &Arc<Shared>) -> Option<u64> {
     let now = shared.now_ms();
     let mut heartbeats = Vec::new();
-    let actions = shared.liveness.due_actions(now, &shared.metrics, &mut heartbeats);
+    let actions = shared.liveness.due_actions(now, &shared.obs.metrics, &mut heartbeats);
     heartbeats.sort();
     for run_id in heartbeats {
         shared.event(&run_id, "heartbeat", "keep-alive held");
     }
     for (run_id, action) in actions {
         let shared2 = shared.clone();
-        shared.spawn_tracked(async move {
+        shared.life.spawn_tracked(async move {
             match action {
                 Action::Hibernate => idle::hibernate(&shared2, &run_id).await,
                 Action::Park => idle::park(&shared2, &run_id).await,
@@ -32,7 +32,7 @@ pub(crate) async fn tick(shared: &Arc<Shared>) -> Option<u64> {
         });
     }
     let due: Vec<String> = {
-        let mut wakeups = shared.wakeups.lock();
+        let mut wakeups = shared.timers.wakeups.lock();
         let later = wakeups.split_off(&(now + 1, String::new()));
         std::mem::replace(&mut *wakeups, later).into_iter().map(|(_, id)| id).collect()
     };
@@ -45,9 +45,9 @@ pub(crate) async fn tick(shared: &Arc<Shared>) -> Option<u64> {
 }
 
 pub(crate) fn next_deadline(shared: &Shared) -> Option<u64> {
-    let wake = shared.wakeups.lock().first().map(|(at, _)| *at);
-    let sweep = Some(shared.retention_due_ms.load(Ordering::SeqCst)).filter(|at| *at != u64::MAX);
-    [shared.liveness.next_deadline_ms(), wake, shared.scheduler.next_due_ms(), sweep]
+    let wake = shared.timers.wakeups.lock().first().map(|(at, _)| *at);
+    let sweep = Some(shared.timers.retention_due_ms.load(Ordering::SeqCst)).filter(|at| *at != u64::MAX);
+    [shared.liveness.next_deadline_ms(), wake, shared.timers.scheduler.next_due_ms(), sweep]
         .into_iter()
         .flatten()
         .min()
@@ -63,7 +63,7 @@ pub(crate) async fn drive_system_clock(shared: Arc<Shared>) {
         }
     };
     loop {
-        if shared.shutting_down.load(Ordering::SeqCst) {
+        if shared.life.shutting_down.load(Ordering::SeqCst) {
             return;
         }
         let next = tick(&shared).await;
@@ -71,11 +71,11 @@ pub(crate) async fn drive_system_clock(shared: Arc<Shared>) {
         // Wake at least once a second, so a missed notification costs a second, not forever.
         let at = next.unwrap_or(u64::MAX).min(now + 1_000).max(now + 1);
         if let Some(clock) = &alarm_clock {
-            clock.wake_at(shared.to_local_ms(at));
+            clock.wake_at(shared.time.to_local_ms(at));
         }
         tokio::select! {
-            () = shared.clock.sleep_until(at) => {}
-            () = shared.driver_wake.notified() => {}
+            () = shared.time.clock.sleep_until(at) => {}
+            () = shared.timers.driver_wake.notified() => {}
         }
     }
 }
@@ -126,7 +126,7 @@ impl AlarmClock {
             }
             deadline.at_ms = None;
             match driver.upgrade() {
-                Some(shared) => shared.driver_wake.notify_one(),
+                Some(shared) => shared.timers.driver_wake.notify_one(),
                 None => return,
             }
         }

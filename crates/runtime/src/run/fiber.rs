@@ -61,7 +61,7 @@ pub(crate) async fn on_activate(
         && let Err(e) = escalate(shared, &cell.run_id, &reason, Batch::new()).await
     {
         tracing::error!(run_id = %cell.run_id, error = %e, "could not escalate; retrying in 1 s");
-        shared.wake_at(shared.now_ms().saturating_add(1_000), &cell.run_id);
+        shared.timers.wake_at(shared.now_ms().saturating_add(1_000), &cell.run_id);
     }
 }
 
@@ -76,7 +76,7 @@ pub(crate) fn begin(
 ) -> Option<Activation> {
     match decided {
         Activation::Start(registered) => spawn(shared, cell, registered, since, Tracker::Tell),
-        Activation::Later(at_ms) => shared.wake_at(at_ms, &cell.run_id),
+        Activation::Later(at_ms) => shared.timers.wake_at(at_ms, &cell.run_id),
         Activation::Nothing => {}
         escalate @ Activation::Escalate(_) => return Some(escalate),
     }
@@ -165,8 +165,8 @@ pub(crate) fn register(
         let now = shared.now_ms();
         let suspect = run.recover_attempts > 0;
         let permit = match suspect {
-            true => shared.hook_gate.try_probe(now),
-            false => shared.hook_gate.try_hook(now),
+            true => shared.controls.hook_gate.try_probe(now),
+            false => shared.controls.hook_gate.try_hook(now),
         };
         let Some(permit) = permit else {
             return Err(Activation::Later(now.saturating_add(limits::HOOK_GATE_RETRY.as_millis() as u64)));
@@ -198,9 +198,9 @@ pub(crate) fn registered(cell: &RunCell, registered: Box<Registered>) -> Activat
 
 /// Puts what a durable registration decided for the run's live side into its cell.
 fn onto_cell(cell: &RunCell, mut registered: Box<Registered>) -> Box<Registered> {
-    cell.recovering.store(matches!(registered.mode, FiberMode::Recover(_)), Ordering::SeqCst);
+    cell.task.recovering.store(matches!(registered.mode, FiberMode::Recover(_)), Ordering::SeqCst);
     cell.attempt.store(registered.run.attempt, Ordering::SeqCst);
-    *cell.hook.lock() = registered.hook.take();
+    *cell.task.hook.lock() = registered.hook.take();
     registered
 }
 
@@ -231,11 +231,11 @@ fn spawn(
 ) {
     // The slot stays locked until it holds the task, so the task's own clearing (its last
     // step) can never run before the slot is filled.
-    let mut slot = cell.fiber.lock();
+    let mut slot = cell.task.fiber.lock();
     if tracker == Tracker::Tell {
         shared.liveness.fiber_started(&cell.run_id, cell.fiber_keep_alive, shared.now_ms());
     }
-    let task = tokio::spawn(drive(shared.clone(), cell.clone(), registered, since, shared.busy()));
+    let task = tokio::spawn(drive(shared.clone(), cell.clone(), registered, since, shared.life.busy()));
     *slot = Some(task.abort_handle());
 }
 
@@ -256,7 +256,7 @@ fn drive(
         trace_id = tracing::field::Empty,
     );
     // Its log lines name the run's trace, when there is one to look up.
-    if shared.traces.is_on() {
+    if shared.obs.traces.is_on() {
         span.record("trace_id", tracing::field::display(trace::trace_id(&cell.run_id)));
     }
     attempt(shared, cell, registered, since, busy).instrument(span)
@@ -304,7 +304,7 @@ async fn entered(
     raw.in_fiber = true;
     // A fiber enters at its last stash, and so stands in its stream at that stash's mark:
     // what an earlier attempt in this cell knew is read again.
-    *cell.stream.lock() = None;
+    *cell.output.stream.lock() = None;
     // An operator's pause holds a run before its fiber's first step.
     if let Err(e) = crate::pause::gate(&raw).await {
         return Err(Box::new(Ok(Err(e))));
@@ -328,13 +328,13 @@ fn enter(
     since: Stopwatch,
 ) -> Result<BoxFuture<Result<String, AgentError>>, AgentError> {
     let Registered { run, mode, stash, .. } = registered;
-    let agent = shared.agent(&run.kind).map_err(|e| AgentError::escalate(e.to_string()))?;
+    let agent = shared.agents.agent(&run.kind).map_err(|e| AgentError::escalate(e.to_string()))?;
     Ok(match mode {
         FiberMode::Fresh => agent.run_fiber(raw, run.input_json),
         FiberMode::Recover(reason) => {
             let stash = stash.map_err(|e| AgentError::escalate(format!("corrupt: {e}")))?;
-            Metrics::bump(&shared.metrics.recoveries);
-            shared.metrics.recover_latency.record_us(since.elapsed_us());
+            Metrics::bump(&shared.obs.metrics.recoveries);
+            shared.obs.metrics.recover_latency.record_us(since.elapsed_us());
             shared.event(&run.run_id, "recovered", format!("reason {reason:?}, attempt {}", run.attempt));
             agent.recover(
                 raw,

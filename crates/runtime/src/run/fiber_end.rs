@@ -47,7 +47,7 @@ pub(super) async fn ended(
     };
     // An evicted cell's fiber whose abort came too late: the next cell owns the run and
     // its liveness, so it touches neither.
-    if cell.evicted.load(Ordering::SeqCst) {
+    if cell.task.evicted.load(Ordering::SeqCst) {
         tracing::debug!("the fiber of an evicted cell ended; it wrote nothing");
         drop(busy);
         return;
@@ -55,12 +55,12 @@ pub(super) async fn ended(
     // The fiber is over: clear its slot before anything can wake the run again, so the
     // activation that wake causes sees no fiber and starts one. Then, still counted
     // busy, hand over the wake: virtual time cannot pass it meanwhile.
-    cell.fiber.lock().take();
+    cell.task.fiber.lock().take();
     // A hook that ended has settled, whatever its end wrote.
-    cell.hook.lock().take();
+    cell.task.hook.lock().take();
     shared.liveness.fiber_ended(&cell.run_id, shared.now_ms());
     if let Some(at_ms) = retry_at {
-        shared.wake_at(at_ms, &cell.run_id);
+        shared.timers.wake_at(at_ms, &cell.run_id);
     }
     drop(busy);
 }
@@ -108,11 +108,11 @@ async fn finish(
             }
             let error = match &result {
                 Ok(Ok(output_json)) => {
-                    run.status = RunStatus::Completed { output_json: shared.redact(output_json.clone()) };
+                    run.status = RunStatus::Completed { output_json: shared.obs.redact(output_json.clone()) };
                     None
                 }
                 Ok(Err(AgentError::Escalate(reason))) => {
-                    run.status = RunStatus::Escalated { reason: shared.redact(reason.clone()) };
+                    run.status = RunStatus::Escalated { reason: shared.obs.redact(reason.clone()) };
                     None
                 }
                 // A fiber that does not emit what its stream holds would do so again on every
@@ -132,8 +132,8 @@ async fn finish(
                     run.status = RunStatus::Cancelled { reason };
                     None
                 }
-                Ok(Err(e)) => Some(shared.redact(e.to_string())),
-                Err(panic) => Some(shared.redact(format!("panic: {panic}"))),
+                Ok(Err(e)) => Some(shared.obs.redact(e.to_string())),
+                Err(panic) => Some(shared.obs.redact(format!("panic: {panic}"))),
             };
             if let Some(error) = error {
                 let runtime_fault = matches!(result, Ok(Err(AgentError::Runtime(_))));
@@ -142,7 +142,7 @@ async fn finish(
                 } else if runtime_fault {
                     // The store failed under the fiber: the run is interrupted, not failed,
                     // and a recovery it interrupted is not counted (§3.6).
-                    if cell.recovering.load(Ordering::SeqCst) {
+                    if cell.task.recovering.load(Ordering::SeqCst) {
                         run.recover_attempts = run.recover_attempts.saturating_sub(1);
                         run.next_recover_at_ms = 0;
                     }

@@ -31,7 +31,6 @@ use durafiber_store::{
 use crate::{
     error::RuntimeError,
     json,
-    kernel::cell::stripe,
     kernel::shared::Shared,
     run::start::{self, StartOutcome},
     storage::AsAtError,
@@ -67,7 +66,7 @@ pub(crate) async fn fork(
     let input_json = fork_input(shared, &source, options.input_json.as_deref())?;
     let input: serde_json::Value = json::parse(&input_json).map_err(RuntimeError::InvalidInput)?;
     let key_record = keys::run_by_key(&source.kind, key);
-    let _guard = shared.start_locks[stripe(key, shared.start_locks.len())].lock().await;
+    let _guard = shared.stripes.start(key).await;
     if let Some(existing) = start::existing(shared, &key_record, key, &input)? {
         return Ok(existing);
     }
@@ -109,7 +108,7 @@ pub(crate) async fn fork(
     batch.put(keys::open_run(new), &())?;
     batch.all_new();
     match store.commit(batch, Durability::Sync).await {
-        Ok(()) => shared.status_changed(),
+        Ok(()) => shared.signals.status_changed(),
         Err(StoreError::Exists { .. }) => {
             return start::existing(shared, &key_record, key, &input)?
                 .ok_or_else(|| RuntimeError::Store(StoreError::Exists { key: key.to_string() }));
@@ -145,7 +144,7 @@ fn fork_input(shared: &Shared, source: &RunRecord, given: Option<&str>) -> Resul
     let Some(text) = given else { return Ok(source.input_json.clone()) };
     let not_its_input =
         |e: String| refused(&source.run_id, format!("the input is not {}'s: {e}", source.kind));
-    shared.agent(&source.kind)?.check_input(text).map_err(not_its_input)?;
+    shared.agents.agent(&source.kind)?.check_input(text).map_err(not_its_input)?;
     let value: serde_json::Value = json::parse(text).map_err(not_its_input)?;
     json::canonical(&value).map_err(not_its_input)
 }

@@ -44,7 +44,7 @@ async fn call<T: Send + 'static>(
 
 /// This machine's own time, ms (the agreed time's source).
 fn local_ms(shared: &Shared) -> u64 {
-    shared.agreed.as_ref().map_or_else(|| shared.now_ms(), |a| a.local_ms())
+    shared.time.agreed.as_ref().map_or_else(|| shared.now_ms(), |a| a.local_ms())
 }
 
 /// Sets the time base the nodes share from a heartbeat sent at `sent_ms` (this machine's
@@ -52,7 +52,7 @@ fn local_ms(shared: &Shared) -> u64 {
 /// round trip: one that took longer than `max_clock_skew`, or than a second, says too little
 /// and is passed over.
 fn agree(shared: &Shared, database_ms: u64, sent_ms: u64) {
-    let Some(agreed) = &shared.agreed else { return };
+    let Some(agreed) = &shared.time.agreed else { return };
     let answered_ms = agreed.local_ms();
     let bound = skew_bound_ms(shared);
     if answered_ms.saturating_sub(sent_ms) > bound.min(ROUND_TRIP_MAX_MS) {
@@ -88,7 +88,7 @@ fn skew_bound_ms(shared: &Shared) -> u64 {
 /// Whether this machine's clock is further from the database's than `max_clock_skew`.
 fn clock_skewed(shared: &Shared) -> bool {
     let bound = skew_bound_ms(shared);
-    shared.agreed.as_ref().is_some_and(|a| a.offset_ms().unsigned_abs() > bound)
+    shared.time.agreed.as_ref().is_some_and(|a| a.offset_ms().unsigned_abs() > bound)
 }
 
 /// How many shards this node should hold with `nodes` alive.
@@ -178,7 +178,7 @@ async fn renew(shared: &Arc<Shared>, advertise: &str) {
             changed = news.changed() => if changed.is_err() { return },
         }
         let Some(_turn) = shared.ownership.turn().await else { return };
-        if shared.shutting_down.load(Ordering::SeqCst) {
+        if shared.life.shutting_down.load(Ordering::SeqCst) {
             return;
         }
         tick(shared, advertise).await;
@@ -331,8 +331,8 @@ pub(crate) async fn take_over(shared: &Arc<Shared>, shard: u32) -> bool {
 /// Starts running the shards gained: their alarms are read, their interrupted runs recovered.
 async fn take_up(shared: &Arc<Shared>, gained: &[u32]) {
     shared.ownership.gain(gained);
-    shared.scheduler.rescan();
-    shared.driver_wake.notify_one();
+    shared.timers.scheduler.rescan();
+    shared.timers.driver_wake.notify_one();
     let gained: HashSet<u32> = gained.iter().copied().collect();
     let keep =
         |run_id: &str| gained.contains(&shard::of_run(run_id)) && shared.registry.get(run_id).is_none();
@@ -346,7 +346,7 @@ async fn take_up(shared: &Arc<Shared>, gained: &[u32]) {
 /// here. (A start on a node that does not own the run's shard writes the run and leaves it
 /// to the owner.)
 async fn adopt(shared: &Arc<Shared>) {
-    let woken: HashSet<String> = shared.wakeups.lock().iter().map(|(_, id)| id.clone()).collect();
+    let woken: HashSet<String> = shared.timers.wakeups.lock().iter().map(|(_, id)| id.clone()).collect();
     let keep = |run_id: &str| {
         shared.ownership.owns(run_id) && shared.registry.get(run_id).is_none() && !woken.contains(run_id)
     };
@@ -359,8 +359,8 @@ async fn adopt(shared: &Arc<Shared>) {
 async fn drop_shards(shared: &Arc<Shared>, shards: &[u32]) {
     shared.ownership.lose(shards);
     let lost: HashSet<u32> = shards.iter().copied().collect();
-    shared.scheduler.retain(|run_id| !lost.contains(&shard::of_run(run_id)));
-    shared.wakeups.lock().retain(|(_, run_id)| !lost.contains(&shard::of_run(run_id)));
+    shared.timers.scheduler.retain(|run_id| !lost.contains(&shard::of_run(run_id)));
+    shared.timers.wakeups.lock().retain(|(_, run_id)| !lost.contains(&shard::of_run(run_id)));
     for run_id in shared.registry.run_ids() {
         if lost.contains(&shard::of_run(&run_id)) {
             idle::disown(shared, &run_id).await;

@@ -17,10 +17,10 @@ use crate::{
 /// Every open run that breaks the rule. Runs whose record cannot be read are left to the
 /// corruption path (they are logged where they are read).
 pub(crate) fn check(shared: &Shared) -> Result<Vec<LivenessViolation>, RuntimeError> {
-    if shared.passive {
+    if shared.life.passive {
         return Ok(Vec::new());
     }
-    let woken: HashSet<String> = shared.wakeups.lock().iter().map(|(_, id)| id.clone()).collect();
+    let woken: HashSet<String> = shared.timers.wakeups.lock().iter().map(|(_, id)| id.clone()).collect();
     let mut violations = Vec::new();
     let mut after = None;
     loop {

@@ -153,13 +153,13 @@ pub(crate) async fn reactivate_interrupted(
 /// the batch is made live as a cold start would: its cell, its fiber, then its place in the
 /// registry. Returns how many runs were found interrupted.
 async fn reactivate_batch(shared: &Arc<Shared>, found: Vec<Found>) -> Result<usize, RuntimeError> {
-    if shared.passive {
+    if shared.life.passive {
         return Ok(0);
     }
-    let Ok(_activating) = shared.activating() else { return Ok(0) };
+    let Ok(_activating) = shared.life.activating() else { return Ok(0) };
     // Virtual time waits for the registration write.
-    let _busy = shared.busy();
-    let since = shared.opened;
+    let _busy = shared.life.busy();
+    let since = shared.life.opened;
     let watch = Stopwatch::start();
     let run_ids: Vec<&str> = found.iter().map(|f| f.run_id.as_str()).collect();
     let transitions = shared.registry.transitions(&run_ids).await;
@@ -217,7 +217,7 @@ async fn reactivate_batch(shared: &Arc<Shared>, found: Vec<Found>) -> Result<usi
                     _ => alone.push(run_id),
                 }
             }
-            Err(Activation::Later(at_ms)) => shared.wake_at(at_ms, &run_id),
+            Err(Activation::Later(at_ms)) => shared.timers.wake_at(at_ms, &run_id),
             Err(Activation::Nothing) => {}
             Err(_) => alone.push(run_id),
         }
@@ -229,7 +229,7 @@ async fn reactivate_batch(shared: &Arc<Shared>, found: Vec<Found>) -> Result<usi
         // lane is ahead at once.
         match shared.store.commit_ahead(writes).await {
             Ok(()) => {
-                shared.status_changed();
+                shared.signals.status_changed();
                 for (cell, registration) in registered {
                     let live = LiveRun::new(cell.clone());
                     actor::activated(shared, &registration.run, &watch, Some(cell.fiber_keep_alive));
@@ -241,7 +241,7 @@ async fn reactivate_batch(shared: &Arc<Shared>, found: Vec<Found>) -> Result<usi
                 tracing::error!(error = %e, runs = registered.len(), "could not register the fibers; retrying in 1 s");
                 let at_ms = shared.now_ms().saturating_add(1_000);
                 for (cell, _) in registered {
-                    shared.wake_at(at_ms, &cell.run_id);
+                    shared.timers.wake_at(at_ms, &cell.run_id);
                 }
             }
         }

@@ -15,7 +15,6 @@ use crate::trace;
 use crate::{
     error::RuntimeError,
     json,
-    kernel::cell::stripe,
     kernel::shared::Shared,
     limits,
     metrics::Metrics,
@@ -41,7 +40,7 @@ pub(crate) async fn start(
     options: RunOptions,
     caller: Option<opentelemetry::trace::SpanContext>,
 ) -> Result<StartOutcome, RuntimeError> {
-    let agent = shared.agent(kind)?;
+    let agent = shared.agents.agent(kind)?;
     tables::check_id("idempotency key", key).map_err(RuntimeError::InvalidInput)?;
     if input_json.len() > limits::PAYLOAD_BYTES_MAX {
         return Err(RuntimeError::InvalidInput(format!(
@@ -57,7 +56,7 @@ pub(crate) async fn start(
     let (input_json, input_hash) = json::canonical_with_hash(&input).map_err(RuntimeError::InvalidInput)?;
     let key_record = keys::run_by_key(kind, key);
 
-    let _guard = shared.start_locks[stripe(key, shared.start_locks.len())].lock().await;
+    let _guard = shared.stripes.start(key).await;
     if let Some(existing) = existing(shared, &key_record, key, &input)? {
         return Ok(existing);
     }
@@ -91,7 +90,7 @@ pub(crate) async fn start(
     // on the run's shard: the shard's owner picks the run up.
     batch.all_new();
     match shared.store.commit(batch, Durability::Sync).await {
-        Ok(()) => shared.status_changed(),
+        Ok(()) => shared.signals.status_changed(),
         Err(StoreError::Exists { .. }) => {
             tracing::info!(key, "another node accepted this key first");
             return existing(shared, &key_record, key, &input)?
@@ -100,10 +99,10 @@ pub(crate) async fn start(
         Err(e) => return Err(e.into()),
     }
     drop(_guard);
-    Metrics::bump(&shared.metrics.starts);
+    Metrics::bump(&shared.obs.metrics.starts);
     shared.event(&run.run_id, "accepted", format!("kind {kind}, key {key}"));
     // The trace's root: every later span of the run, in any process, is under it.
-    shared.span(|| {
+    shared.obs.span(|| {
         trace::Ended::new(&run.run_id, kind, "run", trace::Parent::Root)
             .id(trace::root_span_id(&run.run_id))
             .times(now, now)

@@ -3,28 +3,29 @@
 //! without waiting for a request, and starts the driver on the system clock.
 
 use durafiber_store::lock::Mutex;
-use std::{
-    collections::{BTreeSet, HashMap},
-    marker::PhantomData,
-    sync::Arc,
-};
+use std::{collections::HashMap, marker::PhantomData, sync::Arc};
 
 use durafiber_store::Store;
 
 use crate::{
     agent::Agent,
-    clock::{Clock, Stopwatch, SystemClock, VirtualClock},
+    clock::{Clock, SystemClock, Time, VirtualClock},
     config::RuntimeConfig,
     error::RuntimeError,
     events::EventLog,
     kernel::activity::Liveness,
+    kernel::agents::Agents,
     kernel::alarm_window::Scheduler,
+    kernel::controls::Controls,
+    kernel::lifecycle::Lifecycle,
+    kernel::observe::Observability,
     kernel::ownership::Ownership,
     kernel::registry::Registry,
     kernel::shared::{CrashHook, ErasedAgent, Shared},
-    limits,
+    kernel::signals::Signals,
+    kernel::stripes::Stripes,
+    kernel::timers::Timers,
     metrics::Metrics,
-    rng::SeededRng,
     run::actor::reactivate_boxed,
     run::driver::drive_system_clock,
     run::leases,
@@ -126,12 +127,7 @@ impl RuntimeBuilder {
         let pauses = crate::kernel::pauses::Pauses::load(&self.store)?;
         let shared_store = self.store.backend().leases().is_some();
         // Nodes of a shared store keep their times on the database's clock.
-        let agreed = (shared_store && self.virtual_clock.is_none())
-            .then(|| Arc::new(crate::clock::AgreedClock::new(self.clock.clone())));
-        let clock: Arc<dyn Clock> = match &agreed {
-            Some(agreed) => agreed.clone(),
-            None => self.clock,
-        };
+        let time = Time::new(self.clock, shared_store && self.virtual_clock.is_none());
         let retention_on = self.config.retention.is_on() && !self.passive;
         // An inspection handle runs no agent code: it has no spans to send.
         let traces = match self.passive {
@@ -145,52 +141,31 @@ impl RuntimeBuilder {
         let limiters = crate::kernel::limiters::Limiters::new(
             &self.config.limits,
             node.as_deref().unwrap_or("local"),
-            clock.now_ms(),
+            time.now_ms(),
         );
         let shared = Arc::new(Shared {
-            reactivator: reactivate_boxed,
-            starter: super::starting::start_boxed,
+            agents: Agents {
+                kinds: self.kinds,
+                reactivator: reactivate_boxed,
+                starter: super::starting::start_boxed,
+            },
             store: self.store,
-            clock,
-            agreed,
+            time,
             liveness: Liveness::new(&self.config),
             config: self.config,
-            kinds: self.kinds,
             registry: Registry::default(),
-            scheduler,
-            hook_gate: Default::default(),
-            metrics: Metrics::default(),
-            events: EventLog::default(),
-            rng_jitter: Mutex::new(SeededRng::new(seed ^ 0x6a69_7474_6572)),
-            rng_chaos: Mutex::new(SeededRng::new(seed ^ 0x0063_6861_6f73)),
-            secrets: self.secrets,
-            traces,
-            crash_hook: self.crash_hook,
-            status_version: tokio::sync::watch::Sender::new(0),
-            stream_version: tokio::sync::watch::Sender::new(0),
-            live_version: tokio::sync::watch::Sender::new(0),
-            limiters,
-            pauses: Mutex::new(pauses),
-            pause_version: tokio::sync::watch::Sender::new(0),
-            wakeups: Mutex::new(BTreeSet::new()),
-            driver_wake: tokio::sync::Notify::new(),
-            // The first sweep comes with the first tick.
-            retention_due_ms: std::sync::atomic::AtomicU64::new(match retention_on {
-                true => 0,
-                false => u64::MAX,
-            }),
-            tracked: Mutex::new(Vec::new()),
-            start_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
-            run_locks: (0..limits::ACTIVATION_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
-            inbound_locks: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
-            opened: Stopwatch::start(),
-            alarm_runtime_failures: std::sync::atomic::AtomicU32::new(0),
-            shutting_down: std::sync::atomic::AtomicBool::new(false),
-            activating: std::sync::atomic::AtomicU64::new(0),
-            closed: std::sync::atomic::AtomicBool::new(false),
-            busy: Arc::default(),
-            woken: Arc::default(),
-            passive: self.passive,
+            timers: Timers::new(scheduler, retention_on),
+            obs: Observability {
+                metrics: Metrics::default(),
+                events: EventLog::default(),
+                traces,
+                secrets: self.secrets,
+                crash_hook: self.crash_hook,
+            },
+            signals: Signals::new(),
+            life: Lifecycle::new(self.passive),
+            stripes: Stripes::new(),
+            controls: Controls::new(limiters, pauses, seed),
             ownership: match (self.passive, shared_store) {
                 (false, true) => Ownership::nothing(),
                 _ => Ownership::everything(),

@@ -79,7 +79,7 @@ fn check_run(shared: &Shared, run_id: &str) -> Result<Option<DeployProblem>, Run
     if run.status.is_terminal() {
         return Ok(None);
     }
-    let Ok(agent) = shared.agent(&run.kind) else {
+    let Ok(agent) = shared.agents.agent(&run.kind) else {
         return problem(&run.kind, "kind: not registered in this binary".into());
     };
     if let Err(e) = agent.check_input(&run.input_json) {

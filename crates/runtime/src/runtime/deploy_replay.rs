@@ -86,7 +86,7 @@ impl Runtime {
         };
         let clock = VirtualClock::new(self.shared.now_ms());
         let mut builder = Runtime::builder(copy).config(config).virtual_clock(clock);
-        builder.kinds = self.shared.kinds.clone();
+        builder.kinds = self.shared.agents.kinds.clone();
         let sandbox = builder.open().await?;
         let limit = REPLAY_TIME_BASE.saturating_add(REPLAY_TIME_PER_RUN.saturating_mul(before.len() as u32));
         let settled = tokio::time::timeout(limit, sandbox.settle()).await.is_ok();
@@ -183,10 +183,10 @@ fn compare(
     let mut unwritten = Vec::new();
     let still_live = sandbox.shared.registry.get(&run.run_id);
     if let Some(cell) = still_live.as_ref().map(|live| &live.cell) {
-        if let Some(waiter) = cell.event_waiter.lock().as_ref() {
+        if let Some(waiter) = cell.waits.event.lock().as_ref() {
             after = RunStatus::WaitingEvent { name: waiter.0.clone() };
         }
-        if let Some(buffer) = cell.stream.lock().as_ref() {
+        if let Some(buffer) = cell.output.stream.lock().as_ref() {
             unwritten.extend(buffer.reemissions.iter().cloned());
         }
     }

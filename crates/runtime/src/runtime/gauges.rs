@@ -66,7 +66,7 @@ impl Runtime {
         let StoreGauges { store_bytes, checkpoint_lag } = self.store_gauges();
         gauges.store_bytes = store_bytes;
         gauges.checkpoint_lag = checkpoint_lag;
-        gauges.limits = self.shared.limiters.gauges();
+        gauges.limits = self.shared.controls.limiters.gauges();
         Ok(gauges)
     }
 

@@ -177,18 +177,18 @@ impl Runtime {
 
     /// Counters and histograms.
     pub fn metrics(&self) -> MetricsSnapshot {
-        self.shared.metrics.snapshot()
+        self.shared.obs.metrics.snapshot()
     }
 
     /// The in-memory event log, oldest first.
     pub fn events(&self) -> Vec<Event> {
-        self.shared.events.snapshot()
+        self.shared.obs.events.snapshot()
     }
 
     /// The events after `after_seq` (0: from the oldest kept), of one run or all, at most
     /// `limit`, oldest first: how a live view follows the log.
     pub fn events_since(&self, after_seq: u64, run_id: Option<&RunId>, limit: usize) -> Vec<Event> {
-        self.shared.events.since(after_seq, run_id.map(RunId::as_str), limit)
+        self.shared.obs.events.since(after_seq, run_id.map(RunId::as_str), limit)
     }
 
     /// Waits until the runtime is quiet: the work the supervisor and scheduler started is
@@ -199,14 +199,14 @@ impl Runtime {
             if let Some(clock) = &self.virtual_clock {
                 clock.woken_resumed().await;
             }
-            self.shared.woken.zero().await;
-            let handles: Vec<_> = std::mem::take(&mut *self.shared.tracked.lock());
+            self.shared.life.woken.zero().await;
+            let handles: Vec<_> = std::mem::take(&mut *self.shared.life.tracked.lock());
             for h in handles {
                 let _ = h.await;
             }
-            self.shared.busy.zero().await;
+            self.shared.life.busy.zero().await;
             tokio::task::yield_now().await;
-            let quiet = self.shared.busy.get() == 0 && self.shared.tracked.lock().is_empty();
+            let quiet = self.shared.life.busy.get() == 0 && self.shared.life.tracked.lock().is_empty();
             if quiet {
                 return;
             }
@@ -291,20 +291,20 @@ impl Runtime {
     /// Stops the driver and every actor, then makes the store durable. Runs stay as stored:
     /// a run that was executing is recovered by the next runtime, as after a deploy.
     pub async fn shutdown(&self) {
-        self.shared.shutting_down.store(true, Ordering::SeqCst);
-        self.shared.driver_wake.notify_one();
+        self.shared.life.shutting_down.store(true, Ordering::SeqCst);
+        self.shared.timers.driver_wake.notify_one();
         if let Some(driver) = self.driver.lock().take() {
             driver.abort();
         }
         // An activation under way (beside a start, say) registers its run in a moment; the
         // stop below must not miss it, or its actor and fiber would outlive the runtime.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while self.shared.activating.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+        while self.shared.life.activating.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
         for run_id in self.shared.registry.run_ids() {
             if let Some(live) = self.shared.registry.remove(&run_id) {
-                if let Some(fiber) = live.cell.fiber.lock().take() {
+                if let Some(fiber) = live.cell.task.fiber.lock().take() {
                     fiber.abort();
                 }
                 if let Some(actor) = live.mailbox().close().await {
@@ -318,7 +318,7 @@ impl Runtime {
         let _ = self.shared.store.barrier().await;
         // Every run is stopped and written: other nodes may take the shards at once.
         leases::release_all(&self.shared).await;
-        self.shared.closed.store(true, Ordering::SeqCst);
-        self.shared.traces.flush().await;
+        self.shared.life.closed.store(true, Ordering::SeqCst);
+        self.shared.obs.traces.flush().await;
     }
 }

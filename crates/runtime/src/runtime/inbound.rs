@@ -41,8 +41,8 @@ impl Runtime {
         // executing: the run is cancelled at once instead of waiting for the wait to end.
         let fiber_live = live.as_ref().is_some_and(|l| {
             l.cell.fiber_running()
-                && l.cell.approval_waiter.lock().is_none()
-                && l.cell.event_waiter.lock().is_none()
+                && l.cell.waits.approval.lock().is_none()
+                && l.cell.waits.event.lock().is_none()
         });
         let written = self
             .shared
@@ -70,7 +70,7 @@ impl Runtime {
             if let Some(live) = live {
                 live.cell.cancel.request(reason);
                 if run.status.is_terminal() {
-                    if let Some(fiber) = live.cell.fiber.lock().take() {
+                    if let Some(fiber) = live.cell.task.fiber.lock().take() {
                         fiber.abort();
                     }
                     self.shared.liveness.fiber_ended(run_id, self.now_ms());
@@ -123,7 +123,7 @@ impl Runtime {
 
     /// Checks a message or request for a run and activates the run to take it.
     async fn inbound(&self, run_id: &RunId, message_json: &str) -> Result<LiveRun, RuntimeError> {
-        if self.shared.passive {
+        if self.shared.life.passive {
             return Err(RuntimeError::InvalidInput(
                 "messages need a serving runtime; this one only inspects".into(),
             ));
@@ -136,6 +136,7 @@ impl Runtime {
             return Err(RuntimeError::InvalidInput("message is over the payload limit".into()));
         }
         self.shared
+            .agents
             .agent(&run.kind)?
             .check_message(message_json)
             .map_err(|reason| RuntimeError::WrongMessage { kind: run.kind.clone(), reason })?;
@@ -277,7 +278,7 @@ impl Runtime {
 
     /// The kinds and the runs that are paused now, with why and since when.
     pub fn paused(&self) -> PausedNow {
-        let pauses = self.shared.pauses.lock();
+        let pauses = self.shared.controls.pauses.lock();
         PausedNow {
             kinds: pauses.kinds.iter().map(|(k, p)| (k.clone(), p.clone())).collect(),
             runs: pauses.runs.iter().map(|(r, p)| (r.clone(), p.clone())).collect(),

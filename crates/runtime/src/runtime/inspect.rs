@@ -189,7 +189,7 @@ impl Runtime {
 
     /// Waits until the run is terminal and returns its final state.
     pub async fn wait(&self, run_id: &RunId) -> Result<RunStatus, RuntimeError> {
-        let mut changes = self.shared.status_version.subscribe();
+        let mut changes = self.shared.signals.status_version.subscribe();
         loop {
             let status = self.status(run_id)?;
             if status.is_terminal() {
@@ -208,7 +208,7 @@ impl Runtime {
         run_id: &RunId,
         pred: impl Fn(&RunStatus) -> bool,
     ) -> Result<RunStatus, RuntimeError> {
-        let mut changes = self.shared.status_version.subscribe();
+        let mut changes = self.shared.signals.status_version.subscribe();
         loop {
             let status = self.status(run_id)?;
             if pred(&status) {
@@ -283,7 +283,7 @@ impl Runtime {
             forked_from: store.get(&keys::fork(run_id))?,
             trace_id: crate::trace::trace_id_of(run_id),
             trace_url: crate::trace::ui_link(&self.shared.config.traces, run_id),
-            waiting_on_limit: self.shared.limiters.waiting_on(run_id),
+            waiting_on_limit: self.shared.controls.limiters.waiting_on(run_id),
             parent: crate::kernel::lineage::parent_of(&self.shared, run_id)?,
             reemissions: scan_all(store, keys::STREAM_REEMISSIONS, run_id)?,
             children: crate::kernel::lineage::children_of(&self.shared, run_id)?
@@ -439,14 +439,14 @@ impl Runtime {
 
     /// The agent kinds this runtime hosts, in order.
     pub fn kinds(&self) -> Vec<String> {
-        let mut kinds: Vec<String> = self.shared.kinds.keys().cloned().collect();
+        let mut kinds: Vec<String> = self.shared.agents.kinds.keys().cloned().collect();
         kinds.sort();
         kinds
     }
 
     /// The JSON Schema of `kind`'s input, when its agent gives one ([`crate::Agent::input_schema`]).
     pub fn input_schema(&self, kind: &str) -> Option<serde_json::Value> {
-        self.shared.agent(kind).ok()?.input_schema()
+        self.shared.agents.agent(kind).ok()?.input_schema()
     }
 
     /// How the agent of `kind` would like approval `approval_id`'s `payload` shown
@@ -458,7 +458,7 @@ impl Runtime {
         approval_id: &str,
         payload: &serde_json::Value,
     ) -> Option<crate::ApprovalView> {
-        let agent = self.shared.agent(kind).ok()?;
+        let agent = self.shared.agents.agent(kind).ok()?;
         let shown = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             agent.approval_view(approval_id, payload)
         }));

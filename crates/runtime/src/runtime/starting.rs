@@ -29,8 +29,8 @@ pub(super) async fn start_and_activate(
         // The handle is durable: return it now, and let the activation (its registration
         // write, the fiber) go on beside the caller. Virtual time and `settle` wait for it.
         let (activating, run_id) = (shared.clone(), outcome.run_id.clone());
-        let busy = shared.busy();
-        shared.spawn_tracked(async move {
+        let busy = shared.life.busy();
+        shared.life.spawn_tracked(async move {
             reactivate(&activating, &run_id).await;
             drop(busy);
         });

@@ -31,10 +31,10 @@ pub trait RuntimeTestExt {
 
 impl RuntimeTestExt for Runtime {
     fn alarm_window_len(&self) -> usize {
-        self.shared.scheduler.window_len()
+        self.shared.timers.scheduler.window_len()
     }
 
     fn since_open_us(&self) -> u64 {
-        self.shared.opened.elapsed_us()
+        self.shared.life.opened.elapsed_us()
     }
 }
