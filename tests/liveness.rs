@@ -6,6 +6,7 @@
 //! the virtual clock and the crash-simulating store; `Runtime::advance` checks the liveness
 //! rule after every call, so a run left behind fails the test with its id and state.
 
+use durafiber_runtime::StartRequest;
 use std::{
     sync::{
         Arc,
@@ -172,8 +173,9 @@ async fn the_readme_chaos_recipe_completes_for_every_seed() {
             .await
             .expect("runtime");
         let no_keep_alive = RunOptions { fiber_keep_alive: Some(false), ..Default::default() };
-        let input = serde_json::to_string(&StepsInput { steps: 6, pause_ms: 30_000 }).expect("json");
-        let run = rt.start_json("steps", "case-1", &input, no_keep_alive).await.expect("start").run_id;
+        let input = serde_json::to_value(StepsInput { steps: 6, pause_ms: 30_000 }).expect("json");
+        let request = StartRequest::new("steps", "case-1", input).with_options(no_keep_alive);
+        let run = rt.start_run(request).await.expect("start").run_id;
         rt.advance(Duration::from_secs(600)).await.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         let status = rt.status(&run).expect("status");
         assert!(matches!(status, RunStatus::Completed { .. }), "seed {seed}: {status:?}");

@@ -2,6 +2,7 @@
 //! duplicate start returns it, a conflicting one is refused, and every kind of bad input is
 //! a typed error while the runtime keeps serving the other runs.
 
+use durafiber_runtime::StartRequest;
 use std::sync::{
     Arc,
     atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -168,15 +169,15 @@ async fn bad_input_gets_typed_errors_and_other_runs_carry_on() {
     assert!(matches!(rt.status(&"run_nope".into()), Err(RuntimeError::UnknownRun { .. })));
     assert!(matches!(rt.cancel(&"run_nope".into(), "x").await, Err(RuntimeError::UnknownRun { .. })));
     assert!(matches!(
-        rt.start_json("no-such-kind", "k", "{}", RunOptions::default()).await,
+        rt.start_run(StartRequest::new("no-such-kind", "k", serde_json::json!({}))).await,
         Err(RuntimeError::UnknownKind { .. })
     ));
     assert!(matches!(
-        rt.start_json("steps", "k", "{\"steps\": \"many\"}", RunOptions::default()).await,
+        rt.start_run(StartRequest::new("steps", "k", serde_json::json!({"steps": "many"}))).await,
         Err(RuntimeError::InvalidInput(_))
     ));
     assert!(matches!(
-        rt.start_json("steps", "bad\0key", "{\"steps\":1,\"pause_ms\":0}", RunOptions::default()).await,
+        rt.start_run(StartRequest::new("steps", "bad\0key", serde_json::json!({"steps": 1, "pause_ms": 0}))).await,
         Err(RuntimeError::InvalidInput(_))
     ));
 
@@ -236,7 +237,10 @@ async fn every_durability_mode_completes_and_keeps_the_last_stash() {
             ..RunOptions::default()
         };
         let out = rt
-            .start_json("steps", &format!("mode-{mode}"), "{\"steps\":4,\"pause_ms\":0}", options)
+            .start_run(
+                StartRequest::new("steps", &format!("mode-{mode}"), serde_json::json!({"steps": 4, "pause_ms": 0}))
+                    .with_options(options),
+            )
             .await
             .expect("start");
         assert!(matches!(rt.wait(&out.run_id).await.expect("wait"), RunStatus::Completed { .. }), "{mode}");

@@ -13,6 +13,7 @@
 //! `crates/lab/tests/traces.rs` SIGKILLs a server mid-run and finds both processes' spans
 //! in one trace.
 
+use durafiber_runtime::StartRequest;
 use std::{
     collections::{BTreeMap, BTreeSet},
     sync::Arc,
@@ -20,7 +21,7 @@ use std::{
 };
 
 use durafiber_runtime::{
-    Agent, AgentError, Ctx, Decision, Recovered, RunId, RunOptions, RunStatus, Runtime, RuntimeConfig,
+    Agent, AgentError, Ctx, Decision, Recovered, RunId, RunStatus, Runtime, RuntimeConfig,
     RuntimeError, Secrets, TraceExport, trace,
 };
 use durafiber_store::{Store, StoreConfig};
@@ -221,9 +222,9 @@ async fn a_callers_trace_links_an_effect_carries_its_span_and_no_secret_leaves()
         .expect("runtime");
 
     let caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-    let input = serde_json::to_string(&upstream.url()).expect("json");
+    let input = serde_json::to_value(upstream.url()).expect("json");
     let run = rt
-        .start_json_traced("errand", "e-1", &input, RunOptions::default(), Some(caller))
+        .start_run(StartRequest::new("errand", "e-1", input).with_traceparent(Some(caller)))
         .await
         .expect("start")
         .run_id;
@@ -250,12 +251,9 @@ async fn a_callers_trace_links_an_effect_carries_its_span_and_no_secret_leaves()
     assert!(matches!(rt.wait(&run).await.expect("wait"), RunStatus::Completed { .. }));
     // A malformed header is ignored, and an escalation has its span.
     let giver = rt
-        .start_json_traced(
-            "giver",
-            "g-1",
-            &format!("{:?}", format!("gave up, key {SECRET}")),
-            RunOptions::default(),
-            Some("00-zz"),
+        .start_run(
+            StartRequest::new("giver", "g-1", format!("gave up, key {SECRET}").into())
+                .with_traceparent(Some("00-zz")),
         )
         .await
         .expect("start")

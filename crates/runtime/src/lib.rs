@@ -98,7 +98,7 @@ pub use kernel::observe::CrashHook;
 pub use metrics::{HistogramSummary, MetricsSnapshot, describe as describe_metrics};
 pub use retention::{DELETE_BATCH_MAX, RunDeleted, SWEEP_EVERY, SWEEP_RUNS_MAX};
 pub use run::fork::ForkOptions;
-pub use run::start::StartOutcome;
+pub use run::start::{StartOutcome, StartRequest};
 pub use runtime::{
     ChildShown, DeployProblem, Gauges, HistoryEntry, ListFilter, PausedNow, Quorum, ReplayReport,
     RunInspection, RunOwner, RunPage, RunReplay, Runtime, RuntimeBuilder, StoreGauges, testing,

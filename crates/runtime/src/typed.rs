@@ -60,8 +60,8 @@ fn encode<T: Serialize>(what: &str, value: &T) -> Result<String, AgentError> {
 }
 
 impl<A: Agent> ErasedAgent for Typed<A> {
-    fn check_input(&self, input_json: &str) -> Result<(), String> {
-        json::parse::<A::Input>(input_json).map(|_| ())
+    fn check_input(&self, input: &serde_json::Value) -> Result<(), String> {
+        <A::Input as serde::Deserialize>::deserialize(input).map(|_| ()).map_err(|e| e.to_string())
     }
 
     fn check_stash(&self, stored: &crate::kernel::stash_record::Stored) -> Result<(), String> {

@@ -3,6 +3,7 @@
 //! them. Bodies are parsed by hand so that malformed JSON gets the same JSON error shape as
 //! every other refusal; nothing a client sends can crash the server.
 
+use durafiber_runtime::StartRequest;
 use durafiber_api::ApiErrorKind;
 use durafiber_runtime::RunId;
 use std::time::Duration;
@@ -41,11 +42,12 @@ use serde_json::{Value, json};
 pub(super) async fn start(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult {
     let key = idempotency_key(&headers)?;
     let body: StartBody = parse(&body)?;
-    let input = canonical_json(&body.input).map_err(bad_request)?;
     let options = run_options(body.options.unwrap_or_default())?;
     // A caller in a trace links the run's trace to it; a malformed header is ignored.
     let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
-    let out = app.runtime.start_json_traced(&body.kind, &key, &input, options, traceparent).await?;
+    let request =
+        StartRequest::new(&body.kind, &key, body.input).with_options(options).with_traceparent(traceparent);
+    let out = app.runtime.start_run(request).await?;
     let status = if out.accepted { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(json!(out))).into_response())
 }

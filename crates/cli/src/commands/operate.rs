@@ -3,8 +3,9 @@
 //! or on the data directory when none runs (a run started or paused there is picked up by
 //! the next server). A request needs the run live, so a server.
 
+use durafiber_runtime::StartRequest;
 use anyhow::{Context as _, bail};
-use durafiber_runtime::{RunId, RunOptions};
+use durafiber_runtime::RunId;
 use futures::StreamExt as _;
 use serde_json::{Value, json};
 
@@ -36,7 +37,7 @@ pub async fn start(
             if options.is_some() {
                 bail!("--options is for a server; on a data directory a run starts with the defaults");
             }
-            let started = rt.start_json(kind, key, &input.to_string(), RunOptions::default()).await?;
+            let started = rt.start_run(StartRequest::new(kind, key, input.clone())).await?;
             Ok(serde_json::to_value(started)?)
         }
     }

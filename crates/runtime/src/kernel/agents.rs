@@ -51,7 +51,8 @@ pub(crate) struct RawRecovered {
 
 /// An agent with its types erased to JSON, so one runtime can host many kinds.
 pub(crate) trait ErasedAgent: Send + Sync + 'static {
-    fn check_input(&self, input_json: &str) -> Result<(), String>;
+    /// Whether `input` is the agent's `Input`; why not otherwise.
+    fn check_input(&self, input: &serde_json::Value) -> Result<(), String>;
     /// Whether `stored` decodes as the agent's `Stash`, upgraded when older, as a recovery
     /// would decode it; the reason it would escalate otherwise.
     fn check_stash(&self, stored: &super::stash_record::Stored) -> Result<(), String>;

@@ -144,8 +144,8 @@ fn fork_input(shared: &Shared, source: &RunRecord, given: Option<&str>) -> Resul
     let Some(text) = given else { return Ok(source.input_json.clone()) };
     let not_its_input =
         |e: String| refused(&source.run_id, format!("the input is not {}'s: {e}", source.kind));
-    shared.agents.agent(&source.kind)?.check_input(text).map_err(not_its_input)?;
     let value: serde_json::Value = json::parse(text).map_err(not_its_input)?;
+    shared.agents.agent(&source.kind)?.check_input(&value).map_err(not_its_input)?;
     json::canonical(&value).map_err(not_its_input)
 }
 

@@ -1,8 +1,10 @@
-//! Accepting a run: the handle is minted durably before anything of the agent runs (§2).
+//! Starting a run: the handle is minted durably before anything of the agent runs (§2),
+//! then the run is activated beside the caller.
 //!
-//! Before: `Runtime::start`. The key is looked up: same input → the existing handle; other
-//! input → `KeyConflict`; new → an `Accepted` run record, its key and its open-run index in
-//! one sync boundary. After: the registry activates the run and its actor starts the fiber.
+//! Before: `Runtime::start` or `Runtime::start_run`, or a fiber's `start_child`. The key is
+//! looked up: same input → the existing handle; other input → `KeyConflict`; new → an
+//! `Accepted` run record, its key and its open-run index in one sync boundary. After: the
+//! run is activated (`run/actor.rs`) and its fiber starts.
 
 use std::sync::Arc;
 
@@ -13,16 +15,71 @@ use durafiber_store::{
 
 use crate::trace;
 use crate::{
+    agent::Agent,
     error::RuntimeError,
     json,
-    kernel::shared::Shared,
+    kernel::shared::{BoxFuture, Shared},
     limits,
     metrics::Metrics,
     rng::unguessable_hex,
+    run::actor::reactivate,
     types::{RunId, RunOptions},
 };
 
 pub use durafiber_api::StartOutcome;
+
+/// One start: which agent runs it, under which idempotency key, with which input, kept how,
+/// and the caller's trace. The input is parsed once, by whoever made the request; the start
+/// canonicalises and hashes it once.
+///
+/// ```no_run
+/// # use durafiber_runtime::{Agent, DurabilityMode, RunOptions, Runtime, RuntimeError, StartRequest};
+/// # async fn example<A: Agent>(rt: &Runtime, input: &A::Input) -> Result<(), RuntimeError> {
+/// let options = RunOptions { durability: Some(DurabilityMode::Async), ..RunOptions::default() };
+/// let run = rt.start_run(StartRequest::of::<A>("order-17", input)?.with_options(options)).await?;
+/// rt.wait(&run.run_id).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct StartRequest<'a> {
+    /// The agent kind that runs it.
+    pub kind: &'a str,
+    /// The idempotency key: the same key and input return the same run.
+    pub key: &'a str,
+    /// The input, as JSON.
+    pub input: serde_json::Value,
+    /// How the run is kept: durability, keep-alive, budget.
+    pub options: RunOptions,
+    /// A caller in a trace of its own: its W3C `traceparent` becomes a link of the run's root
+    /// span, so the caller's trace leads to the run's (a malformed one is ignored). The run
+    /// keeps its own trace, whose id is derived from its run id.
+    pub traceparent: Option<&'a str>,
+}
+
+impl<'a> StartRequest<'a> {
+    /// A start of `kind` under `key` with `input`, with the runtime's defaults.
+    pub fn new(kind: &'a str, key: &'a str, input: serde_json::Value) -> Self {
+        StartRequest { kind, key, input, options: RunOptions::default(), traceparent: None }
+    }
+
+    /// A start of agent `A` with its typed input.
+    pub fn of<A: Agent>(key: &'a str, input: &A::Input) -> Result<Self, RuntimeError> {
+        let input = serde_json::to_value(input).map_err(|e| RuntimeError::InvalidInput(e.to_string()))?;
+        Ok(StartRequest::new(A::KIND, key, input))
+    }
+
+    /// With per-run options.
+    pub fn with_options(mut self, options: RunOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// With the caller's W3C `traceparent`.
+    pub fn with_traceparent(mut self, traceparent: Option<&'a str>) -> Self {
+        self.traceparent = traceparent;
+        self
+    }
+}
 
 /// A new run id: creation time first, so ids sort roughly by age, then 128 bits from the
 /// operating system's cryptographic generator.
@@ -32,16 +89,55 @@ pub(crate) fn mint_run_id(now_ms: u64) -> Result<RunId, RuntimeError> {
     Ok(RunId::new(format!("run_{now_ms:012x}{token}")))
 }
 
-pub(crate) async fn start(
-    shared: &Arc<Shared>,
-    kind: &str,
-    key: &str,
-    input_json: &str,
-    options: RunOptions,
-    caller: Option<opentelemetry::trace::SpanContext>,
-) -> Result<StartOutcome, RuntimeError> {
+/// Starts a run and, once its handle is durable, lets its activation go on beside the
+/// caller: its registration write and its fiber. Virtual time and `settle` wait for it.
+pub(crate) async fn start(shared: &Arc<Shared>, request: StartRequest<'_>) -> Result<StartOutcome, RuntimeError> {
+    let outcome = accept(shared, request).await?;
+    announce_if_elsewhere(shared, &outcome);
+    if outcome.accepted || matches!(outcome.status, RunStatus::Accepted) {
+        let (activating, run_id) = (shared.clone(), outcome.run_id.clone());
+        let busy = shared.life.busy();
+        shared.life.spawn_tracked(async move {
+            reactivate(&activating, &run_id).await;
+            drop(busy);
+        });
+    }
+    Ok(outcome)
+}
+
+/// A run just accepted that another node of a shared store runs: that node is told now
+/// rather than finding it at its next tick.
+pub(crate) fn announce_if_elsewhere(shared: &Shared, outcome: &StartOutcome) {
+    if outcome.accepted
+        && !shared.ownership.owns(outcome.run_id.as_str())
+        && let Some(leases) = shared.store.backend().leases()
+        && let Err(e) = leases.announce(durafiber_store::shard::of_run(outcome.run_id.as_str()))
+    {
+        tracing::warn!(run_id = %outcome.run_id, error = %e, "could not tell the run's owner; it finds the run at its next tick");
+    }
+}
+
+/// [`Agents::starter`](crate::kernel::agents::Agents::starter): a child's start, with the
+/// runtime's defaults.
+pub(crate) fn start_boxed(
+    shared: Arc<Shared>,
+    kind: String,
+    key: String,
+    input_json: String,
+) -> BoxFuture<Result<RunId, RuntimeError>> {
+    Box::pin(async move {
+        let input = json::parse(&input_json).map_err(RuntimeError::InvalidInput)?;
+        Ok(start(&shared, StartRequest::new(&kind, &key, input)).await?.run_id)
+    })
+}
+
+/// The run durably accepted, or the one its key already names.
+async fn accept(shared: &Arc<Shared>, request: StartRequest<'_>) -> Result<StartOutcome, RuntimeError> {
+    let StartRequest { kind, key, input, options, traceparent } = request;
     let agent = shared.agents.agent(kind)?;
     tables::check_id("idempotency key", key).map_err(RuntimeError::InvalidInput)?;
+    agent.check_input(&input).map_err(|e| RuntimeError::InvalidInput(format!("input for {kind}: {e}")))?;
+    let (input_json, input_hash) = json::canonical_with_hash(&input).map_err(RuntimeError::InvalidInput)?;
     if input_json.len() > limits::PAYLOAD_BYTES_MAX {
         return Err(RuntimeError::InvalidInput(format!(
             "input is {} bytes, more than {}",
@@ -49,11 +145,7 @@ pub(crate) async fn start(
             limits::PAYLOAD_BYTES_MAX
         )));
     }
-    agent
-        .check_input(input_json)
-        .map_err(|e| RuntimeError::InvalidInput(format!("input for {kind}: {e}")))?;
-    let input: serde_json::Value = json::parse(input_json).map_err(RuntimeError::InvalidInput)?;
-    let (input_json, input_hash) = json::canonical_with_hash(&input).map_err(RuntimeError::InvalidInput)?;
+    let caller = traceparent.and_then(trace::parse_traceparent);
     let key_record = keys::run_by_key(kind, key);
 
     let _guard = shared.stripes.start(key).await;

@@ -147,7 +147,7 @@ impl RuntimeBuilder {
             agents: Agents {
                 kinds: self.kinds,
                 reactivator: reactivate_boxed,
-                starter: super::starting::start_boxed,
+                starter: crate::run::start::start_boxed,
             },
             store: self.store,
             time,

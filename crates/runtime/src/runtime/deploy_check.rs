@@ -12,7 +12,7 @@ use durafiber_store::{RunId, StoreError};
 use serde::Serialize;
 
 use super::handle::Runtime;
-use crate::{error::RuntimeError, kernel::shared::Shared, kernel::stash_record};
+use crate::{error::RuntimeError, json, kernel::shared::Shared, kernel::stash_record};
 
 /// An open run that the checked code would escalate at its next recovery.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -82,7 +82,8 @@ fn check_run(shared: &Shared, run_id: &str) -> Result<Option<DeployProblem>, Run
     let Ok(agent) = shared.agents.agent(&run.kind) else {
         return problem(&run.kind, "kind: not registered in this binary".into());
     };
-    if let Err(e) = agent.check_input(&run.input_json) {
+    let input = json::parse::<serde_json::Value>(&run.input_json);
+    if let Err(e) = input.and_then(|input| agent.check_input(&input)) {
         return problem(
             &run.kind,
             format!("input: the stored input does not decode as this code's Input: {e}"),

@@ -20,14 +20,12 @@ use crate::{
     error::{LivenessViolation, RuntimeError},
     events::Event,
     eviction::idle,
-    json,
     kernel::shared::Shared,
     metrics::MetricsSnapshot,
     run::driver::{next_deadline, tick},
     run::leases,
     run::liveness,
-    run::start::StartOutcome,
-    types::RunOptions,
+    run::start::{StartOutcome, StartRequest},
 };
 
 /// Where a run is run ([`Runtime::owner_of`]).
@@ -78,40 +76,16 @@ impl Runtime {
 
     /// Starts a run of agent `A` (§2): durable before anything runs; the same key and input
     /// return the same handle; the same key with another input is `KeyConflict`.
+    /// [`Runtime::start_run`] takes options, an untyped kind and input, a caller's trace.
     pub async fn start<A: Agent>(&self, key: &str, input: &A::Input) -> Result<StartOutcome, RuntimeError> {
-        self.start_with::<A>(key, input, RunOptions::default()).await
+        self.start_run(StartRequest::of::<A>(key, input)?).await
     }
 
-    /// `start` with per-run options: its durability mode, whether its fiber holds a
-    /// keep-alive.
-    ///
-    /// ```no_run
-    /// # use durafiber_runtime::{Agent, DurabilityMode, RunOptions, Runtime, RuntimeError};
-    /// # async fn example<A: Agent>(rt: &Runtime, input: &A::Input) -> Result<(), RuntimeError> {
-    /// let options = RunOptions { durability: Some(DurabilityMode::Async), ..RunOptions::default() };
-    /// let run = rt.start_with::<A>("order-17", input, options).await?;
-    /// rt.wait(&run.run_id).await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn start_with<A: Agent>(
-        &self,
-        key: &str,
-        input: &A::Input,
-        options: RunOptions,
-    ) -> Result<StartOutcome, RuntimeError> {
-        let input_json = json::canonical(input).map_err(RuntimeError::InvalidInput)?;
-        self.start_json(A::KIND, key, &input_json, options).await
-    }
-
-    /// `start` with an untyped kind and JSON input, and per-run options.
-    pub async fn start_json(
-        &self,
-        kind: &str,
-        key: &str,
-        input_json: &str,
-        options: RunOptions,
-    ) -> Result<StartOutcome, RuntimeError> {
-        self.start_json_traced(kind, key, input_json, options, None).await
+    /// Starts the run `request` asks for: durable before anything runs, then activated
+    /// beside the caller. The same key and input return the same handle; the same key with
+    /// another input is `KeyConflict`.
+    pub async fn start_run(&self, request: StartRequest<'_>) -> Result<StartOutcome, RuntimeError> {
+        crate::run::start::start(&self.shared, request).await
     }
 
     /// Forks run `run_id` from boundary `at` of its history (a stash's `seq`,
@@ -129,30 +103,8 @@ impl Runtime {
         options: crate::run::fork::ForkOptions,
     ) -> Result<StartOutcome, RuntimeError> {
         let outcome = crate::run::fork::fork(&self.shared, run_id, at, key, options).await?;
-        self.announce_if_elsewhere(&outcome);
+        crate::run::start::announce_if_elsewhere(&self.shared, &outcome);
         Ok(outcome)
-    }
-
-    /// A run just accepted that another node of a shared store runs: that node is told now
-    /// rather than finding it at its next tick.
-    fn announce_if_elsewhere(&self, outcome: &StartOutcome) {
-        super::starting::announce_if_elsewhere(&self.shared, outcome);
-    }
-
-    /// `start_json` for a caller in a trace of its own: `traceparent` (a W3C header) becomes
-    /// a link of the run's root span, so the caller's trace leads to the run's. The run keeps
-    /// its own trace, whose id is derived from its run id ([`crate::trace::trace_id_of`]);
-    /// a malformed header is ignored.
-    pub async fn start_json_traced(
-        &self,
-        kind: &str,
-        key: &str,
-        input_json: &str,
-        options: RunOptions,
-        traceparent: Option<&str>,
-    ) -> Result<StartOutcome, RuntimeError> {
-        let caller = traceparent.and_then(crate::trace::parse_traceparent);
-        super::starting::start_and_activate(&self.shared, kind, key, input_json, options, caller).await
     }
 
     /// Hibernates a run now, if it is hibernateable.

@@ -17,7 +17,6 @@ mod gauges;
 mod handle;
 mod inbound;
 mod inspect;
-mod starting;
 pub mod testing;
 
 pub use builder::RuntimeBuilder;

@@ -4,6 +4,7 @@
 //! done anew), call the upstream with none of the keys it inherited, make new
 //! objects only for what it did not inherit, and leave the run it came from unchanged.
 
+use durafiber_runtime::StartRequest;
 use std::collections::BTreeSet;
 
 use durafiber_runtime::{Agent, ForkOptions, RunId, Runtime};
@@ -44,7 +45,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
         let input = self.input.as_ref().ok_or("no input: call .input(&input)")?;
         let sim = SimBackend::new();
         let rt = self.open(&sim, SIM_EPOCH_MS, self.config.clone(), None).await?;
-        let started = rt.start_json(A::KIND, SOURCE_KEY, &input.to_string(), self.options).await;
+        let started = rt.start_run(StartRequest::new(A::KIND, SOURCE_KEY, input.clone()).with_options(self.options)).await;
         let run_id = started.map_err(|e| format!("start: {e}"))?.run_id;
         let mut scratch = CaseReport::named("source", None);
         if self.drive(&rt, &sim, &run_id, &mut scratch).await.is_none() {
