@@ -2,6 +2,8 @@
 //! of the payload the human saw. A decision is written once; it reaches a live fiber in place
 //! or re-enters the run through `on_fiber_recovered`, with the same result either way.
 
+use crate::kernel::commit::{self, After};
+use durafiber_store::tables::RunRecord;
 use std::sync::Arc;
 
 use durafiber_store::{
@@ -96,37 +98,32 @@ pub(crate) async fn request(
     let pending_stash = raw.cell.pending_exit.lock().take().map(|stash| *stash);
     // One boundary: the pause and its rule, the waiting state, the escalation alarm, an
     // exit-mode stash.
-    shared
-        .update_run_from(&raw.cell, |run, batch| {
-            batch.put(key.clone(), &record)?;
-            if let Some(rule) = &rule {
-                batch.put(keys::approval_rule(&run_id, approval_id), rule)?;
-            }
-            alarm::stage(batch, &escalation)?;
-            if let Some(stash) = &pending_stash {
-                stash.stage(batch, shared.config.history_max)?;
-            }
-            run.status = RunStatus::WaitingApproval { approval_id: approval_id.to_string() };
-            run.recover_attempts = 0;
-            run.next_recover_at_ms = 0;
-            Ok(true)
-        })
-        .await
-        .map_err(AgentError::from)?;
-    raw.cell.task.recovering.store(false, std::sync::atomic::Ordering::SeqCst);
-    shared.timers.scheduler.insert(escalation.due_at_ms, &run_id, &escalation.name);
-    shared.timers.driver_wake.notify_one();
-    shared.event(&run_id, "approval_requested", format!("{approval_id}: hash {}", record.payload_hash));
-    shared.obs.span(|| {
-        raw.span_since("approval.request", asked_at_ms)
-            .attr("durafiber.approval.id", approval_id.to_string())
-            .attr("durafiber.approval.payload_hash", record.payload_hash.clone())
-            .attr(
-                "durafiber.approval.escalate_at_ms",
-                i64::try_from(record.escalate_at_ms).unwrap_or(i64::MAX),
-            )
-    });
-    crate::eviction::idle::boundary(raw, || Boundary::AfterApprovalRequest(approval_id.to_string())).await;
+    let after = After::at((Boundary::AfterApprovalRequest, approval_id))
+        .progress()
+        .alarm_set(escalation.due_at_ms, escalation.name.clone())
+        .event("approval_requested", format!("{approval_id}: hash {}", record.payload_hash))
+        .span(&shared, || {
+            raw.span_since("approval.request", asked_at_ms)
+                .attr("durafiber.approval.id", approval_id.to_string())
+                .attr("durafiber.approval.payload_hash", record.payload_hash.clone())
+                .attr(
+                    "durafiber.approval.escalate_at_ms",
+                    i64::try_from(record.escalate_at_ms).unwrap_or(i64::MAX),
+                )
+        });
+    let change = |run: &mut RunRecord, batch: &mut Batch| {
+        batch.put(key.clone(), &record)?;
+        if let Some(rule) = &rule {
+            batch.put(keys::approval_rule(&run_id, approval_id), rule)?;
+        }
+        alarm::stage(batch, &escalation)?;
+        if let Some(stash) = &pending_stash {
+            stash.stage(batch, shared.config.history_max)?;
+        }
+        run.status = RunStatus::WaitingApproval { approval_id: approval_id.to_string() };
+        Ok(true)
+    };
+    commit::commit_run(raw, change, after).await.map_err(AgentError::from)?;
     wait_for_decision(raw, approval_id, &key).await
 }
 

@@ -7,6 +7,7 @@
 //! The entry's reading, preparing and committing are `effect_ledger.rs`'s; this file makes
 //! the calls, with their policy: retries, backoff, `Retry-After`, timeouts, named limits.
 
+use crate::kernel::commit as committer;
 use std::{future::Future, time::Duration};
 
 use durafiber_store::tables::{self, Key, LedgerEntry, keys};
@@ -188,7 +189,7 @@ where
         Entered::Replayed(receipt) => return Ok(receipt),
         Entered::Entry(entry) => entry,
     };
-    crate::eviction::idle::boundary(raw, || Boundary::AfterEffectPrepare(effect_id.to_string())).await;
+    committer::reached(raw, (Boundary::AfterEffectPrepare, effect_id)).await;
 
     let mut calls = EffectSpan::start(raw, effect_id, &entry.idempotency_key);
     let mut last_error = String::new();
@@ -242,11 +243,11 @@ async fn committed<R: Serialize>(
     hooks: &(impl ReceiptHooks<R> + Sync),
     calls: &mut EffectSpan,
 ) -> Result<R, AgentError> {
-    crate::eviction::idle::boundary(raw, || Boundary::AfterEffectCall(effect_id.to_string())).await;
+    committer::reached(raw, (Boundary::AfterEffectCall, effect_id)).await;
     hooks.before_commit(raw, &mut receipt)?;
     commit(raw, key, entry, &receipt).await?;
     calls.end(raw, "executed", None);
-    crate::eviction::idle::boundary(raw, || Boundary::AfterEffectCommit(effect_id.to_string())).await;
+    committer::reached(raw, (Boundary::AfterEffectCommit, effect_id)).await;
     Ok(receipt)
 }
 

@@ -5,6 +5,7 @@
 //! beside a plain one (`ReceiptHooks`), and the replay's stop before a call (`stop_calls`).
 //! The calls themselves, their retries and timeouts are `effect.rs`'s.
 
+use crate::kernel::commit::{self as committer, After};
 use durafiber_store::{
     Batch, Durability,
     tables::{Key, LedgerEntry, Receipt, keys, keys::Journaled},
@@ -116,8 +117,8 @@ async fn prepare<Args: Serialize>(
     };
     let mut batch = Batch::new();
     batch.put(key.clone(), &entry)?;
-    shared.commit_boundary(&raw.cell, batch, Durability::Sync).await?;
-    shared.event(run_id, "effect_prepared", format!("{effect_id}: key {}", entry.idempotency_key));
+    let after = After::default().event("effect_prepared", format!("{effect_id}: key {}", entry.idempotency_key));
+    committer::commit(raw, batch, Durability::Sync, after).await?;
     Ok(entry)
 }
 
@@ -149,8 +150,7 @@ pub(crate) async fn commit<R: Serialize>(
     // Which boundary it came after: a fork from a later one inherits it.
     let seq = raw.cell.seq.load(std::sync::atomic::Ordering::SeqCst);
     batch.put(keys::journal_seq(&entry.run_id, Journaled::Effect, &entry.effect_id), &seq)?;
-    raw.shared.commit_boundary(&raw.cell, batch, Durability::Sync).await?;
-    raw.shared.event(&entry.run_id, "effect_committed", entry.effect_id.clone());
-    Metrics::bump(&raw.shared.obs.metrics.effects);
+    let after = After::default().event("effect_committed", entry.effect_id.clone()).count(|m| &m.effects);
+    committer::commit(raw, batch, Durability::Sync, after).await?;
     Ok(())
 }

@@ -11,6 +11,8 @@
 //! Wait lifecycle: absent → `EventWaitRecord{result: None}` + `Waiting{event}` (+ its timeout
 //! alarm) → `result: Some(event or timed out)`, `Running`.
 
+use crate::kernel::commit::{self, After};
+use durafiber_store::tables::RunRecord;
 use std::{sync::Arc, time::Duration};
 
 use durafiber_store::{
@@ -225,30 +227,24 @@ async fn park(raw: &mut RawCtx, name: &str, timeout_at_ms: Option<u64>) -> Resul
     let run_id = raw.cell.run_id.clone();
     let alarm = timeout_at_ms.map(|at| timeout_alarm(&run_id, name, at));
     let record = EventWaitRecord { timeout_at_ms, result: None };
-    shared
-        .update_run_from(&raw.cell, |run, batch| {
-            batch.put(keys::event_wait(&run_id, name), &record)?;
-            if let Some(alarm) = &alarm {
-                alarm::stage(batch, alarm)?;
-            }
-            // An event sent since the fiber looked is already buffered, its send saw a
-            // running run and woke nothing: parked, the run would wait for it forever after a
-            // crash. It stays `Running`, and the fiber takes the event next.
-            if oldest(&shared, &run_id, name)?.is_none() {
-                run.status = RunStatus::WaitingEvent { name: name.to_string() };
-            }
-            run.recover_attempts = 0;
-            run.next_recover_at_ms = 0;
-            Ok(true)
-        })
-        .await?;
-    raw.cell.task.recovering.store(false, std::sync::atomic::Ordering::SeqCst);
+    let mut after = After::at((Boundary::AfterEventWait, name)).progress().event("event_wait", name);
     if let Some(alarm) = &alarm {
-        shared.timers.scheduler.insert(alarm.due_at_ms, &run_id, &alarm.name);
-        shared.timers.driver_wake.notify_one();
+        after = after.alarm_set(alarm.due_at_ms, alarm.name.clone());
     }
-    shared.event(&run_id, "event_wait", name.to_string());
-    crate::eviction::idle::boundary(raw, || Boundary::AfterEventWait(name.to_string())).await;
+    let change = |run: &mut RunRecord, batch: &mut Batch| {
+        batch.put(keys::event_wait(&run_id, name), &record)?;
+        if let Some(alarm) = &alarm {
+            alarm::stage(batch, alarm)?;
+        }
+        // An event sent since the fiber looked is already buffered, its send saw a running
+        // run and woke nothing: parked, the run would wait for it forever after a crash. It
+        // stays `Running`, and the fiber takes the event next.
+        if oldest(&shared, &run_id, name)?.is_none() {
+            run.status = RunStatus::WaitingEvent { name: name.to_string() };
+        }
+        Ok(true)
+    };
+    commit::commit_run(raw, change, after).await?;
     Ok(())
 }
 
@@ -272,32 +268,26 @@ async fn finish(
         alarm::unstage(&mut extra, &run_id, &timeout_alarm_name(name), at);
     }
     let seq = raw.cell.seq.load(std::sync::atomic::Ordering::SeqCst);
-    shared
-        .update_run_from(&raw.cell, |run, batch| {
-            batch.extend(extra);
-            batch.put(keys::event_wait(&run_id, name), &record)?;
-            batch.put(keys::journal_seq(&run_id, Journaled::EventWait, name), &seq)?;
-            if matches!(run.status, RunStatus::WaitingEvent { .. } | RunStatus::Running) {
-                run.status = RunStatus::Running;
-                run.wake_reason = None;
-            }
-            run.recover_attempts = 0;
-            run.next_recover_at_ms = 0;
-            Ok(true)
-        })
-        .await?;
-    raw.cell.task.recovering.store(false, std::sync::atomic::Ordering::SeqCst);
-    if let Some(at) = timeout_at_ms {
-        shared.timers.scheduler.remove(at, &run_id, &timeout_alarm_name(name));
-    }
     let what = if result.is_some() { "event_received" } else { "event_timed_out" };
-    shared.event(&run_id, what, name.to_string());
-    shared.obs.span(|| {
+    let mut after = After::at((Boundary::AfterEvent, name)).progress().event(what, name).span(&shared, || {
         raw.span_since("event.wait", entered_at_ms)
             .attr("durafiber.event.name", name.to_string())
             .attr("durafiber.event.outcome", if result.is_some() { "received" } else { "timed out" })
     });
-    crate::eviction::idle::boundary(raw, || Boundary::AfterEvent(name.to_string())).await;
+    if let Some(at) = timeout_at_ms {
+        after = after.alarm_gone(at, timeout_alarm_name(name));
+    }
+    let change = |run: &mut RunRecord, batch: &mut Batch| {
+        batch.extend(extra);
+        batch.put(keys::event_wait(&run_id, name), &record)?;
+        batch.put(keys::journal_seq(&run_id, Journaled::EventWait, name), &seq)?;
+        if matches!(run.status, RunStatus::WaitingEvent { .. } | RunStatus::Running) {
+            run.status = RunStatus::Running;
+            run.wake_reason = None;
+        }
+        Ok(true)
+    };
+    commit::commit_run(raw, change, after).await?;
     Ok(())
 }
 

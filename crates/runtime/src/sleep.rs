@@ -7,6 +7,8 @@
 //! lost is woken by the alarm, which re-enters the run (reason `resumed`), and the repeated
 //! call returns at once: the wake time is the one first recorded, never a fresh duration.
 
+use crate::kernel::commit::{self, After};
+use durafiber_store::{Batch, tables::RunRecord};
 use std::sync::Arc;
 
 use durafiber_store::tables::{
@@ -57,21 +59,17 @@ pub(crate) async fn sleep(raw: &mut RawCtx, name: &str, at: alarm::AlarmAt) -> R
         system: Some(SystemAlarm::WakeSleep { name: name.to_string() }),
     };
     if record.wake_at_ms > now {
-        shared
-            .update_run_from(&raw.cell, |run, batch| {
-                batch.put(key.clone(), &record)?;
-                alarm::stage(batch, &wake_alarm)?;
-                run.status = RunStatus::WaitingAlarm { name: name.to_string() };
-                run.recover_attempts = 0;
-                run.next_recover_at_ms = 0;
-                Ok(true)
-            })
-            .await?;
-        raw.cell.task.recovering.store(false, std::sync::atomic::Ordering::SeqCst);
-        shared.timers.scheduler.insert(wake_alarm.due_at_ms, &run_id, &wake_alarm.name);
-        shared.timers.driver_wake.notify_one();
-        shared.event(&run_id, "sleep", format!("{name} until {}", record.wake_at_ms));
-        crate::eviction::idle::boundary(raw, || Boundary::AfterSleep(name.to_string())).await;
+        let after = After::at((Boundary::AfterSleep, name))
+            .progress()
+            .alarm_set(wake_alarm.due_at_ms, wake_alarm.name.clone())
+            .event("sleep", format!("{name} until {}", record.wake_at_ms));
+        let change = |run: &mut RunRecord, batch: &mut Batch| {
+            batch.put(key.clone(), &record)?;
+            alarm::stage(batch, &wake_alarm)?;
+            run.status = RunStatus::WaitingAlarm { name: name.to_string() };
+            Ok(true)
+        };
+        commit::commit_run(raw, change, after).await?;
         // Waiting here is not work: the run may be evicted meanwhile, like a pause.
         shared.fiber_waiting(&run_id, true, now);
         shared.life.parked(raw.in_fiber, shared.time.clock.sleep_until(record.wake_at_ms)).await;

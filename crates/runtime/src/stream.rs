@@ -162,13 +162,6 @@ pub(crate) fn new_mark(raw: &RawCtx) -> Option<u64> {
     raw.cell.output.stream.lock().as_deref().and_then(StreamBuffer::new_mark)
 }
 
-/// After a stash with mark `mark` committed: the buffer knows it is stored.
-pub(crate) fn marked(raw: &RawCtx, mark: u64) {
-    if let Some(buffer) = raw.cell.output.stream.lock().as_mut() {
-        buffer.mark = mark;
-    }
-}
-
 /// Up to `limit` durable chunks of `run_id` from `from_seq` on.
 pub(crate) fn read(
     shared: &Shared,

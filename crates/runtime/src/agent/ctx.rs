@@ -4,7 +4,10 @@
 use durafiber_store::RunId;
 use std::{future::Future, marker::PhantomData};
 
-use durafiber_store::{access, tables::Decision};
+use durafiber_store::{
+    Batch, Durability,
+    tables::{self, Decision, StashRecord},
+};
 use serde::{Serialize, de::DeserializeOwned};
 
 use super::{Agent, Ctx};
@@ -18,9 +21,15 @@ use crate::{
     effect_stream::{StreamSink, StreamedEffect},
     error::AgentError,
     eviction::keep_alive::KeepAlive,
+    boundary::Boundary,
+    clock::Stopwatch,
+    config::DurabilityMode,
     json,
-    kernel::shared::RawCtx,
-    secret::{Secret, SecretRefusal},
+    kernel::{
+        commit::{self, After},
+        shared::RawCtx,
+        stash_record::Stored,
+    },
     stash,
     storage::Storage,
     stream,
@@ -59,7 +68,7 @@ impl<A: Agent> Ctx<A> {
         budget::check(&self.raw)?;
         // Boxed, as every durable call here is: its state lives while it runs, not in the
         // agent's future for the whole of the fiber's life.
-        Box::pin(stash::write(&mut self.raw, step, text, A::STASH_VERSION)).await
+        Box::pin(write_stash(&self.raw, step, text, A::STASH_VERSION)).await
     }
 
     /// Appends `chunk` to the run's durable output stream (model tokens, progress lines) and
@@ -409,50 +418,52 @@ impl<A: Agent> Ctx<A> {
     pub fn charge(&self, units: u64, what: &str) {
         budget::charge(&self.raw, units, what);
     }
+}
 
-    /// The value behind a secret pointer, to be sent to `url`: handed over only when `url`'s
-    /// scheme, host and port are among the secret's destinations
-    /// (`DURAFIBER_SECRET_<NAME>_HOSTS`, or [`crate::Secrets::bind`]). Anything else is
-    /// `AgentError::SecretRefused`, and the run's event log says where it would have gone:
-    /// a run whose input names the URL cannot send the key to a server of its caller's.
-    ///
-    /// ```no_run
-    /// # use durafiber_runtime::{Agent, AgentError, Ctx, Secret};
-    /// # async fn pay<A: Agent>(ctx: &Ctx<A>, url: &str) -> Result<(), AgentError> {
-    /// let key = ctx.secret_for(&Secret::named("stripe_key"), url)?; // only to api.stripe.com
-    /// # Ok(()) }
-    /// ```
-    pub fn secret_for(&self, secret: &Secret, url: &str) -> Result<String, AgentError> {
-        let shared = &self.raw.shared;
-        shared.obs.secrets.resolve_for(secret, url).map_err(|refusal| {
-            let destination = match refusal {
-                SecretRefusal::Unknown => "(not configured)".to_string(),
-                SecretRefusal::Destination(d) => d,
-            };
-            let run_id = &self.raw.cell.run_id;
-            tracing::warn!(%run_id, secret = %secret.secret, destination, "a secret was refused for a destination it is not bound to");
-            let detail = format!("{} to {destination}", secret.secret);
-            shared.event(run_id, "secret_refused", detail.clone());
-            // Into the audit trail too, beside what callers asked for: by the run itself.
-            let (store, run, now) = (shared.store.clone(), run_id.clone(), shared.now_ms());
-            shared.life.spawn_tracked(async move {
-                let actor = format!("run:{run}");
-                if let Err(e) = access::append(&store, &actor, "secret_refused", Some(&run), &detail, now).await {
-                    tracing::error!(run_id = %run, error = %e, "could not audit a refused secret");
-                }
-            });
-            AgentError::SecretRefused { name: secret.secret.clone(), destination }
-        })
+/// A stash written: its record, version and stream mark staged in one batch (and in the
+/// run's history), committed as the run's durability mode says, the actions after it run by
+/// the committer. In `exit` mode it waits in the cell for the fiber to end or wait.
+async fn write_stash(raw: &RawCtx, step: &str, stash_json: String, version: u32) -> Result<(), AgentError> {
+    let shared = &raw.shared;
+    let stash_json = shared.obs.redact(stash_json);
+    let max = shared.config.stash_bytes_max;
+    if stash_json.len() > max {
+        return Err(AgentError::StashTooLarge { bytes: stash_json.len(), max });
     }
-
-    /// The value behind a secret pointer, resolved now and never stored — for a use inside
-    /// the process (signing, say). A value sent anywhere goes through [`Ctx::secret_for`].
-    pub fn secret(&self, secret: &Secret) -> Result<String, AgentError> {
-        self.raw
-            .shared
-            .obs
-            .secrets
-            .resolve(secret)
-            .ok_or_else(|| AgentError::fail(format!("secret {} is not configured", secret.secret)))
-    }
+    tables::check_id("step", step).map_err(AgentError::fail)?;
+    let record = StashRecord {
+        run_id: raw.cell.run_id.clone(),
+        attempt: raw.attempt,
+        step: step.to_string(),
+        seq: shared.next_seq(&raw.cell),
+        stash_json,
+        written_at_ms: shared.now_ms(),
+    };
+    let stream_mark = stream::new_mark(raw);
+    let stored = Stored { record, version, stream_mark };
+    let durability = match raw.cell.durability {
+        // The mark goes with the stash when it is written; the buffer keeps the stored one.
+        DurabilityMode::Exit => {
+            *raw.cell.pending_exit.lock() = Some(Box::new(stored));
+            return Ok(());
+        }
+        DurabilityMode::Sync => Durability::Sync,
+        DurabilityMode::Async => Durability::Async,
+    };
+    let watch = Stopwatch::start();
+    let mut batch = Batch::new();
+    stored.stage(&mut batch, shared.config.history_max)?;
+    let record = &stored.record;
+    let after = After::at((Boundary::AfterStash, step))
+        .stream_mark(stream_mark)
+        .latency(|m| &m.stash_commit, watch)
+        .event("stashed", format!("step {step}, seq {}", record.seq))
+        .span(shared, || {
+            raw.span_since("stash", record.written_at_ms)
+                .attr("durafiber.stash.step", step.to_string())
+                .attr("durafiber.stash.seq", i64::try_from(record.seq).unwrap_or(i64::MAX))
+                .attr("durafiber.stash.bytes", i64::try_from(record.stash_json.len()).unwrap_or(i64::MAX))
+        });
+    commit::commit(raw, batch, durability, after).await?;
+    Ok(())
 }

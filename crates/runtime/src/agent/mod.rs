@@ -3,7 +3,7 @@
 //! storage, effects, approvals, durable sleeps and events, alarms, keep-alive, cancellation,
 //! secrets. Every durable call goes back through the store's group commit. The two refer to
 //! each other (`Ctx<A: Agent>`, hooks taking `&mut Ctx<Self>`): `Ctx` is declared here, and
-//! what it does is in `ctx.rs` and `waits.rs`.
+//! what it does is in `ctx.rs`, `waits.rs`, `children.rs` and `secrets.rs`.
 
 use durafiber_store::RunId;
 use std::{future::Future, marker::PhantomData};
@@ -12,6 +12,7 @@ use serde::{Serialize, de::DeserializeOwned};
 
 mod children;
 mod ctx;
+mod secrets;
 mod waits;
 
 pub use crate::hooks::{AlarmEvent, ExhaustedAction, RecoveryReason};

@@ -1,20 +1,20 @@
 //! The supervisor's decisions carried out (§7.2–§7.3): hibernation, a graceful stop; a
 //! park, which lets a fiber waiting on a durable wait go;
 //! eviction, which drops a fiber's future mid-await exactly as a process death would; the
-//! recovery count given back after an interruption the runtime caused; and the boundaries
-//! where the crash hook or seeded chaos evicts a run. `kernel/activity.rs` decides when.
+//! recovery count given back after an interruption the runtime caused; and the eviction a
+//! crash hook or seeded chaos asks for at a boundary (`kernel/commit.rs`).
+//! `kernel/activity.rs` decides when.
 
 use std::sync::{Arc, atomic::Ordering};
 
 use durafiber_store::tables::{RunStatus, WakeReason};
 
-use crate::boundary::Boundary;
 use crate::trace::{Ended, Parent};
 use crate::{
     kernel::{
         cell::RunCell,
         registry::LiveRun,
-        shared::{RawCtx, Shared},
+        shared::{BoxFuture, Shared},
     },
     metrics::Metrics,
 };
@@ -140,22 +140,8 @@ pub(crate) async fn give_back_recovery(shared: &Arc<Shared>, cell: &RunCell, rea
     }
 }
 
-/// Evicts a run from inside its own fiber (chaos): the eviction runs as its own task.
-pub(crate) fn request_eviction(shared: &Arc<Shared>, run_id: &str, why: &'static str) {
-    let shared2 = shared.clone();
-    let run_id = run_id.to_string();
-    shared.life.spawn_tracked(async move { evict(&shared2, &run_id, why).await });
-}
-
-/// A boundary was committed: the crash hook or seeded chaos may evict the run right here,
-/// the same point a real eviction or crash could hit. `point` names it, only when a crash
-/// hook asks.
-pub(crate) async fn boundary(raw: &RawCtx, point: impl FnOnce() -> Boundary) {
-    let shared = &raw.shared;
-    let run_id = &raw.cell.run_id;
-    let hooked = shared.obs.crash_hook.as_ref().is_some_and(|hook| hook(run_id, &point()));
-    if hooked || (raw.in_fiber && shared.chaos_strikes()) {
-        request_eviction(shared, run_id, if hooked { "crash point" } else { "chaos" });
-        shared.life.parked(raw.in_fiber, std::future::pending::<()>()).await;
-    }
+/// [`Agents::evictor`](crate::kernel::shared::Agents::evictor): an eviction from inside the
+/// run's own fiber (a crash hook, chaos), run as its own task.
+pub(crate) fn evict_boxed(shared: Arc<Shared>, run_id: String, why: &'static str) -> BoxFuture<()> {
+    Box::pin(async move { evict(&shared, &run_id, why).await })
 }

@@ -117,7 +117,7 @@ pub(crate) fn announce_if_elsewhere(shared: &Shared, outcome: &StartOutcome) {
     }
 }
 
-/// [`Agents::starter`](crate::kernel::agents::Agents::starter): a child's start, with the
+/// [`Agents::starter`](crate::kernel::shared::Agents::starter): a child's start, with the
 /// runtime's defaults.
 pub(crate) fn start_boxed(
     shared: Arc<Shared>,
