@@ -110,7 +110,11 @@ async fn an_effects_budget_starts_no_effect_past_it() {
     let upstream = Upstream::default();
     let rt = open(&SimBackend::new(), &upstream, RuntimeConfig::default()).await;
     let budget = Budget { effects_max: Some(2), ..Budget::default() };
-    let run_id = rt.start_run(StartRequest::of::<Spender>("e", &plan(5, 0)).expect("input").with_options(with(budget))).await.expect("start").run_id;
+    let run_id = rt
+        .start_run(StartRequest::of::<Spender>("e", &plan(5, 0)).expect("input").with_options(with(budget)))
+        .await
+        .expect("start")
+        .run_id;
     assert_eq!(escalated(&rt, &run_id).await, "budget: effects");
     assert_eq!(
         upstream.lock().expect("upstream").len(),
@@ -128,7 +132,11 @@ async fn charges_past_the_cost_limit_stop_the_run_at_its_next_boundary() {
     let upstream = Upstream::default();
     let rt = open(&SimBackend::new(), &upstream, RuntimeConfig::default()).await;
     let budget = Budget { cost_units_max: Some(100), ..Budget::default() };
-    let run_id = rt.start_run(StartRequest::of::<Spender>("c", &plan(10, 30)).expect("input").with_options(with(budget))).await.expect("start").run_id;
+    let run_id = rt
+        .start_run(StartRequest::of::<Spender>("c", &plan(10, 30)).expect("input").with_options(with(budget)))
+        .await
+        .expect("start")
+        .run_id;
     assert_eq!(escalated(&rt, &run_id).await, "budget: cost_units");
     // Turns 1-3 charge 90; turn 4's charge (120) is over, and its effect does not start.
     assert_eq!(upstream.lock().expect("upstream").len(), 3);
@@ -144,7 +152,11 @@ async fn wall_time_counts_from_the_start_across_a_durable_sleep() {
     let rt = open(&SimBackend::new(), &upstream, RuntimeConfig::default()).await;
     let budget = Budget { wall_time_max: Some(Duration::from_secs(3600)), ..Budget::default() };
     let slow = Plan { sleep_first_ms: 2 * 3_600_000, ..plan(1, 0) };
-    let run_id = rt.start_run(StartRequest::of::<Spender>("w", &slow).expect("input").with_options(with(budget))).await.expect("start").run_id;
+    let run_id = rt
+        .start_run(StartRequest::of::<Spender>("w", &slow).expect("input").with_options(with(budget)))
+        .await
+        .expect("start")
+        .run_id;
     rt.advance(Duration::from_secs(3 * 3600)).await.expect("advance");
     assert_eq!(escalated(&rt, &run_id).await, "budget: wall_time");
     assert!(upstream.lock().expect("upstream").is_empty());
@@ -163,7 +175,11 @@ async fn the_runtime_budget_applies_where_a_run_sets_none() {
     assert_eq!(escalated(&rt, &run_id).await, "budget: effects");
     // A run's own limit wins over the runtime's.
     let own = Budget { effects_max: Some(3), ..Budget::default() };
-    let run_id = rt.start_run(StartRequest::of::<Spender>("o", &plan(3, 0)).expect("input").with_options(with(own))).await.expect("start").run_id;
+    let run_id = rt
+        .start_run(StartRequest::of::<Spender>("o", &plan(3, 0)).expect("input").with_options(with(own)))
+        .await
+        .expect("start")
+        .run_id;
     assert!(matches!(rt.wait(&run_id).await.expect("wait"), RunStatus::Completed { .. }));
     // A run without any budget keeps no budget record.
     let rt2 = open(&SimBackend::new(), &upstream, RuntimeConfig::default()).await;
@@ -203,7 +219,11 @@ async fn a_recoveries_budget_escalates_instead_of_recovering_once_more() {
     let open_sitter = || async { Runtime::builder(store(&sim)).agent(Sitter).open().await.expect("runtime") };
     let rt = open_sitter().await;
     let budget = Budget { recoveries_max: Some(2), ..Budget::default() };
-    let run_id = rt.start_run(StartRequest::of::<Sitter>("s", &()).expect("input").with_options(with(budget))).await.expect("start").run_id;
+    let run_id = rt
+        .start_run(StartRequest::of::<Sitter>("s", &()).expect("input").with_options(with(budget)))
+        .await
+        .expect("start")
+        .run_id;
     rt.wait_for(&run_id, |s| matches!(s, RunStatus::Running)).await.expect("running");
     rt.settle().await;
     rt.shutdown().await;
@@ -229,8 +249,15 @@ async fn recovered_together_only_the_runs_with_a_recoveries_budget_escalate() {
     for i in 0..40 {
         let budgeted = i % 3 == 0;
         let budget = Budget { recoveries_max: budgeted.then_some(1), ..Budget::default() };
-        let run_id =
-            rt.start_run(StartRequest::of::<Sitter>(&format!("s-{i:02}"), &()).expect("input").with_options(with(budget))).await.expect("start").run_id;
+        let run_id = rt
+            .start_run(
+                StartRequest::of::<Sitter>(&format!("s-{i:02}"), &())
+                    .expect("input")
+                    .with_options(with(budget)),
+            )
+            .await
+            .expect("start")
+            .run_id;
         runs.push((run_id, budgeted));
     }
     for (run_id, _) in &runs {
@@ -270,7 +297,12 @@ async fn a_crash_at_every_barrier_never_lets_an_effect_past_the_budget() {
         let mut crashed = sim.crashed_signal();
         sim.crash_at(SimCrash::AfterBarrier(n));
         let rt = open(&sim, &upstream, RuntimeConfig::default()).await;
-        if let Ok(out) = rt.start_run(StartRequest::of::<Spender>("x", &plan(6, 0)).expect("input").with_options(with(budget))).await {
+        if let Ok(out) = rt
+            .start_run(
+                StartRequest::of::<Spender>("x", &plan(6, 0)).expect("input").with_options(with(budget)),
+            )
+            .await
+        {
             tokio::select! {
                 _ = rt.wait(&out.run_id) => {}
                 _ = crashed.wait_for(|c| *c) => {}
@@ -280,7 +312,13 @@ async fn a_crash_at_every_barrier_never_lets_an_effect_past_the_budget() {
         crashes += usize::from(sim.is_crashed());
         sim.revive();
         let rt = open(&sim, &upstream, RuntimeConfig::default()).await;
-        let run_id = rt.start_run(StartRequest::of::<Spender>("x", &plan(6, 0)).expect("input").with_options(with(budget))).await.expect("start").run_id;
+        let run_id = rt
+            .start_run(
+                StartRequest::of::<Spender>("x", &plan(6, 0)).expect("input").with_options(with(budget)),
+            )
+            .await
+            .expect("start")
+            .run_id;
         assert_eq!(escalated(&rt, &run_id).await, "budget: effects", "barrier {n}");
         assert_eq!(upstream.lock().expect("upstream").len(), 3, "barrier {n}: keys called");
         rt.shutdown().await;

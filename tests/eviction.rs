@@ -93,7 +93,11 @@ async fn an_idle_run_hibernates_at_exactly_hibernate_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evictions_fall_within_70_to_140_seconds_and_differ_between_idle_periods() {
     let rt = runtime(RuntimeConfig { seed: 42, ..RuntimeConfig::default() }).await;
-    let run = rt.start_run(StartRequest::new("sleeper", "s", 3.into()).with_options(no_keep_alive())).await.expect("start").run_id;
+    let run = rt
+        .start_run(StartRequest::new("sleeper", "s", 3.into()).with_options(no_keep_alive()))
+        .await
+        .expect("start")
+        .run_id;
     rt.advance(Duration::from_secs(20 * 60)).await.expect("advance");
     let events = rt.events();
     let evicted = of(&events, &run, "evicted");
@@ -114,7 +118,11 @@ async fn evictions_fall_within_70_to_140_seconds_and_differ_between_idle_periods
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_evicted_mid_fiber_recovers_from_its_last_stash_by_itself() {
     let rt = runtime(RuntimeConfig::default()).await;
-    let run = rt.start_run(StartRequest::new("sleeper", "s", 3.into()).with_options(no_keep_alive())).await.expect("start").run_id;
+    let run = rt
+        .start_run(StartRequest::new("sleeper", "s", 3.into()).with_options(no_keep_alive()))
+        .await
+        .expect("start")
+        .run_id;
     rt.advance(Duration::from_secs(141)).await.expect("advance");
     let events = rt.events();
     assert_eq!(of(&events, &run, "evicted").len(), 1);

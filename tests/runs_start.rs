@@ -177,7 +177,8 @@ async fn bad_input_gets_typed_errors_and_other_runs_carry_on() {
         Err(RuntimeError::InvalidInput(_))
     ));
     assert!(matches!(
-        rt.start_run(StartRequest::new("steps", "bad\0key", serde_json::json!({"steps": 1, "pause_ms": 0}))).await,
+        rt.start_run(StartRequest::new("steps", "bad\0key", serde_json::json!({"steps": 1, "pause_ms": 0})))
+            .await,
         Err(RuntimeError::InvalidInput(_))
     ));
 
@@ -238,8 +239,12 @@ async fn every_durability_mode_completes_and_keeps_the_last_stash() {
         };
         let out = rt
             .start_run(
-                StartRequest::new("steps", &format!("mode-{mode}"), serde_json::json!({"steps": 4, "pause_ms": 0}))
-                    .with_options(options),
+                StartRequest::new(
+                    "steps",
+                    &format!("mode-{mode}"),
+                    serde_json::json!({"steps": 4, "pause_ms": 0}),
+                )
+                .with_options(options),
             )
             .await
             .expect("start");

@@ -154,7 +154,11 @@ async fn a_parents_effects_budget_counts_its_childs_effects() {
     let rt = runtime(dir.path(), &upstream).await;
     let a = Assignment { own_effects: 2, job: job(10, 0, false), join: true };
     let budget = Budget { effects_max: Some(5), ..Budget::default() };
-    let parent = rt.start_run(StartRequest::of::<Boss>("b-1", &a).expect("input").with_options(with(budget))).await.expect("start").run_id;
+    let parent = rt
+        .start_run(StartRequest::of::<Boss>("b-1", &a).expect("input").with_options(with(budget)))
+        .await
+        .expect("start")
+        .run_id;
     let said = output(&ended(&rt, &parent).await);
     assert_eq!(
         said,
@@ -176,7 +180,11 @@ async fn a_parents_cost_budget_counts_its_childs_cost_units() {
     let rt = runtime(dir.path(), &upstream).await;
     let a = Assignment { own_effects: 0, job: job(10, 4, false), join: true };
     let budget = Budget { cost_units_max: Some(10), ..Budget::default() };
-    let parent = rt.start_run(StartRequest::of::<Boss>("b-2", &a).expect("input").with_options(with(budget))).await.expect("start").run_id;
+    let parent = rt
+        .start_run(StartRequest::of::<Boss>("b-2", &a).expect("input").with_options(with(budget)))
+        .await
+        .expect("start")
+        .run_id;
     let said = output(&ended(&rt, &parent).await);
     assert_eq!(said, format!("escalated: budget: cost_units, counted against run {parent}"));
     // 4 and 8 units are within 10; the third turn's charge crosses it before its call.

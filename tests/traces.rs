@@ -21,8 +21,8 @@ use std::{
 };
 
 use durafiber_runtime::{
-    Agent, AgentError, Ctx, Decision, Recovered, RunId, RunStatus, Runtime, RuntimeConfig,
-    RuntimeError, Secrets, TraceExport, trace,
+    Agent, AgentError, Ctx, Decision, Recovered, RunId, RunStatus, Runtime, RuntimeConfig, RuntimeError,
+    Secrets, TraceExport, trace,
 };
 use durafiber_store::{Store, StoreConfig};
 use durafiber_testkit::{

@@ -103,7 +103,10 @@ pub async fn eviction(seed: u64) -> anyhow::Result<(Vec<String>, EvictionReport)
     let idle = rt.start::<Lab>("idle", &"idle".to_string()).await?.run_id;
     let kept = rt.start::<Lab>("keepalive", &"idle".to_string()).await?.run_id;
     let no_keep_alive = RunOptions { fiber_keep_alive: Some(false), ..RunOptions::default() };
-    let fiber = rt.start_run(StartRequest::new(Lab::KIND, "fiber", "fiber".into()).with_options(no_keep_alive)).await?.run_id;
+    let fiber = rt
+        .start_run(StartRequest::new(Lab::KIND, "fiber", "fiber".into()).with_options(no_keep_alive))
+        .await?
+        .run_id;
     let guard = rt.keep_alive(&kept).await?;
     rt.advance(Duration::from_secs(600)).await?;
     let released_at = rt.now_ms();

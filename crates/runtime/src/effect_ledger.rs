@@ -117,7 +117,8 @@ async fn prepare<Args: Serialize>(
     };
     let mut batch = Batch::new();
     batch.put(key.clone(), &entry)?;
-    let after = After::default().event("effect_prepared", format!("{effect_id}: key {}", entry.idempotency_key));
+    let after =
+        After::default().event("effect_prepared", format!("{effect_id}: key {}", entry.idempotency_key));
     committer::commit(raw, batch, Durability::Sync, after).await?;
     Ok(entry)
 }

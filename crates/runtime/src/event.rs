@@ -269,11 +269,12 @@ async fn finish(
     }
     let seq = raw.cell.seq.load(std::sync::atomic::Ordering::SeqCst);
     let what = if result.is_some() { "event_received" } else { "event_timed_out" };
-    let mut after = After::at((Boundary::AfterEvent, name)).progress().event(what, name).span(&shared, || {
-        raw.span_since("event.wait", entered_at_ms)
-            .attr("durafiber.event.name", name.to_string())
-            .attr("durafiber.event.outcome", if result.is_some() { "received" } else { "timed out" })
-    });
+    let mut after =
+        After::at((Boundary::AfterEvent, name)).progress().event(what, name).span(&shared, || {
+            raw.span_since("event.wait", entered_at_ms)
+                .attr("durafiber.event.name", name.to_string())
+                .attr("durafiber.event.outcome", if result.is_some() { "received" } else { "timed out" })
+        });
     if let Some(at) = timeout_at_ms {
         after = after.alarm_gone(at, timeout_alarm_name(name));
     }

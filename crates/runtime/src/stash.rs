@@ -5,7 +5,6 @@
 //! code deployed later knows which shape it holds. `Ctx::stash` (`agent/ctx.rs`) writes it,
 //! through the boundary committer.
 
-
 use serde::de::DeserializeOwned;
 
 pub(crate) use crate::kernel::stash_record::{Stored, read};

@@ -12,7 +12,7 @@ use crate::{
     error::RuntimeError,
 };
 
-/// Options of one run, given to [`crate::Runtime::start_with`]. `None` is the runtime's
+/// Options of one run, given to a start ([`crate::StartRequest::with_options`]). `None` is the runtime's
 /// default.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunOptions {

@@ -3,9 +3,9 @@
 //! them. Bodies are parsed by hand so that malformed JSON gets the same JSON error shape as
 //! every other refusal; nothing a client sends can crash the server.
 
-use durafiber_runtime::StartRequest;
 use durafiber_api::ApiErrorKind;
 use durafiber_runtime::RunId;
+use durafiber_runtime::StartRequest;
 use std::time::Duration;
 
 use axum::{

@@ -3,9 +3,9 @@
 //! or on the data directory when none runs (a run started or paused there is picked up by
 //! the next server). A request needs the run live, so a server.
 
-use durafiber_runtime::StartRequest;
 use anyhow::{Context as _, bail};
 use durafiber_runtime::RunId;
+use durafiber_runtime::StartRequest;
 use futures::StreamExt as _;
 use serde_json::{Value, json};
 

@@ -312,5 +312,4 @@ impl Shared {
             *cell.output.stream.lock() = None;
         }
     }
-
 }

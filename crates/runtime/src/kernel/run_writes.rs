@@ -1,7 +1,6 @@
 //! The one way a run's record is written: read and committed under its stripe lock, and
 //! the open-run index paged through. A fiber's boundaries go through `kernel/commit.rs`.
 
-
 use durafiber_store::{
     Batch, Durability,
     prefetch::Prefetched,

@@ -19,8 +19,8 @@ use crate::{
     error::{AgentError, RuntimeError},
     hooks::{AlarmEvent, ExhaustedAction, RecoveryReason},
     kernel::{
-        activity::Liveness, cell::RunCell, controls::Controls, lifecycle::Lifecycle,
-        observe::Observability, registry::Registry, signals::Signals, stripes::Stripes, timers::Timers,
+        activity::Liveness, cell::RunCell, controls::Controls, lifecycle::Lifecycle, observe::Observability,
+        registry::Registry, signals::Signals, stripes::Stripes, timers::Timers,
     },
     trace::{Ended, Parent},
 };

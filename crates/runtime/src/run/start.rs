@@ -91,7 +91,10 @@ pub(crate) fn mint_run_id(now_ms: u64) -> Result<RunId, RuntimeError> {
 
 /// Starts a run and, once its handle is durable, lets its activation go on beside the
 /// caller: its registration write and its fiber. Virtual time and `settle` wait for it.
-pub(crate) async fn start(shared: &Arc<Shared>, request: StartRequest<'_>) -> Result<StartOutcome, RuntimeError> {
+pub(crate) async fn start(
+    shared: &Arc<Shared>,
+    request: StartRequest<'_>,
+) -> Result<StartOutcome, RuntimeError> {
     let outcome = accept(shared, request).await?;
     announce_if_elsewhere(shared, &outcome);
     if outcome.accepted || matches!(outcome.status, RunStatus::Accepted) {

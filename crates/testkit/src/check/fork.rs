@@ -45,7 +45,9 @@ impl<A: Agent + Clone> AgentCheck<A> {
         let input = self.input.as_ref().ok_or("no input: call .input(&input)")?;
         let sim = SimBackend::new();
         let rt = self.open(&sim, SIM_EPOCH_MS, self.config.clone(), None).await?;
-        let started = rt.start_run(StartRequest::new(A::KIND, SOURCE_KEY, input.clone()).with_options(self.options)).await;
+        let started = rt
+            .start_run(StartRequest::new(A::KIND, SOURCE_KEY, input.clone()).with_options(self.options))
+            .await;
         let run_id = started.map_err(|e| format!("start: {e}"))?.run_id;
         let mut scratch = CaseReport::named("source", None);
         if self.drive(&rt, &sim, &run_id, &mut scratch).await.is_none() {

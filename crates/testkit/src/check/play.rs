@@ -58,7 +58,8 @@ impl<A: Agent + Clone> AgentCheck<A> {
                 return (report, 0);
             }
         };
-        let started = rt.start_run(StartRequest::new(A::KIND, RUN_KEY, input.clone()).with_options(self.options)).await;
+        let started =
+            rt.start_run(StartRequest::new(A::KIND, RUN_KEY, input.clone()).with_options(self.options)).await;
         let run_id = started.as_ref().ok().map(|s| s.run_id.clone());
         let mut status = None;
         if let Some(id) = &run_id {
@@ -119,7 +120,9 @@ impl<A: Agent + Clone> AgentCheck<A> {
             }
             restarted.rt = self.reopen(sim, now, reopen_config, hook, trouble.deploy).await?;
             let rt = &restarted.rt;
-            let again = rt.start_run(StartRequest::new(A::KIND, RUN_KEY, input.clone()).with_options(self.options)).await;
+            let again = rt
+                .start_run(StartRequest::new(A::KIND, RUN_KEY, input.clone()).with_options(self.options))
+                .await;
             match (&restarted.run_id, again) {
                 (Some(id), Ok(out)) if out.run_id != *id => {
                     report.problems.push(format!("the key's run changed from {id} to {}", out.run_id));
