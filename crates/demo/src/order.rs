@@ -382,7 +382,9 @@ impl<S: OrderStash> Agent for Order<S> {
         ctx.sleep_in_memory(std::time::Duration::from_millis(work)).await;
         let key = format!("{}:{}", ctx.run_id(), alarm.name);
         let body = json!({"run_id": ctx.run_id(), "alarm": alarm.name});
-        post_idempotent(&self.http, base, ORDER_ALARMS, &key, None, &body).await.map_err(AgentError::fail)?;
+        post_idempotent(&self.http, base, ORDER_ALARMS, &key, None, &body)
+            .await
+            .map_err(|e| AgentError::fail(e.to_string()))?;
         Ok(())
     }
 }

@@ -433,8 +433,7 @@ async fn a_writer_stopped_mid_commit_holds_off_no_steal() {
         .spawn()
         .expect("start the writer");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while pg.sql(&url, "SELECT count(*) FROM df_kv WHERE k >= '\\x73'::bytea").map(|c| c.trim() != "0")
-        != Ok(true)
+    while !pg.sql(&url, "SELECT count(*) FROM df_kv WHERE k >= '\\x73'::bytea").is_ok_and(|c| c.trim() != "0")
     {
         assert!(Instant::now() < deadline, "the writer never committed");
         tokio::time::sleep(Duration::from_millis(20)).await;

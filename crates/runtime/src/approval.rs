@@ -31,8 +31,9 @@ pub use durafiber_api::ApproveOutcome;
 
 /// Whether a stored payload hash (of any version) is the hash of `payload_json`.
 fn same_payload(stored: &str, payload_json: &str) -> Result<bool, AgentError> {
-    let value: serde_json::Value = json::parse(payload_json).map_err(AgentError::Serialization)?;
-    json::hash_matches(stored, &value).map_err(AgentError::Serialization)
+    let value: serde_json::Value =
+        json::parse(payload_json).map_err(|e| AgentError::Serialization(e.into()))?;
+    json::hash_matches(stored, &value).map_err(|e| AgentError::Serialization(e.into()))
 }
 
 /// The name of the alarm that escalates an approval nobody answered.
@@ -49,7 +50,7 @@ pub(crate) async fn request(
 ) -> Result<Decision, AgentError> {
     tables::check_id("approval id", approval_id).map_err(AgentError::fail)?;
     let escalate_after = rule.and_then(|r| r.escalate_after).unwrap_or(raw.shared.config.escalate_after);
-    let rule = rule.map(ApprovalRule::stored).transpose().map_err(AgentError::fail)?;
+    let rule = rule.map(ApprovalRule::stored).transpose().map_err(|e| AgentError::fail(e.to_string()))?;
     if payload_json.len() > limits::PAYLOAD_BYTES_MAX {
         return Err(AgentError::fail(format!(
             "approval payload is over {} bytes",

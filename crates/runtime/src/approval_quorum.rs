@@ -65,9 +65,9 @@ impl ApprovalRule {
     }
 
     /// The rule as stored; an error when it can never be met.
-    pub(crate) fn stored(&self) -> Result<ApprovalRuleRecord, String> {
+    pub(crate) fn stored(&self) -> Result<ApprovalRuleRecord, UnmeetableRule> {
         if self.required == 0 {
-            return Err("an approval rule needs at least 1 approval".into());
+            return Err(UnmeetableRule::NoneRequired);
         }
         let (reviewers, role) = match &self.from {
             Reviewers::Anyone => (Vec::new(), None),
@@ -77,11 +77,10 @@ impl ApprovalRule {
                 names.sort();
                 names.dedup();
                 if names.len() < self.required as usize {
-                    return Err(format!(
-                        "{} approvals required from {} named reviewers: it could never be approved",
-                        self.required,
-                        names.len()
-                    ));
+                    return Err(UnmeetableRule::TooFewReviewers {
+                        required: self.required,
+                        named: names.len(),
+                    });
                 }
                 (names, None)
             }
@@ -93,6 +92,22 @@ impl ApprovalRule {
             decline_by_majority: self.decline == DeclineRule::Majority,
         })
     }
+}
+
+/// An approval rule that could never be met.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnmeetableRule {
+    /// It asks for no approval.
+    #[error("an approval rule needs at least 1 approval")]
+    NoneRequired,
+    /// It asks for more approvals than it names reviewers.
+    #[error("{required} approvals required from {named} named reviewers: it could never be approved")]
+    TooFewReviewers {
+        /// Approvals it asks for.
+        required: u32,
+        /// Reviewers it names.
+        named: usize,
+    },
 }
 
 /// Who may decide a pause with a rule.

@@ -123,8 +123,10 @@ fn same_child(
     linked: ChildRecord,
 ) -> Result<RunId, AgentError> {
     let run = shared.load_run(&linked.child_run_id)?;
-    let input: serde_json::Value = crate::json::parse(input_json).map_err(AgentError::Serialization)?;
-    let same_input = crate::json::hash_matches(&run.input_hash, &input).map_err(AgentError::Serialization)?;
+    let input: serde_json::Value =
+        crate::json::parse(input_json).map_err(|e| AgentError::Serialization(e.into()))?;
+    let same_input = crate::json::hash_matches(&run.input_hash, &input)
+        .map_err(|e| AgentError::Serialization(e.into()))?;
     if linked.kind != kind || !same_input {
         return Err(RuntimeError::KeyConflict { key: run.key, run_id: linked.child_run_id }.into());
     }

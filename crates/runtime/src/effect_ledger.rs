@@ -60,7 +60,7 @@ pub(crate) async fn enter<Args: Serialize, R: DeserializeOwned>(
         hooks.entered(false);
         return Ok(Entered::Entry(entry));
     };
-    if !json::hash_matches(&entry.args_hash, args).map_err(AgentError::Serialization)? {
+    if !json::hash_matches(&entry.args_hash, args).map_err(|e| AgentError::Serialization(e.into()))? {
         return Err(AgentError::EffectConflict { effect_id: effect_id.to_string() });
     }
     let Some(receipt) = &entry.committed else {
@@ -85,7 +85,7 @@ pub(crate) async fn enter<Args: Serialize, R: DeserializeOwned>(
         "effect_replayed",
         format!("{effect_id}: stored receipt returned, not called again"),
     );
-    let receipt = json::parse(&receipt.receipt_json).map_err(AgentError::Serialization)?;
+    let receipt = json::parse(&receipt.receipt_json).map_err(|e| AgentError::Serialization(e.into()))?;
     hooks.replayed(raw, &receipt)?;
     Ok(Entered::Replayed(receipt))
 }
@@ -106,7 +106,7 @@ async fn prepare<Args: Serialize>(
     let token = unguessable_hex().map_err(|source| {
         AgentError::from(crate::error::RuntimeError::NoRandomness { what: "an idempotency key", source })
     })?;
-    let (_, args_hash) = json::canonical_with_hash(args).map_err(AgentError::Serialization)?;
+    let (_, args_hash) = json::canonical_with_hash(args).map_err(|e| AgentError::Serialization(e.into()))?;
     let entry = LedgerEntry {
         run_id: run_id.clone(),
         effect_id: effect_id.to_string(),
@@ -144,7 +144,7 @@ pub(crate) async fn commit<R: Serialize>(
     assert!(entry.committed.is_none(), "only a prepared effect is committed");
     // An upstream that echoes what it was sent must not put a secret into the ledger.
     let (receipt_json, receipt_hash) =
-        raw.shared.obs.redacted_with_hash(receipt).map_err(AgentError::Serialization)?;
+        raw.shared.obs.redacted_with_hash(receipt).map_err(|e| AgentError::Serialization(e.into()))?;
     entry.committed = Some(Receipt { receipt_json, receipt_hash, committed_at_ms: raw.shared.now_ms() });
     let mut batch = Batch::new();
     batch.put(key, &entry)?;

@@ -57,7 +57,7 @@ impl StreamSink {
     /// permanent error, as is one sent after the call ended.
     pub fn send<T: Serialize + ?Sized>(&self, chunk: &T) -> Result<(), EffectError> {
         let c = &self.call;
-        let text = json::canonical(chunk).map_err(EffectError::Permanent)?;
+        let text = json::canonical(chunk).map_err(|e| EffectError::Permanent(e.into()))?;
         let text = c.shared.obs.redact(text);
         let used = c.used.fetch_add(text.len() as u64, Ordering::SeqCst).saturating_add(text.len() as u64);
         if used > c.room {

@@ -315,9 +315,9 @@ pub enum AgentError {
 }
 
 impl AgentError {
-    /// A failure with a message.
-    pub fn fail(msg: impl Into<String>) -> Self {
-        AgentError::Fail(msg.into())
+    /// A failure with a message: any error or text (`.map_err(AgentError::fail)`).
+    pub fn fail(msg: impl std::fmt::Display) -> Self {
+        AgentError::Fail(msg.to_string())
     }
 
     /// An escalation with a reason.

@@ -77,9 +77,9 @@ pub(crate) async fn send(
     payload_json: &str,
     idempotency_key: Option<&str>,
 ) -> Result<SendOutcome, RuntimeError> {
-    tables::check_id("event name", name).map_err(RuntimeError::InvalidInput)?;
+    tables::check_id("event name", name).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
     if let Some(key) = idempotency_key {
-        tables::check_id("event idempotency key", key).map_err(RuntimeError::InvalidInput)?;
+        tables::check_id("event idempotency key", key).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
     }
     if payload_json.len() > limits::PAYLOAD_BYTES_MAX {
         return Err(RuntimeError::InvalidInput(format!(
@@ -87,7 +87,8 @@ pub(crate) async fn send(
             limits::PAYLOAD_BYTES_MAX
         )));
     }
-    let payload_json = json::recanonicalize(payload_json).map_err(RuntimeError::InvalidInput)?;
+    let payload_json =
+        json::recanonicalize(payload_json).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
     // Events and decisions of one run are written one at a time.
     let _one_at_a_time = shared.stripes.inbound(run_id).await;
     let run = shared.load_run(run_id)?;

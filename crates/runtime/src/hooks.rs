@@ -49,7 +49,7 @@ impl AlarmEvent {
 
     /// The payload, typed.
     pub fn payload<T: DeserializeOwned>(&self) -> Result<T, AgentError> {
-        json::parse(&self.payload_json).map_err(AgentError::Serialization)
+        json::parse(&self.payload_json).map_err(|e| AgentError::Serialization(e.into()))
     }
 }
 

@@ -6,10 +6,22 @@
 use serde::{Serialize, de::DeserializeOwned};
 use sha2::{Digest, Sha256};
 
+/// A value that is not JSON durafiber can store, or text that is not the JSON asked for.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct JsonError(#[from] serde_json::Error);
+
+/// The refusal as the text an error message carries.
+impl From<JsonError> for String {
+    fn from(e: JsonError) -> String {
+        e.to_string()
+    }
+}
+
 /// The canonical JSON text of `value`: object keys sorted, no whitespace.
-pub fn canonical<T: Serialize + ?Sized>(value: &T) -> Result<String, String> {
-    let v = serde_json::to_value(value).map_err(|e| e.to_string())?;
-    serde_json::to_string(&sorted(v)).map_err(|e| e.to_string())
+pub fn canonical<T: Serialize + ?Sized>(value: &T) -> Result<String, JsonError> {
+    let v = serde_json::to_value(value).map_err(JsonError::from)?;
+    serde_json::to_string(&sorted(v)).map_err(JsonError::from)
 }
 
 /// Rebuilds every object with its keys inserted in sorted order, so the text is canonical
@@ -29,8 +41,8 @@ fn sorted(v: serde_json::Value) -> serde_json::Value {
 }
 
 /// Parses stored JSON into a user type.
-pub fn parse<T: DeserializeOwned>(text: &str) -> Result<T, String> {
-    serde_json::from_str(text).map_err(|e| e.to_string())
+pub fn parse<T: DeserializeOwned>(text: &str) -> Result<T, JsonError> {
+    serde_json::from_str(text).map_err(JsonError::from)
 }
 
 /// Lower-case hex SHA-256 of `bytes`.
@@ -61,29 +73,29 @@ pub const HASH_V2_PREFIX: &str = "jcs-sha256:";
 /// - version 1, bare `<hex>`: SHA-256 over durafiber's own canonical text (keys sorted by
 ///   bytes). Written by builds before version 2, and still for a value RFC 8785 cannot
 ///   represent exactly — an integer beyond ±2^53, which JCS would round to a double.
-pub fn payload_hash<T: Serialize + ?Sized>(value: &T) -> Result<String, String> {
-    let v = serde_json::to_value(value).map_err(|e| e.to_string())?;
+pub fn payload_hash<T: Serialize + ?Sized>(value: &T) -> Result<String, JsonError> {
+    let v = serde_json::to_value(value).map_err(JsonError::from)?;
     hash_value(&v)
 }
 
-fn hash_value(v: &serde_json::Value) -> Result<String, String> {
+fn hash_value(v: &serde_json::Value) -> Result<String, JsonError> {
     if exact_in_jcs(v) {
-        let text = serde_jcs::to_string(v).map_err(|e| e.to_string())?;
+        let text = serde_jcs::to_string(v).map_err(JsonError::from)?;
         Ok(format!("{HASH_V2_PREFIX}{}", sha256_hex(text.as_bytes())))
     } else {
         hash_v1(v)
     }
 }
 
-fn hash_v1(v: &serde_json::Value) -> Result<String, String> {
-    let text = serde_json::to_string(&sorted(v.clone())).map_err(|e| e.to_string())?;
+fn hash_v1(v: &serde_json::Value) -> Result<String, JsonError> {
+    let text = serde_json::to_string(&sorted(v.clone())).map_err(JsonError::from)?;
     Ok(sha256_hex(text.as_bytes()))
 }
 
 /// Whether `stored` (a hash of either version) is the hash of `value`, recomputed in the
 /// version `stored` was made with.
-pub fn hash_matches<T: Serialize + ?Sized>(stored: &str, value: &T) -> Result<bool, String> {
-    let v = serde_json::to_value(value).map_err(|e| e.to_string())?;
+pub fn hash_matches<T: Serialize + ?Sized>(stored: &str, value: &T) -> Result<bool, JsonError> {
+    let v = serde_json::to_value(value).map_err(JsonError::from)?;
     let again = if stored.starts_with(HASH_V2_PREFIX) { hash_value(&v)? } else { hash_v1(&v)? };
     Ok(again == stored)
 }
@@ -105,15 +117,15 @@ fn exact_in_jcs(v: &serde_json::Value) -> bool {
 }
 
 /// Canonical JSON of `value` and its hash ([`payload_hash`]).
-pub fn canonical_with_hash<T: Serialize + ?Sized>(value: &T) -> Result<(String, String), String> {
-    let v = serde_json::to_value(value).map_err(|e| e.to_string())?;
+pub fn canonical_with_hash<T: Serialize + ?Sized>(value: &T) -> Result<(String, String), JsonError> {
+    let v = serde_json::to_value(value).map_err(JsonError::from)?;
     let hash = hash_value(&v)?;
-    let text = serde_json::to_string(&sorted(v)).map_err(|e| e.to_string())?;
+    let text = serde_json::to_string(&sorted(v)).map_err(JsonError::from)?;
     Ok((text, hash))
 }
 
 /// Canonical form of JSON text that is already parsed elsewhere (e.g. an HTTP body).
-pub fn recanonicalize(text: &str) -> Result<String, String> {
+pub fn recanonicalize(text: &str) -> Result<String, JsonError> {
     let v: serde_json::Value = parse(text)?;
     canonical(&v)
 }

@@ -103,7 +103,7 @@ pub use runtime::{
     ChildShown, DeployProblem, Gauges, HistoryEntry, ListFilter, PausedNow, Quorum, ReplayReport,
     RunInspection, RunOwner, RunPage, RunReplay, Runtime, RuntimeBuilder, StoreGauges, testing,
 };
-pub use secret::{Destination, Secret, SecretRefusal, Secrets};
+pub use secret::{BadDestination, Destination, Secret, SecretRefusal, Secrets};
 pub use storage::{Storage, Transaction};
 pub use stream::{PartialChunk, StreamChunk, StreamItem, StreamReset};
 pub use types::{RunId, RunOptions, RunState};

@@ -205,7 +205,7 @@ pub(crate) async fn pause(
     reason: &str,
 ) -> Result<(), RuntimeError> {
     target.check(shared)?;
-    tables::check_id("pause reason", reason).map_err(RuntimeError::InvalidInput)?;
+    tables::check_id("pause reason", reason).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
     let record = PauseRecord { reason: reason.to_string(), paused_at_ms: shared.now_ms() };
     let mut batch = Batch::new();
     batch.put(target.key(), &record)?;

@@ -27,6 +27,33 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// A destination a secret cannot be bound to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadDestination {
+    /// Its scheme is not `http` or `https`.
+    #[error("destination {text:?}: scheme {scheme:?} is not http or https")]
+    Scheme {
+        /// The destination as given.
+        text: String,
+        /// Its scheme.
+        scheme: String,
+    },
+    /// Its port is not a number from 0 to 65535.
+    #[error("destination {text:?}: bad port {port:?}")]
+    Port {
+        /// The destination as given.
+        text: String,
+        /// Its port.
+        port: String,
+    },
+    /// It names no host.
+    #[error("destination {text:?}: no host")]
+    NoHost {
+        /// The destination as given.
+        text: String,
+    },
+}
+
 /// Where a secret may be sent: a scheme, a host and a port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Destination {
@@ -39,24 +66,25 @@ pub struct Destination {
 impl Destination {
     /// Parses `https://host[:port]`, `http://host[:port]`, `host:port` (either scheme, that
     /// port) or `host` (https on 443).
-    pub fn parse(text: &str) -> Result<Destination, String> {
+    pub fn parse(text: &str) -> Result<Destination, BadDestination> {
         let text = text.trim().to_ascii_lowercase();
         let (scheme, rest) = match text.split_once("://") {
             Some((s @ ("http" | "https"), rest)) => (Some(s.to_string()), rest.to_string()),
-            Some((s, _)) => return Err(format!("destination {text:?}: scheme {s:?} is not http or https")),
+            Some((s, _)) => return Err(BadDestination::Scheme { text: text.clone(), scheme: s.to_string() }),
             None => (None, text.clone()),
         };
         let rest = rest.trim_end_matches('/');
         let (host, port) = match rest.rsplit_once(':') {
             Some((host, port)) if !host.ends_with(']') || rest.starts_with('[') => {
-                let port =
-                    port.parse::<u16>().map_err(|_| format!("destination {text:?}: bad port {port:?}"))?;
+                let port = port
+                    .parse::<u16>()
+                    .map_err(|_| BadDestination::Port { text: text.clone(), port: port.to_string() })?;
                 (host.to_string(), port)
             }
             _ => (rest.to_string(), if scheme.as_deref() == Some("http") { 80 } else { 443 }),
         };
         if host.is_empty() || host.contains('/') {
-            return Err(format!("destination {text:?}: no host"));
+            return Err(BadDestination::NoHost { text });
         }
         let scheme = scheme.or_else(|| (!rest.contains(':')).then(|| "https".to_string()));
         Ok(Destination { scheme, host, port })
@@ -108,7 +136,7 @@ impl Secrets {
         name: &str,
         value: impl Into<String>,
         destinations: &[&str],
-    ) -> Result<Self, String> {
+    ) -> Result<Self, BadDestination> {
         let destinations =
             destinations.iter().map(|d| Destination::parse(d)).collect::<Result<Vec<_>, _>>()?;
         Arc::make_mut(&mut self.values).insert(name.to_string(), Entry { value: value.into(), destinations });
@@ -117,7 +145,7 @@ impl Secrets {
 
     /// Every `DURAFIBER_SECRET_<NAME>` of the environment (the name lower-cased), bound to
     /// the comma-separated destinations of `DURAFIBER_SECRET_<NAME>_HOSTS`.
-    pub fn from_env() -> Result<Self, String> {
+    pub fn from_env() -> Result<Self, BadDestination> {
         let vars: HashMap<String, String> = std::env::vars().collect();
         let mut secrets = Secrets::default();
         for (key, value) in &vars {

@@ -28,7 +28,8 @@ pub(crate) fn decode_versioned<T: DeserializeOwned>(
             ))
         }),
         std::cmp::Ordering::Less => {
-            let old = json::parse::<serde_json::Value>(text).map_err(AgentError::Serialization)?;
+            let old =
+                json::parse::<serde_json::Value>(text).map_err(|e| AgentError::Serialization(e.into()))?;
             upgrade(from, old)
         }
         std::cmp::Ordering::Greater => Err(AgentError::escalate(format!(

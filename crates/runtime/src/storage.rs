@@ -117,7 +117,7 @@ impl<'a> Storage<'a> {
     pub fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, AgentError> {
         check_key(key)?;
         read_json(&self.shared.store, self.run_id(), key)?
-            .map(|text| json::parse(&text).map_err(AgentError::Serialization))
+            .map(|text| json::parse(&text).map_err(|e| AgentError::Serialization(e.into())))
             .transpose()
     }
 
@@ -142,7 +142,9 @@ impl<'a> Storage<'a> {
     ) -> Result<Vec<(String, T)>, AgentError> {
         list_json(&self.shared.store, self.run_id(), prefix, start_after, limit)?
             .into_iter()
-            .map(|(key, text)| Ok((key, json::parse(&text).map_err(AgentError::Serialization)?)))
+            .map(|(key, text)| {
+                Ok((key, json::parse(&text).map_err(|e| AgentError::Serialization(e.into()))?))
+            })
             .collect()
     }
 
@@ -263,11 +265,14 @@ fn forget_undone_before(
     Ok(())
 }
 
+/// A run's storage: each key's value.
+pub(crate) type Entries = BTreeMap<String, String>;
+
 /// The storage of `run_id` as it was at boundary `at`, by key: today's, with every write
 /// made after `at` undone. `Err` with the reason when the history cannot tell (the run's
 /// storage was written before it kept one, from a later boundary).
-pub(crate) fn as_at(store: &Store, run_id: &str, at: u64) -> Result<BTreeMap<String, String>, AsAtError> {
-    let mut storage: BTreeMap<String, String> = BTreeMap::new();
+pub(crate) fn as_at(store: &Store, run_id: &str, at: u64) -> Result<Entries, AsAtError> {
+    let mut storage = Entries::new();
     for (key, value) in store.scan(&keys::STORAGE.of_run(run_id), None, usize::MAX)? {
         storage.insert(keys::storage_name(&key).unwrap_or_default().to_string(), value?);
     }
@@ -330,7 +335,7 @@ impl Transaction<'_> {
             Some(staged) => staged.clone(),
             None => read_json(self.store, self.run_id, key)?,
         };
-        text.map(|t| json::parse(&t).map_err(AgentError::Serialization)).transpose()
+        text.map(|t| json::parse(&t).map_err(|e| AgentError::Serialization(e.into()))).transpose()
     }
 
     /// Whether `key` holds a value, as this transaction sees it.
@@ -345,7 +350,7 @@ impl Transaction<'_> {
     /// Stages `value` under `key`.
     pub fn put<T: Serialize>(&mut self, key: &str, value: &T) -> Result<(), AgentError> {
         check_key(key)?;
-        let text = json::canonical(value).map_err(AgentError::Serialization)?;
+        let text = json::canonical(value).map_err(|e| AgentError::Serialization(e.into()))?;
         if text.len() > limits::STORAGE_VALUE_BYTES_MAX {
             return Err(AgentError::StorageLimit {
                 what: "value bytes",

@@ -67,7 +67,7 @@ fn load(shared: &Shared, run_id: &str) -> Result<StreamBuffer, RuntimeError> {
 /// `strict_streams` (what `AgentCheck` runs with, where code does not change between
 /// attempts) it is [`AgentError::StreamDiverged`].
 pub(crate) fn emit<T: Serialize + ?Sized>(raw: &RawCtx, chunk: &T) -> Result<u64, AgentError> {
-    let text = json::canonical(chunk).map_err(AgentError::Serialization)?;
+    let text = json::canonical(chunk).map_err(|e| AgentError::Serialization(e.into()))?;
     emit_json(raw, raw.shared.obs.redact(text))
 }
 

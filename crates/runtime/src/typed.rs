@@ -60,18 +60,16 @@ fn encode<T: Serialize>(what: &str, value: &T) -> Result<String, AgentError> {
 }
 
 impl<A: Agent> ErasedAgent for Typed<A> {
-    fn check_input(&self, input: &serde_json::Value) -> Result<(), String> {
-        <A::Input as serde::Deserialize>::deserialize(input).map(|_| ()).map_err(|e| e.to_string())
+    fn check_input(&self, input: &serde_json::Value) -> Result<(), serde_json::Error> {
+        <A::Input as serde::Deserialize>::deserialize(input).map(|_| ())
     }
 
-    fn check_stash(&self, stored: &crate::kernel::stash_record::Stored) -> Result<(), String> {
-        crate::stash::decode_versioned(stored, A::STASH_VERSION, A::upgrade_stash)
-            .map(|_: A::Stash| ())
-            .map_err(|e| format!("stash: {e}"))
+    fn check_stash(&self, stored: &crate::kernel::stash_record::Stored) -> Result<(), AgentError> {
+        crate::stash::decode_versioned(stored, A::STASH_VERSION, A::upgrade_stash).map(|_: A::Stash| ())
     }
 
-    fn check_message(&self, message_json: &str) -> Result<(), String> {
-        json::parse::<A::Message>(message_json).map(|_| ())
+    fn check_message(&self, message_json: &str) -> Result<(), serde_json::Error> {
+        serde_json::from_str::<A::Message>(message_json).map(|_| ())
     }
 
     fn run_fiber(&self, raw: RawCtx, input_json: String) -> BoxFuture<Result<String, AgentError>> {

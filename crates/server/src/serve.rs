@@ -115,7 +115,7 @@ pub enum ServeError {
     },
     /// A `DURAFIBER_SECRET_*` variable is malformed.
     #[error("DURAFIBER_SECRET_*: {0}")]
-    Secrets(String),
+    Secrets(#[source] durafiber_runtime::BadDestination),
     /// `store` is not a `postgres://` URL.
     #[error("--store takes a postgres:// URL, not {0:?}")]
     NotADatabaseUrl(String),

@@ -52,7 +52,7 @@ impl Batch {
         let table = key.table().name;
         let key = key.into_bytes();
         let value = envelope::seal_encoded(&key, |out| codec::encode_onto(value, out))
-            .map_err(|reason| StoreError::Encode { table, reason })?;
+            .map_err(|reason| StoreError::Encode { table, reason: reason.to_string() })?;
         self.ops.push(Op::Put { key, value });
         Ok(self)
     }

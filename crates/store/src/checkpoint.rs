@@ -80,7 +80,7 @@ impl Engine {
         codec::decode(body).map_err(|reason| StoreError::Corrupt {
             table: tables::keys::META.name,
             key: tables::printable(&key),
-            reason,
+            reason: reason.to_string(),
         })
     }
 
@@ -93,8 +93,10 @@ impl Engine {
     /// re-applies every record after the older LSN, which rewrites each key this checkpoint
     /// touched.
     pub fn persist(&self, table: &Table, lsn: u64) -> Result<(), StoreError> {
-        let body = codec::encode(&lsn)
-            .map_err(|reason| StoreError::Encode { table: tables::keys::META.name, reason })?;
+        let body = codec::encode(&lsn).map_err(|reason| StoreError::Encode {
+            table: tables::keys::META.name,
+            reason: reason.to_string(),
+        })?;
         let sealed_lsn = envelope::seal(&lsn_key(), &body);
         contained(&self.dir, || {
             for (key, value) in table {
@@ -113,8 +115,10 @@ impl Engine {
     /// open could not re-apply what a crash cut short. sled applies its own batch whole or
     /// not at all, across a crash too, where `persist` writes key by key.
     pub fn persist_whole(&self, ops: &[Op], lsn: u64) -> Result<(), StoreError> {
-        let body = codec::encode(&lsn)
-            .map_err(|reason| StoreError::Encode { table: tables::keys::META.name, reason })?;
+        let body = codec::encode(&lsn).map_err(|reason| StoreError::Encode {
+            table: tables::keys::META.name,
+            reason: reason.to_string(),
+        })?;
         let mut whole = sled::Batch::default();
         for op in ops {
             match op {

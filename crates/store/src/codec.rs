@@ -12,23 +12,37 @@ fn config() -> impl bincode::config::Config {
         .with_limit::<{ 64 * 1024 * 1024 }>()
 }
 
+/// Why a record body did not encode or decode.
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    /// The value does not encode (a map with keys bincode cannot write, say).
+    #[error(transparent)]
+    Encode(#[from] bincode::error::EncodeError),
+    /// The bytes are not a value of the type asked for.
+    #[error(transparent)]
+    Decode(#[from] bincode::error::DecodeError),
+    /// A value, then bytes that belong to none: a record is exactly one value.
+    #[error("{0} trailing bytes")]
+    Trailing(usize),
+}
+
 /// Encodes a value with the store's bincode configuration.
-pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
+pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
     let mut out = Vec::new();
     encode_onto(value, &mut out)?;
     Ok(out)
 }
 
 /// Encodes a value at the end of `out`.
-pub fn encode_onto<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), String> {
-    bincode::serde::encode_into_std_write(value, out, config()).map(drop).map_err(|e| e.to_string())
+pub fn encode_onto<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), CodecError> {
+    bincode::serde::encode_into_std_write(value, out, config()).map(drop).map_err(CodecError::from)
 }
 
 /// Decodes a value; trailing bytes are an error, because a record is exactly one value.
-pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
-    let (value, used) = bincode::serde::decode_from_slice(bytes, config()).map_err(|e| e.to_string())?;
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+    let (value, used) = bincode::serde::decode_from_slice(bytes, config())?;
     if used != bytes.len() {
-        return Err(format!("{} trailing bytes", bytes.len() - used));
+        return Err(CodecError::Trailing(bytes.len() - used));
     }
     Ok(value)
 }

@@ -50,7 +50,7 @@ pub fn stored_seq(backend: &dyn Backend) -> Result<u64, StoreError> {
             codec::decode::<u64>(body).map_err(|reason| StoreError::Corrupt {
                 table: keys::META.name,
                 key: seq_key().printable(),
-                reason,
+                reason: reason.to_string(),
             })
         }
     }
@@ -87,7 +87,8 @@ fn digests(backend: &dyn Backend) -> Result<BTreeMap<String, u32>, StoreError> {
 /// Writes the witness of a cleanly closed store.
 pub fn write(dir: &Path, backend: &dyn Backend) -> Result<(), StoreError> {
     let witness = Witness { commit_seq: stored_seq(backend)?, runs: digests(backend)? };
-    let body = codec::encode(&witness).map_err(|reason| StoreError::Encode { table: "witness", reason })?;
+    let body = codec::encode(&witness)
+        .map_err(|reason| StoreError::Encode { table: "witness", reason: reason.to_string() })?;
     let path = dir.join(FILE);
     let tmp = dir.join(format!("{FILE}.partial"));
     let io = |source| StoreError::Io { path: path.clone(), source };
@@ -120,7 +121,7 @@ pub fn check(dir: &Path, backend: &dyn Backend) -> Result<Option<Rollback>, Stor
         codec::decode::<Witness>(b).map_err(|reason| StoreError::Corrupt {
             table: "witness",
             key: FILE.into(),
-            reason,
+            reason: reason.to_string(),
         })
     }) {
         Ok(w) => w,

@@ -188,8 +188,27 @@ impl Upstream {
     }
 }
 
+/// Why a call of the upstream failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// It did not answer, or its answer broke off.
+    #[error("upstream unreachable: {0}")]
+    Unreachable(#[source] reqwest::Error),
+    /// It refused the call.
+    #[error("upstream answered {status}: {text}")]
+    Refused {
+        /// Its status.
+        status: reqwest::StatusCode,
+        /// Its body.
+        text: String,
+    },
+    /// Its answer is not the JSON it promises.
+    #[error("upstream sent bad JSON: {0}")]
+    BadJson(#[source] serde_json::Error),
+}
+
 /// POSTs `body` to `{base}/v1/{collection}` with an idempotency key; the created (or
-/// original) object, or the error text.
+/// original) object.
 pub async fn post_idempotent(
     client: &reqwest::Client,
     base: &str,
@@ -197,7 +216,7 @@ pub async fn post_idempotent(
     key: &str,
     auth: Option<&str>,
     body: &Value,
-) -> Result<Value, String> {
+) -> Result<Value, UpstreamError> {
     let mut request = client
         .post(format!("{base}/v1/{collection}"))
         .header("Idempotency-Key", key)
@@ -210,13 +229,13 @@ pub async fn post_idempotent(
     if let Some(parent) = durafiber_runtime::trace::traceparent() {
         request = request.header("traceparent", parent);
     }
-    let response = request.send().await.map_err(|e| format!("upstream unreachable: {e}"))?;
+    let response = request.send().await.map_err(UpstreamError::Unreachable)?;
     let status = response.status();
-    let text = response.text().await.map_err(|e| format!("upstream body: {e}"))?;
+    let text = response.text().await.map_err(UpstreamError::Unreachable)?;
     if !status.is_success() {
-        return Err(format!("upstream answered {status}: {text}"));
+        return Err(UpstreamError::Refused { status, text });
     }
-    serde_json::from_str(&text).map_err(|e| format!("upstream sent bad JSON: {e}"))
+    serde_json::from_str(&text).map_err(UpstreamError::BadJson)
 }
 
 /// Lists `{base}/v1/{collection}` over HTTP.
@@ -224,14 +243,14 @@ pub async fn list_remote(
     client: &reqwest::Client,
     base: &str,
     collection: &str,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<Value>, UpstreamError> {
     let v: Value = client
         .get(format!("{base}/v1/{collection}"))
         .send()
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(UpstreamError::Unreachable)?
         .json()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(UpstreamError::Unreachable)?;
     Ok(v["data"].as_array().cloned().unwrap_or_default())
 }

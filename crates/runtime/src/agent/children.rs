@@ -31,7 +31,7 @@ impl<A: Agent> Ctx<A> {
         name: &str,
         input: &B::Input,
     ) -> Result<Child<B>, AgentError> {
-        let input_json = json::canonical(input).map_err(AgentError::Serialization)?;
+        let input_json = json::canonical(input).map_err(|e| AgentError::Serialization(e.into()))?;
         let run_id = Box::pin(child::start(&self.raw, name, B::KIND, input_json)).await?;
         Ok(Child::new(run_id, name))
     }
@@ -50,7 +50,7 @@ impl<A: Agent> Ctx<A> {
         };
         match status {
             RunStatus::Completed { output_json } => {
-                json::parse(&output_json).map_err(AgentError::Serialization)
+                json::parse(&output_json).map_err(|e| AgentError::Serialization(e.into()))
             }
             RunStatus::Failed { error } => Err(failed("failed", &error)),
             RunStatus::Escalated { reason } => Err(failed("escalated", &reason)),

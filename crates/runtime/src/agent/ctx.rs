@@ -64,7 +64,7 @@ impl<A: Agent> Ctx<A> {
             return Err(AgentError::StashFromHandler);
         }
         self.raw.refuse_if_cancelled("stash")?;
-        let text = json::canonical(value).map_err(AgentError::Serialization)?;
+        let text = json::canonical(value).map_err(|e| AgentError::Serialization(e.into()))?;
         budget::check(&self.raw)?;
         // Boxed, as every durable call here is: its state lives while it runs, not in the
         // agent's future for the whole of the fiber's life.
@@ -314,8 +314,12 @@ impl<A: Agent> Ctx<A> {
     ) -> Result<Decision, AgentError> {
         self.raw.refuse_if_cancelled(&format!("approval {approval_id}"))?;
         // What a reviewer is shown never holds a secret value.
-        let (payload_json, payload_hash) =
-            self.raw.shared.obs.redacted_with_hash(payload).map_err(AgentError::Serialization)?;
+        let (payload_json, payload_hash) = self
+            .raw
+            .shared
+            .obs
+            .redacted_with_hash(payload)
+            .map_err(|e| AgentError::Serialization(e.into()))?;
         budget::check(&self.raw)?;
         Box::pin(approval::request(&mut self.raw, approval_id, payload_json, payload_hash, None)).await
     }
@@ -339,8 +343,12 @@ impl<A: Agent> Ctx<A> {
         rule: &ApprovalRule,
     ) -> Result<Decision, AgentError> {
         self.raw.refuse_if_cancelled(&format!("approval {approval_id}"))?;
-        let (payload_json, payload_hash) =
-            self.raw.shared.obs.redacted_with_hash(payload).map_err(AgentError::Serialization)?;
+        let (payload_json, payload_hash) = self
+            .raw
+            .shared
+            .obs
+            .redacted_with_hash(payload)
+            .map_err(|e| AgentError::Serialization(e.into()))?;
         budget::check(&self.raw)?;
         Box::pin(approval::request(&mut self.raw, approval_id, payload_json, payload_hash, Some(rule))).await
     }

@@ -73,7 +73,9 @@ impl<A: Agent> Ctx<A> {
         self.raw.refuse_if_cancelled(&format!("wait for event {name}"))?;
         budget::check(&self.raw)?;
         match Box::pin(crate::event::wait(&mut self.raw, name, timeout)).await? {
-            Some(payload) => Ok(Some(json::parse(&payload).map_err(AgentError::Serialization)?)),
+            Some(payload) => {
+                Ok(Some(json::parse(&payload).map_err(|e| AgentError::Serialization(e.into()))?))
+            }
             None => Ok(None),
         }
     }

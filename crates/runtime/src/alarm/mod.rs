@@ -80,7 +80,7 @@ impl AlarmSpec {
     pub fn after<P: Serialize>(delay: Duration, payload: &P) -> Result<Self, RuntimeError> {
         Ok(AlarmSpec {
             at: AlarmAt::In(delay),
-            payload_json: json::canonical(payload).map_err(RuntimeError::InvalidInput)?,
+            payload_json: json::canonical(payload).map_err(|e| RuntimeError::InvalidInput(e.into()))?,
             every: None,
             cron: None,
         })
@@ -90,7 +90,7 @@ impl AlarmSpec {
     pub fn at_ms<P: Serialize>(at_ms: u64, payload: &P) -> Result<Self, RuntimeError> {
         Ok(AlarmSpec {
             at: AlarmAt::AtMs(at_ms),
-            payload_json: json::canonical(payload).map_err(RuntimeError::InvalidInput)?,
+            payload_json: json::canonical(payload).map_err(|e| RuntimeError::InvalidInput(e.into()))?,
             every: None,
             cron: None,
         })
@@ -308,14 +308,15 @@ pub(crate) async fn set(
     system: Option<tables::SystemAlarm>,
     cell: Option<&RunCell>,
 ) -> Result<(), RuntimeError> {
-    tables::check_id("alarm name", name).map_err(RuntimeError::InvalidInput)?;
+    tables::check_id("alarm name", name).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
     if spec.payload_json.len() > limits::PAYLOAD_BYTES_MAX {
         return Err(RuntimeError::InvalidInput(format!(
             "alarm payload is over {} bytes",
             limits::PAYLOAD_BYTES_MAX
         )));
     }
-    let payload_json = json::recanonicalize(&spec.payload_json).map_err(RuntimeError::InvalidInput)?;
+    let payload_json =
+        json::recanonicalize(&spec.payload_json).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
     let run = shared.load_run(run_id)?;
     if run.status.is_terminal() {
         return Err(RuntimeError::RunFinished { run_id: run_id.into(), state: run.status.name().into() });
@@ -372,7 +373,7 @@ pub(crate) async fn set(
 /// Cancels alarm `name` of `run_id`; true when it existed.
 pub(crate) async fn cancel(shared: &Arc<Shared>, run_id: &str, name: &str) -> Result<bool, RuntimeError> {
     // Checked as `set` checks it, so a name is refused the same way whatever is asked.
-    tables::check_id("alarm name", name).map_err(RuntimeError::InvalidInput)?;
+    tables::check_id("alarm name", name).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
     let Some(old) = shared.store.get::<AlarmRecord>(&keys::alarm(run_id, name))? else {
         return Ok(false);
     };

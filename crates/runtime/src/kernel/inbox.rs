@@ -44,7 +44,7 @@ pub(crate) struct Registered {
     pub run: RunRecord,
     pub mode: FiberMode,
     /// The run's last stash, read with the record; an error is a corrupt stash.
-    pub stash: Result<Option<super::stash_record::Stored>, String>,
+    pub stash: super::stash_record::StashRead,
     /// A recovery's place at the hook gate, for the run's cell to hold until it settles.
     pub hook: Option<super::hook_gate::HookPermit>,
 }

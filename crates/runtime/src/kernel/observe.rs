@@ -8,7 +8,7 @@ use durafiber_store::RunId;
 use crate::{
     boundary::Boundary,
     events::EventLog,
-    json,
+    json::{self, JsonError},
     metrics::Metrics,
     secret::Secrets,
     trace::{Ended, Traces},
@@ -44,10 +44,13 @@ impl Observability {
 
     /// The canonical JSON of `value`, secrets redacted, and its hash: what a receipt or an
     /// approval payload is stored as. Serialized once when no secret is in it.
-    pub fn redacted_with_hash<T: Serialize + ?Sized>(&self, value: &T) -> Result<(String, String), String> {
-        let value = serde_json::to_value(value).map_err(|e| e.to_string())?;
+    pub fn redacted_with_hash<T: Serialize + ?Sized>(
+        &self,
+        value: &T,
+    ) -> Result<(String, String), JsonError> {
+        let value = serde_json::to_value(value).map_err(JsonError::from)?;
         if !self.secrets.is_empty() {
-            let text = serde_json::to_string(&value).map_err(|e| e.to_string())?;
+            let text = serde_json::to_string(&value).map_err(JsonError::from)?;
             let redacted = self.secrets.redact(&text);
             if redacted != text {
                 let value: serde_json::Value = json::parse(&redacted)?;

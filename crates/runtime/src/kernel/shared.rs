@@ -236,11 +236,11 @@ pub(crate) struct RawRecovered {
 /// An agent with its types erased to JSON, so one runtime can host many kinds.
 pub(crate) trait ErasedAgent: Send + Sync + 'static {
     /// Whether `input` is the agent's `Input`; why not otherwise.
-    fn check_input(&self, input: &serde_json::Value) -> Result<(), String>;
+    fn check_input(&self, input: &serde_json::Value) -> Result<(), serde_json::Error>;
     /// Whether `stored` decodes as the agent's `Stash`, upgraded when older, as a recovery
     /// would decode it; the reason it would escalate otherwise.
-    fn check_stash(&self, stored: &super::stash_record::Stored) -> Result<(), String>;
-    fn check_message(&self, message_json: &str) -> Result<(), String>;
+    fn check_stash(&self, stored: &super::stash_record::Stored) -> Result<(), AgentError>;
+    fn check_message(&self, message_json: &str) -> Result<(), serde_json::Error>;
     fn run_fiber(&self, ctx: RawCtx, input_json: String) -> BoxFuture<Result<String, AgentError>>;
     fn recover(&self, ctx: RawCtx, recovered: RawRecovered) -> BoxFuture<Result<String, AgentError>>;
     fn on_alarm(&self, ctx: RawCtx, alarm: AlarmEvent) -> BoxFuture<Result<(), AgentError>>;

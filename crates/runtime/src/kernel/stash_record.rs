@@ -9,6 +9,10 @@ use durafiber_store::{
     tables::{HistoryRecord, StashRecord, keys},
 };
 
+/// A run's last stash as read: an error (a corrupt record) is kept for the recovery to
+/// escalate with.
+pub(crate) type StashRead = Result<Option<Stored>, StoreError>;
+
 /// A stash as stored: the record and the agent's stash version that wrote it.
 #[derive(Debug, Clone)]
 pub(crate) struct Stored {

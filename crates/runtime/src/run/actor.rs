@@ -30,7 +30,7 @@ use crate::{
     kernel::inbox::{Activation, RunMsg},
     kernel::registry::LiveRun,
     kernel::shared::{BoxFuture, RawCtx, Shared},
-    kernel::stash_record::Stored,
+    kernel::stash_record::StashRead,
     limits,
     metrics::Metrics,
     run::fiber,
@@ -77,7 +77,7 @@ async fn live_or_spawn(
 pub(crate) fn new_cell(
     shared: &Shared,
     run: &RunRecord,
-    stash: &Result<Option<Stored>, String>,
+    stash: &StashRead,
 ) -> Result<Arc<RunCell>, RuntimeError> {
     let durability = match &run.options.durability {
         Some(mode) => DurabilityMode::parse(mode)?,

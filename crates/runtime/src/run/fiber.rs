@@ -27,7 +27,7 @@ use crate::{
     kernel::cell::RunCell,
     kernel::hook_gate::HookPermit,
     kernel::inbox::{Activation, FiberMode, Registered},
-    kernel::stash_record::Stored,
+    kernel::stash_record::StashRead,
     kernel::{
         run_writes::LockedRun,
         shared::{BoxFuture, RawCtx, RawRecovered, Shared},
@@ -108,8 +108,8 @@ async fn decide_now(shared: &Arc<Shared>, cell: &RunCell) -> Activation {
 }
 
 /// The run's last stash; an error (a corrupt record) is kept for the recovery to escalate.
-pub(crate) fn read_stash(shared: &Shared, run_id: &str) -> Result<Option<Stored>, String> {
-    crate::kernel::stash_record::read(&shared.store, run_id).map_err(|e| e.to_string())
+pub(crate) fn read_stash(shared: &Shared, run_id: &str) -> StashRead {
+    crate::kernel::stash_record::read(&shared.store, run_id)
 }
 
 /// Decides what a run without a live fiber needs (`recovery::plan`) and, when a fiber is to
@@ -119,7 +119,7 @@ pub(crate) async fn decide(
     shared: &Shared,
     cell: &RunCell,
     locked: &mut LockedRun<'_>,
-    stash: Result<Option<Stored>, String>,
+    stash: StashRead,
 ) -> Activation {
     if shared.check_not_evicted(cell).is_err() {
         return Activation::Nothing;
@@ -284,7 +284,9 @@ fn attempt(
         let attempt_span =
             AttemptSpan::start(&shared, &cell, run.attempt, mode, run.recover_attempts).map(Box::new);
         let result = match Box::pin(entered(&shared, &cell, registered, since)).await {
-            Ok(future) => AssertUnwindSafe(future).catch_unwind().await.map_err(panic_text),
+            Ok(future) => {
+                AssertUnwindSafe(future).catch_unwind().await.map_err(|p| fiber_end::Panicked(panic_text(p)))
+            }
             Err(end) => *end,
         };
         Box::pin(fiber_end::ended(&shared, &cell, mode, attempt_span, result, busy)).await;
@@ -314,7 +316,7 @@ async fn entered(
     match std::panic::catch_unwind(AssertUnwindSafe(|| enter(shared, raw, *registered, since))) {
         Ok(Ok(future)) => Ok(future),
         Ok(Err(e)) => Err(Box::new(Ok(Err(e)))),
-        Err(panic) => Err(Box::new(Err(panic_text(panic)))),
+        Err(panic) => Err(Box::new(Err(fiber_end::Panicked(panic_text(panic))))),
     }
 }
 

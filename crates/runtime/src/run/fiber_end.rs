@@ -65,7 +65,12 @@ pub(super) async fn ended(
     drop(busy);
 }
 
-pub(super) type FiberResult = Result<Result<String, AgentError>, String>;
+pub(super) type FiberResult = Result<Result<String, AgentError>, Panicked>;
+
+/// A fiber that panicked, with what it said.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct Panicked(pub String);
 
 /// How a fiber's attempt ended, for its span: a short name, and the error if it failed.
 fn outcome_of(result: &FiberResult) -> (&'static str, Option<String>) {
@@ -74,7 +79,7 @@ fn outcome_of(result: &FiberResult) -> (&'static str, Option<String>) {
         Ok(Err(AgentError::Escalate(reason))) => ("escalated", Some(reason.clone())),
         Ok(Err(AgentError::Cancelled(reason))) => ("cancelled", Some(reason.clone())),
         Ok(Err(e)) => ("failed", Some(e.to_string())),
-        Err(panic) => ("panicked", Some(panic.clone())),
+        Err(panic) => ("panicked", Some(panic.0.clone())),
     }
 }
 

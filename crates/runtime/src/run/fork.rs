@@ -62,9 +62,11 @@ pub(crate) async fn fork(
     options: ForkOptions,
 ) -> Result<StartOutcome, RuntimeError> {
     let source = shared.load_run(source_id)?;
-    durafiber_store::tables::check_id("idempotency key", key).map_err(RuntimeError::InvalidInput)?;
+    durafiber_store::tables::check_id("idempotency key", key)
+        .map_err(|e| RuntimeError::InvalidInput(e.into()))?;
     let input_json = fork_input(shared, &source, options.input_json.as_deref())?;
-    let input: serde_json::Value = json::parse(&input_json).map_err(RuntimeError::InvalidInput)?;
+    let input: serde_json::Value =
+        json::parse(&input_json).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
     let key_record = keys::run_by_key(&source.kind, key);
     let _guard = shared.stripes.start(key).await;
     if let Some(existing) = start::existing(shared, &key_record, key, &input)? {
@@ -98,7 +100,7 @@ pub(crate) async fn fork(
         inherited_approvals,
         forked_at_ms: now,
     };
-    let input_hash = json::canonical_with_hash(&input).map_err(RuntimeError::InvalidInput)?.1;
+    let input_hash = json::canonical_with_hash(&input).map_err(|e| RuntimeError::InvalidInput(e.into()))?.1;
     let run = fork_record_of(&source, &run_id, key, input_json, input_hash, &options, now);
     batch.put(key_record.clone(), &run.run_id)?;
     crate::budget::stage_at_start(&mut batch, new, options.run.budget.or(shared.config.budget).limits())?;
@@ -142,11 +144,12 @@ fn point_at(
 /// what the run was is fixed, so a mismatch is a conflict with it, not a malformed request.
 fn fork_input(shared: &Shared, source: &RunRecord, given: Option<&str>) -> Result<String, RuntimeError> {
     let Some(text) = given else { return Ok(source.input_json.clone()) };
-    let not_its_input =
-        |e: String| refused(&source.run_id, format!("the input is not {}'s: {e}", source.kind));
-    let value: serde_json::Value = json::parse(text).map_err(not_its_input)?;
-    shared.agents.agent(&source.kind)?.check_input(&value).map_err(not_its_input)?;
-    json::canonical(&value).map_err(not_its_input)
+    let not_its_input = |e: &dyn std::fmt::Display| {
+        refused(&source.run_id, format!("the input is not {}'s: {e}", source.kind))
+    };
+    let value: serde_json::Value = json::parse(text).map_err(|e| not_its_input(&e))?;
+    shared.agents.agent(&source.kind)?.check_input(&value).map_err(|e| not_its_input(&e))?;
+    json::canonical(&value).map_err(|e| not_its_input(&e))
 }
 
 /// The fork's run record: interrupted at its boundary, as a run found after a crash, so its

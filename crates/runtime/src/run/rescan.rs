@@ -204,8 +204,7 @@ async fn reactivate_batch(shared: &Arc<Shared>, found: Vec<Found>) -> Result<usi
         match fiber::register(shared, &mut run, &budgets, &mut writes) {
             Ok((mode, hook)) => {
                 run.updated_at_ms = shared.now_ms();
-                let stash = stash_record::read_prefetched(&shared.store, &run_id, stash, stash_version)
-                    .map_err(|e| e.to_string());
+                let stash = stash_record::read_prefetched(&shared.store, &run_id, stash, stash_version);
                 // Only the record: the run stays in the open-run index it was found in. A
                 // run whose cell cannot be built is left for the single activation to report.
                 let key = keys::run(&run.run_id);

@@ -129,7 +129,7 @@ pub(crate) fn start_boxed(
     input_json: String,
 ) -> BoxFuture<Result<RunId, RuntimeError>> {
     Box::pin(async move {
-        let input = json::parse(&input_json).map_err(RuntimeError::InvalidInput)?;
+        let input = json::parse(&input_json).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
         Ok(start(&shared, StartRequest::new(&kind, &key, input)).await?.run_id)
     })
 }
@@ -138,9 +138,10 @@ pub(crate) fn start_boxed(
 async fn accept(shared: &Arc<Shared>, request: StartRequest<'_>) -> Result<StartOutcome, RuntimeError> {
     let StartRequest { kind, key, input, options, traceparent } = request;
     let agent = shared.agents.agent(kind)?;
-    tables::check_id("idempotency key", key).map_err(RuntimeError::InvalidInput)?;
+    tables::check_id("idempotency key", key).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
     agent.check_input(&input).map_err(|e| RuntimeError::InvalidInput(format!("input for {kind}: {e}")))?;
-    let (input_json, input_hash) = json::canonical_with_hash(&input).map_err(RuntimeError::InvalidInput)?;
+    let (input_json, input_hash) =
+        json::canonical_with_hash(&input).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
     if input_json.len() > limits::PAYLOAD_BYTES_MAX {
         return Err(RuntimeError::InvalidInput(format!(
             "input is {} bytes, more than {}",
@@ -217,7 +218,7 @@ pub(crate) fn existing(
 ) -> Result<Option<StartOutcome>, RuntimeError> {
     let Some(run_id) = shared.store.get(key_record)? else { return Ok(None) };
     let run = shared.load_run(&run_id)?;
-    if !json::hash_matches(&run.input_hash, input).map_err(RuntimeError::InvalidInput)? {
+    if !json::hash_matches(&run.input_hash, input).map_err(|e| RuntimeError::InvalidInput(e.into()))? {
         return Err(RuntimeError::KeyConflict { key: key.to_string(), run_id });
     }
     tracing::info!(%run_id, key, "duplicate start returns the existing handle");

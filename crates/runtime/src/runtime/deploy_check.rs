@@ -12,7 +12,7 @@ use durafiber_store::{RunId, StoreError};
 use serde::Serialize;
 
 use super::handle::Runtime;
-use crate::{error::RuntimeError, json, kernel::shared::Shared, kernel::stash_record};
+use crate::{error::RuntimeError, kernel::shared::Shared, kernel::stash_record};
 
 /// An open run that the checked code would escalate at its next recovery.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -82,7 +82,7 @@ fn check_run(shared: &Shared, run_id: &str) -> Result<Option<DeployProblem>, Run
     let Ok(agent) = shared.agents.agent(&run.kind) else {
         return problem(&run.kind, "kind: not registered in this binary".into());
     };
-    let input = json::parse::<serde_json::Value>(&run.input_json);
+    let input = serde_json::from_str::<serde_json::Value>(&run.input_json);
     if let Err(e) = input.and_then(|input| agent.check_input(&input)) {
         return problem(
             &run.kind,
@@ -99,7 +99,7 @@ fn check_run(shared: &Shared, run_id: &str) -> Result<Option<DeployProblem>, Run
     let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| agent.check_stash(&stored)));
     match checked {
         Ok(Ok(())) => Ok(None),
-        Ok(Err(reason)) => problem(&run.kind, reason),
+        Ok(Err(reason)) => problem(&run.kind, format!("stash: {reason}")),
         Err(panic) => {
             problem(&run.kind, format!("stash: upgrade_stash panicked: {}", crate::error::panic_text(panic)))
         }

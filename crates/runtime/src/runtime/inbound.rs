@@ -82,7 +82,7 @@ impl Runtime {
 
     /// Sends a typed message to a run; handled by `on_message`, one at a time.
     pub async fn send<A: Agent>(&self, run_id: &RunId, message: &A::Message) -> Result<(), RuntimeError> {
-        let json = json::canonical(message).map_err(RuntimeError::InvalidInput)?;
+        let json = json::canonical(message).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
         self.send_json(run_id, &json).await
     }
 
@@ -104,9 +104,10 @@ impl Runtime {
         run_id: &RunId,
         message: &A::Message,
     ) -> Result<R, RuntimeError> {
-        let json = json::canonical(message).map_err(RuntimeError::InvalidInput)?;
+        let json = json::canonical(message).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
         let reply = self.request_json(run_id, &json).await?;
-        json::parse(&reply).map_err(|e| RuntimeError::Agent(crate::error::AgentError::Serialization(e)))
+        json::parse(&reply)
+            .map_err(|e| RuntimeError::Agent(crate::error::AgentError::Serialization(e.into())))
     }
 
     /// `request` with JSON in and out.
@@ -135,11 +136,9 @@ impl Runtime {
         if message_json.len() > limits::PAYLOAD_BYTES_MAX {
             return Err(RuntimeError::InvalidInput("message is over the payload limit".into()));
         }
-        self.shared
-            .agents
-            .agent(&run.kind)?
-            .check_message(message_json)
-            .map_err(|reason| RuntimeError::WrongMessage { kind: run.kind.clone(), reason })?;
+        self.shared.agents.agent(&run.kind)?.check_message(message_json).map_err(|reason| {
+            RuntimeError::WrongMessage { kind: run.kind.clone(), reason: reason.to_string() }
+        })?;
         let live = activate(&self.shared, run_id).await?;
         self.shared.liveness.activity(run_id, self.now_ms());
         Ok(live)
@@ -154,7 +153,7 @@ impl Runtime {
         payload: &T,
         idempotency_key: Option<&str>,
     ) -> Result<crate::event::SendOutcome, RuntimeError> {
-        let json = json::canonical(payload).map_err(RuntimeError::InvalidInput)?;
+        let json = json::canonical(payload).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
         self.send_event_json(run_id, name, &json, idempotency_key).await
     }
 

@@ -336,7 +336,7 @@ impl Runtime {
     pub fn output<T: DeserializeOwned>(&self, run_id: &RunId) -> Result<Option<T>, RuntimeError> {
         match self.status(run_id)? {
             RunStatus::Completed { output_json } => {
-                Ok(Some(json::parse(&output_json).map_err(RuntimeError::InvalidInput)?))
+                Ok(Some(json::parse(&output_json).map_err(|e| RuntimeError::InvalidInput(e.into()))?))
             }
             _ => Ok(None),
         }

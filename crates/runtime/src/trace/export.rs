@@ -34,7 +34,7 @@ pub(crate) fn processor(
     let bad = |e: String| RuntimeError::Config(format!("traces: {e}"));
     let mut builder = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
-        .with_http_client(Blocking::new().map_err(bad)?)
+        .with_http_client(Blocking::new().map_err(|e| bad(e.to_string()))?)
         .with_timeout(config.timeout)
         .with_headers(config.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<HashMap<_, _>>());
     // A configured endpoint wins; without one, the exporter reads the standard variables.
@@ -80,18 +80,25 @@ impl Drop for Blocking {
     }
 }
 
+/// Why the exporter could not be made.
+#[derive(Debug, thiserror::Error)]
+enum ExporterError {
+    #[error("no runtime for the exporter: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("no HTTP client for the exporter: {0}")]
+    Client(#[source] reqwest::Error),
+}
+
 impl Blocking {
-    fn new() -> Result<Blocking, String> {
+    fn new() -> Result<Blocking, ExporterError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| format!("no runtime for the exporter: {e}"))?;
+            .map_err(ExporterError::Runtime)?;
         // Connections are not kept: one batch a second at most, and a kept connection would
         // be driven only while an export runs.
-        let client = reqwest::Client::builder()
-            .pool_max_idle_per_host(0)
-            .build()
-            .map_err(|e| format!("no HTTP client for the exporter: {e}"))?;
+        let client =
+            reqwest::Client::builder().pool_max_idle_per_host(0).build().map_err(ExporterError::Client)?;
         Ok(Blocking { client, runtime: Some(runtime) })
     }
 }

@@ -12,4 +12,4 @@ mod list;
 mod table;
 
 pub use durafiber_api::{family_records::*, records::*};
-pub use table::{ID_CHARS_MAX, Key, Prefix, Table, TableInfo, check_id, decode_sealed, printable};
+pub use table::{ID_CHARS_MAX, InvalidId, Key, Prefix, Table, TableInfo, check_id, decode_sealed, printable};

@@ -241,21 +241,53 @@ pub fn decode_sealed<V: DeserializeOwned>(
     codec::decode(body).map_err(|reason| StoreError::Corrupt {
         table: table.name,
         key: printable(key),
-        reason,
+        reason: reason.to_string(),
     })
 }
 
 /// Why an id cannot be used as part of a key.
-pub fn check_id(what: &str, id: &str) -> Result<(), String> {
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidId {
+    /// It has no characters.
+    #[error("{what} is empty")]
+    Empty {
+        /// What the id names (`"effect id"`, `"idempotency key"`).
+        what: String,
+    },
+    /// It has more than [`ID_CHARS_MAX`] characters.
+    #[error("{what} is {chars} characters, more than {ID_CHARS_MAX}")]
+    TooLong {
+        /// What the id names.
+        what: String,
+        /// How many characters it has.
+        chars: usize,
+    },
+    /// It holds a NUL byte, which separates a key's parts.
+    #[error("{what} contains a NUL byte")]
+    Nul {
+        /// What the id names.
+        what: String,
+    },
+}
+
+/// An id's refusal as the text an error message carries.
+impl From<InvalidId> for String {
+    fn from(e: InvalidId) -> String {
+        e.to_string()
+    }
+}
+
+/// Whether `id` can be used as part of a key; why not otherwise.
+pub fn check_id(what: &str, id: &str) -> Result<(), InvalidId> {
     if id.is_empty() {
-        return Err(format!("{what} is empty"));
+        return Err(InvalidId::Empty { what: what.to_string() });
     }
     let chars = id.chars().count();
     if chars > ID_CHARS_MAX {
-        return Err(format!("{what} is {chars} characters, more than {ID_CHARS_MAX}"));
+        return Err(InvalidId::TooLong { what: what.to_string(), chars });
     }
     if id.contains('\0') {
-        return Err(format!("{what} contains a NUL byte"));
+        return Err(InvalidId::Nul { what: what.to_string() });
     }
     Ok(())
 }

@@ -11,7 +11,7 @@ use durafiber_runtime::{Agent, ForkOptions, RunId, Runtime};
 use durafiber_store::SimBackend;
 use serde_json::Value;
 
-use super::{AgentCheck, CaseReport, play::record_end};
+use super::{AgentCheck, CaseReport, Unplayable, play::record_end};
 use crate::SIM_EPOCH_MS;
 
 /// The source's idempotency key in every case, and the fork's.
@@ -19,7 +19,7 @@ const SOURCE_KEY: &str = "checked-run";
 const FORK_KEY: &str = "checked-fork";
 
 /// What a run's records say, to compare before and after a fork.
-fn records_of(rt: &Runtime, run_id: &RunId) -> Result<Value, String> {
+fn records_of(rt: &Runtime, run_id: &RunId) -> Result<Value, Unplayable> {
     let mut shown =
         serde_json::to_value(rt.inspect(run_id).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
     shown["history"] =
@@ -29,7 +29,7 @@ fn records_of(rt: &Runtime, run_id: &RunId) -> Result<Value, String> {
 
 impl<A: Agent + Clone> AgentCheck<A> {
     /// The boundaries of the uninterrupted run's history, played once more to read them.
-    pub(super) async fn history_seqs(&self) -> Result<Vec<u64>, String> {
+    pub(super) async fn history_seqs(&self) -> Result<Vec<u64>, Unplayable> {
         let (sim, rt, run_id) = self.played_source().await?;
         let seqs = rt.history(&run_id).map_err(|e| e.to_string())?.iter().map(|h| h.seq).collect();
         rt.shutdown().await;
@@ -38,7 +38,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
     }
 
     /// The run played to its end on a fresh simulated disk.
-    async fn played_source(&self) -> Result<(SimBackend, Runtime, RunId), String> {
+    async fn played_source(&self) -> Result<(SimBackend, Runtime, RunId), Unplayable> {
         if let Some(upstream) = &self.upstream {
             upstream.reset().await;
         }
@@ -51,7 +51,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
         let run_id = started.map_err(|e| format!("start: {e}"))?.run_id;
         let mut scratch = CaseReport::named("source", None);
         if self.drive(&rt, &sim, &run_id, &mut scratch).await.is_none() {
-            return Err(format!("the run to fork did not finish: {:?}", scratch.problems));
+            return Err(format!("the run to fork did not finish: {:?}", scratch.problems).into());
         }
         Ok((sim, rt, run_id))
     }
@@ -63,7 +63,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
         let (sim, rt, source) = match self.played_source().await {
             Ok(played) => played,
             Err(e) => {
-                report.problems.push(e);
+                report.problems.push(e.into());
                 return report;
             }
         };

@@ -77,6 +77,30 @@ use durafiber_store::{SimBackend, Store, StoreConfig};
 use parking_lot::Mutex;
 use serde_json::Value;
 
+/// Why a case could not be played to its end: the checker's own trouble (a store that does
+/// not open, a run that does not start), reported among the case's problems.
+#[derive(Debug, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct Unplayable(String);
+
+impl From<Unplayable> for String {
+    fn from(why: Unplayable) -> String {
+        why.0
+    }
+}
+
+impl From<String> for Unplayable {
+    fn from(why: String) -> Self {
+        Unplayable(why)
+    }
+}
+
+impl From<&str> for Unplayable {
+    fn from(why: &str) -> Self {
+        Unplayable(why.to_string())
+    }
+}
+
 type Approver = Arc<dyn Fn(&PendingApproval) -> Decision + Send + Sync>;
 type OutputMatch = Arc<dyn Fn(&Value, &Value) -> bool + Send + Sync>;
 type StorageMatch = Arc<dyn Fn(&BTreeMap<String, Value>, &BTreeMap<String, Value>) -> bool + Send + Sync>;
@@ -353,7 +377,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
                 }
                 Err(e) => {
                     let mut case = CaseReport::named("forks", None);
-                    case.problems.push(e);
+                    case.problems.push(e.into());
                     cases.push(case);
                 }
             }
@@ -409,7 +433,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
         now_ms: u64,
         config: RuntimeConfig,
         hook: Option<CrashHook>,
-    ) -> Result<Runtime, String> {
+    ) -> Result<Runtime, Unplayable> {
         // Within one build a fiber re-entered must emit again what it emitted: a different
         // chunk is a determinism bug the author wants to see, not a deploy to ride out.
         self.reopen(sim, now_ms, RuntimeConfig { strict_streams: true, ..config }, hook, false).await
@@ -424,7 +448,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
         config: RuntimeConfig,
         hook: Option<CrashHook>,
         deployed: bool,
-    ) -> Result<Runtime, String> {
+    ) -> Result<Runtime, Unplayable> {
         let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default())
             .map_err(|e| format!("the simulated store does not open: {e}"))?;
         let mut builder = Runtime::builder(store).config(config).virtual_clock(VirtualClock::new(now_ms));
@@ -438,6 +462,6 @@ impl<A: Agent + Clone> AgentCheck<A> {
         if let Some(hook) = hook {
             builder = builder.crash_hook(hook);
         }
-        builder.open().await.map_err(|e| format!("the runtime does not open: {e}"))
+        Ok(builder.open().await.map_err(|e| format!("the runtime does not open: {e}"))?)
     }
 }

@@ -16,7 +16,7 @@ use durafiber_store::SimBackend;
 use parking_lot::Mutex;
 use serde_json::Value;
 
-use super::{AgentCheck, CaseReport, CrashPoint, Trouble};
+use super::{AgentCheck, CaseReport, CrashPoint, Trouble, Unplayable};
 use crate::SIM_EPOCH_MS;
 
 /// Storage read per page when a case's end is recorded.
@@ -54,7 +54,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
         let rt = match self.open(&sim, SIM_EPOCH_MS, config.clone(), Some(hook)).await {
             Ok(rt) => rt,
             Err(e) => {
-                report.problems.push(e);
+                report.problems.push(e.into());
                 return (report, 0);
             }
         };
@@ -99,7 +99,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
         input: &Value,
         restarted: &mut Restarted,
         report: &mut CaseReport,
-    ) -> Result<(), String> {
+    ) -> Result<(), Unplayable> {
         let mut restarts = 0u32;
         while sim.is_crashed() {
             let now = restarted.rt.now_ms();
