@@ -18,6 +18,10 @@
 //! `Retry-After` is retried after the time it names (within [`Client::with_retry_budget`]),
 //! and a node that does not answer is passed over for the next one given to
 //! [`Client::with_nodes`].
+//!
+//! The crate root holds the client and how a request is sent, retried and refused; `calls`
+//! has one method per call of the API; `wire` the answers as this client reads them (the
+//! rest are `durafiber-api`'s); `sse` reads server-sent events; `error` says why a call failed.
 
 mod calls;
 mod error;

@@ -9,7 +9,7 @@ use durafiber_api::{PartialChunk, StreamChunk, StreamItem, StreamReset};
 use futures::{SinkExt as _, Stream, StreamExt as _, channel::mpsc};
 use reqwest::Method;
 
-use crate::{Client, ClientError};
+use crate::{Client, error::ClientError};
 
 /// How long to wait before reopening a dropped stream.
 const REOPEN_PAUSE: Duration = Duration::from_millis(200);

@@ -11,13 +11,24 @@
 //!   batches), `alarm_delivery`, `driver` (the loop that moves runs on time), `liveness` (the rule,
 //!   checked).
 //! - [`agent`]: the trait users implement and the [`Ctx`] its hooks are handed.
-//! - features: `approval`, `event`, `sleep`, `effect`, `stash`, `escalation`, `storage`,
-//!   `alarm/` (set and cancel), `eviction/` (hibernation, eviction, keep-alive).
-//! - `kernel/`: shared state, the registry of live runs, the actors' inbox, run cells, the
-//!   busy count, the activity tracker, the alarm window.
+//! - features: `approval` (a pause bound to its payload's hash), `approval_pending` (those a
+//!   reviewer's screen lists), `approval_quorum` (those more than one person decides),
+//!   `approval_view` (how an agent would like a reviewer to see one); `event` (external
+//!   events), `sleep` (durable sleeps); `effect` (a call and its policy), `effect_ledger` (its
+//!   entry in the idempotency ledger), `effect_stream` (a streaming call's live chunks),
+//!   `limit` (named limits' turns); `child` (sub-agents started and joined); `stash` (a stored
+//!   stash read back, upgraded); `stream` (output streams); `budget` (what a run may spend);
+//!   `pause` (the kill switch); `escalation`; `storage` (each run's key-value storage);
+//!   `retention` (settled runs deleted); `alarm/` (set and cancel, cron); `eviction/`
+//!   (hibernation, parking, eviction, keep-alive).
+//! - `kernel/`: the runtime's services (observability, signals, lifecycle, lock stripes,
+//!   controls, timers), the one boundary committer, run records written under their lock,
+//!   the registry of live runs, the actors' inbox, run cells, the busy count, the activity
+//!   tracker, the alarm window (its own module map).
 //! - base: [`clock`] (the only source of time), [`limits`], `config`, `error`, `json`,
-//!   `metrics`, [`rng`], `secret`, `events`, `hooks`, `types` (the run id, options, states),
-//!   [`trace`] (a run's trace: derived ids, spans sent over OTLP).
+//!   `metrics`, [`rng`], `secret`, `events`, `hooks`, `boundary` (the typed boundary a crash
+//!   hook stops at), `types` (the run id, options, states), [`trace`] (a run's trace: derived
+//!   ids, spans sent over OTLP).
 #![deny(missing_docs)]
 
 pub mod agent;

@@ -179,8 +179,8 @@ async fn serve_one<I>(
 /// The certificates of a PEM chain file.
 fn certificates(
     cert: &Path,
-) -> Result<Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>, crate::ServeError> {
-    use crate::ServeError::Tls;
+) -> Result<Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>, crate::serve::ServeError> {
+    use crate::serve::ServeError::Tls;
     use tokio_rustls::rustls::pki_types::{CertificateDer, pem::PemObject};
     let certs = CertificateDer::pem_file_iter(cert)
         .map_err(|e| Tls(format!("reading {}: {e}", cert.display())))?
@@ -196,8 +196,8 @@ fn certificates(
 /// chain, it speaks TLS and trusts the certificates of that chain (the nodes' own, or the
 /// authority that signed theirs): a peer is accepted only with a certificate for the name
 /// or address it advertises.
-pub fn peer_client(cert: Option<&Path>) -> Result<reqwest::Client, crate::ServeError> {
-    use crate::ServeError::Tls;
+pub fn peer_client(cert: Option<&Path>) -> Result<reqwest::Client, crate::serve::ServeError> {
+    use crate::serve::ServeError::Tls;
     use tokio_rustls::rustls;
     let Some(cert) = cert else { return Ok(reqwest::Client::new()) };
     let mut roots = rustls::RootCertStore::empty();
@@ -219,8 +219,8 @@ pub fn peer_client(cert: Option<&Path>) -> Result<reqwest::Client, crate::ServeE
 }
 
 /// A TLS acceptor from PEM files: the certificate chain and its private key.
-pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, crate::ServeError> {
-    use crate::ServeError::Tls;
+pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, crate::serve::ServeError> {
+    use crate::serve::ServeError::Tls;
     use tokio_rustls::rustls::{
         self,
         pki_types::{PrivateKeyDer, pem::PemObject},

@@ -6,7 +6,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use crate::tables::{AuditRecord, TokenRecord};
-use crate::{RunId, barrier::Durability, batch::Batch, error::StoreError, store::Store, tables::keys};
+use crate::{barrier::Durability, batch::Batch, error::StoreError, store::Store, tables::keys};
+use durafiber_api::RunId;
 
 /// The last sequence number handed out by this process.
 static LAST_SEQ: AtomicU64 = AtomicU64::new(0);

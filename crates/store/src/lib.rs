@@ -35,6 +35,12 @@
 //! - [`prefetch`]: records of one table read in one walk, for single reads later.
 //! - [`witness`]: catches a log that went back in time (sled drops a damaged tail silently).
 //! - [`lock`]: the locks durafiber's threads share: waiters sleep, never yield the CPU.
+//! - [`access`]: API token records (hashes only) and the append-only audit trail.
+//! - [`shard`]: which of the shards a run and its records belong to.
+//! - `checkpoint`: how logged batches reach sled; `memtable`: what was logged since, in front
+//!   of sled for reads; `direct`: the log's appends past the page cache.
+//! - `crowding`: whether the writer thread waits for a core; `fsync`: file system calls'
+//!   errors with their path, and durable directory entries; `error`: the one [`StoreError`].
 #![deny(missing_docs)]
 
 pub mod access;

@@ -1,6 +1,7 @@
 //! The test kit: what every durafiber test and example leans on.
 //!
 //! - [`check`]: the crash and eviction checker, for any agent.
+//! - [`clock`]: a clock set off on purpose, as a node whose machine keeps the wrong time.
 //! - [`conformance`]: the store conformance suite; every backend runs it.
 //! - [`openai`]: a fake OpenAI-compatible chat-completions server (streaming, tool calls,
 //!   usage, scripted `429`s and cut streams), so model-calling agents are tested offline.

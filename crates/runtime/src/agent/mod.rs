@@ -180,7 +180,11 @@ pub trait Agent: Send + Sync + Sized + 'static {
     /// `request_approval` stored (secrets redacted). `None`, the default, shows the payload's
     /// own fields with their names as labels. The decision always quotes the exact payload's
     /// hash, whatever this shows.
-    fn approval_view(&self, approval_id: &str, payload: &serde_json::Value) -> Option<crate::ApprovalView> {
+    fn approval_view(
+        &self,
+        approval_id: &str,
+        payload: &serde_json::Value,
+    ) -> Option<crate::approval_view::ApprovalView> {
         let _ = (approval_id, payload);
         None
     }

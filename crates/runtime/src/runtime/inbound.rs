@@ -215,7 +215,7 @@ impl Runtime {
     /// [`RuntimeError::RunOpen`] for a run that is not settled (cancel it first),
     /// [`RuntimeError::UnknownRun`], [`RuntimeError::NotOwner`] on a node that does not own
     /// the run, and the store's errors.
-    pub async fn delete_run(&self, run_id: &RunId) -> Result<crate::RunDeleted, RuntimeError> {
+    pub async fn delete_run(&self, run_id: &RunId) -> Result<crate::retention::RunDeleted, RuntimeError> {
         crate::retention::delete(&self.shared, run_id).await
     }
 

@@ -457,7 +457,7 @@ impl Runtime {
         kind: &str,
         approval_id: &str,
         payload: &serde_json::Value,
-    ) -> Option<crate::ApprovalView> {
+    ) -> Option<crate::approval_view::ApprovalView> {
         let agent = self.shared.agents.agent(kind).ok()?;
         let shown = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             agent.approval_view(approval_id, payload)

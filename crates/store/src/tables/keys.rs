@@ -6,7 +6,7 @@
 use durafiber_api::{family_records::*, records::*};
 
 use super::table::{Key, Prefix};
-use crate::RunId;
+use durafiber_api::RunId;
 
 pub use super::{family_keys::*, list::*};
 

@@ -5,7 +5,9 @@
 use durafiber_api::{family_records::*, records::*};
 
 use super::table::{Table, TableInfo, decode_sealed, printable};
-use crate::{RunId, error::StoreError};
+use durafiber_api::RunId;
+
+use crate::error::StoreError;
 
 /// Declares each table once: its name, prefix and value type; [`ALL`] and the decoder that
 /// checks any stored record as its table's type follow from the same list.
