@@ -209,7 +209,7 @@ async fn audit_entries_go_after_their_own_retention_with_their_marks_on_runs() {
         access::page(&store, None, 100).expect("audit").into_iter().map(|e| e.actor).collect();
     assert_eq!(kept, ["carol"], "the entries older than 30 days go, the later one stays");
     let of_run: Vec<String> =
-        access::of_run(&store, run.as_str()).expect("audit").into_iter().map(|e| e.actor).collect();
+        access::of_run(&store, &run).expect("audit").into_iter().map(|e| e.actor).collect();
     assert_eq!(of_run, ["carol"]);
     let marks = store.keys_in(&keys::AUDIT_BY_RUN.all(), None, usize::MAX, None).expect("marks");
     assert_eq!(marks.len(), 1, "the forgotten entry's mark on its run went with it");

@@ -262,7 +262,7 @@ async fn a_callers_trace_links_an_effect_carries_its_span_and_no_secret_leaves()
     // A run's last spans are sent by its fiber just after its end is written, which `wait`
     // sees: shutting down at once could stop the fiber between the two.
     let ended = |run: &RunId, last: &'static str| {
-        let trace_id = trace::trace_id_of(run.as_str());
+        let trace_id = trace::trace_id_of(run);
         move |spans: &[ReceivedSpan]| {
             let of_run = |name: &str| spans.iter().any(|s| s.trace_id == trace_id && s.name == name);
             of_run(last) && of_run("fiber.attempt")
@@ -278,7 +278,7 @@ async fn a_callers_trace_links_an_effect_carries_its_span_and_no_secret_leaves()
     );
     rt.shutdown().await;
 
-    let trace_id = trace::trace_id_of(run.as_str());
+    let trace_id = trace::trace_id_of(&run);
     let spans = receiver.trace(&trace_id);
     assert!(otlp::problems(&trace_id, &spans).is_empty(), "{:#?}", otlp::problems(&trace_id, &spans));
     assert!(receiver.refused() >= 2, "the collector refused {} exports", receiver.refused());
@@ -302,7 +302,7 @@ async fn a_callers_trace_links_an_effect_carries_its_span_and_no_secret_leaves()
     assert_eq!(decision.attr("durafiber.approval.approved"), Some("true"));
     assert!(!decision.attr("durafiber.approval.comment").unwrap_or_default().contains(SECRET));
 
-    let giver_spans = receiver.trace(&trace::trace_id_of(giver.as_str()));
+    let giver_spans = receiver.trace(&trace::trace_id_of(&giver));
     let root = giver_spans.iter().find(|s| s.name == "run").expect("root");
     assert!(root.links.is_empty(), "a malformed traceparent made a link");
     let escalated = giver_spans.iter().find(|s| s.name == "escalate").expect("escalation span");

@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use durafiber_api::{
-    Alarm, ApproveOutcome, DurabilityMode, PendingApproval, RunPage, SendOutcome, StartOutcome, StreamItem,
+    Alarm, ApproveOutcome, DurabilityMode, PendingApproval, RunId, RunPage, SendOutcome, StartOutcome,
+    StreamItem,
 };
 #[cfg(feature = "agents")]
 use durafiber_runtime::Agent;
@@ -67,18 +68,18 @@ impl Client {
     }
 
     /// Everything stored about a run (secrets redacted).
-    pub async fn run(&self, run_id: &str) -> Result<RunView, ClientError> {
+    pub async fn run(&self, run_id: &RunId) -> Result<RunView, ClientError> {
         self.typed(self.get_json(&format!("/runs/{run_id}")).await).await
     }
 
     /// A run's state.
-    pub async fn status(&self, run_id: &str) -> Result<Status, ClientError> {
+    pub async fn status(&self, run_id: &RunId) -> Result<Status, ClientError> {
         Ok(self.run(run_id).await?.run.status)
     }
 
     /// Waits until the run has finished (completed, failed, cancelled or escalated), at most
     /// `timeout`; its final state.
-    pub async fn wait(&self, run_id: &str, timeout: Duration) -> Result<Status, ClientError> {
+    pub async fn wait(&self, run_id: &RunId, timeout: Duration) -> Result<Status, ClientError> {
         let began = Instant::now();
         loop {
             let status = self.status(run_id).await?;
@@ -95,7 +96,7 @@ impl Client {
     /// Waits for the run's output, typed: [`ClientError::NoOutput`] when it ended otherwise.
     pub async fn wait_output<T: DeserializeOwned>(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         timeout: Duration,
     ) -> Result<T, ClientError> {
         match self.wait(run_id, timeout).await? {
@@ -114,7 +115,7 @@ impl Client {
     #[cfg(feature = "agents")]
     pub async fn wait_agent<A: Agent>(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         timeout: Duration,
     ) -> Result<A::Output, ClientError> {
         self.wait_output(run_id, timeout).await
@@ -138,20 +139,20 @@ impl Client {
     }
 
     /// Asks a run to stop.
-    pub async fn cancel(&self, run_id: &str, reason: &str) -> Result<Cancelled, ClientError> {
+    pub async fn cancel(&self, run_id: &RunId, reason: &str) -> Result<Cancelled, ClientError> {
         self.typed(self.post_json(&format!("/runs/{run_id}/cancel"), &json!({"reason": reason}), None).await)
             .await
     }
 
     /// Deletes a settled run and every record it owns (an admin token).
-    pub async fn delete_run(&self, run_id: &str) -> Result<RunDeleted, ClientError> {
+    pub async fn delete_run(&self, run_id: &RunId) -> Result<RunDeleted, ClientError> {
         self.typed(self.delete_json(&format!("/runs/{run_id}")).await).await
     }
 
     /// Sends the external event `name` to a run; a repeated `key` is delivered once.
     pub async fn send_event(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         name: &str,
         payload: &impl Serialize,
         key: Option<&str>,
@@ -164,7 +165,7 @@ impl Client {
     }
 
     /// A message for the run's `on_message`.
-    pub async fn message(&self, run_id: &str, message: &impl Serialize) -> Result<(), ClientError> {
+    pub async fn message(&self, run_id: &RunId, message: &impl Serialize) -> Result<(), ClientError> {
         let body = serde_json::to_value(message).map_err(|e| ClientError::Encode(e.to_string()))?;
         self.post_json(&format!("/runs/{run_id}/messages"), &body, None).await.map(|_| ())
     }
@@ -172,7 +173,7 @@ impl Client {
     /// A request for the run's `on_request`; its reply.
     pub async fn request<T: DeserializeOwned>(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         request: &impl Serialize,
     ) -> Result<T, ClientError> {
         let body = serde_json::to_value(request).map_err(|e| ClientError::Encode(e.to_string()))?;
@@ -210,7 +211,7 @@ impl Client {
     /// changed since is [`ApiErrorKind::StaleApproval`](crate::ApiErrorKind::StaleApproval).
     pub async fn decide(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         approval_id: &str,
         payload_hash: &str,
         approved: bool,
@@ -222,7 +223,7 @@ impl Client {
     }
 
     /// A run's pending alarms, read a page of [`PAGE_MAX`] at a time.
-    pub async fn alarms(&self, run_id: &str) -> Result<Vec<Alarm>, ClientError> {
+    pub async fn alarms(&self, run_id: &RunId) -> Result<Vec<Alarm>, ClientError> {
         let path = format!("/runs/{run_id}/alarms");
         self.every_page(|last: Option<&Alarm>| {
             let mut q = vec![("limit", PAGE_MAX.to_string())];
@@ -254,7 +255,7 @@ impl Client {
     /// One page of a run's storage: keys under `prefix`, after `start_after`.
     pub async fn storage(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         prefix: &str,
         start_after: Option<&str>,
         limit: Option<usize>,
@@ -276,7 +277,7 @@ impl Client {
     /// chunks shown before the drop are taken back with a reset.
     pub fn stream(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         from: u64,
     ) -> impl Stream<Item = Result<StreamItem, ClientError>> + Send + 'static {
         sse::follow(self.clone(), format!("/runs/{run_id}/stream"), from)

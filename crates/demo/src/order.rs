@@ -2,6 +2,7 @@
 //! its storage keys, the upstream collection its alarm handler reports to; and the label
 //! agent it starts as a child run.
 
+use durafiber_runtime::RunId;
 use durafiber_runtime::{Agent, AgentError, Ctx, Recovered};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -307,7 +308,7 @@ impl<S: OrderStash> Order<S> {
         })
     }
 
-    async fn delivered(&self, upstream: &str, run_id: &str, i: usize) -> bool {
+    async fn delivered(&self, upstream: &str, run_id: &RunId, i: usize) -> bool {
         let key = format!("{run_id}:alarm:{i}");
         durafiber_testkit::upstream::list_remote(&self.http, upstream, ORDER_ALARMS)
             .await

@@ -4,6 +4,7 @@
 //!   without keep-alive; shows hibernation, heartbeats, eviction and recovery.
 //! - `alarm-retry`: an alarm whose handler fails K times; shows the retry schedule.
 
+use durafiber_runtime::RunId;
 use durafiber_runtime::StartRequest;
 use std::{
     sync::{
@@ -79,8 +80,8 @@ pub struct EvictionReport {
     pub fiber_recovered: bool,
 }
 
-fn first_at(events: &[Event], run_id: &str, kind: &str, after_ms: u64) -> Option<u64> {
-    events.iter().find(|e| e.run_id == run_id && e.kind == kind && e.at_ms >= after_ms).map(|e| e.at_ms)
+fn first_at(events: &[Event], run_id: &RunId, kind: &str, after_ms: u64) -> Option<u64> {
+    events.iter().find(|e| e.run_id == *run_id && e.kind == kind && e.at_ms >= after_ms).map(|e| e.at_ms)
 }
 
 /// A readable line per event, times relative to the simulation's start.

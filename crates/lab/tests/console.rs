@@ -174,7 +174,7 @@ async fn a_reviewer_sees_what_the_agent_saw_approves_and_the_run_completes_in_a_
     // The run page follows the run live: a decision made elsewhere shows without a reload.
     a.goto(&server.url(&format!("/ui/runs/{second}"))).await.expect("run page");
     assert_eq!(text_of(&a, "#state").await, "waiting_approval");
-    assert_eq!(text_of(&a, "#trace").await, durafiber_runtime::trace::trace_id_of(&second));
+    assert_eq!(text_of(&a, "#trace").await, durafiber_runtime::trace::trace_id_of(&second.as_str().into()));
     let second_hash = server.run_view(&second).await["approvals"][0]["payload_hash"].clone();
     let r = server
         .client_with(&alice)

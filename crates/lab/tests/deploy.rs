@@ -11,6 +11,7 @@
 //! - On PostgreSQL, as two nodes: the same commands through either node, a node SIGKILLed
 //!   while its run waits, the decision taken by the survivor.
 
+use durafiber_runtime::RunId;
 use durafiber_testkit::process::{CHILD_DEADLINE, OutputWithin};
 use std::{
     path::{Path, PathBuf},
@@ -55,7 +56,7 @@ fn claim(employee: &str, cents: i64) -> Value {
 }
 
 /// Waits until `client` shows the run in state `state`.
-async fn wait_state(client: &Client, run_id: &str, state: &str) {
+async fn wait_state(client: &Client, run_id: &RunId, state: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match client.status(run_id).await {
@@ -164,7 +165,7 @@ async fn a_users_own_binary_serves_its_agent_through_a_kill_and_a_console_approv
         .await
         .expect("start");
     assert_eq!((again.run_id.clone(), again.accepted), (started.run_id.clone(), false));
-    let run_id = started.run_id.to_string();
+    let run_id = started.run_id.clone();
     wait_state(&client, &run_id, "waiting_event").await;
 
     // The receipt arrives through `send-event`; the run asks its manager.
@@ -222,7 +223,7 @@ async fn a_users_own_binary_serves_its_agent_through_a_kill_and_a_console_approv
         .start("expense", "claim-2", &claim("Grace", 900), &StartOptions::default())
         .await
         .expect("start");
-    let second_id = second.run_id.to_string();
+    let second_id = second.run_id.clone();
     wait_state(&client, &second_id, "waiting_event").await;
     client
         .send_event(&second_id, "receipt", &json!({"url": "https://receipts.example/g.png"}), Some("scan-1"))
@@ -301,7 +302,7 @@ async fn the_same_binary_runs_as_two_nodes_on_postgres() {
             .start("expense", &format!("claim-{n}"), &claim("Ada", 1000 + n), &StartOptions::default())
             .await
             .expect("start");
-        runs.push(started.run_id.to_string());
+        runs.push(started.run_id.clone());
     }
     for (n, run_id) in runs.iter().enumerate() {
         wait_state(&client, run_id, "waiting_event").await;

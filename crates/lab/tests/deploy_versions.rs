@@ -8,6 +8,7 @@
 //! the run and the effect, and the store is untouched. On the embedded store and on
 //! PostgreSQL.
 
+use durafiber_runtime::RunId;
 use durafiber_testkit::process::{CHILD_DEADLINE, OutputWithin};
 use std::{
     ffi::OsStr,
@@ -76,7 +77,7 @@ fn check_deploy(version: &str, data: &std::path::Path, place: &Place) -> (Option
 }
 
 /// Polls the run until its state is `state` (a minute at most).
-async fn wait_state(client: &Client, run_id: &str, state: &str) {
+async fn wait_state(client: &Client, run_id: &RunId, state: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match client.status(run_id).await {
@@ -88,10 +89,10 @@ async fn wait_state(client: &Client, run_id: &str, state: &str) {
 }
 
 /// Starts a trip waiting on `wait` with v1; its run id once it waits.
-async fn start_trip(client: &Client, wait: &str) -> String {
+async fn start_trip(client: &Client, wait: &str) -> RunId {
     let input = json!({"trip": "lyon", "wait": wait, "sleep_secs": SLEEP_SECS});
     let started = client.start("trip", &format!("trip-{wait}"), &input, &StartOptions::default()).await;
-    let run_id = started.expect("start").run_id.to_string();
+    let run_id = started.expect("start").run_id;
     let state = match wait {
         "event" => "waiting_event",
         "sleep" => "waiting_alarm",
@@ -153,8 +154,7 @@ async fn runs_waiting_across_a_deploy_complete(place: Place) {
             }
             "approval" => {
                 let pending = client.approvals().await.expect("approvals");
-                let asked =
-                    pending.iter().find(|p| p.run_id.as_str() == run_id).expect("its approval pending");
+                let asked = pending.iter().find(|p| p.run_id == *run_id).expect("its approval pending");
                 client
                     .decide(run_id, &asked.approval_id, &asked.payload_hash, true, "ok")
                     .await

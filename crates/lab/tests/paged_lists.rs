@@ -93,7 +93,7 @@ async fn every_list_answers_a_page_and_names_the_next() {
     assert_eq!(alarms.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 2, 0]);
     let names: Vec<&str> = alarms.iter().flatten().map(|a| a["name"].as_str().expect("name")).collect();
     assert_eq!(names, ["a1", "a2", "a3", "a4", "a5", "escalate:refund"]);
-    assert_eq!(client.alarms(&run).await.expect("all alarms").len(), 6);
+    assert_eq!(client.alarms(&run.as_str().into()).await.expect("all alarms").len(), 6);
 
     // Paused runs: five held, two a page; the kinds on every page.
     for run in seen.iter().take(5) {

@@ -3,6 +3,7 @@
 //! deleted what; the typed client does the same.
 
 use durafiber_client::{ApiErrorKind, Client, ClientError, Status};
+use durafiber_runtime::RunId;
 use serde_json::{Value, json};
 
 mod common;
@@ -25,9 +26,9 @@ async fn an_admin_deletes_a_settled_run_and_an_open_one_is_kept() {
             .body(json!({"kind": "steps", "input": input}).to_string())
     };
     let (_, done) = send(start("done", json!({"steps": 2, "pause_ms": 0}))).await;
-    let done = done["run_id"].as_str().expect("run id").to_string();
+    let done = RunId::from(done["run_id"].as_str().expect("run id"));
     let (_, open) = send(start("open", json!({"steps": 100_000, "pause_ms": 1000}))).await;
-    let open = open["run_id"].as_str().expect("run id").to_string();
+    let open = RunId::from(open["run_id"].as_str().expect("run id"));
     let client = Client::from_addr(server.addr).with_token(Some(server.token.clone()));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !matches!(client.status(&done).await.expect("status"), Status::Completed { .. }) {

@@ -42,7 +42,7 @@ async fn a_run_keeps_one_trace_across_a_sigkilled_server() {
     let input = json!({"order_id": "o-1", "amount_cents": 2500, "customer_email": "a@b.c",
         "upstream": upstream.url(), "api_key": {"secret": "upstream_key"}});
     let run_id = first.start_run("refund", "refund-o-1", input, &[("traceparent", caller)]).await;
-    let trace_id = durafiber_runtime::trace::trace_id_of(&run_id);
+    let trace_id = durafiber_runtime::trace::trace_id_of(&run_id.as_str().into());
     let view = first
         .wait_run(&run_id, "waiting for approval", |v| v["run"]["status"].get("waiting_approval").is_some())
         .await;

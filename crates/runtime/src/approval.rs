@@ -3,6 +3,7 @@
 //! or re-enters the run through `on_fiber_recovered`, with the same result either way.
 
 use crate::kernel::commit::{self, After};
+use durafiber_store::RunId;
 use durafiber_store::tables::RunRecord;
 use std::sync::Arc;
 
@@ -154,7 +155,7 @@ async fn wait_for_decision(
 
 pub(crate) async fn approve(
     shared: &Arc<Shared>,
-    run_id: &str,
+    run_id: &RunId,
     approval_id: &str,
     payload_hash: &str,
     decision: Decision,
@@ -303,7 +304,7 @@ pub(crate) async fn approve(
     Ok(outcome(true, true, approvals))
 }
 
-fn already_decided(run_id: &str, approval_id: &str) -> RuntimeError {
+fn already_decided(run_id: &RunId, approval_id: &str) -> RuntimeError {
     RuntimeError::AlreadyDecided { run_id: run_id.into(), approval_id: approval_id.into() }
 }
 
@@ -314,7 +315,7 @@ fn verb(approved: bool) -> &'static str {
 /// The decisions recorded on a pause with a rule, by decider.
 pub(crate) fn votes_of(
     shared: &Shared,
-    run_id: &str,
+    run_id: &RunId,
     approval_id: &str,
 ) -> Result<Vec<VoteRecord>, RuntimeError> {
     let mut votes = Vec::new();
@@ -346,7 +347,7 @@ fn vote_span(
 }
 
 /// Hands the decision to the waiting fiber, or re-enters the run when its fiber is gone.
-async fn deliver(shared: &Arc<Shared>, run_id: &str, approval_id: &str, decision: Decision) {
+async fn deliver(shared: &Arc<Shared>, run_id: &RunId, approval_id: &str, decision: Decision) {
     if let Some(live) = shared.registry.get(run_id) {
         let mut slot = live.cell.waits.approval.lock();
         if slot.as_ref().is_some_and(|waiter| waiter.0 == approval_id)
@@ -362,7 +363,7 @@ async fn deliver(shared: &Arc<Shared>, run_id: &str, approval_id: &str, decision
 /// The escalation alarm fired: if nobody decided, the run goes to `Escalated{approval_timeout}`.
 pub(crate) async fn on_escalation_alarm(
     shared: &Arc<Shared>,
-    run_id: &str,
+    run_id: &RunId,
     approval_id: &str,
 ) -> Result<(), RuntimeError> {
     let _one_at_a_time = shared.stripes.inbound(run_id).await;

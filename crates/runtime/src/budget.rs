@@ -29,7 +29,7 @@ use crate::{
 /// Adds a new run's budget record to its accepting batch, when it has limits.
 pub(crate) fn stage_at_start(
     batch: &mut Batch,
-    run_id: &str,
+    run_id: &RunId,
     limits: Option<BudgetLimits>,
 ) -> Result<(), RuntimeError> {
     if let Some(limits) = limits {
@@ -49,13 +49,13 @@ struct Counted {
 
 /// What the runs below `run_id` (its children, theirs…) have spent, as their boundaries
 /// recorded it.
-fn spent_below(shared: &Shared, run_id: &str) -> Result<BudgetSpent, RuntimeError> {
+fn spent_below(shared: &Shared, run_id: &RunId) -> Result<BudgetSpent, RuntimeError> {
     let mut total = BudgetSpent::default();
-    let mut next = vec![run_id.to_string()];
+    let mut next = vec![run_id.clone()];
     let mut seen = std::collections::HashSet::new();
     while let Some(parent) = next.pop() {
         for (_, record) in lineage::own_children_of(shared, &parent)? {
-            let id = record.child_run_id.to_string();
+            let id = record.child_run_id.clone();
             if !seen.insert(id.clone()) {
                 continue;
             }
@@ -193,7 +193,7 @@ impl Budgets {
         }
     }
 
-    fn may_have(&self, run_id: &str) -> bool {
+    fn may_have(&self, run_id: &RunId) -> bool {
         match self {
             Budgets::Unknown => true,
             Budgets::Among(found) => found.contains(&keys::budget(run_id)),

@@ -33,7 +33,7 @@ pub(crate) async fn after_escalation(shared: &Arc<Shared>, kind: &str, run_id: &
 /// finished run. `extra` joins the same boundary.
 pub(crate) async fn escalate(
     shared: &Arc<Shared>,
-    run_id: &str,
+    run_id: &RunId,
     reason: &str,
     extra: Batch,
 ) -> Result<(), RuntimeError> {

@@ -12,6 +12,7 @@
 //! alarm) → `result: Some(event or timed out)`, `Running`.
 
 use crate::kernel::commit::{self, After};
+use durafiber_store::RunId;
 use durafiber_store::tables::RunRecord;
 use std::{sync::Arc, time::Duration};
 
@@ -43,7 +44,7 @@ fn timeout_alarm_name(name: &str) -> String {
 /// The oldest buffered event of `name`, with its key.
 fn oldest(
     shared: &Shared,
-    run_id: &str,
+    run_id: &RunId,
     name: &str,
 ) -> Result<Option<(Key<EventRecord>, EventRecord)>, RuntimeError> {
     match shared.store.scan(&keys::events_named(run_id, name), None, 1)?.into_iter().next() {
@@ -53,7 +54,7 @@ fn oldest(
 }
 
 /// Every buffered event of a run: (count, bytes, the next sequence number for `name`).
-fn buffered(shared: &Shared, run_id: &str, name: &str) -> Result<(usize, usize, u64), RuntimeError> {
+fn buffered(shared: &Shared, run_id: &RunId, name: &str) -> Result<(usize, usize, u64), RuntimeError> {
     let prefix = keys::EVENTS.of_run(run_id);
     let same_name = keys::events_named(run_id, name);
     let (mut count, mut bytes, mut next_seq) = (0, 0, 1u64);
@@ -72,7 +73,7 @@ fn buffered(shared: &Shared, run_id: &str, name: &str) -> Result<(usize, usize, 
 /// Sends an event to a run (see the module's lifecycle).
 pub(crate) async fn send(
     shared: &Arc<Shared>,
-    run_id: &str,
+    run_id: &RunId,
     name: &str,
     payload_json: &str,
     idempotency_key: Option<&str>,
@@ -208,7 +209,7 @@ pub(crate) async fn wait(
     }
 }
 
-fn timeout_alarm(run_id: &str, name: &str, at_ms: u64) -> AlarmRecord {
+fn timeout_alarm(run_id: &RunId, name: &str, at_ms: u64) -> AlarmRecord {
     AlarmRecord {
         run_id: run_id.into(),
         name: timeout_alarm_name(name),
@@ -297,7 +298,7 @@ async fn finish(
 /// is to be re-entered (its fiber was lost); a live fiber ends the wait by itself.
 pub(crate) async fn on_timeout_alarm(
     shared: &Arc<Shared>,
-    run_id: &str,
+    run_id: &RunId,
     name: &str,
     due_at_ms: u64,
 ) -> Result<bool, RuntimeError> {

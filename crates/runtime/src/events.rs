@@ -102,8 +102,8 @@ impl Logged {
 }
 
 impl EventLog {
-    pub fn push(&self, at_ms: u64, run_id: &str, kind: &'static str, detail: String) {
-        tracing::info!(run_id, event = kind, %detail, at_ms, "run event");
+    pub fn push(&self, at_ms: u64, run_id: &RunId, kind: &'static str, detail: String) {
+        tracing::info!(%run_id, event = kind, %detail, at_ms, "run event");
         let (run_id, detail) = (Text::new(run_id), Text::owned(detail));
         let mut log = self.inner.lock();
         log.last_seq += 1;
@@ -142,9 +142,9 @@ mod tests {
     #[test]
     fn following_the_log_sees_each_event_once_in_order() {
         let log = EventLog::default();
-        log.push(1, "a", "accepted", String::new());
-        log.push(2, "b", "accepted", String::new());
-        log.push(3, "a", "activated", String::new());
+        log.push(1, &RunId::from("a"), "accepted", String::new());
+        log.push(2, &RunId::from("b"), "accepted", String::new());
+        log.push(3, &RunId::from("a"), "activated", String::new());
         let all = log.since(0, None, 10);
         assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3]);
         let of_a = log.since(1, Some("a"), 10);
@@ -158,9 +158,9 @@ mod tests {
         let log = EventLog::default();
         let long_id = format!("run_{}", "9".repeat(200));
         let long_detail = "é".repeat(100);
-        log.push(1, "run_01a2", "activated", "cold start 12 µs".into());
-        log.push(2, &long_id, "escalated", long_detail.clone());
-        log.push(3, "", "woke", String::new());
+        log.push(1, &RunId::from("run_01a2"), "activated", "cold start 12 µs".into());
+        log.push(2, &RunId::from(long_id.as_str()), "escalated", long_detail.clone());
+        log.push(3, &RunId::from(""), "woke", String::new());
         let all = log.snapshot();
         assert_eq!(all[0].run_id.as_str(), "run_01a2");
         assert_eq!(all[0].detail, "cold start 12 µs");
@@ -183,7 +183,7 @@ mod tests {
     fn a_full_log_keeps_the_newest_events() {
         let log = EventLog::default();
         for i in 0..EVENT_LOG_MAX + 5 {
-            log.push(i as u64, &format!("run_{i}"), "accepted", format!("{i}"));
+            log.push(i as u64, &RunId::from(format!("run_{i}")), "accepted", format!("{i}"));
         }
         let all = log.snapshot();
         assert_eq!(all.len(), EVENT_LOG_MAX);

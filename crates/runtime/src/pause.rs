@@ -5,6 +5,7 @@
 //! restart keeps them. A pause of a run or of its kind holds the runs it started too (and
 //! theirs): a paused parent's sub-agents do not go on without it.
 
+use durafiber_store::RunId;
 use std::sync::Arc;
 
 use durafiber_store::{
@@ -26,7 +27,7 @@ use crate::{
 fn held_by(
     shared: &Shared,
     kind: &str,
-    run_id: &str,
+    run_id: &RunId,
     above: impl FnOnce() -> Result<Vec<Ancestor>, RuntimeError>,
 ) -> Result<Option<String>, RuntimeError> {
     {
@@ -76,7 +77,7 @@ pub(crate) async fn gate(raw: &RawCtx) -> Result<(), AgentError> {
 /// Holds the run, `Paused`, until its pause is lifted.
 async fn hold(raw: &RawCtx, reason: String) -> Result<(), AgentError> {
     let shared = &raw.shared;
-    let run_id = raw.cell.run_id.as_str();
+    let run_id = &raw.cell.run_id;
     let paused = RunStatus::Paused { reason: reason.clone() };
     shared
         .update_run_from(&raw.cell, |run, _| match run.status {
@@ -123,14 +124,14 @@ pub(crate) fn hold_alarm(shared: &Shared, run: &RunRecord, due_name: &str) -> bo
     if reason_of(shared, run).is_none() {
         return false;
     }
-    shared.controls.pauses.lock().held_alarms.insert((run.run_id.to_string(), due_name.to_string()));
+    shared.controls.pauses.lock().held_alarms.insert((run.run_id.clone(), due_name.to_string()));
     true
 }
 
 /// Re-enters a run left `Paused` whose pause is lifted, unless its fiber is held in memory
 /// (that one goes on by itself): a run paused before its first fiber starts fresh, any other
 /// is recovered from its last boundary.
-pub(crate) async fn reenter(shared: &Arc<Shared>, run_id: &str) -> Result<(), RuntimeError> {
+pub(crate) async fn reenter(shared: &Arc<Shared>, run_id: &RunId) -> Result<(), RuntimeError> {
     let held_in_memory = shared.registry.get(run_id).is_some_and(|live| live.cell.fiber_running());
     if held_in_memory {
         return Ok(());
@@ -159,7 +160,7 @@ pub(crate) async fn reenter(shared: &Arc<Shared>, run_id: &str) -> Result<(), Ru
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Target<'a> {
     Kind(&'a str),
-    Run(&'a str),
+    Run(&'a RunId),
 }
 
 impl Target<'_> {
@@ -172,7 +173,7 @@ impl Target<'_> {
 
     /// Whether the pause held `run`: a run of the kind or the run itself, or a run below one.
     fn covers(&self, shared: &Shared, run: &RunRecord) -> bool {
-        let matches = |kind: &str, run_id: &str| match self {
+        let matches = |kind: &str, run_id: &RunId| match self {
             Target::Kind(k) => kind == *k,
             Target::Run(id) => run_id == *id,
         };
@@ -236,7 +237,7 @@ pub(crate) async fn resume(shared: &Arc<Shared>, target: Target<'_>) -> Result<b
         let mut pauses = shared.controls.pauses.lock();
         match target {
             Target::Kind(kind) => pauses.kinds.remove(kind),
-            Target::Run(run_id) => pauses.runs.remove(run_id),
+            Target::Run(run_id) => pauses.runs.remove(run_id.as_str()),
         };
     }
     // Fibers held in memory look again and go on by themselves.

@@ -71,7 +71,7 @@ pub struct RunDeleted {
 }
 
 /// Deletes `run_id`, which must be settled (see the module's documentation).
-pub(crate) async fn delete(shared: &Arc<Shared>, run_id: &str) -> Result<RunDeleted, RuntimeError> {
+pub(crate) async fn delete(shared: &Arc<Shared>, run_id: &RunId) -> Result<RunDeleted, RuntimeError> {
     shared.ownership.check(run_id)?;
     let mut outcomes = delete_together(shared, &[run_id]).await?;
     outcomes.pop().unwrap_or_else(|| Err(RuntimeError::UnknownRun { run_id: run_id.into() }))
@@ -83,7 +83,7 @@ pub(crate) async fn delete(shared: &Arc<Shared>, run_id: &str) -> Result<RunDele
 /// its own error; a store that fails is the error of them all.
 async fn delete_together(
     shared: &Arc<Shared>,
-    run_ids: &[&str],
+    run_ids: &[&RunId],
 ) -> Result<Vec<Result<RunDeleted, RuntimeError>>, RuntimeError> {
     // The transition locks first, as an activation takes them: no activation comes between.
     let _one_at_a_time = shared.registry.transitions(run_ids).await;
@@ -91,7 +91,7 @@ async fn delete_together(
         .iter()
         .map(|id| {
             deletable(shared, &shared.load_run(id)?)?;
-            Ok(RunDeleted { run_id: (*id).into(), records: 0 })
+            Ok(RunDeleted { run_id: (*id).clone(), records: 0 })
         })
         .collect();
     // Out of memory before the runs' locks are taken: an actor may be waiting for one.
@@ -112,9 +112,9 @@ async fn delete_together(
     deleter.flush(shared).await?;
     shared.signals.status_changed();
     for deleted in outcomes.iter().flatten() {
-        let (run_id, records) = (deleted.run_id.as_str(), deleted.records);
+        let (run_id, records) = (&deleted.run_id, deleted.records);
         crate::metrics::Metrics::bump(&shared.obs.metrics.runs_deleted);
-        tracing::info!(run_id, records, "run deleted");
+        tracing::info!(%run_id, records, "run deleted");
         shared.event(run_id, "deleted", format!("{records} records"));
     }
     Ok(outcomes)
@@ -151,7 +151,7 @@ struct Deleter {
 impl Deleter {
     /// Adds every record `run` owns, its own record last; how many are stored.
     async fn run(&mut self, shared: &Shared, run: &RunRecord) -> Result<usize, RuntimeError> {
-        let run_id = run.run_id.as_str();
+        let run_id = &run.run_id;
         let mut records = 0;
         records += self.drain(shared, &keys::LEDGER.of_run(run_id)).await?;
         records += self.drain(shared, &keys::APPROVALS.of_run(run_id)).await?;
@@ -199,7 +199,7 @@ impl Deleter {
 
     /// Adds the records of `run_id`'s settled children (and theirs); an open child is
     /// left, no one's child now. How many records.
-    async fn children(&mut self, shared: &Shared, run_id: &str) -> Result<usize, RuntimeError> {
+    async fn children(&mut self, shared: &Shared, run_id: &RunId) -> Result<usize, RuntimeError> {
         let mut records = 0;
         for (_, link) in lineage::own_children_of(shared, run_id)? {
             let child = match shared.load_run(&link.child_run_id) {
@@ -383,14 +383,14 @@ async fn sweep_settled(
             if !shared.ownership.owns(run_id) {
                 continue;
             }
-            match shared.load_run(run_id) {
+            match shared.load_run(&RunId::from(run_id)) {
                 Ok(run) if Settled::of(&run.status) == Some(how) && run.updated_at_ms == at_ms => {
                     match deletable(shared, &run) {
                         // It goes with its parent: its entry is not looked at again.
                         Err(RuntimeError::KeptWithParent { .. }) => {
                             stale.batch.delete(key.clone());
                         }
-                        _ => due.push(run_id.to_string()),
+                        _ => due.push(RunId::from(run_id)),
                     }
                 }
                 Ok(_) | Err(RuntimeError::UnknownRun { .. }) => {
@@ -400,7 +400,7 @@ async fn sweep_settled(
             }
         }
         stale.flush(shared).await?;
-        let due: Vec<&str> = due.iter().map(String::as_str).collect();
+        let due: Vec<&RunId> = due.iter().collect();
         for (run_id, outcome) in due.iter().zip(delete_together(shared, &due).await?) {
             match outcome {
                 Ok(_) => {
@@ -408,7 +408,7 @@ async fn sweep_settled(
                     crate::metrics::Metrics::bump(&shared.obs.metrics.runs_deleted_by_retention);
                 }
                 // Tried again at the next sweep; the others went meanwhile.
-                Err(e) => tracing::warn!(run_id, error = %e, "retention could not delete the run"),
+                Err(e) => tracing::warn!(%run_id, error = %e, "retention could not delete the run"),
             }
         }
         if past {

@@ -8,6 +8,7 @@
 //! call returns at once: the wake time is the one first recorded, never a fresh duration.
 
 use crate::kernel::commit::{self, After};
+use durafiber_store::RunId;
 use durafiber_store::{Batch, tables::RunRecord};
 use std::sync::Arc;
 
@@ -93,7 +94,7 @@ async fn woke(
     wake: &AlarmRecord,
 ) -> Result<(), RuntimeError> {
     record.done = true;
-    let run_id = cell.run_id.as_str();
+    let run_id = &cell.run_id;
     let key = keys::sleep(run_id, &record.name);
     let seq = cell.seq.load(std::sync::atomic::Ordering::SeqCst);
     shared
@@ -118,7 +119,7 @@ async fn woke(
 /// is re-entered (reason `resumed`) and its repeated sleep returns at once.
 pub(crate) async fn on_wake_alarm(
     shared: &Arc<Shared>,
-    run_id: &str,
+    run_id: &RunId,
     name: &str,
     due_at_ms: u64,
 ) -> Result<bool, RuntimeError> {

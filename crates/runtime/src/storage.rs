@@ -20,6 +20,7 @@
 //! a re-entry reads to rebuild its place — an effect's arguments, say — is keyed by the step
 //! it belongs to and never rewritten (`examples/model_agent.rs` keeps one transcript a turn).
 
+use durafiber_store::RunId;
 use std::collections::BTreeMap;
 
 use durafiber_store::{
@@ -50,7 +51,7 @@ fn check_key(key: &str) -> Result<(), AgentError> {
     Ok(())
 }
 
-fn read_json(store: &Store, run_id: &str, key: &str) -> Result<Option<String>, AgentError> {
+fn read_json(store: &Store, run_id: &RunId, key: &str) -> Result<Option<String>, AgentError> {
     Ok(store.get::<String>(&keys::storage(run_id, key))?)
 }
 
@@ -58,7 +59,7 @@ fn read_json(store: &Store, run_id: &str, key: &str) -> Result<Option<String>, A
 /// (without the run's part) and their values as JSON text. Shared with inspection.
 pub(crate) fn list_json(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     prefix: &str,
     start_after: Option<&str>,
     limit: usize,
@@ -109,7 +110,7 @@ impl<'a> Storage<'a> {
         Storage { shared, cell }
     }
 
-    fn run_id(&self) -> &str {
+    fn run_id(&self) -> &RunId {
         &self.cell.run_id
     }
 
@@ -227,7 +228,7 @@ impl<'a> Storage<'a> {
         shared.store.commit(batch, Durability::Async).await?;
         *keys_cached = Some(keys_after);
         tracing::debug!(
-            run_id = self.run_id(),
+            run_id = %self.run_id(),
             writes = txn.staged.len(),
             keys = keys_after,
             "storage written"
@@ -248,7 +249,7 @@ const UNDO_FORGET_MAX: usize = 16;
 /// needs any more: those of boundaries more than `history_max` before `boundary`.
 fn forget_undone_before(
     shared: &Shared,
-    run_id: &str,
+    run_id: &RunId,
     boundary: u64,
     batch: &mut Batch,
 ) -> Result<(), AgentError> {
@@ -271,7 +272,7 @@ pub(crate) type Entries = BTreeMap<String, String>;
 /// The storage of `run_id` as it was at boundary `at`, by key: today's, with every write
 /// made after `at` undone. `Err` with the reason when the history cannot tell (the run's
 /// storage was written before it kept one, from a later boundary).
-pub(crate) fn as_at(store: &Store, run_id: &str, at: u64) -> Result<Entries, AsAtError> {
+pub(crate) fn as_at(store: &Store, run_id: &RunId, at: u64) -> Result<Entries, AsAtError> {
     let mut storage = Entries::new();
     for (key, value) in store.scan(&keys::STORAGE.of_run(run_id), None, usize::MAX)? {
         storage.insert(keys::storage_name(&key).unwrap_or_default().to_string(), value?);
@@ -322,7 +323,7 @@ impl From<durafiber_store::StoreError> for AsAtError {
 /// The writes of one [`Storage::transaction`], staged until it returns.
 pub struct Transaction<'a> {
     store: &'a Store,
-    run_id: &'a str,
+    run_id: &'a RunId,
     /// Key → new value as JSON text, or `None` for a delete.
     staged: BTreeMap<String, Option<String>>,
 }

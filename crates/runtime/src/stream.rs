@@ -17,6 +17,7 @@
 //! has its chunks taken back with a [`StreamItem::Reset`], so no reader is left holding half
 //! an answer.
 
+use durafiber_store::RunId;
 use std::sync::Arc;
 
 use durafiber_store::tables::{ReemissionRecord, StreamChunkRecord, StreamHead, keys};
@@ -40,7 +41,7 @@ pub use durafiber_api::{PartialChunk, StreamChunk, StreamItem, StreamReset};
 
 /// The stream as stored, for a fiber entering the run: its head, and its cursor at the mark
 /// of the stash the fiber re-enters (0 for a fiber that starts from the top).
-fn load(shared: &Shared, run_id: &str) -> Result<StreamBuffer, RuntimeError> {
+fn load(shared: &Shared, run_id: &RunId) -> Result<StreamBuffer, RuntimeError> {
     let key = keys::stream_head(run_id);
     let head = shared.store.get::<StreamHead>(&key)?.unwrap_or_default();
     let key = keys::stream_mark(run_id);
@@ -109,8 +110,8 @@ pub(crate) fn emit_json(raw: &RawCtx, data_json: String) -> Result<u64, AgentErr
 
 /// A chunk re-emitted at `seq` unlike the durable one: traced, counted, logged in the run's
 /// timeline, and its record for the next boundary.
-fn reemission(shared: &Shared, run_id: &str, seq: u64, data_json: String) -> ReemissionRecord {
-    tracing::info!(run_id, seq, "output stream: chunk re-emitted differently; the durable chunk stands");
+fn reemission(shared: &Shared, run_id: &RunId, seq: u64, data_json: String) -> ReemissionRecord {
+    tracing::info!(%run_id, seq, "output stream: chunk re-emitted differently; the durable chunk stands");
     crate::metrics::Metrics::bump(&shared.obs.metrics.stream_reemissions);
     shared.event(
         run_id,
@@ -165,7 +166,7 @@ pub(crate) fn new_mark(raw: &RawCtx) -> Option<u64> {
 /// Up to `limit` durable chunks of `run_id` from `from_seq` on.
 pub(crate) fn read(
     shared: &Shared,
-    run_id: &str,
+    run_id: &RunId,
     from_seq: u64,
     limit: usize,
 ) -> Result<Vec<StreamChunk>, RuntimeError> {
@@ -184,12 +185,12 @@ pub(crate) fn read(
 /// stream ends after the last chunk of a run that has ended.
 pub(crate) fn follow(
     shared: Arc<Shared>,
-    run_id: String,
+    run_id: RunId,
     from_seq: u64,
 ) -> impl Stream<Item = Result<StreamItem, RuntimeError>> + Send + 'static {
     struct Reader {
         shared: Arc<Shared>,
-        run_id: String,
+        run_id: RunId,
         next: u64,
         ready: std::collections::VecDeque<StreamItem>,
         chunks: watch::Receiver<u64>,
@@ -284,7 +285,7 @@ pub(crate) fn follow(
 /// shown `shown`; subscribes the reader to the call's changes.
 fn partial_items(
     shared: &Shared,
-    run_id: &str,
+    run_id: &RunId,
     shown: &mut Shown,
     live: &mut Option<watch::Receiver<u64>>,
     ready: &mut std::collections::VecDeque<StreamItem>,

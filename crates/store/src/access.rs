@@ -76,7 +76,7 @@ pub fn page(store: &Store, after: Option<u64>, limit: usize) -> Result<Vec<Audit
 }
 
 /// Every audit entry about `run_id`, oldest first.
-pub fn of_run(store: &Store, run_id: &str) -> Result<Vec<AuditRecord>, StoreError> {
+pub fn of_run(store: &Store, run_id: &RunId) -> Result<Vec<AuditRecord>, StoreError> {
     let mut out = Vec::new();
     for (key, _) in store.scan(&keys::AUDIT_BY_RUN.of_run(run_id), None, usize::MAX)? {
         let Some(seq) = keys::audit_seq(&key) else { continue };

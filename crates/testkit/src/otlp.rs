@@ -174,7 +174,7 @@ pub fn problems(trace_id: &str, spans: &[ReceivedSpan]) -> Vec<String> {
         return problems;
     };
     let run_id = root.attr("durafiber.run.id").unwrap_or_default();
-    if root.name != "run" || durafiber_runtime::trace::trace_id_of(run_id) != trace_id {
+    if root.name != "run" || durafiber_runtime::trace::trace_id_of(&run_id.into()) != trace_id {
         problems.push(format!("root {} of run {run_id} in trace {trace_id}", root.name));
     }
     let mut ids = BTreeSet::new();

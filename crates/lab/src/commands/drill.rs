@@ -9,6 +9,7 @@
 //!
 //! The upstream lives in this process, so it outlives every server it is killing.
 
+use durafiber_runtime::RunId;
 use std::{
     io::{BufRead, BufReader},
     net::SocketAddr,
@@ -121,7 +122,7 @@ pub(super) fn sigterm(server: &mut Server) {
 /// Polls the run until `pred` holds. The drill orchestrates real processes in real time.
 pub(super) async fn wait_run(
     client: &Client,
-    run_id: &str,
+    run_id: &RunId,
     what: &str,
     pred: impl Fn(&Value) -> bool,
 ) -> anyhow::Result<Value> {
@@ -199,7 +200,7 @@ pub async fn drill(exe: &Path, seed: u64, out: &Path, stop_at: &str) -> anyhow::
         .client
         .post_json("/runs", &json!({"kind": "refund", "input": input}), Some(&format!("drill-{seed}")))
         .await?;
-    let run_id = started_run["run_id"].as_str().context("no run id")?.to_string();
+    let run_id = RunId::from(started_run["run_id"].as_str().context("no run id")?);
     let before_kill_1 = wait_run(&s1.client, &run_id, "pause for approval", |r| {
         r["run"]["status"].get("waiting_approval").is_some()
     })
@@ -250,7 +251,7 @@ pub async fn drill(exe: &Path, seed: u64, out: &Path, stop_at: &str) -> anyhow::
 /// What a drill saw, to be scored.
 pub(super) struct Outcome<'a> {
     pub snaps: Snapshots,
-    pub run_id: String,
+    pub run_id: RunId,
     pub stop_at: &'a str,
     /// The logs of the servers that ran the run.
     pub logs: Vec<String>,
@@ -277,7 +278,7 @@ pub(super) fn conclude(
         state_position: scores[2],
         human_sees_context: o.human_sees_context,
         ledger_matches_upstream: scores[3],
-        run_id: o.run_id,
+        run_id: o.run_id.into_string(),
         seed: o.seed,
         upstream_refunds: refunds.len(),
         upstream_emails: emails.len(),
@@ -312,7 +313,7 @@ pub(super) struct Snapshots {
 /// `[same_run_id, side_effects_once, state_position, ledger_matches_upstream]`.
 fn score(
     s: &Snapshots,
-    run_id: &str,
+    run_id: &RunId,
     stop_at: &str,
     logs: &[String],
     refunds: &[Value],
@@ -327,9 +328,10 @@ fn score(
         && ledger_entry(&s.before_kill_2, "refund")
             .is_some_and(|e| e["committed"].is_null() != committed_before_kill)
         && s.done["approvals"].as_array().is_some_and(|a| a.len() == 1);
-    let same_run_id = s.runs["runs"].as_array().is_some_and(|r| r.len() == 1 && r[0]["run_id"] == run_id)
-        && s.done["run"]["run_id"] == run_id
-        && logs.iter().all(|l| l.contains(run_id));
+    let same_run_id =
+        s.runs["runs"].as_array().is_some_and(|r| r.len() == 1 && r[0]["run_id"] == run_id.as_str())
+            && s.done["run"]["run_id"] == run_id.as_str()
+            && logs.iter().all(|l| l.contains(run_id.as_str()));
     let receipt_matches = |effect: &str, objects: &[Value]| {
         objects.len() == 1
             && ledger_entry(&s.done, effect)

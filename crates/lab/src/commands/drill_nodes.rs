@@ -13,6 +13,7 @@
 //! 5. the five metrics are scored against the upstream, as in the one-node drill. The
 //!    scratch database is dropped at the end.
 
+use durafiber_runtime::RunId;
 use std::{
     path::Path,
     str::FromStr,
@@ -99,7 +100,7 @@ fn owner_index(run: &Value, ids: &[String]) -> Option<usize> {
 /// Polls `via` until the run is owned by one of `alive`; its index.
 async fn owned_by(
     via: &Server,
-    run_id: &str,
+    run_id: &RunId,
     ids: &[String],
     alive: &[bool],
 ) -> anyhow::Result<(usize, Value)> {
@@ -178,7 +179,7 @@ async fn run_nodes(
     let key = format!("drill-{seed}");
     let started_run =
         nodes[0].client.post_json("/runs", &json!({"kind": "refund", "input": input}), Some(&key)).await?;
-    let run_id = started_run["run_id"].as_str().context("no run id")?.to_string();
+    let run_id = RunId::from(started_run["run_id"].as_str().context("no run id")?);
     wait_run(&nodes[0].client, &run_id, "pause for approval", |r| {
         r["run"]["status"].get("waiting_approval").is_some()
     })

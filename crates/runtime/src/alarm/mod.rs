@@ -6,6 +6,7 @@
 
 mod cron;
 
+use durafiber_store::RunId;
 use std::{sync::Arc, time::Duration};
 
 use durafiber_store::{
@@ -158,7 +159,11 @@ fn check_period(every: Duration) -> Result<u64, RuntimeError> {
 }
 
 /// A cron alarm's schedule; `None` for every other alarm.
-pub(crate) fn cron_of(shared: &Shared, run_id: &str, name: &str) -> Result<Option<CronRecord>, RuntimeError> {
+pub(crate) fn cron_of(
+    shared: &Shared,
+    run_id: &RunId,
+    name: &str,
+) -> Result<Option<CronRecord>, RuntimeError> {
     Ok(shared.store.get(&keys::alarm_cron(run_id, name))?)
 }
 
@@ -199,7 +204,7 @@ pub(crate) fn unstage_retry(batch: &mut Batch, occurrence: &AlarmRecord) {
 }
 
 /// The failed occurrences of alarm `name` still being retried; every alarm's with `None`.
-fn retries(shared: &Shared, run_id: &str, name: Option<&str>) -> Result<Vec<AlarmRecord>, RuntimeError> {
+fn retries(shared: &Shared, run_id: &RunId, name: Option<&str>) -> Result<Vec<AlarmRecord>, RuntimeError> {
     let mut out = Vec::new();
     for (_, retry) in shared.store.scan(&keys::alarm_retries_of(run_id, name), None, usize::MAX)? {
         out.push(retry?);
@@ -212,7 +217,7 @@ fn retries(shared: &Shared, run_id: &str, name: Option<&str>) -> Result<Vec<Alar
 fn forget(
     shared: &Shared,
     batch: &mut Batch,
-    run_id: &str,
+    run_id: &RunId,
     name: &str,
     due_at_ms: u64,
 ) -> Result<Vec<(u64, String)>, RuntimeError> {
@@ -226,7 +231,7 @@ fn forget(
     Ok(unscheduled)
 }
 
-fn unschedule(shared: &Shared, run_id: &str, entries: Vec<(u64, String)>) {
+fn unschedule(shared: &Shared, run_id: &RunId, entries: Vec<(u64, String)>) {
     for (due_at_ms, due_name) in entries {
         shared.timers.scheduler.remove(due_at_ms, run_id, &due_name);
     }
@@ -240,13 +245,13 @@ pub(crate) fn stage(batch: &mut Batch, alarm: &AlarmRecord) -> Result<(), Runtim
 }
 
 /// Adds the removal of an alarm's record and due-index entry to `batch`.
-pub(crate) fn unstage(batch: &mut Batch, run_id: &str, name: &str, due_at_ms: u64) {
+pub(crate) fn unstage(batch: &mut Batch, run_id: &RunId, name: &str, due_at_ms: u64) {
     batch.delete(keys::alarm(run_id, name));
     batch.delete(keys::alarm_due(due_at_ms, run_id, name));
 }
 
 /// Removes every alarm of a finishing run, in the finishing boundary.
-pub(crate) fn delete_all_in(shared: &Shared, run_id: &str, batch: &mut Batch) -> Result<(), RuntimeError> {
+pub(crate) fn delete_all_in(shared: &Shared, run_id: &RunId, batch: &mut Batch) -> Result<(), RuntimeError> {
     // One scan of each table: the alarms with their schedules, then every retried occurrence.
     let mut unscheduled = Vec::new();
     for alarm in records(shared, run_id)? {
@@ -263,7 +268,7 @@ pub(crate) fn delete_all_in(shared: &Shared, run_id: &str, batch: &mut Batch) ->
 }
 
 /// The alarm records of a run.
-fn records(shared: &Shared, run_id: &str) -> Result<Vec<AlarmRecord>, RuntimeError> {
+fn records(shared: &Shared, run_id: &RunId) -> Result<Vec<AlarmRecord>, RuntimeError> {
     let prefix = keys::ALARMS.of_run(run_id);
     let mut out = Vec::new();
     for (_, alarm) in shared.store.scan::<AlarmRecord>(&prefix, None, usize::MAX)? {
@@ -273,7 +278,7 @@ fn records(shared: &Shared, run_id: &str) -> Result<Vec<AlarmRecord>, RuntimeErr
 }
 
 /// Every alarm of a run, with its cron schedule and its occurrences being retried.
-pub(crate) fn list(shared: &Shared, run_id: &str) -> Result<Vec<Alarm>, RuntimeError> {
+pub(crate) fn list(shared: &Shared, run_id: &RunId) -> Result<Vec<Alarm>, RuntimeError> {
     list_page(shared, run_id, None, usize::MAX)
 }
 
@@ -281,7 +286,7 @@ pub(crate) fn list(shared: &Shared, run_id: &str) -> Result<Vec<Alarm>, RuntimeE
 /// with its cron schedule and its occurrences being retried.
 pub(crate) fn list_page(
     shared: &Shared,
-    run_id: &str,
+    run_id: &RunId,
     after: Option<&str>,
     limit: usize,
 ) -> Result<Vec<Alarm>, RuntimeError> {
@@ -302,7 +307,7 @@ pub(crate) fn list_page(
 /// `cell` is the live run setting its own alarm, for which the alarm is a boundary (§3.6).
 pub(crate) async fn set(
     shared: &Arc<Shared>,
-    run_id: &str,
+    run_id: &RunId,
     name: &str,
     spec: AlarmSpec,
     system: Option<tables::SystemAlarm>,
@@ -371,7 +376,7 @@ pub(crate) async fn set(
 }
 
 /// Cancels alarm `name` of `run_id`; true when it existed.
-pub(crate) async fn cancel(shared: &Arc<Shared>, run_id: &str, name: &str) -> Result<bool, RuntimeError> {
+pub(crate) async fn cancel(shared: &Arc<Shared>, run_id: &RunId, name: &str) -> Result<bool, RuntimeError> {
     // Checked as `set` checks it, so a name is refused the same way whatever is asked.
     tables::check_id("alarm name", name).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
     let Some(old) = shared.store.get::<AlarmRecord>(&keys::alarm(run_id, name))? else {

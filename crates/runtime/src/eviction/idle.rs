@@ -5,6 +5,7 @@
 //! crash hook or seeded chaos asks for at a boundary (`kernel/commit.rs`).
 //! `kernel/activity.rs` decides when.
 
+use durafiber_store::RunId;
 use std::sync::{Arc, atomic::Ordering};
 
 use durafiber_store::tables::{RunStatus, WakeReason};
@@ -20,7 +21,7 @@ use crate::{
 };
 
 /// Hibernates an idle run: a graceful stop; durable state stays, memory goes.
-pub(crate) async fn hibernate(shared: &Arc<Shared>, run_id: &str) {
+pub(crate) async fn hibernate(shared: &Arc<Shared>, run_id: &RunId) {
     let _one_at_a_time = shared.registry.transition(run_id).await;
     if !shared.liveness.is_hibernateable(run_id) {
         shared.liveness.reopen(run_id);
@@ -41,7 +42,7 @@ pub(crate) async fn hibernate(shared: &Arc<Shared>, run_id: &str) {
 /// Takes `run_id` out of memory as a process death would: its actor is killed wherever it
 /// is and its fiber's future dropped; nothing is written. The run as it was, if it was live.
 /// The caller holds the run's transition lock.
-pub(crate) async fn kill(shared: &Arc<Shared>, run_id: &str) -> Option<LiveRun> {
+pub(crate) async fn kill(shared: &Arc<Shared>, run_id: &RunId) -> Option<LiveRun> {
     let live = shared.registry.remove(run_id);
     if let Some(live) = &live {
         live.cell.task.evicted.store(true, Ordering::SeqCst);
@@ -62,7 +63,7 @@ pub(crate) async fn kill(shared: &Arc<Shared>, run_id: &str) -> Option<LiveRun> 
 /// memory, and the wait's end (a decision, an event, the wake's alarm) re-enters the run
 /// from its journal, as after an eviction. A wait that ended just before the park has left
 /// the run `Running`: it is woken at once.
-pub(crate) async fn park(shared: &Arc<Shared>, run_id: &str) {
+pub(crate) async fn park(shared: &Arc<Shared>, run_id: &RunId) {
     let _one_at_a_time = shared.registry.transition(run_id).await;
     if !shared.liveness.is_parkable(run_id) {
         shared.liveness.reopen(run_id);
@@ -76,7 +77,7 @@ pub(crate) async fn park(shared: &Arc<Shared>, run_id: &str) {
 }
 
 /// Evicts a run: its actor is killed wherever it is and its fiber's future dropped.
-pub(crate) async fn evict(shared: &Arc<Shared>, run_id: &str, why: &str) {
+pub(crate) async fn evict(shared: &Arc<Shared>, run_id: &RunId, why: &str) {
     // Held until the run is marked, so no activation comes between the kill and the mark.
     let _one_at_a_time = shared.registry.transition(run_id).await;
     let Some(live) = kill(shared, run_id).await else { return };
@@ -100,10 +101,10 @@ fn left_memory(shared: &Shared, cell: &RunCell, what: &'static str, why: &str) {
 
 /// Drops a run whose shard another node owns now: killed as by an eviction, but nothing is
 /// written — the new owner writes the run from now on, and recovers it.
-pub(crate) async fn disown(shared: &Arc<Shared>, run_id: &str) {
+pub(crate) async fn disown(shared: &Arc<Shared>, run_id: &RunId) {
     let _one_at_a_time = shared.registry.transition(run_id).await;
     if kill(shared, run_id).await.is_some() {
-        tracing::warn!(run_id, "run dropped from memory: its shard is another node's now");
+        tracing::warn!(%run_id, "run dropped from memory: its shard is another node's now");
         shared.event(run_id, "disowned", "its shard moved to another node");
     }
 }
@@ -113,7 +114,7 @@ pub(crate) async fn disown(shared: &Arc<Shared>, run_id: &str) {
 /// why the run will be re-entered, and an interrupted run is woken at once.
 pub(crate) async fn give_back_recovery(shared: &Arc<Shared>, cell: &RunCell, reason: Option<WakeReason>) {
     let counted = cell.task.recovering.swap(false, Ordering::SeqCst);
-    let run_id = cell.run_id.as_str();
+    let run_id = &cell.run_id;
     let marked = shared
         .update_run(run_id, |run, _| {
             let interrupted = matches!(run.status, RunStatus::Accepted | RunStatus::Running);
@@ -134,7 +135,7 @@ pub(crate) async fn give_back_recovery(shared: &Arc<Shared>, cell: &RunCell, rea
         Ok(Some(_)) if reason.is_some() => shared.timers.wake_at(shared.now_ms(), run_id),
         Ok(_) => {}
         Err(e) => {
-            tracing::error!(run_id, error = %e, "could not mark the interrupted run; retrying in 1 s");
+            tracing::error!(%run_id, error = %e, "could not mark the interrupted run; retrying in 1 s");
             shared.timers.wake_at(shared.now_ms().saturating_add(1_000), run_id);
         }
     }
@@ -142,6 +143,6 @@ pub(crate) async fn give_back_recovery(shared: &Arc<Shared>, cell: &RunCell, rea
 
 /// [`Agents::evictor`](crate::kernel::shared::Agents::evictor): an eviction from inside the
 /// run's own fiber (a crash hook, chaos), run as its own task.
-pub(crate) fn evict_boxed(shared: Arc<Shared>, run_id: String, why: &'static str) -> BoxFuture<()> {
+pub(crate) fn evict_boxed(shared: Arc<Shared>, run_id: RunId, why: &'static str) -> BoxFuture<()> {
     Box::pin(async move { evict(&shared, &run_id, why).await })
 }

@@ -1,5 +1,6 @@
 //! Keep-alive guards (§7.4): reference counted, released once, released on drop.
 
+use durafiber_store::RunId;
 use std::sync::{
     Arc,
     atomic::{AtomicBool, Ordering},
@@ -10,16 +11,16 @@ use crate::kernel::shared::Shared;
 /// Holds a run live while it exists. Releasing it twice is harmless; dropping it releases.
 pub struct KeepAlive {
     shared: Arc<Shared>,
-    run_id: String,
+    run_id: RunId,
     /// The activation it holds; `None` when the run was not live (it holds nothing).
     epoch: Option<u64>,
     released: AtomicBool,
 }
 
 impl KeepAlive {
-    pub(crate) fn acquire(shared: Arc<Shared>, run_id: &str) -> Self {
+    pub(crate) fn acquire(shared: Arc<Shared>, run_id: &RunId) -> Self {
         let epoch = shared.liveness.guard_acquired(run_id, shared.now_ms());
-        KeepAlive { shared, run_id: run_id.into(), epoch, released: AtomicBool::new(epoch.is_none()) }
+        KeepAlive { shared, run_id: run_id.clone(), epoch, released: AtomicBool::new(epoch.is_none()) }
     }
 
     /// Lets go of the guard. Only the first call counts.

@@ -11,6 +11,7 @@
 //! end re-enters it from the journal anyway. Otherwise, idle for `evict_after` (drawn anew
 //! per idle period), it is evicted.
 
+use durafiber_store::RunId;
 use durafiber_store::lock::{Mutex, MutexGuard};
 use std::{
     collections::BTreeMap,
@@ -120,9 +121,9 @@ impl Liveness {
 
     /// Puts the run back in the deadline index under its current deadline, and counts it
     /// among the waiting fibers if it is one.
-    fn reindex(&self, table: &mut Table, run_id: &str) {
+    fn reindex(&self, table: &mut Table, id: &str) {
         let Table { states, by_deadline, waiting } = table;
-        if let Some(state) = states.get_mut(run_id) {
+        if let Some(state) = states.get_mut(id) {
             self.place(by_deadline, waiting, state);
         }
     }
@@ -153,7 +154,7 @@ impl Liveness {
     }
 
     /// Runs `f` on the run's state (if the run is live), then re-evaluates whether it is held.
-    fn with<R>(&self, run_id: &str, now_ms: u64, f: impl FnOnce(&mut LiveState) -> R) -> Option<R> {
+    fn with<R>(&self, run_id: &RunId, now_ms: u64, f: impl FnOnce(&mut LiveState) -> R) -> Option<R> {
         let mut table = self.lock();
         let out = self.change(&mut table, run_id, now_ms, f);
         self.reindex(&mut table, run_id);
@@ -163,7 +164,7 @@ impl Liveness {
     fn change<R>(
         &self,
         table: &mut Table,
-        run_id: &str,
+        run_id: &RunId,
         now_ms: u64,
         f: impl FnOnce(&mut LiveState) -> R,
     ) -> Option<R> {
@@ -187,7 +188,7 @@ impl Liveness {
     /// `fiber` is the keep-alive of a fiber that starts with the activation, told here
     /// instead of by [`Liveness::fiber_started`]: a recovery tells the tracker of each run
     /// once, in one probe of its table and one place in its index.
-    pub fn activated(&self, run_id: &str, now_ms: u64, stream: u64, fiber: Option<bool>) {
+    pub fn activated(&self, run_id: &RunId, now_ms: u64, stream: u64, fiber: Option<bool>) {
         let mut rng = SeededRng::new(self.seed ^ stream);
         let evict_after_ms = self.draw(&mut rng);
         let mut guard = self.lock();
@@ -205,7 +206,7 @@ impl Liveness {
                     }
                     old.id.clone()
                 }
-                None => Arc::from(run_id),
+                None => Arc::from(run_id.as_str()),
             };
             LiveState {
                 id,
@@ -231,14 +232,14 @@ impl Liveness {
     }
 
     /// An inbound event was handled: a new idle period starts.
-    pub fn activity(&self, run_id: &str, now_ms: u64) {
+    pub fn activity(&self, run_id: &RunId, now_ms: u64) {
         self.with(run_id, now_ms, |s| {
             s.last_activity_ms = now_ms;
             s.evict_after_ms = self.draw(&mut s.rng);
         });
     }
 
-    pub fn fiber_started(&self, run_id: &str, keep_alive: bool, now_ms: u64) {
+    pub fn fiber_started(&self, run_id: &RunId, keep_alive: bool, now_ms: u64) {
         self.with(run_id, now_ms, |s| {
             s.fiber_active = true;
             s.fiber_keep_alive = keep_alive;
@@ -246,7 +247,7 @@ impl Liveness {
         });
     }
 
-    pub fn fiber_ended(&self, run_id: &str, now_ms: u64) {
+    pub fn fiber_ended(&self, run_id: &RunId, now_ms: u64) {
         self.with(run_id, now_ms, |s| {
             s.fiber_active = false;
             s.fiber_waiting = false;
@@ -256,7 +257,7 @@ impl Liveness {
 
     /// The run's fiber starts or stops waiting on a durable wait. True when more fibers wait
     /// in memory than `waiting_in_memory` allows: the driver should park some now.
-    pub fn fiber_waiting(&self, run_id: &str, waiting: bool, now_ms: u64) -> bool {
+    pub fn fiber_waiting(&self, run_id: &RunId, waiting: bool, now_ms: u64) -> bool {
         let mut table = self.lock();
         self.change(&mut table, run_id, now_ms, |s| s.fiber_waiting = waiting);
         self.reindex(&mut table, run_id);
@@ -264,7 +265,7 @@ impl Liveness {
     }
 
     /// A guard was taken: the activation it was taken in, or `None` when the run is not live.
-    pub fn guard_acquired(&self, run_id: &str, now_ms: u64) -> Option<u64> {
+    pub fn guard_acquired(&self, run_id: &RunId, now_ms: u64) -> Option<u64> {
         self.with(run_id, now_ms, |s| {
             s.guards += 1;
             s.epoch
@@ -273,7 +274,7 @@ impl Liveness {
 
     /// A guard taken in activation `epoch` was released. A guard that outlived its
     /// activation (the run was evicted and activated again) releases nothing.
-    pub fn guard_released(&self, run_id: &str, epoch: u64, now_ms: u64) {
+    pub fn guard_released(&self, run_id: &RunId, epoch: u64, now_ms: u64) {
         self.with(run_id, now_ms, |s| {
             if s.epoch == epoch {
                 s.guards = s.guards.saturating_sub(1);
@@ -281,7 +282,7 @@ impl Liveness {
         });
     }
 
-    pub fn remove(&self, run_id: &str) {
+    pub fn remove(&self, run_id: &RunId) {
         let mut table = self.lock();
         if let Some(state) = table.states.remove(run_id) {
             if let Some(at) = state.indexed_at_ms {
@@ -293,12 +294,12 @@ impl Liveness {
         }
     }
 
-    pub fn is_hibernateable(&self, run_id: &str) -> bool {
+    pub fn is_hibernateable(&self, run_id: &RunId) -> bool {
         self.lock().states.get(run_id).is_some_and(|s| !s.held() && !s.fiber_active)
     }
 
     /// Whether the run's fiber waits on a durable wait with nothing holding the run.
-    pub fn is_parkable(&self, run_id: &str) -> bool {
+    pub fn is_parkable(&self, run_id: &RunId) -> bool {
         self.lock().states.get(run_id).is_some_and(LiveState::parkable)
     }
 
@@ -327,8 +328,8 @@ impl Liveness {
         &self,
         now_ms: u64,
         metrics: &Metrics,
-        heartbeats: &mut Vec<String>,
-    ) -> Vec<(String, Action)> {
+        heartbeats: &mut Vec<RunId>,
+    ) -> Vec<(RunId, Action)> {
         let mut table = self.lock();
         let mut out = Vec::new();
         let due: Vec<Arc<str>> = table
@@ -342,7 +343,7 @@ impl Liveness {
             if s.held_since_ms.is_some() {
                 s.last_activity_ms = now_ms;
                 Metrics::bump(&metrics.heartbeats);
-                heartbeats.push(run_id.to_string());
+                heartbeats.push(RunId::from(&*run_id));
             } else {
                 s.closing = true;
                 let action = match (s.fiber_active, s.fiber_waiting) {
@@ -350,7 +351,7 @@ impl Liveness {
                     (true, true) => Action::Park,
                     (true, false) => Action::Evict,
                 };
-                out.push((run_id.to_string(), action));
+                out.push((RunId::from(&*run_id), action));
             }
             self.reindex(&mut table, &run_id);
         }
@@ -361,7 +362,7 @@ impl Liveness {
 
     /// Past `waiting_max` fibers waiting in memory, the ones that would be parked soonest
     /// are parked now: a burst of runs that all wait costs memory for at most that many.
-    fn park_the_excess(&self, table: &mut Table, out: &mut Vec<(String, Action)>) {
+    fn park_the_excess(&self, table: &mut Table, out: &mut Vec<(RunId, Action)>) {
         let excess = table.waiting.saturating_sub(self.waiting_max);
         if excess == 0 {
             return;
@@ -376,13 +377,13 @@ impl Liveness {
         for run_id in picked {
             if let Some(s) = table.states.get_mut(&run_id) {
                 s.closing = true;
-                out.push((run_id.to_string(), Action::Park));
+                out.push((RunId::from(&*run_id), Action::Park));
             }
             self.reindex(table, &run_id);
         }
     }
 
-    pub fn reopen(&self, run_id: &str) {
+    pub fn reopen(&self, run_id: &RunId) {
         let mut table = self.lock();
         if let Some(s) = table.states.get_mut(run_id) {
             s.closing = false;

@@ -6,6 +6,7 @@
 //! deliveries never wait for the store's index and the next due time is always known. One
 //! timer (the driver's) serves them all.
 
+use durafiber_store::RunId;
 use std::collections::{BTreeSet, HashSet};
 
 use durafiber_store::lock::{Mutex, MutexGuard};
@@ -150,7 +151,7 @@ impl Scheduler {
         Ok(())
     }
 
-    pub fn insert(&self, due_at_ms: u64, run_id: &str, name: &str) {
+    pub fn insert(&self, due_at_ms: u64, run_id: &RunId, name: &str) {
         let mut w = self.lock();
         let e = (due_at_ms, run_id.to_string(), name.to_string());
         if w.horizon.beyond(&e) {
@@ -164,7 +165,7 @@ impl Scheduler {
         w.trim();
     }
 
-    pub fn remove(&self, due_at_ms: u64, run_id: &str, name: &str) {
+    pub fn remove(&self, due_at_ms: u64, run_id: &RunId, name: &str) {
         self.lock().due.remove(&(due_at_ms, run_id.to_string(), name.to_string()));
     }
 
@@ -191,7 +192,7 @@ impl Scheduler {
         out
     }
 
-    pub fn delivered(&self, run_id: &str, name: &str) {
+    pub fn delivered(&self, run_id: &RunId, name: &str) {
         self.lock().in_flight.remove(&(run_id.to_string(), name.to_string()));
     }
 
@@ -213,11 +214,11 @@ mod tests {
     fn the_window_keeps_the_earliest_and_drops_the_rest_to_the_store() {
         let s = Scheduler::with_capacity(2);
         s.lock().horizon = Horizon::Complete;
-        s.insert(30, "r", "c");
-        s.insert(10, "r", "a");
-        s.insert(20, "r", "b");
+        s.insert(30, &RunId::from("r"), "c");
+        s.insert(10, &RunId::from("r"), "a");
+        s.insert(20, &RunId::from("r"), "b");
         assert_eq!(s.window_len(), 2);
-        s.insert(25, "r", "d"); // beyond the horizon now: left in the store
+        s.insert(25, &RunId::from("r"), "d"); // beyond the horizon now: left in the store
         assert_eq!(s.take_due(100, 10).iter().map(|e| e.0).collect::<Vec<_>>(), vec![10, 20]);
         assert!(s.wants_refill());
     }
@@ -226,11 +227,11 @@ mod tests {
     fn an_equal_due_time_past_the_horizon_is_left_to_the_store() {
         let s = Scheduler::with_capacity(2);
         s.lock().horizon = Horizon::Complete;
-        s.insert(10, "a", "x");
-        s.insert(10, "b", "x");
-        s.insert(10, "c", "x");
+        s.insert(10, &RunId::from("a"), "x");
+        s.insert(10, &RunId::from("b"), "x");
+        s.insert(10, &RunId::from("c"), "x");
         assert_eq!(s.lock().horizon, Horizon::After((10, "b".into(), "x".into())));
-        s.insert(10, "d", "x");
+        s.insert(10, &RunId::from("d"), "x");
         assert_eq!(s.window_len(), 2);
     }
 }

@@ -34,21 +34,21 @@ impl<T> Default for ByRunId<T> {
 }
 
 impl<T: HasRunId> ByRunId<T> {
-    pub fn get(&self, run_id: &str) -> Option<&T> {
-        let hash = self.hasher.hash_one(run_id);
-        self.table.find(hash, |held| held.is(hash, run_id)).map(|held| &held.value)
+    pub fn get(&self, id: &str) -> Option<&T> {
+        let hash = self.hasher.hash_one(id);
+        self.table.find(hash, |held| held.is(hash, id)).map(|held| &held.value)
     }
 
-    pub fn get_mut(&mut self, run_id: &str) -> Option<&mut T> {
-        let hash = self.hasher.hash_one(run_id);
-        self.table.find_mut(hash, |held| held.is(hash, run_id)).map(|held| &mut held.value)
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut T> {
+        let hash = self.hasher.hash_one(id);
+        self.table.find_mut(hash, |held| held.is(hash, id)).map(|held| &mut held.value)
     }
 
     /// Adds `value`, in place of its run's value if there was one.
     pub fn insert(&mut self, value: T) {
-        let run_id = value.run_id();
-        let hash = self.hasher.hash_one(run_id);
-        match self.table.entry(hash, |held| held.is(hash, run_id), |held| held.hash) {
+        let id = value.run_id();
+        let hash = self.hasher.hash_one(id);
+        match self.table.entry(hash, |held| held.is(hash, id), |held| held.hash) {
             hashbrown::hash_table::Entry::Occupied(mut entry) => entry.get_mut().value = value,
             hashbrown::hash_table::Entry::Vacant(entry) => {
                 entry.insert(Hashed { hash, value });
@@ -58,9 +58,9 @@ impl<T: HasRunId> ByRunId<T> {
 
     /// Puts `make(old)` in place of the run's value, or adds it when the run had none, in
     /// one probe of the table; returns the value put. `make` returns a value of `run_id`.
-    pub fn replace_with(&mut self, run_id: &str, make: impl FnOnce(Option<&T>) -> T) -> &mut T {
-        let hash = self.hasher.hash_one(run_id);
-        let held = match self.table.entry(hash, |held| held.is(hash, run_id), |held| held.hash) {
+    pub fn replace_with(&mut self, id: &str, make: impl FnOnce(Option<&T>) -> T) -> &mut T {
+        let hash = self.hasher.hash_one(id);
+        let held = match self.table.entry(hash, |held| held.is(hash, id), |held| held.hash) {
             hashbrown::hash_table::Entry::Occupied(entry) => {
                 let held = entry.into_mut();
                 held.value = make(Some(&held.value));
@@ -70,13 +70,13 @@ impl<T: HasRunId> ByRunId<T> {
                 entry.insert(Hashed { hash, value: make(None) }).into_mut()
             }
         };
-        debug_assert_eq!(held.value.run_id(), run_id);
+        debug_assert_eq!(held.value.run_id(), id);
         &mut held.value
     }
 
-    pub fn remove(&mut self, run_id: &str) -> Option<T> {
-        let hash = self.hasher.hash_one(run_id);
-        let entry = self.table.find_entry(hash, |held| held.is(hash, run_id)).ok()?;
+    pub fn remove(&mut self, id: &str) -> Option<T> {
+        let hash = self.hasher.hash_one(id);
+        let entry = self.table.find_entry(hash, |held| held.is(hash, id)).ok()?;
         Some(entry.remove().0.value)
     }
 
@@ -90,10 +90,10 @@ impl<T: HasRunId> ByRunId<T> {
 }
 
 impl<T: HasRunId> Hashed<T> {
-    /// Whether this entry holds `run_id`, whose hash is `hash`: the id is read only when the
+    /// Whether this entry holds the run of id `id`, whose hash is `hash`: the id is read only when the
     /// hashes agree.
-    fn is(&self, hash: u64, run_id: &str) -> bool {
-        self.hash == hash && self.value.run_id() == run_id
+    fn is(&self, hash: u64, id: &str) -> bool {
+        self.hash == hash && self.value.run_id() == id
     }
 }
 

@@ -191,7 +191,7 @@ pub(crate) async fn reached(raw: &RawCtx, (boundary, name): At<'_>) {
     let hooked = shared.obs.crash_hook.as_ref().is_some_and(|hook| hook(run_id, &boundary(name.to_string())));
     if hooked || (raw.in_fiber && shared.chaos_strikes()) {
         let why = if hooked { "crash point" } else { "chaos" };
-        let evicting = (shared.agents.evictor)(shared.clone(), run_id.to_string(), why);
+        let evicting = (shared.agents.evictor)(shared.clone(), run_id.clone(), why);
         shared.life.spawn_tracked(evicting);
         shared.life.parked(raw.in_fiber, std::future::pending::<()>()).await;
     }

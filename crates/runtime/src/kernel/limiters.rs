@@ -77,7 +77,7 @@ impl Limiters {
     }
 
     /// The limit `run_id` waits on now, if any.
-    pub fn waiting_on(&self, run_id: &str) -> Option<String> {
+    pub fn waiting_on(&self, run_id: &RunId) -> Option<String> {
         self.waiting.lock().get(run_id).cloned()
     }
 

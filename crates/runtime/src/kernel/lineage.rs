@@ -28,13 +28,13 @@ pub(crate) fn may_have_parent(key: &str) -> bool {
 }
 
 /// The parent of `run_id`, if a run started it.
-pub(crate) fn parent_of(shared: &Shared, run_id: &str) -> Result<Option<ParentRecord>, RuntimeError> {
+pub(crate) fn parent_of(shared: &Shared, run_id: &RunId) -> Result<Option<ParentRecord>, RuntimeError> {
     Ok(shared.store.get(&keys::parent_of(run_id))?)
 }
 
 /// The runs a child's end is sent to: the run that started it, then every fork that
 /// inherited it.
-pub(crate) fn parents_to_tell(shared: &Shared, run_id: &str) -> Result<Vec<RunId>, RuntimeError> {
+pub(crate) fn parents_to_tell(shared: &Shared, run_id: &RunId) -> Result<Vec<RunId>, RuntimeError> {
     let mut out: Vec<RunId> = parent_of(shared, run_id)?.map(|p| p.parent_run_id).into_iter().collect();
     for (_, fork) in shared.store.scan(&keys::FORK_PARENTS.of_run(run_id), None, usize::MAX)? {
         out.push(fork?.parent_run_id);
@@ -43,7 +43,10 @@ pub(crate) fn parents_to_tell(shared: &Shared, run_id: &str) -> Result<Vec<RunId
 }
 
 /// Every child of `run_id`, by name.
-pub(crate) fn children_of(shared: &Shared, run_id: &str) -> Result<Vec<(String, ChildRecord)>, RuntimeError> {
+pub(crate) fn children_of(
+    shared: &Shared,
+    run_id: &RunId,
+) -> Result<Vec<(String, ChildRecord)>, RuntimeError> {
     let mut out = Vec::new();
     for (key, child) in shared.store.scan(&keys::CHILDREN.of_run(run_id), None, usize::MAX)? {
         let name = keys::child_name(&key).unwrap_or_default();
@@ -57,7 +60,7 @@ pub(crate) fn children_of(shared: &Shared, run_id: &str) -> Result<Vec<(String, 
 /// against a budget, to delete).
 pub(crate) fn own_children_of(
     shared: &Shared,
-    run_id: &str,
+    run_id: &RunId,
 ) -> Result<Vec<(String, ChildRecord)>, RuntimeError> {
     let mut out = children_of(shared, run_id)?;
     let mut own = Vec::with_capacity(out.len());
@@ -71,14 +74,14 @@ pub(crate) fn own_children_of(
 
 /// The runs above `run_id` (started under `key`), nearest first, read through the parent
 /// links.
-pub(crate) fn ancestors(shared: &Shared, run_id: &str, key: &str) -> Result<Vec<Ancestor>, RuntimeError> {
+pub(crate) fn ancestors(shared: &Shared, run_id: &RunId, key: &str) -> Result<Vec<Ancestor>, RuntimeError> {
     let mut out = Vec::new();
-    let (mut run_id, mut key) = (run_id.to_string(), key.to_string());
+    let (mut run_id, mut key) = (run_id.clone(), key.to_string());
     while out.len() < LINEAGE_MAX && may_have_parent(&key) {
         let Some(parent) = parent_of(shared, &run_id)? else { break };
         let run = shared.load_run(&parent.parent_run_id)?;
         out.push(Ancestor { run_id: run.run_id.clone(), kind: run.kind.clone() });
-        (run_id, key) = (run.run_id.to_string(), run.key);
+        (run_id, key) = (run.run_id.clone(), run.key);
     }
     Ok(out)
 }

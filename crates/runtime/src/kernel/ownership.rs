@@ -5,6 +5,7 @@
 //! node. `run/leases.rs` acquires, renews and hands shards over; this is the answer the
 //! rest of the runtime asks before it runs or writes a run.
 
+use durafiber_store::RunId;
 use std::{
     collections::HashSet,
     time::{Duration, Instant},
@@ -64,13 +65,14 @@ impl Ownership {
         }
     }
 
-    pub fn owns(&self, run_id: &str) -> bool {
-        self.owns_shard(shard::of_run(run_id))
+    /// Whether this runtime may run the run of id `run_id`, typed or as read from a key.
+    pub fn owns(&self, run_id: impl AsRef<str>) -> bool {
+        self.owns_shard(shard::of_run(run_id.as_ref()))
     }
 
     /// `Ok` when this runtime may run `run_id` now: asked before a side effect starts, so a
     /// node past its self-fence deadline starts none.
-    pub fn check(&self, run_id: &str) -> Result<(), RuntimeError> {
+    pub fn check(&self, run_id: &RunId) -> Result<(), RuntimeError> {
         if self.owns(run_id) {
             Ok(())
         } else {
@@ -157,12 +159,12 @@ mod tests {
         assert!(!o.owns("run_a"), "no renewal yet: the deadline has passed");
         o.renewed(Instant::now(), Duration::from_secs(60));
         assert!(o.owns("run_a"));
-        assert!(o.check("run_a").is_ok());
+        assert!(o.check(&RunId::from("run_a")).is_ok());
         o.renewed(
             Instant::now().checked_sub(Duration::from_secs(60)).expect("a minute since boot"),
             Duration::from_secs(10),
         );
         assert!(!o.owns("run_a"), "past the self-fence deadline");
-        assert!(matches!(o.check("run_a"), Err(RuntimeError::NotOwner { .. })));
+        assert!(matches!(o.check(&RunId::from("run_a")), Err(RuntimeError::NotOwner { .. })));
     }
 }

@@ -1,6 +1,7 @@
 //! What operators have paused — kinds and single runs — held in memory as the store says, so
 //! the check on every effect and fiber start reads no disk; and the alarms held meanwhile.
 
+use durafiber_store::RunId;
 use std::collections::{BTreeSet, HashMap};
 
 use durafiber_store::{
@@ -13,7 +14,7 @@ pub(crate) struct Pauses {
     pub kinds: HashMap<String, PauseRecord>,
     pub runs: HashMap<String, PauseRecord>,
     /// Alarms that fell due for a paused run: `(run_id, due name)`, delivered on resume.
-    pub held_alarms: BTreeSet<(String, String)>,
+    pub held_alarms: BTreeSet<(RunId, String)>,
 }
 
 impl Pauses {
@@ -36,7 +37,7 @@ impl Pauses {
     }
 
     /// Why a run of `kind` is held, if it is: the run's own pause, else its kind's.
-    pub fn reason(&self, kind: &str, run_id: &str) -> Option<String> {
-        self.runs.get(run_id).or_else(|| self.kinds.get(kind)).map(|p| p.reason.clone())
+    pub fn reason(&self, kind: &str, run_id: &RunId) -> Option<String> {
+        self.runs.get(run_id.as_str()).or_else(|| self.kinds.get(kind)).map(|p| p.reason.clone())
     }
 }

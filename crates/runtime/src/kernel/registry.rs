@@ -2,6 +2,7 @@
 //! that serialize activation, hibernation and eviction. `run/actor.rs` activates into it;
 //! hibernation and eviction remove from it.
 
+use durafiber_store::RunId;
 use durafiber_store::lock::{Mutex, MutexGuard};
 use std::sync::Arc;
 
@@ -58,11 +59,11 @@ impl Registry {
         self.live.lock()
     }
 
-    pub fn get(&self, run_id: &str) -> Option<LiveRun> {
+    pub fn get(&self, run_id: &RunId) -> Option<LiveRun> {
         self.map().get(run_id).cloned()
     }
 
-    pub fn remove(&self, run_id: &str) -> Option<LiveRun> {
+    pub fn remove(&self, run_id: &RunId) -> Option<LiveRun> {
         self.map().remove(run_id)
     }
 
@@ -70,12 +71,12 @@ impl Registry {
         self.map().len()
     }
 
-    pub fn run_ids(&self) -> Vec<String> {
-        self.map().values().map(|live| live.cell.run_id.to_string()).collect()
+    pub fn run_ids(&self) -> Vec<RunId> {
+        self.map().values().map(|live| live.cell.run_id.clone()).collect()
     }
 
     /// Serializes activation, hibernation and eviction of `run_id` while the guard lives.
-    pub async fn transition(&self, run_id: &str) -> tokio::sync::MutexGuard<'_, ()> {
+    pub async fn transition(&self, run_id: &RunId) -> tokio::sync::MutexGuard<'_, ()> {
         self.transitions[stripe(run_id, self.transitions.len())].lock().await
     }
 

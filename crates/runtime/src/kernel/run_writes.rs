@@ -1,6 +1,7 @@
 //! The one way a run's record is written: read and committed under its stripe lock, and
 //! the open-run index paged through. A fiber's boundaries go through `kernel/commit.rs`.
 
+use durafiber_store::RunId;
 use durafiber_store::{
     Batch, Durability,
     prefetch::Prefetched,
@@ -22,7 +23,7 @@ pub(crate) struct LockedRun<'a> {
 }
 
 impl Shared {
-    pub fn load_run(&self, run_id: &str) -> Result<tables::RunRecord, RuntimeError> {
+    pub fn load_run(&self, run_id: &RunId) -> Result<tables::RunRecord, RuntimeError> {
         self.load_run_prefetched(run_id, Prefetched::default())
     }
 
@@ -30,7 +31,7 @@ impl Shared {
     /// are still current.
     pub fn load_run_prefetched(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         prefetched: Prefetched,
     ) -> Result<tables::RunRecord, RuntimeError> {
         self.store
@@ -63,7 +64,7 @@ impl Shared {
     /// anything is to be written; it may add other writes to the same boundary.
     pub async fn update_run<F>(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         change: F,
     ) -> Result<Option<tables::RunRecord>, RuntimeError>
     where
@@ -80,7 +81,7 @@ impl Shared {
 
     /// Reads a run record under its stripe lock, which is held until the [`LockedRun`] is
     /// dropped: activation reads a run once and writes its registration from that read.
-    pub async fn lock_run(&self, run_id: &str) -> Result<LockedRun<'_>, RuntimeError> {
+    pub async fn lock_run(&self, run_id: &RunId) -> Result<LockedRun<'_>, RuntimeError> {
         let guard = self.stripes.runs[stripe(run_id, self.stripes.runs.len())].lock().await;
         if self.life.is_closed() {
             return Err(RuntimeError::ShuttingDown);
@@ -115,7 +116,7 @@ impl Shared {
     pub fn open_runs_page(
         &self,
         after: Option<&Key<()>>,
-    ) -> Result<(Vec<String>, Option<Key<()>>), RuntimeError> {
+    ) -> Result<(Vec<RunId>, Option<Key<()>>), RuntimeError> {
         // A node on a shared store reads only its own shards' runs.
         let page = self.store.keys_in(
             &keys::OPEN_RUNS.all(),
@@ -125,7 +126,7 @@ impl Shared {
         )?;
         let full = page.len() == crate::limits::RECOVERY_SCAN_PAGE_MAX;
         let next = if full { page.last().cloned() } else { None };
-        let ids = page.iter().filter_map(|key| key.first_part()).map(str::to_string).collect();
+        let ids = page.iter().filter_map(|key| key.first_part()).map(RunId::from).collect();
         Ok((ids, next))
     }
 }

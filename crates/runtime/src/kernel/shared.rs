@@ -60,27 +60,27 @@ impl Shared {
     }
 
     /// Re-enters `run_id` (see [`Shared::reactivator`]).
-    pub async fn reactivate(self: &Arc<Self>, run_id: &str) {
+    pub async fn reactivate(self: &Arc<Self>, run_id: &RunId) {
         self.reactivate_since(run_id, Stopwatch::start()).await;
     }
 
     /// `reactivate`, with recovery latency counted from `since`.
-    pub async fn reactivate_since(self: &Arc<Self>, run_id: &str, since: Stopwatch) {
-        (self.agents.reactivator)(self.clone(), run_id.to_string(), since).await;
+    pub async fn reactivate_since(self: &Arc<Self>, run_id: &RunId, since: Stopwatch) {
+        (self.agents.reactivator)(self.clone(), run_id.clone(), since).await;
     }
 
     pub fn now_ms(&self) -> u64 {
         self.time.now_ms()
     }
 
-    pub fn event(&self, run_id: &str, kind: &'static str, detail: impl Into<String>) {
+    pub fn event(&self, run_id: &RunId, kind: &'static str, detail: impl Into<String>) {
         self.obs.events.push(self.now_ms(), run_id, kind, self.obs.redact(detail.into()));
     }
 
     /// Sends the span of attempt `attempt` of a run, an attempt that did not end by itself
     /// (`run/attempt_span.rs`): the process that ran it knew neither when it would end nor
     /// how, so it is sent as a moment, now.
-    pub fn send_unfinished_attempt(&self, run_id: &str, kind: &str, attempt: u32, outcome: &'static str) {
+    pub fn send_unfinished_attempt(&self, run_id: &RunId, kind: &str, attempt: u32, outcome: &'static str) {
         if attempt == 0 {
             return;
         }
@@ -118,7 +118,7 @@ impl Shared {
 
     /// The run's fiber starts or stops waiting on a durable wait; the driver is woken when
     /// too many wait in memory, to park the longest waiting.
-    pub fn fiber_waiting(&self, run_id: &str, waiting: bool, now_ms: u64) {
+    pub fn fiber_waiting(&self, run_id: &RunId, waiting: bool, now_ms: u64) {
         if self.liveness.fiber_waiting(run_id, waiting, now_ms) {
             self.timers.driver_wake.notify_one();
         }
@@ -206,13 +206,13 @@ pub(crate) struct Agents {
 }
 
 /// See [`Agents::reactivator`].
-pub(crate) type Reactivator = fn(Arc<Shared>, String, Stopwatch) -> BoxFuture<()>;
+pub(crate) type Reactivator = fn(Arc<Shared>, RunId, Stopwatch) -> BoxFuture<()>;
 
 /// See [`Agents::starter`]: (kind, idempotency key, input JSON) → the run's id.
 pub(crate) type Starter = fn(Arc<Shared>, String, String, String) -> BoxFuture<Result<RunId, RuntimeError>>;
 
 /// See [`Agents::evictor`]: (run id, why).
-pub(crate) type Evictor = fn(Arc<Shared>, String, &'static str) -> BoxFuture<()>;
+pub(crate) type Evictor = fn(Arc<Shared>, RunId, &'static str) -> BoxFuture<()>;
 
 impl Agents {
     pub fn agent(&self, kind: &str) -> Result<Arc<dyn ErasedAgent>, RuntimeError> {

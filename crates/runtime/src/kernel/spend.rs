@@ -3,6 +3,7 @@
 //! (`Shared::commit_boundary`, `Shared::update_run_from`), so spending is as durable as the
 //! work it paid for; a crash loses at most what the lost work spent.
 
+use durafiber_store::RunId;
 use durafiber_store::{
     Batch, Store, StoreError,
     tables::{BudgetRecord, BudgetSpent, keys},
@@ -19,14 +20,14 @@ pub(crate) struct CellSpending {
 }
 
 /// A run's budget record as stored; `None` for a run with no budget that charged nothing.
-pub(crate) fn stored(store: &Store, run_id: &str) -> Result<Option<BudgetRecord>, StoreError> {
+pub(crate) fn stored(store: &Store, run_id: &RunId) -> Result<Option<BudgetRecord>, StoreError> {
     store.get(&keys::budget(run_id))
 }
 
 /// Adds `pending` to the run's stored spending in `batch`; true when there was any.
 pub(crate) fn stage(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     pending: &mut BudgetSpent,
     batch: &mut Batch,
 ) -> Result<bool, StoreError> {

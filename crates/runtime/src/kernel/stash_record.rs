@@ -3,6 +3,7 @@
 //! is not 1: stores of agents that never bump it hold exactly what they held before versions
 //! existed, and read as version 1.
 
+use durafiber_store::RunId;
 use durafiber_store::{
     Batch, Store, StoreError,
     prefetch::Prefetched,
@@ -56,7 +57,7 @@ impl Stored {
 /// left is all listed.
 pub(crate) fn history(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     history_max: u32,
 ) -> Result<Vec<HistoryRecord>, StoreError> {
     let scanned = store.scan(&keys::HISTORY.of_run(run_id), None, usize::MAX)?;
@@ -74,7 +75,7 @@ pub(crate) fn history(
 }
 
 /// The run's last stash with its version (1 when none is recorded); `None` before the first.
-pub(crate) fn read(store: &Store, run_id: &str) -> Result<Option<Stored>, StoreError> {
+pub(crate) fn read(store: &Store, run_id: &RunId) -> Result<Option<Stored>, StoreError> {
     read_prefetched(store, run_id, Prefetched::default(), Prefetched::default())
 }
 
@@ -82,7 +83,7 @@ pub(crate) fn read(store: &Store, run_id: &str) -> Result<Option<Stored>, StoreE
 /// it and are still current.
 pub(crate) fn read_prefetched(
     store: &Store,
-    run_id: &str,
+    run_id: &RunId,
     stash: Prefetched,
     version: Prefetched,
 ) -> Result<Option<Stored>, StoreError> {

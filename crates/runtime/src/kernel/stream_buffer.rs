@@ -4,6 +4,7 @@
 //! `Shared::update_run_from`), so a chunk becomes durable with the next boundary; a failed
 //! commit forgets what this buffer knew, and the next emit reads the stream again.
 
+use durafiber_store::RunId;
 use durafiber_store::{
     Batch, StoreError,
     tables::{ReemissionRecord, StreamChunkRecord, StreamHead, keys},
@@ -28,7 +29,7 @@ pub(crate) struct StreamBuffer {
 
 impl StreamBuffer {
     /// Adds the pending chunks and the new head to `batch`; true when there were any.
-    pub fn stage_into(&mut self, run_id: &str, batch: &mut Batch) -> Result<bool, StoreError> {
+    pub fn stage_into(&mut self, run_id: &RunId, batch: &mut Batch) -> Result<bool, StoreError> {
         for reemission in self.reemissions.drain(..) {
             batch.put(keys::stream_reemission(run_id, reemission.seq), &reemission)?;
         }

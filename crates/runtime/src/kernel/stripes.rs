@@ -1,6 +1,7 @@
 //! The locks that serialize work on one key at a time, striped so a lock costs no map:
 //! starts per idempotency key, run records per run, and what arrives from outside per run.
 
+use durafiber_store::RunId;
 use tokio::sync::{Mutex, MutexGuard};
 
 use crate::{kernel::cell::stripe, limits};
@@ -27,7 +28,7 @@ impl Stripes {
     }
 
     /// The lock that serializes decisions and events of `run_id`.
-    pub async fn inbound(&self, run_id: &str) -> MutexGuard<'_, ()> {
+    pub async fn inbound(&self, run_id: &RunId) -> MutexGuard<'_, ()> {
         self.inbound[stripe(run_id, self.inbound.len())].lock().await
     }
 }

@@ -1,6 +1,7 @@
 //! What is due later: the alarm window, the runs to re-activate at a time, the next
 //! retention sweep, and the wake of the driver that serves them on the system clock.
 
+use durafiber_store::RunId;
 use std::{
     collections::BTreeSet,
     sync::atomic::{AtomicU32, AtomicU64},
@@ -14,7 +15,7 @@ use crate::kernel::alarm_window::Scheduler;
 pub(crate) struct Timers {
     pub scheduler: Scheduler,
     /// Runs to re-activate at a time (recovery backoff, re-activation after eviction).
-    pub wakeups: Mutex<BTreeSet<(u64, String)>>,
+    pub wakeups: Mutex<BTreeSet<(u64, RunId)>>,
     /// Wakes the system-clock driver when a deadline moved earlier.
     pub driver_wake: Notify,
     /// When the next retention sweep is due, ms; `u64::MAX` while one runs, or for ever
@@ -37,9 +38,9 @@ impl Timers {
     }
 
     /// Re-activates `run_id` at `at_ms`.
-    pub fn wake_at(&self, at_ms: u64, run_id: &str) {
-        tracing::debug!(run_id, at_ms, "wake scheduled");
-        self.wakeups.lock().insert((at_ms, run_id.to_string()));
+    pub fn wake_at(&self, at_ms: u64, run_id: &RunId) {
+        tracing::debug!(%run_id, at_ms, "wake scheduled");
+        self.wakeups.lock().insert((at_ms, run_id.clone()));
         self.driver_wake.notify_one();
     }
 }

@@ -13,6 +13,7 @@
 //! eviction that kills the actor aborts that task. Before: `start`, an alarm, a decision,
 //! an event or a recovery asks for a run. After: `fiber.rs`, `alarm_delivery.rs`.
 
+use durafiber_store::RunId;
 use std::{panic::AssertUnwindSafe, sync::Arc};
 
 use durafiber_store::tables::RunRecord;
@@ -43,7 +44,7 @@ use crate::{
 /// needs one does.
 async fn live_or_spawn(
     shared: &Arc<Shared>,
-    run_id: &str,
+    run_id: &RunId,
     since: Stopwatch,
 ) -> Result<(LiveRun, bool), RuntimeError> {
     let registry = &shared.registry;
@@ -127,7 +128,7 @@ pub(crate) async fn begin(shared: &Arc<Shared>, live: &LiveRun, since: Stopwatch
 /// Activates `run_id` (a cold start when it is not live). A cold start also starts or
 /// recovers the fiber, whatever event caused it: an alarm, a message, a decision or a
 /// keep-alive finds an interrupted run and re-enters it (§3.4).
-pub(crate) async fn activate(shared: &Arc<Shared>, run_id: &str) -> Result<LiveRun, RuntimeError> {
+pub(crate) async fn activate(shared: &Arc<Shared>, run_id: &RunId) -> Result<LiveRun, RuntimeError> {
     let (live, _cold) = live_or_spawn(shared, run_id, Stopwatch::start()).await?;
     Ok(live)
 }
@@ -151,7 +152,7 @@ pub(crate) async fn actor_of(shared: &Arc<Shared>, live: &LiveRun) -> Result<Act
 async fn send_activate(
     shared: &Arc<Shared>,
     live: &LiveRun,
-    run_id: &str,
+    run_id: &RunId,
     since: Stopwatch,
     decided: Option<Activation>,
 ) {
@@ -160,19 +161,19 @@ async fn send_activate(
         Err(_) => false,
     };
     if !sent {
-        tracing::warn!(run_id, "actor stopped before activation; retrying");
+        tracing::warn!(%run_id, "actor stopped before activation; retrying");
         shared.timers.wake_at(shared.now_ms(), run_id);
     }
 }
 
 /// Activates `run_id` and starts or recovers its fiber: at a cold start itself, for a live
 /// run through its actor.
-pub(crate) async fn reactivate(shared: &Arc<Shared>, run_id: &str) {
+pub(crate) async fn reactivate(shared: &Arc<Shared>, run_id: &RunId) {
     reactivate_since(shared, run_id, Stopwatch::start()).await;
 }
 
 /// `reactivate`, with recovery latency counted from `since`.
-pub(crate) async fn reactivate_since(shared: &Arc<Shared>, run_id: &str, since: Stopwatch) {
+pub(crate) async fn reactivate_since(shared: &Arc<Shared>, run_id: &RunId, since: Stopwatch) {
     if shared.life.passive {
         return;
     }
@@ -187,7 +188,7 @@ pub(crate) async fn reactivate_since(shared: &Arc<Shared>, run_id: &str, since: 
         }
         Err(e) => {
             // Never leave the run behind: a store that failed now may answer in a second.
-            tracing::error!(run_id, error = %e, "could not activate the run; retrying in 1 s");
+            tracing::error!(%run_id, error = %e, "could not activate the run; retrying in 1 s");
             shared.timers.wake_at(shared.now_ms().saturating_add(1_000), run_id);
         }
     }
@@ -195,7 +196,7 @@ pub(crate) async fn reactivate_since(shared: &Arc<Shared>, run_id: &str, since: 
 
 /// `reactivate_since` as the kernel holds it ([`Shared::reactivate`]), so that features below
 /// the runs can have a run re-entered without importing this module.
-pub(crate) fn reactivate_boxed(shared: Arc<Shared>, run_id: String, since: Stopwatch) -> BoxFuture<()> {
+pub(crate) fn reactivate_boxed(shared: Arc<Shared>, run_id: RunId, since: Stopwatch) -> BoxFuture<()> {
     Box::pin(async move { reactivate_since(&shared, &run_id, since).await })
 }
 

@@ -5,6 +5,7 @@
 //! and cannot loop forever. Retry n waits 2 s × 2^(n-1) plus up to 25% jitter; after the
 //! seventh failed attempt the alarm is dead-lettered.
 
+use durafiber_store::RunId;
 use std::sync::{Arc, atomic::Ordering};
 
 use durafiber_store::{
@@ -42,11 +43,11 @@ pub(crate) fn start_due(shared: &Arc<Shared>) -> usize {
     refill_if_low(shared);
     // One task per run, delivering that run's alarms one after another in due order; runs
     // are delivered concurrently.
-    let mut per_run: Vec<(String, Vec<(u64, String)>)> = Vec::new();
+    let mut per_run: Vec<(RunId, Vec<(u64, String)>)> = Vec::new();
     for (due_at_ms, run_id, name) in due {
         match per_run.iter_mut().find(|(r, _)| *r == run_id) {
             Some((_, alarms)) => alarms.push((due_at_ms, name)),
-            None => per_run.push((run_id, vec![(due_at_ms, name)])),
+            None => per_run.push((RunId::from(run_id), vec![(due_at_ms, name)])),
         }
     }
     for (run_id, alarms) in per_run {
@@ -89,10 +90,10 @@ fn refill_if_low(shared: &Arc<Shared>) {
 
 /// The runtime's own failure (a store write): not the handler's, so it is not counted. The
 /// backoff doubles per consecutive failure of the runtime, capped at 1024 s.
-fn runtime_failure(shared: &Shared, run_id: &str, name: &str, e: &RuntimeError) {
+fn runtime_failure(shared: &Shared, run_id: &RunId, name: &str, e: &RuntimeError) {
     let n = shared.timers.alarm_runtime_failures.fetch_add(1, Ordering::Relaxed).min(10);
     let delay = (1_000u64 << n).min(limits::ALARM_RUNTIME_BACKOFF_MAX.as_millis() as u64);
-    tracing::error!(run_id, alarm = name, error = %e, delay_ms = delay, "alarm delivery failed in the runtime");
+    tracing::error!(%run_id, alarm = name, error = %e, delay_ms = delay, "alarm delivery failed in the runtime");
     shared.timers.scheduler.insert(shared.now_ms().saturating_add(delay), run_id, name);
     shared.timers.driver_wake.notify_one();
 }
@@ -113,7 +114,7 @@ impl Slot {
         }
     }
 
-    fn read(self, shared: &Shared, run_id: &str, name: &str) -> Result<Option<AlarmRecord>, RuntimeError> {
+    fn read(self, shared: &Shared, run_id: &RunId, name: &str) -> Result<Option<AlarmRecord>, RuntimeError> {
         Ok(match self {
             Slot::Schedule => shared.store.get(&keys::alarm(run_id, name))?,
             Slot::Retry { scheduled_at_ms } => {
@@ -146,7 +147,7 @@ impl Slot {
 
 async fn deliver(
     shared: &Arc<Shared>,
-    run_id: &str,
+    run_id: &RunId,
     due_name: &str,
     due_key_ms: u64,
 ) -> Result<(), RuntimeError> {
@@ -304,7 +305,7 @@ fn advance(
     Ok(Some(due))
 }
 
-async fn call_handler(shared: &Arc<Shared>, run_id: &str, event: AlarmEvent) -> Result<(), AgentError> {
+async fn call_handler(shared: &Arc<Shared>, run_id: &RunId, event: AlarmEvent) -> Result<(), AgentError> {
     let live = actor::activate(shared, run_id).await.map_err(AgentError::from)?;
     let actor = actor::actor_of(shared, &live).await.map_err(AgentError::from)?;
     match actor.call(|reply| RunMsg::Alarm { event, reply }, None).await {

@@ -61,7 +61,7 @@ impl AttemptSpan {
             FiberMode::Fresh => ("fresh", None),
             FiberMode::Recover(reason) => ("recover", Some(format!("{reason:?}").to_lowercase())),
         };
-        let run_id = self.cell.run_id.as_str();
+        let run_id = &self.cell.run_id;
         let mut span = Ended::new(run_id, &self.cell.kind, "fiber.attempt", Parent::Root)
             .id(trace::attempt_span_id(run_id, self.attempt))
             .times(self.start_ms, self.shared.now_ms())

@@ -3,6 +3,7 @@
 //! come, and starts due alarm deliveries; on the system clock it sleeps until the next
 //! deadline, on a virtual clock `Runtime::advance` calls `tick` itself.
 
+use durafiber_store::RunId;
 use std::{
     sync::{Arc, Weak, atomic::Ordering},
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -31,9 +32,9 @@ pub(crate) async fn tick(shared: &Arc<Shared>) -> Option<u64> {
             }
         });
     }
-    let due: Vec<String> = {
+    let due: Vec<RunId> = {
         let mut wakeups = shared.timers.wakeups.lock();
-        let later = wakeups.split_off(&(now + 1, String::new()));
+        let later = wakeups.split_off(&(now + 1, RunId::new(String::new())));
         std::mem::replace(&mut *wakeups, later).into_iter().map(|(_, id)| id).collect()
     };
     for run_id in due {

@@ -6,6 +6,7 @@
 //! Before: `actor.rs` (a cold start decides here) or the actor's `Activate`. After:
 //! `agent/` (`Ctx`) for what user code calls, `fiber_end.rs` for the attempt's end.
 
+use durafiber_store::RunId;
 use std::{
     panic::AssertUnwindSafe,
     sync::{Arc, atomic::Ordering},
@@ -108,7 +109,7 @@ async fn decide_now(shared: &Arc<Shared>, cell: &RunCell) -> Activation {
 }
 
 /// The run's last stash; an error (a corrupt record) is kept for the recovery to escalate.
-pub(crate) fn read_stash(shared: &Shared, run_id: &str) -> StashRead {
+pub(crate) fn read_stash(shared: &Shared, run_id: &RunId) -> StashRead {
     crate::kernel::stash_record::read(&shared.store, run_id)
 }
 

@@ -50,13 +50,13 @@ pub struct ForkOptions {
 /// Most records a fork copies in its one write.
 const FORK_RECORDS_MAX: usize = 10_000;
 
-fn refused(run_id: &str, reason: impl Into<String>) -> RuntimeError {
+fn refused(run_id: &RunId, reason: impl Into<String>) -> RuntimeError {
     RuntimeError::ForkRefused { run_id: run_id.into(), reason: reason.into() }
 }
 
 pub(crate) async fn fork(
     shared: &Arc<Shared>,
-    source_id: &str,
+    source_id: &RunId,
     at: u64,
     key: &str,
     options: ForkOptions,
@@ -77,7 +77,7 @@ pub(crate) async fn fork(
     let (history, point) = point_at(shared, source_id, at)?;
     let now = shared.now_ms();
     let run_id = start::mint_run_id(now)?;
-    let new = run_id.as_str();
+    let new = &run_id;
     let mut batch = Batch::new();
     let mut settled = Settled { store, source_id, at, new: &run_id, batch: &mut batch };
     let inherited_effects = settled.effects()?;
@@ -119,7 +119,7 @@ pub(crate) async fn fork(
     }
     drop(_guard);
     shared.event(new, "forked", format!("from {source_id} at boundary {at}"));
-    tracing::info!(run_id = new, source = source_id, at, "run forked");
+    tracing::info!(run_id = %new, source = %source_id, at, "run forked");
     shared.reactivate(new).await;
     Ok(StartOutcome { run_id: RunId::new(run.run_id), accepted: true, status: RunStatus::Running })
 }
@@ -127,7 +127,7 @@ pub(crate) async fn fork(
 /// The source's history and its entry at boundary `at`, which the history must still keep.
 fn point_at(
     shared: &Shared,
-    source_id: &str,
+    source_id: &RunId,
     at: u64,
 ) -> Result<(Vec<HistoryRecord>, HistoryRecord), RuntimeError> {
     let history = crate::kernel::stash_record::history(&shared.store, source_id, shared.config.history_max)?;
@@ -203,8 +203,8 @@ fn stage_first_stash(
 /// history is whole from there.
 fn copy_storage(
     store: &durafiber_store::Store,
-    source_id: &str,
-    new: &str,
+    source_id: &RunId,
+    new: &RunId,
     at: u64,
     batch: &mut Batch,
 ) -> Result<(), RuntimeError> {
@@ -225,7 +225,7 @@ fn copy_storage(
 /// it too).
 struct Settled<'a> {
     store: &'a durafiber_store::Store,
-    source_id: &'a str,
+    source_id: &'a RunId,
     at: u64,
     new: &'a RunId,
     batch: &'a mut Batch,
@@ -325,8 +325,8 @@ impl Settled<'_> {
 /// The source's output stream up to its mark at boundary `at`, copied to the fork.
 fn copy_stream(
     shared: &Shared,
-    source_id: &str,
-    new: &str,
+    source_id: &RunId,
+    new: &RunId,
     at: u64,
     history: &[HistoryRecord],
     batch: &mut Batch,

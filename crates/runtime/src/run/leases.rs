@@ -14,6 +14,7 @@
 //! comes at the expiry instead, to take the shard at once. At shutdown the shards are
 //! handed back, so others take over at once.
 
+use durafiber_store::RunId;
 use std::{
     collections::HashSet,
     sync::{Arc, atomic::Ordering},
@@ -335,7 +336,7 @@ async fn take_up(shared: &Arc<Shared>, gained: &[u32]) {
     shared.timers.driver_wake.notify_one();
     let gained: HashSet<u32> = gained.iter().copied().collect();
     let keep =
-        |run_id: &str| gained.contains(&shard::of_run(run_id)) && shared.registry.get(run_id).is_none();
+        |run_id: &RunId| gained.contains(&shard::of_run(run_id)) && shared.registry.get(run_id).is_none();
     match rescan::reactivate_interrupted(shared, &keep).await {
         Ok(n) => tracing::info!(runs = n, "runs of the shards gained re-activated"),
         Err(e) => tracing::error!(error = %e, "could not scan the shards gained; the next tick does"),
@@ -346,8 +347,8 @@ async fn take_up(shared: &Arc<Shared>, gained: &[u32]) {
 /// here. (A start on a node that does not own the run's shard writes the run and leaves it
 /// to the owner.)
 async fn adopt(shared: &Arc<Shared>) {
-    let woken: HashSet<String> = shared.timers.wakeups.lock().iter().map(|(_, id)| id.clone()).collect();
-    let keep = |run_id: &str| {
+    let woken: HashSet<RunId> = shared.timers.wakeups.lock().iter().map(|(_, id)| id.clone()).collect();
+    let keep = |run_id: &RunId| {
         shared.ownership.owns(run_id) && shared.registry.get(run_id).is_none() && !woken.contains(run_id)
     };
     if let Err(e) = rescan::reactivate_interrupted(shared, &keep).await {

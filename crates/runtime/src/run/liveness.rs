@@ -5,6 +5,7 @@
 //! The check reads the open-run index, the registry, the wake queue and the run's alarms
 //! and approvals; it changes nothing.
 
+use durafiber_store::RunId;
 use std::collections::HashSet;
 
 use durafiber_store::tables::{self, RunStatus, keys};
@@ -20,7 +21,7 @@ pub(crate) fn check(shared: &Shared) -> Result<Vec<LivenessViolation>, RuntimeEr
     if shared.life.passive {
         return Ok(Vec::new());
     }
-    let woken: HashSet<String> = shared.timers.wakeups.lock().iter().map(|(_, id)| id.clone()).collect();
+    let woken: HashSet<RunId> = shared.timers.wakeups.lock().iter().map(|(_, id)| id.clone()).collect();
     let mut violations = Vec::new();
     let mut after = None;
     loop {
@@ -38,11 +39,7 @@ pub(crate) fn check(shared: &Shared) -> Result<Vec<LivenessViolation>, RuntimeEr
             if live.as_ref().is_some_and(|l| l.cell.fiber_running()) || parked(shared, &run)? {
                 continue;
             }
-            violations.push(LivenessViolation {
-                run_id: run_id.into(),
-                status: run.status,
-                live: live.is_some(),
-            });
+            violations.push(LivenessViolation { run_id, status: run.status, live: live.is_some() });
         }
         match next {
             Some(last) => after = Some(last),

@@ -2,6 +2,7 @@
 //! finds them at start-up is `rescan.rs`; which hooks run at once, and so which deaths count
 //! against a run, is `kernel/hook_gate.rs`.
 
+use durafiber_store::RunId;
 use durafiber_store::tables::{RunRecord, RunStatus, WakeReason, keys};
 
 use crate::{budget::Budgets, hooks::RecoveryReason, kernel::shared::Shared, limits};
@@ -64,7 +65,7 @@ pub(crate) fn plan(shared: &Shared, run: &RunRecord, budgets: &Budgets) -> Plan 
 }
 
 /// How many lone recoveries of `run_id` in a row the process died in (`tables::HOOK_PROBES`).
-pub(crate) fn probe_deaths(shared: &Shared, run_id: &str) -> Result<u32, durafiber_store::StoreError> {
+pub(crate) fn probe_deaths(shared: &Shared, run_id: &RunId) -> Result<u32, durafiber_store::StoreError> {
     let key = keys::hook_probe(run_id);
     Ok(shared.store.get::<u32>(&key)?.unwrap_or(0))
 }

@@ -2,6 +2,7 @@
 //! takes shards — and re-enters them in batches whose registrations share one write. What
 //! each run needs is `recovery::plan`'s decision, made in `fiber::register`.
 
+use durafiber_store::RunId;
 use std::sync::Arc;
 
 use durafiber_store::{
@@ -31,7 +32,7 @@ pub(crate) async fn scan_and_reactivate(shared: &Arc<Shared>) -> Result<usize, R
 /// ([`Store::prefetch`]): a batch takes the run's record and stash from here, under the
 /// run's locks, when nothing wrote them since, instead of looking each up in the store.
 struct Found {
-    run_id: String,
+    run_id: RunId,
     run: Prefetched,
     stash: Prefetched,
     stash_version: Prefetched,
@@ -42,7 +43,7 @@ struct Found {
 /// the open ones, and the rest of the span is read a record at a time as before. A walk
 /// that fails leaves its records to be read one at a time, where a damaged one is reported
 /// against its run.
-fn with_records(store: &Store, run_ids: Vec<String>) -> Vec<Found> {
+fn with_records(store: &Store, run_ids: Vec<RunId>) -> Vec<Found> {
     let limit = run_ids.len().saturating_mul(2).saturating_add(16);
     let walk = |key_of: &dyn Fn(&str) -> Vec<u8>| {
         let wanted: Vec<Vec<u8>> = run_ids.iter().map(|id| key_of(id)).collect();
@@ -73,7 +74,7 @@ fn with_records(store: &Store, run_ids: Vec<String>) -> Vec<Found> {
 /// read in one walk per table before its runs are dealt.
 pub(crate) async fn reactivate_interrupted(
     shared: &Arc<Shared>,
-    keep: &(dyn Fn(&str) -> bool + Sync),
+    keep: &(dyn Fn(&RunId) -> bool + Sync),
 ) -> Result<usize, RuntimeError> {
     let lanes = (limits::RECOVERY_ACTIVATIONS_MAX / limits::RECOVERY_BATCH_MAX).max(1);
     let mut senders = Vec::with_capacity(lanes);
@@ -114,7 +115,7 @@ pub(crate) async fn reactivate_interrupted(
                 break;
             }
         };
-        let ids: Vec<String> = ids.into_iter().filter(|id| keep(id)).collect();
+        let ids: Vec<RunId> = ids.into_iter().filter(|id| keep(id)).collect();
         for found in with_records(&shared.store, ids) {
             let lane = crate::kernel::cell::stripe(&found.run_id, limits::ACTIVATION_STRIPES) % lanes;
             dealt[lane].push(found);
@@ -185,7 +186,7 @@ async fn reactivate_batch(shared: &Arc<Shared>, found: Vec<Found>) -> Result<usi
         let mut run = match shared.load_run_prefetched(&run_id, run) {
             Ok(run) => run,
             Err(e) => {
-                tracing::error!(run_id, error = %e, "run record unreadable; the run cannot continue");
+                tracing::error!(%run_id, error = %e, "run record unreadable; the run cannot continue");
                 shared.event(&run_id, "corrupt", e.to_string());
                 continue;
             }

@@ -66,7 +66,7 @@ fn check(shared: &Shared) -> Result<Vec<DeployProblem>, RuntimeError> {
 }
 
 /// The reason `run_id` would escalate, if it would.
-fn check_run(shared: &Shared, run_id: &str) -> Result<Option<DeployProblem>, RuntimeError> {
+fn check_run(shared: &Shared, run_id: &RunId) -> Result<Option<DeployProblem>, RuntimeError> {
     let problem = |kind: &str, reason: String| {
         Ok(Some(DeployProblem { run_id: RunId::from(run_id), kind: kind.to_string(), reason }))
     };

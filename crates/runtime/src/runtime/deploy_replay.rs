@@ -235,7 +235,7 @@ fn status_finding(before: &RunStatus, after: &RunStatus, stuck: bool) -> Option<
 /// The chunks `shared`'s store records as re-emitted differently for a run.
 fn reemissions(
     shared: &crate::kernel::shared::Shared,
-    run_id: &str,
+    run_id: &RunId,
 ) -> Result<Vec<ReemissionRecord>, RuntimeError> {
     let scanned =
         shared.store.scan::<ReemissionRecord>(&keys::STREAM_REEMISSIONS.of_run(run_id), None, usize::MAX)?;

@@ -394,7 +394,7 @@ impl Runtime {
         from_seq: u64,
     ) -> Result<futures::stream::BoxStream<'static, Result<StreamItem, RuntimeError>>, RuntimeError> {
         self.shared.load_run(run_id)?;
-        Ok(Box::pin(stream::follow(self.shared.clone(), run_id.to_string(), from_seq)))
+        Ok(Box::pin(stream::follow(self.shared.clone(), run_id.clone(), from_seq)))
     }
 
     /// Up to `limit` chunks of the run's output stream from `from_seq` on, as stored now.

@@ -2,21 +2,24 @@
 //! touches the run — after a crash, an eviction, on another node — adds to the same trace
 //! and names the same parents without asking anyone; and W3C `traceparent` headers.
 
+use durafiber_store::RunId;
 use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
 use sha2::{Digest, Sha256};
 
 /// The trace of the run `run_id`: the first 16 bytes of SHA-256("durafiber/trace/v1" ‖ run id).
 ///
 /// ```
-/// let id = durafiber_runtime::trace::trace_id_of("r-1");
+/// use durafiber_runtime::{RunId, trace::trace_id_of};
+///
+/// let id = trace_id_of(&RunId::from("r-1"));
 /// assert_eq!(id.len(), 32);
-/// assert_eq!(id, durafiber_runtime::trace::trace_id_of("r-1"));
+/// assert_eq!(id, trace_id_of(&RunId::from("r-1")));
 /// ```
-pub fn trace_id_of(run_id: &str) -> String {
+pub fn trace_id_of(run_id: &RunId) -> String {
     trace_id(run_id).to_string()
 }
 
-pub(crate) fn trace_id(run_id: &str) -> TraceId {
+pub(crate) fn trace_id(run_id: &RunId) -> TraceId {
     let digest = Sha256::new().chain_update(b"durafiber/trace/v1").chain_update(run_id.as_bytes()).finalize();
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&digest[..16]);
@@ -27,10 +30,10 @@ pub(crate) fn trace_id(run_id: &str) -> TraceId {
 }
 
 /// A span every process derives alike: the run's root (`what` "run") or a fiber attempt's.
-pub(crate) fn span_id(run_id: &str, what: &str, n: u64) -> SpanId {
+pub(crate) fn span_id(seed: &str, what: &str, n: u64) -> SpanId {
     let digest = Sha256::new()
         .chain_update(b"durafiber/span/v1")
-        .chain_update(run_id.as_bytes())
+        .chain_update(seed.as_bytes())
         .chain_update([0u8])
         .chain_update(what.as_bytes())
         .chain_update(n.to_be_bytes())
@@ -44,12 +47,12 @@ pub(crate) fn span_id(run_id: &str, what: &str, n: u64) -> SpanId {
 }
 
 /// The root span of the run's trace.
-pub(crate) fn root_span_id(run_id: &str) -> SpanId {
+pub(crate) fn root_span_id(run_id: &RunId) -> SpanId {
     span_id(run_id, "run", 0)
 }
 
 /// The span of the run's fiber attempt `attempt`.
-pub(crate) fn attempt_span_id(run_id: &str, attempt: u32) -> SpanId {
+pub(crate) fn attempt_span_id(run_id: &RunId, attempt: u32) -> SpanId {
     span_id(run_id, "attempt", u64::from(attempt))
 }
 
@@ -103,20 +106,20 @@ mod tests {
 
     #[test]
     fn ids_are_the_same_in_every_process_and_differ_between_runs_and_attempts() {
-        assert_eq!(trace_id("r-1"), trace_id("r-1"));
-        assert_ne!(trace_id("r-1"), trace_id("r-2"));
-        assert_eq!(attempt_span_id("r-1", 2), attempt_span_id("r-1", 2));
-        assert_ne!(attempt_span_id("r-1", 1), attempt_span_id("r-1", 2));
-        assert_ne!(root_span_id("r-1"), attempt_span_id("r-1", 0));
+        assert_eq!(trace_id(&RunId::from("r-1")), trace_id(&RunId::from("r-1")));
+        assert_ne!(trace_id(&RunId::from("r-1")), trace_id(&RunId::from("r-2")));
+        assert_eq!(attempt_span_id(&RunId::from("r-1"), 2), attempt_span_id(&RunId::from("r-1"), 2));
+        assert_ne!(attempt_span_id(&RunId::from("r-1"), 1), attempt_span_id(&RunId::from("r-1"), 2));
+        assert_ne!(root_span_id(&RunId::from("r-1")), attempt_span_id(&RunId::from("r-1"), 0));
         assert_ne!(fresh_span_id(), fresh_span_id());
     }
 
     #[test]
     fn a_traceparent_round_trips_and_a_malformed_one_is_ignored() {
-        let header = traceparent(trace_id("r-1"), root_span_id("r-1"));
+        let header = traceparent(trace_id(&RunId::from("r-1")), root_span_id(&RunId::from("r-1")));
         let parsed = parse_traceparent(&header).expect("a header we wrote parses");
-        assert_eq!(parsed.trace_id(), trace_id("r-1"));
-        assert_eq!(parsed.span_id(), root_span_id("r-1"));
+        assert_eq!(parsed.trace_id(), trace_id(&RunId::from("r-1")));
+        assert_eq!(parsed.span_id(), root_span_id(&RunId::from("r-1")));
         assert!(parsed.is_sampled());
         for bad in [
             "",

@@ -18,6 +18,7 @@
 mod export;
 mod ids;
 
+use durafiber_store::RunId;
 use std::{borrow::Cow, time::SystemTime};
 
 use opentelemetry::{
@@ -76,7 +77,7 @@ where
 }
 
 /// The trace UI's page of the run `run_id`, when `config` names a UI.
-pub fn ui_link(config: &TraceExport, run_id: &str) -> Option<String> {
+pub fn ui_link(config: &TraceExport, run_id: &RunId) -> Option<String> {
     let template = config.ui.as_ref()?;
     Some(template.replace("{trace_id}", &trace_id_of(run_id)))
 }
@@ -92,7 +93,7 @@ pub(crate) enum Parent {
 
 /// A span that ended, ready to send.
 pub(crate) struct Ended<'a> {
-    pub run_id: &'a str,
+    pub run_id: &'a RunId,
     pub agent: &'a str,
     pub name: Cow<'static, str>,
     pub parent: Parent,
@@ -110,7 +111,12 @@ pub(crate) struct Ended<'a> {
 
 impl<'a> Ended<'a> {
     /// A span of the run `run_id` of kind `agent`, from `start_ms` to `end_ms`.
-    pub fn new(run_id: &'a str, agent: &'a str, name: impl Into<Cow<'static, str>>, parent: Parent) -> Self {
+    pub fn new(
+        run_id: &'a RunId,
+        agent: &'a str,
+        name: impl Into<Cow<'static, str>>,
+        parent: Parent,
+    ) -> Self {
         Ended {
             run_id,
             agent,
@@ -180,7 +186,7 @@ impl Traces {
     }
 
     /// The `traceparent` of `span` in `run_id`'s trace, when traces are exported.
-    pub fn traceparent(&self, run_id: &str, span: SpanId) -> Option<String> {
+    pub fn traceparent(&self, run_id: &RunId, span: SpanId) -> Option<String> {
         self.is_on().then(|| ids::traceparent(trace_id(run_id), span))
     }
 

@@ -1,6 +1,7 @@
 //! The harness's side of a server's life: it starts runs, sends each its event once,
 //! approves, and remembers what it asked for and what it was told.
 
+use durafiber_runtime::RunId;
 use std::collections::{BTreeMap, BTreeSet};
 
 use durafiber_runtime::rng::SeededRng;
@@ -89,7 +90,7 @@ impl Harness {
     /// Sends each run's `packed` event until the server acknowledges it once.
     pub(super) async fn send_events(&mut self, client: &Client) {
         for (run_id, key) in self.unsent.clone() {
-            if send_packed(client, &run_id, &key).await.is_ok() {
+            if send_packed(client, &RunId::from(run_id.as_str()), &key).await.is_ok() {
                 self.unsent.remove(&run_id);
             }
         }
@@ -159,7 +160,7 @@ impl Harness {
 }
 
 /// The one `packed` event of the order started under `key`: the outcome the server gave.
-pub(super) async fn send_packed(client: &Client, run_id: &str, key: &str) -> anyhow::Result<String> {
+pub(super) async fn send_packed(client: &Client, run_id: &RunId, key: &str) -> anyhow::Result<String> {
     let body = json!({"payload": {"box": format!("box-{key}")}, "idempotency_key": format!("packed-{key}")});
     let answer = client.post_json(&format!("/runs/{run_id}/events/packed"), &body, None).await?;
     Ok(answer["outcome"].as_str().unwrap_or("?").to_string())

@@ -66,7 +66,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use durafiber_runtime::rng::SeededRng;
+use durafiber_runtime::{RunId, rng::SeededRng};
 use durafiber_testkit::upstream::Upstream;
 use serde_json::{Value, json};
 
@@ -354,7 +354,7 @@ async fn resend_events(h: &Harness, client: &Client, report: &mut TortureReport)
     {
         for run_id in ids {
             let acknowledged = !h.unsent.contains_key(run_id);
-            match send_packed(client, run_id, key).await {
+            match send_packed(client, &RunId::from(run_id.as_str()), key).await {
                 Ok(outcome) if outcome != "duplicate" => report.events_twice += 1,
                 Err(e) if acknowledged || !e.to_string().contains("has finished") => report.events_twice += 1,
                 _ => {}

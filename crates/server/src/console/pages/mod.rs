@@ -271,14 +271,14 @@ fn status_text(status: &durafiber_store::tables::RunStatus) -> String {
     }
 }
 
-/// Where a run's page is.
-pub fn run_url(run_id: &str) -> String {
-    format!("/ui/runs/{}", enc(run_id))
+/// Where a run's page is, for the run id a page shows (as its JSON view holds it).
+pub fn run_url(id: &str) -> String {
+    format!("/ui/runs/{}", enc(id))
 }
 
 /// Where an approval's decision page is.
-pub fn decision_url(run_id: &str, approval_id: &str) -> String {
-    format!("/ui/runs/{}/approvals/{}", enc(run_id), enc(approval_id))
+pub fn decision_url(id: &str, approval_id: &str) -> String {
+    format!("/ui/runs/{}/approvals/{}", enc(id), enc(approval_id))
 }
 
 fn enc(part: &str) -> String {
