@@ -153,6 +153,14 @@ async fn wait_for_decision(
     }
 }
 
+/// What a decision of a pause comes to before anything is written.
+enum Ruling {
+    /// The pause is decided by it (with the vote that met its rule, and the approvals so far).
+    Decides(Decision, Option<(VoteRecord, u32)>),
+    /// Nothing more to write: a retry answered alike, or a vote recorded short of the rule.
+    Answered(ApproveOutcome),
+}
+
 pub(crate) async fn approve(
     shared: &Arc<Shared>,
     run_id: &RunId,
@@ -163,126 +171,38 @@ pub(crate) async fn approve(
 ) -> Result<ApproveOutcome, RuntimeError> {
     let _one_at_a_time = shared.stripes.inbound(run_id).await;
     let run = shared.load_run(run_id)?;
-    let key = keys::approval(run_id, approval_id);
-    let not_pending =
-        || RuntimeError::NotPending { run_id: run_id.into(), approval_id: approval_id.to_string() };
-    let mut record: ApprovalRecord = shared.store.get(&key)?.ok_or_else(not_pending)?;
-    if record.escalated {
-        return Err(not_pending());
-    }
-    if record.payload_hash != payload_hash {
-        return Err(RuntimeError::StaleApproval {
-            run_id: run_id.into(),
-            approval_id: approval_id.to_string(),
-        });
-    }
+    let mut record = pending_record(shared, run_id, approval_id, payload_hash)?;
     let rule: Option<ApprovalRuleRecord> = shared.store.get(&keys::approval_rule(run_id, approval_id))?;
+    let required = rule.as_ref().map_or(1, |r| r.required);
     let outcome = |recorded: bool, decided: bool, approvals: u32| ApproveOutcome {
-        run_id: run_id.into(),
+        run_id: run_id.clone(),
         approval_id: approval_id.into(),
         recorded,
         decided,
         approvals,
-        required: rule.as_ref().map_or(1, |r| r.required),
+        required,
     };
-    let (decided, vote) = match &rule {
-        None => {
-            match &record.decision {
-                Some(d) if *d == decision => return Ok(outcome(false, true, u32::from(d.approved))),
-                Some(_) => return Err(already_decided(run_id, approval_id)),
-                None if run.status.is_terminal() => return Err(not_pending()),
-                None => {}
-            }
-            (decision.clone(), None)
-        }
+    let ruling = match &rule {
+        None => match &record.decision {
+            Some(d) if *d == decision => Ruling::Answered(outcome(false, true, u32::from(d.approved))),
+            Some(_) => return Err(already_decided(run_id, approval_id)),
+            None if run.status.is_terminal() => return Err(not_pending(run_id, approval_id)),
+            None => Ruling::Decides(decision, None),
+        },
         Some(rule) => {
             let decider = by.ok_or_else(|| RuntimeError::DeciderUnknown {
-                run_id: run_id.into(),
+                run_id: run_id.clone(),
                 approval_id: approval_id.into(),
             })?;
-            if let Some(reason) = quorum::refusal(rule, decider) {
-                return Err(RuntimeError::NotAReviewer {
-                    run_id: run_id.into(),
-                    approval_id: approval_id.into(),
-                    reason,
-                });
-            }
-            let mut votes = votes_of(shared, run_id, approval_id)?;
-            if let Some(prior) = votes.iter().find(|v| v.by == decider.name) {
-                // One person counts once; the same decision again is a retry, answered alike.
-                let decided = record.decision.is_some();
-                let approvals = quorum::tally(rule, &votes).approvals;
-                return match prior.approved == decision.approved && prior.comment == decision.comment {
-                    true => Ok(outcome(false, decided, approvals)),
-                    false => Err(RuntimeError::AlreadyVoted {
-                        run_id: run_id.into(),
-                        approval_id: approval_id.into(),
-                        by: decider.name.clone(),
-                    }),
-                };
-            }
-            if record.decision.is_some() {
-                return Err(already_decided(run_id, approval_id));
-            }
-            if run.status.is_terminal() {
-                return Err(not_pending());
-            }
-            let vote = VoteRecord {
-                by: decider.name.clone(),
-                approved: decision.approved,
-                comment: decision.comment.clone(),
-                payload_hash: payload_hash.to_string(),
-                at_ms: shared.now_ms(),
-            };
-            votes.push(vote.clone());
-            let tally = quorum::tally(rule, &votes);
-            let Some(decided) = tally.decision else {
-                // Not decided yet: the vote alone, durable before it is answered.
-                let mut batch = Batch::new();
-                batch.put(keys::approval_vote(run_id, approval_id, &vote.by), &vote)?;
-                shared.store.commit(batch, Durability::Sync).await?;
-                shared.event(
-                    run_id,
-                    "approval_vote",
-                    format!(
-                        "{approval_id}: {} {}, {} of {}",
-                        vote.by,
-                        verb(vote.approved),
-                        tally.approvals,
-                        rule.required
-                    ),
-                );
-                vote_span(shared, &run.kind, &record, &vote, tally.approvals, rule.required);
-                return Ok(outcome(true, false, tally.approvals));
-            };
-            (decided, Some((vote, tally.approvals)))
+            vote(shared, &run, &record, rule, decider, decision, &outcome).await?
         }
     };
+    let (decided, vote) = match ruling {
+        Ruling::Answered(answer) => return Ok(answer),
+        Ruling::Decides(decided, vote) => (decided, vote),
+    };
     record.decision = Some(decided.clone());
-    let escalation = escalation_alarm_name(approval_id);
-    // The boundary the run stands at: a fork from a later one inherits the decision.
-    let seq = shared.store.get(&keys::stash(run_id))?.map_or(0, |stash| stash.seq);
-    shared
-        .update_run(run_id, |run, batch| {
-            batch.put(key.clone(), &record)?;
-            batch.put(keys::journal_seq(run_id, keys::Journaled::Approval, approval_id), &seq)?;
-            if let Some((vote, _)) = &vote {
-                batch.put(keys::approval_vote(run_id, approval_id, &vote.by), vote)?;
-            }
-            alarm::unstage(batch, run_id, &escalation, record.escalate_at_ms);
-            if run.status == (RunStatus::WaitingApproval { approval_id: approval_id.to_string() }) {
-                run.status = RunStatus::Running;
-                run.wake_reason = Some(WakeReason::Resumed);
-            }
-            // A decision is progress: the run's recovery count starts again (§3.6).
-            run.recover_attempts = 0;
-            run.next_recover_at_ms = 0;
-            Ok(true)
-        })
-        .await?;
-    shared.timers.scheduler.remove(record.escalate_at_ms, run_id, &escalation);
-    shared.liveness.activity(run_id, shared.now_ms());
-    shared.event(run_id, "approval_decided", format!("{approval_id}: approved={}", decided.approved));
+    record_decision(shared, &run, &record, approval_id, vote.as_ref().map(|(v, _)| v)).await?;
     if let (Some((vote, approvals)), Some(rule)) = (&vote, &rule) {
         vote_span(shared, &run.kind, &record, vote, *approvals, rule.required);
     }
@@ -302,6 +222,137 @@ pub(crate) async fn approve(
     };
     deliver(shared, run_id, approval_id, decided).await;
     Ok(outcome(true, true, approvals))
+}
+
+/// The pause `approval_id` of `run_id`, still waiting, whose payload hashes to `payload_hash`.
+fn pending_record(
+    shared: &Shared,
+    run_id: &RunId,
+    approval_id: &str,
+    payload_hash: &str,
+) -> Result<ApprovalRecord, RuntimeError> {
+    let record: ApprovalRecord = shared
+        .store
+        .get(&keys::approval(run_id, approval_id))?
+        .ok_or_else(|| not_pending(run_id, approval_id))?;
+    if record.escalated {
+        return Err(not_pending(run_id, approval_id));
+    }
+    if record.payload_hash != payload_hash {
+        return Err(RuntimeError::StaleApproval {
+            run_id: run_id.clone(),
+            approval_id: approval_id.to_string(),
+        });
+    }
+    Ok(record)
+}
+
+/// One person's vote on a pause with a rule: a retry answered alike, a vote recorded short of
+/// the rule, or the vote that decides it.
+async fn vote(
+    shared: &Shared,
+    run: &RunRecord,
+    record: &ApprovalRecord,
+    rule: &ApprovalRuleRecord,
+    decider: &Decider,
+    decision: Decision,
+    outcome: &impl Fn(bool, bool, u32) -> ApproveOutcome,
+) -> Result<Ruling, RuntimeError> {
+    let (run_id, approval_id) = (&run.run_id, record.approval_id.as_str());
+    if let Some(reason) = quorum::refusal(rule, decider) {
+        return Err(RuntimeError::NotAReviewer {
+            run_id: run_id.clone(),
+            approval_id: approval_id.into(),
+            reason,
+        });
+    }
+    let mut votes = votes_of(shared, run_id, approval_id)?;
+    if let Some(prior) = votes.iter().find(|v| v.by == decider.name) {
+        // One person counts once; the same decision again is a retry, answered alike.
+        let approvals = quorum::tally(rule, &votes).approvals;
+        return match prior.approved == decision.approved && prior.comment == decision.comment {
+            true => Ok(Ruling::Answered(outcome(false, record.decision.is_some(), approvals))),
+            false => Err(RuntimeError::AlreadyVoted {
+                run_id: run_id.clone(),
+                approval_id: approval_id.into(),
+                by: decider.name.clone(),
+            }),
+        };
+    }
+    if record.decision.is_some() {
+        return Err(already_decided(run_id, approval_id));
+    }
+    if run.status.is_terminal() {
+        return Err(not_pending(run_id, approval_id));
+    }
+    let vote = VoteRecord {
+        by: decider.name.clone(),
+        approved: decision.approved,
+        comment: decision.comment.clone(),
+        payload_hash: record.payload_hash.clone(),
+        at_ms: shared.now_ms(),
+    };
+    votes.push(vote.clone());
+    let tally = quorum::tally(rule, &votes);
+    if let Some(decided) = tally.decision {
+        return Ok(Ruling::Decides(decided, Some((vote, tally.approvals))));
+    }
+    // Not decided yet: the vote alone, durable before it is answered.
+    let mut batch = Batch::new();
+    batch.put(keys::approval_vote(run_id, approval_id, &vote.by), &vote)?;
+    shared.store.commit(batch, Durability::Sync).await?;
+    let detail = format!(
+        "{approval_id}: {} {}, {} of {}",
+        vote.by,
+        verb(vote.approved),
+        tally.approvals,
+        rule.required
+    );
+    shared.event(run_id, "approval_vote", detail);
+    vote_span(shared, &run.kind, record, &vote, tally.approvals, rule.required);
+    Ok(Ruling::Answered(outcome(true, false, tally.approvals)))
+}
+
+/// The decision as one boundary of the run: the pause decided (with the vote that met its
+/// rule), journaled at the run's boundary, its escalation alarm gone, the run running again.
+async fn record_decision(
+    shared: &Shared,
+    run: &RunRecord,
+    record: &ApprovalRecord,
+    approval_id: &str,
+    vote: Option<&VoteRecord>,
+) -> Result<(), RuntimeError> {
+    let run_id = &run.run_id;
+    let escalation = escalation_alarm_name(approval_id);
+    // The boundary the run stands at: a fork from a later one inherits the decision.
+    let seq = shared.store.get(&keys::stash(run_id))?.map_or(0, |stash| stash.seq);
+    shared
+        .update_run(run_id, |run, batch| {
+            batch.put(keys::approval(run_id, approval_id), record)?;
+            batch.put(keys::journal_seq(run_id, keys::Journaled::Approval, approval_id), &seq)?;
+            if let Some(vote) = vote {
+                batch.put(keys::approval_vote(run_id, approval_id, &vote.by), vote)?;
+            }
+            alarm::unstage(batch, run_id, &escalation, record.escalate_at_ms);
+            if run.status == (RunStatus::WaitingApproval { approval_id: approval_id.to_string() }) {
+                run.status = RunStatus::Running;
+                run.wake_reason = Some(WakeReason::Resumed);
+            }
+            // A decision is progress: the run's recovery count starts again (§3.6).
+            run.recover_attempts = 0;
+            run.next_recover_at_ms = 0;
+            Ok(true)
+        })
+        .await?;
+    shared.timers.scheduler.remove(record.escalate_at_ms, run_id, &escalation);
+    shared.liveness.activity(run_id, shared.now_ms());
+    let approved = record.decision.as_ref().is_some_and(|d| d.approved);
+    shared.event(run_id, "approval_decided", format!("{approval_id}: approved={approved}"));
+    Ok(())
+}
+
+fn not_pending(run_id: &RunId, approval_id: &str) -> RuntimeError {
+    RuntimeError::NotPending { run_id: run_id.clone(), approval_id: approval_id.to_string() }
 }
 
 fn already_decided(run_id: &RunId, approval_id: &str) -> RuntimeError {

@@ -10,7 +10,7 @@ use std::sync::{Arc, atomic::Ordering};
 
 use durafiber_store::{
     Batch, Durability,
-    tables::{AlarmRecord, CronRecord, DeadLetter, SystemAlarm, keys},
+    tables::{AlarmRecord, CronRecord, DeadLetter, RunRecord, SystemAlarm, keys},
 };
 
 use crate::trace::{Ended, Parent};
@@ -168,23 +168,8 @@ async fn deliver(
         shared.store.commit(batch, Durability::Sync).await?;
         return Ok(());
     }
-    match &alarm.system {
-        Some(SystemAlarm::EscalateApproval { approval_id }) => {
-            return approval::on_escalation_alarm(shared, run_id, approval_id).await;
-        }
-        Some(SystemAlarm::EventTimeout { name }) => {
-            if event::on_timeout_alarm(shared, run_id, name, alarm.due_at_ms).await? {
-                actor::reactivate(shared, run_id).await;
-            }
-            return Ok(());
-        }
-        Some(SystemAlarm::WakeSleep { name }) => {
-            if sleep::on_wake_alarm(shared, run_id, name, alarm.due_at_ms).await? {
-                actor::reactivate(shared, run_id).await;
-            }
-            return Ok(());
-        }
-        None => {}
+    if let Some(system) = &alarm.system {
+        return system_alarm(shared, run_id, system, alarm.due_at_ms).await;
     }
     if pause::hold_alarm(shared, &run, due_name) {
         shared.event(run_id, "alarm_held", format!("{name}: the run is paused"));
@@ -206,38 +191,10 @@ async fn deliver(
         let why = "the process died during the last attempt".to_string();
         return exhausted(shared, &run.kind, slot, alarm, cron.as_ref(), why).await;
     }
-    // Persist the attempt, and the retry's due time should this attempt never report back.
     let old_due = alarm.due_at_ms;
-    alarm.attempts_started = attempt;
-    alarm.due_at_ms = now.saturating_add(retry_delay_ms(shared, attempt));
-    let mut batch = Batch::new();
-    batch.delete(keys::alarm_due(old_due, run_id, due_name));
-    slot.stage(&mut batch, &alarm)?;
-    shared.store.commit(batch, Durability::Sync).await?;
-
-    let event = AlarmEvent {
-        name: name.to_string(),
-        payload_json: alarm.payload_json.clone(),
-        scheduled_time_ms: alarm.scheduled_at_ms,
-        retry_count: attempt - 1,
-        is_retry: attempt > 1,
-        recurring,
-        delivery_id: AlarmEvent::delivery_id(run_id, name, alarm.scheduled_at_ms, alarm.generation),
-    };
-    shared.event(run_id, "alarm_attempt", format!("{name} attempt {attempt}"));
-    shared.liveness.activity(run_id, now);
-    let result = call_handler(shared, run_id, event.clone()).await;
-    shared.obs.span(|| {
-        Ended::new(run_id, &run.kind, format!("alarm {name}"), Parent::Root)
-            .times(now, shared.now_ms())
-            .attr("durafiber.alarm.name", name.to_string())
-            .attr("durafiber.alarm.attempt", i64::from(attempt))
-            .attr("durafiber.alarm.scheduled_at_ms", i64::try_from(alarm.scheduled_at_ms).unwrap_or(i64::MAX))
-            .attr("durafiber.alarm.outcome", if result.is_ok() { "delivered" } else { "failed" })
-            .error(result.as_ref().err().map(ToString::to_string))
-    });
+    let result = attempt_once(shared, &run, (slot, due_name), &mut alarm, recurring, now).await?;
     let current = slot.read(shared, run_id, name)?;
-    let Some(mut current) = current.filter(|c| c.generation == alarm.generation) else {
+    let Some(current) = current.filter(|c| c.generation == alarm.generation) else {
         // The handler re-set (or cancelled) its own alarm: the new time stands.
         shared.event(run_id, "alarm_reset", format!("{name}: re-set by its handler"));
         return Ok(());
@@ -251,6 +208,88 @@ async fn deliver(
     };
     Metrics::bump(&shared.obs.metrics.alarm_retries);
     shared.event(run_id, "alarm_failed", format!("{name} attempt {attempt}: {e}"));
+    retry_later(shared, (slot, due_name), current, cron.as_ref(), (now, old_due), recurring).await
+}
+
+/// A delivery of a runtime's own alarm (an approval's escalation, an event wait's timeout,
+/// a sleep's wake), which reaches the feature that set it.
+async fn system_alarm(
+    shared: &Arc<Shared>,
+    run_id: &RunId,
+    system: &SystemAlarm,
+    due_at_ms: u64,
+) -> Result<(), RuntimeError> {
+    let woken = match system {
+        SystemAlarm::EscalateApproval { approval_id } => {
+            return approval::on_escalation_alarm(shared, run_id, approval_id).await;
+        }
+        SystemAlarm::EventTimeout { name } => {
+            event::on_timeout_alarm(shared, run_id, name, due_at_ms).await?
+        }
+        SystemAlarm::WakeSleep { name } => sleep::on_wake_alarm(shared, run_id, name, due_at_ms).await?,
+    };
+    if woken {
+        actor::reactivate(shared, run_id).await;
+    }
+    Ok(())
+}
+
+/// One attempt of an alarm's handler: the attempt persisted first, with the retry's due time
+/// should it never report back; then the handler called, and its span sent.
+async fn attempt_once(
+    shared: &Arc<Shared>,
+    run: &RunRecord,
+    (slot, due_name): (Slot, &str),
+    alarm: &mut AlarmRecord,
+    recurring: bool,
+    now: u64,
+) -> Result<Result<(), AgentError>, RuntimeError> {
+    let (run_id, name) = (&run.run_id, alarm.name.clone());
+    let attempt = alarm.attempts_started + 1;
+    let old_due = alarm.due_at_ms;
+    alarm.attempts_started = attempt;
+    alarm.due_at_ms = now.saturating_add(retry_delay_ms(shared, attempt));
+    let mut batch = Batch::new();
+    batch.delete(keys::alarm_due(old_due, run_id, due_name));
+    slot.stage(&mut batch, alarm)?;
+    shared.store.commit(batch, Durability::Sync).await?;
+    let event = AlarmEvent {
+        name: name.clone(),
+        payload_json: alarm.payload_json.clone(),
+        scheduled_time_ms: alarm.scheduled_at_ms,
+        retry_count: attempt - 1,
+        is_retry: attempt > 1,
+        recurring,
+        delivery_id: AlarmEvent::delivery_id(run_id, &name, alarm.scheduled_at_ms, alarm.generation),
+    };
+    shared.event(run_id, "alarm_attempt", format!("{name} attempt {attempt}"));
+    shared.liveness.activity(run_id, now);
+    let result = call_handler(shared, run_id, event).await;
+    shared.obs.span(|| {
+        Ended::new(run_id, &run.kind, format!("alarm {name}"), Parent::Root)
+            .times(now, shared.now_ms())
+            .attr("durafiber.alarm.name", name.clone())
+            .attr("durafiber.alarm.attempt", i64::from(attempt))
+            .attr("durafiber.alarm.scheduled_at_ms", i64::try_from(alarm.scheduled_at_ms).unwrap_or(i64::MAX))
+            .attr("durafiber.alarm.outcome", if result.is_ok() { "delivered" } else { "failed" })
+            .error(result.as_ref().err().map(ToString::to_string))
+    });
+    Ok(result)
+}
+
+/// A failed attempt that has attempts left: retried after its delay (from the failure, for a
+/// slow handler); a periodic or cron alarm's schedule goes on beside the retry.
+async fn retry_later(
+    shared: &Arc<Shared>,
+    (slot, due_name): (Slot, &str),
+    mut current: AlarmRecord,
+    cron: Option<&CronRecord>,
+    (now, old_due): (u64, u64),
+    recurring: bool,
+) -> Result<(), RuntimeError> {
+    let (run_id, name) = (current.run_id.clone(), current.name.clone());
+    let run_id = &run_id;
+    let name = name.as_str();
     let failed_at = shared.now_ms();
     let mut batch = Batch::new();
     let mut moved = false;
@@ -267,7 +306,7 @@ async fn deliver(
             slot.unstage(&mut batch, &current);
         }
         crate::alarm::stage_retry(&mut batch, &current)?;
-        let next = advance(shared, &mut batch, &current, cron.as_ref())?;
+        let next = advance(shared, &mut batch, &current, cron)?;
         next_schedule = next;
         shared.timers.scheduler.remove(old_due, run_id, name);
         shared.timers.scheduler.insert(
