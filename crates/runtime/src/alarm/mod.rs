@@ -303,6 +303,18 @@ pub(crate) fn list_page(
     Ok(out)
 }
 
+/// The alarm's payload as stored, once its name and size are checked.
+fn checked_payload(name: &str, spec: &AlarmSpec) -> Result<String, RuntimeError> {
+    tables::check_id("alarm name", name).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
+    if spec.payload_json.len() > limits::PAYLOAD_BYTES_MAX {
+        return Err(RuntimeError::InvalidInput(format!(
+            "alarm payload is over {} bytes",
+            limits::PAYLOAD_BYTES_MAX
+        )));
+    }
+    json::recanonicalize(&spec.payload_json).map_err(|e| RuntimeError::InvalidInput(e.into()))
+}
+
 /// Sets (or replaces) alarm `name` of `run_id`. `system` marks the runtime's own alarms;
 /// `cell` is the live run setting its own alarm, for which the alarm is a boundary (§3.6).
 pub(crate) async fn set(
@@ -313,15 +325,7 @@ pub(crate) async fn set(
     system: Option<tables::SystemAlarm>,
     cell: Option<&RunCell>,
 ) -> Result<(), RuntimeError> {
-    tables::check_id("alarm name", name).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
-    if spec.payload_json.len() > limits::PAYLOAD_BYTES_MAX {
-        return Err(RuntimeError::InvalidInput(format!(
-            "alarm payload is over {} bytes",
-            limits::PAYLOAD_BYTES_MAX
-        )));
-    }
-    let payload_json =
-        json::recanonicalize(&spec.payload_json).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
+    let payload_json = checked_payload(name, &spec)?;
     let run = shared.load_run(run_id)?;
     if run.status.is_terminal() {
         return Err(RuntimeError::RunFinished { run_id: run_id.into(), state: run.status.name().into() });

@@ -159,22 +159,7 @@ async fn accept(shared: &Arc<Shared>, request: StartRequest<'_>) -> Result<Start
     // A new run is new work: refused while the disk is below its reserve (§ store faults).
     shared.store.check_room()?;
     let now = shared.now_ms();
-    let run = RunRecord {
-        run_id: mint_run_id(now)?,
-        kind: kind.to_string(),
-        key: key.to_string(),
-        input_json,
-        input_hash,
-        status: RunStatus::Accepted,
-        created_at_ms: now,
-        updated_at_ms: now,
-        attempt: 0,
-        recover_attempts: 0,
-        next_recover_at_ms: 0,
-        wake_reason: None,
-        cancel_reason: None,
-        options: options.stored(),
-    };
+    let run = accepted_record(mint_run_id(now)?, kind, key, (input_json, input_hash), options, now);
     let mut batch = durafiber_store::Batch::new();
     batch.put(key_record.clone(), &run.run_id)?;
     crate::budget::stage_at_start(&mut batch, &run.run_id, options.budget.or(shared.config.budget).limits())?;
@@ -206,6 +191,33 @@ async fn accept(shared: &Arc<Shared>, request: StartRequest<'_>) -> Result<Start
             .link(caller)
     });
     Ok(StartOutcome { run_id: RunId::new(run.run_id), accepted: true, status: RunStatus::Accepted })
+}
+
+/// A new run's record: `Accepted` at `now`, with its input and options.
+fn accepted_record(
+    run_id: RunId,
+    kind: &str,
+    key: &str,
+    (input_json, input_hash): (String, String),
+    options: RunOptions,
+    now: u64,
+) -> RunRecord {
+    RunRecord {
+        run_id,
+        kind: kind.to_string(),
+        key: key.to_string(),
+        input_json,
+        input_hash,
+        status: RunStatus::Accepted,
+        created_at_ms: now,
+        updated_at_ms: now,
+        attempt: 0,
+        recover_attempts: 0,
+        next_recover_at_ms: 0,
+        wake_reason: None,
+        cancel_reason: None,
+        options: options.stored(),
+    }
 }
 
 /// The run already accepted under the key, if any: same input → its handle; another input

@@ -119,6 +119,32 @@ impl RuntimeBuilder {
     /// Opens the runtime: loads the alarm window, re-activates interrupted runs, starts the
     /// driver (system clock only).
     pub async fn open(self) -> Result<Runtime, RuntimeError> {
+        let (virtual_clock, advertise, passive) =
+            (self.virtual_clock.clone(), self.advertise.clone(), self.passive);
+        let shared = Arc::new(self.services()?);
+        let shared_store = shared.store.backend().leases().is_some();
+        if passive {
+            return Ok(Runtime { shared, virtual_clock, driver: Arc::new(Mutex::new(None)) });
+        }
+        // On a shared store: the shards first, so the alarms read and the runs recovered are
+        // this node's.
+        leases::join(&shared, &advertise).await?;
+        shared.refill_alarms()?;
+        let interrupted = rescan::scan_and_reactivate(&shared).await?;
+        if shared_store {
+            tokio::spawn(leases::hold(shared.clone(), advertise));
+        }
+        tracing::info!(interrupted, "runtime open");
+        let driver = match virtual_clock {
+            Some(_) => None,
+            None => Some(tokio::spawn(drive_system_clock(shared.clone()))),
+        };
+        Ok(Runtime { shared, virtual_clock, driver: Arc::new(Mutex::new(driver)) })
+    }
+
+    /// The runtime's services, made from what was built: the store, its time, the agents, the
+    /// alarm window, the pauses as stored, spans, the named limits.
+    fn services(self) -> Result<Shared, RuntimeError> {
         self.config.validate()?;
         // The runtime's setting holds whoever opened the store.
         self.store.set_flush_every(self.config.flush_every);
@@ -143,7 +169,7 @@ impl RuntimeBuilder {
             node.as_deref().unwrap_or("local"),
             time.now_ms(),
         );
-        let shared = Arc::new(Shared {
+        Ok(Shared {
             agents: Agents {
                 kinds: self.kinds,
                 reactivator: reactivate_boxed,
@@ -171,27 +197,6 @@ impl RuntimeBuilder {
                 (false, true) => Ownership::nothing(),
                 _ => Ownership::everything(),
             },
-        });
-        if self.passive {
-            return Ok(Runtime {
-                shared,
-                virtual_clock: self.virtual_clock,
-                driver: Arc::new(Mutex::new(None)),
-            });
-        }
-        // On a shared store: the shards first, so the alarms read and the runs recovered are
-        // this node's.
-        leases::join(&shared, &self.advertise).await?;
-        shared.refill_alarms()?;
-        let interrupted = rescan::scan_and_reactivate(&shared).await?;
-        if shared_store {
-            tokio::spawn(leases::hold(shared.clone(), self.advertise));
-        }
-        tracing::info!(interrupted, "runtime open");
-        let driver = match self.virtual_clock {
-            Some(_) => None,
-            None => Some(tokio::spawn(drive_system_clock(shared.clone()))),
-        };
-        Ok(Runtime { shared, virtual_clock: self.virtual_clock, driver: Arc::new(Mutex::new(driver)) })
+        })
     }
 }
