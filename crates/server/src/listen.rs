@@ -176,18 +176,22 @@ async fn serve_one<I>(
     }
 }
 
+/// TLS that cannot be set up from the files given: what is wrong, and with which file.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TlsError(String);
+
 /// The certificates of a PEM chain file.
 fn certificates(
     cert: &Path,
-) -> Result<Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>, crate::serve::ServeError> {
-    use crate::serve::ServeError::Tls;
+) -> Result<Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>, TlsError> {
     use tokio_rustls::rustls::pki_types::{CertificateDer, pem::PemObject};
     let certs = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| Tls(format!("reading {}: {e}", cert.display())))?
+        .map_err(|e| TlsError(format!("reading {}: {e}", cert.display())))?
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| Tls(format!("a certificate in {}: {e}", cert.display())))?;
+        .map_err(|e| TlsError(format!("a certificate in {}: {e}", cert.display())))?;
     if certs.is_empty() {
-        return Err(Tls(format!("{} holds no certificate", cert.display())));
+        return Err(TlsError(format!("{} holds no certificate", cert.display())));
     }
     Ok(certs)
 }
@@ -196,44 +200,42 @@ fn certificates(
 /// chain, it speaks TLS and trusts the certificates of that chain (the nodes' own, or the
 /// authority that signed theirs): a peer is accepted only with a certificate for the name
 /// or address it advertises.
-pub fn peer_client(cert: Option<&Path>) -> Result<reqwest::Client, crate::serve::ServeError> {
-    use crate::serve::ServeError::Tls;
+pub fn peer_client(cert: Option<&Path>) -> Result<reqwest::Client, TlsError> {
     use tokio_rustls::rustls;
     let Some(cert) = cert else { return Ok(reqwest::Client::new()) };
     let mut roots = rustls::RootCertStore::empty();
     for c in certificates(cert)? {
         roots
             .add(c)
-            .map_err(|e| Tls(format!("a certificate in {} cannot be trusted: {e}", cert.display())))?;
+            .map_err(|e| TlsError(format!("a certificate in {} cannot be trusted: {e}", cert.display())))?;
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| Tls(format!("TLS protocol versions: {e}")))?
+        .map_err(|e| TlsError(format!("TLS protocol versions: {e}")))?
         .with_root_certificates(roots)
         .with_no_client_auth();
     reqwest::Client::builder()
         .use_preconfigured_tls(config)
         .build()
-        .map_err(|e| Tls(format!("a TLS client for the other nodes: {e}")))
+        .map_err(|e| TlsError(format!("a TLS client for the other nodes: {e}")))
 }
 
 /// A TLS acceptor from PEM files: the certificate chain and its private key.
-pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, crate::serve::ServeError> {
-    use crate::serve::ServeError::Tls;
+pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
     use tokio_rustls::rustls::{
         self,
         pki_types::{PrivateKeyDer, pem::PemObject},
     };
     let certs = certificates(cert)?;
     let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| Tls(format!("the private key in {}: {e}", key.display())))?;
+        .map_err(|e| TlsError(format!("the private key in {}: {e}", key.display())))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| Tls(format!("TLS protocol versions: {e}")))?
+        .map_err(|e| TlsError(format!("TLS protocol versions: {e}")))?
         .with_no_client_auth()
         .with_single_cert(certs, key)
-        .map_err(|e| Tls(format!("the certificate and key do not make a TLS configuration: {e}")))?;
+        .map_err(|e| TlsError(format!("the certificate and key do not make a TLS configuration: {e}")))?;
     Ok(TlsAcceptor::from(Arc::new(config)))
 }

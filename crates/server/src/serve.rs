@@ -126,7 +126,7 @@ pub enum ServeError {
     PlainHttpOffLoopback(SocketAddr),
     /// The certificate or key could not be used.
     #[error("TLS: {0}")]
-    Tls(String),
+    Tls(#[from] crate::listen::TlsError),
     /// A file or socket operation failed.
     #[error("{what}: {source}")]
     Io {
