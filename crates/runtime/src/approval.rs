@@ -42,6 +42,21 @@ pub(crate) fn escalation_alarm_name(approval_id: &str) -> String {
     format!("escalate:{approval_id}")
 }
 
+/// The alarm that escalates pause `approval_id` of `run_id` at `due_at_ms`.
+fn escalation_alarm(run_id: &RunId, approval_id: &str, due_at_ms: u64) -> AlarmRecord {
+    AlarmRecord {
+        run_id: run_id.clone(),
+        name: escalation_alarm_name(approval_id),
+        due_at_ms,
+        scheduled_at_ms: due_at_ms,
+        payload_json: "null".into(),
+        every_ms: None,
+        attempts_started: 0,
+        generation: 1,
+        system: Some(SystemAlarm::EscalateApproval { approval_id: approval_id.to_string() }),
+    }
+}
+
 pub(crate) async fn request(
     raw: &mut RawCtx,
     approval_id: &str,
@@ -51,7 +66,7 @@ pub(crate) async fn request(
 ) -> Result<Decision, AgentError> {
     tables::check_id("approval id", approval_id).map_err(AgentError::fail)?;
     let escalate_after = rule.and_then(|r| r.escalate_after).unwrap_or(raw.shared.config.escalate_after);
-    let rule = rule.map(ApprovalRule::stored).transpose().map_err(|e| AgentError::fail(e.to_string()))?;
+    let rule = rule.map(ApprovalRule::stored).transpose().map_err(AgentError::fail)?;
     if payload_json.len() > limits::PAYLOAD_BYTES_MAX {
         return Err(AgentError::fail(format!(
             "approval payload is over {} bytes",
@@ -86,17 +101,7 @@ pub(crate) async fn request(
         decision: None,
         escalated: false,
     });
-    let escalation = AlarmRecord {
-        run_id: run_id.clone(),
-        name: escalation_alarm_name(approval_id),
-        due_at_ms: record.escalate_at_ms,
-        scheduled_at_ms: record.escalate_at_ms,
-        payload_json: "null".into(),
-        every_ms: None,
-        attempts_started: 0,
-        generation: 1,
-        system: Some(SystemAlarm::EscalateApproval { approval_id: approval_id.to_string() }),
-    };
+    let escalation = escalation_alarm(&run_id, approval_id, record.escalate_at_ms);
     let pending_stash = raw.cell.pending_exit.lock().take().map(|stash| *stash);
     // One boundary: the pause and its rule, the waiting state, the escalation alarm, an
     // exit-mode stash.

@@ -78,18 +78,7 @@ pub(crate) async fn send(
     payload_json: &str,
     idempotency_key: Option<&str>,
 ) -> Result<SendOutcome, RuntimeError> {
-    tables::check_id("event name", name).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
-    if let Some(key) = idempotency_key {
-        tables::check_id("event idempotency key", key).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
-    }
-    if payload_json.len() > limits::PAYLOAD_BYTES_MAX {
-        return Err(RuntimeError::InvalidInput(format!(
-            "event payload is over {} bytes",
-            limits::PAYLOAD_BYTES_MAX
-        )));
-    }
-    let payload_json =
-        json::recanonicalize(payload_json).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
+    let payload_json = checked_payload(name, payload_json, idempotency_key)?;
     // Events and decisions of one run are written one at a time.
     let _one_at_a_time = shared.stripes.inbound(run_id).await;
     let run = shared.load_run(run_id)?;
@@ -135,20 +124,45 @@ pub(crate) async fn send(
     if written.is_none() {
         return Ok(SendOutcome::Buffered);
     }
+    Ok(hand_over(shared, run_id, name, waiting).await)
+}
+
+/// An event's payload as stored, once its name, key and size are checked.
+fn checked_payload(
+    name: &str,
+    payload_json: &str,
+    idempotency_key: Option<&str>,
+) -> Result<String, RuntimeError> {
+    tables::check_id("event name", name).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
+    if let Some(key) = idempotency_key {
+        tables::check_id("event idempotency key", key).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
+    }
+    if payload_json.len() > limits::PAYLOAD_BYTES_MAX {
+        return Err(RuntimeError::InvalidInput(format!(
+            "event payload is over {} bytes",
+            limits::PAYLOAD_BYTES_MAX
+        )));
+    }
+    json::recanonicalize(payload_json).map_err(|e| RuntimeError::InvalidInput(e.into()))
+}
+
+/// A durable event handed to its waiter: the live fiber waiting for `name`, or a run parked
+/// on it, re-entered; otherwise it stays buffered for the next wait of that name.
+async fn hand_over(shared: &Arc<Shared>, run_id: &RunId, name: &str, waiting: bool) -> SendOutcome {
     if let Some(live) = shared.registry.get(run_id) {
         let mut slot = live.cell.waits.event.lock();
         if slot.as_ref().is_some_and(|waiter| waiter.0 == name)
             && let Some(waiter) = slot.take().map(|waiter| waiter.1)
             && waiter.send(shared.life.wake_token()).is_ok()
         {
-            return Ok(SendOutcome::Delivered);
+            return SendOutcome::Delivered;
         }
     }
     if waiting {
         shared.reactivate(run_id).await;
-        return Ok(SendOutcome::Delivered);
+        return SendOutcome::Delivered;
     }
-    Ok(SendOutcome::Buffered)
+    SendOutcome::Buffered
 }
 
 /// Waits for event `name`; `None` when `timeout` passed first. See the module's lifecycle.
