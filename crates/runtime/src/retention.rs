@@ -347,6 +347,35 @@ fn before(now_ms: u64, keep: Duration) -> Option<u64> {
     now_ms.checked_sub(u64::try_from(keep.as_millis()).ok()?)
 }
 
+/// What a sweep does with an entry of the settled index.
+enum Judged {
+    /// Its run goes now.
+    Due(RunId),
+    /// The entry no longer matches its run (gone, written again since, or kept with its
+    /// parent): the entry goes.
+    Stale,
+    /// Its run could not be read: both stay, for the next sweep.
+    Kept,
+}
+
+/// The entry of `run_id`, which the index says settled `how` at `at_ms`.
+fn judge(shared: &Shared, how: Settled, at_ms: u64, run_id: RunId) -> Judged {
+    match shared.load_run(&run_id) {
+        Ok(run) if Settled::of(&run.status) == Some(how) && run.updated_at_ms == at_ms => {
+            match deletable(shared, &run) {
+                // It goes with its parent: its entry is not looked at again.
+                Err(RuntimeError::KeptWithParent { .. }) => Judged::Stale,
+                _ => Judged::Due(run_id),
+            }
+        }
+        Ok(_) | Err(RuntimeError::UnknownRun { .. }) => Judged::Stale,
+        Err(e) => {
+            tracing::warn!(%run_id, error = %e, "retention could not read the run");
+            Judged::Kept
+        }
+    }
+}
+
 /// Deletes up to `left` runs that settled `how` at `until_ms` or before, oldest first.
 /// Entries that no longer match their run (it is gone, or its record was written again
 /// since) are dropped. Returns how many runs went and whether more may be due.
@@ -383,20 +412,12 @@ async fn sweep_settled(
             if !shared.ownership.owns(run_id) {
                 continue;
             }
-            match shared.load_run(&RunId::from(run_id)) {
-                Ok(run) if Settled::of(&run.status) == Some(how) && run.updated_at_ms == at_ms => {
-                    match deletable(shared, &run) {
-                        // It goes with its parent: its entry is not looked at again.
-                        Err(RuntimeError::KeptWithParent { .. }) => {
-                            stale.batch.delete(key.clone());
-                        }
-                        _ => due.push(RunId::from(run_id)),
-                    }
-                }
-                Ok(_) | Err(RuntimeError::UnknownRun { .. }) => {
+            match judge(shared, how, at_ms, RunId::from(run_id)) {
+                Judged::Due(run_id) => due.push(run_id),
+                Judged::Stale => {
                     stale.batch.delete(key.clone());
                 }
-                Err(e) => tracing::warn!(run_id, error = %e, "retention could not read the run"),
+                Judged::Kept => {}
             }
         }
         stale.flush(shared).await?;

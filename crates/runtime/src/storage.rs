@@ -172,7 +172,7 @@ impl<'a> Storage<'a> {
     ) -> Result<R, AgentError> {
         let shared = self.shared;
         let mut keys_cached = self.cell.storage_keys().lock().await;
-        if shared.life.closed.load(std::sync::atomic::Ordering::SeqCst) {
+        if shared.life.is_closed() {
             return Err(RuntimeError::ShuttingDown.into());
         }
         shared.check_not_evicted(self.cell)?;
@@ -186,14 +186,7 @@ impl<'a> Storage<'a> {
         let boundary = self.cell.seq.load(std::sync::atomic::Ordering::SeqCst);
         let keys = match *keys_cached {
             Some(n) => n,
-            None => {
-                let n = shared.store.keys_and_sizes(&keys::STORAGE.of_run(self.run_id()), usize::MAX)?.len();
-                let log = keys::storage_log(self.run_id());
-                if keeps_history && shared.store.get(&log)?.is_none() {
-                    batch.put(log, &if n == 0 { 0 } else { boundary })?;
-                }
-                n
-            }
+            None => self.count_keys(boundary, &mut batch)?,
         };
         let mut keys_after = keys;
         let mut undo_written = false;
@@ -234,6 +227,18 @@ impl<'a> Storage<'a> {
             "storage written"
         );
         Ok(out)
+    }
+
+    /// The run's storage keys, counted at its first write of this activation; that write
+    /// starts the storage's history at `boundary` when it has none yet.
+    fn count_keys(&self, boundary: u64, batch: &mut Batch) -> Result<usize, AgentError> {
+        let store = &self.shared.store;
+        let n = store.keys_and_sizes(&keys::STORAGE.of_run(self.run_id()), usize::MAX)?.len();
+        let log = keys::storage_log(self.run_id());
+        if self.shared.config.history_max > 0 && store.get(&log)?.is_none() {
+            batch.put(log, &if n == 0 { 0 } else { boundary })?;
+        }
+        Ok(n)
     }
 
     /// Returns once every storage write of the run so far is durable.
