@@ -65,18 +65,12 @@ fn with_records(store: &Store, run_ids: Vec<RunId>) -> Vec<Found> {
         .collect()
 }
 
-/// Re-activates the interrupted runs among those `keep` accepts: every one at start-up, the
-/// runs of shards a node just acquired, or runs another node accepted into its shards and
-/// has not seen live. The open-run index is read a page at a time; its runs are dealt into
-/// lanes by lock stripe and each lane re-activates its runs in batches of
-/// `RECOVERY_BATCH_MAX`, one batch at a time. Two lanes never share a stripe, so their
-/// batches never wait for each other's locks and run side by side. Each page's records are
-/// read in one walk per table before its runs are dealt.
-pub(crate) async fn reactivate_interrupted(
-    shared: &Arc<Shared>,
-    keep: &(dyn Fn(&RunId) -> bool + Sync),
-) -> Result<usize, RuntimeError> {
-    let lanes = (limits::RECOVERY_ACTIVATIONS_MAX / limits::RECOVERY_BATCH_MAX).max(1);
+/// The lanes' tasks, each answering how many runs it re-activated.
+type Lanes = tokio::task::JoinSet<Result<usize, RuntimeError>>;
+
+/// The recovery's lanes: each takes batches of found runs from its channel and re-activates
+/// them one batch at a time; the join set answers how many each re-activated.
+fn spawn_lanes(shared: &Arc<Shared>, lanes: usize) -> (Vec<tokio::sync::mpsc::Sender<Vec<Found>>>, Lanes) {
     let mut senders = Vec::with_capacity(lanes);
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..lanes {
@@ -104,6 +98,22 @@ pub(crate) async fn reactivate_interrupted(
         }
         senders.push(tx);
     }
+    (senders, workers)
+}
+
+/// Re-activates the interrupted runs among those `keep` accepts: every one at start-up, the
+/// runs of shards a node just acquired, or runs another node accepted into its shards and
+/// has not seen live. The open-run index is read a page at a time; its runs are dealt into
+/// lanes by lock stripe and each lane re-activates its runs in batches of
+/// `RECOVERY_BATCH_MAX`, one batch at a time. Two lanes never share a stripe, so their
+/// batches never wait for each other's locks and run side by side. Each page's records are
+/// read in one walk per table before its runs are dealt.
+pub(crate) async fn reactivate_interrupted(
+    shared: &Arc<Shared>,
+    keep: &(dyn Fn(&RunId) -> bool + Sync),
+) -> Result<usize, RuntimeError> {
+    let lanes = (limits::RECOVERY_ACTIVATIONS_MAX / limits::RECOVERY_BATCH_MAX).max(1);
+    let (senders, mut workers) = spawn_lanes(shared, lanes);
     let mut dealt: Vec<Vec<Found>> = (0..lanes).map(|_| Vec::new()).collect();
     let mut after = None;
     let mut scanned = Ok(());
