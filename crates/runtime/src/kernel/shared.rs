@@ -59,7 +59,7 @@ impl Shared {
         self.timers.scheduler.refill(&self.store, shards.as_deref(), |run_id| self.ownership.owns(run_id))
     }
 
-    /// Re-enters `run_id` (see [`Shared::reactivator`]).
+    /// Re-enters `run_id` (see [`Agents::reactivator`]).
     pub async fn reactivate(self: &Arc<Self>, run_id: &RunId) {
         self.reactivate_since(run_id, Stopwatch::start()).await;
     }
