@@ -19,6 +19,11 @@
 //! and a node that does not answer is passed over for the next one given to
 //! [`Client::with_nodes`].
 //!
+//! The client depends on `durafiber-api` for what the API carries (the run status, the
+//! answers, the error kinds), not on the runtime. Its feature `agents` adds
+//! `Client::start_agent` and `Client::wait_agent`, typed by a Rust agent's `Input` and
+//! `Output` (it builds the runtime; the `durafiber` facade's `client` feature turns it on).
+//!
 //! The crate root holds the client and how a request is sent, retried and refused; `calls`
 //! has one method per call of the API; `wire` the answers as this client reads them (the
 //! rest are `durafiber-api`'s); `sse` reads server-sent events; `error` says why a call failed.
