@@ -171,20 +171,7 @@ impl<S: OrderStash> Order<S> {
     async fn flow(&self, ctx: &mut Ctx<Self>, input: OrderInput) -> Result<OrderOutput, AgentError> {
         Self::phase(ctx, AT_RECEIVED)?;
         ctx.stash("received", &S::at(0)).await?;
-        for (i, delay_ms) in input.alarm_delays_ms.iter().enumerate() {
-            let payload = json!({"upstream": input.upstream, "handler_ms": input.alarm_handler_ms});
-            let spec = match &input.cron {
-                Some(cron) if i == 0 => durafiber_runtime::AlarmSpec::cron(cron, &payload)?,
-                _ => durafiber_runtime::AlarmSpec::after(
-                    std::time::Duration::from_millis(*delay_ms),
-                    &payload,
-                )?,
-            };
-            // Re-entry re-sets an alarm that was not delivered yet: harmless, it is due again.
-            if !self.delivered(&input.upstream, ctx.run_id(), i).await {
-                ctx.set_alarm(&format!("alarm:{i}"), spec).await?;
-            }
-        }
+        self.set_alarms(ctx, &input).await?;
         Self::phase(ctx, AT_ALARMS_SET)?;
         ctx.stash("alarms_set", &S::at(1)).await?;
         let ask = json!({"order_id": input.order_id, "amount_cents": input.amount_cents});
@@ -201,6 +188,50 @@ impl<S: OrderStash> Order<S> {
             .await?;
         Self::phase(ctx, AT_CHARGED)?;
         ctx.stash("charged", &S::at(2)).await?;
+        let email = self.receipt_and_email(ctx, &input, &charge).await?;
+        let label = LabelInput { order_id: input.order_id.clone(), upstream: input.upstream.clone() };
+        let label = ctx.start_child::<Label>("label", &label).await?;
+        let label_id = ctx.join(&label).await?;
+        record_once(ctx, "charge_id", &charge["id"]).await?;
+        Self::after_charge(ctx, &input).await?;
+        self.await_alarms(ctx, &input).await?;
+        Self::phase(ctx, AT_DONE)?;
+        ctx.stash("done", &S::at(3)).await?;
+        Ok(OrderOutput {
+            charge_id: charge["id"].as_str().map(str::to_string),
+            email_id: email["id"].as_str().map(str::to_string),
+            label_id: Some(label_id),
+        })
+    }
+
+    /// Sets the order's alarms (the first a cron one when the input has a schedule), each
+    /// unless it was delivered already.
+    async fn set_alarms(&self, ctx: &mut Ctx<Self>, input: &OrderInput) -> Result<(), AgentError> {
+        for (i, delay_ms) in input.alarm_delays_ms.iter().enumerate() {
+            let payload = json!({"upstream": input.upstream, "handler_ms": input.alarm_handler_ms});
+            let spec = match &input.cron {
+                Some(cron) if i == 0 => durafiber_runtime::AlarmSpec::cron(cron, &payload)?,
+                _ => durafiber_runtime::AlarmSpec::after(
+                    std::time::Duration::from_millis(*delay_ms),
+                    &payload,
+                )?,
+            };
+            // Re-entry re-sets an alarm that was not delivered yet: harmless, it is due again.
+            if !self.delivered(&input.upstream, ctx.run_id(), i).await {
+                ctx.set_alarm(&format!("alarm:{i}"), spec).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The receipt, streamed a chunk at a time, and the email, with a policy of its own; the
+    /// email's upstream object.
+    async fn receipt_and_email(
+        &self,
+        ctx: &mut Ctx<Self>,
+        input: &OrderInput,
+        charge: &Value,
+    ) -> Result<Value, AgentError> {
         // Streamed a chunk at a time, a little apart, so kills land in the middle of it: the
         // stream keeps one copy, of the call that committed.
         let (http, base) = (self.http.clone(), input.upstream.clone());
@@ -229,25 +260,20 @@ impl<S: OrderStash> Order<S> {
             timeout: Some(std::time::Duration::from_secs(10)),
             limit: None,
         };
-        let email: Value = ctx
-            .effect_with("email", email_args, policy, move |key, args| {
-                let (http, base) = (http.clone(), base.clone());
-                async move {
-                    post_idempotent(&http, &base, "emails", &key, None, &args)
-                        .await
-                        .map_err(durafiber_runtime::EffectError::retryable)
-                }
-            })
-            .await?;
-        let label = LabelInput { order_id: input.order_id.clone(), upstream: input.upstream.clone() };
-        let label = ctx.start_child::<Label>("label", &label).await?;
-        let label_id = ctx.join(&label).await?;
-        ctx.storage()
-            .transaction(|txn| match txn.contains("charge_id")? {
-                true => Ok(()),
-                false => txn.put("charge_id", &charge["id"]),
-            })
-            .await?;
+        ctx.effect_with("email", email_args, policy, move |key, args| {
+            let (http, base) = (http.clone(), base.clone());
+            async move {
+                post_idempotent(&http, &base, "emails", &key, None, &args)
+                    .await
+                    .map_err(durafiber_runtime::EffectError::retryable)
+            }
+        })
+        .await
+    }
+
+    /// The cool-off sleep and the wait for packing, when the input asks for them, each
+    /// recorded in the run's storage once.
+    async fn after_charge(ctx: &mut Ctx<Self>, input: &OrderInput) -> Result<(), AgentError> {
         if input.cool_off_ms > 0 {
             let now = ctx.now_ms();
             // The first arrival at the sleep is recorded once: a re-entry finds it there.
@@ -260,25 +286,19 @@ impl<S: OrderStash> Order<S> {
                 .await?;
             ctx.sleep_for("cool-off", std::time::Duration::from_millis(input.cool_off_ms)).await?;
             let now = ctx.now_ms();
-            ctx.storage()
-                .transaction(|txn| match txn.contains("cool_off")? {
-                    true => Ok(()),
-                    false => txn.put("cool_off", &[slept_at, now]),
-                })
-                .await?;
+            record_once(ctx, "cool_off", &[slept_at, now]).await?;
         }
         if input.wait_for_packing {
             let packed: Option<Value> = ctx.wait_for_event("packed", None).await?;
-            ctx.storage()
-                .transaction(|txn| match txn.contains("packed")? {
-                    true => Ok(()),
-                    false => txn.put("packed", &packed),
-                })
-                .await?;
+            record_once(ctx, "packed", &packed).await?;
         }
-        // The run stays open until every alarm was delivered: a finished run's alarms go.
-        // An alarm abandoned before its handler ever reached the upstream (every attempt cut
-        // by a kill) is set again, every 3 s, until it gets through.
+        Ok(())
+    }
+
+    /// The run stays open until every alarm was delivered: a finished run's alarms go. An
+    /// alarm abandoned before its handler ever reached the upstream (every attempt cut by a
+    /// kill) is set again, every 3 s, until it gets through.
+    async fn await_alarms(&self, ctx: &mut Ctx<Self>, input: &OrderInput) -> Result<(), AgentError> {
         for round in 1..=6_000u32 {
             let all =
                 futures_all(&input.alarm_delays_ms, |i| self.delivered(&input.upstream, ctx.run_id(), i))
@@ -299,13 +319,7 @@ impl<S: OrderStash> Order<S> {
             }
             ctx.sleep_in_memory(std::time::Duration::from_millis(10)).await;
         }
-        Self::phase(ctx, AT_DONE)?;
-        ctx.stash("done", &S::at(3)).await?;
-        Ok(OrderOutput {
-            charge_id: charge["id"].as_str().map(str::to_string),
-            email_id: email["id"].as_str().map(str::to_string),
-            label_id: Some(label_id),
-        })
+        Ok(())
     }
 
     async fn delivered(&self, upstream: &str, run_id: &RunId, i: usize) -> bool {
@@ -437,4 +451,14 @@ impl Agent for Label {
     ) -> Result<String, AgentError> {
         self.flow(ctx, r.input).await
     }
+}
+
+/// Puts `value` under `key` in the run's storage unless a re-entered fiber put it there.
+async fn record_once<A: Agent, T: Serialize>(ctx: &Ctx<A>, key: &str, value: &T) -> Result<(), AgentError> {
+    ctx.storage()
+        .transaction(|txn| match txn.contains(key)? {
+            true => Ok(()),
+            false => txn.put(key, value),
+        })
+        .await
 }

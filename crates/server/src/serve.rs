@@ -253,19 +253,9 @@ pub async fn open_runtime(
     Ok(builder.advertise(advertise).open().await?)
 }
 
-/// Serves the agents `register` adds until SIGTERM or Ctrl-C; then stops gracefully.
-///
-/// `register` is handed the builder of the runtime, with its store, configuration and
-/// secrets already set; it adds the agents (and may change anything else a builder can).
-pub async fn serve(
-    options: &ServerOptions,
-    register: impl FnOnce(RuntimeBuilder) -> RuntimeBuilder,
-) -> Result<(), ServeError> {
-    // Taken over before anything else: a SIGTERM from the first moment (say, right after the
-    // `listening on` line) stops the server gracefully instead of killing the process.
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| tracing::warn!(error = %e, "SIGTERM cannot be handled; only Ctrl-C stops gracefully"))
-        .ok();
+/// The TLS acceptor of the options' files, if any; plain HTTP off loopback only when asked
+/// for, and said loudly.
+fn checked_tls(options: &ServerOptions) -> Result<Option<tokio_rustls::TlsAcceptor>, ServeError> {
     let tls = match &options.tls {
         Some(files) => Some(listen::tls_acceptor(&files.cert, &files.key)?),
         None => None,
@@ -280,22 +270,12 @@ pub async fn serve(
             "durafiber: WARNING: serving plain HTTP on {addr}; tokens and payloads cross the network unencrypted"
         );
     }
-    // Installed before the runtime opens, so the recoveries at open are counted too.
-    let prometheus = prometheus();
-    let config = load_config(options.config.as_deref())?;
-    let secrets = Secrets::from_env().map_err(ServeError::Secrets)?;
-    let data = options.data.as_path();
-    private_data_dir(data)?;
-    // Bound first, so that a node can tell the others the address it really listens on.
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Io { what: format!("binding {addr}"), source })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|source| ServeError::Io { what: "reading the bound address".into(), source })?;
-    let advertise = options.advertise.clone().unwrap_or_else(|| addr.to_string());
-    let runtime = open_runtime(options, &advertise, config, secrets.clone(), register).await?;
-    match auth::bootstrap(runtime.store(), data, runtime.now_ms()).await? {
+    Ok(tls)
+}
+
+/// Tells the operator where the admin token is, after the store's first start or another's.
+fn say_bootstrap(bootstrap: Bootstrap, data: &Path) {
+    match bootstrap {
         Bootstrap::Created(path) => {
             eprintln!(
                 "durafiber: created the admin token; it is in {} (readable by you only)",
@@ -321,6 +301,39 @@ pub async fn serve(
         }
         Bootstrap::Existing => {}
     }
+}
+
+/// Serves the agents `register` adds until SIGTERM or Ctrl-C; then stops gracefully.
+///
+/// `register` is handed the builder of the runtime, with its store, configuration and
+/// secrets already set; it adds the agents (and may change anything else a builder can).
+pub async fn serve(
+    options: &ServerOptions,
+    register: impl FnOnce(RuntimeBuilder) -> RuntimeBuilder,
+) -> Result<(), ServeError> {
+    // Taken over before anything else: a SIGTERM from the first moment (say, right after the
+    // `listening on` line) stops the server gracefully instead of killing the process.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| tracing::warn!(error = %e, "SIGTERM cannot be handled; only Ctrl-C stops gracefully"))
+        .ok();
+    let tls = checked_tls(options)?;
+    let addr = options.listen;
+    // Installed before the runtime opens, so the recoveries at open are counted too.
+    let prometheus = prometheus();
+    let config = load_config(options.config.as_deref())?;
+    let secrets = Secrets::from_env().map_err(ServeError::Secrets)?;
+    let data = options.data.as_path();
+    private_data_dir(data)?;
+    // Bound first, so that a node can tell the others the address it really listens on.
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Io { what: format!("binding {addr}"), source })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| ServeError::Io { what: "reading the bound address".into(), source })?;
+    let advertise = options.advertise.clone().unwrap_or_else(|| addr.to_string());
+    let runtime = open_runtime(options, &advertise, config, secrets.clone(), register).await?;
+    say_bootstrap(auth::bootstrap(runtime.store(), data, runtime.now_ms()).await?, data);
     let access = Access::new(addr, &options.allowed_hosts, options.open_metrics);
     let (stop_streams, stopping) = tokio::sync::watch::channel(false);
     let sessions = Arc::new(Sessions::new(tls.is_some()));
@@ -363,6 +376,16 @@ pub async fn serve(
         let _ = stop_streams.send(true);
         let _ = stop_tx.send(());
     });
+    run_until_stopped(&runtime, server, stop_rx).await
+}
+
+/// Serves until `server` ends or its stop's grace period runs out, then stops the runtime and
+/// the store; an error when the store failed meanwhile.
+async fn run_until_stopped(
+    runtime: &Runtime,
+    server: impl std::future::Future<Output = ()>,
+    stop_rx: tokio::sync::oneshot::Receiver<()>,
+) -> Result<(), ServeError> {
     let mut failed = runtime.store().failed_signal();
     tokio::select! {
         () = server => {}

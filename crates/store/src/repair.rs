@@ -193,18 +193,14 @@ pub async fn salvage_from_log(
     copy_entries(entries, to, damaged, &crate::witness::known_runs(dir), report).await
 }
 
-/// Copies readable `entries` into `to` (see [`salvage`]): indexes rebuilt, records of a run
-/// without its run record dropped with it, `damaged` runs escalated, runs of `known` not
-/// copied listed as lost.
-async fn copy_entries(
-    entries: BTreeMap<Vec<u8>, Vec<u8>>,
-    to: &Store,
-    damaged: BTreeSet<String>,
-    known: &[String],
-    mut report: SalvageReport,
-) -> Result<SalvageReport, StoreError> {
+/// A record as read: its table, its key and its sealed bytes.
+type Sealed = (TableInfo, Vec<u8>, Vec<u8>);
+
+/// Readable `entries` sorted out: the run records that decode, by run id, and every other
+/// record that is not an index (indexes are rebuilt from the records).
+fn sorted_out(entries: BTreeMap<Vec<u8>, Vec<u8>>) -> (BTreeMap<String, RunRecord>, Vec<Sealed>) {
     let mut runs: BTreeMap<String, RunRecord> = BTreeMap::new();
-    let mut kept: Vec<(TableInfo, Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut kept: Vec<Sealed> = Vec::new();
     for (key, sealed) in entries {
         let Some(table) = TableInfo::of_key(&key) else { continue };
         let index = [keys::OPEN_RUNS.info(), keys::RUN_KEYS.info(), keys::ALARM_DUE.info(), keys::META];
@@ -219,6 +215,20 @@ async fn copy_entries(
             kept.push((table, key, sealed));
         }
     }
+    (runs, kept)
+}
+
+/// Copies readable `entries` into `to` (see [`salvage`]): indexes rebuilt, records of a run
+/// without its run record dropped with it, `damaged` runs escalated, runs of `known` not
+/// copied listed as lost.
+async fn copy_entries(
+    entries: BTreeMap<Vec<u8>, Vec<u8>>,
+    to: &Store,
+    damaged: BTreeSet<String>,
+    known: &[String],
+    mut report: SalvageReport,
+) -> Result<SalvageReport, StoreError> {
+    let (runs, kept) = sorted_out(entries);
     let mut lost: BTreeSet<String> = damaged.iter().filter(|id| !runs.contains_key(*id)).cloned().collect();
     lost.extend(known.iter().filter(|id| !runs.contains_key(*id)).cloned());
     report.lost_runs = lost.into_iter().collect();

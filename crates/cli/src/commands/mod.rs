@@ -20,47 +20,7 @@ fn print_json(value: &serde_json::Value) -> anyhow::Result<i32> {
 /// Runs one command for the agents `agents` registers; the exit code on success.
 pub async fn run(command: Command, agents: Agents<'_>) -> anyhow::Result<i32> {
     match command {
-        Command::Serve {
-            data,
-            store,
-            node_id,
-            lease_ttl,
-            advertise,
-            forward_timeout,
-            listen,
-            config,
-            allowed_hosts,
-            open_metrics,
-            tls_cert,
-            tls_key,
-            insecure_plain_http,
-        } => {
-            init_tracing("info");
-            let options = ServerOptions {
-                listen,
-                data,
-                store,
-                node_id,
-                lease_ttl,
-                advertise,
-                forward_timeout,
-                config,
-                allowed_hosts,
-                open_metrics,
-                tls: tls_cert.zip(tls_key).map(|(cert, key)| TlsFiles { cert, key }),
-                insecure_plain_http,
-            };
-            match durafiber_server::serve(&options, agents).await {
-                Ok(()) => Ok(0),
-                // Exit at once, so a supervisor restarts the server: it reopens the store and
-                // recovers every run.
-                Err(e @ ServeError::StoreFailed(_)) => {
-                    eprintln!("{}: {e}", crate::bin_name());
-                    std::process::exit(durafiber_server::EXIT_STORE_FAILED);
-                }
-                Err(e) => Err(e.into()),
-            }
-        }
+        command @ Command::Serve { .. } => serve(command, agents).await,
         Command::Store { action: StoreAction::Verify { data, json } } => repair::verify(&data, json).await,
         Command::Store { action: StoreAction::Salvage { data, out, json } } => {
             repair::salvage(&data, &out, json).await
@@ -82,6 +42,13 @@ pub async fn run(command: Command, agents: Agents<'_>) -> anyhow::Result<i32> {
         Command::Tokens { action: TokensAction::Revoke { name, target } } => {
             print_json(&inspect::tokens_revoke(&target, &name).await?)
         }
+        other => on_runs(other, agents).await,
+    }
+}
+
+/// The commands about runs: inspecting, deciding, sending, operating.
+async fn on_runs(command: Command, agents: Agents<'_>) -> anyhow::Result<i32> {
+    match command {
         Command::Runs {
             action: RunsAction::List { state, kind, limit, after, stash_version_below, target },
         } => {
@@ -144,6 +111,59 @@ pub async fn run(command: Command, agents: Agents<'_>) -> anyhow::Result<i32> {
         Command::Resume { run_id, kind, target } => {
             print_json(&operate::resume(agents, &target, run_id.as_ref(), kind.as_deref()).await?)
         }
+        other => unreachable_command(&other),
+    }
+}
+
+/// A command `run` handles itself reached `on_runs`: a mistake in this module, said as an error.
+fn unreachable_command(command: &Command) -> anyhow::Result<i32> {
+    anyhow::bail!("{}: command {command:?} is not one about runs", crate::bin_name())
+}
+
+/// `serve`: the server for the agents, until SIGTERM; a failed store exits at once.
+async fn serve(command: Command, agents: Agents<'_>) -> anyhow::Result<i32> {
+    let Command::Serve {
+        data,
+        store,
+        node_id,
+        lease_ttl,
+        advertise,
+        forward_timeout,
+        listen,
+        config,
+        allowed_hosts,
+        open_metrics,
+        tls_cert,
+        tls_key,
+        insecure_plain_http,
+    } = command
+    else {
+        return unreachable_command(&command);
+    };
+    init_tracing("info");
+    let options = ServerOptions {
+        listen,
+        data,
+        store,
+        node_id,
+        lease_ttl,
+        advertise,
+        forward_timeout,
+        config,
+        allowed_hosts,
+        open_metrics,
+        tls: tls_cert.zip(tls_key).map(|(cert, key)| TlsFiles { cert, key }),
+        insecure_plain_http,
+    };
+    match durafiber_server::serve(&options, agents).await {
+        Ok(()) => Ok(0),
+        // Exit at once, so a supervisor restarts the server: it reopens the store and
+        // recovers every run.
+        Err(e @ ServeError::StoreFailed(_)) => {
+            eprintln!("{}: {e}", crate::bin_name());
+            std::process::exit(durafiber_server::EXIT_STORE_FAILED);
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

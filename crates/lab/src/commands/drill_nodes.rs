@@ -97,6 +97,50 @@ fn owner_index(run: &Value, ids: &[String]) -> Option<usize> {
     ids.iter().position(|id| id == node)
 }
 
+/// Approves the refund with the hash the view of `viewer` shows, through `decider`, and waits
+/// until the refund is called (the upstream holds its answer, so the owner stands between
+/// its call and the receipt's commit). Whether the view showed the draft and its hash.
+async fn approve_through(
+    viewer: &Server,
+    decider: &Server,
+    run_id: &RunId,
+    draft: &RefundDraft,
+    upstream: &Upstream,
+) -> anyhow::Result<bool> {
+    let view = serde_json::to_value(viewer.client.approvals().await?)?;
+    let pending = view.as_array().and_then(|a| a.iter().find(|p| p["run_id"] == run_id.as_str())).cloned();
+    let draft_json = serde_json::to_value(draft)?;
+    let human_sees_context = pending
+        .as_ref()
+        .is_some_and(|p| p["payload"] == draft_json && p["payload_hash"] == hash_of(&draft_json).as_str());
+    let hash = pending.as_ref().and_then(|p| p["payload_hash"].as_str()).context("no pending approval")?;
+    upstream.hold("refunds", Duration::from_secs(3));
+    let body = json!({"payload_hash": hash, "approved": true, "comment": "drill"});
+    decider.client.post_json(&format!("/runs/{run_id}/approvals/refund"), &body, None).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while upstream.objects("refunds").is_empty() {
+        if Instant::now() > deadline {
+            bail!("the refund was never called");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(human_sees_context)
+}
+
+/// Whether the woken node `woken` (id `id`) lets go of the run within 5 s.
+async fn lets_go(woken: &Server, run_id: &RunId, id: &str) -> bool {
+    let woke = Instant::now();
+    while woke.elapsed() < Duration::from_secs(5) {
+        if let Ok(run) = woken.client.get_json(&format!("/runs/{run_id}")).await
+            && run["node"].as_str() != Some(id)
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
 /// Polls `via` until the run is owned by one of `alive`; its index.
 async fn owned_by(
     via: &Server,
@@ -199,31 +243,8 @@ async fn run_nodes(
     owners.push(second);
 
     eprintln!("drill: [3/5] approve through a node that does not run it, with the hash the view shows");
-    let view = serde_json::to_value(nodes[via].client.approvals().await?)?;
-    let pending = view.as_array().and_then(|a| a.iter().find(|p| p["run_id"] == run_id.as_str())).cloned();
-    let draft_json = serde_json::to_value(&draft)?;
-    let human_sees_context = pending
-        .as_ref()
-        .is_some_and(|p| p["payload"] == draft_json && p["payload_hash"] == hash_of(&draft_json).as_str());
-    let hash = pending.as_ref().and_then(|p| p["payload_hash"].as_str()).context("no pending approval")?;
-    // The refund's answer waits, so the owner is between its call and the receipt commit.
-    upstream.hold("refunds", Duration::from_secs(3));
     let other = (0..n).find(|i| alive[*i] && *i != second).unwrap_or(second);
-    nodes[other]
-        .client
-        .post_json(
-            &format!("/runs/{run_id}/approvals/refund"),
-            &json!({"payload_hash": hash, "approved": true, "comment": "drill"}),
-            None,
-        )
-        .await?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while upstream.objects("refunds").is_empty() {
-        if Instant::now() > deadline {
-            bail!("the refund was never called");
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let human_sees_context = approve_through(&nodes[via], &nodes[other], &run_id, &draft, &upstream).await?;
     let before_kill_2 = nodes[other].client.get_json(&format!("/runs/{run_id}")).await?;
 
     eprintln!(
@@ -240,17 +261,7 @@ async fn run_nodes(
     .await?;
     // Woken, the stopped node must let go of the run and write nothing of it.
     signal(&nodes[second], rustix::process::Signal::CONT);
-    let woke = Instant::now();
-    let mut let_go = false;
-    while woke.elapsed() < Duration::from_secs(5) {
-        if let Ok(run) = nodes[second].client.get_json(&format!("/runs/{run_id}")).await
-            && run["node"].as_str() != Some(ids[second].as_str())
-        {
-            let_go = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let let_go = lets_go(&nodes[second], &run_id, &ids[second]).await;
     let after_wake = nodes[third].client.get_json(&format!("/runs/{run_id}")).await?;
     let zombie_fenced = let_go && after_wake["ledger"] == done["ledger"] && after_wake["run"] == done["run"];
     sigkill(&mut nodes[second]);

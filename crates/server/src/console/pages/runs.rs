@@ -121,31 +121,7 @@ pub fn run(frame: &Frame, view: &RunView) -> Markup {
         &format!("Run {run_id}"),
         html! {
             (notice(&view.notice))
-            dl.summary {
-                dt { "State" } dd { b #state { (state) } }
-                dt { "Kind" } dd { (text(&record["kind"])) }
-                dt { "Key" } dd { code { (text(&record["key"])) } }
-                dt { "Attempt" } dd { (text(&record["attempt"])) }
-                dt { "Created" } dd { (clock(record["created_at_ms"].as_u64().unwrap_or(0))) }
-                @if let Some(detail) = status_detail(status) { dt { "Why" } dd #why { (detail) } }
-                @if let Some(parent) = run["parent"]["parent_run_id"].as_str() {
-                    dt { "Parent" } dd #parent { a href=(run_url(parent)) { code { (parent) } } " (as " (text(&run["parent"]["name"])) ")" }
-                }
-                @if let Some(children) = run["children"].as_array().filter(|c| !c.is_empty()) {
-                    dt { "Children" } dd #children {
-                        @for c in children {
-                            a href=(run_url(&text(&c["run_id"]))) { (text(&c["name"])) } " " (text(&c["state"])) " "
-                        }
-                    }
-                }
-                @if let Some(limit) = run["waiting_on_limit"].as_str() { dt { "Waiting" } dd #limit { "its turn in limit " code { (limit) } } }
-                dt { "Trace" } dd {
-                    @match run["trace_url"].as_str().filter(|u| u.starts_with("http://") || u.starts_with("https://")) {
-                        Some(url) => a #trace href=(url) rel="noopener" { code { (text(&run["trace_id"])) } },
-                        None => code #trace { (text(&run["trace_id"])) },
-                    }
-                }
-            }
+            (summary(run, &state))
             @for a in run["approvals"].as_array().into_iter().flatten().filter(|a| a["decision"].is_null() && a["escalated"].as_bool() != Some(true)) {
                 p.notice { "Waiting for a decision: " a href=(decision_url(&run_id, &text(&a["approval_id"]))) { "review " (text(&a["approval_id"])) } }
             }
@@ -178,6 +154,39 @@ pub fn run(frame: &Frame, view: &RunView) -> Markup {
             script src="/ui/static/live.js" {}
         },
     )
+}
+
+/// What the run is: its state, kind, key, attempt, age, family, limit and trace.
+fn summary(run: &Value, state: &str) -> Markup {
+    let record = &run["run"];
+    let status = &record["status"];
+    html! {
+        dl.summary {
+            dt { "State" } dd { b #state { (state) } }
+            dt { "Kind" } dd { (text(&record["kind"])) }
+            dt { "Key" } dd { code { (text(&record["key"])) } }
+            dt { "Attempt" } dd { (text(&record["attempt"])) }
+            dt { "Created" } dd { (clock(record["created_at_ms"].as_u64().unwrap_or(0))) }
+            @if let Some(detail) = status_detail(status) { dt { "Why" } dd #why { (detail) } }
+            @if let Some(parent) = run["parent"]["parent_run_id"].as_str() {
+                dt { "Parent" } dd #parent { a href=(run_url(parent)) { code { (parent) } } " (as " (text(&run["parent"]["name"])) ")" }
+            }
+            @if let Some(children) = run["children"].as_array().filter(|c| !c.is_empty()) {
+                dt { "Children" } dd #children {
+                    @for c in children {
+                        a href=(run_url(&text(&c["run_id"]))) { (text(&c["name"])) } " " (text(&c["state"])) " "
+                    }
+                }
+            }
+            @if let Some(limit) = run["waiting_on_limit"].as_str() { dt { "Waiting" } dd #limit { "its turn in limit " code { (limit) } } }
+            dt { "Trace" } dd {
+                @match run["trace_url"].as_str().filter(|u| u.starts_with("http://") || u.starts_with("https://")) {
+                    Some(url) => a #trace href=(url) rel="noopener" { code { (text(&run["trace_id"])) } },
+                    None => code #trace { (text(&run["trace_id"])) },
+                }
+            }
+        }
+    }
 }
 
 fn alarms(alarms: &Value) -> Markup {
