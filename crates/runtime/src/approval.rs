@@ -77,16 +77,8 @@ pub(crate) async fn request(
     let run_id = raw.cell.run_id.clone();
     let key = keys::approval(&run_id, approval_id);
     let existing: Option<ApprovalRecord> = shared.store.get(&key)?;
-    match &existing {
-        Some(r) if !same_payload(&r.payload_hash, &payload_json)? => {
-            return Err(AgentError::ApprovalConflict { approval_id: approval_id.to_string() });
-        }
-        Some(r) if r.escalated => return Err(AgentError::escalate("approval_timeout")),
-        Some(ApprovalRecord { decision: Some(decision), .. }) => {
-            shared.event(&run_id, "approval_replayed", format!("{approval_id}: recorded decision returned"));
-            return Ok(decision.clone());
-        }
-        _ => {}
+    if let Some(decision) = recorded_answer(&shared, existing.as_ref(), &payload_json)? {
+        return Ok(decision);
     }
     let now = shared.now_ms();
     let asked_at_ms = now;
@@ -132,6 +124,26 @@ pub(crate) async fn request(
     };
     commit::commit_run(raw, change, after).await.map_err(AgentError::from)?;
     wait_for_decision(raw, approval_id, &key).await
+}
+
+/// What a pause asked again already has: its decision (a re-entered fiber), or a refusal —
+/// another payload under its id, or its escalation; `None` while it waits.
+fn recorded_answer(
+    shared: &Shared,
+    existing: Option<&ApprovalRecord>,
+    payload_json: &str,
+) -> Result<Option<Decision>, AgentError> {
+    match existing {
+        Some(r) if !same_payload(&r.payload_hash, payload_json)? => {
+            Err(AgentError::ApprovalConflict { approval_id: r.approval_id.clone() })
+        }
+        Some(r) if r.escalated => Err(AgentError::escalate("approval_timeout")),
+        Some(ApprovalRecord { decision: Some(decision), run_id, approval_id, .. }) => {
+            shared.event(run_id, "approval_replayed", format!("{approval_id}: recorded decision returned"));
+            Ok(Some(decision.clone()))
+        }
+        _ => Ok(None),
+    }
 }
 
 async fn wait_for_decision(

@@ -177,6 +177,21 @@ impl StreamedEffect {
             *slot = None;
         }
     }
+
+    /// The effect's end: committed, its slot goes and its answer is returned; not, what its
+    /// last call sent is taken back.
+    pub fn ended<R>(&self, performed: Result<Streamed<R>, AgentError>) -> Result<R, AgentError> {
+        match performed {
+            Ok(receipt) => {
+                self.settled();
+                Ok(receipt.result)
+            }
+            Err(e) => {
+                self.retract(None, &format!("the effect did not commit: {e}"));
+                Err(e)
+            }
+        }
+    }
 }
 
 /// Takes a call's chunks back when the call fails or is dropped unfinished (a timeout, an

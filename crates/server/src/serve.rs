@@ -313,7 +313,7 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     // Taken over before anything else: a SIGTERM from the first moment (say, right after the
     // `listening on` line) stops the server gracefully instead of killing the process.
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| tracing::warn!(error = %e, "SIGTERM cannot be handled; only Ctrl-C stops gracefully"))
         .ok();
     let tls = checked_tls(options)?;
@@ -353,20 +353,7 @@ pub async fn serve(
     println!("listening on {addr}");
     let _ = std::io::stdout().flush();
     tracing::info!(%addr, data = %data.display(), "serving");
-    let shutdown = async move {
-        let terminated = async {
-            match term.as_mut() {
-                Some(term) => {
-                    term.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            () = terminated => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    };
+    let shutdown = stop_asked(term);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     tracing::info!(tls = tls.is_some(), "accepting connections");
     let header_timeout = runtime.config().http_header_timeout;
@@ -377,6 +364,22 @@ pub async fn serve(
         let _ = stop_tx.send(());
     });
     run_until_stopped(&runtime, server, stop_rx).await
+}
+
+/// Completes at SIGTERM (when it can be handled) or Ctrl-C.
+async fn stop_asked(mut term: Option<tokio::signal::unix::Signal>) {
+    let terminated = async {
+        match term.as_mut() {
+            Some(term) => {
+                term.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = terminated => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
 }
 
 /// Serves until `server` ends or its stop's grace period runs out, then stops the runtime and

@@ -97,6 +97,28 @@ fn owner_index(run: &Value, ids: &[String]) -> Option<usize> {
     ids.iter().position(|id| id == node)
 }
 
+/// Starts the refund job of `draft` through `node` and waits until it pauses for a human.
+async fn start_refund(
+    node: &Server,
+    seed: u64,
+    draft: &RefundDraft,
+    upstream: &Upstream,
+) -> anyhow::Result<RunId> {
+    let input = json!({
+        "order_id": draft.order_id, "amount_cents": draft.amount_cents,
+        "customer_email": "customer@example.com", "upstream": upstream.url(), "api_key": null,
+    });
+    let key = format!("drill-{seed}");
+    let started_run =
+        node.client.post_json("/runs", &json!({"kind": "refund", "input": input}), Some(&key)).await?;
+    let run_id = RunId::from(started_run["run_id"].as_str().context("no run id")?);
+    wait_run(&node.client, &run_id, "pause for approval", |r| {
+        r["run"]["status"].get("waiting_approval").is_some()
+    })
+    .await?;
+    Ok(run_id)
+}
+
 /// Approves the refund with the hash the view of `viewer` shows, through `decider`, and waits
 /// until the refund is called (the upstream holds its answer, so the owner stands between
 /// its call and the receipt's commit). Whether the view showed the draft and its hash.
@@ -125,6 +147,23 @@ async fn approve_through(
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     Ok(human_sees_context)
+}
+
+/// The run completed on `owner`, and whether `stopped` (id `id`), woken then, lets go of it
+/// and wrote nothing of it.
+async fn finished_and_fenced(
+    owner: &Server,
+    stopped: &Server,
+    run_id: &RunId,
+    id: &str,
+) -> anyhow::Result<(Value, bool)> {
+    let done = wait_run(&owner.client, run_id, "complete", |r| r["run"]["status"].get("completed").is_some())
+        .await?;
+    signal(stopped, rustix::process::Signal::CONT);
+    let let_go = lets_go(stopped, run_id, id).await;
+    let after_wake = owner.client.get_json(&format!("/runs/{run_id}")).await?;
+    let fenced = let_go && after_wake["ledger"] == done["ledger"] && after_wake["run"] == done["run"];
+    Ok((done, fenced))
 }
 
 /// Whether the woken node `woken` (id `id`) lets go of the run within 5 s.
@@ -208,10 +247,6 @@ async fn run_nodes(
         amount_cents: 1_000 + seed % 9_000,
         reason: "customer request".into(),
     };
-    let input = json!({
-        "order_id": draft.order_id, "amount_cents": draft.amount_cents,
-        "customer_email": "customer@example.com", "upstream": upstream.url(), "api_key": null,
-    });
     let ids: Vec<String> = (1..=n).map(|i| format!("drill-n{i}")).collect();
     let log = |i: usize| out.join(format!("node-{}.log", i + 1));
     eprintln!("drill: [1/5] {n} nodes on a scratch database; start the refund job; it pauses for a human");
@@ -220,14 +255,7 @@ async fn run_nodes(
         nodes.push(spawn_server_with(exe, data, &log(i), None, &node_args(url, id))?);
     }
     let mut alive = vec![true; n];
-    let key = format!("drill-{seed}");
-    let started_run =
-        nodes[0].client.post_json("/runs", &json!({"kind": "refund", "input": input}), Some(&key)).await?;
-    let run_id = RunId::from(started_run["run_id"].as_str().context("no run id")?);
-    wait_run(&nodes[0].client, &run_id, "pause for approval", |r| {
-        r["run"]["status"].get("waiting_approval").is_some()
-    })
-    .await?;
+    let run_id = start_refund(&nodes[0], seed, &draft, &upstream).await?;
     // While the three nodes share the shards out, a shard can be between two of them for a
     // moment, and the run's view names no node: ask until one is named.
     let (first, before_kill_1) = owned_by(&nodes[0], &run_id, &ids, &alive).await?;
@@ -255,15 +283,8 @@ async fn run_nodes(
     alive[second] = false;
     let (third, after_kill_2) = owned_by(&nodes[other], &run_id, &ids, &alive).await?;
     owners.push(third);
-    let done = wait_run(&nodes[third].client, &run_id, "complete", |r| {
-        r["run"]["status"].get("completed").is_some()
-    })
-    .await?;
-    // Woken, the stopped node must let go of the run and write nothing of it.
-    signal(&nodes[second], rustix::process::Signal::CONT);
-    let let_go = lets_go(&nodes[second], &run_id, &ids[second]).await;
-    let after_wake = nodes[third].client.get_json(&format!("/runs/{run_id}")).await?;
-    let zombie_fenced = let_go && after_wake["ledger"] == done["ledger"] && after_wake["run"] == done["run"];
+    let (done, zombie_fenced) =
+        finished_and_fenced(&nodes[third], &nodes[second], &run_id, &ids[second]).await?;
     sigkill(&mut nodes[second]);
     let runs =
         nodes[third].client.get_query("/runs", &[("kind", "refund".into()), ("limit", "100".into())]).await?;

@@ -293,16 +293,7 @@ impl<A: Agent> Ctx<A> {
         };
         let performed =
             Box::pin(effect::perform(&mut self.raw, effect_id, args, options, &*streamed, call)).await;
-        match performed {
-            Ok(receipt) => {
-                streamed.settled();
-                Ok(receipt.result)
-            }
-            Err(e) => {
-                streamed.retract(None, &format!("the effect did not commit: {e}"));
-                Err(e)
-            }
-        }
+        streamed.ended(performed)
     }
 
     /// Pauses for a human (§6): writes the pause bound to the payload's hash, then waits.
