@@ -106,11 +106,9 @@ const CRON_PATTERN: &str = concat!(
     "(\\*|[0-6]|MON|TUE|WED|THU|FRI|SAT|SUN|MON-FRI|SAT-SUN)$"
 );
 
-/// Says exactly what the server takes where the derived schemas say less: ids' lengths and
-/// characters, the kinds the runtime hosts, an alarm's three shapes, a cron expression, the
-/// time zones, an event's idempotency key.
-fn make_precise(document: &mut Value, runtime: &Runtime) {
-    let kinds = runtime.kinds();
+/// The path and header parameters as the server takes them: a kind among those hosted, ids
+/// and token names by their characters, an `Idempotency-Key` as a header may carry it.
+fn precise_parameters(document: &mut Value, kinds: &[String]) {
     if let Some(Value::Object(paths)) = document.get_mut("paths") {
         for (path, item) in paths.iter_mut() {
             let tokens = path.starts_with("/tokens/");
@@ -137,6 +135,10 @@ fn make_precise(document: &mut Value, runtime: &Runtime) {
             }
         }
     }
+}
+
+/// An alarm's body: a delay, a due time or a cron schedule, exactly one.
+fn alarm_body() -> Value {
     let horizon_ms = limits::ALARM_HORIZON_MAX.as_millis() as u64;
     let period_ms = limits::ALARM_PERIOD_MIN.as_millis() as u64;
     // Due times an alarm may name: from the epoch to the start of 2100, always within the
@@ -146,7 +148,7 @@ fn make_precise(document: &mut Value, runtime: &Runtime) {
     let payload = json!({"description": "given to `on_alarm`"});
     let zones: Vec<&str> = durafiber_runtime::CronSchedule::time_zone_names().collect();
     let none = json!({"type": "null"});
-    let alarm = json!({
+    json!({
         "description": "exactly one of `delay_ms`, `at_ms` and `cron`; `every_ms` repeats a `delay_ms` or `at_ms` alarm; an absent field may also be `null`",
         "oneOf": [
             {"type": "object", "additionalProperties": false, "required": ["delay_ms"], "properties": {
@@ -160,9 +162,16 @@ fn make_precise(document: &mut Value, runtime: &Runtime) {
                 "time_zone": {"type": ["string", "null"], "enum": zones.iter().map(|z| json!(z)).chain([Value::Null]).collect::<Vec<_>>()},
                 "payload": payload, "delay_ms": none, "at_ms": none, "every_ms": none}},
         ],
-    });
+    })
+}
+
+/// Says exactly what the server takes where the derived schemas say less: ids' lengths and
+/// characters, the kinds the runtime hosts, an alarm's three shapes, a cron expression, the
+/// time zones, an event's idempotency key.
+fn make_precise(document: &mut Value, runtime: &Runtime) {
+    precise_parameters(document, &runtime.kinds());
     if let Some(schema) = document.pointer_mut("/components/schemas/AlarmBody") {
-        *schema = alarm;
+        *schema = alarm_body();
     }
     if let Some(durability) = document.pointer_mut("/components/schemas/StartOptions/properties/durability") {
         *durability = json!({"type": ["string", "null"], "enum": ["sync", "async", "exit", null]});
