@@ -33,41 +33,9 @@ pub(super) fn score(h: &Harness, finished: &Finished, report: &mut TortureReport
     let upstream = |collection: &str| h.upstream.objects(collection);
     let (charges, emails, alarms) = (upstream("charges"), upstream("emails"), upstream(ORDER_ALARMS));
     let (receipts, labels) = (upstream("receipts"), upstream("labels"));
-    for run in finished.runs.values() {
-        let status = &run["run"]["status"];
-        if run["run"]["kind"] == "poison" {
-            report.poison_runs += 1;
-            let reason = status["escalated"]["reason"].as_str().unwrap_or_default();
-            if reason.contains("ended the process") {
-                report.poison_escalated += 1;
-            } else {
-                report.stuck += 1;
-            }
-            continue;
-        }
-        if status.get("completed").is_some() {
-            report.completed += 1;
-        } else if status.get("escalated").is_some() {
-            report.escalated += 1;
-        } else {
-            report.stuck += 1;
-        }
-    }
+    count_states(finished, report);
     report.stuck += h.ids.values().flatten().filter(|id| !finished.runs.contains_key(*id)).count();
-    for objects in [&charges, &emails, &receipts, &labels] {
-        let mut per_order: BTreeMap<String, usize> = BTreeMap::new();
-        for o in objects.iter() {
-            let order = o["request"]["order_id"].as_str().unwrap_or("?").to_string();
-            *per_order.entry(order).or_default() += 1;
-        }
-        report.duplicate_effects += per_order.values().map(|n| n.saturating_sub(1)).sum::<usize>();
-        for run in finished.runs.values() {
-            let order = run["run"]["input"]["order_id"].as_str().map(str::to_string).unwrap_or_default();
-            if run["run"]["status"].get("completed").is_some() && !per_order.contains_key(&order) {
-                report.missing_effects += 1;
-            }
-        }
-    }
+    count_effects(finished, [&charges, &emails, &receipts, &labels], report);
     for run in finished.runs.values() {
         for entry in run["ledger"].as_array().cloned().unwrap_or_default() {
             if entry["committed"].is_null() {
@@ -107,6 +75,48 @@ pub(super) fn score(h: &Harness, finished: &Finished, report: &mut TortureReport
             let key = format!("{run_id}:alarm:{i}");
             if !alarms.iter().any(|o| o["idempotency_key"] == key.as_str()) {
                 report.alarms_lost += 1;
+            }
+        }
+    }
+}
+
+/// Each run's end: completed, escalated, or stuck; the poison runs apart.
+fn count_states(finished: &Finished, report: &mut TortureReport) {
+    for run in finished.runs.values() {
+        let status = &run["run"]["status"];
+        if run["run"]["kind"] == "poison" {
+            report.poison_runs += 1;
+            let reason = status["escalated"]["reason"].as_str().unwrap_or_default();
+            if reason.contains("ended the process") {
+                report.poison_escalated += 1;
+            } else {
+                report.stuck += 1;
+            }
+            continue;
+        }
+        if status.get("completed").is_some() {
+            report.completed += 1;
+        } else if status.get("escalated").is_some() {
+            report.escalated += 1;
+        } else {
+            report.stuck += 1;
+        }
+    }
+}
+
+/// Effects made more than once for an order, or never for a completed one.
+fn count_effects(finished: &Finished, collections: [&Vec<Value>; 4], report: &mut TortureReport) {
+    for objects in collections {
+        let mut per_order: BTreeMap<String, usize> = BTreeMap::new();
+        for o in objects.iter() {
+            let order = o["request"]["order_id"].as_str().unwrap_or("?").to_string();
+            *per_order.entry(order).or_default() += 1;
+        }
+        report.duplicate_effects += per_order.values().map(|n| n.saturating_sub(1)).sum::<usize>();
+        for run in finished.runs.values() {
+            let order = run["run"]["input"]["order_id"].as_str().map(str::to_string).unwrap_or_default();
+            if run["run"]["status"].get("completed").is_some() && !per_order.contains_key(&order) {
+                report.missing_effects += 1;
             }
         }
     }
