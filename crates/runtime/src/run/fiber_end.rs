@@ -90,6 +90,91 @@ struct End {
     span_left_to_retry: bool,
 }
 
+/// The run's status for an attempt that settled it (completed, escalated, cancelled); the
+/// error's text, redacted, for one that failed.
+fn settled_status(shared: &Shared, run: &mut tables::RunRecord, result: &FiberResult) -> Option<String> {
+    match result {
+        Ok(Ok(output_json)) => {
+            run.status = RunStatus::Completed { output_json: shared.obs.redact(output_json.clone()) };
+            None
+        }
+        Ok(Err(AgentError::Escalate(reason))) => {
+            run.status = RunStatus::Escalated { reason: shared.obs.redact(reason.clone()) };
+            None
+        }
+        // A fiber that does not emit what its stream holds would do so again on every
+        // re-entry: a human must look at the code.
+        Ok(Err(diverged @ AgentError::StreamDiverged { .. })) => {
+            run.status = RunStatus::Escalated { reason: diverged.to_string() };
+            None
+        }
+        // A replay's sandbox stopped a call: the run ends there, saying which.
+        Ok(Err(stopped @ AgentError::CallStopped { .. })) => {
+            run.status = RunStatus::Cancelled { reason: stopped.to_string() };
+            None
+        }
+        Ok(Err(AgentError::Cancelled(reason))) => {
+            // The reason the requester gave wins over the runtime's own wording.
+            let reason = run.cancel_reason.clone().unwrap_or_else(|| reason.clone());
+            run.status = RunStatus::Cancelled { reason };
+            None
+        }
+        Ok(Err(e)) => Some(shared.obs.redact(e.to_string())),
+        Err(panic) => Some(shared.obs.redact(format!("panic: {panic}"))),
+    }
+}
+
+/// A failed attempt: cancelled when asked, re-entered after a fault of the runtime's or an
+/// outage, failed, or escalated once its recoveries are spent; when to wake it again.
+fn after_error(
+    shared: &Shared,
+    cell: &RunCell,
+    run: &mut tables::RunRecord,
+    mode: FiberMode,
+    result: &FiberResult,
+    error: String,
+) -> End {
+    let runtime_fault = matches!(result, Ok(Err(AgentError::Runtime(_))));
+    if let Some(reason) = &run.cancel_reason {
+        run.status = RunStatus::Cancelled { reason: reason.clone() };
+    } else if runtime_fault {
+        // The store failed under the fiber: the run is interrupted, not failed,
+        // and a recovery it interrupted is not counted (§3.6).
+        if cell.task.recovering.load(Ordering::SeqCst) {
+            run.recover_attempts = run.recover_attempts.saturating_sub(1);
+            run.next_recover_at_ms = 0;
+        }
+        return End { retry_at: Some(shared.now_ms().saturating_add(1_000)), span_left_to_retry: true };
+    } else if matches!(result, Ok(Err(AgentError::EffectRejected { .. }))) {
+        // A refusal: re-entering the run would only hear it again.
+        run.status = RunStatus::Failed { error };
+    } else if mode == FiberMode::Fresh && matches!(result, Ok(Err(AgentError::EffectFailed { .. }))) {
+        // An effect that ran out of calls is an outage, not an answer: the run is
+        // re-entered through recovery with the same key, exactly as it would be had
+        // the outage come after a recovery (then counted, then escalated).
+        tracing::warn!(run_id = %run.run_id, error, "effect exhausted; the run will be recovered");
+        run.wake_reason = Some(tables::WakeReason::Resumed);
+        let at = shared.now_ms().saturating_add(limits::EFFECT_BACKOFF_MAX.as_millis() as u64);
+        return End { retry_at: Some(at), span_left_to_retry: true };
+    } else if mode == FiberMode::Fresh {
+        run.status = RunStatus::Failed { error };
+    } else if run.recover_attempts >= shared.config.max_recover_attempts {
+        run.status = RunStatus::Escalated {
+            reason: format!("recovery hook failed {} times: {error}", run.recover_attempts),
+        };
+    } else {
+        tracing::warn!(run_id = %run.run_id, error, attempts = run.recover_attempts, "recovery hook failed");
+        // The next attempt recovers from the same interruption, for the same reason.
+        run.wake_reason = match mode {
+            FiberMode::Recover(RecoveryReason::Evicted) => Some(tables::WakeReason::Evicted),
+            FiberMode::Recover(RecoveryReason::Resumed) => Some(tables::WakeReason::Resumed),
+            _ => None,
+        };
+        return End { retry_at: Some(run.next_recover_at_ms), span_left_to_retry: false };
+    }
+    End { retry_at: None, span_left_to_retry: false }
+}
+
 /// The fiber's end as one boundary: final stash (exit mode), status, alarms removed.
 async fn finish(
     shared: &Arc<Shared>,
@@ -98,7 +183,6 @@ async fn finish(
     result: FiberResult,
 ) -> Result<End, RuntimeError> {
     let pending = cell.pending_exit.lock().take().map(|stash| *stash);
-    let max_attempts = shared.config.max_recover_attempts;
     let mut retry_at = None;
     // A retry that is not a recovery hook's: its registration takes this attempt for one
     // that did not end, and sends its span.
@@ -111,75 +195,9 @@ async fn finish(
             if let Some(stash) = &pending {
                 stash.stage(batch, shared.config.history_max)?;
             }
-            let error = match &result {
-                Ok(Ok(output_json)) => {
-                    run.status = RunStatus::Completed { output_json: shared.obs.redact(output_json.clone()) };
-                    None
-                }
-                Ok(Err(AgentError::Escalate(reason))) => {
-                    run.status = RunStatus::Escalated { reason: shared.obs.redact(reason.clone()) };
-                    None
-                }
-                // A fiber that does not emit what its stream holds would do so again on every
-                // re-entry: a human must look at the code.
-                Ok(Err(diverged @ AgentError::StreamDiverged { .. })) => {
-                    run.status = RunStatus::Escalated { reason: diverged.to_string() };
-                    None
-                }
-                // A replay's sandbox stopped a call: the run ends there, saying which.
-                Ok(Err(stopped @ AgentError::CallStopped { .. })) => {
-                    run.status = RunStatus::Cancelled { reason: stopped.to_string() };
-                    None
-                }
-                Ok(Err(AgentError::Cancelled(reason))) => {
-                    // The reason the requester gave wins over the runtime's own wording.
-                    let reason = run.cancel_reason.clone().unwrap_or_else(|| reason.clone());
-                    run.status = RunStatus::Cancelled { reason };
-                    None
-                }
-                Ok(Err(e)) => Some(shared.obs.redact(e.to_string())),
-                Err(panic) => Some(shared.obs.redact(format!("panic: {panic}"))),
-            };
-            if let Some(error) = error {
-                let runtime_fault = matches!(result, Ok(Err(AgentError::Runtime(_))));
-                if let Some(reason) = &run.cancel_reason {
-                    run.status = RunStatus::Cancelled { reason: reason.clone() };
-                } else if runtime_fault {
-                    // The store failed under the fiber: the run is interrupted, not failed,
-                    // and a recovery it interrupted is not counted (§3.6).
-                    if cell.task.recovering.load(Ordering::SeqCst) {
-                        run.recover_attempts = run.recover_attempts.saturating_sub(1);
-                        run.next_recover_at_ms = 0;
-                    }
-                    retry_at = Some(shared.now_ms().saturating_add(1_000));
-                    span_left_to_retry = true;
-                } else if matches!(result, Ok(Err(AgentError::EffectRejected { .. }))) {
-                    // A refusal: re-entering the run would only hear it again.
-                    run.status = RunStatus::Failed { error };
-                } else if mode == FiberMode::Fresh && matches!(result, Ok(Err(AgentError::EffectFailed { .. }))) {
-                    // An effect that ran out of calls is an outage, not an answer: the run is
-                    // re-entered through recovery with the same key, exactly as it would be had
-                    // the outage come after a recovery (then counted, then escalated).
-                    tracing::warn!(run_id = %run.run_id, error, "effect exhausted; the run will be recovered");
-                    run.wake_reason = Some(tables::WakeReason::Resumed);
-                    retry_at = Some(shared.now_ms().saturating_add(limits::EFFECT_BACKOFF_MAX.as_millis() as u64));
-                    span_left_to_retry = true;
-                } else if mode == FiberMode::Fresh {
-                    run.status = RunStatus::Failed { error };
-                } else if run.recover_attempts >= max_attempts {
-                    run.status = RunStatus::Escalated {
-                        reason: format!("recovery hook failed {} times: {error}", run.recover_attempts),
-                    };
-                } else {
-                    tracing::warn!(run_id = %run.run_id, error, attempts = run.recover_attempts, "recovery hook failed");
-                    // The next attempt recovers from the same interruption, for the same reason.
-                    run.wake_reason = match mode {
-                        FiberMode::Recover(RecoveryReason::Evicted) => Some(tables::WakeReason::Evicted),
-                        FiberMode::Recover(RecoveryReason::Resumed) => Some(tables::WakeReason::Resumed),
-                        _ => None,
-                    };
-                    retry_at = Some(run.next_recover_at_ms);
-                }
+            if let Some(error) = settled_status(shared, run, &result) {
+                let again = after_error(shared, cell, run, mode, &result, error);
+                (retry_at, span_left_to_retry) = (again.retry_at, again.span_left_to_retry);
             }
             if run.status.is_terminal() {
                 alarm::delete_all_in(shared, &run.run_id, batch)?;
