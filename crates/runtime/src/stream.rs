@@ -188,19 +188,6 @@ pub(crate) fn follow(
     run_id: RunId,
     from_seq: u64,
 ) -> impl Stream<Item = Result<StreamItem, RuntimeError>> + Send + 'static {
-    struct Reader {
-        shared: Arc<Shared>,
-        run_id: RunId,
-        next: u64,
-        ready: std::collections::VecDeque<StreamItem>,
-        chunks: watch::Receiver<u64>,
-        statuses: watch::Receiver<u64>,
-        begun: watch::Receiver<u64>,
-        /// The running call's channel, once one was found.
-        live: Option<watch::Receiver<u64>>,
-        shown: Shown,
-        done: bool,
-    }
     let reader = Reader {
         chunks: shared.signals.stream_version.subscribe(),
         statuses: shared.signals.status_version.subscribe(),
@@ -225,60 +212,94 @@ pub(crate) fn follow(
             if r.done {
                 return None;
             }
-            // Marked seen before reading, so a chunk committed after the read wakes us.
-            r.chunks.borrow_and_update();
-            r.statuses.borrow_and_update();
-            r.begun.borrow_and_update();
-            if let Some(live) = r.live.as_mut() {
-                live.borrow_and_update();
-            }
-            // A reader is shown only what is durable, but for partial chunks, which say so.
-            if let Err(e) = r.shared.store.settle_reads().await {
-                r.done = true;
-                return Some((Err(e.into()), r));
-            }
-            // Read the status first: a run's last chunks are durable with its end, so once it
-            // has ended, the read below sees all of them.
-            let ended = match r.shared.load_run(&r.run_id) {
-                Ok(run) => run.status.is_terminal(),
+            match r.fill().await {
                 Err(e) => {
                     r.done = true;
                     return Some((Err(e), r));
                 }
-            };
-            match read(&r.shared, &r.run_id, r.next, limits::STREAM_READ_PAGE) {
-                Ok(chunks) if !chunks.is_empty() => {
-                    r.ready.extend(chunks.into_iter().map(StreamItem::Chunk));
-                    continue;
-                }
-                Ok(_) if ended => return None,
-                Ok(_) => {}
-                Err(e) => {
-                    r.done = true;
-                    return Some((Err(e), r));
-                }
+                Ok(Filled::Ended) => return None,
+                Ok(Filled::Items) => continue,
+                Ok(Filled::Nothing) => {}
             }
-            // Caught up with the durable chunks: what the running call has sent since.
-            let Reader { shared, run_id, shown, live, ready, .. } = &mut r;
-            partial_items(shared, run_id, shown, live, ready);
-            if !r.ready.is_empty() {
-                continue;
-            }
-            let live_changed = async {
-                match r.live.as_mut() {
-                    Some(live) => live.changed().await.is_err(),
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                changed = r.chunks.changed() => if changed.is_err() { return None },
-                changed = r.statuses.changed() => if changed.is_err() { return None },
-                changed = r.begun.changed() => if changed.is_err() { return None },
-                gone = live_changed => if gone { r.live = None },
-                () = r.shared.foreign_writes_poll() => {}
+            if !r.changed().await {
+                return None;
             }
         }
     })
+}
+
+/// A reader of a run's stream ([`follow`]): where it stands, what it has to show, and the
+/// channels that say something new may be there.
+struct Reader {
+    shared: Arc<Shared>,
+    run_id: RunId,
+    next: u64,
+    ready: std::collections::VecDeque<StreamItem>,
+    chunks: watch::Receiver<u64>,
+    statuses: watch::Receiver<u64>,
+    begun: watch::Receiver<u64>,
+    /// The running call's channel, once one was found.
+    live: Option<watch::Receiver<u64>>,
+    shown: Shown,
+    done: bool,
+}
+
+/// What one look at the stream found.
+enum Filled {
+    /// Items to show.
+    Items,
+    /// Nothing, and the run has ended: the stream is over.
+    Ended,
+    /// Nothing yet.
+    Nothing,
+}
+
+impl Reader {
+    /// Reads what is there to show: durable chunks past the last shown, else the running
+    /// call's partial chunks.
+    async fn fill(&mut self) -> Result<Filled, RuntimeError> {
+        // Marked seen before reading, so a chunk committed after the read wakes us.
+        self.chunks.borrow_and_update();
+        self.statuses.borrow_and_update();
+        self.begun.borrow_and_update();
+        if let Some(live) = self.live.as_mut() {
+            live.borrow_and_update();
+        }
+        // A reader is shown only what is durable, but for partial chunks, which say so.
+        self.shared.store.settle_reads().await?;
+        // Read the status first: a run's last chunks are durable with its end, so once it
+        // has ended, the read below sees all of them.
+        let ended = self.shared.load_run(&self.run_id)?.status.is_terminal();
+        let chunks = read(&self.shared, &self.run_id, self.next, limits::STREAM_READ_PAGE)?;
+        if !chunks.is_empty() {
+            self.ready.extend(chunks.into_iter().map(StreamItem::Chunk));
+            return Ok(Filled::Items);
+        }
+        if ended {
+            return Ok(Filled::Ended);
+        }
+        // Caught up with the durable chunks: what the running call has sent since.
+        partial_items(&self.shared, &self.run_id, &mut self.shown, &mut self.live, &mut self.ready);
+        Ok(if self.ready.is_empty() { Filled::Nothing } else { Filled::Items })
+    }
+
+    /// Waits until something may have changed; false when the runtime has gone.
+    async fn changed(&mut self) -> bool {
+        let live_changed = async {
+            match self.live.as_mut() {
+                Some(live) => live.changed().await.is_err(),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = self.chunks.changed() => return changed.is_ok(),
+            changed = self.statuses.changed() => return changed.is_ok(),
+            changed = self.begun.changed() => return changed.is_ok(),
+            gone = live_changed => if gone { self.live = None },
+            () = self.shared.foreign_writes_poll() => {}
+        }
+        true
+    }
 }
 
 /// The partial chunks (and resets) the run's running streaming call has for a reader that has
