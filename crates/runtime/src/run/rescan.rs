@@ -15,6 +15,7 @@ use crate::{
     budget::Budgets,
     clock::Stopwatch,
     error::RuntimeError,
+    kernel::cell::RunCell,
     kernel::inbox::{Activation, Registered},
     kernel::registry::LiveRun,
     kernel::shared::Shared,
@@ -156,6 +157,100 @@ pub(crate) async fn reactivate_interrupted(
     scanned.map(|()| found)
 }
 
+/// What a batch of found runs comes to: the interrupted ones' registrations in one batch
+/// (their cells built), the runs to re-enter alone, the paused runs whose pause was lifted.
+struct Planned {
+    interrupted: usize,
+    writes: Batch,
+    registered: Vec<(Arc<RunCell>, Box<Registered>)>,
+    alone: Vec<RunId>,
+    lifted: Vec<RunId>,
+}
+
+/// Plans each found run as one activation would (`fiber::register`), from its prefetched
+/// records.
+fn plan(shared: &Arc<Shared>, found: Vec<Found>, budgets: &Budgets) -> Planned {
+    let mut interrupted = 0;
+    let mut writes = Batch::new();
+    let mut registered = Vec::with_capacity(found.len());
+    let mut alone = Vec::new();
+    let mut lifted = Vec::new();
+    for Found { run_id, run, stash, stash_version } in found {
+        let mut run = match shared.load_run_prefetched(&run_id, run) {
+            Ok(run) => run,
+            Err(e) => {
+                tracing::error!(%run_id, error = %e, "run record unreadable; the run cannot continue");
+                shared.event(&run_id, "corrupt", e.to_string());
+                continue;
+            }
+        };
+        match run.status {
+            RunStatus::Accepted | RunStatus::Running => interrupted += 1,
+            // Paused, but its pause was lifted by a resume the process died in: no run is
+            // left behind.
+            RunStatus::Paused { .. } if crate::pause::reason_of(shared, &run).is_none() => {
+                interrupted += 1;
+                lifted.push(run_id);
+                continue;
+            }
+            _ => continue,
+        }
+        match fiber::register(shared, &mut run, budgets, &mut writes) {
+            Ok((mode, hook)) => {
+                run.updated_at_ms = shared.now_ms();
+                let stash = stash_record::read_prefetched(&shared.store, &run_id, stash, stash_version);
+                // Only the record: the run stays in the open-run index it was found in. A
+                // run whose cell cannot be built is left for the single activation to report.
+                let key = keys::run(&run.run_id);
+                match actor::new_cell(shared, &run, &stash) {
+                    Ok(cell) if writes.put(key, &run).is_ok() => {
+                        // Boxed now, as the fiber takes it: the batch's list stays small.
+                        registered.push((cell, Box::new(Registered { run, mode, stash, hook })));
+                    }
+                    _ => alone.push(run_id),
+                }
+            }
+            Err(Activation::Later(at_ms)) => shared.timers.wake_at(at_ms, &run_id),
+            Err(Activation::Nothing) => {}
+            Err(_) => alone.push(run_id),
+        }
+    }
+    Planned { interrupted, writes, registered, alone, lifted }
+}
+
+/// Commits the batch's registrations ahead of the queue, then makes each run live and starts
+/// its fiber; a failed commit has them woken again in a second.
+async fn register(
+    shared: &Arc<Shared>,
+    writes: Batch,
+    registered: Vec<(Arc<RunCell>, Box<Registered>)>,
+    watch: &Stopwatch,
+    since: Stopwatch,
+) {
+    // Ahead of the queue: the runs already recovered may be committing far more than
+    // the store can take, and a registration behind their commits would wait longer
+    // the more runs were recovered — a recovery that snowballs. At most one batch per
+    // lane is ahead at once.
+    match shared.store.commit_ahead(writes).await {
+        Ok(()) => {
+            shared.signals.status_changed();
+            for (cell, registration) in registered {
+                let live = LiveRun::new(cell.clone());
+                actor::activated(shared, &registration.run, watch, Some(cell.fiber_keep_alive));
+                fiber::start_registered(shared, &cell, registration, since);
+                shared.registry.insert(live);
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, runs = registered.len(), "could not register the fibers; retrying in 1 s");
+            let at_ms = shared.now_ms().saturating_add(1_000);
+            for (cell, _) in registered {
+                shared.timers.wake_at(at_ms, &cell.run_id);
+            }
+        }
+    }
+}
+
 /// Re-activates the interrupted runs among `run_ids` together: one read of each record,
 /// under the runs' transition and record locks, and every fiber's registration in one
 /// boundary — the same writes, decisions and order as one activation each (`actor.rs`), at
@@ -187,74 +282,9 @@ async fn reactivate_batch(shared: &Arc<Shared>, found: Vec<Found>) -> Result<usi
         (Some(first), Some(last)) => Budgets::between(shared, first, last, 4 * limits::RECOVERY_BATCH_MAX),
         _ => Budgets::Unknown,
     };
-    let mut interrupted = 0;
-    let mut writes = Batch::new();
-    let mut registered = Vec::with_capacity(run_ids.len());
-    let mut alone = Vec::new();
-    let mut lifted = Vec::new();
-    for Found { run_id, run, stash, stash_version } in found {
-        let mut run = match shared.load_run_prefetched(&run_id, run) {
-            Ok(run) => run,
-            Err(e) => {
-                tracing::error!(%run_id, error = %e, "run record unreadable; the run cannot continue");
-                shared.event(&run_id, "corrupt", e.to_string());
-                continue;
-            }
-        };
-        match run.status {
-            RunStatus::Accepted | RunStatus::Running => interrupted += 1,
-            // Paused, but its pause was lifted by a resume the process died in: no run is
-            // left behind.
-            RunStatus::Paused { .. } if crate::pause::reason_of(shared, &run).is_none() => {
-                interrupted += 1;
-                lifted.push(run_id);
-                continue;
-            }
-            _ => continue,
-        }
-        match fiber::register(shared, &mut run, &budgets, &mut writes) {
-            Ok((mode, hook)) => {
-                run.updated_at_ms = shared.now_ms();
-                let stash = stash_record::read_prefetched(&shared.store, &run_id, stash, stash_version);
-                // Only the record: the run stays in the open-run index it was found in. A
-                // run whose cell cannot be built is left for the single activation to report.
-                let key = keys::run(&run.run_id);
-                match actor::new_cell(shared, &run, &stash) {
-                    Ok(cell) if writes.put(key, &run).is_ok() => {
-                        // Boxed now, as the fiber takes it: the batch's list stays small.
-                        registered.push((cell, Box::new(Registered { run, mode, stash, hook })));
-                    }
-                    _ => alone.push(run_id),
-                }
-            }
-            Err(Activation::Later(at_ms)) => shared.timers.wake_at(at_ms, &run_id),
-            Err(Activation::Nothing) => {}
-            Err(_) => alone.push(run_id),
-        }
-    }
+    let Planned { interrupted, writes, registered, alone, lifted } = plan(shared, found, &budgets);
     if !registered.is_empty() {
-        // Ahead of the queue: the runs already recovered may be committing far more than
-        // the store can take, and a registration behind their commits would wait longer
-        // the more runs were recovered — a recovery that snowballs. At most one batch per
-        // lane is ahead at once.
-        match shared.store.commit_ahead(writes).await {
-            Ok(()) => {
-                shared.signals.status_changed();
-                for (cell, registration) in registered {
-                    let live = LiveRun::new(cell.clone());
-                    actor::activated(shared, &registration.run, &watch, Some(cell.fiber_keep_alive));
-                    fiber::start_registered(shared, &cell, registration, since);
-                    shared.registry.insert(live);
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, runs = registered.len(), "could not register the fibers; retrying in 1 s");
-                let at_ms = shared.now_ms().saturating_add(1_000);
-                for (cell, _) in registered {
-                    shared.timers.wake_at(at_ms, &cell.run_id);
-                }
-            }
-        }
+        register(shared, writes, registered, &watch, since).await;
     }
     drop(locks);
     drop(transitions);
