@@ -363,33 +363,7 @@ impl Writer {
         }
         // Applied (or refused): the queue has room again while the barrier runs.
         drop(std::mem::take(&mut group.rooms));
-        let mut waiting = Vec::new();
-        match applied {
-            Err(e) => {
-                tracing::error!(error = %e, batches = group.parts.len(), "write failed");
-                if e.is_engine_failure() {
-                    health.fail(format!("the storage engine failed a write: {e}"));
-                }
-                for part in group.parts.drain(..) {
-                    let _ = part.ack.send(Err(e.duplicate()));
-                }
-            }
-            Ok(()) => {
-                for part in group.parts.drain(..) {
-                    match (part.refused, part.durability) {
-                        (Some(e), _) => {
-                            let _ = part.ack.send(Err(e));
-                        }
-                        (None, Durability::Async) => {
-                            let _ = part.ack.send(Ok(()));
-                            let flush_every = Duration::from_micros(health.flush_every_us.load(Relaxed));
-                            state.flush_due.get_or_insert_with(|| Instant::now() + flush_every);
-                        }
-                        (None, Durability::Sync) => waiting.push(part.ack),
-                    }
-                }
-            }
-        }
+        let waiting = self.answer_applied(state, &mut group, applied);
         group.answer_snapshots(backend);
         let flush_now = state.flush_due.is_some_and(|due| Instant::now() >= due);
         if waiting.is_empty() && group.barrier_acks.is_empty() && !flush_now {
@@ -406,6 +380,45 @@ impl Writer {
         for ack in waiting.into_iter().chain(group.barrier_acks) {
             let _ = ack.send(result.as_ref().map(|_| ()).map_err(StoreError::duplicate));
         }
+    }
+
+    /// Answers the group's batches once it is applied (or refused): a refusal or a failure at
+    /// once, an async write at once with its flush due; the sync writes to answer after the
+    /// barrier.
+    fn answer_applied(
+        &self,
+        state: &mut State,
+        group: &mut Group,
+        applied: Result<(), StoreError>,
+    ) -> Vec<Ack> {
+        let mut waiting = Vec::new();
+        match applied {
+            Err(e) => {
+                tracing::error!(error = %e, batches = group.parts.len(), "write failed");
+                if e.is_engine_failure() {
+                    self.health.fail(format!("the storage engine failed a write: {e}"));
+                }
+                for part in group.parts.drain(..) {
+                    let _ = part.ack.send(Err(e.duplicate()));
+                }
+            }
+            Ok(()) => {
+                for part in group.parts.drain(..) {
+                    match (part.refused, part.durability) {
+                        (Some(e), _) => {
+                            let _ = part.ack.send(Err(e));
+                        }
+                        (None, Durability::Async) => {
+                            let _ = part.ack.send(Ok(()));
+                            let flush_every = Duration::from_micros(self.health.flush_every_us.load(Relaxed));
+                            state.flush_due.get_or_insert_with(|| Instant::now() + flush_every);
+                        }
+                        (None, Durability::Sync) => waiting.push(part.ack),
+                    }
+                }
+            }
+        }
+        waiting
     }
 
     /// When the thread's next wait ends: the async flush deadline and the quiet spell's end.

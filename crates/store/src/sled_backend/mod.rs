@@ -139,44 +139,14 @@ impl SledBackend {
     /// Opens (creating if needed) the store in `dir` with `options`.
     pub fn open_with(dir: &Path, options: &SledOptions) -> Result<Self, StoreError> {
         let wal_bytes = options.wal_bytes;
-        if !dir.exists() {
-            crate::fsync::create_private_dir(dir).map_err(io(dir))?;
-            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                sync_dir(parent)?;
-            }
-        }
-        let lock_path = dir.join(LOCK_FILE);
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(crate::fsync::PRIVATE_FILE)
-            .open(&lock_path)
-            .map_err(io(&lock_path))?;
-        lock_briefly(&lock, dir, &lock_path)?;
+        let lock = locked_dir(dir)?;
         let sled_dir = dir.join(SLED_DIR);
         let marker = dir.join(MARKER_FILE);
         if marker.exists() && !sled_dir.exists() {
             return Err(StoreError::EngineMissing { path: dir.to_path_buf() });
         }
         remove_unfinished_snapshots(&sled_dir)?;
-        // sled's open replays its own log on this thread; the write-ahead log is read and
-        // decoded beside it, on the core that would otherwise wait.
-        let (db, log) = std::thread::scope(|scope| {
-            let reading = std::thread::Builder::new()
-                .name("durafiber-wal-read".into())
-                .spawn_scoped(scope, || Wal::read(dir))
-                .map_err(|source| StoreError::Io { path: dir.join(wal::FILE), source });
-            let db = open_with_repairs(dir, &sled_dir, options.cache_bytes);
-            let log = match reading {
-                Ok(reading) => reading.join().unwrap_or_else(|_| {
-                    Err(StoreError::Engine("reading the write-ahead log panicked".into()))
-                }),
-                Err(e) => Err(e),
-            };
-            (db, log)
-        });
-        let (db, log) = (db?, log?);
+        let (db, log) = sled_beside_log(dir, &sled_dir, options.cache_bytes)?;
         save_conf(dir, &sled_dir)?;
         // sled creates its files with the process's umask: its owner's only, as ours are.
         crate::fsync::make_private(dir).map_err(io(dir))?;
@@ -432,6 +402,51 @@ impl Backend for SledBackend {
     fn data_dir(&self) -> Option<PathBuf> {
         Some(self.engine.dir.clone())
     }
+}
+
+/// The data directory, made (durably) when missing, and its lock taken.
+fn locked_dir(dir: &Path) -> Result<std::fs::File, StoreError> {
+    if !dir.exists() {
+        crate::fsync::create_private_dir(dir).map_err(io(dir))?;
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            sync_dir(parent)?;
+        }
+    }
+    let lock_path = dir.join(LOCK_FILE);
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(crate::fsync::PRIVATE_FILE)
+        .open(&lock_path)
+        .map_err(io(&lock_path))?;
+    lock_briefly(&lock, dir, &lock_path)?;
+    Ok(lock)
+}
+
+/// sled opened, and the write-ahead log read. sled's open replays its own log on this
+/// thread; the write-ahead log is read and decoded beside it, on the core that would
+/// otherwise wait.
+fn sled_beside_log(
+    dir: &Path,
+    sled_dir: &Path,
+    cache_bytes: u64,
+) -> Result<(sled::Db, wal::Contents), StoreError> {
+    let (db, log) = std::thread::scope(|scope| {
+        let reading = std::thread::Builder::new()
+            .name("durafiber-wal-read".into())
+            .spawn_scoped(scope, || Wal::read(dir))
+            .map_err(|source| StoreError::Io { path: dir.join(wal::FILE), source });
+        let db = open_with_repairs(dir, sled_dir, cache_bytes);
+        let log = match reading {
+            Ok(reading) => reading
+                .join()
+                .unwrap_or_else(|_| Err(StoreError::Engine("reading the write-ahead log panicked".into()))),
+            Err(e) => Err(e),
+        };
+        (db, log)
+    });
+    Ok((db?, log?))
 }
 
 #[cfg(test)]
