@@ -170,6 +170,55 @@ pub(super) fn hash_of(value: &Value) -> String {
     payload_hash(value).unwrap_or_default()
 }
 
+/// The refund a drill asks for, by its seed.
+pub(super) fn refund_draft(seed: u64) -> RefundDraft {
+    RefundDraft {
+        order_id: format!("ord_{seed}"),
+        amount_cents: 1_000 + seed % 9_000,
+        reason: "customer request".into(),
+    }
+}
+
+/// Starts the refund job of `draft` through `server` and waits until it pauses for a human;
+/// its run id and its view then.
+pub(super) async fn start_refund(
+    server: &Server,
+    seed: u64,
+    draft: &RefundDraft,
+    upstream: &Upstream,
+) -> anyhow::Result<(RunId, Value)> {
+    let input = json!({
+        "order_id": draft.order_id, "amount_cents": draft.amount_cents,
+        "customer_email": "customer@example.com", "upstream": upstream.url(), "api_key": null,
+    });
+    let key = format!("drill-{seed}");
+    let started =
+        server.client.post_json("/runs", &json!({"kind": "refund", "input": input}), Some(&key)).await?;
+    let run_id = RunId::from(started["run_id"].as_str().context("no run id")?);
+    let waiting = wait_run(&server.client, &run_id, "pause for approval", |r| {
+        r["run"]["status"].get("waiting_approval").is_some()
+    })
+    .await?;
+    Ok((run_id, waiting))
+}
+
+/// Whether the approvals `server` lists show the run's pause with the draft and its hash, and
+/// the hash to quote.
+pub(super) async fn pending_approval(
+    server: &Server,
+    run_id: &RunId,
+    draft: &RefundDraft,
+) -> anyhow::Result<(bool, String)> {
+    let view = serde_json::to_value(server.client.approvals().await?)?;
+    let pending = view.as_array().and_then(|a| a.iter().find(|p| p["run_id"] == run_id.as_str())).cloned();
+    let draft_json = serde_json::to_value(draft)?;
+    let human_sees_context = pending
+        .as_ref()
+        .is_some_and(|p| p["payload"] == draft_json && p["payload_hash"] == hash_of(&draft_json).as_str());
+    let hash = pending.as_ref().and_then(|p| p["payload_hash"].as_str()).context("no pending approval")?;
+    Ok((human_sees_context, hash.to_string()))
+}
+
 /// Runs the drill with the `durafiber` binary at `exe`; the recording goes to `out`.
 pub async fn drill(exe: &Path, seed: u64, out: &Path, stop_at: &str) -> anyhow::Result<DrillReport> {
     if !stop_at.ends_with(":refund") || !stop_at.starts_with("after_effect_") {
@@ -184,44 +233,19 @@ pub async fn drill(exe: &Path, seed: u64, out: &Path, stop_at: &str) -> anyhow::
     }
     std::fs::create_dir_all(out)?;
     let upstream = Upstream::start().await.context("starting the upstream")?;
-    let draft = RefundDraft {
-        order_id: format!("ord_{seed}"),
-        amount_cents: 1_000 + seed % 9_000,
-        reason: "customer request".into(),
-    };
-    let input = json!({
-        "order_id": draft.order_id, "amount_cents": draft.amount_cents,
-        "customer_email": "customer@example.com", "upstream": upstream.url(), "api_key": null,
-    });
+    let draft = refund_draft(seed);
 
     eprintln!("drill: [1/5] start the refund job; it pauses for a human");
     let mut s1 = spawn_server(exe, &data, &out.join("server-1.log"), None)?;
-    let started_run = s1
-        .client
-        .post_json("/runs", &json!({"kind": "refund", "input": input}), Some(&format!("drill-{seed}")))
-        .await?;
-    let run_id = RunId::from(started_run["run_id"].as_str().context("no run id")?);
-    let before_kill_1 = wait_run(&s1.client, &run_id, "pause for approval", |r| {
-        r["run"]["status"].get("waiting_approval").is_some()
-    })
-    .await?;
+    let (run_id, before_kill_1) = start_refund(&s1, seed, &draft, &upstream).await?;
 
     eprintln!("drill: [2/5] SIGKILL the server mid-wait, restart it");
     sigkill(&mut s1);
     let mut s2 = spawn_server(exe, &data, &out.join("server-2.log"), Some(stop_at))?;
     let after_kill_1 = s2.client.get_json(&format!("/runs/{run_id}")).await?;
-    let view = serde_json::to_value(s2.client.approvals().await?)?;
-    let pending = view.as_array().and_then(|a| a.iter().find(|p| p["run_id"] == run_id.as_str())).cloned();
-    let draft_json = serde_json::to_value(&draft)?;
-    let human_sees_context = pending
-        .as_ref()
-        .is_some_and(|p| p["payload"] == draft_json && p["payload_hash"] == hash_of(&draft_json).as_str());
+    let (human_sees_context, hash) = pending_approval(&s2, &run_id, &draft).await?;
 
     eprintln!("drill: [3/5] approve with the stored handle and the hash the view shows");
-    let hash = pending
-        .as_ref()
-        .and_then(|p| p["payload_hash"].as_str())
-        .context("no pending approval after the restart")?;
     s2.client
         .post_json(
             &format!("/runs/{run_id}/approvals/refund"),

@@ -26,8 +26,8 @@ use durafiber_testkit::upstream::Upstream;
 use serde_json::{Value, json};
 
 use super::drill::{
-    AcrossNodes, DrillReport, Outcome, Server, Snapshots, conclude, hash_of, out_dir, print_report, read_log,
-    sigkill, sigterm, spawn_server_with, wait_run,
+    AcrossNodes, DrillReport, Outcome, Server, Snapshots, conclude, out_dir, pending_approval, print_report,
+    read_log, refund_draft, sigkill, sigterm, spawn_server_with, start_refund, wait_run,
 };
 
 /// The lease the drill's nodes hold their shards by.
@@ -97,28 +97,6 @@ fn owner_index(run: &Value, ids: &[String]) -> Option<usize> {
     ids.iter().position(|id| id == node)
 }
 
-/// Starts the refund job of `draft` through `node` and waits until it pauses for a human.
-async fn start_refund(
-    node: &Server,
-    seed: u64,
-    draft: &RefundDraft,
-    upstream: &Upstream,
-) -> anyhow::Result<RunId> {
-    let input = json!({
-        "order_id": draft.order_id, "amount_cents": draft.amount_cents,
-        "customer_email": "customer@example.com", "upstream": upstream.url(), "api_key": null,
-    });
-    let key = format!("drill-{seed}");
-    let started_run =
-        node.client.post_json("/runs", &json!({"kind": "refund", "input": input}), Some(&key)).await?;
-    let run_id = RunId::from(started_run["run_id"].as_str().context("no run id")?);
-    wait_run(&node.client, &run_id, "pause for approval", |r| {
-        r["run"]["status"].get("waiting_approval").is_some()
-    })
-    .await?;
-    Ok(run_id)
-}
-
 /// Approves the refund with the hash the view of `viewer` shows, through `decider`, and waits
 /// until the refund is called (the upstream holds its answer, so the owner stands between
 /// its call and the receipt's commit). Whether the view showed the draft and its hash.
@@ -129,13 +107,7 @@ async fn approve_through(
     draft: &RefundDraft,
     upstream: &Upstream,
 ) -> anyhow::Result<bool> {
-    let view = serde_json::to_value(viewer.client.approvals().await?)?;
-    let pending = view.as_array().and_then(|a| a.iter().find(|p| p["run_id"] == run_id.as_str())).cloned();
-    let draft_json = serde_json::to_value(draft)?;
-    let human_sees_context = pending
-        .as_ref()
-        .is_some_and(|p| p["payload"] == draft_json && p["payload_hash"] == hash_of(&draft_json).as_str());
-    let hash = pending.as_ref().and_then(|p| p["payload_hash"].as_str()).context("no pending approval")?;
+    let (human_sees_context, hash) = pending_approval(viewer, run_id, draft).await?;
     upstream.hold("refunds", Duration::from_secs(3));
     let body = json!({"payload_hash": hash, "approved": true, "comment": "drill"});
     decider.client.post_json(&format!("/runs/{run_id}/approvals/refund"), &body, None).await?;
@@ -242,11 +214,7 @@ async fn run_nodes(
     started: Instant,
 ) -> anyhow::Result<(DrillReport, AcrossNodes)> {
     let upstream = Upstream::start().await.context("starting the upstream")?;
-    let draft = RefundDraft {
-        order_id: format!("ord_{seed}"),
-        amount_cents: 1_000 + seed % 9_000,
-        reason: "customer request".into(),
-    };
+    let draft = refund_draft(seed);
     let ids: Vec<String> = (1..=n).map(|i| format!("drill-n{i}")).collect();
     let log = |i: usize| out.join(format!("node-{}.log", i + 1));
     eprintln!("drill: [1/5] {n} nodes on a scratch database; start the refund job; it pauses for a human");
@@ -255,7 +223,7 @@ async fn run_nodes(
         nodes.push(spawn_server_with(exe, data, &log(i), None, &node_args(url, id))?);
     }
     let mut alive = vec![true; n];
-    let run_id = start_refund(&nodes[0], seed, &draft, &upstream).await?;
+    let (run_id, _) = start_refund(&nodes[0], seed, &draft, &upstream).await?;
     // While the three nodes share the shards out, a shard can be between two of them for a
     // moment, and the run's view names no node: ask until one is named.
     let (first, before_kill_1) = owned_by(&nodes[0], &run_id, &ids, &alive).await?;
