@@ -204,6 +204,11 @@ pub async fn drill(
     result
 }
 
+/// Where node `i`'s log goes.
+fn node_log(out: &Path, i: usize) -> std::path::PathBuf {
+    out.join(format!("node-{}.log", i + 1))
+}
+
 async fn run_nodes(
     exe: &Path,
     seed: u64,
@@ -216,18 +221,17 @@ async fn run_nodes(
     let upstream = Upstream::start().await.context("starting the upstream")?;
     let draft = refund_draft(seed);
     let ids: Vec<String> = (1..=n).map(|i| format!("drill-n{i}")).collect();
-    let log = |i: usize| out.join(format!("node-{}.log", i + 1));
     eprintln!("drill: [1/5] {n} nodes on a scratch database; start the refund job; it pauses for a human");
-    let mut nodes = Vec::new();
-    for (i, id) in ids.iter().enumerate() {
-        nodes.push(spawn_server_with(exe, data, &log(i), None, &node_args(url, id))?);
-    }
+    let mut nodes = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| spawn_server_with(exe, data, &node_log(out, i), None, &node_args(url, id)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let mut alive = vec![true; n];
     let (run_id, _) = start_refund(&nodes[0], seed, &draft, &upstream).await?;
     // While the three nodes share the shards out, a shard can be between two of them for a
     // moment, and the run's view names no node: ask until one is named.
     let (first, before_kill_1) = owned_by(&nodes[0], &run_id, &ids, &alive).await?;
-    let mut owners = vec![first];
 
     eprintln!("drill: [2/5] SIGKILL node {} (it holds the run) mid-wait", ids[first]);
     sigkill(&mut nodes[first]);
@@ -236,7 +240,6 @@ async fn run_nodes(
     let via = (first + 1) % n;
     let (second, after_kill_1) = owned_by(&nodes[via], &run_id, &ids, &alive).await?;
     let failover_ms = killed.elapsed().as_millis() as u64;
-    owners.push(second);
 
     eprintln!("drill: [3/5] approve through a node that does not run it, with the hash the view shows");
     let other = (0..n).find(|i| alive[*i] && *i != second).unwrap_or(second);
@@ -250,17 +253,13 @@ async fn run_nodes(
     signal(&nodes[second], rustix::process::Signal::STOP);
     alive[second] = false;
     let (third, after_kill_2) = owned_by(&nodes[other], &run_id, &ids, &alive).await?;
-    owners.push(third);
+    let owners = [first, second, third];
     let (done, zombie_fenced) =
         finished_and_fenced(&nodes[third], &nodes[second], &run_id, &ids[second]).await?;
     sigkill(&mut nodes[second]);
     let runs =
         nodes[third].client.get_query("/runs", &[("kind", "refund".into()), ("limit", "100".into())]).await?;
-    for (i, node) in nodes.iter_mut().enumerate() {
-        if alive[i] {
-            sigterm(node);
-        }
-    }
+    nodes.iter_mut().zip(&alive).filter(|(_, alive)| **alive).for_each(|(node, _)| sigterm(node));
 
     eprintln!("drill: [5/5] score against the upstream");
     let snaps = Snapshots { before_kill_1, after_kill_1, before_kill_2, after_kill_2, done, runs };
@@ -268,16 +267,9 @@ async fn run_nodes(
     // held its shard while it waited (shards move to the nodes that join after the run
     // starts, and a node that takes a shard leaves its waiting runs where they are), so its
     // log need not name the run; the second ran the decision and the third finished it.
-    let logs: Vec<String> = owners.iter().skip(1).map(|i| read_log(&log(*i))).collect();
-    let outcome = Outcome {
-        snaps,
-        run_id,
-        stop_at: "after_effect_call:refund",
-        logs,
-        human_sees_context,
-        seed,
-        started,
-    };
+    let logs: Vec<String> = owners.iter().skip(1).map(|i| read_log(&node_log(out, *i))).collect();
+    let stop_at = "after_effect_call:refund";
+    let outcome = Outcome { snaps, run_id, stop_at, logs, human_sees_context, seed, started };
     let extra = json!({
         "nodes": n, "failover_ms": failover_ms, "zombie_fenced": zombie_fenced,
         "owners": owners.iter().map(|i| ids[*i].clone()).collect::<Vec<_>>(),
