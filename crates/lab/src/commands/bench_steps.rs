@@ -115,19 +115,7 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
     let raw = raw_fdatasync_per_s(dir.path(), 1.0)?;
 
     progress(&format!("{} concurrent runs x {} steps", plan.runs, plan.steps));
-    let rt = runtime(&dir.path().join("concurrent"), Steps::default(), plan.history_max).await?;
-    let started = Instant::now();
-    let mut ids = Vec::new();
-    for i in 0..plan.runs {
-        let input = StepsInput { steps: plan.steps, pause_ms: 0 };
-        ids.push(rt.start::<Steps>(&format!("run-{i}"), &input).await?.run_id);
-    }
-    for id in &ids {
-        rt.wait(id).await?;
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    let steps_per_s = (plan.runs as f64 * f64::from(plan.steps)) / elapsed;
-    rt.shutdown().await;
+    let steps_per_s = concurrent_steps(&dir.path().join("concurrent"), &plan).await?;
 
     let Sequential { mut step, mut raw_gapped, gap, turns, cores } = sequential(dir.path(), &plan).await?;
     if let Some(out) = out {
@@ -181,6 +169,23 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
     ];
     print_bench_report(lines, report, json)?;
     Ok(i32::from(killed.rerun != 0))
+}
+
+/// Steps a second of `plan.runs` runs stashing side by side, from their starts to their ends.
+async fn concurrent_steps(dir: &Path, plan: &Plan) -> anyhow::Result<f64> {
+    let rt = runtime(dir, Steps::default(), plan.history_max).await?;
+    let started = Instant::now();
+    let mut ids = Vec::new();
+    for i in 0..plan.runs {
+        let input = StepsInput { steps: plan.steps, pause_ms: 0 };
+        ids.push(rt.start::<Steps>(&format!("run-{i}"), &input).await?.run_id);
+    }
+    for id in &ids {
+        rt.wait(id).await?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    rt.shutdown().await;
+    Ok((plan.runs as f64 * f64::from(plan.steps)) / elapsed)
 }
 
 /// Sequential steps per turn, at most: a turn of these and then as many raw syncs.
@@ -306,18 +311,9 @@ fn ack(line: &str) -> Option<(String, u32)> {
     Some((parts.next()?.to_string(), parts.next()?.parse().ok()?))
 }
 
-async fn kill_and_resume(data: &Path, runs: usize) -> anyhow::Result<Killed> {
-    let exe = std::env::current_exe()?;
-    let spawn = |mode: &str| {
-        Command::new(&exe)
-            .args(["bench", "steps-child"])
-            .arg(data)
-            .args([mode, &runs.to_string()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-    };
-    let mut child = spawn("start")?;
+/// The steps each run acknowledged before its process was SIGKILLed, a few steps after every
+/// run was in flight.
+fn acked_until_killed(mut child: std::process::Child) -> anyhow::Result<BTreeMap<String, u32>> {
     let lines = lines_of(&mut child)?;
     let mut acked: BTreeMap<String, u32> = BTreeMap::new();
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -350,9 +346,15 @@ async fn kill_and_resume(data: &Path, runs: usize) -> anyhow::Result<Killed> {
             acked.insert(run, done);
         }
     }
+    Ok(acked)
+}
 
-    let spawned = Instant::now();
-    let mut child = spawn("resume")?;
+/// The step each run resumed from in the restarted process, and how long after its spawn the
+/// first step came.
+fn resumed_from(
+    mut child: std::process::Child,
+    spawned: Instant,
+) -> anyhow::Result<(BTreeMap<String, u32>, Option<u64>)> {
     let lines = lines_of(&mut child)?;
     let mut first_step_ms = None;
     let deadline = Instant::now() + Duration::from_secs(300);
@@ -376,6 +378,23 @@ async fn kill_and_resume(data: &Path, runs: usize) -> anyhow::Result<Killed> {
         }
     };
     let _ = child.wait();
+    Ok((resumed, first_step_ms))
+}
+
+async fn kill_and_resume(data: &Path, runs: usize) -> anyhow::Result<Killed> {
+    let exe = std::env::current_exe()?;
+    let spawn = |mode: &str| {
+        Command::new(&exe)
+            .args(["bench", "steps-child"])
+            .arg(data)
+            .args([mode, &runs.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+    };
+    let acked = acked_until_killed(spawn("start")?)?;
+    let spawned = Instant::now();
+    let (resumed, first_step_ms) = resumed_from(spawn("resume")?, spawned)?;
     let rerun = acked
         .iter()
         .map(|(run, done)| u64::from(done.saturating_sub(resumed.get(run).copied().unwrap_or(*done))))
