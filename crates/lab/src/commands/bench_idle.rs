@@ -120,6 +120,82 @@ pub async fn idle(json: bool, plan: Plan) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// Starts `runs` runs that wait for approval, every `every`-th to be approved, and waits
+/// until they all asked; those to approve, and how long the starts took, s.
+async fn start_waiting(
+    rt: &Runtime,
+    runs: usize,
+    every: usize,
+    asked: &AtomicUsize,
+) -> anyhow::Result<(Vec<RunId>, f64)> {
+    progress(&format!("starting {runs} runs that wait for approval"));
+    let began = Instant::now();
+    let to_approve = start_runs::<Waiter>(rt, runs, "idle", &(), move |i| i % every == 0).await?;
+    let started_s = began.elapsed().as_secs_f64();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while asked.load(Ordering::Relaxed) < runs {
+        if Instant::now() > deadline {
+            bail!("only {} of {runs} runs asked for approval", asked.load(Ordering::Relaxed));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok((to_approve, started_s))
+}
+
+/// Waits until no run is live (or the parking's time is up); how long that took, s.
+async fn wait_parked(rt: &Runtime, config: &RuntimeConfig) -> f64 {
+    let parking = Instant::now();
+    let limit = config.hibernate_after.min(Duration::from_secs(60)) + Duration::from_secs(30);
+    while rt.live_count().await > 0 && parking.elapsed() < limit {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    parking.elapsed().as_secs_f64()
+}
+
+/// Waits (2 minutes at most) until every decided run went on; how long each took from its
+/// decision, µs.
+async fn went_on_after(went_on: &Mutex<HashMap<RunId, Instant>>, decisions: &[(RunId, Instant)]) -> Samples {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while went_on.lock().len() < decisions.len() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let went_on = std::mem::take(&mut *went_on.lock());
+    Samples(
+        decisions
+            .iter()
+            .filter_map(|(id, decided)| {
+                went_on.get(id).map(|at| at.saturating_duration_since(*decided).as_micros() as u64)
+            })
+            .collect(),
+    )
+}
+
+/// Approves every run of `to_approve` with `hash`, from 64 tasks at most; each run with the
+/// moment its decision was recorded.
+async fn approve_all(
+    rt: &Runtime,
+    to_approve: &[RunId],
+    hash: &str,
+) -> anyhow::Result<Vec<(RunId, Instant)>> {
+    let decisions = Arc::new(Mutex::new(Vec::with_capacity(to_approve.len())));
+    let mut tasks = Vec::new();
+    for ids in to_approve.chunks(to_approve.len().div_ceil(64).max(1)) {
+        let (rt, ids, hash, decisions) = (rt.clone(), ids.to_vec(), hash.to_string(), decisions.clone());
+        tasks.push(tokio::spawn(async move {
+            for id in ids {
+                let decision = Decision { approved: true, comment: String::new() };
+                rt.approve(&id, APPROVAL, &hash, decision).await?;
+                decisions.lock().push((id, Instant::now()));
+            }
+            Ok::<_, durafiber_runtime::RuntimeError>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(std::mem::take(&mut *decisions.lock()))
+}
+
 /// The measuring process.
 pub async fn child(data: &Path, plan: Plan) -> anyhow::Result<i32> {
     let Plan { runs, approve_share, waiting_in_memory } = plan;
@@ -138,29 +214,14 @@ pub async fn child(data: &Path, plan: Plan) -> anyhow::Result<i32> {
 
     // Every `every`-th run is approved at the end; only their ids are kept.
     let every = (1.0 / approve_share.clamp(1e-6, 1.0)).round().max(1.0) as usize;
-    progress(&format!("starting {runs} runs that wait for approval"));
-    let began = Instant::now();
-    let to_approve = start_runs::<Waiter>(&rt, runs, "idle", &(), move |i| i % every == 0).await?;
-    let started_s = began.elapsed().as_secs_f64();
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while asked.load(Ordering::Relaxed) < runs {
-        if Instant::now() > deadline {
-            bail!("only {} of {runs} runs asked for approval", asked.load(Ordering::Relaxed));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (to_approve, started_s) = start_waiting(&rt, runs, every, &asked).await?;
     let rss_waiting = rss_bytes();
     let live_waiting = rt.live_count().await;
     progress(&format!(
         "{runs} runs wait for approval; {live_waiting} of them live; waiting for them to leave memory"
     ));
 
-    let parking = Instant::now();
-    let limit = config.hibernate_after.min(Duration::from_secs(60)) + Duration::from_secs(30);
-    while rt.live_count().await > 0 && parking.elapsed() < limit {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let parked_after_s = parking.elapsed().as_secs_f64();
+    let parked_after_s = wait_parked(&rt, &config).await;
     let still_live = rt.live_count().await;
     // Give the allocator a moment to hand back what the runs let go of.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -174,39 +235,14 @@ pub async fn child(data: &Path, plan: Plan) -> anyhow::Result<i32> {
         .context("the first run to approve has no pending approval")?;
     let approved = to_approve.len();
     progress(&format!("approving {approved} runs"));
-    let decisions = Arc::new(Mutex::new(Vec::with_capacity(approved)));
     let approving = Instant::now();
-    let mut tasks = Vec::new();
-    for ids in to_approve.chunks(approved.div_ceil(64).max(1)) {
-        let (rt, ids, hash, decisions) = (rt.clone(), ids.to_vec(), hash.clone(), decisions.clone());
-        tasks.push(tokio::spawn(async move {
-            for id in ids {
-                let decision = Decision { approved: true, comment: String::new() };
-                rt.approve(&id, APPROVAL, &hash, decision).await?;
-                decisions.lock().push((id, Instant::now()));
-            }
-            Ok::<_, durafiber_runtime::RuntimeError>(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while went_on.lock().len() < approved && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let decisions = approve_all(&rt, &to_approve, &hash).await?;
+    let mut waits = went_on_after(&went_on, &decisions).await;
     let all_went_on_ms = approving.elapsed().as_secs_f64() * 1000.0;
-    let went_on = std::mem::take(&mut *went_on.lock());
-    let mut waits = Samples(Vec::with_capacity(approved));
-    for (id, decided) in decisions.lock().iter() {
-        if let Some(at) = went_on.get(id) {
-            waits.0.push(at.saturating_duration_since(*decided).as_micros() as u64);
-        }
-    }
     let went = waits.0.len();
     rt.settle().await;
     let mut completed = 0;
-    for (id, _) in decisions.lock().iter() {
+    for (id, _) in &decisions {
         if matches!(rt.status(id)?, RunStatus::Completed { .. }) {
             completed += 1;
         }

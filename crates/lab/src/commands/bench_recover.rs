@@ -130,20 +130,9 @@ async fn report_starts(rt: Runtime, runs: usize, pause_ms: u64) {
 /// What the start phase prints in place of `ready` when the machine cannot carry its runs.
 const OVERLOADED: &str = "overloaded: ";
 
-pub(super) async fn recover(
-    json: bool,
-    workload: Workload,
-    repeat: usize,
-    out: Option<&Path>,
-) -> anyhow::Result<i32> {
-    let Workload { runs, pause_ms, history_max } = workload;
-    let exe = std::env::current_exe()?;
-    let dir = tempfile::Builder::new().prefix("durafiber-bench-").tempdir_in(std::env::temp_dir())?;
-    let killed = dir.path().join("killed");
-    progress(&format!(
-        "starting {runs} runs that stash every {pause_ms} ms, each keeping {history_max} boundaries in its history"
-    ));
-    let mut child = workload.child_command(&exe, &killed, "start").stdout(Stdio::piped()).spawn()?;
+/// The runs started in a process of their own, which is SIGKILLed with every run in flight.
+fn start_and_kill(workload: &Workload, exe: &Path, killed: &Path) -> anyhow::Result<()> {
+    let mut child = workload.child_command(exe, killed, "start").stdout(Stdio::piped()).spawn()?;
     let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
     match lines.next().transpose()?.as_deref() {
         Some("ready") => {}
@@ -158,21 +147,33 @@ pub(super) async fn recover(
     progress("SIGKILL with every run in flight, then restart");
     let _ = child.kill(); // SIGKILL
     let _ = child.wait();
-    let repeat = repeat.max(1);
+    Ok(())
+}
+
+/// `repeat` recoveries of the killed store (each of a fresh copy when more than one): the
+/// first's report and each one's time to recover every run.
+fn recover_rounds(
+    workload: &Workload,
+    exe: &Path,
+    dir: &Path,
+    killed: &Path,
+    repeat: usize,
+) -> anyhow::Result<(Option<Value>, Vec<f64>)> {
+    let runs = workload.runs;
     let mut first: Option<Value> = None;
     let mut times = Vec::with_capacity(repeat);
     for round in 0..repeat {
         // One recovery recovers the killed directory itself; several each recover a fresh,
         // synced copy of it, so every one starts from the same state.
         let data = if repeat == 1 {
-            killed.clone()
+            killed.to_path_buf()
         } else {
             progress(&format!("recovery {} of {repeat}, on a copy of the killed store", round + 1));
-            let copy = dir.path().join(format!("copy-{round}"));
-            copy_dir(&killed, &copy)?;
+            let copy = dir.join(format!("copy-{round}"));
+            copy_dir(killed, &copy)?;
             copy
         };
-        let output = workload.child_command(&exe, &data, "recover").stderr(Stdio::inherit()).output()?;
+        let output = workload.child_command(exe, &data, "recover").stderr(Stdio::inherit()).output()?;
         let text = String::from_utf8_lossy(&output.stdout);
         let report: Value =
             serde_json::from_str(text.lines().last().unwrap_or("")).context("recovery report")?;
@@ -186,6 +187,25 @@ pub(super) async fn recover(
         }
         first.get_or_insert(report);
     }
+    Ok((first, times))
+}
+
+pub(super) async fn recover(
+    json: bool,
+    workload: Workload,
+    repeat: usize,
+    out: Option<&Path>,
+) -> anyhow::Result<i32> {
+    let Workload { runs, pause_ms, history_max } = workload;
+    let exe = std::env::current_exe()?;
+    let dir = tempfile::Builder::new().prefix("durafiber-bench-").tempdir_in(std::env::temp_dir())?;
+    let killed = dir.path().join("killed");
+    progress(&format!(
+        "starting {runs} runs that stash every {pause_ms} ms, each keeping {history_max} boundaries in its history"
+    ));
+    start_and_kill(&workload, &exe, &killed)?;
+    let repeat = repeat.max(1);
+    let (first, times) = recover_rounds(&workload, &exe, dir.path(), &killed, repeat)?;
     let mut report = first.context("no recovery ran")?;
     let samples: Vec<u64> = serde_json::from_value(report["samples_ms"].take()).unwrap_or_default();
     if let Some(obj) = report.as_object_mut() {
