@@ -4,6 +4,8 @@
 //! - [`ids`]: a run's id, [`RunId`], the handle every call names a run by.
 //! - [`records`] and [`family_records`]: the records the store keeps and the API shows as
 //!   they are (a run, its stash, effects, approvals, alarms, stream, budget, history, family).
+//! - [`state`]: a run's state without its details, [`RunState`]: what lists are filtered by,
+//!   and what both statuses name themselves and call terminal by.
 //! - [`status`]: a run's state as the API shows it, [`Status`].
 //! - [`answers`]: what a start, an event, a decision and a listing answer.
 //! - [`stream`]: what a reader of a run's output stream is shown.
@@ -16,6 +18,7 @@ pub mod family_records;
 pub mod ids;
 pub mod options;
 pub mod records;
+pub mod state;
 pub mod status;
 pub mod stream;
 
@@ -23,6 +26,7 @@ pub use answers::{Alarm, ApproveOutcome, PendingApproval, RunPage, SendOutcome, 
 pub use error_kind::ApiErrorKind;
 pub use ids::RunId;
 pub use options::{Budget, DurabilityMode, UnknownDurability};
+pub use state::{RunState, UnknownState};
 pub use status::Status;
 pub use stream::{PartialChunk, StreamChunk, StreamItem, StreamReset};
 

@@ -113,31 +113,19 @@ pub enum RunStatus {
 }
 
 impl RunStatus {
+    /// Its state without the details.
+    pub fn state(&self) -> crate::state::RunState {
+        crate::state::RunState::of(self)
+    }
+
     /// Completed, failed, cancelled or escalated: nothing more happens on its own.
     pub fn is_terminal(&self) -> bool {
-        matches!(
-            self,
-            RunStatus::Completed { .. }
-                | RunStatus::Failed { .. }
-                | RunStatus::Cancelled { .. }
-                | RunStatus::Escalated { .. }
-        )
+        self.state().is_terminal()
     }
 
     /// The state's name, as the contract spells it.
     pub fn name(&self) -> &'static str {
-        match self {
-            RunStatus::Accepted => "accepted",
-            RunStatus::Running => "running",
-            RunStatus::WaitingApproval { .. } => "waiting_approval",
-            RunStatus::WaitingAlarm { .. } => "waiting_alarm",
-            RunStatus::WaitingEvent { .. } => "waiting_event",
-            RunStatus::Completed { .. } => "completed",
-            RunStatus::Failed { .. } => "failed",
-            RunStatus::Cancelled { .. } => "cancelled",
-            RunStatus::Escalated { .. } => "escalated",
-            RunStatus::Paused { .. } => "paused",
-        }
+        self.state().name()
     }
 }
 

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::records::RunStatus;
+use crate::{records::RunStatus, state::RunState};
 
 /// A run's state as the API shows it: a completed run's output as JSON.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -58,31 +58,30 @@ pub enum Status {
 }
 
 impl Status {
+    /// Its state without the details.
+    pub fn state(&self) -> RunState {
+        match self {
+            Status::Accepted => RunState::Accepted,
+            Status::Running => RunState::Running,
+            Status::WaitingApproval { .. } => RunState::WaitingApproval,
+            Status::WaitingAlarm { .. } => RunState::WaitingAlarm,
+            Status::WaitingEvent { .. } => RunState::WaitingEvent,
+            Status::Completed { .. } => RunState::Completed,
+            Status::Failed { .. } => RunState::Failed,
+            Status::Cancelled { .. } => RunState::Cancelled,
+            Status::Escalated { .. } => RunState::Escalated,
+            Status::Paused { .. } => RunState::Paused,
+        }
+    }
+
     /// Whether the run has finished for good.
     pub fn is_terminal(&self) -> bool {
-        matches!(
-            self,
-            Status::Completed { .. }
-                | Status::Failed { .. }
-                | Status::Cancelled { .. }
-                | Status::Escalated { .. }
-        )
+        self.state().is_terminal()
     }
 
     /// The state's name, as `GET /runs?state=` takes it.
     pub fn name(&self) -> &'static str {
-        match self {
-            Status::Accepted => "accepted",
-            Status::Running => "running",
-            Status::WaitingApproval { .. } => "waiting_approval",
-            Status::WaitingAlarm { .. } => "waiting_alarm",
-            Status::WaitingEvent { .. } => "waiting_event",
-            Status::Completed { .. } => "completed",
-            Status::Failed { .. } => "failed",
-            Status::Cancelled { .. } => "cancelled",
-            Status::Escalated { .. } => "escalated",
-            Status::Paused { .. } => "paused",
-        }
+        self.state().name()
     }
 
     /// What it waits for, or why it ended; empty for the rest.

@@ -375,3 +375,10 @@ pub(crate) fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "panic".to_string())
 }
+
+/// A state's name that is none: invalid input, naming the states there are.
+impl From<durafiber_api::UnknownState> for RuntimeError {
+    fn from(e: durafiber_api::UnknownState) -> Self {
+        RuntimeError::InvalidInput(e.to_string())
+    }
+}

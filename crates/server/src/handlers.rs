@@ -137,7 +137,7 @@ pub(super) async fn list(State(app): State<AppState>, Query(q): Params) -> ApiRe
     // An empty kind or `after` is no filter; a state is one of the document's names.
     let given = |name: &str| q.get(name).filter(|v| !v.is_empty()).cloned();
     let filter = ListFilter {
-        state: q.get("state").map(|s| s.parse::<RunState>()).transpose()?,
+        state: q.get("state").map(|s| s.parse::<RunState>()).transpose().map_err(RuntimeError::from)?,
         kind: given("kind"),
         after: given("after").map(RunId::from),
         limit,
