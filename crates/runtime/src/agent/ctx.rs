@@ -303,16 +303,7 @@ impl<A: Agent> Ctx<A> {
         approval_id: &str,
         payload: &P,
     ) -> Result<Decision, AgentError> {
-        self.raw.refuse_if_cancelled(&format!("approval {approval_id}"))?;
-        // What a reviewer is shown never holds a secret value.
-        let (payload_json, payload_hash) = self
-            .raw
-            .shared
-            .obs
-            .redacted_with_hash(payload)
-            .map_err(|e| AgentError::Serialization(e.into()))?;
-        budget::check(&self.raw)?;
-        Box::pin(approval::request(&mut self.raw, approval_id, payload_json, payload_hash, None)).await
+        self.request(approval_id, payload, None).await
     }
 
     /// `request_approval` decided by more than one person: the pause is decided once `rule`
@@ -333,7 +324,18 @@ impl<A: Agent> Ctx<A> {
         payload: &P,
         rule: &ApprovalRule,
     ) -> Result<Decision, AgentError> {
+        self.request(approval_id, payload, Some(rule)).await
+    }
+
+    /// A pause for a human, with its rule if it has one.
+    async fn request<P: Serialize>(
+        &mut self,
+        approval_id: &str,
+        payload: &P,
+        rule: Option<&ApprovalRule>,
+    ) -> Result<Decision, AgentError> {
         self.raw.refuse_if_cancelled(&format!("approval {approval_id}"))?;
+        // What a reviewer is shown never holds a secret value.
         let (payload_json, payload_hash) = self
             .raw
             .shared
@@ -341,7 +343,7 @@ impl<A: Agent> Ctx<A> {
             .redacted_with_hash(payload)
             .map_err(|e| AgentError::Serialization(e.into()))?;
         budget::check(&self.raw)?;
-        Box::pin(approval::request(&mut self.raw, approval_id, payload_json, payload_hash, Some(rule))).await
+        Box::pin(approval::request(&mut self.raw, approval_id, payload_json, payload_hash, rule)).await
     }
 
     /// Sets (or replaces) the run's alarm called `name`.
