@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::RunId;
+use crate::{ids::RunId, state::RunState};
 
 /// The durable record of a run: its handle, its input and where it stands.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -114,8 +114,19 @@ pub enum RunStatus {
 
 impl RunStatus {
     /// Its state without the details.
-    pub fn state(&self) -> crate::state::RunState {
-        crate::state::RunState::of(self)
+    pub fn state(&self) -> RunState {
+        match self {
+            RunStatus::Accepted => RunState::Accepted,
+            RunStatus::Running => RunState::Running,
+            RunStatus::WaitingApproval { .. } => RunState::WaitingApproval,
+            RunStatus::WaitingAlarm { .. } => RunState::WaitingAlarm,
+            RunStatus::WaitingEvent { .. } => RunState::WaitingEvent,
+            RunStatus::Completed { .. } => RunState::Completed,
+            RunStatus::Failed { .. } => RunState::Failed,
+            RunStatus::Cancelled { .. } => RunState::Cancelled,
+            RunStatus::Escalated { .. } => RunState::Escalated,
+            RunStatus::Paused { .. } => RunState::Paused,
+        }
     }
 
     /// Completed, failed, cancelled or escalated: nothing more happens on its own.

@@ -121,3 +121,16 @@ impl From<&RunStatus> for Status {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_statuses_name_their_state_alike() {
+        assert_eq!(RunStatus::Accepted.state().name(), "accepted");
+        let paused = RunStatus::Paused { reason: "x".into() };
+        assert_eq!((Status::from(&paused).name(), paused.name()), ("paused", "paused"));
+        assert!(Status::from(&RunStatus::Failed { error: "e".into() }).is_terminal());
+    }
+}

@@ -238,7 +238,7 @@ impl Runtime {
                         continue;
                     }
                 };
-                let state_ok = filter.state.is_none_or(|s| s == RunState::of(&run.status));
+                let state_ok = filter.state.is_none_or(|s| s == run.status.state());
                 let kind_ok = filter.kind.as_deref().is_none_or(|k| k == run.kind);
                 let version_ok = match filter.stash_version_below {
                     None => true,
