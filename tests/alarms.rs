@@ -61,8 +61,8 @@ impl Agent for Alarmed {
     }
 
     async fn on_alarm(&self, ctx: &mut Ctx<Self>, alarm: AlarmEvent) -> Result<(), AgentError> {
-        self.log.lock().expect("log").push((alarm.name.clone(), ctx.now_ms(), alarm.retry_count));
-        if alarm.name == "reset" && alarm.retry_count == 0 && ctx.now_ms() < T0 + 3_600_000 {
+        self.log.lock().expect("log").push((alarm.name.clone(), ctx.now(), alarm.retry_count));
+        if alarm.name == "reset" && alarm.retry_count == 0 && ctx.now() < T0 + 3_600_000 {
             let spec = AlarmSpec::after(Duration::from_secs(3600), &"later")?;
             ctx.set_alarm("reset", spec).await?;
             return Err(AgentError::fail("failed after re-setting"));
@@ -255,7 +255,7 @@ async fn more_alarms_than_the_window_fire_each_once_on_time_with_more_set_past_i
             let due = T0 + 1_001 + step * 1_000 + 2 * (200 + j * 37) % (2 * count) + 1_000;
             let name = format!("b{step}-{j:02}");
             rt.set_alarm(&run, &name, AlarmSpec::at_ms(due, &name).expect("spec")).await.expect("set");
-            want.push((name, due.max(rt.now_ms())));
+            want.push((name, due.max(rt.now())));
         }
         assert!(rt.alarm_window_len() <= WINDOW, "window {}", rt.alarm_window_len());
     }

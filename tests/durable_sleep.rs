@@ -20,7 +20,7 @@ impl Napper {
     async fn flow(&self, ctx: &mut Ctx<Self>) -> Result<u64, AgentError> {
         ctx.stash("before", &0).await?;
         ctx.sleep_for("nap", THREE_DAYS).await?;
-        Ok(ctx.now_ms())
+        Ok(ctx.now())
     }
 }
 
@@ -102,10 +102,10 @@ async fn a_sleep_survives_a_crash_and_keeps_its_original_wake_time() {
     // Four days pass while the process is down. The old runtime object is still here: what
     // of it its shutdown left in flight must write nothing, as a dead process writes nothing.
     sim.revive();
-    clock.set(clock.now_ms() + 4 * 24 * 3_600_000);
+    clock.set(clock.now() + 4 * 24 * 3_600_000);
     let rt = open(&sim, &clock).await;
     rt.advance(Duration::ZERO).await.expect("advance");
-    assert_eq!(rt.output::<u64>(&run2).expect("output"), Some(clock.now_ms()));
+    assert_eq!(rt.output::<u64>(&run2).expect("output"), Some(clock.now()));
 }
 
 /// Reports, from its alarm handler, the stash its fiber last committed.

@@ -149,7 +149,7 @@ async fn a_held_guard_prevents_eviction_and_releasing_it_leaves_no_heartbeat() {
     drop(guard);
     rt.advance(Duration::from_secs(60)).await.expect("advance");
     assert!(rt.is_live(&idle).await, "one guard is still held");
-    let released_at = rt.now_ms();
+    let released_at = rt.now();
     drop(second);
     rt.advance(Duration::from_secs(300)).await.expect("advance");
     let events = rt.events();

@@ -82,7 +82,7 @@ impl Agent for Life {
         ctx: &mut Ctx<Self>,
         r: Recovered<Self>,
     ) -> Result<String, AgentError> {
-        self.note(format!("recovered {:?} at {}", r.reason, ctx.now_ms()));
+        self.note(format!("recovered {:?} at {}", r.reason, ctx.now()));
         self.work(ctx, &r.input).await
     }
 
@@ -91,7 +91,7 @@ impl Agent for Life {
             "alarm {} {} at {} retry {}",
             ctx.run_id(),
             alarm.name,
-            ctx.now_ms(),
+            ctx.now(),
             alarm.retry_count
         ));
         let own = ctx.alarms()?.iter().filter(|a| a.system.is_none()).count();

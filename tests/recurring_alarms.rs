@@ -86,7 +86,7 @@ impl Agent for Ticker {
         assert!(alarm.recurring, "a periodic or cron alarm says so");
         let ok = !(self.fails)(alarm.scheduled_time_ms, alarm.retry_count);
         let delivery = Delivery {
-            at_ms: ctx.now_ms(),
+            at_ms: ctx.now(),
             scheduled_ms: alarm.scheduled_time_ms,
             retry_count: alarm.retry_count,
             ok,
@@ -116,7 +116,7 @@ impl Agent for StrictTicker {
 
     async fn on_alarm(&self, ctx: &mut Ctx<Self>, alarm: AlarmEvent) -> Result<(), AgentError> {
         let delivery = Delivery {
-            at_ms: ctx.now_ms(),
+            at_ms: ctx.now(),
             scheduled_ms: alarm.scheduled_time_ms,
             retry_count: alarm.retry_count,
             ok: false,
@@ -255,7 +255,7 @@ async fn the_schedule_and_its_retries_survive_crashes_at_random_barriers() {
     }
     assert!(crashes >= 10, "the store crashed {crashes} times");
     let rt = open(&sim, clock.clone(), Ticker::new(&log, half_minutes_fail_twice)).await;
-    let resumed_at = clock.now_ms();
+    let resumed_at = clock.now();
     rt.advance(Duration::from_secs(300)).await.expect("advance");
 
     let log = deliveries(&log);

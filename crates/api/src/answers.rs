@@ -1,12 +1,13 @@
 //! What the API answers to a start, an event, a decision and a listing: each outcome as the
 //! runtime returns it and the server writes it.
 
-use std::ops::Deref;
+use std::{ops::Deref, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
 use crate::{
     ids::RunId,
+    time::Timestamp,
     records::{AlarmRecord, CronRecord, RunRecord, RunStatus, VoteRecord},
 };
 
@@ -66,11 +67,13 @@ pub struct PendingApproval {
     /// The hash an approval must quote.
     pub payload_hash: String,
     /// When it was requested.
-    pub requested_at_ms: u64,
-    /// How long it has waited.
-    pub age_ms: u64,
+    pub requested_at_ms: Timestamp,
+    /// How long it has waited, ms.
+    #[serde(with = "crate::time::millis_duration")]
+    #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+    pub age_ms: Duration,
     /// When silence escalates it.
-    pub escalate_at_ms: u64,
+    pub escalate_at_ms: Timestamp,
     /// Approvals by different people that decide it (1 without a rule).
     #[serde(default = "one")]
     pub required: u32,

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::RunId;
+use crate::{ids::RunId, time::Timestamp};
 use crate::records::StashRecord;
 
 /// One boundary of a run's history (`history`): its stash as written then, so that a run can
@@ -41,7 +41,7 @@ pub struct ForkRecord {
     /// The approvals it inherited, decided.
     pub inherited_approvals: Vec<String>,
     /// When it was forked, ms.
-    pub forked_at_ms: u64,
+    pub forked_at_ms: Timestamp,
 }
 
 /// A run a run started as its child (`children`, keyed by the parent and the child's name).
@@ -53,7 +53,7 @@ pub struct ChildRecord {
     /// Its agent kind.
     pub kind: String,
     /// When the parent started it, ms.
-    pub started_at_ms: u64,
+    pub started_at_ms: Timestamp,
 }
 
 /// The run that started a run as its child, and the name it gave it (`parents`).

@@ -10,6 +10,8 @@
 //! - [`answers`]: what a start, an event, a decision and a listing answer.
 //! - [`stream`]: what a reader of a run's output stream is shown.
 //! - [`options`]: a run's durability mode and budget.
+//! - [`time`]: a moment on the runtime's clock, [`Timestamp`], the type of every due time
+//!   and every time a record is stamped with.
 //! - [`error_kind`]: the `kind` of an API error, [`ApiErrorKind`].
 
 pub mod answers;
@@ -21,6 +23,7 @@ pub mod records;
 pub mod state;
 pub mod status;
 pub mod stream;
+pub mod time;
 
 pub use answers::{Alarm, ApproveOutcome, PendingApproval, RunPage, SendOutcome, StartOutcome};
 pub use error_kind::ApiErrorKind;
@@ -29,6 +32,7 @@ pub use options::{Budget, DurabilityMode, UnknownDurability};
 pub use state::{RunState, UnknownState};
 pub use status::Status;
 pub use stream::{PartialChunk, StreamChunk, StreamItem, StreamReset};
+pub use time::Timestamp;
 
 /// The most items one page of a list holds (`limit`).
 pub const LIST_PAGE_MAX: usize = 1000;

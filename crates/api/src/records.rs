@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ids::RunId, state::RunState};
+use crate::{ids::RunId, state::RunState, time::Timestamp};
 
 /// The durable record of a run: its handle, its input and where it stands.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -23,15 +23,15 @@ pub struct RunRecord {
     /// Lifecycle position.
     pub status: RunStatus,
     /// When `start` accepted it.
-    pub created_at_ms: u64,
+    pub created_at_ms: Timestamp,
     /// Last status change.
-    pub updated_at_ms: u64,
+    pub updated_at_ms: Timestamp,
     /// Fiber attempts started, counting from 1 once the first fiber is registered.
     pub attempt: u32,
     /// Recovery attempts since the last progress (a stash); escalates at the maximum.
     pub recover_attempts: u32,
     /// Earliest time the next recovery may start (backoff).
-    pub next_recover_at_ms: u64,
+    pub next_recover_at_ms: Timestamp,
     /// Why the run will be re-entered, when the runtime knows (evicted, resumed).
     pub wake_reason: Option<WakeReason>,
     /// A cancellation requested from outside, seen by the fiber.
@@ -154,7 +154,7 @@ pub struct StashRecord {
     /// The snapshot, as canonical JSON.
     pub stash_json: String,
     /// When it was written.
-    pub written_at_ms: u64,
+    pub written_at_ms: Timestamp,
 }
 
 /// One effect in the ledger. Lifecycle: absent → `Prepared` → `Committed`.
@@ -169,7 +169,7 @@ pub struct LedgerEntry {
     /// SHA-256 of the arguments' canonical JSON.
     pub args_hash: String,
     /// When the key was minted.
-    pub prepared_at_ms: u64,
+    pub prepared_at_ms: Timestamp,
     /// Filled in when the effect's receipt is committed.
     pub committed: Option<Receipt>,
 }
@@ -182,7 +182,7 @@ pub struct Receipt {
     /// SHA-256 of `receipt_json`, hex.
     pub receipt_hash: String,
     /// When it was committed.
-    pub committed_at_ms: u64,
+    pub committed_at_ms: Timestamp,
 }
 
 /// A durable human pause, bound to the run and to the hash of the payload the human sees.
@@ -197,9 +197,9 @@ pub struct ApprovalRecord {
     /// SHA-256 of `payload_json`, hex; an approval must quote it.
     pub payload_hash: String,
     /// When the pause was written.
-    pub requested_at_ms: u64,
+    pub requested_at_ms: Timestamp,
     /// When silence escalates.
-    pub escalate_at_ms: u64,
+    pub escalate_at_ms: Timestamp,
     /// The decision, written once.
     pub decision: Option<Decision>,
     /// Silence escalated the pause; it can no longer be decided.
@@ -235,7 +235,7 @@ pub struct VoteRecord {
     /// The payload hash they quoted: the one they saw.
     pub payload_hash: String,
     /// When, ms.
-    pub at_ms: u64,
+    pub at_ms: Timestamp,
 }
 
 /// A reviewer's answer.
@@ -258,9 +258,9 @@ pub struct AlarmRecord {
     /// Unique within the run; `default` is the Durable Object single alarm.
     pub name: String,
     /// When it is due next (a retry moves it).
-    pub due_at_ms: u64,
+    pub due_at_ms: Timestamp,
     /// When it was scheduled for, before any retry.
-    pub scheduled_at_ms: u64,
+    pub scheduled_at_ms: Timestamp,
     /// Handed to `on_alarm`, as JSON.
     pub payload_json: String,
     /// Period of a periodic alarm.
@@ -301,7 +301,7 @@ pub struct PauseRecord {
     /// Why, as the operator said.
     pub reason: String,
     /// When, ms.
-    pub paused_at_ms: u64,
+    pub paused_at_ms: Timestamp,
 }
 
 /// A cron alarm's schedule.
@@ -364,7 +364,7 @@ pub struct StreamChunkRecord {
     /// The chunk, as canonical JSON.
     pub data_json: String,
     /// When the fiber emitted it, ms.
-    pub emitted_at_ms: u64,
+    pub emitted_at_ms: Timestamp,
 }
 
 /// A chunk a re-entered fiber emitted at a place of its stream that held another one.
@@ -378,7 +378,7 @@ pub struct ReemissionRecord {
     /// The whole emitted chunk's length, bytes.
     pub emitted_bytes: u64,
     /// When, ms.
-    pub at_ms: u64,
+    pub at_ms: Timestamp,
 }
 
 impl ReemissionRecord {
@@ -403,14 +403,14 @@ pub struct EventRecord {
     /// The sender's idempotency key, if it gave one.
     pub idempotency_key: Option<String>,
     /// When it was sent.
-    pub sent_at_ms: u64,
+    pub sent_at_ms: Timestamp,
 }
 
 /// One wait of a fiber for an event: when it gives up, and what it got.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EventWaitRecord {
     /// When the wait times out, if it does.
-    pub timeout_at_ms: Option<u64>,
+    pub timeout_at_ms: Option<Timestamp>,
     /// `None` while waiting; `Some(None)` when it timed out; `Some(Some(payload))` when an
     /// event arrived.
     pub result: Option<Option<String>>,
@@ -425,7 +425,7 @@ pub struct SleepRecord {
     /// The sleep's name within the run.
     pub name: String,
     /// When it ends, ms.
-    pub wake_at_ms: u64,
+    pub wake_at_ms: Timestamp,
     /// Whether the fiber has woken from it.
     pub done: bool,
 }
@@ -438,7 +438,7 @@ pub struct DeadLetter {
     /// The last failure.
     pub last_error: String,
     /// When it was abandoned.
-    pub dead_at_ms: u64,
+    pub dead_at_ms: Timestamp,
 }
 
 /// An API token as stored: its SHA-256, never the token itself.
@@ -451,7 +451,7 @@ pub struct TokenRecord {
     /// Lower-case hex SHA-256 of the token.
     pub hash: String,
     /// When it was created.
-    pub created_at_ms: u64,
+    pub created_at_ms: Timestamp,
 }
 
 /// One entry of the append-only audit trail.
@@ -461,7 +461,7 @@ pub struct AuditRecord {
     /// Its place in the trail: strictly increasing.
     pub seq: u64,
     /// When it was recorded.
-    pub at_ms: u64,
+    pub at_ms: Timestamp,
     /// The name of the token that asked.
     pub actor: String,
     /// What was asked: `approve`, `cancel`, `set_alarm`, `token_create`, ...

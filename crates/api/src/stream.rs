@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
+use crate::time::Timestamp;
+
 /// One durable chunk of a run's output stream.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -12,7 +14,7 @@ pub struct StreamChunk {
     /// The chunk, as canonical JSON.
     pub data_json: String,
     /// When the fiber emitted it, ms.
-    pub emitted_at_ms: u64,
+    pub emitted_at_ms: Timestamp,
 }
 
 impl StreamChunk {

@@ -100,7 +100,7 @@ pub fn timeline(events: &[Event], names: &[(&str, &str)]) -> Vec<String> {
 /// Runs the eviction simulation; returns the timeline and the report.
 pub async fn eviction(seed: u64) -> anyhow::Result<(Vec<String>, EvictionReport)> {
     let (rt, _clock) = sim_runtime(seed, Lab).await?;
-    let t0 = rt.now_ms();
+    let t0 = rt.now();
     let idle = rt.start::<Lab>("idle", &"idle".to_string()).await?.run_id;
     let kept = rt.start::<Lab>("keepalive", &"idle".to_string()).await?.run_id;
     let no_keep_alive = RunOptions { fiber_keep_alive: Some(false), ..RunOptions::default() };
@@ -110,7 +110,7 @@ pub async fn eviction(seed: u64) -> anyhow::Result<(Vec<String>, EvictionReport)
         .run_id;
     let guard = rt.keep_alive(&kept).await?;
     rt.advance(Duration::from_secs(600)).await?;
-    let released_at = rt.now_ms();
+    let released_at = rt.now();
     drop(guard);
     rt.advance(Duration::from_secs(120)).await?;
 

@@ -2,6 +2,7 @@
 //! of the payload the human saw. A decision is written once; it reaches a live fiber in place
 //! or re-enters the run through `on_fiber_recovered`, with the same result either way.
 
+use durafiber_api::Timestamp;
 use crate::kernel::commit::{self, After};
 use durafiber_store::RunId;
 use durafiber_store::tables::RunRecord;
@@ -42,13 +43,13 @@ pub(crate) fn escalation_alarm_name(approval_id: &str) -> String {
     format!("escalate:{approval_id}")
 }
 
-/// The alarm that escalates pause `approval_id` of `run_id` at `due_at_ms`.
-fn escalation_alarm(run_id: &RunId, approval_id: &str, due_at_ms: u64) -> AlarmRecord {
+/// The alarm that escalates pause `approval_id` of `run_id` at `due_at`.
+fn escalation_alarm(run_id: &RunId, approval_id: &str, due_at: Timestamp) -> AlarmRecord {
     AlarmRecord {
         run_id: run_id.clone(),
         name: escalation_alarm_name(approval_id),
-        due_at_ms,
-        scheduled_at_ms: due_at_ms,
+        due_at_ms: due_at,
+        scheduled_at_ms: due_at,
         payload_json: "null".into(),
         every_ms: None,
         attempts_started: 0,
@@ -80,9 +81,8 @@ pub(crate) async fn request(
     if let Some(decision) = recorded_answer(&shared, existing.as_ref(), &payload_json)? {
         return Ok(decision);
     }
-    let now = shared.now_ms();
-    let asked_at_ms = now;
-    let escalate_at_ms = now.saturating_add(u64::try_from(escalate_after.as_millis()).unwrap_or(u64::MAX));
+    let now = shared.now();
+    let escalate_at_ms = now.saturating_add(escalate_after);
     let record = existing.unwrap_or(ApprovalRecord {
         run_id: run_id.clone(),
         approval_id: approval_id.to_string(),
@@ -102,12 +102,12 @@ pub(crate) async fn request(
         .alarm_set(escalation.due_at_ms, escalation.name.clone())
         .event("approval_requested", format!("{approval_id}: hash {}", record.payload_hash))
         .span(&shared, || {
-            raw.span_since("approval.request", asked_at_ms)
+            raw.span_since("approval.request", now)
                 .attr("durafiber.approval.id", approval_id.to_string())
                 .attr("durafiber.approval.payload_hash", record.payload_hash.clone())
                 .attr(
                     "durafiber.approval.escalate_at_ms",
-                    i64::try_from(record.escalate_at_ms).unwrap_or(i64::MAX),
+                    i64::try_from(record.escalate_at_ms.as_millis()).unwrap_or(i64::MAX),
                 )
         });
     let change = |run: &mut RunRecord, batch: &mut Batch| {
@@ -159,9 +159,9 @@ async fn wait_for_decision(
         raw.cell.waits.approval.lock().take();
         return Ok(d);
     }
-    shared.fiber_waiting(&raw.cell.run_id, true, shared.now_ms());
+    shared.fiber_waiting(&raw.cell.run_id, true, shared.now());
     let outcome = shared.life.parked(raw.in_fiber, rx).await;
-    shared.fiber_waiting(&raw.cell.run_id, false, shared.now_ms());
+    shared.fiber_waiting(&raw.cell.run_id, false, shared.now());
     match outcome {
         // The wake token drops here, after the fiber counts itself busy again.
         Ok(ApprovalOutcome::Decided(d, _token)) => Ok(d),
@@ -226,7 +226,7 @@ pub(crate) async fn approve(
     // From the request to the decision: how long the run waited for a human.
     shared.obs.span(|| {
         Ended::new(run_id, &run.kind, "approval.decision", Parent::Root)
-            .times(record.requested_at_ms, shared.now_ms())
+            .times(record.requested_at_ms, shared.now())
             .attr("durafiber.approval.id", approval_id.to_string())
             .attr("durafiber.approval.payload_hash", record.payload_hash.clone())
             .attr("durafiber.approval.approved", decided.approved)
@@ -307,7 +307,7 @@ async fn vote(
         approved: decision.approved,
         comment: decision.comment.clone(),
         payload_hash: record.payload_hash.clone(),
-        at_ms: shared.now_ms(),
+        at_ms: shared.now(),
     };
     votes.push(vote.clone());
     let tally = quorum::tally(rule, &votes);
@@ -357,12 +357,12 @@ async fn record_decision(
             }
             // A decision is progress: the run's recovery count starts again (§3.6).
             run.recover_attempts = 0;
-            run.next_recover_at_ms = 0;
+            run.next_recover_at_ms = Timestamp::ZERO;
             Ok(true)
         })
         .await?;
     shared.timers.scheduler.remove(record.escalate_at_ms, run_id, &escalation);
-    shared.liveness.activity(run_id, shared.now_ms());
+    shared.liveness.activity(run_id, shared.now());
     let approved = record.decision.as_ref().is_some_and(|d| d.approved);
     shared.event(run_id, "approval_decided", format!("{approval_id}: approved={approved}"));
     Ok(())

@@ -1,6 +1,7 @@
 //! The approvals that wait for a reviewer, as a reviewer's screen loads them: every one, a
 //! run's, or a page at a time, each with its rule and the votes so far.
 
+use durafiber_api::Timestamp;
 use durafiber_store::tables::{ApprovalRecord, Key, keys};
 
 use crate::{approval::votes_of, error::RuntimeError, kernel::shared::Shared, limits};
@@ -12,7 +13,7 @@ pub(crate) fn pending(shared: &Shared, run_id: Option<&str>) -> Result<Vec<Pendi
         Some(id) => keys::APPROVALS.of_run(id),
         None => keys::APPROVALS.all(),
     };
-    let now = shared.now_ms();
+    let now = shared.now();
     let mut out = Vec::new();
     for (key, record) in shared.store.scan(&prefix, None, usize::MAX)? {
         out.extend(still_pending(&key, record, now));
@@ -45,7 +46,7 @@ pub(crate) fn pending_page(
 ) -> Result<Vec<PendingApproval>, RuntimeError> {
     let prefix = keys::APPROVALS.all();
     let mut cursor = after.map(|(run_id, approval_id)| keys::approval(run_id, approval_id));
-    let now = shared.now_ms();
+    let now = shared.now();
     let mut out = Vec::new();
     while out.len() < limit {
         let page = shared.store.scan(&prefix, cursor.as_ref(), limits::LIST_PAGE_MAX)?;
@@ -68,7 +69,7 @@ pub(crate) fn pending_page(
 fn still_pending(
     key: &Key<ApprovalRecord>,
     record: Result<ApprovalRecord, durafiber_store::StoreError>,
-    now: u64,
+    now: Timestamp,
 ) -> Option<PendingApproval> {
     let record = match record {
         Ok(r) => r,
@@ -86,7 +87,7 @@ fn still_pending(
         approval_id: record.approval_id,
         payload_hash: record.payload_hash,
         requested_at_ms: record.requested_at_ms,
-        age_ms: now.saturating_sub(record.requested_at_ms),
+        age_ms: now.saturating_since(record.requested_at_ms),
         escalate_at_ms: record.escalate_at_ms,
         required: 1,
         votes: Vec::new(),

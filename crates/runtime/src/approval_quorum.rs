@@ -203,9 +203,10 @@ pub(crate) fn tally(rule: &ApprovalRuleRecord, votes: &[VoteRecord]) -> Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use durafiber_api::Timestamp;
 
     fn vote(by: &str, approved: bool) -> VoteRecord {
-        VoteRecord { by: by.into(), approved, comment: String::new(), payload_hash: "h".into(), at_ms: 0 }
+        VoteRecord { by: by.into(), approved, comment: String::new(), payload_hash: "h".into(), at_ms: Timestamp::from_millis(0) }
     }
 
     fn rule(required: u32, reviewers: &[&str], majority: bool) -> ApprovalRuleRecord {

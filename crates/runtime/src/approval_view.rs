@@ -3,6 +3,7 @@
 //! The console shows it on the inbox and the decision page; the decision still quotes the
 //! hash of the exact payload, which the page shows beside it.
 
+use durafiber_api::Timestamp;
 use serde::{Deserialize, Serialize};
 
 /// An approval as a reviewer reads it. Build it in [`crate::Agent::approval_view`].
@@ -73,7 +74,7 @@ pub enum FieldValue {
     /// A moment, ms since the Unix epoch: shown in UTC.
     Time {
         /// The moment.
-        at_ms: u64,
+        at_ms: Timestamp,
     },
     /// A link the reviewer may follow (http or https only; anything else is shown as text).
     Link {
@@ -97,7 +98,7 @@ impl FieldValue {
                 format!("{sign}{}.{:02} {currency}", units / 100, units % 100)
             }
             FieldValue::Time { at_ms } => {
-                let at = std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(*at_ms));
+                let at = std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(at_ms.as_millis()));
                 match at {
                     Some(at) => humantime::format_rfc3339_seconds(at).to_string(),
                     None => format!("{at_ms} ms"),
@@ -119,7 +120,7 @@ mod tests {
         assert_eq!(euros.display(), "120.05 EUR");
         let owed = FieldValue::Money { minor_units: -7, currency: "USD".into() };
         assert_eq!(owed.display(), "-0.07 USD");
-        let at = FieldValue::Time { at_ms: 1_767_225_600_000 };
+        let at = FieldValue::Time { at_ms: Timestamp::from_millis(1_767_225_600_000) };
         assert_eq!(at.display(), "2026-01-01T00:00:00Z");
     }
 }

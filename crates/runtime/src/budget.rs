@@ -114,7 +114,7 @@ fn crossed(raw: &RawCtx, counted: &Counted, starting_effect: bool) -> Result<Opt
     }
     if let Some(max_ms) = limits.wall_time_max_ms.filter(|_| own) {
         let created = raw.shared.load_run(&raw.cell.run_id)?.created_at_ms;
-        if raw.shared.now_ms().saturating_sub(created) > max_ms {
+        if raw.shared.now().saturating_since(created).as_millis() > u128::from(max_ms) {
             return Ok(Some(name("wall_time")));
         }
     }

@@ -93,7 +93,7 @@ pub(crate) async fn start(
     let mut batch = Batch::new();
     batch.put(
         link,
-        &ChildRecord { child_run_id: child.clone(), kind: kind.to_string(), started_at_ms: shared.now_ms() },
+        &ChildRecord { child_run_id: child.clone(), kind: kind.to_string(), started_at_ms: shared.now() },
     )?;
     batch.put(
         keys::parent_of(&child),

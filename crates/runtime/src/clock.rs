@@ -15,6 +15,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use durafiber_api::Timestamp;
 use tokio::sync::{oneshot, watch};
 
 /// A boxed future that completes at a point in time.
@@ -22,10 +23,10 @@ pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// The source of time.
 pub trait Clock: Send + Sync + 'static {
-    /// Milliseconds since the Unix epoch.
-    fn now_ms(&self) -> u64;
-    /// Completes once `now_ms() >= at_ms`.
-    fn sleep_until(&self, at_ms: u64) -> Sleep;
+    /// The time now.
+    fn now(&self) -> Timestamp;
+    /// Completes once `now() >= at`.
+    fn sleep_until(&self, at: Timestamp) -> Sleep;
     /// Whether time moves only when a test advances it.
     fn is_virtual(&self) -> bool {
         false
@@ -34,7 +35,7 @@ pub trait Clock: Send + Sync + 'static {
 
 /// Sleeps for `d` on `clock`.
 pub fn sleep(clock: &dyn Clock, d: Duration) -> Sleep {
-    clock.sleep_until(clock.now_ms().saturating_add(d.as_millis() as u64))
+    clock.sleep_until(clock.now().saturating_add(d))
 }
 
 /// Runs `fut` for at most `limit` of `clock`'s time; `None` when the limit won.
@@ -51,19 +52,20 @@ pub async fn timeout<F: Future>(clock: &dyn Clock, limit: Duration, fut: F) -> O
 pub struct SystemClock;
 
 impl Clock for SystemClock {
-    fn now_ms(&self) -> u64 {
-        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    fn now(&self) -> Timestamp {
+        let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+        Timestamp::ZERO.saturating_add(since_epoch)
     }
 
-    fn sleep_until(&self, at_ms: u64) -> Sleep {
-        let wait = at_ms.saturating_sub(self.now_ms());
-        Box::pin(tokio::time::sleep(Duration::from_millis(wait)))
+    fn sleep_until(&self, at: Timestamp) -> Sleep {
+        Box::pin(tokio::time::sleep(at.saturating_since(self.now())))
     }
 }
 
-/// Moves `ms` by `by` milliseconds, staying within `u64`.
-fn shifted(ms: u64, by: i64) -> u64 {
-    if by >= 0 { ms.saturating_add(by.unsigned_abs()) } else { ms.saturating_sub(by.unsigned_abs()) }
+/// Moves `at` by `by_ms` milliseconds, staying within time.
+fn shifted(at: Timestamp, by_ms: i64) -> Timestamp {
+    let by = Duration::from_millis(by_ms.unsigned_abs());
+    if by_ms >= 0 { at.saturating_add(by) } else { at.saturating_sub(by) }
 }
 
 /// The time every node of a shared store agrees on: this machine's clock plus an offset
@@ -81,9 +83,9 @@ impl AgreedClock {
         AgreedClock { local, offset_ms: AtomicI64::new(0) }
     }
 
-    /// This machine's own time, ms.
-    pub fn local_ms(&self) -> u64 {
-        self.local.now_ms()
+    /// This machine's own time.
+    pub fn local(&self) -> Timestamp {
+        self.local.now()
     }
 
     /// The database's clock minus this machine's, ms, as last measured.
@@ -91,29 +93,29 @@ impl AgreedClock {
         self.offset_ms.load(Ordering::Relaxed)
     }
 
-    /// Sets the offset from a reading of the database's clock, `database_ms`, taken between
-    /// `sent_ms` and `answered_ms` of this machine's time (its midpoint is when it was read).
-    /// Returns the offset.
-    pub fn measured(&self, database_ms: u64, sent_ms: u64, answered_ms: u64) -> i64 {
-        let midpoint = sent_ms / 2 + answered_ms / 2;
-        let offset = i64::try_from(i128::from(database_ms) - i128::from(midpoint)).unwrap_or(0);
+    /// Sets the offset from a reading of the database's clock, `database`, taken between
+    /// `sent` and `answered` of this machine's time (its midpoint is when it was read).
+    /// Returns the offset, ms.
+    pub fn measured(&self, database: Timestamp, sent: Timestamp, answered: Timestamp) -> i64 {
+        let midpoint = sent.as_millis() / 2 + answered.as_millis() / 2;
+        let offset = i64::try_from(i128::from(database.as_millis()) - i128::from(midpoint)).unwrap_or(0);
         self.offset_ms.store(offset, Ordering::Relaxed);
         offset
     }
 
-    /// The agreed time `at_ms` on this machine's clock.
-    pub fn to_local_ms(&self, at_ms: u64) -> u64 {
-        shifted(at_ms, -self.offset_ms())
+    /// The agreed time `at` on this machine's clock.
+    pub fn to_local(&self, at: Timestamp) -> Timestamp {
+        shifted(at, -self.offset_ms())
     }
 }
 
 impl Clock for AgreedClock {
-    fn now_ms(&self) -> u64 {
-        shifted(self.local.now_ms(), self.offset_ms())
+    fn now(&self) -> Timestamp {
+        shifted(self.local.now(), self.offset_ms())
     }
 
-    fn sleep_until(&self, at_ms: u64) -> Sleep {
-        self.local.sleep_until(self.to_local_ms(at_ms))
+    fn sleep_until(&self, at: Timestamp) -> Sleep {
+        self.local.sleep_until(self.to_local(at))
     }
 }
 
@@ -139,13 +141,13 @@ impl Time {
         Time { clock, agreed }
     }
 
-    pub fn now_ms(&self) -> u64 {
-        self.clock.now_ms()
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
     }
 
-    /// The runtime's time `at_ms` on this machine's own clock.
-    pub fn to_local_ms(&self, at_ms: u64) -> u64 {
-        self.agreed.as_ref().map_or(at_ms, |a| a.to_local_ms(at_ms))
+    /// The runtime's time `at` on this machine's own clock.
+    pub fn to_local(&self, at: Timestamp) -> Timestamp {
+        self.agreed.as_ref().map_or(at, |a| a.to_local(at))
     }
 }
 
@@ -158,17 +160,17 @@ pub struct VirtualClock {
 }
 
 struct VirtualState {
-    now_ms: u64,
+    now: Timestamp,
     next_waiter_id: u64,
-    waiters: BTreeMap<(u64, u64), oneshot::Sender<()>>,
+    waiters: BTreeMap<(Timestamp, u64), oneshot::Sender<()>>,
 }
 
 impl VirtualClock {
-    /// A clock standing at `start_ms`.
-    pub fn new(start_ms: u64) -> Self {
+    /// A clock standing at `start`.
+    pub fn new(start: Timestamp) -> Self {
         VirtualClock {
             inner: Arc::new(Mutex::new(VirtualState {
-                now_ms: start_ms,
+                now: start,
                 next_waiter_id: 0,
                 waiters: BTreeMap::new(),
             })),
@@ -180,12 +182,12 @@ impl VirtualClock {
         self.inner.lock()
     }
 
-    /// Moves time to `at_ms` (never backwards) and wakes every sleeper due by then.
-    pub fn set(&self, at_ms: u64) {
+    /// Moves time to `at` (never backwards) and wakes every sleeper due by then.
+    pub fn set(&self, at: Timestamp) {
         let mut s = self.lock();
-        s.now_ms = s.now_ms.max(at_ms);
-        let now = s.now_ms;
-        let later = s.waiters.split_off(&(now + 1, 0));
+        s.now = s.now.max(at);
+        let now = s.now;
+        let later = s.waiters.split_off(&(now.saturating_add(Duration::from_millis(1)), 0));
         let due = std::mem::replace(&mut s.waiters, later);
         drop(s);
         for (_, w) in due {
@@ -207,7 +209,7 @@ impl VirtualClock {
     }
 
     /// The earliest time a sleeper waits for.
-    pub fn next_wake_ms(&self) -> Option<u64> {
+    pub fn next_wake(&self) -> Option<Timestamp> {
         let mut s = self.lock();
         // Sleepers whose future was dropped (a cancelled select) no longer count.
         s.waiters.retain(|_, w| !w.is_closed());
@@ -216,19 +218,19 @@ impl VirtualClock {
 }
 
 impl Clock for VirtualClock {
-    fn now_ms(&self) -> u64 {
-        self.lock().now_ms
+    fn now(&self) -> Timestamp {
+        self.lock().now
     }
 
-    fn sleep_until(&self, at_ms: u64) -> Sleep {
+    fn sleep_until(&self, at: Timestamp) -> Sleep {
         let mut s = self.lock();
-        if at_ms <= s.now_ms {
+        if at <= s.now {
             return Box::pin(std::future::ready(()));
         }
         let (tx, rx) = oneshot::channel();
         let id = s.next_waiter_id;
         s.next_waiter_id += 1;
-        s.waiters.insert((at_ms, id), tx);
+        s.waiters.insert((at, id), tx);
         Box::pin(VirtualSleep { rx, woken: self.woken.clone(), fired: false })
     }
 
@@ -301,8 +303,8 @@ mod tests {
     #[test]
     fn a_sleeper_dropped_as_it_is_woken_is_uncounted_once() {
         for round in 0..2_000u64 {
-            let clock = VirtualClock::new(0);
-            let sleeper = clock.sleep_until(1);
+            let clock = VirtualClock::new(Timestamp::from_millis(0));
+            let sleeper = clock.sleep_until(Timestamp::from_millis(1));
             let start = std::sync::Arc::new(std::sync::Barrier::new(2));
             let dropper = std::thread::spawn({
                 let start = start.clone();
@@ -312,7 +314,7 @@ mod tests {
                 }
             });
             start.wait();
-            clock.set(1);
+            clock.set(Timestamp::from_millis(1));
             dropper.join().expect("dropper");
             assert_eq!(clock.woken_pending(), 0, "round {round}: a dropped sleeper stayed counted woken");
         }
@@ -320,11 +322,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_virtual_sleeper_wakes_exactly_when_time_reaches_it() {
-        let clock = VirtualClock::new(1_000);
-        let mut woke = Box::pin(clock.sleep_until(141_000));
-        clock.set(140_999);
+        let clock = VirtualClock::new(Timestamp::from_millis(1_000));
+        let mut woke = Box::pin(clock.sleep_until(Timestamp::from_millis(141_000)));
+        clock.set(Timestamp::from_millis(140_999));
         assert!(futures::poll!(woke.as_mut()).is_pending());
-        clock.set(141_000);
+        clock.set(Timestamp::from_millis(141_000));
         assert!(futures::poll!(woke.as_mut()).is_ready());
     }
 
@@ -332,19 +334,20 @@ mod tests {
     /// until an agreed time on its own clock.
     #[tokio::test]
     async fn the_agreed_clock_reads_the_databases_time_off_its_own() {
-        let local = VirtualClock::new(1_800_000 + 10_000);
+        let local = VirtualClock::new(Timestamp::from_millis(1_800_000 + 10_000));
         let agreed = AgreedClock::new(Arc::new(local.clone()));
-        assert_eq!(agreed.now_ms(), 1_810_000, "its own time until a heartbeat");
+        assert_eq!(agreed.now(), Timestamp::from_millis(1_810_000), "its own time until a heartbeat");
         // The database said 10,000 while this clock went from 1,809,990 to 1,810,010.
-        assert_eq!(agreed.measured(10_000, 1_809_990, 1_810_010), -1_800_000);
-        assert_eq!(agreed.now_ms(), 10_000);
-        assert_eq!(agreed.to_local_ms(13_000), 1_813_000);
-        let mut woke = Box::pin(agreed.sleep_until(13_000));
-        local.set(1_812_999);
+        let at = Timestamp::from_millis;
+        assert_eq!(agreed.measured(at(10_000), at(1_809_990), at(1_810_010)), -1_800_000);
+        assert_eq!(agreed.now(), Timestamp::from_millis(10_000));
+        assert_eq!(agreed.to_local(at(13_000)), at(1_813_000));
+        let mut woke = Box::pin(agreed.sleep_until(Timestamp::from_millis(13_000)));
+        local.set(Timestamp::from_millis(1_812_999));
         assert!(futures::poll!(woke.as_mut()).is_pending());
-        local.set(1_813_000);
+        local.set(Timestamp::from_millis(1_813_000));
         assert!(futures::poll!(woke.as_mut()).is_ready());
-        assert_eq!(shifted(5, -10), 0, "never below zero");
-        assert_eq!(shifted(u64::MAX - 1, 10), u64::MAX, "nor past the end");
+        assert_eq!(shifted(Timestamp::from_millis(5), -10), Timestamp::from_millis(0), "never below zero");
+        assert_eq!(shifted(Timestamp::from_millis(u64::MAX - 1), 10), Timestamp::from_millis(u64::MAX), "nor past the end");
     }
 }

@@ -7,6 +7,7 @@
 //! The entry's reading, preparing and committing are `effect_ledger.rs`'s; this file makes
 //! the calls, with their policy: retries, backoff, `Retry-After`, timeouts, named limits.
 
+use durafiber_api::Timestamp;
 use crate::kernel::commit as committer;
 use std::{future::Future, time::Duration};
 
@@ -333,7 +334,7 @@ struct EffectSpan {
     traceparent: Option<String>,
     effect_id: String,
     key: String,
-    start_ms: u64,
+    start: Timestamp,
     calls: u32,
 }
 
@@ -348,14 +349,14 @@ impl EffectSpan {
             traceparent: raw.shared.obs.traces.traceparent(&raw.cell.run_id, span_id),
             effect_id: effect_id.to_string(),
             key: key.to_string(),
-            start_ms: raw.shared.now_ms(),
+            start: raw.shared.now(),
             calls: 0,
         }
     }
 
     fn end(&self, raw: &RawCtx, outcome: &'static str, error: Option<String>) {
         raw.shared.obs.span(|| {
-            raw.span_since(format!("effect {}", self.effect_id), self.start_ms)
+            raw.span_since(format!("effect {}", self.effect_id), self.start)
                 .id(self.span_id)
                 .client()
                 .attr("durafiber.effect.id", self.effect_id.clone())

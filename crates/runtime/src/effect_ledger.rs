@@ -74,7 +74,7 @@ pub(crate) async fn enter<Args: Serialize, R: DeserializeOwned>(
     };
     Metrics::bump(&shared.obs.metrics.effects_prevented);
     shared.obs.span(|| {
-        raw.span_since(format!("effect {effect_id}"), shared.now_ms())
+        raw.span_since(format!("effect {effect_id}"), shared.now())
             .client()
             .attr("durafiber.effect.id", effect_id.to_string())
             .attr("durafiber.effect.key", entry.idempotency_key.clone())
@@ -112,7 +112,7 @@ async fn prepare<Args: Serialize>(
         effect_id: effect_id.to_string(),
         idempotency_key: format!("{run_id}:{effect_id}:{token}"),
         args_hash,
-        prepared_at_ms: shared.now_ms(),
+        prepared_at_ms: shared.now(),
         committed: None,
     };
     let mut batch = Batch::new();
@@ -145,7 +145,7 @@ pub(crate) async fn commit<R: Serialize>(
     // An upstream that echoes what it was sent must not put a secret into the ledger.
     let (receipt_json, receipt_hash) =
         raw.shared.obs.redacted_with_hash(receipt).map_err(|e| AgentError::Serialization(e.into()))?;
-    entry.committed = Some(Receipt { receipt_json, receipt_hash, committed_at_ms: raw.shared.now_ms() });
+    entry.committed = Some(Receipt { receipt_json, receipt_hash, committed_at_ms: raw.shared.now() });
     let mut batch = Batch::new();
     batch.put(key, &entry)?;
     // Which boundary it came after: a fork from a later one inherits it.

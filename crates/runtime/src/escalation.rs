@@ -17,7 +17,7 @@ use crate::{
 
 pub(crate) async fn after_escalation(shared: &Arc<Shared>, kind: &str, run_id: &RunId, reason: &str) {
     Metrics::bump(&shared.obs.metrics.escalations);
-    let now = shared.now_ms();
+    let now = shared.now();
     shared.obs.span(|| {
         Ended::new(run_id, kind, "escalate", Parent::Root)
             .times(now, now)
@@ -60,7 +60,7 @@ pub(crate) async fn escalate(
         if let Some(fiber) = live.cell.task.fiber.lock().take() {
             fiber.abort();
         }
-        shared.liveness.fiber_ended(run_id, shared.now_ms());
+        shared.liveness.fiber_ended(run_id, shared.now());
     }
     after_escalation(shared, &run.kind, &run.run_id, reason).await;
     Ok(())

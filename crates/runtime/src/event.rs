@@ -11,6 +11,7 @@
 //! Wait lifecycle: absent → `EventWaitRecord{result: None}` + `Waiting{event}` (+ its timeout
 //! alarm) → `result: Some(event or timed out)`, `Running`.
 
+use durafiber_api::Timestamp;
 use crate::kernel::commit::{self, After};
 use durafiber_store::RunId;
 use durafiber_store::tables::RunRecord;
@@ -103,7 +104,7 @@ pub(crate) async fn send(
     let record = EventRecord {
         payload_json,
         idempotency_key: idempotency_key.map(str::to_string),
-        sent_at_ms: shared.now_ms(),
+        sent_at_ms: shared.now(),
     };
     let waiting = run.status == (RunStatus::WaitingEvent { name: name.to_string() });
     let event_key = keys::event(run_id, name, seq);
@@ -175,28 +176,28 @@ pub(crate) async fn wait(
     let shared = raw.shared.clone();
     let run_id = raw.cell.run_id.clone();
     let wkey = keys::event_wait(&run_id, name);
-    let entered_at_ms = shared.now_ms();
+    let entered_at = shared.now();
     let journaled: Option<EventWaitRecord> = shared.store.get(&wkey)?;
     if let Some(EventWaitRecord { result: Some(result), .. }) = journaled {
         return Ok(result);
     }
-    let timeout_at_ms = match journaled.as_ref().map(|w| w.timeout_at_ms) {
+    let timeout_at = match journaled.as_ref().map(|w| w.timeout_at_ms) {
         Some(at) => at,
-        None => timeout.map(|d| alarm::due_at(shared.now_ms(), AlarmAt::In(d))).transpose()?,
+        None => timeout.map(|d| alarm::due_at(shared.now(), AlarmAt::In(d))).transpose()?,
     };
     let mut announced = journaled.is_some();
     loop {
         if let Some((event_key, event)) = oldest(&shared, &run_id, name)? {
             let got = Some(event.payload_json);
-            finish(raw, name, timeout_at_ms, got.clone(), Some(event_key), entered_at_ms).await?;
+            finish(raw, name, timeout_at, got.clone(), Some(event_key), entered_at).await?;
             return Ok(got);
         }
-        if timeout_at_ms.is_some_and(|at| at <= shared.now_ms()) {
-            finish(raw, name, timeout_at_ms, None, None, entered_at_ms).await?;
+        if timeout_at.is_some_and(|at| at <= shared.now()) {
+            finish(raw, name, timeout_at, None, None, entered_at).await?;
             return Ok(None);
         }
         if !announced {
-            park(raw, name, timeout_at_ms).await?;
+            park(raw, name, timeout_at).await?;
             announced = true;
         }
         let (tx, rx) = oneshot::channel();
@@ -206,8 +207,8 @@ pub(crate) async fn wait(
             raw.cell.waits.event.lock().take();
             continue;
         }
-        shared.fiber_waiting(&run_id, true, shared.now_ms());
-        let deadline = timeout_at_ms.unwrap_or(u64::MAX);
+        shared.fiber_waiting(&run_id, true, shared.now());
+        let deadline = timeout_at.unwrap_or(Timestamp::MAX);
         let woken = shared
             .life
             .parked(raw.in_fiber, async {
@@ -219,16 +220,16 @@ pub(crate) async fn wait(
             .await;
         // The wake token drops here, after the fiber counts itself busy again.
         drop(woken);
-        shared.fiber_waiting(&run_id, false, shared.now_ms());
+        shared.fiber_waiting(&run_id, false, shared.now());
     }
 }
 
-fn timeout_alarm(run_id: &RunId, name: &str, at_ms: u64) -> AlarmRecord {
+fn timeout_alarm(run_id: &RunId, name: &str, at: Timestamp) -> AlarmRecord {
     AlarmRecord {
         run_id: run_id.into(),
         name: timeout_alarm_name(name),
-        due_at_ms: at_ms,
-        scheduled_at_ms: at_ms,
+        due_at_ms: at,
+        scheduled_at_ms: at,
         payload_json: "null".into(),
         every_ms: None,
         attempts_started: 0,
@@ -238,11 +239,11 @@ fn timeout_alarm(run_id: &RunId, name: &str, at_ms: u64) -> AlarmRecord {
 }
 
 /// The boundary that starts a wait: its journal entry, `Waiting{event}`, its timeout alarm.
-async fn park(raw: &mut RawCtx, name: &str, timeout_at_ms: Option<u64>) -> Result<(), AgentError> {
+async fn park(raw: &mut RawCtx, name: &str, timeout_at: Option<Timestamp>) -> Result<(), AgentError> {
     let shared = raw.shared.clone();
     let run_id = raw.cell.run_id.clone();
-    let alarm = timeout_at_ms.map(|at| timeout_alarm(&run_id, name, at));
-    let record = EventWaitRecord { timeout_at_ms, result: None };
+    let alarm = timeout_at.map(|at| timeout_alarm(&run_id, name, at));
+    let record = EventWaitRecord { timeout_at_ms: timeout_at, result: None };
     let mut after = After::at((Boundary::AfterEventWait, name)).progress().event("event_wait", name);
     if let Some(alarm) = &alarm {
         after = after.alarm_set(alarm.due_at_ms, alarm.name.clone());
@@ -268,30 +269,30 @@ async fn park(raw: &mut RawCtx, name: &str, timeout_at_ms: Option<u64>) -> Resul
 async fn finish(
     raw: &mut RawCtx,
     name: &str,
-    timeout_at_ms: Option<u64>,
+    timeout_at: Option<Timestamp>,
     result: Option<String>,
     consumed: Option<Key<EventRecord>>,
-    entered_at_ms: u64,
+    entered_at: Timestamp,
 ) -> Result<(), AgentError> {
     let shared = raw.shared.clone();
     let run_id = raw.cell.run_id.clone();
-    let record = EventWaitRecord { timeout_at_ms, result: Some(result.clone()) };
+    let record = EventWaitRecord { timeout_at_ms: timeout_at, result: Some(result.clone()) };
     let mut extra = Batch::new();
     if let Some(key) = consumed {
         extra.delete(key);
     }
-    if let Some(at) = timeout_at_ms {
+    if let Some(at) = timeout_at {
         alarm::unstage(&mut extra, &run_id, &timeout_alarm_name(name), at);
     }
     let seq = raw.cell.seq.load(std::sync::atomic::Ordering::SeqCst);
     let what = if result.is_some() { "event_received" } else { "event_timed_out" };
     let mut after =
         After::at((Boundary::AfterEvent, name)).progress().event(what, name).span(&shared, || {
-            raw.span_since("event.wait", entered_at_ms)
+            raw.span_since("event.wait", entered_at)
                 .attr("durafiber.event.name", name.to_string())
                 .attr("durafiber.event.outcome", if result.is_some() { "received" } else { "timed out" })
         });
-    if let Some(at) = timeout_at_ms {
+    if let Some(at) = timeout_at {
         after = after.alarm_gone(at, timeout_alarm_name(name));
     }
     let change = |run: &mut RunRecord, batch: &mut Batch| {
@@ -314,13 +315,13 @@ pub(crate) async fn on_timeout_alarm(
     shared: &Arc<Shared>,
     run_id: &RunId,
     name: &str,
-    due_at_ms: u64,
+    due_at: Timestamp,
 ) -> Result<bool, RuntimeError> {
     let wkey = keys::event_wait(run_id, name);
     let pending: Option<EventWaitRecord> = shared.store.get(&wkey)?;
     let resumed = shared
         .update_run(run_id, |run, batch| {
-            alarm::unstage(batch, run_id, &timeout_alarm_name(name), due_at_ms);
+            alarm::unstage(batch, run_id, &timeout_alarm_name(name), due_at);
             if let Some(wait) = pending.filter(|w| w.result.is_none()) {
                 batch.put(wkey.clone(), &EventWaitRecord { result: Some(None), ..wait })?;
             }

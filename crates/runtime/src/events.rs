@@ -1,6 +1,7 @@
 //! A bounded in-memory log of what the runtime did, for timelines, simulations and tests.
 //! Every event is also traced with its run id.
 
+use durafiber_api::Timestamp;
 use std::collections::VecDeque;
 
 use durafiber_store::{RunId, lock::Mutex};
@@ -17,7 +18,7 @@ pub struct Event {
     /// lives (follow the log with `events_since`).
     pub seq: u64,
     /// Clock time, ms.
-    pub at_ms: u64,
+    pub at_ms: Timestamp,
     /// The run.
     pub run_id: RunId,
     /// What happened: `accepted`, `activated`, `hibernated`, `evicted`, `recovered`, ...
@@ -44,7 +45,7 @@ struct Log {
 /// strings allocated 65,536 events before, a cache miss each, and free them.
 struct Logged {
     seq: u64,
-    at_ms: u64,
+    at: Timestamp,
     run_id: Text,
     kind: &'static str,
     detail: Text,
@@ -93,7 +94,7 @@ impl Logged {
     fn event(&self) -> Event {
         Event {
             seq: self.seq,
-            at_ms: self.at_ms,
+            at_ms: self.at,
             run_id: RunId::from(self.run_id.as_str()),
             kind: self.kind.to_string(),
             detail: self.detail.as_str().to_string(),
@@ -102,14 +103,14 @@ impl Logged {
 }
 
 impl EventLog {
-    pub fn push(&self, at_ms: u64, run_id: &RunId, kind: &'static str, detail: String) {
-        tracing::info!(%run_id, event = kind, %detail, at_ms, "run event");
+    pub fn push(&self, at: Timestamp, run_id: &RunId, kind: &'static str, detail: String) {
+        tracing::info!(%run_id, event = kind, %detail, at_ms = at.as_millis(), "run event");
         let (run_id, detail) = (Text::new(run_id), Text::owned(detail));
         let mut log = self.inner.lock();
         log.last_seq += 1;
         let seq = log.last_seq;
         let replaced = if log.events.len() >= EVENT_LOG_MAX { log.events.pop_front() } else { None };
-        log.events.push_back(Logged { seq, at_ms, run_id, kind, detail });
+        log.events.push_back(Logged { seq, at, run_id, kind, detail });
         drop(log);
         // An event whose text was too long for its entry is freed outside the lock.
         drop(replaced);
@@ -142,9 +143,9 @@ mod tests {
     #[test]
     fn following_the_log_sees_each_event_once_in_order() {
         let log = EventLog::default();
-        log.push(1, &RunId::from("a"), "accepted", String::new());
-        log.push(2, &RunId::from("b"), "accepted", String::new());
-        log.push(3, &RunId::from("a"), "activated", String::new());
+        log.push(Timestamp::from_millis(1), &RunId::from("a"), "accepted", String::new());
+        log.push(Timestamp::from_millis(2), &RunId::from("b"), "accepted", String::new());
+        log.push(Timestamp::from_millis(3), &RunId::from("a"), "activated", String::new());
         let all = log.since(0, None, 10);
         assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3]);
         let of_a = log.since(1, Some("a"), 10);
@@ -158,9 +159,9 @@ mod tests {
         let log = EventLog::default();
         let long_id = format!("run_{}", "9".repeat(200));
         let long_detail = "é".repeat(100);
-        log.push(1, &RunId::from("run_01a2"), "activated", "cold start 12 µs".into());
-        log.push(2, &RunId::from(long_id.as_str()), "escalated", long_detail.clone());
-        log.push(3, &RunId::from(""), "woke", String::new());
+        log.push(Timestamp::from_millis(1), &RunId::from("run_01a2"), "activated", "cold start 12 µs".into());
+        log.push(Timestamp::from_millis(2), &RunId::from(long_id.as_str()), "escalated", long_detail.clone());
+        log.push(Timestamp::from_millis(3), &RunId::from(""), "woke", String::new());
         let all = log.snapshot();
         assert_eq!(all[0].run_id.as_str(), "run_01a2");
         assert_eq!(all[0].detail, "cold start 12 µs");
@@ -183,7 +184,7 @@ mod tests {
     fn a_full_log_keeps_the_newest_events() {
         let log = EventLog::default();
         for i in 0..EVENT_LOG_MAX + 5 {
-            log.push(i as u64, &RunId::from(format!("run_{i}")), "accepted", format!("{i}"));
+            log.push(Timestamp::from_millis(i as u64), &RunId::from(format!("run_{i}")), "accepted", format!("{i}"));
         }
         let all = log.snapshot();
         assert_eq!(all.len(), EVENT_LOG_MAX);

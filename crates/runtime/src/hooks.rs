@@ -2,6 +2,7 @@
 //! being delivered, what an abandoned alarm does to the run. Below the kernel, so that the
 //! kernel's interface to agent code can name them.
 
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use serde::de::DeserializeOwned;
 
@@ -27,7 +28,7 @@ pub struct AlarmEvent {
     /// The payload it was set with, as JSON.
     pub payload_json: String,
     /// When it was scheduled for, before any retry.
-    pub scheduled_time_ms: u64,
+    pub scheduled_time_ms: Timestamp,
     /// Failed deliveries before this one.
     pub retry_count: u32,
     /// `retry_count > 0`.
@@ -42,9 +43,9 @@ pub struct AlarmEvent {
 
 impl AlarmEvent {
     /// The delivery id of the occurrence of alarm `name` of `run_id` scheduled for
-    /// `scheduled_ms` by set number `generation`.
-    pub(crate) fn delivery_id(run_id: &RunId, name: &str, scheduled_ms: u64, generation: u64) -> String {
-        let occurrence = format!("{run_id}\0{name}\0{scheduled_ms}\0{generation}");
+    /// `scheduled` by set number `generation`.
+    pub(crate) fn delivery_id(run_id: &RunId, name: &str, scheduled: Timestamp, generation: u64) -> String {
+        let occurrence = format!("{run_id}\0{name}\0{scheduled}\0{generation}");
         format!("dlv_{}", &json::sha256_hex(occurrence.as_bytes())[..32])
     }
 

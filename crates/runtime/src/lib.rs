@@ -117,4 +117,5 @@ pub use runtime::{
 pub use secret::{BadDestination, Destination, Secret, SecretRefusal, Secrets};
 pub use storage::{Storage, Transaction};
 pub use stream::{PartialChunk, StreamChunk, StreamItem, StreamReset};
+pub use durafiber_api::Timestamp;
 pub use types::{RunId, RunOptions, RunState};

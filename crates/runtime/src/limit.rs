@@ -73,7 +73,7 @@ pub(crate) async fn acquire(raw: &RawCtx, effect_id: &str, name: &str) -> Result
     };
     let run_id = &raw.cell.run_id;
     let waiting = Waiting::new(shared, &limiter, run_id);
-    let began = shared.now_ms();
+    let began = shared.now();
     let local = match &limiter.slots {
         Some(slots) => {
             let permit = shared.life.parked(raw.in_fiber, slots.clone().acquire_owned()).await;
@@ -90,7 +90,7 @@ pub(crate) async fn acquire(raw: &RawCtx, effect_id: &str, name: &str) -> Result
     }
     drop(waiting);
     limiter.in_flight.fetch_add(1, Ordering::SeqCst);
-    let waited_ms = shared.now_ms().saturating_sub(began);
+    let waited_ms = shared.now().saturating_since(began).as_millis();
     if waited_ms > 0 {
         shared.event(run_id, "limit_waited", format!("{effect_id}: {waited_ms} ms for limit {name}"));
     }
@@ -112,10 +112,10 @@ async fn take_token(raw: &RawCtx, limiter: &Limiter, per_sec: f64, burst: f64) -
             })
             .await?
         } else {
-            let now = shared.now_ms();
-            let elapsed = now.saturating_sub(bucket.at_ms) as f64 / 1_000.0;
+            let now = shared.now();
+            let elapsed = now.saturating_since(bucket.at).as_secs_f64();
             bucket.tokens = (bucket.tokens + elapsed * per_sec).min(burst);
-            bucket.at_ms = now;
+            bucket.at = now;
             if bucket.tokens >= 1.0 {
                 bucket.tokens -= 1.0;
                 None

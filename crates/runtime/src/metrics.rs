@@ -57,7 +57,12 @@ impl Histogram {
         Histogram { name, inner: Mutex::new(None) }
     }
 
-    /// Records one sample.
+    /// Records one sample of a time.
+    pub fn record(&self, took: std::time::Duration) {
+        self.record_us(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
+    }
+
+    /// Records one sample, µs.
     pub fn record_us(&self, us: u64) {
         metrics::histogram!(self.name).record(us as f64 / 1e6);
         let mut inner = self.inner.lock();

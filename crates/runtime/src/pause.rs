@@ -207,7 +207,7 @@ pub(crate) async fn pause(
 ) -> Result<(), RuntimeError> {
     target.check(shared)?;
     tables::check_id("pause reason", reason).map_err(|e| RuntimeError::InvalidInput(e.into()))?;
-    let record = PauseRecord { reason: reason.to_string(), paused_at_ms: shared.now_ms() };
+    let record = PauseRecord { reason: reason.to_string(), paused_at_ms: shared.now() };
     let mut batch = Batch::new();
     batch.put(target.key(), &record)?;
     shared.store.commit(batch, Durability::Sync).await?;
@@ -267,7 +267,7 @@ pub(crate) async fn resume(shared: &Arc<Shared>, target: Target<'_>) -> Result<b
     }
     // Every held alarm: one of a run below the resumed one was held by its pause too.
     let held = std::mem::take(&mut shared.controls.pauses.lock().held_alarms);
-    let now = shared.now_ms();
+    let now = shared.now();
     for (run_id, due_name) in held {
         // Delivery looks at the pause again: an alarm still held (by the other pause) waits on.
         shared.timers.scheduler.insert(now, &run_id, &due_name);

@@ -22,6 +22,7 @@
 //! hundred at a time sharing their commits, and comes back a second later while more are
 //! due. It forgets audit entries past their time too.
 
+use durafiber_api::Timestamp;
 use std::{
     sync::{Arc, atomic::Ordering},
     time::Duration,
@@ -268,10 +269,10 @@ pub(crate) struct Swept {
 }
 
 impl Swept {
-    /// When the next sweep is due, after one that ended at `now_ms`.
-    pub fn next_at_ms(&self, retention: &Retention, now_ms: u64) -> u64 {
+    /// When the next sweep is due, after one that ended at `now`.
+    pub fn next_at(&self, retention: &Retention, now: Timestamp) -> Timestamp {
         let after = if self.more { SWEEP_AGAIN } else { sweep_every(retention) };
-        now_ms.saturating_add(u64::try_from(after.as_millis()).unwrap_or(u64::MAX))
+        now.saturating_add(after)
     }
 }
 
@@ -286,7 +287,7 @@ fn sweep_every(retention: &Retention) -> Duration {
 /// when it ends. The driver asks at every tick.
 pub(crate) fn start_due(shared: &Arc<Shared>) {
     let due = shared.timers.retention_due_ms.load(Ordering::SeqCst);
-    if due > shared.now_ms()
+    if due > shared.now().as_millis()
         || shared
             .timers
             .retention_due_ms
@@ -299,13 +300,13 @@ pub(crate) fn start_due(shared: &Arc<Shared>) {
     shared.life.spawn_tracked(async move {
         let shared = shared2;
         let next = match sweep(&shared).await {
-            Ok(swept) => swept.next_at_ms(&shared.config.retention, shared.now_ms()),
+            Ok(swept) => swept.next_at(&shared.config.retention, shared.now()),
             Err(e) => {
                 tracing::warn!(error = %e, "retention sweep failed; it is tried again later");
-                Swept::default().next_at_ms(&shared.config.retention, shared.now_ms())
+                Swept::default().next_at(&shared.config.retention, shared.now())
             }
         };
-        shared.timers.retention_due_ms.store(next, Ordering::SeqCst);
+        shared.timers.retention_due_ms.store(next.as_millis(), Ordering::SeqCst);
         shared.timers.driver_wake.notify_one();
     });
 }
@@ -314,20 +315,20 @@ pub(crate) fn start_due(shared: &Arc<Shared>) {
 /// settled longer ago than the config keeps them, and the audit entries past their time.
 pub(crate) async fn sweep(shared: &Arc<Shared>) -> Result<Swept, RuntimeError> {
     let retention = shared.config.retention;
-    let now_ms = shared.now_ms();
+    let now = shared.now();
     let mut swept = Swept::default();
     if Settled::ALL.iter().any(|how| retention.of(*how).is_some()) {
         index_settled_runs(shared).await?;
     }
     for how in Settled::ALL {
-        let Some(until_ms) = retention.of(how).and_then(|keep| before(now_ms, keep)) else { continue };
+        let Some(until) = retention.of(how).and_then(|keep| before(now, keep)) else { continue };
         let left = SWEEP_RUNS_MAX.saturating_sub(swept.runs);
-        let (deleted, more) = sweep_settled(shared, how, until_ms, left).await?;
+        let (deleted, more) = sweep_settled(shared, how, until, left).await?;
         swept.runs += deleted;
         swept.more |= more;
     }
-    if let Some(until_ms) = retention.audit.and_then(|keep| before(now_ms, keep)) {
-        swept.audit_entries = access::forget_before(&shared.store, until_ms, SWEEP_RUNS_MAX).await?;
+    if let Some(until) = retention.audit.and_then(|keep| before(now, keep)) {
+        swept.audit_entries = access::forget_before(&shared.store, until, SWEEP_RUNS_MAX).await?;
         crate::metrics::Metrics::add(&shared.obs.metrics.audit_entries_deleted, swept.audit_entries as u64);
         swept.more |= swept.audit_entries == SWEEP_RUNS_MAX;
     }
@@ -342,9 +343,10 @@ pub(crate) async fn sweep(shared: &Arc<Shared>) -> Result<Swept, RuntimeError> {
     Ok(swept)
 }
 
-/// The time `keep` before `now_ms`; `None` before the clock's start.
-fn before(now_ms: u64, keep: Duration) -> Option<u64> {
-    now_ms.checked_sub(u64::try_from(keep.as_millis()).ok()?)
+/// The time `keep` before `now`; `None` before the clock's start.
+fn before(now: Timestamp, keep: Duration) -> Option<Timestamp> {
+    let keep = u64::try_from(keep.as_millis()).ok()?;
+    now.as_millis().checked_sub(keep).map(Timestamp::from_millis)
 }
 
 /// What a sweep does with an entry of the settled index.
@@ -358,10 +360,10 @@ enum Judged {
     Kept,
 }
 
-/// The entry of `run_id`, which the index says settled `how` at `at_ms`.
-fn judge(shared: &Shared, how: Settled, at_ms: u64, run_id: RunId) -> Judged {
+/// The entry of `run_id`, which the index says settled `how` at `at`.
+fn judge(shared: &Shared, how: Settled, at: Timestamp, run_id: RunId) -> Judged {
     match shared.load_run(&run_id) {
-        Ok(run) if Settled::of(&run.status) == Some(how) && run.updated_at_ms == at_ms => {
+        Ok(run) if Settled::of(&run.status) == Some(how) && run.updated_at_ms == at => {
             match deletable(shared, &run) {
                 // It goes with its parent: its entry is not looked at again.
                 Err(RuntimeError::KeptWithParent { .. }) => Judged::Stale,
@@ -376,13 +378,13 @@ fn judge(shared: &Shared, how: Settled, at_ms: u64, run_id: RunId) -> Judged {
     }
 }
 
-/// Deletes up to `left` runs that settled `how` at `until_ms` or before, oldest first.
+/// Deletes up to `left` runs that settled `how` at `until` or before, oldest first.
 /// Entries that no longer match their run (it is gone, or its record was written again
 /// since) are dropped. Returns how many runs went and whether more may be due.
 async fn sweep_settled(
     shared: &Arc<Shared>,
     how: Settled,
-    until_ms: u64,
+    until: Timestamp,
     left: usize,
 ) -> Result<(usize, bool), RuntimeError> {
     let index = keys::settled_of(how);
@@ -401,18 +403,18 @@ async fn sweep_settled(
         let mut due = Vec::new();
         let mut past = false;
         for key in page {
-            let Some((at_ms, run_id)) = keys::parse_settled(&key) else {
+            let Some((at, run_id)) = keys::parse_settled(&key) else {
                 stale.batch.delete(key);
                 continue;
             };
-            if at_ms > until_ms {
+            if at > until {
                 past = true;
                 break;
             }
             if !shared.ownership.owns(run_id) {
                 continue;
             }
-            match judge(shared, how, at_ms, RunId::from(run_id)) {
+            match judge(shared, how, at, RunId::from(run_id)) {
                 Judged::Due(run_id) => due.push(run_id),
                 Judged::Stale => {
                     stale.batch.delete(key.clone());

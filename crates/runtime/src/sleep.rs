@@ -7,6 +7,7 @@
 //! lost is woken by the alarm, which re-enters the run (reason `resumed`), and the repeated
 //! call returns at once: the wake time is the one first recorded, never a fresh duration.
 
+use durafiber_api::Timestamp;
 use crate::kernel::commit::{self, After};
 use durafiber_store::RunId;
 use durafiber_store::{Batch, tables::RunRecord};
@@ -37,7 +38,7 @@ pub(crate) async fn sleep(raw: &mut RawCtx, name: &str, at: alarm::AlarmAt) -> R
     let shared = raw.shared.clone();
     let run_id = raw.cell.run_id.clone();
     let key = keys::sleep(&run_id, name);
-    let now = shared.now_ms();
+    let now = shared.now();
     let record = match shared.store.get::<SleepRecord>(&key)? {
         Some(done) if done.done => return Ok(()),
         Some(journaled) => journaled,
@@ -74,14 +75,14 @@ pub(crate) async fn sleep(raw: &mut RawCtx, name: &str, at: alarm::AlarmAt) -> R
         // Waiting here is not work: the run may be evicted meanwhile, like a pause.
         shared.fiber_waiting(&run_id, true, now);
         shared.life.parked(raw.in_fiber, shared.time.clock.sleep_until(record.wake_at_ms)).await;
-        shared.fiber_waiting(&run_id, false, shared.now_ms());
+        shared.fiber_waiting(&run_id, false, shared.now());
     }
-    let wake_at_ms = record.wake_at_ms;
+    let wake_at = record.wake_at_ms;
     woke(&shared, &raw.cell, record, &wake_alarm).await?;
     shared.obs.span(|| {
         raw.span_since("sleep", now)
             .attr("durafiber.sleep.name", name.to_string())
-            .attr("durafiber.sleep.wake_at_ms", i64::try_from(wake_at_ms).unwrap_or(i64::MAX))
+            .attr("durafiber.sleep.wake_at_ms", i64::try_from(wake_at.as_millis()).unwrap_or(i64::MAX))
     });
     Ok(())
 }
@@ -121,11 +122,11 @@ pub(crate) async fn on_wake_alarm(
     shared: &Arc<Shared>,
     run_id: &RunId,
     name: &str,
-    due_at_ms: u64,
+    due_at: Timestamp,
 ) -> Result<bool, RuntimeError> {
     let resumed = shared
         .update_run(run_id, |run, batch| {
-            alarm::unstage(batch, run_id, &alarm_name(name), due_at_ms);
+            alarm::unstage(batch, run_id, &alarm_name(name), due_at);
             if run.status == (RunStatus::WaitingAlarm { name: name.to_string() }) {
                 run.status = RunStatus::Running;
                 run.wake_reason = Some(WakeReason::Resumed);

@@ -104,7 +104,7 @@ pub(crate) fn emit_json(raw: &RawCtx, data_json: String) -> Result<u64, AgentErr
     }
     buffer.head = StreamHead { next_seq: seq.saturating_add(1), bytes };
     buffer.cursor = buffer.head.next_seq;
-    buffer.pending.push((seq, StreamChunkRecord { data_json, emitted_at_ms: shared.now_ms() }));
+    buffer.pending.push((seq, StreamChunkRecord { data_json, emitted_at_ms: shared.now() }));
     Ok(seq)
 }
 
@@ -127,7 +127,7 @@ fn reemission(shared: &Shared, run_id: &RunId, seq: u64, data_json: String) -> R
         }
         emitted_json.truncate(cut);
     }
-    ReemissionRecord { seq, emitted_json, emitted_bytes, at_ms: shared.now_ms() }
+    ReemissionRecord { seq, emitted_json, emitted_bytes, at_ms: shared.now() }
 }
 
 /// `emit`, then a boundary that carries it: durable when this returns.

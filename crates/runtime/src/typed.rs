@@ -41,7 +41,7 @@ fn recovered<A: Agent>(r: RawRecovered) -> Result<Recovered<A>, AgentError> {
         input,
         attempt: r.attempt,
         reason: r.reason,
-        created_at_ms: r.created_at_ms,
+        created_at: r.created_at,
     })
 }
 

@@ -36,7 +36,7 @@ impl From<AccessError> for ApiError {
 pub async fn create_token(State(app): State<AppState>, body: Bytes) -> ApiResult {
     let body: TokenBody = parse(&body)?;
     let role: Role = body.role.parse()?;
-    let token = auth::create(app.runtime.store(), &body.name, role, app.runtime.now_ms()).await?;
+    let token = auth::create(app.runtime.store(), &body.name, role, app.runtime.now()).await?;
     Ok((StatusCode::CREATED, Json(TokenCreated { name: body.name, role, token })).into_response())
 }
 

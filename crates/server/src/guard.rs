@@ -145,7 +145,7 @@ pub async fn authorize(State(app): State<AppState>, req: Request, next: Next) ->
         Some(token) => auth::verify(store, &token),
         None if is_read => app
             .sessions
-            .current(store, req.headers(), app.runtime.now_ms())
+            .current(store, req.headers(), app.runtime.now())
             .map(|session| session.map(|s| s.caller)),
         None => {
             return refuse(
@@ -227,7 +227,7 @@ pub async fn record(
         &action,
         run_id.as_deref(),
         &detail,
-        app.runtime.now_ms(),
+        app.runtime.now(),
     )
     .await
     .map_err(|e| {

@@ -333,7 +333,7 @@ pub async fn serve(
         .map_err(|source| ServeError::Io { what: "reading the bound address".into(), source })?;
     let advertise = options.advertise.clone().unwrap_or_else(|| addr.to_string());
     let runtime = open_runtime(options, &advertise, config, secrets.clone(), register).await?;
-    say_bootstrap(auth::bootstrap(runtime.store(), data, runtime.now_ms()).await?, data);
+    say_bootstrap(auth::bootstrap(runtime.store(), data, runtime.now()).await?, data);
     let access = Access::new(addr, &options.allowed_hosts, options.open_metrics);
     let (stop_streams, stopping) = tokio::sync::watch::channel(false);
     let sessions = Arc::new(Sessions::new(tls.is_some()));

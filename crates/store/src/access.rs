@@ -7,15 +7,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use crate::tables::{AuditRecord, TokenRecord};
 use crate::{barrier::Durability, batch::Batch, error::StoreError, store::Store, tables::keys};
-use durafiber_api::RunId;
+use durafiber_api::{RunId, Timestamp};
 
 /// The last sequence number handed out by this process.
 static LAST_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// The next audit sequence number: the clock in microseconds, and always above the last,
 /// so entries sort in the order they were made, across restarts too.
-fn next_seq(now_ms: u64) -> u64 {
-    let floor = now_ms.saturating_mul(1_000);
+fn next_seq(now: Timestamp) -> u64 {
+    let floor = now.as_millis().saturating_mul(1_000);
     let mut last = LAST_SEQ.load(Ordering::SeqCst);
     loop {
         let next = floor.max(last.saturating_add(1));
@@ -33,16 +33,16 @@ pub async fn append(
     action: &str,
     run_id: Option<&str>,
     detail: &str,
-    now_ms: u64,
+    now: Timestamp,
 ) -> Result<(), StoreError> {
     // Entries are only ever created, never overwritten: on a store several nodes share, two
     // nodes that picked the same microsecond find out, and the later one takes the next.
-    let mut floor = now_ms;
+    let mut floor = now;
     for _ in 0..AUDIT_TRIES {
         let seq = next_seq(floor);
         let entry = AuditRecord {
             seq,
-            at_ms: now_ms,
+            at_ms: now,
             actor: actor.to_string(),
             action: action.to_string(),
             run_id: run_id.map(RunId::new),
@@ -55,7 +55,7 @@ pub async fn append(
         }
         batch.all_new();
         match store.commit(batch, Durability::Sync).await {
-            Err(StoreError::Exists { .. }) => floor = seq / 1_000 + 1,
+            Err(StoreError::Exists { .. }) => floor = Timestamp::from_millis(seq / 1_000 + 1),
             other => return other,
         }
     }
@@ -87,12 +87,12 @@ pub fn of_run(store: &Store, run_id: &RunId) -> Result<Vec<AuditRecord>, StoreEr
     Ok(out)
 }
 
-/// Deletes up to `limit` of the oldest audit entries written before `before_ms`, with their
+/// Deletes up to `limit` of the oldest audit entries written before `before`, with their
 /// marks on their runs, in one commit: the audit trail's retention. How many went; `limit`
 /// of them means more may be due. An entry that no longer decodes is deleted by its key
 /// alone, as its time is: its sequence number is its time in microseconds.
-pub async fn forget_before(store: &Store, before_ms: u64, limit: usize) -> Result<usize, StoreError> {
-    let before_seq = before_ms.saturating_mul(1_000);
+pub async fn forget_before(store: &Store, before: Timestamp, limit: usize) -> Result<usize, StoreError> {
+    let before_seq = before.as_millis().saturating_mul(1_000);
     let mut batch = Batch::new();
     let mut forgotten = 0;
     for (key, entry) in store.scan(&keys::AUDIT.all(), None, limit)? {
@@ -117,9 +117,9 @@ mod tests {
 
     #[test]
     fn audit_sequence_numbers_always_rise() {
-        let a = next_seq(5);
-        let b = next_seq(5);
-        let c = next_seq(1);
+        let a = next_seq(Timestamp::from_millis(5));
+        let b = next_seq(Timestamp::from_millis(5));
+        let c = next_seq(Timestamp::from_millis(1));
         assert!(a < b && b < c);
     }
 }

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use durafiber_runtime::clock::{Clock, Sleep, SystemClock};
+use durafiber_runtime::{
+    Timestamp,
+    clock::{Clock, Sleep, SystemClock},
+};
 
 /// The system clock moved by a fixed offset, ahead (positive) or behind (negative), as a
 /// machine's clock is when its time service is broken.
@@ -19,17 +22,13 @@ impl SkewedClock {
 }
 
 impl Clock for SkewedClock {
-    fn now_ms(&self) -> u64 {
-        let system = SystemClock.now_ms();
-        if self.offset_ms >= 0 {
-            system.saturating_add(self.offset_ms.unsigned_abs())
-        } else {
-            system.saturating_sub(self.offset_ms.unsigned_abs())
-        }
+    fn now(&self) -> Timestamp {
+        let system = SystemClock.now();
+        let by = Duration::from_millis(self.offset_ms.unsigned_abs());
+        if self.offset_ms >= 0 { system.saturating_add(by) } else { system.saturating_sub(by) }
     }
 
-    fn sleep_until(&self, at_ms: u64) -> Sleep {
-        let wait = Duration::from_millis(at_ms.saturating_sub(self.now_ms()));
-        Box::pin(tokio::time::sleep(wait))
+    fn sleep_until(&self, at: Timestamp) -> Sleep {
+        Box::pin(tokio::time::sleep(at.saturating_since(self.now())))
     }
 }

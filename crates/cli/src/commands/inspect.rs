@@ -84,7 +84,7 @@ pub async fn check_deploy(
         println!(
             "{}",
             json!({ "would_escalate": escalating, "runs": problems, "replayed": replay.replayed,
-                    "replay": replay.runs, "replay_ms": replay.took_ms })
+                    "replay": replay.runs, "replay_ms": replay.took.as_millis() as u64 })
         );
     } else {
         for problem in &problems {
@@ -101,7 +101,7 @@ pub async fn check_deploy(
         println!(
             "{escalating} open runs in {place} would escalate; {} replayed in {} ms, {} treated differently",
             replay.replayed,
-            replay.took_ms,
+            replay.took.as_millis(),
             replay.runs.len()
         );
     }

@@ -1,6 +1,7 @@
 //! What a hook does through its `Ctx`: stash and stream, storage, effects, approvals,
 //! alarms, keep-alive, cancellation, budget charges and secrets.
 
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use std::{future::Future, marker::PhantomData};
 
@@ -50,9 +51,9 @@ impl<A: Agent> Ctx<A> {
         self.raw.attempt
     }
 
-    /// The runtime clock's time, ms since the epoch.
-    pub fn now_ms(&self) -> u64 {
-        self.raw.shared.now_ms()
+    /// The runtime clock's time.
+    pub fn now(&self) -> Timestamp {
+        self.raw.shared.now()
     }
 
     /// Persists the run's snapshot at a named step, replacing the last one. In `sync`
@@ -438,7 +439,7 @@ async fn write_stash(raw: &RawCtx, step: &str, stash_json: String, version: u32)
         step: step.to_string(),
         seq: shared.next_seq(&raw.cell),
         stash_json,
-        written_at_ms: shared.now_ms(),
+        written_at_ms: shared.now(),
     };
     let stream_mark = stream::new_mark(raw);
     let stored = Stored { record, version, stream_mark };

@@ -5,6 +5,7 @@
 //! each other (`Ctx<A: Agent>`, hooks taking `&mut Ctx<Self>`): `Ctx` is declared here, and
 //! what it does is in `ctx.rs`, `waits.rs`, `children.rs` and `secrets.rs`.
 
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use std::{future::Future, marker::PhantomData};
 
@@ -38,7 +39,7 @@ pub struct Recovered<A: Agent> {
     /// Why the run is re-entered.
     pub reason: RecoveryReason,
     /// When the run was accepted.
-    pub created_at_ms: u64,
+    pub created_at: Timestamp,
 }
 
 /// A durable agent: one trait impl.

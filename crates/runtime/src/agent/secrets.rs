@@ -34,7 +34,7 @@ impl<A: Agent> Ctx<A> {
             let detail = format!("{} to {destination}", secret.secret);
             shared.event(run_id, "secret_refused", detail.clone());
             // Into the audit trail too, beside what callers asked for: by the run itself.
-            let (store, run, now) = (shared.store.clone(), run_id.clone(), shared.now_ms());
+            let (store, run, now) = (shared.store.clone(), run_id.clone(), shared.now());
             shared.life.spawn_tracked(async move {
                 let actor = format!("run:{run}");
                 if let Err(e) = access::append(&store, &actor, "secret_refused", Some(&run), &detail, now).await {

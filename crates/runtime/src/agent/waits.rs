@@ -1,6 +1,7 @@
 //! A fiber's waits: durable sleeps and external events, journaled so a re-entered fiber keeps
 //! its wake time and gets the same event; and a sleep in memory only.
 
+use durafiber_api::Timestamp;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -37,11 +38,11 @@ impl<A: Agent> Ctx<A> {
         Box::pin(crate::sleep::sleep(&mut self.raw, name, crate::alarm::AlarmAt::In(d))).await
     }
 
-    /// Sleeps durably under `name` until the clock reads `at_ms`; see [`Ctx::sleep_for`].
-    pub async fn sleep_until(&mut self, name: &str, at_ms: u64) -> Result<(), AgentError> {
+    /// Sleeps durably under `name` until the clock reads `at`; see [`Ctx::sleep_for`].
+    pub async fn sleep_until(&mut self, name: &str, at: Timestamp) -> Result<(), AgentError> {
         self.raw.refuse_if_cancelled(&format!("sleep {name}"))?;
         budget::check(&self.raw)?;
-        Box::pin(crate::sleep::sleep(&mut self.raw, name, crate::alarm::AlarmAt::AtMs(at_ms))).await
+        Box::pin(crate::sleep::sleep(&mut self.raw, name, crate::alarm::AlarmAt::At(at))).await
     }
 
     /// Waits durably for the external event `name` (sent with `Runtime::send_event`): the run

@@ -4,6 +4,7 @@
 //! names of days and months; `L`, `#`, `W`); time zones are `chrono-tz`'s, so a daily
 //! `0 9 * * *` in `Europe/Berlin` stays at nine o'clock local time across daylight saving.
 
+use durafiber_api::Timestamp;
 use std::str::FromStr;
 
 use chrono::{DateTime, TimeZone, Utc};
@@ -50,7 +51,7 @@ impl CronSchedule {
     }
 
     fn check(&self) -> Result<(), RuntimeError> {
-        next_after(&self.record(), 0).map(drop)
+        next_after(&self.record(), Timestamp::ZERO).map(drop)
     }
 
     pub(crate) fn record(&self) -> CronRecord {
@@ -58,10 +59,11 @@ impl CronSchedule {
     }
 }
 
-/// The first time `cron` fires strictly after `after_ms` (ms since the epoch).
-pub(crate) fn next_after(cron: &CronRecord, after_ms: u64) -> Result<u64, RuntimeError> {
+/// The first time `cron` fires strictly after `after`.
+pub(crate) fn next_after(cron: &CronRecord, after: Timestamp) -> Result<Timestamp, RuntimeError> {
     let invalid = |why: String| RuntimeError::InvalidInput(format!("cron expression {:?}: {why}", cron.expr));
     let parsed = Cron::from_str(&cron.expr).map_err(|e| invalid(e.to_string()))?;
+    let after_ms = after.as_millis();
     let after = i64::try_from(after_ms)
         .ok()
         .and_then(|ms| Utc.timestamp_millis_opt(ms).single())
@@ -77,10 +79,10 @@ pub(crate) fn next_after(cron: &CronRecord, after_ms: u64) -> Result<u64, Runtim
     next_ms.map_err(|e| invalid(format!("it never fires ({e})")))
 }
 
-fn next_in<Tz: TimeZone>(cron: &Cron, after: &DateTime<Tz>) -> Result<u64, croner::errors::CronError> {
+fn next_in<Tz: TimeZone>(cron: &Cron, after: &DateTime<Tz>) -> Result<Timestamp, croner::errors::CronError> {
     let next = cron.find_next_occurrence(after, false)?;
     // A time found after `after` is after the epoch, so it is not negative.
-    Ok(u64::try_from(next.timestamp_millis()).unwrap_or(0))
+    Ok(Timestamp::from_millis(u64::try_from(next.timestamp_millis()).unwrap_or(0)))
 }
 
 #[cfg(test)]
@@ -89,9 +91,9 @@ mod tests {
 
     const MONDAY_2026_11_30_UTC_MS: u64 = 1_795_996_800_000;
 
-    fn at(expr: &str, zone: Option<&str>, after_ms: u64) -> u64 {
+    fn at(expr: &str, zone: Option<&str>, after: u64) -> u64 {
         let record = CronRecord { expr: expr.into(), time_zone: zone.map(Into::into) };
-        next_after(&record, after_ms).expect("fires")
+        next_after(&record, Timestamp::from_millis(after)).expect("fires").as_millis()
     }
 
     #[test]

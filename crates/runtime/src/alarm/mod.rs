@@ -6,6 +6,7 @@
 
 mod cron;
 
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use std::{sync::Arc, time::Duration};
 
@@ -27,8 +28,8 @@ use crate::{error::RuntimeError, json, kernel::cell::RunCell, kernel::shared::Sh
 pub enum AlarmAt {
     /// This long from now.
     In(Duration),
-    /// At this clock time, ms since the epoch.
-    AtMs(u64),
+    /// At this time on the runtime's clock.
+    At(Timestamp),
 }
 
 /// What to set: when, with what payload, and whether it repeats.
@@ -87,10 +88,10 @@ impl AlarmSpec {
         })
     }
 
-    /// Due at `at_ms`, with a payload.
-    pub fn at_ms<P: Serialize>(at_ms: u64, payload: &P) -> Result<Self, RuntimeError> {
+    /// Due at `at`, with a payload.
+    pub fn at<P: Serialize>(at: Timestamp, payload: &P) -> Result<Self, RuntimeError> {
         Ok(AlarmSpec {
-            at: AlarmAt::AtMs(at_ms),
+            at: AlarmAt::At(at),
             payload_json: json::canonical(payload).map_err(|e| RuntimeError::InvalidInput(e.into()))?,
             every: None,
             cron: None,
@@ -128,14 +129,13 @@ impl AlarmSpec {
     }
 }
 
-/// The due time of `at`, seen at `now_ms`: never past [`limits::ALARM_HORIZON_MAX`], so no
+/// The due time of `at`, seen at `now`: never past [`limits::ALARM_HORIZON_MAX`], so no
 /// arithmetic on it can wrap.
-pub(crate) fn due_at(now_ms: u64, at: AlarmAt) -> Result<u64, RuntimeError> {
-    let horizon_ms = limits::ALARM_HORIZON_MAX.as_millis() as u64;
-    let latest = now_ms.saturating_add(horizon_ms);
+pub(crate) fn due_at(now: Timestamp, at: AlarmAt) -> Result<Timestamp, RuntimeError> {
+    let latest = now.saturating_add(limits::ALARM_HORIZON_MAX);
     let due = match at {
-        AlarmAt::In(d) => u64::try_from(d.as_millis()).ok().and_then(|d| now_ms.checked_add(d)),
-        AlarmAt::AtMs(ms) => Some(ms),
+        AlarmAt::In(d) => now.checked_add(d),
+        AlarmAt::At(at) => Some(at),
     };
     due.filter(|due| *due <= latest).ok_or_else(|| {
         RuntimeError::InvalidInput(format!(
@@ -168,23 +168,23 @@ pub(crate) fn cron_of(
 }
 
 /// When a periodic or cron alarm whose occurrence at `scheduled_at_ms` is done fires next, seen
-/// at `now_ms`: occurrences missed while the process was down are skipped, not made up.
+/// at `now`: occurrences missed while the process was down are skipped, not made up.
 /// `None` for a one-off alarm.
 pub(crate) fn next_occurrence(
     alarm: &AlarmRecord,
     cron: Option<&CronRecord>,
-    now_ms: u64,
-) -> Result<Option<u64>, RuntimeError> {
+    now: Timestamp,
+) -> Result<Option<Timestamp>, RuntimeError> {
     if let Some(cron) = cron {
-        return next_cron(cron, alarm.scheduled_at_ms.max(now_ms)).map(Some);
+        return next_cron(cron, alarm.scheduled_at_ms.max(now)).map(Some);
     }
     let Some(every) = alarm.every_ms.filter(|e| *e > 0) else { return Ok(None) };
-    let mut due = alarm.scheduled_at_ms.saturating_add(every);
-    if due <= now_ms {
-        let missed = (now_ms - due) / every + 1;
+    let mut due = alarm.scheduled_at_ms.as_millis().saturating_add(every);
+    if due <= now.as_millis() {
+        let missed = (now.as_millis() - due) / every + 1;
         due = due.saturating_add(missed.saturating_mul(every));
     }
-    Ok(Some(due))
+    Ok(Some(Timestamp::from_millis(due)))
 }
 
 /// Adds a failed occurrence's retry record and its due-index entry to `batch`.
@@ -219,11 +219,11 @@ fn forget(
     batch: &mut Batch,
     run_id: &RunId,
     name: &str,
-    due_at_ms: u64,
-) -> Result<Vec<(u64, String)>, RuntimeError> {
-    unstage(batch, run_id, name, due_at_ms);
+    due_at: Timestamp,
+) -> Result<Vec<(Timestamp, String)>, RuntimeError> {
+    unstage(batch, run_id, name, due_at);
     batch.delete(keys::alarm_cron(run_id, name));
-    let mut unscheduled = vec![(due_at_ms, name.to_string())];
+    let mut unscheduled = vec![(due_at, name.to_string())];
     for retry in retries(shared, run_id, Some(name))? {
         unstage_retry(batch, &retry);
         unscheduled.push((retry.due_at_ms, keys::retry_due_name(name, retry.scheduled_at_ms)));
@@ -231,9 +231,9 @@ fn forget(
     Ok(unscheduled)
 }
 
-fn unschedule(shared: &Shared, run_id: &RunId, entries: Vec<(u64, String)>) {
-    for (due_at_ms, due_name) in entries {
-        shared.timers.scheduler.remove(due_at_ms, run_id, &due_name);
+fn unschedule(shared: &Shared, run_id: &RunId, entries: Vec<(Timestamp, String)>) {
+    for (due_at, due_name) in entries {
+        shared.timers.scheduler.remove(due_at, run_id, &due_name);
     }
 }
 
@@ -245,9 +245,9 @@ pub(crate) fn stage(batch: &mut Batch, alarm: &AlarmRecord) -> Result<(), Runtim
 }
 
 /// Adds the removal of an alarm's record and due-index entry to `batch`.
-pub(crate) fn unstage(batch: &mut Batch, run_id: &RunId, name: &str, due_at_ms: u64) {
+pub(crate) fn unstage(batch: &mut Batch, run_id: &RunId, name: &str, due_at: Timestamp) {
     batch.delete(keys::alarm(run_id, name));
-    batch.delete(keys::alarm_due(due_at_ms, run_id, name));
+    batch.delete(keys::alarm_due(due_at, run_id, name));
 }
 
 /// Removes every alarm of a finishing run, in the finishing boundary.
@@ -341,18 +341,18 @@ pub(crate) async fn set(
     {
         return Ok(());
     }
-    let now_ms = shared.now_ms();
-    let due_at_ms = match &cron {
-        Some(cron) => next_cron(cron, now_ms)?,
-        None => due_at(now_ms, spec.at)?,
+    let now = shared.now();
+    let due = match &cron {
+        Some(cron) => next_cron(cron, now)?,
+        None => due_at(now, spec.at)?,
     };
     // Checked as every other due time is, so no arithmetic on it can wrap.
-    due_at(now_ms, AlarmAt::AtMs(due_at_ms))?;
+    due_at(now, AlarmAt::At(due))?;
     let alarm = AlarmRecord {
         run_id: run_id.into(),
         name: name.to_string(),
-        due_at_ms,
-        scheduled_at_ms: due_at_ms,
+        due_at_ms: due,
+        scheduled_at_ms: due,
         payload_json,
         every_ms,
         attempts_started: 0,
@@ -373,9 +373,9 @@ pub(crate) async fn set(
         None => shared.store.commit(batch, durafiber_store::Durability::Sync).await?,
     }
     unschedule(shared, run_id, unscheduled);
-    shared.timers.scheduler.insert(due_at_ms, run_id, name);
+    shared.timers.scheduler.insert(due, run_id, name);
     shared.timers.driver_wake.notify_one();
-    shared.event(run_id, "alarm_set", format!("{name} due at {due_at_ms}"));
+    shared.event(run_id, "alarm_set", format!("{name} due at {due}"));
     Ok(())
 }
 

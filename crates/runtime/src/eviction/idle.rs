@@ -5,6 +5,8 @@
 //! crash hook or seeded chaos asks for at a boundary (`kernel/commit.rs`).
 //! `kernel/activity.rs` decides when.
 
+use std::time::Duration;
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use std::sync::{Arc, atomic::Ordering};
 
@@ -90,7 +92,7 @@ pub(crate) async fn evict(shared: &Arc<Shared>, run_id: &RunId, why: &str) {
 
 /// The span of a run taken out of memory by the runtime (an eviction, a park).
 fn left_memory(shared: &Shared, cell: &RunCell, what: &'static str, why: &str) {
-    let now = shared.now_ms();
+    let now = shared.now();
     shared.obs.span(|| {
         Ended::new(&cell.run_id, &cell.kind, what, Parent::Root)
             .times(now, now)
@@ -126,17 +128,17 @@ pub(crate) async fn give_back_recovery(shared: &Arc<Shared>, cell: &RunCell, rea
             }
             if counted {
                 run.recover_attempts = run.recover_attempts.saturating_sub(1);
-                run.next_recover_at_ms = 0;
+                run.next_recover_at_ms = Timestamp::ZERO;
             }
             Ok(reason.is_some() || counted)
         })
         .await;
     match marked {
-        Ok(Some(_)) if reason.is_some() => shared.timers.wake_at(shared.now_ms(), run_id),
+        Ok(Some(_)) if reason.is_some() => shared.timers.wake_at(shared.now(), run_id),
         Ok(_) => {}
         Err(e) => {
             tracing::error!(%run_id, error = %e, "could not mark the interrupted run; retrying in 1 s");
-            shared.timers.wake_at(shared.now_ms().saturating_add(1_000), run_id);
+            shared.timers.wake_at(shared.now().saturating_add(Duration::from_secs(1)), run_id);
         }
     }
 }

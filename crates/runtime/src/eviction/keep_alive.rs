@@ -19,7 +19,7 @@ pub struct KeepAlive {
 
 impl KeepAlive {
     pub(crate) fn acquire(shared: Arc<Shared>, run_id: &RunId) -> Self {
-        let epoch = shared.liveness.guard_acquired(run_id, shared.now_ms());
+        let epoch = shared.liveness.guard_acquired(run_id, shared.now());
         KeepAlive { shared, run_id: run_id.clone(), epoch, released: AtomicBool::new(epoch.is_none()) }
     }
 
@@ -28,7 +28,7 @@ impl KeepAlive {
         if !self.released.swap(true, Ordering::SeqCst)
             && let Some(epoch) = self.epoch
         {
-            self.shared.liveness.guard_released(&self.run_id, epoch, self.shared.now_ms());
+            self.shared.liveness.guard_released(&self.run_id, epoch, self.shared.now());
             self.shared.timers.driver_wake.notify_one();
         }
     }

@@ -13,9 +13,11 @@
 
 use durafiber_store::RunId;
 use durafiber_store::lock::{Mutex, MutexGuard};
+use durafiber_api::Timestamp;
 use std::{
     collections::BTreeMap,
     sync::{Arc, atomic::Ordering},
+    time::Duration,
 };
 
 use super::by_run_id::{ByRunId, HasRunId};
@@ -27,20 +29,20 @@ struct LiveState {
     /// and wait of a fiber, and a fresh string for each was a tenth of a recovery's
     /// bookkeeping.
     id: Arc<str>,
-    last_activity_ms: u64,
-    evict_after_ms: u64,
+    last_activity: Timestamp,
+    evict_after: Duration,
     guards: u32,
     fiber_active: bool,
     fiber_keep_alive: bool,
     fiber_waiting: bool,
-    held_since_ms: Option<u64>,
+    held_since: Option<Timestamp>,
     /// An action was decided and is in progress.
     closing: bool,
     /// This run's own stream of eviction draws, so one run's draws never depend on the
     /// order in which other runs happen to be handled.
     rng: SeededRng,
     /// The deadline under which the run sits in the index, if it does.
-    indexed_at_ms: Option<u64>,
+    indexed_at: Option<Timestamp>,
     /// Which activation this is: a guard taken in an earlier one releases nothing here.
     epoch: u64,
     /// Counted in `Table::waiting`: parkable and not yet closing.
@@ -54,7 +56,7 @@ struct LiveState {
 #[derive(Default)]
 struct Table {
     states: ByRunId<LiveState>,
-    by_deadline: BTreeMap<(u64, u64), Arc<str>>,
+    by_deadline: BTreeMap<(Timestamp, u64), Arc<str>>,
     /// Fibers waiting on a durable wait in memory, not yet being parked.
     waiting: usize,
 }
@@ -88,9 +90,9 @@ pub(crate) struct Liveness {
     /// Numbers activations, so guards know which one they were taken in.
     epochs: std::sync::atomic::AtomicU64,
     seed: u64,
-    hibernate_after_ms: u64,
-    evict_after_ms: (u64, u64),
-    heartbeat_ms: u64,
+    hibernate_after: Duration,
+    evict_after: (Duration, Duration),
+    heartbeat: Duration,
     /// Past this many fibers waiting in memory, the longest waiting are parked at once.
     waiting_max: usize,
 }
@@ -104,15 +106,16 @@ impl Liveness {
             runs: Mutex::new(Table::default()),
             epochs: std::sync::atomic::AtomicU64::new(0),
             seed: config.seed,
-            hibernate_after_ms: config.hibernate_after.as_millis() as u64,
-            evict_after_ms: (lo.as_millis() as u64, hi.as_millis() as u64),
-            heartbeat_ms: config.keep_alive_heartbeat.as_millis() as u64,
+            hibernate_after: config.hibernate_after,
+            evict_after: (lo, hi),
+            heartbeat: config.keep_alive_heartbeat,
             waiting_max: config.waiting_in_memory,
         }
     }
 
-    fn draw(&self, rng: &mut SeededRng) -> u64 {
-        rng.between(self.evict_after_ms.0, self.evict_after_ms.1)
+    fn draw(&self, rng: &mut SeededRng) -> Duration {
+        let (lo, hi) = self.evict_after;
+        Duration::from_millis(rng.between(millis(lo), millis(hi)))
     }
 
     fn lock(&self) -> MutexGuard<'_, Table> {
@@ -131,7 +134,7 @@ impl Liveness {
     /// [`Liveness::reindex`] for a state in hand.
     fn place(
         &self,
-        by_deadline: &mut BTreeMap<(u64, u64), Arc<str>>,
+        by_deadline: &mut BTreeMap<(Timestamp, u64), Arc<str>>,
         waiting: &mut usize,
         state: &mut LiveState,
     ) {
@@ -141,22 +144,22 @@ impl Liveness {
             *waiting = if counted { *waiting + 1 } else { waiting.saturating_sub(1) };
         }
         let at = (!state.closing).then(|| self.deadline(state));
-        if at == state.indexed_at_ms {
+        if at == state.indexed_at {
             return;
         }
-        if let Some(old) = state.indexed_at_ms.take() {
+        if let Some(old) = state.indexed_at.take() {
             by_deadline.remove(&(old, state.epoch));
         }
         if let Some(at) = at {
-            state.indexed_at_ms = Some(at);
+            state.indexed_at = Some(at);
             by_deadline.insert((at, state.epoch), state.id.clone());
         }
     }
 
     /// Runs `f` on the run's state (if the run is live), then re-evaluates whether it is held.
-    fn with<R>(&self, run_id: &RunId, now_ms: u64, f: impl FnOnce(&mut LiveState) -> R) -> Option<R> {
+    fn with<R>(&self, run_id: &RunId, now: Timestamp, f: impl FnOnce(&mut LiveState) -> R) -> Option<R> {
         let mut table = self.lock();
-        let out = self.change(&mut table, run_id, now_ms, f);
+        let out = self.change(&mut table, run_id, now, f);
         self.reindex(&mut table, run_id);
         out
     }
@@ -165,19 +168,19 @@ impl Liveness {
         &self,
         table: &mut Table,
         run_id: &RunId,
-        now_ms: u64,
+        now: Timestamp,
         f: impl FnOnce(&mut LiveState) -> R,
     ) -> Option<R> {
         let state = table.states.get_mut(run_id)?;
         let was_held = state.held();
         let out = f(state);
         match (was_held, state.held()) {
-            (false, true) => state.held_since_ms = Some(now_ms),
+            (false, true) => state.held_since = Some(now),
             (true, false) => {
                 // Letting go starts a new idle period and leaves no heartbeat behind.
-                state.held_since_ms = None;
-                state.last_activity_ms = now_ms;
-                state.evict_after_ms = self.draw(&mut state.rng);
+                state.held_since = None;
+                state.last_activity = now;
+                state.evict_after = self.draw(&mut state.rng);
             }
             _ => {}
         }
@@ -188,9 +191,9 @@ impl Liveness {
     /// `fiber` is the keep-alive of a fiber that starts with the activation, told here
     /// instead of by [`Liveness::fiber_started`]: a recovery tells the tracker of each run
     /// once, in one probe of its table and one place in its index.
-    pub fn activated(&self, run_id: &RunId, now_ms: u64, stream: u64, fiber: Option<bool>) {
+    pub fn activated(&self, run_id: &RunId, now: Timestamp, stream: u64, fiber: Option<bool>) {
         let mut rng = SeededRng::new(self.seed ^ stream);
-        let evict_after_ms = self.draw(&mut rng);
+        let evict_after = self.draw(&mut rng);
         let mut guard = self.lock();
         // Numbered under the lock, as the table sees activations in the order of their epochs.
         let epoch = self.epochs.fetch_add(1, Ordering::Relaxed) + 1;
@@ -198,7 +201,7 @@ impl Liveness {
         let state = states.replace_with(run_id, |old| {
             let id: Arc<str> = match old {
                 Some(old) => {
-                    if let Some(at) = old.indexed_at_ms {
+                    if let Some(at) = old.indexed_at {
                         by_deadline.remove(&(at, old.epoch));
                     }
                     if old.counted_waiting {
@@ -210,63 +213,63 @@ impl Liveness {
             };
             LiveState {
                 id,
-                last_activity_ms: now_ms,
-                evict_after_ms,
+                last_activity: now,
+                evict_after,
                 guards: 0,
                 fiber_active: fiber.is_some(),
                 fiber_keep_alive: fiber.unwrap_or(true),
                 fiber_waiting: false,
-                held_since_ms: None,
+                held_since: None,
                 closing: false,
                 rng,
-                indexed_at_ms: None,
+                indexed_at: None,
                 epoch,
                 counted_waiting: false,
             }
         });
         // As `change` marks a run that a fiber's start makes held.
         if state.held() {
-            state.held_since_ms = Some(now_ms);
+            state.held_since = Some(now);
         }
         self.place(by_deadline, waiting, state);
     }
 
     /// An inbound event was handled: a new idle period starts.
-    pub fn activity(&self, run_id: &RunId, now_ms: u64) {
-        self.with(run_id, now_ms, |s| {
-            s.last_activity_ms = now_ms;
-            s.evict_after_ms = self.draw(&mut s.rng);
+    pub fn activity(&self, run_id: &RunId, now: Timestamp) {
+        self.with(run_id, now, |s| {
+            s.last_activity = now;
+            s.evict_after = self.draw(&mut s.rng);
         });
     }
 
-    pub fn fiber_started(&self, run_id: &RunId, keep_alive: bool, now_ms: u64) {
-        self.with(run_id, now_ms, |s| {
+    pub fn fiber_started(&self, run_id: &RunId, keep_alive: bool, now: Timestamp) {
+        self.with(run_id, now, |s| {
             s.fiber_active = true;
             s.fiber_keep_alive = keep_alive;
             s.fiber_waiting = false;
         });
     }
 
-    pub fn fiber_ended(&self, run_id: &RunId, now_ms: u64) {
-        self.with(run_id, now_ms, |s| {
+    pub fn fiber_ended(&self, run_id: &RunId, now: Timestamp) {
+        self.with(run_id, now, |s| {
             s.fiber_active = false;
             s.fiber_waiting = false;
-            s.last_activity_ms = s.last_activity_ms.max(now_ms);
+            s.last_activity = s.last_activity.max(now);
         });
     }
 
     /// The run's fiber starts or stops waiting on a durable wait. True when more fibers wait
     /// in memory than `waiting_in_memory` allows: the driver should park some now.
-    pub fn fiber_waiting(&self, run_id: &RunId, waiting: bool, now_ms: u64) -> bool {
+    pub fn fiber_waiting(&self, run_id: &RunId, waiting: bool, now: Timestamp) -> bool {
         let mut table = self.lock();
-        self.change(&mut table, run_id, now_ms, |s| s.fiber_waiting = waiting);
+        self.change(&mut table, run_id, now, |s| s.fiber_waiting = waiting);
         self.reindex(&mut table, run_id);
         table.waiting > self.waiting_max
     }
 
     /// A guard was taken: the activation it was taken in, or `None` when the run is not live.
-    pub fn guard_acquired(&self, run_id: &RunId, now_ms: u64) -> Option<u64> {
-        self.with(run_id, now_ms, |s| {
+    pub fn guard_acquired(&self, run_id: &RunId, now: Timestamp) -> Option<u64> {
+        self.with(run_id, now, |s| {
             s.guards += 1;
             s.epoch
         })
@@ -274,8 +277,8 @@ impl Liveness {
 
     /// A guard taken in activation `epoch` was released. A guard that outlived its
     /// activation (the run was evicted and activated again) releases nothing.
-    pub fn guard_released(&self, run_id: &RunId, epoch: u64, now_ms: u64) {
-        self.with(run_id, now_ms, |s| {
+    pub fn guard_released(&self, run_id: &RunId, epoch: u64, now: Timestamp) {
+        self.with(run_id, now, |s| {
             if s.epoch == epoch {
                 s.guards = s.guards.saturating_sub(1);
             }
@@ -285,7 +288,7 @@ impl Liveness {
     pub fn remove(&self, run_id: &RunId) {
         let mut table = self.lock();
         if let Some(state) = table.states.remove(run_id) {
-            if let Some(at) = state.indexed_at_ms {
+            if let Some(at) = state.indexed_at {
                 table.by_deadline.remove(&(at, state.epoch));
             }
             if state.counted_waiting {
@@ -303,21 +306,22 @@ impl Liveness {
         self.lock().states.get(run_id).is_some_and(LiveState::parkable)
     }
 
-    fn deadline(&self, s: &LiveState) -> u64 {
-        if let Some(since) = s.held_since_ms {
-            let beats = (s.last_activity_ms.max(since) - since) / self.heartbeat_ms.max(1) + 1;
-            since.saturating_add(beats.saturating_mul(self.heartbeat_ms))
+    fn deadline(&self, s: &LiveState) -> Timestamp {
+        if let Some(since) = s.held_since {
+            let heartbeat = millis(self.heartbeat).max(1);
+            let beats = millis(s.last_activity.saturating_since(since)) / heartbeat + 1;
+            since.saturating_add(Duration::from_millis(beats.saturating_mul(heartbeat)))
         } else if !s.fiber_active || s.fiber_waiting {
-            s.last_activity_ms.saturating_add(self.hibernate_after_ms)
+            s.last_activity.saturating_add(self.hibernate_after)
         } else {
-            s.last_activity_ms.saturating_add(s.evict_after_ms)
+            s.last_activity.saturating_add(s.evict_after)
         }
     }
 
-    pub fn next_deadline_ms(&self) -> Option<u64> {
+    pub fn next_deadline(&self) -> Option<Timestamp> {
         let table = self.lock();
         if table.waiting > self.waiting_max {
-            return Some(0);
+            return Some(Timestamp::ZERO);
         }
         table.by_deadline.first_key_value().map(|((at, _), _)| *at)
     }
@@ -326,7 +330,7 @@ impl Liveness {
     /// evict, marking them closing.
     pub fn due_actions(
         &self,
-        now_ms: u64,
+        now: Timestamp,
         metrics: &Metrics,
         heartbeats: &mut Vec<RunId>,
     ) -> Vec<(RunId, Action)> {
@@ -335,13 +339,13 @@ impl Liveness {
         let due: Vec<Arc<str>> = table
             .by_deadline
             .iter()
-            .take_while(|((at, _), _)| *at <= now_ms)
+            .take_while(|((at, _), _)| *at <= now)
             .map(|(_, id)| id.clone())
             .collect();
         for run_id in due {
             let Some(s) = table.states.get_mut(&run_id) else { continue };
-            if s.held_since_ms.is_some() {
-                s.last_activity_ms = now_ms;
+            if s.held_since.is_some() {
+                s.last_activity = now;
                 Metrics::bump(&metrics.heartbeats);
                 heartbeats.push(RunId::from(&*run_id));
             } else {
@@ -390,4 +394,9 @@ impl Liveness {
         }
         self.reindex(&mut table, run_id);
     }
+}
+
+/// Whole milliseconds of `d`, the unit eviction draws are made in.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -6,6 +6,7 @@
 //! deliveries never wait for the store's index and the next due time is always known. One
 //! timer (the driver's) serves them all.
 
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use std::collections::{BTreeSet, HashSet};
 
@@ -14,7 +15,7 @@ use durafiber_store::{Store, StoreError, tables::keys};
 
 use crate::limits::ALARM_REFILL_MAX;
 
-type Entry = (u64, String, String);
+type Entry = (Timestamp, String, String);
 
 pub(crate) struct Scheduler {
     inner: Mutex<Window>,
@@ -151,9 +152,9 @@ impl Scheduler {
         Ok(())
     }
 
-    pub fn insert(&self, due_at_ms: u64, run_id: &RunId, name: &str) {
+    pub fn insert(&self, due_at: Timestamp, run_id: &RunId, name: &str) {
         let mut w = self.lock();
-        let e = (due_at_ms, run_id.to_string(), name.to_string());
+        let e = (due_at, run_id.to_string(), name.to_string());
         if w.horizon.beyond(&e) {
             // Read back from the store when the window reaches it.
             if let Some(noted) = &mut w.refilling {
@@ -165,22 +166,22 @@ impl Scheduler {
         w.trim();
     }
 
-    pub fn remove(&self, due_at_ms: u64, run_id: &RunId, name: &str) {
-        self.lock().due.remove(&(due_at_ms, run_id.to_string(), name.to_string()));
+    pub fn remove(&self, due_at: Timestamp, run_id: &RunId, name: &str) {
+        self.lock().due.remove(&(due_at, run_id.to_string(), name.to_string()));
     }
 
     /// The earliest due time the window knows.
-    pub fn next_due_ms(&self) -> Option<u64> {
+    pub fn next_due(&self) -> Option<Timestamp> {
         self.lock().due.first().map(|e| e.0)
     }
 
-    /// Takes up to `max` alarms due by `now_ms` that are not being delivered already.
-    pub fn take_due(&self, now_ms: u64, max: usize) -> Vec<Entry> {
+    /// Takes up to `max` alarms due by `now` that are not being delivered already.
+    pub fn take_due(&self, now: Timestamp, max: usize) -> Vec<Entry> {
         let mut w = self.lock();
         let mut out = Vec::new();
         while out.len() < max {
             let Some(first) = w.due.first().cloned() else { break };
-            if first.0 > now_ms {
+            if first.0 > now {
                 break;
             }
             w.due.pop_first();
@@ -214,12 +215,12 @@ mod tests {
     fn the_window_keeps_the_earliest_and_drops_the_rest_to_the_store() {
         let s = Scheduler::with_capacity(2);
         s.lock().horizon = Horizon::Complete;
-        s.insert(30, &RunId::from("r"), "c");
-        s.insert(10, &RunId::from("r"), "a");
-        s.insert(20, &RunId::from("r"), "b");
+        s.insert(Timestamp::from_millis(30), &RunId::from("r"), "c");
+        s.insert(Timestamp::from_millis(10), &RunId::from("r"), "a");
+        s.insert(Timestamp::from_millis(20), &RunId::from("r"), "b");
         assert_eq!(s.window_len(), 2);
-        s.insert(25, &RunId::from("r"), "d"); // beyond the horizon now: left in the store
-        assert_eq!(s.take_due(100, 10).iter().map(|e| e.0).collect::<Vec<_>>(), vec![10, 20]);
+        s.insert(Timestamp::from_millis(25), &RunId::from("r"), "d"); // beyond the horizon now: left in the store
+        assert_eq!(s.take_due(Timestamp::from_millis(100), 10).iter().map(|e| e.0.as_millis()).collect::<Vec<_>>(), vec![10, 20]);
         assert!(s.wants_refill());
     }
 
@@ -227,11 +228,11 @@ mod tests {
     fn an_equal_due_time_past_the_horizon_is_left_to_the_store() {
         let s = Scheduler::with_capacity(2);
         s.lock().horizon = Horizon::Complete;
-        s.insert(10, &RunId::from("a"), "x");
-        s.insert(10, &RunId::from("b"), "x");
-        s.insert(10, &RunId::from("c"), "x");
-        assert_eq!(s.lock().horizon, Horizon::After((10, "b".into(), "x".into())));
-        s.insert(10, &RunId::from("d"), "x");
+        s.insert(Timestamp::from_millis(10), &RunId::from("a"), "x");
+        s.insert(Timestamp::from_millis(10), &RunId::from("b"), "x");
+        s.insert(Timestamp::from_millis(10), &RunId::from("c"), "x");
+        assert_eq!(s.lock().horizon, Horizon::After((Timestamp::from_millis(10), "b".into(), "x".into())));
+        s.insert(Timestamp::from_millis(10), &RunId::from("d"), "x");
         assert_eq!(s.window_len(), 2);
     }
 }

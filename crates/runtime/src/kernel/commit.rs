@@ -10,6 +10,7 @@
 //! fiber's stream mark kept, a counter and a latency, the event, the span, and last the
 //! boundary itself, where a crash hook or seeded chaos may evict the run ([`reached`]).
 
+use durafiber_api::Timestamp;
 use std::sync::atomic::Ordering;
 
 use durafiber_store::{
@@ -41,8 +42,8 @@ type Pick<T> = fn(&Metrics) -> &T;
 pub(crate) struct After<'a> {
     at: Option<At<'a>>,
     progress: bool,
-    alarm_set: Option<(u64, String)>,
-    alarm_gone: Option<(u64, String)>,
+    alarm_set: Option<(Timestamp, String)>,
+    alarm_gone: Option<(Timestamp, String)>,
     stream_mark: Option<u64>,
     counter: Option<Pick<Counter>>,
     latency: Option<(Pick<Histogram>, Stopwatch)>,
@@ -64,14 +65,14 @@ impl<'a> After<'a> {
     }
 
     /// An alarm the boundary stored, put in the scheduler's window once it is durable.
-    pub fn alarm_set(mut self, due_at_ms: u64, name: String) -> Self {
-        self.alarm_set = Some((due_at_ms, name));
+    pub fn alarm_set(mut self, due_at: Timestamp, name: String) -> Self {
+        self.alarm_set = Some((due_at, name));
         self
     }
 
     /// An alarm the boundary removed, taken out of the scheduler's window.
-    pub fn alarm_gone(mut self, due_at_ms: u64, name: String) -> Self {
-        self.alarm_gone = Some((due_at_ms, name));
+    pub fn alarm_gone(mut self, due_at: Timestamp, name: String) -> Self {
+        self.alarm_gone = Some((due_at, name));
         self
     }
 
@@ -114,12 +115,12 @@ impl<'a> After<'a> {
         if self.progress {
             raw.cell.task.recovering.store(false, Ordering::SeqCst);
         }
-        if let Some((due_at_ms, name)) = &self.alarm_set {
-            shared.timers.scheduler.insert(*due_at_ms, run_id, name);
+        if let Some((due_at, name)) = &self.alarm_set {
+            shared.timers.scheduler.insert(*due_at, run_id, name);
             shared.timers.driver_wake.notify_one();
         }
-        if let Some((due_at_ms, name)) = &self.alarm_gone {
-            shared.timers.scheduler.remove(*due_at_ms, run_id, name);
+        if let Some((due_at, name)) = &self.alarm_gone {
+            shared.timers.scheduler.remove(*due_at, run_id, name);
         }
         if let Some(mark) = self.stream_mark
             && let Some(buffer) = raw.cell.output.stream.lock().as_mut()
@@ -172,7 +173,7 @@ where
         .update_run_from(&raw.cell, |run, batch| {
             if progress {
                 run.recover_attempts = 0;
-                run.next_recover_at_ms = 0;
+                run.next_recover_at_ms = Timestamp::ZERO;
             }
             change(run, batch)
         })
@@ -281,7 +282,7 @@ impl Shared {
         // boundary's future.
         Box::pin(self.update_run_from(cell, |run, b| {
             run.recover_attempts = 0;
-            run.next_recover_at_ms = 0;
+            run.next_recover_at_ms = Timestamp::ZERO;
             b.extend(batch);
             Ok(true)
         }))

@@ -16,6 +16,7 @@
 //! `limits::HOOK_SETTLE_MAX`, and a probe stops holding hooks back after
 //! `limits::PROBE_ALONE_MAX`: no run waits for ever behind one that hangs.
 
+use durafiber_api::Timestamp;
 use std::{collections::BTreeMap, sync::Arc};
 
 use durafiber_store::lock::Mutex;
@@ -31,12 +32,12 @@ pub(crate) struct HookGate {
 #[derive(Default)]
 struct GateState {
     next_ticket: u64,
-    /// Hooks in flight and not settled: ticket → when each started, ms.
-    hooks: BTreeMap<u64, u64>,
-    /// The probe in flight: its ticket and when it started, ms.
-    probe: Option<(u64, u64)>,
-    /// When a suspect last asked for its probe and was held back, ms.
-    probe_asked_at_ms: Option<u64>,
+    /// Hooks in flight and not settled: ticket → when each started.
+    hooks: BTreeMap<u64, Timestamp>,
+    /// The probe in flight: its ticket and when it started.
+    probe: Option<(u64, Timestamp)>,
+    /// When a suspect last asked for its probe and was held back.
+    probe_asked_at: Option<Timestamp>,
 }
 
 /// A hook's place at the gate, held by its run's cell until the hook settles.
@@ -69,35 +70,31 @@ impl Drop for HookPermit {
 impl HookGate {
     /// A place for the hook of a run that is not a suspect; `None` while a probe runs or
     /// a suspect waits for its turn.
-    pub fn try_hook(self: &Arc<Self>, now_ms: u64) -> Option<HookPermit> {
+    pub fn try_hook(self: &Arc<Self>, now: Timestamp) -> Option<HookPermit> {
         let mut state = self.state.lock();
-        let alone_ms = limits::PROBE_ALONE_MAX.as_millis() as u64;
-        let hold_ms = limits::PROBE_ASK_HOLD.as_millis() as u64;
-        let probing = state.probe.is_some_and(|(_, at)| now_ms.saturating_sub(at) < alone_ms);
-        let asked = state.probe_asked_at_ms.is_some_and(|at| now_ms.saturating_sub(at) < hold_ms);
+        let probing = state.probe.is_some_and(|(_, at)| now.saturating_since(at) < limits::PROBE_ALONE_MAX);
+        let asked = state.probe_asked_at.is_some_and(|at| now.saturating_since(at) < limits::PROBE_ASK_HOLD);
         if probing || asked {
             return None;
         }
         let ticket = state.take_ticket();
-        state.hooks.insert(ticket, now_ms);
+        state.hooks.insert(ticket, now);
         Some(HookPermit { gate: self.clone(), ticket, probe: false })
     }
 
     /// The place for a suspect's lone recovery; `None` while another probe runs or a hook
     /// in flight has not settled — then new hooks wait for a while, so its turn comes.
-    pub fn try_probe(self: &Arc<Self>, now_ms: u64) -> Option<HookPermit> {
+    pub fn try_probe(self: &Arc<Self>, now: Timestamp) -> Option<HookPermit> {
         let mut state = self.state.lock();
-        let alone_ms = limits::PROBE_ALONE_MAX.as_millis() as u64;
-        let settle_ms = limits::HOOK_SETTLE_MAX.as_millis() as u64;
-        let probing = state.probe.is_some_and(|(_, at)| now_ms.saturating_sub(at) < alone_ms);
-        let busy = state.hooks.values().any(|at| now_ms.saturating_sub(*at) < settle_ms);
+        let probing = state.probe.is_some_and(|(_, at)| now.saturating_since(at) < limits::PROBE_ALONE_MAX);
+        let busy = state.hooks.values().any(|at| now.saturating_since(*at) < limits::HOOK_SETTLE_MAX);
         if probing || busy {
-            state.probe_asked_at_ms = Some(now_ms);
+            state.probe_asked_at = Some(now);
             return None;
         }
         let ticket = state.take_ticket();
-        state.probe = Some((ticket, now_ms));
-        state.probe_asked_at_ms = None;
+        state.probe = Some((ticket, now));
+        state.probe_asked_at = None;
         Some(HookPermit { gate: self.clone(), ticket, probe: true })
     }
 }
@@ -113,30 +110,34 @@ impl GateState {
 mod tests {
     use super::*;
 
+    fn at(ms: u64) -> Timestamp {
+        Timestamp::from_millis(ms)
+    }
+
     #[test]
     fn a_probe_runs_alone_and_hooks_wait_for_it() {
         let gate = Arc::new(HookGate::default());
-        let hook = gate.try_hook(0).expect("a hook starts on an idle gate");
-        assert!(gate.try_probe(10).is_none(), "a hook in flight holds the probe back");
-        assert!(gate.try_hook(20).is_none(), "a suspect asked: new hooks wait");
+        let hook = gate.try_hook(at(0)).expect("a hook starts on an idle gate");
+        assert!(gate.try_probe(at(10)).is_none(), "a hook in flight holds the probe back");
+        assert!(gate.try_hook(at(20)).is_none(), "a suspect asked: new hooks wait");
         drop(hook);
-        let probe = gate.try_probe(30).expect("the gate is idle");
+        let probe = gate.try_probe(at(30)).expect("the gate is idle");
         assert!(probe.is_probe());
-        assert!(gate.try_hook(40).is_none() && gate.try_probe(40).is_none(), "the probe runs alone");
+        assert!(gate.try_hook(at(40)).is_none() && gate.try_probe(at(40)).is_none(), "the probe runs alone");
         drop(probe);
-        assert!(gate.try_hook(50).is_none(), "the suspect that asked at 40 goes first");
-        drop(gate.try_probe(60).expect("its turn"));
-        assert!(gate.try_hook(70).is_some());
+        assert!(gate.try_hook(at(50)).is_none(), "the suspect that asked at 40 goes first");
+        drop(gate.try_probe(at(60)).expect("its turn"));
+        assert!(gate.try_hook(at(70)).is_some());
     }
 
     #[test]
     fn a_hook_or_probe_that_does_not_settle_stops_holding_others_back() {
         let gate = Arc::new(HookGate::default());
-        let _hook = gate.try_hook(0).expect("hook");
+        let _hook = gate.try_hook(at(0)).expect("hook");
         let settle = limits::HOOK_SETTLE_MAX.as_millis() as u64;
-        let _probe = gate.try_probe(settle).expect("a hook that long in flight no longer counts");
+        let _probe = gate.try_probe(at(settle)).expect("a hook that long in flight no longer counts");
         let alone = limits::PROBE_ALONE_MAX.as_millis() as u64;
-        assert!(gate.try_hook(settle + 1).is_none());
-        assert!(gate.try_hook(settle + alone).is_some(), "a hung probe holds no one for ever");
+        assert!(gate.try_hook(at(settle + 1)).is_none());
+        assert!(gate.try_hook(at(settle + alone)).is_some(), "a hung probe holds no one for ever");
     }
 }

@@ -1,5 +1,6 @@
 //! What a run's actor is sent: one variant per inbound event.
 
+use durafiber_api::Timestamp;
 use durafiber_store::tables::RunRecord;
 use ractor::RpcReplyPort;
 
@@ -31,7 +32,7 @@ pub(crate) enum Activation {
     /// The fiber is registered (a boundary): run it.
     Start(Box<Registered>),
     /// Interrupted, but its recovery backoff runs until then.
-    Later(u64),
+    Later(Timestamp),
     /// A human must look, for this reason.
     Escalate(String),
     /// Waiting or finished: nothing to run.

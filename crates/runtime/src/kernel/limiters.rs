@@ -2,6 +2,7 @@
 //! limit's local slots and token bucket, and which runs wait on one. `limit.rs` takes turns
 //! in them.
 
+use durafiber_api::Timestamp;
 use durafiber_store::{RunId, lock::Mutex};
 use std::{
     collections::{BTreeMap, HashMap},
@@ -38,7 +39,7 @@ pub(crate) struct Limiter {
 /// The local token bucket: tokens, and when they were counted.
 pub(crate) struct Bucket {
     pub tokens: f64,
-    pub at_ms: u64,
+    pub at: Timestamp,
 }
 
 /// A limit's gauges.
@@ -51,7 +52,7 @@ pub struct LimitGauge {
 }
 
 impl Limiters {
-    pub fn new(config: &BTreeMap<String, NamedLimit>, node: &str, now_ms: u64) -> Limiters {
+    pub fn new(config: &BTreeMap<String, NamedLimit>, node: &str, now: Timestamp) -> Limiters {
         let by_name = config
             .iter()
             .map(|(name, spec)| {
@@ -60,14 +61,14 @@ impl Limiters {
                     spec: *spec,
                     slots: spec.concurrency.map(|n| Arc::new(Semaphore::new(n as usize))),
                     // Empty at the start: a restart grants no burst the rate did not.
-                    bucket: tokio::sync::Mutex::new(Bucket { tokens: 0.0, at_ms: now_ms }),
+                    bucket: tokio::sync::Mutex::new(Bucket { tokens: 0.0, at: now }),
                     waiting: AtomicU64::new(0),
                     in_flight: AtomicU64::new(0),
                 };
                 (name.clone(), Arc::new(limiter))
             })
             .collect();
-        let incarnation = crate::rng::unguessable_hex().unwrap_or_else(|_| format!("{now_ms:x}"));
+        let incarnation = crate::rng::unguessable_hex().unwrap_or_else(|_| format!("{:x}", now.as_millis()));
         Limiters {
             by_name,
             waiting: Mutex::new(HashMap::new()),

@@ -106,7 +106,7 @@ impl Shared {
 
     /// Writes a locked run record, changed in place, with `batch` as one sync boundary.
     pub async fn write_locked(&self, locked: &mut LockedRun<'_>, batch: Batch) -> Result<(), RuntimeError> {
-        locked.run.updated_at_ms = self.now_ms();
+        locked.run.updated_at_ms = self.now();
         self.commit_run(&locked.run, batch).await
     }
 

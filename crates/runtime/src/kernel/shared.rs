@@ -4,6 +4,7 @@
 //! RAM here is never the source of truth: everything in it is rebuilt from the store at
 //! start-up, and losing it (a crash) only costs re-activations.
 
+use durafiber_api::Timestamp;
 use std::{
     collections::HashMap,
     future::Future,
@@ -69,12 +70,12 @@ impl Shared {
         (self.agents.reactivator)(self.clone(), run_id.clone(), since).await;
     }
 
-    pub fn now_ms(&self) -> u64 {
-        self.time.now_ms()
+    pub fn now(&self) -> Timestamp {
+        self.time.now()
     }
 
     pub fn event(&self, run_id: &RunId, kind: &'static str, detail: impl Into<String>) {
-        self.obs.events.push(self.now_ms(), run_id, kind, self.obs.redact(detail.into()));
+        self.obs.events.push(self.now(), run_id, kind, self.obs.redact(detail.into()));
     }
 
     /// Sends the span of attempt `attempt` of a run, an attempt that did not end by itself
@@ -84,7 +85,7 @@ impl Shared {
         if attempt == 0 {
             return;
         }
-        let now = self.now_ms();
+        let now = self.now();
         self.obs.span(|| {
             Ended::new(run_id, kind, "fiber.attempt", Parent::Root)
                 .id(crate::trace::attempt_span_id(run_id, attempt))
@@ -105,7 +106,7 @@ impl Shared {
         };
         self.obs.span(|| {
             Ended::new(&run.run_id, &run.kind, "run.settle", Parent::Root)
-                .times(run.created_at_ms, self.now_ms())
+                .times(run.created_at_ms, self.now())
                 .attr("durafiber.run.state", run.status.name())
                 .attr("durafiber.attempts", i64::from(run.attempt))
                 .error(error)
@@ -118,8 +119,8 @@ impl Shared {
 
     /// The run's fiber starts or stops waiting on a durable wait; the driver is woken when
     /// too many wait in memory, to park the longest waiting.
-    pub fn fiber_waiting(&self, run_id: &RunId, waiting: bool, now_ms: u64) {
-        if self.liveness.fiber_waiting(run_id, waiting, now_ms) {
+    pub fn fiber_waiting(&self, run_id: &RunId, waiting: bool, now: Timestamp) {
+        if self.liveness.fiber_waiting(run_id, waiting, now) {
             self.timers.driver_wake.notify_one();
         }
     }
@@ -163,14 +164,14 @@ impl RawCtx {
         RawCtx { shared, cell, attempt, in_fiber: false }
     }
 
-    /// A span of this run from `start_ms` to now: under the fiber's attempt in a fiber,
+    /// A span of this run from `start` to now: under the fiber's attempt in a fiber,
     /// under the run's root in an event handler.
-    pub fn span_since(&self, name: impl Into<std::borrow::Cow<'static, str>>, start_ms: u64) -> Ended<'_> {
+    pub fn span_since(&self, name: impl Into<std::borrow::Cow<'static, str>>, start: Timestamp) -> Ended<'_> {
         let parent = match self.in_fiber && self.attempt > 0 {
             true => Parent::Attempt(self.attempt),
             false => Parent::Root,
         };
-        Ended::new(&self.cell.run_id, &self.cell.kind, name, parent).times(start_ms, self.shared.now_ms())
+        Ended::new(&self.cell.run_id, &self.cell.kind, name, parent).times(start, self.shared.now())
     }
 
     /// The cooperative cancel (§2.3): once the run was asked to stop, the fiber's next
@@ -230,7 +231,7 @@ pub(crate) struct RawRecovered {
     pub input_json: String,
     pub attempt: u32,
     pub reason: RecoveryReason,
-    pub created_at_ms: u64,
+    pub created_at: Timestamp,
 }
 
 /// An agent with its types erased to JSON, so one runtime can host many kinds.

@@ -1,6 +1,7 @@
 //! What is due later: the alarm window, the runs to re-activate at a time, the next
 //! retention sweep, and the wake of the driver that serves them on the system clock.
 
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use std::{
     collections::BTreeSet,
@@ -15,7 +16,7 @@ use crate::kernel::alarm_window::Scheduler;
 pub(crate) struct Timers {
     pub scheduler: Scheduler,
     /// Runs to re-activate at a time (recovery backoff, re-activation after eviction).
-    pub wakeups: Mutex<BTreeSet<(u64, RunId)>>,
+    pub wakeups: Mutex<BTreeSet<(Timestamp, RunId)>>,
     /// Wakes the system-clock driver when a deadline moved earlier.
     pub driver_wake: Notify,
     /// When the next retention sweep is due, ms; `u64::MAX` while one runs, or for ever
@@ -37,10 +38,10 @@ impl Timers {
         }
     }
 
-    /// Re-activates `run_id` at `at_ms`.
-    pub fn wake_at(&self, at_ms: u64, run_id: &RunId) {
-        tracing::debug!(%run_id, at_ms, "wake scheduled");
-        self.wakeups.lock().insert((at_ms, run_id.clone()));
+    /// Re-activates `run_id` at `at`.
+    pub fn wake_at(&self, at: Timestamp, run_id: &RunId) {
+        tracing::debug!(%run_id, at_ms = at.as_millis(), "wake scheduled");
+        self.wakeups.lock().insert((at, run_id.clone()));
         self.driver_wake.notify_one();
     }
 }

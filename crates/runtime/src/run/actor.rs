@@ -13,6 +13,7 @@
 //! eviction that kills the actor aborts that task. Before: `start`, an alarm, a decision,
 //! an event or a recovery asks for a run. After: `fiber.rs`, `alarm_delivery.rs`.
 
+use std::time::Duration;
 use durafiber_store::RunId;
 use std::{panic::AssertUnwindSafe, sync::Arc};
 
@@ -102,7 +103,7 @@ pub(crate) fn new_cell(
 /// scheduler runs first. `fiber` is the keep-alive of a fiber started with the activation
 /// ([`fiber::start_registered`]), which the tracker is told of here.
 pub(crate) fn activated(shared: &Shared, run: &RunRecord, watch: &Stopwatch, fiber: Option<bool>) {
-    let now_ms = shared.now_ms();
+    let now_ms = shared.now();
     let stream = {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -162,7 +163,7 @@ async fn send_activate(
     };
     if !sent {
         tracing::warn!(%run_id, "actor stopped before activation; retrying");
-        shared.timers.wake_at(shared.now_ms(), run_id);
+        shared.timers.wake_at(shared.now(), run_id);
     }
 }
 
@@ -179,7 +180,7 @@ pub(crate) async fn reactivate_since(shared: &Arc<Shared>, run_id: &RunId, since
     }
     match live_or_spawn(shared, run_id, since).await {
         Ok((live, cold)) => {
-            shared.liveness.activity(run_id, shared.now_ms());
+            shared.liveness.activity(run_id, shared.now());
             if !cold {
                 send_activate(shared, &live, run_id, since, None).await;
             }
@@ -189,7 +190,7 @@ pub(crate) async fn reactivate_since(shared: &Arc<Shared>, run_id: &RunId, since
         Err(e) => {
             // Never leave the run behind: a store that failed now may answer in a second.
             tracing::error!(%run_id, error = %e, "could not activate the run; retrying in 1 s");
-            shared.timers.wake_at(shared.now_ms().saturating_add(1_000), run_id);
+            shared.timers.wake_at(shared.now().saturating_add(Duration::from_secs(1)), run_id);
         }
     }
 }
@@ -236,7 +237,7 @@ impl Actor for RunActor {
         if self.shared.obs.traces.is_on() {
             span.record("trace_id", tracing::field::display(trace::trace_id(&cell.run_id)));
         }
-        let started_ms = self.shared.now_ms();
+        let started_ms = self.shared.now();
         let cause = match &msg {
             RunMsg::Activate { .. } => "activate",
             RunMsg::Message { .. } => "message",
@@ -266,7 +267,7 @@ impl Actor for RunActor {
         }
         self.shared.obs.span(|| {
             trace::Ended::new(&cell.run_id, &cell.kind, "activation", trace::Parent::Root)
-                .times(started_ms, self.shared.now_ms())
+                .times(started_ms, self.shared.now())
                 .attr("durafiber.activation.cause", cause)
                 .attr("durafiber.attempt", i64::from(attempt))
         });

@@ -5,8 +5,12 @@
 //! and cannot loop forever. Retry n waits 2 s × 2^(n-1) plus up to 25% jitter; after the
 //! seventh failed attempt the alarm is dead-lettered.
 
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
-use std::sync::{Arc, atomic::Ordering};
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
 
 use durafiber_store::{
     Batch, Durability,
@@ -29,32 +33,32 @@ use crate::{
 };
 
 /// Delay before retry `n` (1-based): 2 s × 2^(n-1), plus up to 25% jitter.
-pub(crate) fn retry_delay_ms(shared: &Shared, n: u32) -> u64 {
+pub(crate) fn retry_delay(shared: &Shared, n: u32) -> Duration {
     let base = (shared.config.alarm_retry_base.as_millis() as u64) << n.saturating_sub(1).min(20);
-    base + shared.controls.jitter_between(0, base / 4)
+    Duration::from_millis(base + shared.controls.jitter_between(0, base / 4))
 }
 
 /// Starts a delivery for every alarm due by now; returns how many started.
 pub(crate) fn start_due(shared: &Arc<Shared>) -> usize {
     let room = limits::ALARM_DELIVERIES_IN_FLIGHT_MAX.saturating_sub(shared.timers.scheduler.in_flight());
-    let due = shared.timers.scheduler.take_due(shared.now_ms(), room);
+    let due = shared.timers.scheduler.take_due(shared.now(), room);
     let n = due.len();
     // Read the next alarms in, so the driver knows when to wake instead of guessing.
     refill_if_low(shared);
     // One task per run, delivering that run's alarms one after another in due order; runs
     // are delivered concurrently.
-    let mut per_run: Vec<(RunId, Vec<(u64, String)>)> = Vec::new();
-    for (due_at_ms, run_id, name) in due {
+    let mut per_run: Vec<(RunId, Vec<(Timestamp, String)>)> = Vec::new();
+    for (due_at, run_id, name) in due {
         match per_run.iter_mut().find(|(r, _)| *r == run_id) {
-            Some((_, alarms)) => alarms.push((due_at_ms, name)),
-            None => per_run.push((RunId::from(run_id), vec![(due_at_ms, name)])),
+            Some((_, alarms)) => alarms.push((due_at, name)),
+            None => per_run.push((RunId::from(run_id), vec![(due_at, name)])),
         }
     }
     for (run_id, alarms) in per_run {
         let shared2 = shared.clone();
         shared.life.spawn_tracked(async move {
-            for (due_at_ms, name) in alarms {
-                match deliver(&shared2, &run_id, &name, due_at_ms).await {
+            for (due_at, name) in alarms {
+                match deliver(&shared2, &run_id, &name, due_at).await {
                     Ok(()) => shared2.timers.alarm_runtime_failures.store(0, Ordering::Relaxed),
                     Err(e) => runtime_failure(&shared2, &run_id, &name, &e),
                 }
@@ -92,9 +96,9 @@ fn refill_if_low(shared: &Arc<Shared>) {
 /// backoff doubles per consecutive failure of the runtime, capped at 1024 s.
 fn runtime_failure(shared: &Shared, run_id: &RunId, name: &str, e: &RuntimeError) {
     let n = shared.timers.alarm_runtime_failures.fetch_add(1, Ordering::Relaxed).min(10);
-    let delay = (1_000u64 << n).min(limits::ALARM_RUNTIME_BACKOFF_MAX.as_millis() as u64);
-    tracing::error!(%run_id, alarm = name, error = %e, delay_ms = delay, "alarm delivery failed in the runtime");
-    shared.timers.scheduler.insert(shared.now_ms().saturating_add(delay), run_id, name);
+    let delay = Duration::from_secs(1u64 << n).min(limits::ALARM_RUNTIME_BACKOFF_MAX);
+    tracing::error!(%run_id, alarm = name, error = %e, delay_ms = delay.as_millis(), "alarm delivery failed in the runtime");
+    shared.timers.scheduler.insert(shared.now().saturating_add(delay), run_id, name);
     shared.timers.driver_wake.notify_one();
 }
 
@@ -103,13 +107,13 @@ fn runtime_failure(shared: &Shared, run_id: &RunId, name: &str, e: &RuntimeError
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Slot {
     Schedule,
-    Retry { scheduled_at_ms: u64 },
+    Retry { scheduled_at: Timestamp },
 }
 
 impl Slot {
     fn of(due_name: &str) -> (&str, Slot) {
         match keys::parse_due_name(due_name) {
-            (name, Some(scheduled_at_ms)) => (name, Slot::Retry { scheduled_at_ms }),
+            (name, Some(scheduled_at)) => (name, Slot::Retry { scheduled_at }),
             (name, None) => (name, Slot::Schedule),
         }
     }
@@ -117,8 +121,8 @@ impl Slot {
     fn read(self, shared: &Shared, run_id: &RunId, name: &str) -> Result<Option<AlarmRecord>, RuntimeError> {
         Ok(match self {
             Slot::Schedule => shared.store.get(&keys::alarm(run_id, name))?,
-            Slot::Retry { scheduled_at_ms } => {
-                shared.store.get(&keys::alarm_retry(run_id, name, scheduled_at_ms))?
+            Slot::Retry { scheduled_at } => {
+                shared.store.get(&keys::alarm_retry(run_id, name, scheduled_at))?
             }
         })
     }
@@ -140,7 +144,7 @@ impl Slot {
     fn due_name(self, name: &str) -> String {
         match self {
             Slot::Schedule => name.to_string(),
-            Slot::Retry { scheduled_at_ms } => keys::retry_due_name(name, scheduled_at_ms),
+            Slot::Retry { scheduled_at } => keys::retry_due_name(name, scheduled_at),
         }
     }
 }
@@ -149,18 +153,18 @@ async fn deliver(
     shared: &Arc<Shared>,
     run_id: &RunId,
     due_name: &str,
-    due_key_ms: u64,
+    due_key: Timestamp,
 ) -> Result<(), RuntimeError> {
     let (name, slot) = Slot::of(due_name);
     let Some(mut alarm) = slot.read(shared, run_id, name)? else { return Ok(()) };
-    let now = shared.now_ms();
+    let now = shared.now();
     if alarm.due_at_ms > now {
-        if alarm.due_at_ms != due_key_ms {
+        if alarm.due_at_ms != due_key {
             shared.timers.scheduler.insert(alarm.due_at_ms, run_id, due_name);
         }
         return Ok(());
     }
-    shared.obs.metrics.alarm_lateness.record_us(now.saturating_sub(alarm.due_at_ms) * 1_000);
+    shared.obs.metrics.alarm_lateness.record(now.saturating_since(alarm.due_at_ms));
     let run = shared.load_run(run_id)?;
     if run.status.is_terminal() {
         let mut batch = Batch::new();
@@ -217,16 +221,16 @@ async fn system_alarm(
     shared: &Arc<Shared>,
     run_id: &RunId,
     system: &SystemAlarm,
-    due_at_ms: u64,
+    due_at: Timestamp,
 ) -> Result<(), RuntimeError> {
     let woken = match system {
         SystemAlarm::EscalateApproval { approval_id } => {
             return approval::on_escalation_alarm(shared, run_id, approval_id).await;
         }
         SystemAlarm::EventTimeout { name } => {
-            event::on_timeout_alarm(shared, run_id, name, due_at_ms).await?
+            event::on_timeout_alarm(shared, run_id, name, due_at).await?
         }
-        SystemAlarm::WakeSleep { name } => sleep::on_wake_alarm(shared, run_id, name, due_at_ms).await?,
+        SystemAlarm::WakeSleep { name } => sleep::on_wake_alarm(shared, run_id, name, due_at).await?,
     };
     if woken {
         actor::reactivate(shared, run_id).await;
@@ -242,13 +246,13 @@ async fn attempt_once(
     (slot, due_name): (Slot, &str),
     alarm: &mut AlarmRecord,
     recurring: bool,
-    now: u64,
+    now: Timestamp,
 ) -> Result<Result<(), AgentError>, RuntimeError> {
     let (run_id, name) = (&run.run_id, alarm.name.clone());
     let attempt = alarm.attempts_started + 1;
     let old_due = alarm.due_at_ms;
     alarm.attempts_started = attempt;
-    alarm.due_at_ms = now.saturating_add(retry_delay_ms(shared, attempt));
+    alarm.due_at_ms = now.saturating_add(retry_delay(shared, attempt));
     let mut batch = Batch::new();
     batch.delete(keys::alarm_due(old_due, run_id, due_name));
     slot.stage(&mut batch, alarm)?;
@@ -267,10 +271,10 @@ async fn attempt_once(
     let result = call_handler(shared, run_id, event).await;
     shared.obs.span(|| {
         Ended::new(run_id, &run.kind, format!("alarm {name}"), Parent::Root)
-            .times(now, shared.now_ms())
+            .times(now, shared.now())
             .attr("durafiber.alarm.name", name.clone())
             .attr("durafiber.alarm.attempt", i64::from(attempt))
-            .attr("durafiber.alarm.scheduled_at_ms", i64::try_from(alarm.scheduled_at_ms).unwrap_or(i64::MAX))
+            .attr("durafiber.alarm.scheduled_at_ms", i64::try_from(alarm.scheduled_at_ms.as_millis()).unwrap_or(i64::MAX))
             .attr("durafiber.alarm.outcome", if result.is_ok() { "delivered" } else { "failed" })
             .error(result.as_ref().err().map(ToString::to_string))
     });
@@ -284,19 +288,19 @@ async fn retry_later(
     (slot, due_name): (Slot, &str),
     mut current: AlarmRecord,
     cron: Option<&CronRecord>,
-    (now, old_due): (u64, u64),
+    (now, old_due): (Timestamp, Timestamp),
     recurring: bool,
 ) -> Result<(), RuntimeError> {
     let (run_id, name) = (current.run_id.clone(), current.name.clone());
     let run_id = &run_id;
     let name = name.as_str();
-    let failed_at = shared.now_ms();
+    let failed_at = shared.now();
     let mut batch = Batch::new();
     let mut moved = false;
     if failed_at > now {
         // A slow handler: the retry's delay counts from its failure.
         slot.unstage(&mut batch, &current);
-        current.due_at_ms = failed_at.saturating_add(current.due_at_ms.saturating_sub(now));
+        current.due_at_ms = failed_at.saturating_add(current.due_at_ms.saturating_since(now));
         moved = true;
     }
     let mut next_schedule = None;
@@ -312,7 +316,7 @@ async fn retry_later(
         shared.timers.scheduler.insert(
             current.due_at_ms,
             run_id,
-            &Slot::Retry { scheduled_at_ms: current.scheduled_at_ms }.due_name(name),
+            &Slot::Retry { scheduled_at: current.scheduled_at_ms }.due_name(name),
         );
     } else if moved {
         slot.stage(&mut batch, &current)?;
@@ -337,8 +341,8 @@ fn advance(
     batch: &mut Batch,
     done: &AlarmRecord,
     cron: Option<&CronRecord>,
-) -> Result<Option<u64>, RuntimeError> {
-    let Some(due) = crate::alarm::next_occurrence(done, cron, shared.now_ms())? else { return Ok(None) };
+) -> Result<Option<Timestamp>, RuntimeError> {
+    let Some(due) = crate::alarm::next_occurrence(done, cron, shared.now())? else { return Ok(None) };
     let next = AlarmRecord { due_at_ms: due, scheduled_at_ms: due, attempts_started: 0, ..done.clone() };
     crate::alarm::stage(batch, &next)?;
     Ok(Some(due))
@@ -410,7 +414,7 @@ async fn dead_letter(
     recurring: bool,
     last_error: String,
 ) -> Result<(), RuntimeError> {
-    let now = shared.now_ms();
+    let now = shared.now();
     let key = keys::dead_letter(&alarm.run_id, &alarm.name, now);
     let event = AlarmEvent {
         name: alarm.name.clone(),

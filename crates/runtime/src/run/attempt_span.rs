@@ -12,6 +12,7 @@
 //! twice. An attempt whose end scheduled a retry of the same run (an outage, a store fault)
 //! leaves its span to the retry, which cannot tell it from an interrupted one.
 
+use durafiber_api::Timestamp;
 use std::sync::Arc;
 
 use crate::{
@@ -24,7 +25,7 @@ pub(crate) struct AttemptSpan {
     cell: Arc<RunCell>,
     attempt: u32,
     mode: FiberMode,
-    start_ms: u64,
+    start: Timestamp,
 }
 
 impl AttemptSpan {
@@ -51,7 +52,7 @@ impl AttemptSpan {
             cell: cell.clone(),
             attempt,
             mode,
-            start_ms: shared.now_ms(),
+            start: shared.now(),
         })
     }
 
@@ -64,7 +65,7 @@ impl AttemptSpan {
         let run_id = &self.cell.run_id;
         let mut span = Ended::new(run_id, &self.cell.kind, "fiber.attempt", Parent::Root)
             .id(trace::attempt_span_id(run_id, self.attempt))
-            .times(self.start_ms, self.shared.now_ms())
+            .times(self.start, self.shared.now())
             .attr("durafiber.attempt", i64::from(self.attempt))
             .attr("durafiber.fiber.mode", mode)
             .attr("durafiber.recovered", reason.is_some())

@@ -3,6 +3,7 @@
 //! come, and starts due alarm deliveries; on the system clock it sleeps until the next
 //! deadline, on a virtual clock `Runtime::advance` calls `tick` itself.
 
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use std::{
     sync::{Arc, Weak, atomic::Ordering},
@@ -14,8 +15,8 @@ use durafiber_store::lock::{Condvar, Mutex};
 use crate::{eviction::idle, kernel::activity::Action, kernel::shared::Shared, run::actor::reactivate};
 
 /// One pass over every deadline due now. Returns the next deadline.
-pub(crate) async fn tick(shared: &Arc<Shared>) -> Option<u64> {
-    let now = shared.now_ms();
+pub(crate) async fn tick(shared: &Arc<Shared>) -> Option<Timestamp> {
+    let now = shared.now();
     let mut heartbeats = Vec::new();
     let actions = shared.liveness.due_actions(now, &shared.obs.metrics, &mut heartbeats);
     heartbeats.sort();
@@ -34,7 +35,7 @@ pub(crate) async fn tick(shared: &Arc<Shared>) -> Option<u64> {
     }
     let due: Vec<RunId> = {
         let mut wakeups = shared.timers.wakeups.lock();
-        let later = wakeups.split_off(&(now + 1, RunId::new(String::new())));
+        let later = wakeups.split_off(&(now.saturating_add(Duration::from_millis(1)), RunId::new(String::new())));
         std::mem::replace(&mut *wakeups, later).into_iter().map(|(_, id)| id).collect()
     };
     for run_id in due {
@@ -45,10 +46,12 @@ pub(crate) async fn tick(shared: &Arc<Shared>) -> Option<u64> {
     next_deadline(shared)
 }
 
-pub(crate) fn next_deadline(shared: &Shared) -> Option<u64> {
+pub(crate) fn next_deadline(shared: &Shared) -> Option<Timestamp> {
     let wake = shared.timers.wakeups.lock().first().map(|(at, _)| *at);
-    let sweep = Some(shared.timers.retention_due_ms.load(Ordering::SeqCst)).filter(|at| *at != u64::MAX);
-    [shared.liveness.next_deadline_ms(), wake, shared.timers.scheduler.next_due_ms(), sweep]
+    let sweep = Some(shared.timers.retention_due_ms.load(Ordering::SeqCst))
+        .filter(|at| *at != u64::MAX)
+        .map(Timestamp::from_millis);
+    [shared.liveness.next_deadline(), wake, shared.timers.scheduler.next_due(), sweep]
         .into_iter()
         .flatten()
         .min()
@@ -68,11 +71,14 @@ pub(crate) async fn drive_system_clock(shared: Arc<Shared>) {
             return;
         }
         let next = tick(&shared).await;
-        let now = shared.now_ms();
+        let now = shared.now();
         // Wake at least once a second, so a missed notification costs a second, not forever.
-        let at = next.unwrap_or(u64::MAX).min(now + 1_000).max(now + 1);
+        let at = next
+            .unwrap_or(Timestamp::MAX)
+            .min(now.saturating_add(Duration::from_secs(1)))
+            .max(now.saturating_add(Duration::from_millis(1)));
         if let Some(clock) = &alarm_clock {
-            clock.wake_at(shared.time.to_local_ms(at));
+            clock.wake_at(shared.time.to_local(at));
         }
         tokio::select! {
             () = shared.time.clock.sleep_until(at) => {}
@@ -92,7 +98,7 @@ struct AlarmClock {
 #[derive(Default)]
 struct Deadline {
     /// The system clock's millisecond to wake the driver at.
-    at_ms: Option<u64>,
+    at: Option<Timestamp>,
     stop: bool,
 }
 
@@ -106,9 +112,9 @@ impl AlarmClock {
         Ok(AlarmClock { state })
     }
 
-    fn wake_at(&self, at_ms: u64) {
+    fn wake_at(&self, at: Timestamp) {
         let (lock, changed) = &*self.state;
-        lock.lock().at_ms = Some(at_ms);
+        lock.lock().at = Some(at);
         changed.notify_one();
     }
 
@@ -116,16 +122,16 @@ impl AlarmClock {
         let (lock, changed) = state;
         let mut deadline = lock.lock();
         while !deadline.stop {
-            let Some(at_ms) = deadline.at_ms else {
+            let Some(at) = deadline.at else {
                 deadline = changed.wait(deadline);
                 continue;
             };
-            let left_us = at_ms.saturating_mul(1_000).saturating_sub(epoch_us());
+            let left_us = at.as_millis().saturating_mul(1_000).saturating_sub(epoch_us());
             if left_us > 0 {
                 deadline = changed.wait_for(deadline, Duration::from_micros(left_us));
                 continue;
             }
-            deadline.at_ms = None;
+            deadline.at = None;
             match driver.upgrade() {
                 Some(shared) => shared.timers.driver_wake.notify_one(),
                 None => return,
@@ -142,7 +148,7 @@ impl Drop for AlarmClock {
     }
 }
 
-/// The system clock in microseconds since the epoch (`SystemClock::now_ms`, finer).
+/// The system clock in microseconds since the epoch (`SystemClock::now`, finer).
 fn epoch_us() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }

@@ -6,6 +6,7 @@
 //! Before: `actor.rs` (a cold start decides here) or the actor's `Activate`. After:
 //! `agent/` (`Ctx`) for what user code calls, `fiber_end.rs` for the attempt's end.
 
+use std::time::Duration;
 use durafiber_store::RunId;
 use std::{
     panic::AssertUnwindSafe,
@@ -62,7 +63,7 @@ pub(crate) async fn on_activate(
         && let Err(e) = escalate(shared, &cell.run_id, &reason, Batch::new()).await
     {
         tracing::error!(run_id = %cell.run_id, error = %e, "could not escalate; retrying in 1 s");
-        shared.timers.wake_at(shared.now_ms().saturating_add(1_000), &cell.run_id);
+        shared.timers.wake_at(shared.now().saturating_add(Duration::from_secs(1)), &cell.run_id);
     }
 }
 
@@ -103,7 +104,7 @@ async fn decide_now(shared: &Arc<Shared>, cell: &RunCell) -> Activation {
         Err(e) => {
             // The store may answer in a second: never leave the run behind.
             tracing::error!(run_id = %cell.run_id, error = %e, "cannot read the run to activate it; retrying in 1 s");
-            Activation::Later(shared.now_ms().saturating_add(1_000))
+            Activation::Later(shared.now().saturating_add(Duration::from_secs(1)))
         }
     }
 }
@@ -135,7 +136,7 @@ pub(crate) async fn decide(
         Err(RuntimeError::ShuttingDown | RuntimeError::Evicted { .. }) => Activation::Nothing,
         Err(e) => {
             tracing::error!(run_id = %cell.run_id, error = %e, "could not register the fiber; retrying in 1 s");
-            Activation::Later(shared.now_ms().saturating_add(1_000))
+            Activation::Later(shared.now().saturating_add(Duration::from_secs(1)))
         }
     }
 }
@@ -157,34 +158,34 @@ pub(crate) fn register(
     let mode = match recovery::plan(shared, run, budgets) {
         Plan::Fresh => FiberMode::Fresh,
         Plan::Recover(reason) => FiberMode::Recover(reason),
-        Plan::Later(at_ms) => return Err(Activation::Later(at_ms)),
+        Plan::Later(at) => return Err(Activation::Later(at)),
         Plan::Escalate(reason) => return Err(Activation::Escalate(reason)),
         Plan::Nothing => return Err(Activation::Nothing),
     };
     let mut hook = None;
     if let FiberMode::Recover(_) = mode {
-        let now = shared.now_ms();
+        let now = shared.now();
         let suspect = run.recover_attempts > 0;
         let permit = match suspect {
             true => shared.controls.hook_gate.try_probe(now),
             false => shared.controls.hook_gate.try_hook(now),
         };
         let Some(permit) = permit else {
-            return Err(Activation::Later(now.saturating_add(limits::HOOK_GATE_RETRY.as_millis() as u64)));
+            return Err(Activation::Later(now.saturating_add(limits::HOOK_GATE_RETRY)));
         };
         if permit.is_probe() {
             let deaths = recovery::probe_deaths(shared, &run.run_id).unwrap_or(0);
             let key = keys::hook_probe(&run.run_id);
             if let Err(e) = batch.put(key, &deaths.saturating_add(1)) {
                 tracing::error!(run_id = %run.run_id, error = %e, "could not count the probe; retrying in 1 s");
-                return Err(Activation::Later(now.saturating_add(1_000)));
+                return Err(Activation::Later(now.saturating_add(Duration::from_secs(1))));
             }
         }
         hook = Some(permit);
         // Counted before the hook runs, so a hook that kills the process is counted too;
         // progress or an interruption the runtime causes gives it back.
         run.recover_attempts = run.recover_attempts.saturating_add(1);
-        run.next_recover_at_ms = now.saturating_add(recovery::backoff_ms(run.recover_attempts));
+        run.next_recover_at_ms = now.saturating_add(recovery::backoff(run.recover_attempts));
     }
     run.attempt = run.attempt.saturating_add(1);
     run.status = RunStatus::Running;
@@ -234,7 +235,7 @@ fn spawn(
     // step) can never run before the slot is filled.
     let mut slot = cell.task.fiber.lock();
     if tracker == Tracker::Tell {
-        shared.liveness.fiber_started(&cell.run_id, cell.fiber_keep_alive, shared.now_ms());
+        shared.liveness.fiber_started(&cell.run_id, cell.fiber_keep_alive, shared.now());
     }
     let task = tokio::spawn(drive(shared.clone(), cell.clone(), registered, since, shared.life.busy()));
     *slot = Some(task.abort_handle());
@@ -348,7 +349,7 @@ fn enter(
                     input_json: run.input_json,
                     attempt: run.attempt,
                     reason,
-                    created_at_ms: run.created_at_ms,
+                    created_at: run.created_at_ms,
                 },
             )
         }

@@ -5,6 +5,8 @@
 //!
 //! Before: `fiber.rs` (the attempt that ran the agent's future).
 
+use std::time::Duration;
+use durafiber_api::Timestamp;
 use std::sync::{Arc, atomic::Ordering};
 
 use durafiber_store::tables::{self, RunStatus};
@@ -42,7 +44,7 @@ pub(super) async fn ended(
         Err(e) => {
             // The run is recovered, and its next attempt sends this one's span.
             tracing::error!(error = %e, "could not write the fiber's end; it will be recovered");
-            Some(shared.now_ms().saturating_add(1_000))
+            Some(shared.now().saturating_add(Duration::from_secs(1)))
         }
     };
     // An evicted cell's fiber whose abort came too late: the next cell owns the run and
@@ -58,9 +60,9 @@ pub(super) async fn ended(
     cell.task.fiber.lock().take();
     // A hook that ended has settled, whatever its end wrote.
     cell.task.hook.lock().take();
-    shared.liveness.fiber_ended(&cell.run_id, shared.now_ms());
-    if let Some(at_ms) = retry_at {
-        shared.timers.wake_at(at_ms, &cell.run_id);
+    shared.liveness.fiber_ended(&cell.run_id, shared.now());
+    if let Some(at) = retry_at {
+        shared.timers.wake_at(at, &cell.run_id);
     }
     drop(busy);
 }
@@ -86,7 +88,7 @@ fn outcome_of(result: &FiberResult) -> (&'static str, Option<String>) {
 /// What a fiber's end wrote: when to wake the run again, if it is to be retried, and
 /// whether the retry sends this attempt's span (`attempt_span.rs`).
 struct End {
-    retry_at: Option<u64>,
+    retry_at: Option<Timestamp>,
     span_left_to_retry: bool,
 }
 
@@ -142,9 +144,9 @@ fn after_error(
         // and a recovery it interrupted is not counted (§3.6).
         if cell.task.recovering.load(Ordering::SeqCst) {
             run.recover_attempts = run.recover_attempts.saturating_sub(1);
-            run.next_recover_at_ms = 0;
+            run.next_recover_at_ms = Timestamp::ZERO;
         }
-        return End { retry_at: Some(shared.now_ms().saturating_add(1_000)), span_left_to_retry: true };
+        return End { retry_at: Some(shared.now().saturating_add(Duration::from_secs(1))), span_left_to_retry: true };
     } else if matches!(result, Ok(Err(AgentError::EffectRejected { .. }))) {
         // A refusal: re-entering the run would only hear it again.
         run.status = RunStatus::Failed { error };
@@ -154,7 +156,7 @@ fn after_error(
         // the outage come after a recovery (then counted, then escalated).
         tracing::warn!(run_id = %run.run_id, error, "effect exhausted; the run will be recovered");
         run.wake_reason = Some(tables::WakeReason::Resumed);
-        let at = shared.now_ms().saturating_add(limits::EFFECT_BACKOFF_MAX.as_millis() as u64);
+        let at = shared.now().saturating_add(limits::EFFECT_BACKOFF_MAX);
         return End { retry_at: Some(at), span_left_to_retry: true };
     } else if mode == FiberMode::Fresh {
         run.status = RunStatus::Failed { error };

@@ -17,6 +17,7 @@
 //! cannot tell (storage written before the run kept a storage history). Alarms and pending waits of the source
 //! are not carried: the fork's code sets and asks them again as it goes on.
 
+use durafiber_api::Timestamp;
 use std::sync::Arc;
 
 use durafiber_store::{
@@ -75,7 +76,7 @@ pub(crate) async fn fork(
     shared.store.check_room()?;
     let store = &shared.store;
     let (history, point) = point_at(shared, source_id, at)?;
-    let now = shared.now_ms();
+    let now = shared.now();
     let run_id = start::mint_run_id(now)?;
     let new = &run_id;
     let mut batch = Batch::new();
@@ -161,7 +162,7 @@ fn fork_record_of(
     input_json: String,
     input_hash: String,
     options: &ForkOptions,
-    now: u64,
+    now: Timestamp,
 ) -> RunRecord {
     RunRecord {
         run_id: run_id.clone(),
@@ -174,7 +175,7 @@ fn fork_record_of(
         updated_at_ms: now,
         attempt: 0,
         recover_attempts: 0,
-        next_recover_at_ms: 0,
+        next_recover_at_ms: Timestamp::ZERO,
         wake_reason: Some(WakeReason::Resumed),
         cancel_reason: None,
         options: options.run.stored(),
@@ -187,7 +188,7 @@ fn stage_first_stash(
     batch: &mut Batch,
     run_id: &RunId,
     point: HistoryRecord,
-    now: u64,
+    now: Timestamp,
     history_max: u32,
 ) -> Result<(), RuntimeError> {
     let stash = StashRecord { run_id: run_id.clone(), attempt: 0, written_at_ms: now, ..point.stash.clone() };

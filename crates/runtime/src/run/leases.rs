@@ -14,6 +14,7 @@
 //! comes at the expiry instead, to take the shard at once. At shutdown the shards are
 //! handed back, so others take over at once.
 
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use std::{
     collections::HashSet,
@@ -43,28 +44,26 @@ async fn call<T: Send + 'static>(
     }
 }
 
-/// This machine's own time, ms (the agreed time's source).
-fn local_ms(shared: &Shared) -> u64 {
-    shared.time.agreed.as_ref().map_or_else(|| shared.now_ms(), |a| a.local_ms())
+/// This machine's own time (the agreed time's source).
+fn local(shared: &Shared) -> Timestamp {
+    shared.time.agreed.as_ref().map_or_else(|| shared.now(), |a| a.local())
 }
 
-/// Sets the time base the nodes share from a heartbeat sent at `sent_ms` (this machine's
+/// Sets the time base the nodes share from a heartbeat sent at `sent` (this machine's
 /// time) that read the database's clock as `database_ms`. A reading is off by up to half its
 /// round trip: one that took longer than `max_clock_skew`, or than a second, says too little
 /// and is passed over.
-fn agree(shared: &Shared, database_ms: u64, sent_ms: u64) {
+fn agree(shared: &Shared, database_ms: u64, sent: Timestamp) {
     let Some(agreed) = &shared.time.agreed else { return };
-    let answered_ms = agreed.local_ms();
+    let answered = agreed.local();
     let bound = skew_bound_ms(shared);
-    if answered_ms.saturating_sub(sent_ms) > bound.min(ROUND_TRIP_MAX_MS) {
-        tracing::debug!(
-            round_trip_ms = answered_ms.saturating_sub(sent_ms),
-            "heartbeat too slow to set the clock by"
-        );
+    let round_trip_ms = u64::try_from(answered.saturating_since(sent).as_millis()).unwrap_or(u64::MAX);
+    if round_trip_ms > bound.min(ROUND_TRIP_MAX_MS) {
+        tracing::debug!(round_trip_ms, "heartbeat too slow to set the clock by");
         return;
     }
     let before = agreed.offset_ms();
-    let offset = agreed.measured(database_ms, sent_ms, answered_ms);
+    let offset = agreed.measured(Timestamp::from_millis(database_ms), sent, answered);
     let skewed = offset.unsigned_abs() > bound;
     if skewed && before.unsigned_abs() <= bound {
         tracing::warn!(
@@ -110,7 +109,7 @@ pub(crate) async fn join(shared: &Shared, advertise: &str) -> Result<(), Runtime
     let ttl = shared.config.lease_ttl;
     let give_up = Instant::now() + ttl + ttl / 2;
     loop {
-        let sent = local_ms(shared);
+        let sent = local(shared);
         match leases.heartbeat(advertise, ttl, !clock_skewed(shared)) {
             Ok(database_ms) => {
                 agree(shared, database_ms, sent);
@@ -239,7 +238,7 @@ async fn self_fence(shared: &Arc<Shared>) {
 async fn tick(shared: &Arc<Shared>, advertise: &str) {
     let ttl = shared.config.lease_ttl;
     let addr = advertise.to_string();
-    let sent = local_ms(shared);
+    let sent = local(shared);
     let taking = !clock_skewed(shared);
     match call(shared, move |l| l.heartbeat(&addr, ttl, taking)).await {
         Ok(database_ms) => agree(shared, database_ms, sent),

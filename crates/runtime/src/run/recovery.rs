@@ -2,6 +2,8 @@
 //! finds them at start-up is `rescan.rs`; which hooks run at once, and so which deaths count
 //! against a run, is `kernel/hook_gate.rs`.
 
+use std::time::Duration;
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use durafiber_store::tables::{RunRecord, RunStatus, WakeReason, keys};
 
@@ -15,7 +17,7 @@ pub(crate) enum Plan {
     /// Interrupted: call `on_fiber_recovered`.
     Recover(RecoveryReason),
     /// Interrupted, but its backoff has not elapsed.
-    Later(u64),
+    Later(Timestamp),
     /// Too old, or its hook failed too often: a human must look.
     Escalate(String),
     /// Waiting, or finished: nothing to run.
@@ -27,16 +29,15 @@ pub(crate) fn plan(shared: &Shared, run: &RunRecord, budgets: &Budgets) -> Plan 
     match run.status {
         RunStatus::Accepted => Plan::Fresh,
         RunStatus::Running => {
-            let now = shared.now_ms();
+            let now = shared.now();
             let reason = match run.wake_reason {
                 Some(WakeReason::Evicted) => RecoveryReason::Evicted,
                 Some(WakeReason::Resumed) => RecoveryReason::Resumed,
                 None => RecoveryReason::Crash,
             };
-            let max_age_ms = u64::try_from(shared.config.max_age.as_millis()).unwrap_or(u64::MAX);
             // A run re-entered for a decision or a wake it waited for was not found
             // interrupted: its age is the wait's, not a sign that it is stuck.
-            if reason != RecoveryReason::Resumed && now.saturating_sub(run.created_at_ms) > max_age_ms {
+            if reason != RecoveryReason::Resumed && now.saturating_since(run.created_at_ms) > shared.config.max_age {
                 Plan::Escalate("max_age".into())
             } else if reason != RecoveryReason::Resumed
                 && crate::budget::recoveries_crossed(shared, run, budgets).unwrap_or_else(|e| {
@@ -71,10 +72,9 @@ pub(crate) fn probe_deaths(shared: &Shared, run_id: &RunId) -> Result<u32, duraf
 }
 
 /// Delay before recovery attempt `n + 1` after `n` failed ones: 1 s doubling, capped at 5 min.
-pub(crate) fn backoff_ms(failed: u32) -> u64 {
-    let base = limits::RECOVER_BACKOFF_BASE.as_millis() as u64;
+pub(crate) fn backoff(failed: u32) -> Duration {
     let shift = failed.saturating_sub(1).min(20);
-    (base << shift).min(limits::RECOVER_BACKOFF_MAX.as_millis() as u64)
+    (limits::RECOVER_BACKOFF_BASE * (1u32 << shift)).min(limits::RECOVER_BACKOFF_MAX)
 }
 
 #[cfg(test)]
@@ -83,8 +83,8 @@ mod tests {
 
     #[test]
     fn recovery_backoff_doubles_from_one_second_to_five_minutes() {
-        let delays: Vec<u64> = (1..=10).map(backoff_ms).collect();
+        let delays: Vec<u64> = (1..=10).map(|n| backoff(n).as_millis() as u64).collect();
         assert_eq!(&delays[..5], &[1_000, 2_000, 4_000, 8_000, 16_000]);
-        assert_eq!(backoff_ms(30), 300_000);
+        assert_eq!(backoff(30), Duration::from_secs(300));
     }
 }

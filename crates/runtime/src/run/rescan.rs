@@ -2,6 +2,7 @@
 //! takes shards — and re-enters them in batches whose registrations share one write. What
 //! each run needs is `recovery::plan`'s decision, made in `fiber::register`.
 
+use std::time::Duration;
 use durafiber_store::RunId;
 use std::sync::Arc;
 
@@ -197,7 +198,7 @@ fn plan(shared: &Arc<Shared>, found: Vec<Found>, budgets: &Budgets) -> Planned {
         }
         match fiber::register(shared, &mut run, budgets, &mut writes) {
             Ok((mode, hook)) => {
-                run.updated_at_ms = shared.now_ms();
+                run.updated_at_ms = shared.now();
                 let stash = stash_record::read_prefetched(&shared.store, &run_id, stash, stash_version);
                 // Only the record: the run stays in the open-run index it was found in. A
                 // run whose cell cannot be built is left for the single activation to report.
@@ -243,7 +244,7 @@ async fn register(
         }
         Err(e) => {
             tracing::error!(error = %e, runs = registered.len(), "could not register the fibers; retrying in 1 s");
-            let at_ms = shared.now_ms().saturating_add(1_000);
+            let at_ms = shared.now().saturating_add(Duration::from_secs(1));
             for (cell, _) in registered {
                 shared.timers.wake_at(at_ms, &cell.run_id);
             }

@@ -6,6 +6,7 @@
 //! `Accepted` run record, its key and its open-run index in one sync boundary. After: the
 //! run is activated (`run/actor.rs`) and its fiber starts.
 
+use durafiber_api::Timestamp;
 use std::sync::Arc;
 
 use durafiber_store::{
@@ -83,10 +84,10 @@ impl<'a> StartRequest<'a> {
 
 /// A new run id: creation time first, so ids sort roughly by age, then 128 bits from the
 /// operating system's cryptographic generator.
-pub(crate) fn mint_run_id(now_ms: u64) -> Result<RunId, RuntimeError> {
+pub(crate) fn mint_run_id(now: Timestamp) -> Result<RunId, RuntimeError> {
     let token =
         unguessable_hex().map_err(|source| RuntimeError::NoRandomness { what: "a run id", source })?;
-    Ok(RunId::new(format!("run_{now_ms:012x}{token}")))
+    Ok(RunId::new(format!("run_{:012x}{token}", now.as_millis())))
 }
 
 /// Starts a run and, once its handle is durable, lets its activation go on beside the
@@ -158,7 +159,7 @@ async fn accept(shared: &Arc<Shared>, request: StartRequest<'_>) -> Result<Start
     }
     // A new run is new work: refused while the disk is below its reserve (§ store faults).
     shared.store.check_room()?;
-    let now = shared.now_ms();
+    let now = shared.now();
     let run = accepted_record(mint_run_id(now)?, kind, key, (input_json, input_hash), options, now);
     let mut batch = durafiber_store::Batch::new();
     batch.put(key_record.clone(), &run.run_id)?;
@@ -200,7 +201,7 @@ fn accepted_record(
     key: &str,
     (input_json, input_hash): (String, String),
     options: RunOptions,
-    now: u64,
+    now: Timestamp,
 ) -> RunRecord {
     RunRecord {
         run_id,
@@ -213,7 +214,7 @@ fn accepted_record(
         updated_at_ms: now,
         attempt: 0,
         recover_attempts: 0,
-        next_recover_at_ms: 0,
+        next_recover_at_ms: Timestamp::ZERO,
         wake_reason: None,
         cancel_reason: None,
         options: options.stored(),

@@ -167,7 +167,7 @@ impl RuntimeBuilder {
         let limiters = crate::kernel::limiters::Limiters::new(
             &self.config.limits,
             node.as_deref().unwrap_or("local"),
-            time.now_ms(),
+            time.now(),
         );
         Ok(Shared {
             agents: Agents {

@@ -51,8 +51,9 @@ pub struct ReplayReport {
     /// The runs the new code treats differently, in run id order; runs it carries as they
     /// are are not listed.
     pub runs: Vec<RunReplay>,
-    /// How long the replay took, ms.
-    pub took_ms: u64,
+    /// How long the replay took (`took_ms` in JSON).
+    #[serde(rename = "took_ms", with = "durafiber_api::time::millis_duration")]
+    pub took: std::time::Duration,
 }
 
 impl ReplayReport {
@@ -84,7 +85,7 @@ impl Runtime {
             max_recover_attempts: 1,
             ..self.shared.config.clone()
         };
-        let clock = VirtualClock::new(self.shared.now_ms());
+        let clock = VirtualClock::new(self.shared.now());
         let mut builder = Runtime::builder(copy).config(config).virtual_clock(clock);
         builder.kinds = self.shared.agents.kinds.clone();
         let sandbox = builder.open().await?;
@@ -99,12 +100,12 @@ impl Runtime {
         }
         sandbox.shutdown().await;
         drop(sim);
-        report.took_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
+        report.took = began.elapsed();
         tracing::info!(
             replayed = report.replayed,
             differ = report.runs.len(),
             escalate = report.escalating(),
-            took_ms = report.took_ms,
+            took_ms = report.took.as_millis(),
             "open runs replayed"
         );
         Ok(report)

@@ -4,6 +4,7 @@
 //! a driver task wakes at the next deadline (hibernation, eviction, heartbeat, recovery
 //! backoff, alarm); on a virtual clock, `advance` walks the same deadlines in order.
 
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use durafiber_store::lock::Mutex;
 use std::{
@@ -69,9 +70,9 @@ impl Runtime {
         &self.shared.config
     }
 
-    /// The clock's time, ms.
-    pub fn now_ms(&self) -> u64 {
-        self.shared.now_ms()
+    /// The clock's time.
+    pub fn now(&self) -> Timestamp {
+        self.shared.now()
     }
 
     /// Starts a run of agent `A` (§2): durable before anything runs; the same key and input
@@ -168,18 +169,18 @@ impl Runtime {
     /// Moves the virtual clock forward by `d`, handling every deadline on the way in order.
     pub async fn advance(&self, d: Duration) -> Result<(), RuntimeError> {
         let clock = self.virtual_clock.as_ref().ok_or(RuntimeError::NotVirtual)?;
-        let target = clock.now_ms() + d.as_millis() as u64;
+        let target = clock.now().saturating_add(d);
         self.settle().await;
         // Bounded: each step handles at least one deadline, and deadlines are finite.
         for _ in 0..1_000_000 {
-            let runtime_next = next_deadline(&self.shared).filter(|at| *at > clock.now_ms());
-            let due_now = next_deadline(&self.shared).is_some_and(|at| at <= clock.now_ms());
+            let runtime_next = next_deadline(&self.shared).filter(|at| *at > clock.now());
+            let due_now = next_deadline(&self.shared).is_some_and(|at| at <= clock.now());
             if due_now {
                 tick(&self.shared).await;
                 self.settle().await;
                 continue;
             }
-            let next = [runtime_next, clock.next_wake_ms()].into_iter().flatten().min();
+            let next = [runtime_next, clock.next_wake()].into_iter().flatten().min();
             match next {
                 Some(at) if at <= target => {
                     clock.set(at);

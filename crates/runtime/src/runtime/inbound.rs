@@ -73,7 +73,7 @@ impl Runtime {
                     if let Some(fiber) = live.cell.task.fiber.lock().take() {
                         fiber.abort();
                     }
-                    self.shared.liveness.fiber_ended(run_id, self.now_ms());
+                    self.shared.liveness.fiber_ended(run_id, self.now());
                 }
             }
         }
@@ -140,7 +140,7 @@ impl Runtime {
             RuntimeError::WrongMessage { kind: run.kind.clone(), reason: reason.to_string() }
         })?;
         let live = activate(&self.shared, run_id).await?;
-        self.shared.liveness.activity(run_id, self.now_ms());
+        self.shared.liveness.activity(run_id, self.now());
         Ok(live)
     }
 

@@ -1,6 +1,7 @@
 //! Reading runs: status, waiting, listing, inspection, storage, alarms, approvals, output
 //! streams.
 
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use durafiber_store::{
     Store,
@@ -90,7 +91,7 @@ pub struct HistoryEntry {
     /// The fiber attempt that wrote it.
     pub attempt: u32,
     /// When, ms.
-    pub written_at_ms: u64,
+    pub written_at_ms: Timestamp,
     /// The agent's `STASH_VERSION` that wrote it.
     pub stash_version: u32,
     /// The stash, as JSON.

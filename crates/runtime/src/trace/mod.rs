@@ -18,6 +18,7 @@
 mod export;
 mod ids;
 
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use std::{borrow::Cow, time::SystemTime};
 
@@ -99,8 +100,8 @@ pub(crate) struct Ended<'a> {
     pub parent: Parent,
     /// Its own id: derived for the spans others name as parent, else fresh.
     pub span_id: SpanId,
-    pub start_ms: u64,
-    pub end_ms: u64,
+    pub start: Timestamp,
+    pub end: Timestamp,
     pub attributes: Vec<KeyValue>,
     /// What the span failed with, if it did.
     pub error: Option<String>,
@@ -110,7 +111,7 @@ pub(crate) struct Ended<'a> {
 }
 
 impl<'a> Ended<'a> {
-    /// A span of the run `run_id` of kind `agent`, from `start_ms` to `end_ms`.
+    /// A span of the run `run_id` of kind `agent`, from `start` to `end`.
     pub fn new(
         run_id: &'a RunId,
         agent: &'a str,
@@ -123,8 +124,8 @@ impl<'a> Ended<'a> {
             name: name.into(),
             parent,
             span_id: SpanId::INVALID,
-            start_ms: 0,
-            end_ms: 0,
+            start: Timestamp::ZERO,
+            end: Timestamp::ZERO,
             attributes: Vec::new(),
             error: None,
             client: false,
@@ -132,9 +133,9 @@ impl<'a> Ended<'a> {
         }
     }
 
-    pub fn times(mut self, start_ms: u64, end_ms: u64) -> Self {
-        self.start_ms = start_ms;
-        self.end_ms = end_ms.max(start_ms);
+    pub fn times(mut self, start: Timestamp, end: Timestamp) -> Self {
+        self.start = start;
+        self.end = end.max(start);
         self
     }
 
@@ -232,8 +233,8 @@ impl Traces {
             parent_span_is_remote: false,
             span_kind: if span.client { SpanKind::Client } else { SpanKind::Internal },
             name: span.name,
-            start_time: at(span.start_ms),
-            end_time: at(span.end_ms),
+            start_time: at(span.start),
+            end_time: at(span.end),
             attributes,
             dropped_attributes_count: 0,
             events: SpanEvents::default(),
@@ -253,6 +254,6 @@ impl Traces {
     }
 }
 
-fn at(ms: u64) -> SystemTime {
-    SystemTime::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(ms)).unwrap_or(SystemTime::UNIX_EPOCH)
+fn at(t: Timestamp) -> SystemTime {
+    SystemTime::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(t.as_millis())).unwrap_or(SystemTime::UNIX_EPOCH)
 }

@@ -116,7 +116,7 @@ fn see_other(to: &str) -> Response {
 
 /// The request's session, or the response that sends the browser to sign in.
 fn signed_in(app: &AppState, headers: &HeaderMap, back_to: &str) -> Result<Session, Refused> {
-    match app.sessions.current(app.runtime.store(), headers, app.runtime.now_ms()) {
+    match app.sessions.current(app.runtime.store(), headers, app.runtime.now()) {
         Ok(Some(session)) => Ok(session),
         Ok(None) => {
             let next: String = url::form_urlencoded::byte_serialize(back_to.as_bytes()).collect();
@@ -140,7 +140,7 @@ fn frame<'a>(app: &AppState, session: Option<&'a Session>, section: Section) -> 
             attention = Some(runs + letters);
         }
     }
-    Frame { session, now_ms: app.runtime.now_ms(), section, waiting, attention }
+    Frame { session, now_ms: app.runtime.now(), section, waiting, attention }
 }
 
 fn failure(app: &AppState, session: Option<&Session>, why: &str) -> Response {
@@ -208,7 +208,7 @@ fn safe_next(next: Option<&str>) -> &str {
 
 async fn sign_in_page(State(app): State<AppState>, headers: HeaderMap, Query(q): Params) -> Response {
     let next = safe_next(q.get("next").map(String::as_str)).to_string();
-    if let Ok(Some(_)) = app.sessions.current(app.runtime.store(), &headers, app.runtime.now_ms()) {
+    if let Ok(Some(_)) = app.sessions.current(app.runtime.store(), &headers, app.runtime.now()) {
         return see_other(&next);
     }
     sign_in_form(&app, &next, None, StatusCode::OK)
@@ -233,7 +233,7 @@ async fn sign_in(State(app): State<AppState>, headers: HeaderMap, body: Bytes) -
         return sign_in_form(&app, &next, Some(why), StatusCode::FORBIDDEN);
     }
     let token = form.get("token").unwrap_or("").trim();
-    match app.sessions.sign_in(app.runtime.store(), token, app.runtime.now_ms()) {
+    match app.sessions.sign_in(app.runtime.store(), token, app.runtime.now()) {
         Ok(Some((id, _))) => {
             let mut response = see_other(&next);
             let cookies = response.headers_mut();

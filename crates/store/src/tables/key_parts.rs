@@ -1,6 +1,7 @@
 //! Reading keys back: the parts of a table's key (a sequence number, a name, a due time) that
 //! scans hand back. Their layouts are `keys.rs`'s.
 
+use durafiber_api::Timestamp;
 use durafiber_api::{family_records::*, records::*};
 
 use super::table::Key;
@@ -14,10 +15,10 @@ pub fn child_name(key: &Key<ChildRecord>) -> Option<String> {
 
 /// Splits a due-index name back into the alarm's name and, for a retried occurrence, the time
 /// it was scheduled for.
-pub fn parse_due_name(due_name: &str) -> (&str, Option<u64>) {
+pub fn parse_due_name(due_name: &str) -> (&str, Option<Timestamp>) {
     match due_name.split_once('\0') {
         Some((name, at)) => match at.parse() {
-            Ok(at) => (name, Some(at)),
+            Ok(at) => (name, Some(Timestamp::from_millis(at))),
             Err(_) => (due_name, None),
         },
         None => (due_name, None),

@@ -6,7 +6,7 @@
 use durafiber_api::{family_records::*, records::*};
 
 use super::table::{Key, Prefix};
-use durafiber_api::RunId;
+use durafiber_api::{RunId, Timestamp};
 
 pub use super::{family_keys::*, list::*};
 
@@ -70,9 +70,9 @@ pub fn alarm_cron(run_id: &str, name: &str) -> Key<CronRecord> {
     ALARM_CRONS.key(&[run_id.as_bytes(), name.as_bytes()])
 }
 
-/// The retried occurrence of alarm `name` scheduled for `scheduled_at_ms`.
-pub fn alarm_retry(run_id: &str, name: &str, scheduled_at_ms: u64) -> Key<AlarmRecord> {
-    ALARM_RETRIES.key(&[run_id.as_bytes(), name.as_bytes(), &scheduled_at_ms.to_be_bytes()])
+/// The retried occurrence of alarm `name` scheduled for `scheduled_at`.
+pub fn alarm_retry(run_id: &str, name: &str, scheduled_at: Timestamp) -> Key<AlarmRecord> {
+    ALARM_RETRIES.key(&[run_id.as_bytes(), name.as_bytes(), &scheduled_at.as_millis().to_be_bytes()])
 }
 
 /// Every retried occurrence of a run's alarms, or of its alarm `name` only.
@@ -84,8 +84,8 @@ pub fn alarm_retries_of(run_id: &str, name: Option<&str>) -> Prefix<AlarmRecord>
 }
 
 /// An entry of the due index: time first, so a range scan is in due order.
-pub fn alarm_due(due_at_ms: u64, run_id: &str, due_name: &str) -> Key<()> {
-    ALARM_DUE.key(&[&[due_at_ms.to_be_bytes().as_slice(), run_id.as_bytes()].concat(), due_name.as_bytes()])
+pub fn alarm_due(due_at: Timestamp, run_id: &str, due_name: &str) -> Key<()> {
+    ALARM_DUE.key(&[&[due_at.as_millis().to_be_bytes().as_slice(), run_id.as_bytes()].concat(), due_name.as_bytes()])
 }
 
 /// How a settled run ended, the first part of its key in the settled index.
@@ -129,8 +129,8 @@ impl Settled {
 
 /// A run's entry in the settled index: how, then when, so that one range scan finds the
 /// runs that settled one way before a time, oldest first.
-pub fn settled(how: Settled, settled_at_ms: u64, run_id: &str) -> Key<()> {
-    SETTLED.key(&[&[&[how.code()], settled_at_ms.to_be_bytes().as_slice(), run_id.as_bytes()].concat()])
+pub fn settled(how: Settled, settled_at: Timestamp, run_id: &str) -> Key<()> {
+    SETTLED.key(&[&[&[how.code()], settled_at.as_millis().to_be_bytes().as_slice(), run_id.as_bytes()].concat()])
 }
 
 /// The entries of the runs that settled `how`, oldest first.
@@ -143,20 +143,20 @@ pub fn settled_index_complete() -> Key<u64> {
     meta("settled_index")
 }
 
-pub(crate) fn parse_alarm_due_bytes(key: &[u8]) -> Option<(u64, String, String)> {
+pub(crate) fn parse_alarm_due_bytes(key: &[u8]) -> Option<(Timestamp, String, String)> {
     let rest = key.strip_prefix(&[ALARM_DUE.prefix()])?;
     let due = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
     let rest = rest.get(8..)?;
     let sep = rest.iter().position(|b| *b == 0)?;
     let run = String::from_utf8(rest[..sep].to_vec()).ok()?;
     let name = String::from_utf8(rest[sep + 1..].to_vec()).ok()?;
-    Some((due, run, name))
+    Some((Timestamp::from_millis(due), run, name))
 }
 
 /// The name under which a retried occurrence of alarm `name` sits in the due index: a NUL
 /// cannot occur in a name, so it cannot collide with an alarm's own entry.
-pub fn retry_due_name(name: &str, scheduled_at_ms: u64) -> String {
-    format!("{name}\0{scheduled_at_ms}")
+pub fn retry_due_name(name: &str, scheduled_at: Timestamp) -> String {
+    format!("{name}\0{scheduled_at}")
 }
 
 /// Chunk `seq` of a run's output stream.
@@ -199,9 +199,9 @@ pub fn paused_run(run_id: &str) -> Key<PauseRecord> {
     PAUSED_RUNS.key(&[run_id.as_bytes()])
 }
 
-/// Alarm `name` of a run, abandoned at `dead_at_ms`.
-pub fn dead_letter(run_id: &str, name: &str, dead_at_ms: u64) -> Key<DeadLetter> {
-    DEAD_LETTERS.key(&[run_id.as_bytes(), name.as_bytes(), &dead_at_ms.to_be_bytes()])
+/// Alarm `name` of a run, abandoned at `dead_at`.
+pub fn dead_letter(run_id: &str, name: &str, dead_at: Timestamp) -> Key<DeadLetter> {
+    DEAD_LETTERS.key(&[run_id.as_bytes(), name.as_bytes(), &dead_at.as_millis().to_be_bytes()])
 }
 
 /// A run's durable sleep `name`.
@@ -271,16 +271,16 @@ pub(crate) fn meta<V>(name: &str) -> Key<V> {
     Key::new(META, bytes)
 }
 
-/// Splits a settled-index key back into `(settled_at_ms, run_id)`.
-pub fn parse_settled(key: &Key<()>) -> Option<(u64, &str)> {
+/// Splits a settled-index key back into `(settled_at, run_id)`.
+pub fn parse_settled(key: &Key<()>) -> Option<(Timestamp, &str)> {
     let rest = key.as_bytes().strip_prefix(&[SETTLED.prefix()])?.get(1..)?;
     let at = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
     let run_id = std::str::from_utf8(rest.get(8..)?).ok().filter(|id| !id.is_empty())?;
-    Some((at, run_id))
+    Some((Timestamp::from_millis(at), run_id))
 }
 
-/// Splits a due-index key back into `(due_at_ms, run_id, due name)`.
-pub fn parse_alarm_due(key: &Key<()>) -> Option<(u64, String, String)> {
+/// Splits a due-index key back into `(due_at, run_id, due name)`.
+pub fn parse_alarm_due(key: &Key<()>) -> Option<(Timestamp, String, String)> {
     parse_alarm_due_bytes(key.as_bytes())
 }
 

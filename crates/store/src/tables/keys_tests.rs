@@ -3,35 +3,35 @@ use super::*;
 
 #[test]
 fn alarm_due_keys_sort_by_time_and_parse_back() {
-    let a = alarm_due(5, "run", "x");
-    let b = alarm_due(300, "run", "a");
+    let a = alarm_due(Timestamp::from_millis(5), "run", "x");
+    let b = alarm_due(Timestamp::from_millis(300), "run", "a");
     assert!(a < b);
-    assert_eq!(parse_alarm_due(&b), Some((300, "run".into(), "a".into())));
+    assert_eq!(parse_alarm_due(&b), Some((Timestamp::from_millis(300), "run".into(), "a".into())));
 }
 
 #[test]
 fn a_retried_occurrence_has_its_own_due_name() {
-    let due = retry_due_name("tick", 42);
+    let due = retry_due_name("tick", Timestamp::from_millis(42));
     assert_eq!(parse_due_name(&due), ("tick", Some(42)));
     assert_eq!(parse_due_name("tick"), ("tick", None));
-    let key = alarm_due(5, "run", &due);
-    assert_eq!(parse_alarm_due(&key), Some((5, "run".into(), due)));
+    let key = alarm_due(Timestamp::from_millis(5), "run", &due);
+    assert_eq!(parse_alarm_due(&key), Some((Timestamp::from_millis(5), "run".into(), due)));
     assert_eq!(run_of_key(key.as_bytes()), Some("run"));
-    assert_eq!(run_of_key(alarm_retry("run", "tick", 42).as_bytes()), Some("run"));
+    assert_eq!(run_of_key(alarm_retry("run", "tick", Timestamp::from_millis(42)).as_bytes()), Some("run"));
     assert_eq!(run_of_key(stream_chunk("run", 7).as_bytes()), Some("run"));
 }
 
 #[test]
 fn settled_keys_sort_by_how_then_time_and_name_their_run() {
-    let early = settled(Settled::Completed, 5, "run_b");
-    let late = settled(Settled::Completed, 300, "run_a");
+    let early = settled(Settled::Completed, Timestamp::from_millis(5), "run_b");
+    let late = settled(Settled::Completed, Timestamp::from_millis(300), "run_a");
     assert!(early < late);
-    assert_eq!(parse_settled(&late), Some((300, "run_a")));
+    assert_eq!(parse_settled(&late), Some((Timestamp::from_millis(300), "run_a")));
     assert_eq!(run_of_key(late.as_bytes()), Some("run_a"));
     let completed = settled_of(Settled::Completed);
     assert!(completed.holds(&early) && completed.holds(&late));
     assert!(
-        !completed.holds(&settled(Settled::Failed, 1, "run_c")),
+        !completed.holds(&settled(Settled::Failed, Timestamp::from_millis(1), "run_c")),
         "another way of settling is another range"
     );
 }

@@ -102,7 +102,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
     ) -> Result<(), Unplayable> {
         let mut restarts = 0u32;
         while sim.is_crashed() {
-            let now = restarted.rt.now_ms();
+            let now = restarted.rt.now();
             restarted.rt.shutdown().await;
             sim.revive();
             restarts += 1;
