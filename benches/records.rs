@@ -14,7 +14,7 @@ fn stash_record() -> StashRecord {
         seq: 41,
         stash_json: serde_json::json!({"phase": "refunded", "refund_id": "re_1", "notes": "x".repeat(200)})
             .to_string(),
-        written_at_ms: 1_767_225_600_000,
+        written_at_ms: durafiber_store::Timestamp::from_millis(1_767_225_600_000),
     }
 }
 

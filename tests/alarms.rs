@@ -2,6 +2,7 @@
 //! overdue alarms after a restart in due order, re-setting inside a handler, and a million
 //! pending alarms with a bounded scheduler window.
 
+use durafiber_runtime::Timestamp;
 use durafiber_testkit::process::{CHILD_DEADLINE, OutputWithin};
 use std::{
     process::Command,
@@ -61,8 +62,11 @@ impl Agent for Alarmed {
     }
 
     async fn on_alarm(&self, ctx: &mut Ctx<Self>, alarm: AlarmEvent) -> Result<(), AgentError> {
-        self.log.lock().expect("log").push((alarm.name.clone(), ctx.now(), alarm.retry_count));
-        if alarm.name == "reset" && alarm.retry_count == 0 && ctx.now() < T0 + 3_600_000 {
+        self.log.lock().expect("log").push((alarm.name.clone(), ctx.now().as_millis(), alarm.retry_count));
+        if alarm.name == "reset"
+            && alarm.retry_count == 0
+            && ctx.now() < Timestamp::from_millis(T0 + 3_600_000)
+        {
             let spec = AlarmSpec::after(Duration::from_secs(3600), &"later")?;
             ctx.set_alarm("reset", spec).await?;
             return Err(AgentError::fail("failed after re-setting"));
@@ -92,7 +96,7 @@ async fn open_with_window(sim: &SimBackend, clock: VirtualClock, log: &Log, alar
 async fn alarms_that_fell_due_while_down_fire_promptly_after_start_in_due_order() {
     let sim = SimBackend::new();
     let log = Log::default();
-    let rt = open(&sim, VirtualClock::new(T0), &log).await;
+    let rt = open(&sim, VirtualClock::new(Timestamp::from_millis(T0)), &log).await;
     let alarms = vec![("c".to_string(), 30_000), ("a".to_string(), 10_000), ("b".to_string(), 20_000)];
     let run = rt.start::<Alarmed>("job", &alarms).await.expect("start").run_id;
     rt.advance(Duration::from_secs(5)).await.expect("advance");
@@ -100,7 +104,7 @@ async fn alarms_that_fell_due_while_down_fire_promptly_after_start_in_due_order(
     assert!(log.lock().expect("log").is_empty());
 
     // The process is down for a minute; all three fall due meanwhile.
-    let rt = open(&sim, VirtualClock::new(T0 + 60_000), &log).await;
+    let rt = open(&sim, VirtualClock::new(Timestamp::from_millis(T0 + 60_000)), &log).await;
     rt.advance(Duration::ZERO).await.expect("advance");
     let delivered: Vec<(String, u64)> =
         log.lock().expect("log").iter().map(|(n, t, _)| (n.clone(), *t)).collect();
@@ -112,13 +116,13 @@ async fn alarms_that_fell_due_while_down_fire_promptly_after_start_in_due_order(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_that_resets_its_alarm_and_fails_keeps_the_new_time_and_is_not_retried() {
     let log = Log::default();
-    let rt = open(&SimBackend::new(), VirtualClock::new(T0), &log).await;
+    let rt = open(&SimBackend::new(), VirtualClock::new(Timestamp::from_millis(T0)), &log).await;
     let run = rt.start::<Alarmed>("job", &vec![("reset".to_string(), 1_000)]).await.expect("start").run_id;
     rt.advance(Duration::from_secs(600)).await.expect("advance");
     assert_eq!(log.lock().expect("log").len(), 1, "the failed delivery is not retried");
     let alarms = rt.alarms(&run).expect("alarms");
     assert_eq!(alarms.len(), 1);
-    assert_eq!(alarms[0].due_at_ms, T0 + 1_000 + 3_600_000, "the new time stands");
+    assert_eq!(alarms[0].due_at_ms, Timestamp::from_millis(T0 + 1_000 + 3_600_000), "the new time stands");
     assert_eq!(alarms[0].attempts_started, 0);
     rt.advance(Duration::from_secs(3600)).await.expect("advance");
     let log = log.lock().expect("log").clone();
@@ -130,7 +134,7 @@ async fn a_handler_that_resets_its_alarm_and_fails_keeps_the_new_time_and_is_not
 async fn a_million_pending_alarms_keep_memory_bounded_and_the_earliest_fires_on_time() {
     let sim = SimBackend::new();
     let log = Log::default();
-    let rt = open(&sim, VirtualClock::new(T0), &log).await;
+    let rt = open(&sim, VirtualClock::new(Timestamp::from_millis(T0)), &log).await;
     let run = rt.start::<Alarmed>("job", &vec![("earliest".to_string(), 5_000)]).await.expect("start").run_id;
     rt.advance(Duration::ZERO).await.expect("advance");
     rt.shutdown().await;
@@ -141,14 +145,14 @@ async fn a_million_pending_alarms_keep_memory_bounded_and_the_earliest_fires_on_
         std::slice::from_ref(&run),
         "later",
         1_000_000,
-        T0 + 3_600_000,
-        10,
+        Timestamp::from_millis(T0 + 3_600_000),
+        Duration::from_millis(10),
     )
     .await
     .expect("bulk write");
     store.close();
 
-    let rt = open(&sim, VirtualClock::new(T0), &log).await;
+    let rt = open(&sim, VirtualClock::new(Timestamp::from_millis(T0)), &log).await;
     assert!(rt.alarm_window_len() <= limits::ALARM_WINDOW_DEFAULT, "window {}", rt.alarm_window_len());
     rt.advance(Duration::from_secs(5)).await.expect("advance");
     assert_eq!(log.lock().expect("log").as_slice(), &[("earliest".to_string(), T0 + 5_000, 0)]);
@@ -220,13 +224,17 @@ fn dead_lettered_after_seven(location: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_periodic_alarm_repeats_and_setting_it_again_is_a_no_op() {
     let log = Log::default();
-    let rt = open(&SimBackend::new(), VirtualClock::new(T0), &log).await;
+    let rt = open(&SimBackend::new(), VirtualClock::new(Timestamp::from_millis(T0)), &log).await;
     let run = rt.start::<Alarmed>("job", &vec![]).await.expect("start").run_id;
     let every = || AlarmSpec::every(Duration::from_secs(10), &"tick").expect("spec");
     rt.set_alarm(&run, "tick", every()).await.expect("set");
     rt.advance(Duration::from_secs(15)).await.expect("advance");
     rt.set_alarm(&run, "tick", every()).await.expect("set again");
-    assert_eq!(rt.alarms(&run).expect("alarms")[0].due_at_ms, T0 + 20_000, "idempotent by name");
+    assert_eq!(
+        rt.alarms(&run).expect("alarms")[0].due_at_ms,
+        Timestamp::from_millis(T0 + 20_000),
+        "idempotent by name"
+    );
     rt.advance(Duration::from_secs(20)).await.expect("advance");
     let times: Vec<u64> = log.lock().expect("log").iter().map(|(_, t, _)| t - T0).collect();
     assert_eq!(times, vec![10_000, 20_000, 30_000]);
@@ -240,7 +248,7 @@ async fn more_alarms_than_the_window_fire_each_once_on_time_with_more_set_past_i
     const WINDOW: usize = 1024;
     let sim = SimBackend::new();
     let log = Log::default();
-    let rt = open_with_window(&sim, VirtualClock::new(T0), &log, WINDOW).await;
+    let rt = open_with_window(&sim, VirtualClock::new(Timestamp::from_millis(T0)), &log, WINDOW).await;
     // Twice the window, one every 2 ms from the first second on.
     let count = 2 * WINDOW as u64;
     let early: Vec<(String, u64)> = (0..count).map(|i| (format!("a{i:05}"), 1_000 + 2 * i)).collect();
@@ -254,8 +262,10 @@ async fn more_alarms_than_the_window_fire_each_once_on_time_with_more_set_past_i
         for j in 0..50u64 {
             let due = T0 + 1_001 + step * 1_000 + 2 * (200 + j * 37) % (2 * count) + 1_000;
             let name = format!("b{step}-{j:02}");
-            rt.set_alarm(&run, &name, AlarmSpec::at_ms(due, &name).expect("spec")).await.expect("set");
-            want.push((name, due.max(rt.now())));
+            rt.set_alarm(&run, &name, AlarmSpec::at(Timestamp::from_millis(due), &name).expect("spec"))
+                .await
+                .expect("set");
+            want.push((name, due.max(rt.now().as_millis())));
         }
         assert!(rt.alarm_window_len() <= WINDOW, "window {}", rt.alarm_window_len());
     }

@@ -1,6 +1,7 @@
 //! Human approvals (§6): bound to the run and the payload hash the reviewer saw, decided
 //! once, escalated on silence. On the virtual clock, so 72 hours of silence take no time.
 
+use durafiber_runtime::Timestamp;
 use std::{
     sync::{
         Arc,
@@ -50,7 +51,7 @@ impl Agent for Payout {
 async fn runtime(escalated: &Arc<AtomicBool>) -> Runtime {
     let store = Store::with_backend(Arc::new(SimBackend::new()), StoreConfig::default()).expect("store");
     Runtime::builder(store)
-        .virtual_clock(VirtualClock::new(SIM_EPOCH_MS))
+        .virtual_clock(VirtualClock::new(Timestamp::from_millis(SIM_EPOCH_MS)))
         .agent(Payout { escalated: escalated.clone() })
         .open()
         .await

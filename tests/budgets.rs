@@ -4,6 +4,7 @@
 //! inspection.
 
 use durafiber_runtime::StartRequest;
+use durafiber_runtime::Timestamp;
 use std::{
     collections::BTreeSet,
     sync::{Arc, Mutex},
@@ -82,7 +83,7 @@ fn store(sim: &SimBackend) -> Store {
 async fn open(sim: &SimBackend, upstream: &Upstream, config: RuntimeConfig) -> Runtime {
     Runtime::builder(store(sim))
         .config(config)
-        .virtual_clock(VirtualClock::new(T0))
+        .virtual_clock(VirtualClock::new(Timestamp::from_millis(T0)))
         .agent(Spender { upstream: upstream.clone() })
         .open()
         .await

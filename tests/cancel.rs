@@ -3,6 +3,7 @@
 //! returns `AgentError::Cancelled`, and the run ends `Cancelled` there with the caller's
 //! reason. Nothing after the cancel reaches the store or the upstream.
 
+use durafiber_runtime::Timestamp;
 use std::{
     sync::{
         Arc,
@@ -69,7 +70,7 @@ async fn a_fiber_that_never_asks_is_cancelled_at_its_next_boundary() {
     let calls = Arc::new(AtomicU32::new(0));
     let store = Store::with_backend(Arc::new(SimBackend::new()), StoreConfig::default()).expect("store");
     let rt = Runtime::builder(store)
-        .virtual_clock(VirtualClock::new(1_000_000_000))
+        .virtual_clock(VirtualClock::new(Timestamp::from_millis(1_000_000_000)))
         .agent(Stubborn { calls: calls.clone() })
         .open()
         .await

@@ -7,6 +7,7 @@
 //! - group commit: fifty runs stashing at once share barriers — fewer barriers than
 //!   boundaries, counted by the store's writer on a real sled directory.
 
+use durafiber_runtime::Timestamp;
 use std::{sync::Arc, time::Duration};
 
 use durafiber_demo::agents::{Steps, StepsInput};
@@ -63,7 +64,7 @@ async fn open(sim: &SimBackend, clock: &VirtualClock, durability: DurabilityMode
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_async_stash_is_lost_in_a_crash_unless_a_later_sync_boundary_covered_it() {
-    let (sim, clock) = (SimBackend::new(), VirtualClock::new(EPOCH_MS));
+    let (sim, clock) = (SimBackend::new(), VirtualClock::new(Timestamp::from_millis(EPOCH_MS)));
     let rt = open(&sim, &clock, DurabilityMode::Async).await;
     let run = rt.start::<Modes>("a", &()).await.expect("start").run_id;
     rt.advance(Duration::from_secs(1)).await.expect("advance");
@@ -79,7 +80,7 @@ async fn an_async_stash_is_lost_in_a_crash_unless_a_later_sync_boundary_covered_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exit_mode_stash_is_written_only_when_the_fiber_waits() {
-    let (sim, clock) = (SimBackend::new(), VirtualClock::new(EPOCH_MS));
+    let (sim, clock) = (SimBackend::new(), VirtualClock::new(Timestamp::from_millis(EPOCH_MS)));
     let rt = open(&sim, &clock, DurabilityMode::Exit).await;
     let run = rt.start::<Modes>("e", &()).await.expect("start").run_id;
     rt.advance(Duration::from_secs(1)).await.expect("advance");

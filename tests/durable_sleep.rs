@@ -2,6 +2,7 @@
 //! any waiting run, survives a crash of the whole process, and wakes once — at the time first
 //! recorded, never a fresh full duration after a recovery.
 
+use durafiber_runtime::Timestamp;
 use std::{sync::Arc, time::Duration};
 
 use durafiber_runtime::{
@@ -20,7 +21,7 @@ impl Napper {
     async fn flow(&self, ctx: &mut Ctx<Self>) -> Result<u64, AgentError> {
         ctx.stash("before", &0).await?;
         ctx.sleep_for("nap", THREE_DAYS).await?;
-        Ok(ctx.now())
+        Ok(ctx.now().as_millis())
     }
 }
 
@@ -51,13 +52,13 @@ fn wake_ms() -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sleeping_run_waits_on_an_alarm_is_evicted_and_wakes_once_at_its_time() {
-    let (sim, clock) = (SimBackend::new(), VirtualClock::new(EPOCH_MS));
+    let (sim, clock) = (SimBackend::new(), VirtualClock::new(Timestamp::from_millis(EPOCH_MS)));
     let rt = open(&sim, &clock).await;
     let run = rt.start::<Napper>("n", &()).await.expect("start").run_id;
     rt.advance(Duration::from_secs(1)).await.expect("advance");
     assert_eq!(rt.status(&run).expect("status"), RunStatus::WaitingAlarm { name: "nap".into() });
     let alarms = rt.alarms(&run).expect("alarms");
-    assert_eq!((alarms[0].name.as_str(), alarms[0].due_at_ms), ("sleep:nap", wake_ms()));
+    assert_eq!((alarms[0].name.as_str(), alarms[0].due_at_ms.as_millis()), ("sleep:nap", wake_ms()));
     rt.advance(Duration::from_secs(3600)).await.expect("advance");
     let m = rt.metrics();
     assert_eq!((m.parks, m.evictions), (1, 0), "a sleeping fiber leaves memory once idle, parked");
@@ -81,7 +82,7 @@ async fn a_sleeping_run_waits_on_an_alarm_is_evicted_and_wakes_once_at_its_time(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sleep_survives_a_crash_and_keeps_its_original_wake_time() {
-    let (sim, clock) = (SimBackend::new(), VirtualClock::new(EPOCH_MS));
+    let (sim, clock) = (SimBackend::new(), VirtualClock::new(Timestamp::from_millis(EPOCH_MS)));
     let rt = open(&sim, &clock).await;
     let run = rt.start::<Napper>("n", &()).await.expect("start").run_id;
     rt.advance(Duration::from_secs(24 * 3600)).await.expect("advance");
@@ -102,10 +103,10 @@ async fn a_sleep_survives_a_crash_and_keeps_its_original_wake_time() {
     // Four days pass while the process is down. The old runtime object is still here: what
     // of it its shutdown left in flight must write nothing, as a dead process writes nothing.
     sim.revive();
-    clock.set(clock.now() + 4 * 24 * 3_600_000);
+    clock.set(clock.now().saturating_add(Duration::from_secs(4 * 24 * 3_600)));
     let rt = open(&sim, &clock).await;
     rt.advance(Duration::ZERO).await.expect("advance");
-    assert_eq!(rt.output::<u64>(&run2).expect("output"), Some(clock.now()));
+    assert_eq!(rt.output::<u64>(&run2).expect("output"), Some(clock.now().as_millis()));
 }
 
 /// Reports, from its alarm handler, the stash its fiber last committed.
@@ -148,7 +149,7 @@ async fn a_handler_reads_the_stash_the_fiber_last_committed() {
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let store = Store::with_backend(Arc::new(SimBackend::new()), StoreConfig::default()).expect("store");
     let rt = Runtime::builder(store)
-        .virtual_clock(VirtualClock::new(EPOCH_MS))
+        .virtual_clock(VirtualClock::new(Timestamp::from_millis(EPOCH_MS)))
         .agent(Reader { seen: seen.clone() })
         .open()
         .await

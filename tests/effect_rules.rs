@@ -8,6 +8,7 @@
 //!
 //! Calls are counted by the closure itself, so "not called" is observed, not assumed.
 
+use durafiber_runtime::Timestamp;
 use std::{
     sync::{
         Arc, Mutex,
@@ -170,7 +171,7 @@ async fn open(script: Script) -> (Runtime, Arc<AtomicU32>, Arc<Mutex<Vec<String>
     let (calls, keys) = (Arc::new(AtomicU32::new(0)), Arc::new(Mutex::new(Vec::new())));
     let store = Store::with_backend(Arc::new(SimBackend::new()), StoreConfig::default()).expect("store");
     let rt = Runtime::builder(store)
-        .virtual_clock(VirtualClock::new(EPOCH_MS))
+        .virtual_clock(VirtualClock::new(Timestamp::from_millis(EPOCH_MS)))
         .agent(Effects { script, calls: calls.clone(), keys: keys.clone() })
         .open()
         .await

@@ -4,6 +4,7 @@
 //! and seeded chaos that repeats exactly. No test sleeps: virtual time moves by call.
 
 use durafiber_runtime::StartRequest;
+use durafiber_runtime::Timestamp;
 use std::time::Duration;
 
 use durafiber_demo::agents::{Steps, StepsInput, StepsOutput};
@@ -46,7 +47,7 @@ async fn runtime(config: RuntimeConfig) -> Runtime {
         Store::with_backend(std::sync::Arc::new(SimBackend::new()), StoreConfig::default()).expect("store");
     Runtime::builder(store)
         .config(config)
-        .virtual_clock(VirtualClock::new(sim::SIM_EPOCH_MS))
+        .virtual_clock(VirtualClock::new(Timestamp::from_millis(sim::SIM_EPOCH_MS)))
         .agent(Sleeper)
         .agent(Steps::default())
         .open()
@@ -55,7 +56,7 @@ async fn runtime(config: RuntimeConfig) -> Runtime {
 }
 
 fn of(events: &[Event], run_id: &str, kind: &str) -> Vec<u64> {
-    events.iter().filter(|e| e.run_id == run_id && e.kind == kind).map(|e| e.at_ms).collect()
+    events.iter().filter(|e| e.run_id == run_id && e.kind == kind).map(|e| e.at_ms.as_millis()).collect()
 }
 
 fn no_keep_alive() -> RunOptions {
@@ -153,9 +154,9 @@ async fn a_held_guard_prevents_eviction_and_releasing_it_leaves_no_heartbeat() {
     drop(second);
     rt.advance(Duration::from_secs(300)).await.expect("advance");
     let events = rt.events();
-    let late = of(&events, &idle, "heartbeat").into_iter().filter(|t| *t > released_at).count();
+    let late = of(&events, &idle, "heartbeat").into_iter().filter(|t| *t > released_at.as_millis()).count();
     assert_eq!(late, 0, "no heartbeat after the last guard is released");
-    assert_eq!(of(&events, &idle, "hibernated"), vec![released_at + 10_000]);
+    assert_eq!(of(&events, &idle, "hibernated"), vec![released_at.as_millis() + 10_000]);
 }
 
 async fn chaos_log(seed: u64) -> Vec<(u64, String, String)> {
@@ -175,7 +176,7 @@ async fn chaos_log(seed: u64) -> Vec<(u64, String, String)> {
         .into_iter()
         .map(|e| {
             let detail = if e.kind == "activated" { String::new() } else { e.detail };
-            (e.at_ms, e.kind, detail)
+            (e.at_ms.as_millis(), e.kind, detail)
         })
         .collect()
 }

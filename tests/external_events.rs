@@ -4,6 +4,7 @@
 //! memory. On the crash-simulating store, crashed after every write of the flow, the event is
 //! seen exactly once and the run finishes under its id.
 
+use durafiber_runtime::Timestamp;
 use std::{sync::Arc, time::Duration};
 
 use durafiber_runtime::{
@@ -67,7 +68,7 @@ async fn open(sim: &SimBackend, clock: &VirtualClock) -> Runtime {
 }
 
 async fn runtime() -> Runtime {
-    open(&SimBackend::new(), &VirtualClock::new(EPOCH_MS)).await
+    open(&SimBackend::new(), &VirtualClock::new(Timestamp::from_millis(EPOCH_MS))).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,7 +135,7 @@ async fn a_timeout_ends_the_wait_with_or_without_a_fiber_in_memory() {
 
 /// Runs the flow with a crash armed at `point`; false when the flow ended before it.
 async fn crash_once(point: SimCrash) -> bool {
-    let (sim, clock) = (SimBackend::new(), VirtualClock::new(EPOCH_MS));
+    let (sim, clock) = (SimBackend::new(), VirtualClock::new(Timestamp::from_millis(EPOCH_MS)));
     sim.crash_at(point);
     let rt = open(&sim, &clock).await;
     let started = rt.start::<Waiter>("c", &NOW).await;

@@ -5,6 +5,7 @@
 //! across runs and delivery that activates a hibernated or evicted run (§8.2), a panicking
 //! handler, the wall limit and uncounted runtime failures (§8.4), and every metric (§9.2).
 
+use durafiber_runtime::Timestamp;
 use std::{
     sync::{Arc, Mutex},
     time::Duration,
@@ -120,7 +121,13 @@ async fn open_with(
 
 async fn open(config: RuntimeConfig) -> (Runtime, Log) {
     let log = Log::default();
-    let rt = open_with(&SimBackend::new(), Some(&VirtualClock::new(EPOCH_MS)), config, &log).await;
+    let rt = open_with(
+        &SimBackend::new(),
+        Some(&VirtualClock::new(Timestamp::from_millis(EPOCH_MS))),
+        config,
+        &log,
+    )
+    .await;
     (rt, log)
 }
 
@@ -157,10 +164,10 @@ async fn a_decision_after_eviction_resumes_with_reason_resumed_and_the_view_show
     let run = rt.start::<Life>("a", &"approve".into()).await.expect("start").run_id;
     rt.advance(Duration::from_secs(90)).await.expect("advance");
     let pending = rt.pending_approvals(Some(&run)).expect("pending");
-    assert_eq!(pending[0].age_ms, 90_000);
+    assert_eq!(pending[0].age_ms, Duration::from_millis(90_000));
     rt.evict(&run).await;
     rt.advance(Duration::from_secs(30)).await.expect("advance");
-    assert_eq!(rt.pending_approvals(Some(&run)).expect("pending")[0].age_ms, 120_000);
+    assert_eq!(rt.pending_approvals(Some(&run)).expect("pending")[0].age_ms, Duration::from_millis(120_000));
     rt.approve(&run, "ok", &pending[0].payload_hash, yes()).await.expect("approve");
     assert_eq!(
         rt.wait(&run).await.expect("wait"),
@@ -251,7 +258,9 @@ async fn absolute_alarms_fire_at_their_time_in_due_order_and_activate_sleeping_r
         (&evicted, EPOCH_MS + 50_000),
     ];
     for (run, due) in dues.iter().rev() {
-        rt.set_alarm(run, "wake", AlarmSpec::at_ms(*due, &()).expect("spec")).await.expect("set");
+        rt.set_alarm(run, "wake", AlarmSpec::at(Timestamp::from_millis(*due), &()).expect("spec"))
+            .await
+            .expect("set");
     }
     rt.cancel(&cancelled, "done").await.expect("cancel");
     rt.wait(&cancelled).await.expect("wait");
@@ -316,7 +325,8 @@ async fn a_handler_past_the_wall_limit_fails_and_is_retried() {
 /// store is back — within the 1024 s cap of the runtime's backoff.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_of_the_runtime_are_not_counted_and_back_off_at_most_1024_seconds() {
-    let (sim, clock, log) = (SimBackend::new(), VirtualClock::new(EPOCH_MS), Log::default());
+    let (sim, clock, log) =
+        (SimBackend::new(), VirtualClock::new(Timestamp::from_millis(EPOCH_MS)), Log::default());
     let rt = open_with(&sim, Some(&clock), RuntimeConfig::default(), &log).await;
     let run = rt.start::<Life>("s", &"wait".into()).await.expect("start").run_id;
     rt.set_alarm(&run, "wake", AlarmSpec::after(Duration::from_secs(1), &()).expect("spec"))

@@ -7,6 +7,7 @@
 //! rule after every call, so a run left behind fails the test with its id and state.
 
 use durafiber_runtime::StartRequest;
+use durafiber_runtime::Timestamp;
 use std::{
     sync::{
         Arc,
@@ -58,7 +59,7 @@ impl Agent for Failing {
 async fn a_recovery_that_fails_at_once_is_always_retried_until_it_escalates() {
     durafiber_testkit::init_tracing();
     let rt = Runtime::builder(sim_store(&SimBackend::new()))
-        .virtual_clock(VirtualClock::new(EPOCH_MS))
+        .virtual_clock(VirtualClock::new(Timestamp::from_millis(EPOCH_MS)))
         .agent(Failing)
         .open()
         .await
@@ -120,11 +121,11 @@ fn interrupted_run(run_id: &str, kind: &str, now_ms: u64) -> tables::RunRecord {
         input_json: "null".into(),
         input_hash: durafiber_runtime::sha256_hex(b"null"),
         status: RunStatus::Running,
-        created_at_ms: now_ms,
-        updated_at_ms: now_ms,
+        created_at_ms: Timestamp::from_millis(now_ms),
+        updated_at_ms: Timestamp::from_millis(now_ms),
         attempt: 1,
         recover_attempts: 0,
-        next_recover_at_ms: 0,
+        next_recover_at_ms: Timestamp::from_millis(0),
         wake_reason: None,
         cancel_reason: None,
         options: tables::RunOptions::default(),
@@ -139,7 +140,7 @@ async fn a_message_to_an_interrupted_run_re_enters_its_fiber() {
     let sim = SimBackend::new();
     let store = sim_store(&sim);
     let rt = Runtime::builder(store.clone())
-        .virtual_clock(VirtualClock::new(EPOCH_MS))
+        .virtual_clock(VirtualClock::new(Timestamp::from_millis(EPOCH_MS)))
         .agent(Listener)
         .open()
         .await
@@ -166,7 +167,7 @@ async fn the_readme_chaos_recipe_completes_for_every_seed() {
     let mut evictions = 0;
     for seed in 0..200 {
         let rt = Runtime::builder(sim_store(&SimBackend::new()))
-            .virtual_clock(VirtualClock::new(EPOCH_MS))
+            .virtual_clock(VirtualClock::new(Timestamp::from_millis(EPOCH_MS)))
             .config(RuntimeConfig { chaos_evict_rate: 0.2, seed, ..Default::default() })
             .agent(Steps::default())
             .open()
@@ -213,7 +214,7 @@ impl Agent for Sleeper {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evictions_the_runtime_requests_never_count_as_failed_recoveries() {
     let rt = Runtime::builder(sim_store(&SimBackend::new()))
-        .virtual_clock(VirtualClock::new(EPOCH_MS))
+        .virtual_clock(VirtualClock::new(Timestamp::from_millis(EPOCH_MS)))
         .agent(Sleeper)
         .open()
         .await
@@ -236,7 +237,7 @@ async fn evictions_the_runtime_requests_never_count_as_failed_recoveries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_dying_in_every_lone_recovery_escalates_the_run() {
     let sim = SimBackend::new();
-    let clock = VirtualClock::new(EPOCH_MS);
+    let clock = VirtualClock::new(Timestamp::from_millis(EPOCH_MS));
     let open = || async {
         Runtime::builder(sim_store(&sim))
             .virtual_clock(clock.clone())
@@ -303,7 +304,7 @@ impl Agent for Stubborn {
 async fn an_effect_boundary_resets_the_recovery_count() {
     let recoveries = Arc::new(AtomicU32::new(0));
     let rt = Runtime::builder(sim_store(&SimBackend::new()))
-        .virtual_clock(VirtualClock::new(EPOCH_MS))
+        .virtual_clock(VirtualClock::new(Timestamp::from_millis(EPOCH_MS)))
         .agent(Stubborn { recoveries: recoveries.clone() })
         .open()
         .await
@@ -335,7 +336,7 @@ impl Agent for Quick {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guard_from_before_an_eviction_releases_nothing_after_it() {
     let rt = Runtime::builder(sim_store(&SimBackend::new()))
-        .virtual_clock(VirtualClock::new(EPOCH_MS))
+        .virtual_clock(VirtualClock::new(Timestamp::from_millis(EPOCH_MS)))
         .agent(Quick)
         .open()
         .await
@@ -381,7 +382,7 @@ impl Agent for Mute {
 async fn a_stuck_message_handler_fails_at_the_message_wall_limit() {
     let started = Arc::new(tokio::sync::Notify::new());
     let rt = Runtime::builder(sim_store(&SimBackend::new()))
-        .virtual_clock(VirtualClock::new(EPOCH_MS))
+        .virtual_clock(VirtualClock::new(Timestamp::from_millis(EPOCH_MS)))
         .config(RuntimeConfig { message_wall_limit: Duration::from_secs(5), ..Default::default() })
         .agent(Mute { started: started.clone() })
         .open()
@@ -411,7 +412,7 @@ async fn a_stuck_message_handler_fails_at_the_message_wall_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_latency_counts_from_the_wake_not_from_the_runtime_opening() {
     let rt = Runtime::builder(sim_store(&SimBackend::new()))
-        .virtual_clock(VirtualClock::new(EPOCH_MS))
+        .virtual_clock(VirtualClock::new(Timestamp::from_millis(EPOCH_MS)))
         .agent(Sleeper)
         .agent(Steps::default())
         .open()

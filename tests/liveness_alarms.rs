@@ -1,6 +1,7 @@
 //! No run left behind by its alarms (§3.6, §3.7, §8): alarm times that cannot wrap, periods
 //! kept as set, and one runtime's failing alarms never slowing another's.
 
+use durafiber_runtime::Timestamp;
 use std::{
     sync::{
         Arc,
@@ -66,7 +67,9 @@ async fn alarm_times_never_wrap_and_short_periods_keep_their_period() {
         Err(RuntimeError::InvalidInput(why)) => assert!(why.contains("ALARM_PERIOD_MIN"), "{why}"),
         other => panic!("a 1 ms period was not refused: {other:?}"),
     }
-    assert!(refused(rt.set_alarm(&run, "far", AlarmSpec::at_ms(u64::MAX, &()).expect("spec")).await));
+    assert!(refused(
+        rt.set_alarm(&run, "far", AlarmSpec::at(Timestamp::from_millis(u64::MAX), &()).expect("spec")).await
+    ));
     assert!(rt.alarms(&run).expect("alarms").is_empty(), "nothing refused was stored");
 
     let every = AlarmSpec::every(Duration::from_millis(100), &()).expect("spec");
@@ -92,7 +95,7 @@ async fn one_runtimes_alarm_failures_do_not_slow_another_runtime() {
         let (sim, ticks) = (sim.clone(), ticks.clone());
         async move {
             Runtime::builder(sim_store(&sim))
-                .virtual_clock(VirtualClock::new(EPOCH_MS))
+                .virtual_clock(VirtualClock::new(Timestamp::from_millis(EPOCH_MS)))
                 .agent(Ticker { ticks })
                 .open()
                 .await

@@ -6,6 +6,7 @@
 //! deploy reworded it) keeps the durable chunk and records the new one — escalated only under
 //! `strict_streams`, as the checker runs; the limit and the handler rule are typed errors.
 
+use durafiber_runtime::Timestamp;
 use std::{sync::Arc, time::Duration};
 
 use durafiber_demo::agents::{Writer, WriterInput};
@@ -352,7 +353,7 @@ async fn sleep_through_with(
     crash: bool,
     config: RuntimeConfig,
 ) -> (RunStatus, Vec<String>, (serde_json::Value, u64)) {
-    let (sim, clock) = (SimBackend::new(), VirtualClock::new(1_000_000_000));
+    let (sim, clock) = (SimBackend::new(), VirtualClock::new(Timestamp::from_millis(1_000_000_000)));
     let open = || async {
         Runtime::builder(store(&sim))
             .config(config.clone())

@@ -3,6 +3,7 @@
 //! waiting leave at once. A decision re-enters a parked run from its journal, and it goes on
 //! exactly once. On the virtual clock.
 
+use durafiber_runtime::Timestamp;
 use std::{
     sync::{
         Arc,
@@ -50,7 +51,7 @@ impl Asker {
 async fn runtime(config: RuntimeConfig, went_on: &Arc<AtomicUsize>) -> Runtime {
     let store = Store::with_backend(Arc::new(SimBackend::new()), StoreConfig::default()).expect("store");
     Runtime::builder(store)
-        .virtual_clock(VirtualClock::new(SIM_EPOCH_MS))
+        .virtual_clock(VirtualClock::new(Timestamp::from_millis(SIM_EPOCH_MS)))
         .config(config)
         .agent(Asker { went_on: went_on.clone() })
         .open()

@@ -3,6 +3,7 @@
 //! with one registration each, and finish from where they were; finished runs are left alone.
 //! The re-entered runs have no actor until an event needs one, and one that does gets it.
 
+use durafiber_runtime::Timestamp;
 use std::{sync::Arc, time::Duration};
 
 use durafiber_demo::agents::{Steps, StepsInput, StepsOutput};
@@ -27,7 +28,7 @@ async fn open(sim: &SimBackend, clock: &VirtualClock) -> Runtime {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundreds_of_interrupted_runs_are_each_re_entered_once_from_where_they_were() {
-    let (sim, clock) = (SimBackend::new(), VirtualClock::new(EPOCH_MS));
+    let (sim, clock) = (SimBackend::new(), VirtualClock::new(Timestamp::from_millis(EPOCH_MS)));
     let rt = open(&sim, &clock).await;
     // Each waits an hour, then stashes its one step: interrupted mid-sleep, nothing stashed.
     let waiting = StepsInput { steps: 1, pause_ms: 3_600_000 };

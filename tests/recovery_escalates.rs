@@ -2,6 +2,7 @@
 //! while the other runs finish. On the virtual clock, so the 1 s, 2 s, 4 s, 8 s backoffs take
 //! no real time.
 
+use durafiber_runtime::Timestamp;
 use std::time::Duration;
 
 use durafiber_demo::agents::{Steps, StepsInput};
@@ -47,7 +48,7 @@ impl Agent for NoHook {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hook_that_always_panics_is_escalated_after_max_recover_attempts_and_others_finish() {
     durafiber_testkit::init_tracing();
-    let clock = VirtualClock::new(1_000_000);
+    let clock = VirtualClock::new(Timestamp::from_millis(1_000_000));
     let store =
         Store::with_backend(std::sync::Arc::new(SimBackend::new()), StoreConfig::default()).expect("store");
     let rt = Runtime::builder(store)
@@ -116,7 +117,7 @@ async fn a_run_found_interrupted_after_max_age_is_escalated_not_resumed() {
     let store =
         Store::with_backend(std::sync::Arc::new(SimBackend::new()), StoreConfig::default()).expect("store");
     let rt = Runtime::builder(store)
-        .virtual_clock(VirtualClock::new(1_000_000))
+        .virtual_clock(VirtualClock::new(Timestamp::from_millis(1_000_000)))
         .agent(Patient)
         .open()
         .await

@@ -4,6 +4,7 @@
 //! dead-lettered alone and the run goes on, unless `on_alarm_exhausted` says otherwise; and
 //! all of it holds when the crash-simulating store crashes at random barriers.
 
+use durafiber_runtime::Timestamp;
 use std::{
     collections::BTreeSet,
     sync::{Arc, Mutex},
@@ -84,10 +85,10 @@ impl Agent for Ticker {
 
     async fn on_alarm(&self, ctx: &mut Ctx<Self>, alarm: AlarmEvent) -> Result<(), AgentError> {
         assert!(alarm.recurring, "a periodic or cron alarm says so");
-        let ok = !(self.fails)(alarm.scheduled_time_ms, alarm.retry_count);
+        let ok = !(self.fails)(alarm.scheduled_time_ms.as_millis(), alarm.retry_count);
         let delivery = Delivery {
-            at_ms: ctx.now(),
-            scheduled_ms: alarm.scheduled_time_ms,
+            at_ms: ctx.now().as_millis(),
+            scheduled_ms: alarm.scheduled_time_ms.as_millis(),
             retry_count: alarm.retry_count,
             ok,
         };
@@ -116,8 +117,8 @@ impl Agent for StrictTicker {
 
     async fn on_alarm(&self, ctx: &mut Ctx<Self>, alarm: AlarmEvent) -> Result<(), AgentError> {
         let delivery = Delivery {
-            at_ms: ctx.now(),
-            scheduled_ms: alarm.scheduled_time_ms,
+            at_ms: ctx.now().as_millis(),
+            scheduled_ms: alarm.scheduled_time_ms.as_millis(),
             retry_count: alarm.retry_count,
             ok: false,
         };
@@ -146,14 +147,16 @@ fn deliveries(log: &Log) -> Vec<Delivery> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cron_alarm_fires_at_local_time_on_weekdays_and_lists_its_next_time() {
     let log = Log::default();
-    let rt = open(&SimBackend::new(), VirtualClock::new(T0), Ticker::new(&log, never)).await;
+    let rt =
+        open(&SimBackend::new(), VirtualClock::new(Timestamp::from_millis(T0)), Ticker::new(&log, never))
+            .await;
     // T0 is Thursday 1 January 2026, midnight UTC; nine in Berlin is eight UTC in winter.
     let schedule = Schedule::Cron { expr: "0 9 * * MON-FRI".into(), zone: Some("Europe/Berlin".into()) };
     let run = rt.start::<Ticker>("standup", &schedule).await.expect("start").run_id;
     rt.advance(Duration::ZERO).await.expect("advance");
     let alarms = rt.alarms(&run).expect("alarms");
     assert_eq!(alarms.len(), 1);
-    assert_eq!(alarms[0].due_at_ms, T0 + 8 * HOUR, "listed with its next due time");
+    assert_eq!(alarms[0].due_at_ms, Timestamp::from_millis(T0 + 8 * HOUR), "listed with its next due time");
     let cron = alarms[0].cron.as_ref().expect("a cron alarm lists its schedule");
     assert_eq!((cron.expr.as_str(), cron.time_zone.as_deref()), ("0 9 * * MON-FRI", Some("Europe/Berlin")));
 
@@ -163,7 +166,11 @@ async fn a_cron_alarm_fires_at_local_time_on_weekdays_and_lists_its_next_time() 
     let expected: Vec<u64> = [0, 1, 4, 5, 6].iter().map(|d| T0 + d * DAY + 8 * HOUR).collect();
     assert_eq!(at, expected);
     assert!(deliveries(&log).iter().all(|d| d.scheduled_ms == d.at_ms && d.retry_count == 0));
-    assert_eq!(rt.alarms(&run).expect("alarms")[0].due_at_ms, T0 + 7 * DAY + 8 * HOUR, "Thursday's next");
+    assert_eq!(
+        rt.alarms(&run).expect("alarms")[0].due_at_ms,
+        Timestamp::from_millis(T0 + 7 * DAY + 8 * HOUR),
+        "Thursday's next"
+    );
     rt.shutdown().await;
 }
 
@@ -175,13 +182,22 @@ fn first_minute_fails(scheduled: u64, _: u32) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_occurrence_is_retried_beside_the_schedule_and_dead_lettered_alone() {
     let log = Log::default();
-    let rt = open(&SimBackend::new(), VirtualClock::new(T0), Ticker::new(&log, first_minute_fails)).await;
+    let rt = open(
+        &SimBackend::new(),
+        VirtualClock::new(Timestamp::from_millis(T0)),
+        Ticker::new(&log, first_minute_fails),
+    )
+    .await;
     let run = rt.start::<Ticker>("minutely", &Schedule::Every(60 * SECOND)).await.expect("start").run_id;
     rt.advance(Duration::from_secs(70)).await.expect("advance");
     let alarms = rt.alarms(&run).expect("alarms");
-    assert_eq!(alarms[0].due_at_ms, T0 + 120 * SECOND, "the schedule went on at once");
+    assert_eq!(
+        alarms[0].due_at_ms,
+        Timestamp::from_millis(T0 + 120 * SECOND),
+        "the schedule went on at once"
+    );
     assert_eq!(alarms[0].retrying.len(), 1, "the failed occurrence is retried by itself");
-    assert_eq!(alarms[0].retrying[0].scheduled_at_ms, T0 + 60 * SECOND);
+    assert_eq!(alarms[0].retrying[0].scheduled_at_ms, Timestamp::from_millis(T0 + 60 * SECOND));
 
     rt.advance(Duration::from_secs(530)).await.expect("advance to ten minutes");
     let log = deliveries(&log);
@@ -200,19 +216,28 @@ async fn a_failed_occurrence_is_retried_beside_the_schedule_and_dead_lettered_al
 
     let dead = rt.dead_letters(10).expect("dead letters");
     assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].alarm.scheduled_at_ms, T0 + 60 * SECOND, "only the exhausted occurrence");
+    assert_eq!(
+        dead[0].alarm.scheduled_at_ms,
+        Timestamp::from_millis(T0 + 60 * SECOND),
+        "only the exhausted occurrence"
+    );
     assert!(!rt.status(&run).expect("status").is_terminal(), "the run goes on");
     assert!(!matches!(rt.status(&run).expect("status"), RunStatus::Escalated { .. }));
     let alarms = rt.alarms(&run).expect("alarms");
     assert!(alarms[0].retrying.is_empty());
-    assert_eq!(alarms[0].due_at_ms, T0 + 11 * 60 * SECOND);
+    assert_eq!(alarms[0].due_at_ms, Timestamp::from_millis(T0 + 11 * 60 * SECOND));
     rt.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_alarm_exhausted_may_still_escalate_a_recurring_alarm() {
     let log = Log::default();
-    let rt = open(&SimBackend::new(), VirtualClock::new(T0), StrictTicker { log: log.clone() }).await;
+    let rt = open(
+        &SimBackend::new(),
+        VirtualClock::new(Timestamp::from_millis(T0)),
+        StrictTicker { log: log.clone() },
+    )
+    .await;
     let schedule = Schedule::Cron { expr: "*/5 * * * *".into(), zone: None };
     let run = rt.start::<StrictTicker>("five", &schedule).await.expect("start").run_id;
     rt.advance(Duration::from_secs(600)).await.expect("advance");
@@ -237,7 +262,7 @@ fn half_minutes_fail_twice(scheduled: u64, retry: u32) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_schedule_and_its_retries_survive_crashes_at_random_barriers() {
     let sim = SimBackend::new();
-    let clock = VirtualClock::new(T0);
+    let clock = VirtualClock::new(Timestamp::from_millis(T0));
     let log = Log::default();
     let mut rng = SeededRng::new(17);
     let rt = open(&sim, clock.clone(), Ticker::new(&log, half_minutes_fail_twice)).await;
@@ -263,9 +288,13 @@ async fn the_schedule_and_its_retries_survive_crashes_at_random_barriers() {
         log.iter().all(|d| (d.scheduled_ms - T0).is_multiple_of(10 * SECOND)),
         "only scheduled occurrences"
     );
-    let dead: BTreeSet<u64> =
-        rt.dead_letters(100).expect("dead letters").iter().map(|d| d.alarm.scheduled_at_ms).collect();
-    for failed in log.iter().filter(|d| !d.ok && d.at_ms < resumed_at) {
+    let dead: BTreeSet<u64> = rt
+        .dead_letters(100)
+        .expect("dead letters")
+        .iter()
+        .map(|d| d.alarm.scheduled_at_ms.as_millis())
+        .collect();
+    for failed in log.iter().filter(|d| !d.ok && d.at_ms < resumed_at.as_millis()) {
         let retried_to_success = log.iter().any(|d| d.ok && d.scheduled_ms == failed.scheduled_ms);
         assert!(
             retried_to_success || dead.contains(&failed.scheduled_ms),
@@ -273,7 +302,8 @@ async fn the_schedule_and_its_retries_survive_crashes_at_random_barriers() {
             failed.scheduled_ms - T0
         );
     }
-    let on_time_after = log.iter().filter(|d| d.at_ms >= resumed_at && d.at_ms == d.scheduled_ms).count();
+    let on_time_after =
+        log.iter().filter(|d| d.at_ms >= resumed_at.as_millis() && d.at_ms == d.scheduled_ms).count();
     assert!(on_time_after >= 25, "the schedule fires on time after the crashes ({on_time_after} times)");
     assert_eq!(rt.status(&run).expect("status"), RunStatus::Running);
     assert!(rt.check_liveness().expect("liveness").is_empty());

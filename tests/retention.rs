@@ -4,6 +4,7 @@
 //! `SWEEP_RUNS_MAX` runs and comes back a second later for the rest; runs settled before the
 //! settled index existed are found too; audit entries go after their own retention.
 
+use durafiber_runtime::Timestamp;
 use std::time::Duration;
 
 use durafiber_runtime::{
@@ -101,7 +102,7 @@ async fn records_of(store: &Store, run_id: &RunId) -> usize {
 async fn a_settled_run_goes_once_past_its_kinds_retention_and_an_open_one_never() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("store");
-    let clock = VirtualClock::new(T0);
+    let clock = VirtualClock::new(Timestamp::from_millis(T0));
     let retention = Retention { completed: Some(HOUR), failed: Some(2 * HOUR), ..Retention::default() };
     let rt = open(&store, &clock, retention).await;
     let completed = started(&rt, "completed", End::Complete).await;
@@ -140,7 +141,7 @@ async fn a_settled_run_goes_once_past_its_kinds_retention_and_an_open_one_never(
 async fn a_sweep_deletes_at_most_its_bound_and_comes_back_a_second_later_for_the_rest() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("store");
-    let clock = VirtualClock::new(T0);
+    let clock = VirtualClock::new(Timestamp::from_millis(T0));
     let rt = open(&store, &clock, Retention { completed: Some(HOUR), ..Retention::default() }).await;
     let total = durafiber_runtime::SWEEP_RUNS_MAX * 2 + 500;
     let mut ids = Vec::with_capacity(total);
@@ -168,7 +169,7 @@ async fn a_sweep_deletes_at_most_its_bound_and_comes_back_a_second_later_for_the
 async fn runs_settled_before_the_settled_index_existed_are_found_by_the_first_sweep() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("store");
-    let clock = VirtualClock::new(T0);
+    let clock = VirtualClock::new(Timestamp::from_millis(T0));
     let rt = open(&store, &clock, Retention::default()).await;
     let old = started(&rt, "old", End::Complete).await;
     let waiting = started(&rt, "waiting", End::Wait).await;
@@ -181,7 +182,7 @@ async fn runs_settled_before_the_settled_index_existed_are_found_by_the_first_sw
     assert_eq!(batch.len(), 1, "the completed run's entry");
     store.commit(batch, Durability::Sync).await.expect("commit");
 
-    clock.set(T0 + 2 * HOUR.as_millis() as u64);
+    clock.set(Timestamp::from_millis(T0 + 2 * HOUR.as_millis() as u64));
     let rt = open(&store, &clock, Retention { completed: Some(HOUR), ..Retention::default() }).await;
     rt.advance(Duration::from_secs(1)).await.expect("advance");
     assert!(!exists(&rt, &old), "the run settled before the index was kept");
@@ -194,15 +195,21 @@ async fn runs_settled_before_the_settled_index_existed_are_found_by_the_first_sw
 async fn audit_entries_go_after_their_own_retention_with_their_marks_on_runs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open_dir(dir.path(), StoreConfig::default()).expect("store");
-    let clock = VirtualClock::new(T0);
+    let clock = VirtualClock::new(Timestamp::from_millis(T0));
     let day = Duration::from_secs(86_400);
     let rt = open(&store, &clock, Retention { audit: Some(30 * day), ..Retention::default() }).await;
     let run = started(&rt, "audited", End::Complete).await;
-    access::append(&store, "alice", "approve", Some(run.as_str()), "early", T0).await.expect("audit");
-    access::append(&store, "bob", "token_create", None, "early", T0 + 1).await.expect("audit");
+    access::append(&store, "alice", "approve", Some(run.as_str()), "early", Timestamp::from_millis(T0))
+        .await
+        .expect("audit");
+    access::append(&store, "bob", "token_create", None, "early", Timestamp::from_millis(T0 + 1))
+        .await
+        .expect("audit");
     rt.advance(10 * day).await.expect("advance");
     let later = T0 + 10 * day.as_millis() as u64;
-    access::append(&store, "carol", "cancel", Some(run.as_str()), "later", later).await.expect("audit");
+    access::append(&store, "carol", "cancel", Some(run.as_str()), "later", Timestamp::from_millis(later))
+        .await
+        .expect("audit");
 
     rt.advance(20 * day + Duration::from_secs(120)).await.expect("advance");
     let kept: Vec<String> =

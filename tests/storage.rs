@@ -8,6 +8,7 @@
 //!   transaction, and the recovered run ends with exactly the committed state.
 //! - Evicted at every boundary and under seeded chaos, the same run ends the same way.
 
+use durafiber_runtime::Timestamp;
 use std::{
     collections::HashSet,
     sync::{Arc, Mutex},
@@ -153,7 +154,7 @@ async fn open_with(
 }
 
 async fn runtime(config: RuntimeConfig) -> Runtime {
-    open_with(&SimBackend::new(), &VirtualClock::new(EPOCH_MS), config, None).await
+    open_with(&SimBackend::new(), &VirtualClock::new(Timestamp::from_millis(EPOCH_MS)), config, None).await
 }
 
 async fn ask(rt: &Runtime, run: &RunId, ask: Ask) -> Result<Value, RuntimeError> {
@@ -286,7 +287,7 @@ fn units_in(sim: &SimBackend) -> (u64, u64, u64) {
 /// Crashes the store at `point` during a run of `steps`, checks the store holds whole
 /// transactions only, reopens and finishes. False when the run ended before the point.
 async fn crash_once(point: SimCrash, steps: u64) -> bool {
-    let (sim, clock) = (SimBackend::new(), VirtualClock::new(EPOCH_MS));
+    let (sim, clock) = (SimBackend::new(), VirtualClock::new(Timestamp::from_millis(EPOCH_MS)));
     sim.crash_at(point);
     let rt = open_with(&sim, &clock, RuntimeConfig::default(), None).await;
     if rt.start::<Transfers>("t", &steps).await.is_ok() {
@@ -331,7 +332,7 @@ async fn evicted_at_every_boundary_or_by_chaos_the_run_ends_the_same() {
     };
     let sim = SimBackend::new();
     let config = RuntimeConfig { fiber_keep_alive: false, ..Default::default() };
-    let rt = open_with(&sim, &VirtualClock::new(EPOCH_MS), config, Some(hook)).await;
+    let rt = open_with(&sim, &VirtualClock::new(Timestamp::from_millis(EPOCH_MS)), config, Some(hook)).await;
     let run = rt.start::<Transfers>("evicted", &6).await.expect("start").run_id;
     rt.advance(Duration::from_secs(3600)).await.expect("advance");
     assert_eq!(rt.status(&run).expect("status"), RunStatus::Completed { output_json: "6".into() });
@@ -343,7 +344,7 @@ async fn evicted_at_every_boundary_or_by_chaos_the_run_ends_the_same() {
         let sim = SimBackend::new();
         let config =
             RuntimeConfig { seed, chaos_evict_rate: 0.3, fiber_keep_alive: false, ..Default::default() };
-        let rt = open_with(&sim, &VirtualClock::new(EPOCH_MS), config, None).await;
+        let rt = open_with(&sim, &VirtualClock::new(Timestamp::from_millis(EPOCH_MS)), config, None).await;
         let run = rt.start::<Transfers>("chaos", &6).await.expect("start").run_id;
         rt.advance(Duration::from_secs(3600)).await.expect("advance");
         assert_eq!(

@@ -5,6 +5,7 @@
 //! in steps, and prints `ended <state> <reason>` for the poisoned run once it is finished,
 //! then `bystander <state>` for each healthy one.
 
+use durafiber_runtime::Timestamp;
 use std::time::Duration;
 
 use durafiber_runtime::{Agent, AgentError, Ctx, Recovered, RunStatus, Runtime, clock::VirtualClock};
@@ -55,7 +56,7 @@ async fn run(args: &[String]) -> Result<(), String> {
     let now_ms: u64 = args.get(3).and_then(|n| n.parse().ok()).ok_or(usage)?;
     let store = Store::open_at(dir, StoreConfig::default()).map_err(|e| e.to_string())?;
     let rt = Runtime::builder(store)
-        .virtual_clock(VirtualClock::new(now_ms))
+        .virtual_clock(VirtualClock::new(Timestamp::from_millis(now_ms)))
         .agent(Doomed)
         .open()
         .await

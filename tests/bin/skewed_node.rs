@@ -20,7 +20,7 @@ struct NapInput {
 impl Nap {
     async fn nap(ctx: &mut Ctx<Self>, input: &NapInput) -> Result<u64, AgentError> {
         ctx.sleep_for("nap", Duration::from_millis(input.ms)).await?;
-        Ok(ctx.now())
+        Ok(ctx.now().as_millis())
     }
 }
 

@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     ids::RunId,
-    time::Timestamp,
     records::{AlarmRecord, CronRecord, RunRecord, RunStatus, VoteRecord},
+    time::Timestamp,
 };
 
 /// What `start` returns: the run's handle and whether this call created it.

@@ -4,8 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ids::RunId, time::Timestamp};
 use crate::records::StashRecord;
+use crate::{ids::RunId, time::Timestamp};
 
 /// One boundary of a run's history (`history`): its stash as written then, so that a run can
 /// be forked from it.

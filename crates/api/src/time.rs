@@ -21,7 +21,11 @@ use serde::{Deserialize, Serialize};
 /// assert_eq!(due.saturating_since(asked), Duration::from_secs(2));
 /// assert_eq!(asked.saturating_since(due), Duration::ZERO);
 /// ```
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(value_type = u64))]
+#[cfg_attr(
+    feature = "openapi",
+    derive(utoipa::ToSchema),
+    schema(value_type = u64, description = "A moment on the runtime's clock: milliseconds since the Unix epoch.")
+)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Timestamp(u64);
@@ -102,7 +106,10 @@ mod tests {
         assert_eq!(Timestamp::MAX.checked_add(Duration::from_millis(1)), None);
         assert_eq!(Timestamp::MAX.saturating_add(Duration::MAX), Timestamp::MAX);
         assert_eq!(Timestamp::from_millis(5).saturating_sub(Duration::from_secs(1)), Timestamp::ZERO);
-        assert_eq!(Timestamp::from_millis(7).checked_add(Duration::from_millis(3)), Some(Timestamp::from_millis(10)));
+        assert_eq!(
+            Timestamp::from_millis(7).checked_add(Duration::from_millis(3)),
+            Some(Timestamp::from_millis(10))
+        );
     }
 
     #[test]

@@ -104,7 +104,11 @@ async fn one_connection(
                     }
                     *next = seq.saturating_add(1);
                     shown.partial_of = None;
-                    let chunk = StreamChunk { seq, data_json: frame.data, emitted_at_ms: 0 };
+                    let chunk = StreamChunk {
+                        seq,
+                        data_json: frame.data,
+                        emitted_at_ms: durafiber_api::Timestamp::ZERO,
+                    };
                     if tx.send(Ok(StreamItem::Chunk(chunk))).await.is_err() {
                         return Ok(Ended::Abandoned);
                     }

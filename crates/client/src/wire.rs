@@ -38,9 +38,9 @@ pub struct RunSummary {
     /// Where it is.
     pub status: Status,
     /// When it was accepted, ms.
-    pub created_at_ms: u64,
+    pub created_at_ms: durafiber_api::Timestamp,
     /// When it last changed, ms.
-    pub updated_at_ms: u64,
+    pub updated_at_ms: durafiber_api::Timestamp,
     /// Activations so far.
     pub attempt: u32,
 }
@@ -133,7 +133,7 @@ pub struct TokenShown {
     /// Its role.
     pub role: String,
     /// When it was created, ms.
-    pub created_at_ms: u64,
+    pub created_at_ms: durafiber_api::Timestamp,
 }
 
 /// `DELETE /tokens/{name}`.

@@ -2,26 +2,27 @@
 //! scheduler at scale (a million alarms set one by one would measure the API, not the
 //! scheduler).
 
+use durafiber_runtime::Timestamp;
 use durafiber_store::{
     Batch, Durability, RunId, Store, StoreError,
     tables::{AlarmRecord, keys},
 };
 
 /// Writes `count` alarms named `{prefix}-{i}`, spread over `runs` round-robin, due at
-/// `first_due_ms + i * step_ms`, in batches of 10,000 alarms.
+/// `first_due + i * step`, in batches of 10,000 alarms.
 pub async fn write_pending_alarms(
     store: &Store,
     runs: &[RunId],
     prefix: &str,
     count: usize,
-    first_due_ms: u64,
-    step_ms: u64,
+    first_due: Timestamp,
+    step: std::time::Duration,
 ) -> Result<(), StoreError> {
     let mut batch = Batch::new();
     for i in 0..count {
         let run = &runs[i % runs.len().max(1)];
         let name = format!("{prefix}-{i:07}");
-        let due = first_due_ms + i as u64 * step_ms;
+        let due = first_due.saturating_add(step.saturating_mul(u32::try_from(i).unwrap_or(u32::MAX)));
         let alarm = AlarmRecord {
             run_id: run.clone(),
             name: name.clone(),

@@ -275,7 +275,7 @@ impl<S: OrderStash> Order<S> {
     /// recorded in the run's storage once.
     async fn after_charge(ctx: &mut Ctx<Self>, input: &OrderInput) -> Result<(), AgentError> {
         if input.cool_off_ms > 0 {
-            let now = ctx.now();
+            let now = ctx.now().as_millis();
             // The first arrival at the sleep is recorded once: a re-entry finds it there.
             let slept_at: u64 = ctx
                 .storage()
@@ -286,7 +286,7 @@ impl<S: OrderStash> Order<S> {
                 .await?;
             ctx.sleep_for("cool-off", std::time::Duration::from_millis(input.cool_off_ms)).await?;
             let now = ctx.now();
-            record_once(ctx, "cool_off", &[slept_at, now]).await?;
+            record_once(ctx, "cool_off", &[slept_at, now.as_millis()]).await?;
         }
         if input.wait_for_packing {
             let packed: Option<Value> = ctx.wait_for_event("packed", None).await?;

@@ -6,6 +6,7 @@
 
 use durafiber_runtime::RunId;
 use durafiber_runtime::StartRequest;
+use durafiber_runtime::Timestamp;
 use std::{
     sync::{
         Arc,
@@ -54,7 +55,7 @@ impl Agent for Lab {
 }
 
 async fn sim_runtime<A: Agent>(seed: u64, agent: A) -> anyhow::Result<(Runtime, VirtualClock)> {
-    let clock = VirtualClock::new(SIM_EPOCH_MS);
+    let clock = VirtualClock::new(Timestamp::from_millis(SIM_EPOCH_MS));
     let store = Store::with_backend(Arc::new(SimBackend::new()), StoreConfig::default())?;
     let config = RuntimeConfig { seed, ..RuntimeConfig::default() };
     let rt = Runtime::builder(store).config(config).virtual_clock(clock.clone()).agent(agent).open().await?;
@@ -80,8 +81,10 @@ pub struct EvictionReport {
     pub fiber_recovered: bool,
 }
 
-fn first_at(events: &[Event], run_id: &RunId, kind: &str, after_ms: u64) -> Option<u64> {
-    events.iter().find(|e| e.run_id == *run_id && e.kind == kind && e.at_ms >= after_ms).map(|e| e.at_ms)
+/// How long after `after` the run's first event `kind` came, ms.
+fn first_after(events: &[Event], run_id: &RunId, kind: &str, after: Timestamp) -> Option<u64> {
+    let first = events.iter().find(|e| e.run_id == *run_id && e.kind == kind && e.at_ms >= after)?;
+    u64::try_from(first.at_ms.saturating_since(after).as_millis()).ok()
 }
 
 /// A readable line per event, times relative to the simulation's start.
@@ -90,7 +93,7 @@ pub fn timeline(events: &[Event], names: &[(&str, &str)]) -> Vec<String> {
         .iter()
         .map(|e| {
             let name = names.iter().find(|(id, _)| *id == e.run_id).map(|(_, n)| *n).unwrap_or("?");
-            let t = e.at_ms.saturating_sub(SIM_EPOCH_MS);
+            let t = e.at_ms.as_millis().saturating_sub(SIM_EPOCH_MS);
             let detail = if e.kind == "activated" { "" } else { e.detail.as_str() };
             format!("t=+{:>9.3}s  {name:<10} {:<20} {detail}", t as f64 / 1000.0, e.kind)
         })
@@ -119,12 +122,11 @@ pub async fn eviction(seed: u64) -> anyhow::Result<(Vec<String>, EvictionReport)
         events.iter().filter(|e| e.run_id == kept && e.kind == "heartbeat" && e.at_ms <= released_at).count();
     let report = EvictionReport {
         seed,
-        idle_hibernated_after_ms: first_at(&events, &idle, "hibernated", t0).map(|t| t - t0),
+        idle_hibernated_after_ms: first_after(&events, &idle, "hibernated", t0),
         keepalive_evicted: events.iter().any(|e| e.run_id == kept && e.kind == "evicted"),
         keepalive_heartbeats: heartbeats_while_held as u64,
-        keepalive_hibernated_after_release_ms: first_at(&events, &kept, "hibernated", released_at)
-            .map(|t| t - released_at),
-        fiber_evicted_after_ms: first_at(&events, &fiber, "evicted", t0).map(|t| t - t0),
+        keepalive_hibernated_after_release_ms: first_after(&events, &kept, "hibernated", released_at),
+        fiber_evicted_after_ms: first_after(&events, &fiber, "evicted", t0),
         fiber_recovered: matches!(rt.status(&fiber)?, durafiber_runtime::RunStatus::Completed { .. })
             && events.iter().any(|e| e.run_id == fiber && e.kind == "recovered"),
     };
@@ -199,8 +201,11 @@ pub async fn alarm_retry(
     // Seven attempts span at most 1 + 2.5 + 5 + 10 + 20 + 40 + 80 s; ten minutes is plenty.
     rt.advance(Duration::from_secs(600)).await?;
     let events = rt.events();
-    let attempts: Vec<u64> =
-        events.iter().filter(|e| e.run_id == run && e.kind == "alarm_attempt").map(|e| e.at_ms).collect();
+    let attempts: Vec<u64> = events
+        .iter()
+        .filter(|e| e.run_id == run && e.kind == "alarm_attempt")
+        .map(|e| e.at_ms.as_millis())
+        .collect();
     let report = AlarmRetryReport {
         seed,
         attempts: attempts.len() as u32,

@@ -2,9 +2,10 @@
 //! agents, and the lab's commands — the drill, the torture, the simulations and the
 //! benchmarks.
 
-use std::path::PathBuf;
+use std::{path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand};
+use durafiber_api::Timestamp;
 
 /// durafiber: durable runs for long-running agents — the demo agents, and the lab that
 /// kills, measures and simulates them.
@@ -151,8 +152,8 @@ pub enum Bench {
         runs: usize,
         /// Time each run waits before each of its steps, before and after the kill: with
         /// many runs, a short one makes their own steps compete with the recovery measured.
-        #[arg(long, default_value_t = 1000)]
-        pause_ms: u64,
+        #[arg(long = "pause-ms", value_parser = millis, default_value = "1000")]
+        pause: Duration,
         /// Recover N times, each on a fresh copy of the killed process's data directory,
         /// and report every time with the median and the best (the machine's noise shows).
         #[arg(long, default_value_t = 1)]
@@ -197,8 +198,8 @@ pub enum Bench {
         #[arg(long, default_value_t = 200)]
         sequential: u32,
         /// Gap between the sequential run's steps, ms.
-        #[arg(long, default_value_t = 1)]
-        gap_ms: u64,
+        #[arg(long = "gap-ms", value_parser = millis, default_value = "1")]
+        gap: Duration,
         /// Runs in flight when the process is killed.
         #[arg(long, default_value_t = 200)]
         kill_runs: usize,
@@ -267,7 +268,8 @@ pub enum Bench {
         /// Concurrent writers in this node.
         writers: usize,
         /// When to start committing, ms since the epoch (every node starts together).
-        start_at_ms: u64,
+        #[arg(value_parser = epoch_millis)]
+        start_at: Timestamp,
         /// Seconds to commit for.
         seconds: f64,
     },
@@ -291,10 +293,20 @@ pub enum Bench {
         /// Runs.
         runs: usize,
         /// Time each run waits before each step.
-        #[arg(long, default_value_t = 1000)]
-        pause_ms: u64,
+        #[arg(long = "pause-ms", value_parser = millis, default_value = "1000")]
+        pause: Duration,
         /// Boundaries each run keeps in its history.
         #[arg(long, default_value_t = durafiber_runtime::limits::HISTORY_MAX_DEFAULT)]
         history_max: u32,
     },
+}
+
+/// A span of time given in milliseconds (`--pause-ms 60000`).
+fn millis(ms: &str) -> Result<Duration, std::num::ParseIntError> {
+    ms.parse().map(Duration::from_millis)
+}
+
+/// A moment given in milliseconds since the Unix epoch.
+fn epoch_millis(ms: &str) -> Result<Timestamp, std::num::ParseIntError> {
+    ms.parse().map(Timestamp::from_millis)
 }

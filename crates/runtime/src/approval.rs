@@ -2,8 +2,8 @@
 //! of the payload the human saw. A decision is written once; it reaches a live fiber in place
 //! or re-enters the run through `on_fiber_recovered`, with the same result either way.
 
-use durafiber_api::Timestamp;
 use crate::kernel::commit::{self, After};
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use durafiber_store::tables::RunRecord;
 use std::sync::Arc;

@@ -206,7 +206,13 @@ mod tests {
     use durafiber_api::Timestamp;
 
     fn vote(by: &str, approved: bool) -> VoteRecord {
-        VoteRecord { by: by.into(), approved, comment: String::new(), payload_hash: "h".into(), at_ms: Timestamp::from_millis(0) }
+        VoteRecord {
+            by: by.into(),
+            approved,
+            comment: String::new(),
+            payload_hash: "h".into(),
+            at_ms: Timestamp::from_millis(0),
+        }
     }
 
     fn rule(required: u32, reviewers: &[&str], majority: bool) -> ApprovalRuleRecord {

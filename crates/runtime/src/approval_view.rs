@@ -98,7 +98,8 @@ impl FieldValue {
                 format!("{sign}{}.{:02} {currency}", units / 100, units % 100)
             }
             FieldValue::Time { at_ms } => {
-                let at = std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(at_ms.as_millis()));
+                let at =
+                    std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(at_ms.as_millis()));
                 match at {
                     Some(at) => humantime::format_rfc3339_seconds(at).to_string(),
                     None => format!("{at_ms} ms"),

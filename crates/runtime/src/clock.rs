@@ -348,6 +348,10 @@ mod tests {
         local.set(Timestamp::from_millis(1_813_000));
         assert!(futures::poll!(woke.as_mut()).is_ready());
         assert_eq!(shifted(Timestamp::from_millis(5), -10), Timestamp::from_millis(0), "never below zero");
-        assert_eq!(shifted(Timestamp::from_millis(u64::MAX - 1), 10), Timestamp::from_millis(u64::MAX), "nor past the end");
+        assert_eq!(
+            shifted(Timestamp::from_millis(u64::MAX - 1), 10),
+            Timestamp::from_millis(u64::MAX),
+            "nor past the end"
+        );
     }
 }

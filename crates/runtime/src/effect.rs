@@ -7,8 +7,8 @@
 //! The entry's reading, preparing and committing are `effect_ledger.rs`'s; this file makes
 //! the calls, with their policy: retries, backoff, `Retry-After`, timeouts, named limits.
 
-use durafiber_api::Timestamp;
 use crate::kernel::commit as committer;
+use durafiber_api::Timestamp;
 use std::{future::Future, time::Duration};
 
 use durafiber_store::tables::{self, Key, LedgerEntry, keys};

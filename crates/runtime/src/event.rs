@@ -11,8 +11,8 @@
 //! Wait lifecycle: absent → `EventWaitRecord{result: None}` + `Waiting{event}` (+ its timeout
 //! alarm) → `result: Some(event or timed out)`, `Running`.
 
-use durafiber_api::Timestamp;
 use crate::kernel::commit::{self, After};
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use durafiber_store::tables::RunRecord;
 use std::{sync::Arc, time::Duration};

@@ -184,7 +184,12 @@ mod tests {
     fn a_full_log_keeps_the_newest_events() {
         let log = EventLog::default();
         for i in 0..EVENT_LOG_MAX + 5 {
-            log.push(Timestamp::from_millis(i as u64), &RunId::from(format!("run_{i}")), "accepted", format!("{i}"));
+            log.push(
+                Timestamp::from_millis(i as u64),
+                &RunId::from(format!("run_{i}")),
+                "accepted",
+                format!("{i}"),
+            );
         }
         let all = log.snapshot();
         assert_eq!(all.len(), EVENT_LOG_MAX);

@@ -92,6 +92,7 @@ pub use child::Child;
 pub use config::{
     Budget, DurabilityMode, NamedLimit, Rate, Retention, RuntimeConfig, TraceExport, parse_bytes, parse_range,
 };
+pub use durafiber_api::Timestamp;
 pub use durafiber_store::tables::{
     AlarmRecord, ApprovalRecord, ApprovalRuleRecord, BudgetLimits, BudgetRecord, BudgetSpent, CronRecord,
     DeadLetter, Decision, ForkRecord, LedgerEntry, PauseRecord, Receipt, RunRecord, RunStatus, StashRecord,
@@ -117,5 +118,4 @@ pub use runtime::{
 pub use secret::{BadDestination, Destination, Secret, SecretRefusal, Secrets};
 pub use storage::{Storage, Transaction};
 pub use stream::{PartialChunk, StreamChunk, StreamItem, StreamReset};
-pub use durafiber_api::Timestamp;
 pub use types::{RunId, RunOptions, RunState};

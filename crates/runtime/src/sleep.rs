@@ -7,8 +7,8 @@
 //! lost is woken by the alarm, which re-enters the run (reason `resumed`), and the repeated
 //! call returns at once: the wake time is the one first recorded, never a fresh duration.
 
-use durafiber_api::Timestamp;
 use crate::kernel::commit::{self, After};
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use durafiber_store::{Batch, tables::RunRecord};
 use std::sync::Arc;

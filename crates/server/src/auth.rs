@@ -6,6 +6,7 @@
 //! in constant time, so neither a lookup nor a comparison tells an attacker how close a guess
 //! came. Every token is read from the store on each request: a revocation holds at once.
 
+use durafiber_api::Timestamp;
 use std::{
     fmt,
     path::{Path, PathBuf},
@@ -150,20 +151,26 @@ fn new_token() -> Result<String, AccessError> {
 }
 
 /// Creates a token; returns it (the only time it is shown).
-pub async fn create(store: &Store, name: &str, role: Role, now_ms: u64) -> Result<String, AccessError> {
+pub async fn create(store: &Store, name: &str, role: Role, now: Timestamp) -> Result<String, AccessError> {
     check_name(name)?;
     let token = new_token()?;
-    insert(store, name, role, &token, now_ms).await?;
+    insert(store, name, role, &token, now).await?;
     Ok(token)
 }
 
 /// Stores `token`'s record under `name`.
-async fn insert(store: &Store, name: &str, role: Role, token: &str, now_ms: u64) -> Result<(), AccessError> {
+async fn insert(
+    store: &Store,
+    name: &str,
+    role: Role,
+    token: &str,
+    now: Timestamp,
+) -> Result<(), AccessError> {
     let record = TokenRecord {
         name: name.to_string(),
         role: role.name().into(),
         hash: sha256_hex(token.as_bytes()),
-        created_at_ms: now_ms,
+        created_at_ms: now,
     };
     // An insert, not a put: two nodes sharing a store that create the same name at once
     // must not both believe they did (the second would hold a token that no longer works).
@@ -261,7 +268,7 @@ pub enum Bootstrap {
 /// The file is durable before the token's record is committed, so a start killed at any
 /// moment leaves either no record (the next start mints the admin again and writes the file
 /// anew) or a record whose token is in the file. Never a record whose token nobody has.
-pub async fn bootstrap(store: &Store, data: &Path, now_ms: u64) -> Result<Bootstrap, AccessError> {
+pub async fn bootstrap(store: &Store, data: &Path, now: Timestamp) -> Result<Bootstrap, AccessError> {
     let path = data.join(ADMIN_TOKEN_FILE);
     if !list(store)?.is_empty() {
         return match read_admin_token(data) {
@@ -274,7 +281,7 @@ pub async fn bootstrap(store: &Store, data: &Path, now_ms: u64) -> Result<Bootst
     }
     let token = new_token()?;
     write_private(&path, &token).map_err(|source| AccessError::File { path: path.clone(), source })?;
-    match insert(store, "admin", Role::Admin, &token, now_ms).await {
+    match insert(store, "admin", Role::Admin, &token, now).await {
         Ok(()) => {}
         // Another node created it between the look and the insert: the file written here
         // holds a token that never worked.
@@ -284,7 +291,7 @@ pub async fn bootstrap(store: &Store, data: &Path, now_ms: u64) -> Result<Bootst
         }
         Err(e) => return Err(e),
     }
-    access::append(store, "durafiber", "token_create", None, "admin (admin), written to admin.token", now_ms)
+    access::append(store, "durafiber", "token_create", None, "admin (admin), written to admin.token", now)
         .await?;
     Ok(Bootstrap::Created(path))
 }

@@ -221,22 +221,15 @@ pub async fn record(
         return Err(crate::state::ApiError::from(durafiber_runtime::RuntimeError::from(e)).into_response());
     }
     let (action, run_id, detail) = describe(method, path, headers, body);
-    access::append(
-        app.runtime.store(),
-        &caller.name,
-        &action,
-        run_id.as_deref(),
-        &detail,
-        app.runtime.now(),
-    )
-    .await
-    .map_err(|e| {
-        refuse(
-            StatusCode::SERVICE_UNAVAILABLE,
-            ApiErrorKind::StoreFailed,
-            format!("the audit trail cannot be written: {e}"),
-        )
-    })?;
+    access::append(app.runtime.store(), &caller.name, &action, run_id.as_deref(), &detail, app.runtime.now())
+        .await
+        .map_err(|e| {
+            refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ApiErrorKind::StoreFailed,
+                format!("the audit trail cannot be written: {e}"),
+            )
+        })?;
     tracing::info!(actor = %caller.name, action, run_id = run_id.as_deref().unwrap_or(""), "audited");
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! every other refusal; nothing a client sends can crash the server.
 
 use durafiber_api::ApiErrorKind;
+use durafiber_api::Timestamp;
 use durafiber_runtime::RunId;
 use durafiber_runtime::StartRequest;
 use std::time::Duration;
@@ -390,7 +391,7 @@ pub(super) async fn set_alarm(
     let body: AlarmBody = parse(&body)?;
     let at = match (body.delay_ms, body.at_ms, &body.cron) {
         (Some(d), None, None) => AlarmAt::In(Duration::from_millis(d)),
-        (None, Some(t), None) => AlarmAt::AtMs(t),
+        (None, Some(t), None) => AlarmAt::At(Timestamp::from_millis(t)),
         (None, None, Some(_)) if body.every_ms.is_none() => AlarmAt::In(Duration::ZERO),
         _ => {
             return Err(bad_request(

@@ -143,7 +143,7 @@ fn alarm_body() -> Value {
     let period_ms = limits::ALARM_PERIOD_MIN.as_millis() as u64;
     // Due times an alarm may name: from the epoch to the start of 2100, always within the
     // horizon from now.
-    let latest_at_ms: u64 = 4_102_444_800_000;
+    let latest_at_ms = 4_102_444_800_000_u64;
     let every = json!({"type": ["integer", "null"], "minimum": period_ms, "maximum": horizon_ms});
     let payload = json!({"description": "given to `on_alarm`"});
     let zones: Vec<&str> = durafiber_runtime::CronSchedule::time_zone_names().collect();

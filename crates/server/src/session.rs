@@ -6,6 +6,7 @@
 //! exists with the same hash, so revoking it ends its sessions at once. The session id is
 //! 256 random bits; the server keeps only its SHA-256.
 
+use durafiber_api::Timestamp;
 use std::collections::HashMap;
 
 use axum::http::{HeaderMap, HeaderValue, header};
@@ -29,7 +30,7 @@ pub struct Session {
     /// What every form of this session must carry.
     pub csrf: String,
     token_hash: String,
-    expires_at_ms: u64,
+    expires_at: Timestamp,
 }
 
 /// Every signed-in browser, by the hash of its session id.
@@ -51,23 +52,22 @@ impl Sessions {
         &self,
         store: &Store,
         token: &str,
-        now_ms: u64,
+        now: Timestamp,
     ) -> Result<Option<(String, Session)>, AccessError> {
         let Some(caller) = auth::verify(store, token)? else {
             return Ok(None);
         };
         let id = auth::random_hex()?;
-        let ttl_ms = limits::CONSOLE_SESSION_TTL.as_millis() as u64;
         let session = Session {
             caller,
             csrf: auth::random_hex()?,
             token_hash: sha256_hex(token.as_bytes()),
-            expires_at_ms: now_ms.saturating_add(ttl_ms),
+            expires_at: now.saturating_add(limits::CONSOLE_SESSION_TTL),
         };
         let mut sessions = self.by_id_hash.lock();
-        sessions.retain(|_, s| s.expires_at_ms > now_ms);
+        sessions.retain(|_, s| s.expires_at > now);
         if sessions.len() >= limits::CONSOLE_SESSIONS_MAX
-            && let Some(oldest) = sessions.iter().min_by_key(|(_, s)| s.expires_at_ms).map(|(k, _)| k.clone())
+            && let Some(oldest) = sessions.iter().min_by_key(|(_, s)| s.expires_at).map(|(k, _)| k.clone())
         {
             sessions.remove(&oldest);
         }
@@ -81,7 +81,7 @@ impl Sessions {
         &self,
         store: &Store,
         headers: &HeaderMap,
-        now_ms: u64,
+        now: Timestamp,
     ) -> Result<Option<Session>, AccessError> {
         let Some(id) = cookie(headers, SESSION_COOKIE) else {
             return Ok(None);
@@ -90,7 +90,7 @@ impl Sessions {
         let Some(session) = self.by_id_hash.lock().get(&key).cloned() else {
             return Ok(None);
         };
-        if session.expires_at_ms <= now_ms {
+        if session.expires_at <= now {
             self.by_id_hash.lock().remove(&key);
             return Ok(None);
         }

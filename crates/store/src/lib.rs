@@ -71,7 +71,7 @@ pub mod witness;
 pub use backend::{Backend, Lease, Leases, ShardOwner, SharedLimits};
 pub use barrier::{Durability, WriterStats};
 pub use batch::Batch;
-pub use durafiber_api::RunId;
+pub use durafiber_api::{RunId, Timestamp};
 pub use error::StoreError;
 #[cfg(feature = "postgres")]
 pub use pg_backend::PgBackend;

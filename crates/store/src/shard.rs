@@ -33,7 +33,12 @@ mod tests {
         let s = of_run(run);
         assert!(s < SHARDS);
         assert_eq!(of_key(tables::keys::run(run).as_bytes()), Some(s));
-        assert_eq!(of_key(tables::keys::alarm_due(durafiber_api::Timestamp::from_millis(42), run, "tick").as_bytes()), Some(s));
+        assert_eq!(
+            of_key(
+                tables::keys::alarm_due(durafiber_api::Timestamp::from_millis(42), run, "tick").as_bytes()
+            ),
+            Some(s)
+        );
         assert_eq!(of_key(tables::keys::run_by_key("steps", "k1").as_bytes()), None);
         // Fixed forever: nodes of different versions must agree.
         assert_eq!(of_run("run_a"), of_run("run_a"));

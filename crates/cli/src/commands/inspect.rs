@@ -4,8 +4,11 @@
 //! agent; the next server picks the decision up.
 
 use anyhow::{Context as _, bail};
-use durafiber_runtime::RunId;
 use durafiber_runtime::{Decision, ListFilter, Runtime};
+use durafiber_runtime::{
+    RunId, Timestamp,
+    clock::{Clock, SystemClock},
+};
 use durafiber_store::{Store, StoreConfig, StoreError, access};
 use serde_json::{Value, json};
 
@@ -286,11 +289,9 @@ async fn server_of(target: &Target) -> Option<Client> {
     client.is_up().await.then_some(client)
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+/// The time now, on this machine's clock: the command runs without a runtime.
+fn now() -> Timestamp {
+    SystemClock.now()
 }
 
 /// `tokens create`.
@@ -300,14 +301,14 @@ pub async fn tokens_create(target: &Target, name: &str, role: &str) -> anyhow::R
     }
     let store = bare_store(target).await?;
     let role: auth::Role = role.parse()?;
-    let token = auth::create(&store, name, role, now_ms()).await?;
+    let token = auth::create(&store, name, role, now()).await?;
     access::append(
         &store,
         "durafiber-cli",
         "token_create",
         None,
         &format!("name={name:?} role={role}"),
-        now_ms(),
+        now(),
     )
     .await?;
     store.close();
@@ -332,8 +333,7 @@ pub async fn tokens_revoke(target: &Target, name: &str) -> anyhow::Result<Value>
     }
     let store = bare_store(target).await?;
     let revoked = auth::revoke(&store, name).await?;
-    access::append(&store, "durafiber-cli", "token_revoke", None, &format!("name={name:?}"), now_ms())
-        .await?;
+    access::append(&store, "durafiber-cli", "token_revoke", None, &format!("name={name:?}"), now()).await?;
     store.close();
     Ok(json!({"name": name, "revoked": revoked}))
 }

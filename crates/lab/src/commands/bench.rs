@@ -12,7 +12,7 @@
 //!   written and one after (in the benchmark's own process, the bulk load's freed memory
 //!   would hide the cost).
 
-use durafiber_runtime::RunId;
+use durafiber_runtime::{RunId, Timestamp};
 use parking_lot::Mutex;
 use std::{
     path::Path,
@@ -44,24 +44,24 @@ pub async fn run(which: Bench) -> anyhow::Result<i32> {
         Bench::Stash { json, writers, seconds, out, .. } => {
             stash(json, writers, seconds.unwrap_or(STASH_SECONDS), out.as_deref()).await
         }
-        Bench::StashNode { url, node_id, nodes, writers, start_at_ms, seconds } => {
-            super::bench_nodes::node(&url, &node_id, nodes, writers, start_at_ms, seconds).await
+        Bench::StashNode { url, node_id, nodes, writers, start_at, seconds } => {
+            super::bench_nodes::node(&url, &node_id, nodes, writers, start_at, seconds).await
         }
-        Bench::Recover { json, runs, pause_ms, repeat, history_max, out } => {
-            let workload = super::bench_recover::Workload { runs, pause_ms, history_max };
+        Bench::Recover { json, runs, pause, repeat, history_max, out } => {
+            let workload = super::bench_recover::Workload { runs, pause, history_max };
             super::bench_recover::recover(json, workload, repeat, out.as_deref()).await
         }
         Bench::Alarms { json, alarms, pending, out } => {
             bench_alarms(json, alarms, pending, out.as_deref()).await
         }
         Bench::AlarmsMemoryChild { data } => alarms_memory_child(&data).await,
-        Bench::RecoverChild { data, mode, runs, pause_ms, history_max } => {
-            let workload = super::bench_recover::Workload { runs, pause_ms, history_max };
+        Bench::RecoverChild { data, mode, runs, pause, history_max } => {
+            let workload = super::bench_recover::Workload { runs, pause, history_max };
             super::bench_recover::child(&data, &mode, workload).await
         }
-        Bench::Steps { json, runs, steps, sequential, gap_ms, kill_runs, busy, history_max, out } => {
+        Bench::Steps { json, runs, steps, sequential, gap, kill_runs, busy, history_max, out } => {
             let plan =
-                super::bench_steps::Plan { runs, steps, sequential, gap_ms, kill_runs, busy, history_max };
+                super::bench_steps::Plan { runs, steps, sequential, gap, kill_runs, busy, history_max };
             super::bench_steps::steps(json, plan, out.as_deref()).await
         }
         Bench::BusyLoop => super::bench_steps::busy_loop(),
@@ -170,7 +170,7 @@ impl Agent for Ticker {
 
     async fn on_alarm(&self, _: &mut Ctx<Self>, alarm: AlarmEvent) -> Result<(), AgentError> {
         let now_us = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
-        let late = now_us.saturating_sub(alarm.scheduled_time_ms * 1_000);
+        let late = now_us.saturating_sub(alarm.scheduled_time_ms.as_millis() * 1_000);
         self.lateness_us.lock().push(late);
         Ok(())
     }
@@ -189,7 +189,7 @@ async fn schedule_within_one_second(
         tasks.push(tokio::spawn(async move {
             for i in chunk * 250..((chunk + 1) * 250).min(alarms) {
                 let due = due_from + (i as u64 * 1_000) / alarms.max(1) as u64;
-                let spec = AlarmSpec::at_ms(due, &i)?;
+                let spec = AlarmSpec::at(Timestamp::from_millis(due), &i)?;
                 rt.set_alarm(&runs[i % runs.len()], &format!("tick-{i}"), spec).await?;
             }
             Ok::<_, durafiber_runtime::RuntimeError>(())
@@ -249,8 +249,9 @@ async fn bench_alarms(json: bool, alarms: usize, pending: usize, out: Option<&Pa
         // alarms and after; in this one, the bulk load's freed memory would hide the cost.
         let rss_without = opened_rss_in_child(dir.path())?;
         let store = Store::open_dir(dir.path(), StoreConfig::default())?;
-        let far = epoch_ms() + 86_400_000;
-        durafiber_demo::bulk::write_pending_alarms(&store, &runs, "later", pending, far, 1).await?;
+        let far = Timestamp::from_millis(epoch_ms() + 86_400_000);
+        let step = Duration::from_millis(1);
+        durafiber_demo::bulk::write_pending_alarms(&store, &runs, "later", pending, far, step).await?;
         store.close();
         drop(store);
         bulk_peak_rss = peak_rss_bytes();

@@ -6,6 +6,7 @@
 //! share of the shards, and runs its writers against runs of its own shards; every node
 //! starts committing at the same instant and stops after the same time.
 
+use durafiber_api::Timestamp;
 use durafiber_runtime::RunId;
 use std::{
     io::{BufRead, BufReader},
@@ -104,13 +105,13 @@ async fn across(
 }
 
 /// One node: joins, acquires 1/nodes of the shards, then its writers commit stashes into
-/// runs of those shards from `start_at_ms` for `seconds`. Prints its figures as JSON.
+/// runs of those shards from `start_at` for `seconds`. Prints its figures as JSON.
 pub async fn node(
     url: &str,
     node_id: &str,
     nodes: usize,
     writers: usize,
-    start_at_ms: u64,
+    start_at: Timestamp,
     seconds: f64,
 ) -> anyhow::Result<i32> {
     let backend = Arc::new(PgBackend::open_node(url, node_id)?);
@@ -132,7 +133,7 @@ pub async fn node(
             runs.push(RunId::new(run_id));
         }
     }
-    tokio::time::sleep(Duration::from_millis(start_at_ms.saturating_sub(epoch_ms()))).await;
+    tokio::time::sleep(Duration::from_millis(start_at.as_millis().saturating_sub(epoch_ms()))).await;
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let (commits, mut samples) = commit_until(&store, runs, deadline).await?;
     store.close();

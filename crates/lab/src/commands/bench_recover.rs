@@ -23,7 +23,7 @@ use super::measure::{Samples, epoch_ms, peak_rss_bytes, print_bench_report, prog
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Workload {
     pub runs: usize,
-    pub pause_ms: u64,
+    pub pause: Duration,
     pub history_max: u32,
 }
 
@@ -34,7 +34,7 @@ impl Workload {
         command.args(["bench", "recover-child"]).arg(data).arg(mode).arg(self.runs.to_string());
         command.args([
             "--pause-ms",
-            &self.pause_ms.to_string(),
+            &self.pause.as_millis().to_string(),
             "--history-max",
             &self.history_max.to_string(),
         ]);
@@ -44,7 +44,8 @@ impl Workload {
 
 /// The process `bench recover` starts, kills and restarts.
 pub(super) async fn child(data: &Path, mode: &str, workload: Workload) -> anyhow::Result<i32> {
-    let Workload { runs, pause_ms, history_max } = workload;
+    let Workload { runs, pause, history_max } = workload;
+    let pause_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX);
     let process_start = Instant::now();
     let process_start_ms = epoch_ms();
     let store = Store::open_dir(data, StoreConfig::default())?;
@@ -54,7 +55,7 @@ pub(super) async fn child(data: &Path, mode: &str, workload: Workload) -> anyhow
     let runtime_open_ms = process_start.elapsed().as_secs_f64() * 1000.0;
     if mode == "start" {
         let input = StepsInput { steps: 1_000_000, pause_ms };
-        let reporter = tokio::spawn(report_starts(rt.clone(), runs, pause_ms));
+        let reporter = tokio::spawn(report_starts(rt.clone(), runs, pause));
         start_runs::<Steps>(&rt, runs, "bench", &input, |_| false).await?;
         reporter.abort();
         tokio::time::sleep(Duration::from_millis(1_500)).await;
@@ -77,7 +78,7 @@ pub(super) async fn child(data: &Path, mode: &str, workload: Workload) -> anyhow
         rt.events()
             .iter()
             .filter(|e| e.kind == "recovered")
-            .map(|e| e.at_ms.saturating_sub(process_start_ms))
+            .map(|e| e.at_ms.as_millis().saturating_sub(process_start_ms))
             .collect(),
     );
     let report = json!({
@@ -100,7 +101,8 @@ pub(super) async fn child(data: &Path, mode: &str, workload: Workload) -> anyhow
 /// the start, three reports in a row, the runs ask more than this machine commits: the
 /// process says so on stdout, in place of `ready`, and ends, where the start phase would
 /// otherwise drag on for as long as the backlog grows.
-async fn report_starts(rt: Runtime, runs: usize, pause_ms: u64) {
+async fn report_starts(rt: Runtime, runs: usize, pause: Duration) {
+    let pause_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX);
     let mut stashes = 0;
     let mut behind = 0;
     loop {
@@ -196,7 +198,8 @@ pub(super) async fn recover(
     repeat: usize,
     out: Option<&Path>,
 ) -> anyhow::Result<i32> {
-    let Workload { runs, pause_ms, history_max } = workload;
+    let Workload { runs, pause, history_max } = workload;
+    let pause_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX);
     let exe = std::env::current_exe()?;
     let dir = tempfile::Builder::new().prefix("durafiber-bench-").tempdir_in(std::env::temp_dir())?;
     let killed = dir.path().join("killed");

@@ -2,7 +2,7 @@
 //! command, beside raw `fdatasync` measured in the same run:
 //!
 //! 1. `runs` concurrent runs of `steps` sync stashes each: durable steps per second;
-//! 2. `sequential` steps, `gap_ms` apart: the latency of one step (its stash, as the agent
+//! 2. `sequential` steps, `gap` apart: the latency of one step (its stash, as the agent
 //!    times it), beside raw write + `fdatasync` just as far apart as the steps really were
 //!    (a sync after an idle gap costs a disk more than back-to-back ones, and more the
 //!    longer the gap). Steps and raw syncs take turns of up to 25 each, so a disk whose
@@ -37,7 +37,7 @@ pub struct Plan {
     pub runs: usize,
     pub steps: u32,
     pub sequential: u32,
-    pub gap_ms: u64,
+    pub gap: Duration,
     pub kill_runs: usize,
     pub busy: usize,
     /// Boundaries each run keeps in its history (`history_max`): 0 measures steps without it.
@@ -136,11 +136,11 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
         "steps_ratio_to_raw": (steps_per_s / raw * 100.0).round() / 100.0,
         "busy_loops": plan.busy, "sequential_cores": cores,
         "step_to_raw_gapped_p50": (step_p50 as f64 / raw_gapped_p50.max(1) as f64 * 100.0).round() / 100.0,
-        "sequential_steps": plan.sequential, "sequential_turns": turns, "gap_ms": plan.gap_ms, "step_gap_p50_ms": ms(gap),
+        "sequential_steps": plan.sequential, "sequential_turns": turns, "gap_ms": plan.gap.as_millis() as u64, "step_gap_p50_ms": ms(gap),
         "step_p50_ms": ms(step_p50), "step_p99_ms": ms(step_p99),
         "raw_gapped_fdatasync_p50_ms": ms(raw_gapped_p50), "raw_gapped_fdatasync_p99_ms": ms(raw_gapped_p99),
         "kill_runs": plan.kill_runs, "acked_before_kill": killed.acked,
-        "restart_to_first_step_ms": killed.first_step_ms, "steps_rerun": killed.rerun,
+        "restart_to_first_step_ms": killed.first_step.as_millis() as u64, "steps_rerun": killed.rerun,
     });
     let lines = vec![
         format!("raw fdatasync:              {raw:>10.0} /s"),
@@ -164,7 +164,9 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
         ),
         format!(
             "SIGKILL with {} runs:       first resumed step {} ms after restart, {} acknowledged steps re-run",
-            plan.kill_runs, killed.first_step_ms, killed.rerun
+            plan.kill_runs,
+            killed.first_step.as_millis(),
+            killed.rerun
         ),
     ];
     print_bench_report(lines, report, json)?;
@@ -203,7 +205,7 @@ struct Sequential {
     cores: Vec<usize>,
 }
 
-/// `plan.sequential` steps `gap_ms` apart, in turns with raw write + `fdatasync` just as
+/// `plan.sequential` steps `gap` apart, in turns with raw write + `fdatasync` just as
 /// far apart, so that a disk whose speed drifts over the run weighs on both alike. Each turn
 /// is a run of its own; its raw syncs are paced by the gaps its steps had, since a clock
 /// sleep ends on the runtime timer's next millisecond and the steps' real gaps are longer
@@ -212,7 +214,8 @@ async fn sequential(dir: &Path, plan: &Plan) -> anyhow::Result<Sequential> {
     let turns = (plan.sequential / STEPS_PER_TURN).clamp(1, TURNS_MAX);
     progress(&format!(
         "{} sequential steps {} ms apart, in {turns} turns with raw write + fdatasync as far apart",
-        plan.sequential, plan.gap_ms
+        plan.sequential,
+        plan.gap.as_millis()
     ));
     let times = durafiber_demo::agents::StashTimes::default();
     let agent = Steps { stash_times: Some(times.clone()), ..Steps::default() };
@@ -220,12 +223,12 @@ async fn sequential(dir: &Path, plan: &Plan) -> anyhow::Result<Sequential> {
     let (mut step, mut raw_gapped, mut gaps, mut cores) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for turn in 0..turns {
         let steps = plan.sequential / turns + u32::from(turn < plan.sequential % turns);
-        let input = StepsInput { steps, pause_ms: plan.gap_ms };
+        let input = StepsInput { steps, pause_ms: plan.gap.as_millis() as u64 };
         let id = rt.start::<Steps>(&format!("sequential-{turn}"), &input).await?.run_id;
         rt.wait(&id).await?;
         let timed = std::mem::take(&mut *times.lock());
         let turn_gaps: Vec<u64> = timed.windows(2).map(|w| gap_us((w[0].0, w[0].1), w[1].0)).collect();
-        let gap = median_gap(turn_gaps.clone(), plan.gap_ms);
+        let gap = median_gap(turn_gaps.clone(), plan.gap);
         gaps.extend(turn_gaps);
         step.extend(timed.iter().map(|&(_, took, _)| took));
         // The raw syncs wait on the core the steps' writes waited on: a disk's completion
@@ -246,7 +249,7 @@ async fn sequential(dir: &Path, plan: &Plan) -> anyhow::Result<Sequential> {
         raw_gapped.extend(synced.0);
     }
     rt.shutdown().await;
-    let gap = median_gap(gaps, plan.gap_ms);
+    let gap = median_gap(gaps, plan.gap);
     cores.sort_unstable();
     cores.dedup();
     Ok(Sequential { step: Samples(step), raw_gapped: Samples(raw_gapped), gap, turns, cores })
@@ -272,9 +275,9 @@ fn pin_to(core: usize) {
 }
 
 /// The median of `gaps`, µs; the requested gap when there are none (a turn of one step).
-fn median_gap(gaps: Vec<u64>, requested_ms: u64) -> u64 {
+fn median_gap(gaps: Vec<u64>, requested: Duration) -> u64 {
     match gaps.len() {
-        0 => requested_ms.saturating_mul(1_000),
+        0 => u64::try_from(requested.as_micros()).unwrap_or(u64::MAX),
         _ => Samples(gaps).quantile(0.5),
     }
 }
@@ -287,7 +290,7 @@ fn gap_us((started, took): (Instant, u64), next: Instant) -> u64 {
 
 struct Killed {
     acked: u64,
-    first_step_ms: u64,
+    first_step: Duration,
     rerun: u64,
 }
 
@@ -354,9 +357,9 @@ fn acked_until_killed(mut child: std::process::Child) -> anyhow::Result<BTreeMap
 fn resumed_from(
     mut child: std::process::Child,
     spawned: Instant,
-) -> anyhow::Result<(BTreeMap<String, u32>, Option<u64>)> {
+) -> anyhow::Result<(BTreeMap<String, u32>, Option<Duration>)> {
     let lines = lines_of(&mut child)?;
-    let mut first_step_ms = None;
+    let mut first_step = None;
     let deadline = Instant::now() + Duration::from_secs(300);
     let resumed: BTreeMap<String, u32> = loop {
         if Instant::now() > deadline {
@@ -365,7 +368,7 @@ fn resumed_from(
         }
         match lines.recv_timeout(Duration::from_millis(50)) {
             Ok(line) if line.starts_with("ack ") => {
-                first_step_ms.get_or_insert(spawned.elapsed().as_millis() as u64);
+                first_step.get_or_insert(spawned.elapsed());
             }
             Ok(line) if line.starts_with('{') => {
                 let report: Value = serde_json::from_str(&line).context("the restarted process's report")?;
@@ -378,7 +381,7 @@ fn resumed_from(
         }
     };
     let _ = child.wait();
-    Ok((resumed, first_step_ms))
+    Ok((resumed, first_step))
 }
 
 async fn kill_and_resume(data: &Path, runs: usize) -> anyhow::Result<Killed> {
@@ -394,14 +397,14 @@ async fn kill_and_resume(data: &Path, runs: usize) -> anyhow::Result<Killed> {
     };
     let acked = acked_until_killed(spawn("start")?)?;
     let spawned = Instant::now();
-    let (resumed, first_step_ms) = resumed_from(spawn("resume")?, spawned)?;
+    let (resumed, first_step) = resumed_from(spawn("resume")?, spawned)?;
     let rerun = acked
         .iter()
         .map(|(run, done)| u64::from(done.saturating_sub(resumed.get(run).copied().unwrap_or(*done))))
         .sum();
     Ok(Killed {
         acked: acked.values().map(|d| u64::from(*d)).sum(),
-        first_step_ms: first_step_ms.unwrap_or(0),
+        first_step: first_step.unwrap_or_default(),
         rerun,
     })
 }

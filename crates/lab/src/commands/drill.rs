@@ -50,8 +50,9 @@ pub struct DrillReport {
     pub upstream_refunds: usize,
     /// Email objects upstream.
     pub upstream_emails: usize,
-    /// Wall time of the whole drill, ms.
-    pub elapsed_ms: u64,
+    /// Wall time of the whole drill (`elapsed_ms`).
+    #[serde(rename = "elapsed_ms", with = "durafiber_api::time::millis_duration")]
+    pub elapsed: Duration,
     /// Where the recording is.
     pub recording: String,
 }
@@ -306,7 +307,7 @@ pub(super) fn conclude(
         seed: o.seed,
         upstream_refunds: refunds.len(),
         upstream_emails: emails.len(),
-        elapsed_ms: o.started.elapsed().as_millis() as u64,
+        elapsed: o.started.elapsed(),
         recording: out.display().to_string(),
     };
     let s = &o.snaps;
@@ -385,7 +386,7 @@ pub(super) fn out_dir(out: Option<&Path>, seed: u64) -> PathBuf {
 /// Across nodes: how many, the failover, and whether the stopped node was fenced.
 pub(super) struct AcrossNodes {
     pub nodes: usize,
-    pub failover_ms: u64,
+    pub failover: Duration,
     pub zombie_fenced: bool,
 }
 
@@ -410,10 +411,10 @@ pub(super) fn print_report(r: &DrillReport, across: Option<&AcrossNodes>, json_l
             "stopped node fenced",
             mark(a.zombie_fenced),
             a.nodes,
-            a.failover_ms
+            a.failover.as_millis()
         );
     }
-    println!("run {} in {} ms; recording in {}", r.run_id, r.elapsed_ms, r.recording);
+    println!("run {} in {} ms; recording in {}", r.run_id, r.elapsed.as_millis(), r.recording);
     if json_line {
         let mut line = json!({
             "same_run_id": r.same_run_id, "side_effects_once": r.side_effects_once, "state_position": r.state_position,
@@ -422,7 +423,7 @@ pub(super) fn print_report(r: &DrillReport, across: Option<&AcrossNodes>, json_l
         });
         if let Some(a) = across {
             line["nodes"] = json!(a.nodes);
-            line["failover_ms"] = json!(a.failover_ms);
+            line["failover_ms"] = json!(a.failover.as_millis() as u64);
             line["zombie_fenced"] = json!(a.zombie_fenced);
         }
         println!("{line}");

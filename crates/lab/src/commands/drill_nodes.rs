@@ -239,7 +239,8 @@ async fn run_nodes(
     let killed = Instant::now();
     let via = (first + 1) % n;
     let (second, after_kill_1) = owned_by(&nodes[via], &run_id, &ids, &alive).await?;
-    let failover_ms = killed.elapsed().as_millis() as u64;
+    let failover = killed.elapsed();
+    let failover_ms = failover.as_millis() as u64;
 
     eprintln!("drill: [3/5] approve through a node that does not run it, with the hash the view shows");
     let other = (0..n).find(|i| alive[*i] && *i != second).unwrap_or(second);
@@ -275,7 +276,7 @@ async fn run_nodes(
         "owners": owners.iter().map(|i| ids[*i].clone()).collect::<Vec<_>>(),
     });
     let report = conclude(outcome, &upstream, out, zombie_fenced, extra)?;
-    Ok((report, AcrossNodes { nodes: n, failover_ms, zombie_fenced }))
+    Ok((report, AcrossNodes { nodes: n, failover, zombie_fenced }))
 }
 
 #[cfg(test)]

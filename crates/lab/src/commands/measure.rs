@@ -3,7 +3,7 @@
 //! and the latency of syncs a gap apart), writers that commit stash-sized sync boundaries
 //! until a deadline, and the report, which says how much CPU time the host took meanwhile.
 
-use durafiber_runtime::{Agent, RunId, Runtime};
+use durafiber_runtime::{Agent, RunId, Runtime, Timestamp};
 use std::{
     io::Write,
     path::Path,
@@ -45,7 +45,7 @@ pub(super) async fn commit_until(
                     step: "step".into(),
                     seq,
                     stash_json: "3".repeat(160),
-                    written_at_ms: 0,
+                    written_at_ms: Timestamp::from_millis(0),
                 };
                 let mut batch = Batch::new();
                 batch.put(keys::stash(&run_id), &stash)?;

@@ -5,10 +5,10 @@
 //! crash hook or seeded chaos asks for at a boundary (`kernel/commit.rs`).
 //! `kernel/activity.rs` decides when.
 
-use std::time::Duration;
 use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use std::sync::{Arc, atomic::Ordering};
+use std::time::Duration;
 
 use durafiber_store::tables::{RunStatus, WakeReason};
 

@@ -11,9 +11,9 @@
 //! end re-enters it from the journal anyway. Otherwise, idle for `evict_after` (drawn anew
 //! per idle period), it is evicted.
 
+use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use durafiber_store::lock::{Mutex, MutexGuard};
-use durafiber_api::Timestamp;
 use std::{
     collections::BTreeMap,
     sync::{Arc, atomic::Ordering},

@@ -220,7 +220,10 @@ mod tests {
         s.insert(Timestamp::from_millis(20), &RunId::from("r"), "b");
         assert_eq!(s.window_len(), 2);
         s.insert(Timestamp::from_millis(25), &RunId::from("r"), "d"); // beyond the horizon now: left in the store
-        assert_eq!(s.take_due(Timestamp::from_millis(100), 10).iter().map(|e| e.0.as_millis()).collect::<Vec<_>>(), vec![10, 20]);
+        assert_eq!(
+            s.take_due(Timestamp::from_millis(100), 10).iter().map(|e| e.0.as_millis()).collect::<Vec<_>>(),
+            vec![10, 20]
+        );
         assert!(s.wants_refill());
     }
 

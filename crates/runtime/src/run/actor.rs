@@ -13,8 +13,8 @@
 //! eviction that kills the actor aborts that task. Before: `start`, an alarm, a decision,
 //! an event or a recovery asks for a run. After: `fiber.rs`, `alarm_delivery.rs`.
 
-use std::time::Duration;
 use durafiber_store::RunId;
+use std::time::Duration;
 use std::{panic::AssertUnwindSafe, sync::Arc};
 
 use durafiber_store::tables::RunRecord;

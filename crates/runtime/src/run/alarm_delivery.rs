@@ -227,9 +227,7 @@ async fn system_alarm(
         SystemAlarm::EscalateApproval { approval_id } => {
             return approval::on_escalation_alarm(shared, run_id, approval_id).await;
         }
-        SystemAlarm::EventTimeout { name } => {
-            event::on_timeout_alarm(shared, run_id, name, due_at).await?
-        }
+        SystemAlarm::EventTimeout { name } => event::on_timeout_alarm(shared, run_id, name, due_at).await?,
         SystemAlarm::WakeSleep { name } => sleep::on_wake_alarm(shared, run_id, name, due_at).await?,
     };
     if woken {
@@ -274,7 +272,10 @@ async fn attempt_once(
             .times(now, shared.now())
             .attr("durafiber.alarm.name", name.clone())
             .attr("durafiber.alarm.attempt", i64::from(attempt))
-            .attr("durafiber.alarm.scheduled_at_ms", i64::try_from(alarm.scheduled_at_ms.as_millis()).unwrap_or(i64::MAX))
+            .attr(
+                "durafiber.alarm.scheduled_at_ms",
+                i64::try_from(alarm.scheduled_at_ms.as_millis()).unwrap_or(i64::MAX),
+            )
             .attr("durafiber.alarm.outcome", if result.is_ok() { "delivered" } else { "failed" })
             .error(result.as_ref().err().map(ToString::to_string))
     });

@@ -47,13 +47,7 @@ impl AttemptSpan {
         if attempt > 1 && !before_ended_itself {
             shared.send_unfinished_attempt(&cell.run_id, &cell.kind, attempt - 1, "left memory");
         }
-        Some(AttemptSpan {
-            shared: shared.clone(),
-            cell: cell.clone(),
-            attempt,
-            mode,
-            start: shared.now(),
-        })
+        Some(AttemptSpan { shared: shared.clone(), cell: cell.clone(), attempt, mode, start: shared.now() })
     }
 
     /// Sends the span: the attempt ended with `outcome`, failing with `error` if it did.

@@ -35,7 +35,8 @@ pub(crate) async fn tick(shared: &Arc<Shared>) -> Option<Timestamp> {
     }
     let due: Vec<RunId> = {
         let mut wakeups = shared.timers.wakeups.lock();
-        let later = wakeups.split_off(&(now.saturating_add(Duration::from_millis(1)), RunId::new(String::new())));
+        let later =
+            wakeups.split_off(&(now.saturating_add(Duration::from_millis(1)), RunId::new(String::new())));
         std::mem::replace(&mut *wakeups, later).into_iter().map(|(_, id)| id).collect()
     };
     for run_id in due {

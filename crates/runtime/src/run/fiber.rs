@@ -6,8 +6,8 @@
 //! Before: `actor.rs` (a cold start decides here) or the actor's `Activate`. After:
 //! `agent/` (`Ctx`) for what user code calls, `fiber_end.rs` for the attempt's end.
 
-use std::time::Duration;
 use durafiber_store::RunId;
+use std::time::Duration;
 use std::{
     panic::AssertUnwindSafe,
     sync::{Arc, atomic::Ordering},

@@ -5,9 +5,9 @@
 //!
 //! Before: `fiber.rs` (the attempt that ran the agent's future).
 
-use std::time::Duration;
 use durafiber_api::Timestamp;
 use std::sync::{Arc, atomic::Ordering};
+use std::time::Duration;
 
 use durafiber_store::tables::{self, RunStatus};
 
@@ -146,7 +146,10 @@ fn after_error(
             run.recover_attempts = run.recover_attempts.saturating_sub(1);
             run.next_recover_at_ms = Timestamp::ZERO;
         }
-        return End { retry_at: Some(shared.now().saturating_add(Duration::from_secs(1))), span_left_to_retry: true };
+        return End {
+            retry_at: Some(shared.now().saturating_add(Duration::from_secs(1))),
+            span_left_to_retry: true,
+        };
     } else if matches!(result, Ok(Err(AgentError::EffectRejected { .. }))) {
         // A refusal: re-entering the run would only hear it again.
         run.status = RunStatus::Failed { error };

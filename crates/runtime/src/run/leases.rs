@@ -50,10 +50,10 @@ fn local(shared: &Shared) -> Timestamp {
 }
 
 /// Sets the time base the nodes share from a heartbeat sent at `sent` (this machine's
-/// time) that read the database's clock as `database_ms`. A reading is off by up to half its
+/// time) that read the database's clock as `database`. A reading is off by up to half its
 /// round trip: one that took longer than `max_clock_skew`, or than a second, says too little
 /// and is passed over.
-fn agree(shared: &Shared, database_ms: u64, sent: Timestamp) {
+fn agree(shared: &Shared, database: Timestamp, sent: Timestamp) {
     let Some(agreed) = &shared.time.agreed else { return };
     let answered = agreed.local();
     let bound = skew_bound_ms(shared);
@@ -63,7 +63,7 @@ fn agree(shared: &Shared, database_ms: u64, sent: Timestamp) {
         return;
     }
     let before = agreed.offset_ms();
-    let offset = agreed.measured(Timestamp::from_millis(database_ms), sent, answered);
+    let offset = agreed.measured(database, sent, answered);
     let skewed = offset.unsigned_abs() > bound;
     if skewed && before.unsigned_abs() <= bound {
         tracing::warn!(
@@ -112,7 +112,7 @@ pub(crate) async fn join(shared: &Shared, advertise: &str) -> Result<(), Runtime
         let sent = local(shared);
         match leases.heartbeat(advertise, ttl, !clock_skewed(shared)) {
             Ok(database_ms) => {
-                agree(shared, database_ms, sent);
+                agree(shared, Timestamp::from_millis(database_ms), sent);
                 break;
             }
             Err(durafiber_store::StoreError::NodeIdTaken { node, addr }) if Instant::now() < give_up => {
@@ -241,7 +241,7 @@ async fn tick(shared: &Arc<Shared>, advertise: &str) {
     let sent = local(shared);
     let taking = !clock_skewed(shared);
     match call(shared, move |l| l.heartbeat(&addr, ttl, taking)).await {
-        Ok(database_ms) => agree(shared, database_ms, sent),
+        Ok(database_ms) => agree(shared, Timestamp::from_millis(database_ms), sent),
         // This process went unseen for a lease (stopped, or cut off) and another took its
         // node id: the shards are that one's to hold now, and this one holds none.
         Err(e @ durafiber_store::StoreError::NodeIdTaken { .. }) => {

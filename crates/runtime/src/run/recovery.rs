@@ -2,10 +2,10 @@
 //! finds them at start-up is `rescan.rs`; which hooks run at once, and so which deaths count
 //! against a run, is `kernel/hook_gate.rs`.
 
-use std::time::Duration;
 use durafiber_api::Timestamp;
 use durafiber_store::RunId;
 use durafiber_store::tables::{RunRecord, RunStatus, WakeReason, keys};
+use std::time::Duration;
 
 use crate::{budget::Budgets, hooks::RecoveryReason, kernel::shared::Shared, limits};
 
@@ -37,7 +37,9 @@ pub(crate) fn plan(shared: &Shared, run: &RunRecord, budgets: &Budgets) -> Plan 
             };
             // A run re-entered for a decision or a wake it waited for was not found
             // interrupted: its age is the wait's, not a sign that it is stuck.
-            if reason != RecoveryReason::Resumed && now.saturating_since(run.created_at_ms) > shared.config.max_age {
+            if reason != RecoveryReason::Resumed
+                && now.saturating_since(run.created_at_ms) > shared.config.max_age
+            {
                 Plan::Escalate("max_age".into())
             } else if reason != RecoveryReason::Resumed
                 && crate::budget::recoveries_crossed(shared, run, budgets).unwrap_or_else(|e| {

@@ -2,9 +2,9 @@
 //! takes shards — and re-enters them in batches whose registrations share one write. What
 //! each run needs is `recovery::plan`'s decision, made in `fiber::register`.
 
-use std::time::Duration;
 use durafiber_store::RunId;
 use std::sync::Arc;
+use std::time::Duration;
 
 use durafiber_store::{
     Batch, Store,

@@ -255,5 +255,7 @@ impl Traces {
 }
 
 fn at(t: Timestamp) -> SystemTime {
-    SystemTime::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(t.as_millis())).unwrap_or(SystemTime::UNIX_EPOCH)
+    SystemTime::UNIX_EPOCH
+        .checked_add(std::time::Duration::from_millis(t.as_millis()))
+        .unwrap_or(SystemTime::UNIX_EPOCH)
 }

@@ -55,8 +55,8 @@ pub(super) async fn inbox(State(app): State<AppState>, headers: HeaderMap, Query
                 kind,
                 key,
                 view,
-                age_ms: p.age_ms,
-                escalate_at_ms: p.escalate_at_ms,
+                age: p.age_ms,
+                escalate_at: p.escalate_at_ms,
             }
         })
         .collect();

@@ -140,7 +140,7 @@ fn frame<'a>(app: &AppState, session: Option<&'a Session>, section: Section) -> 
             attention = Some(runs + letters);
         }
     }
-    Frame { session, now_ms: app.runtime.now(), section, waiting, attention }
+    Frame { session, now: app.runtime.now(), section, waiting, attention }
 }
 
 fn failure(app: &AppState, session: Option<&Session>, why: &str) -> Response {

@@ -6,6 +6,7 @@ use axum::{
     extract::{Path, Query, State},
     http::{HeaderMap, Method, StatusCode},
 };
+use durafiber_api::Timestamp;
 use durafiber_runtime::RunId;
 use durafiber_runtime::{ListFilter, RunState};
 use serde_json::{Value, json};
@@ -106,24 +107,24 @@ pub(super) fn timeline(
 ) -> Vec<pages::TimelineEntry> {
     const DURABLE: [&str; 5] =
         ["accepted", "effect_prepared", "effect_committed", "approval_requested", "alarm_dead_lettered"];
-    let at = |v: &Value| v.as_u64().unwrap_or(0);
+    let at = pages::json_at;
     let entry =
-        |at_ms: u64, what: &str, detail: String| pages::TimelineEntry { at_ms, what: what.into(), detail };
+        |at: Timestamp, what: &str, detail: String| pages::TimelineEntry { at, what: what.into(), detail };
     let mut out =
         vec![entry(at(&run["run"]["created_at_ms"]), "accepted", format!("key {}", run["run"]["key"]))];
     // Each stash the history keeps, and the last one in any case; the event log's own
     // lines for them are left out below.
     let logged = |detail: &str| events.iter().any(|e| e.kind == "stashed" && e.detail == detail);
-    let mut stashes: Vec<(u64, String)> =
+    let mut stashes: Vec<(Timestamp, String)> =
         history.iter().map(|h| (h.written_at_ms, format!("step {}, seq {}", h.step, h.seq))).collect();
     let stash = &run["stash"];
     let stash_detail = format!("step {}, seq {}", stash["step"].as_str().unwrap_or(""), stash["seq"]);
     if !stash.is_null() && !stashes.iter().any(|(_, d)| *d == stash_detail) {
         stashes.push((at(&stash["written_at_ms"]), stash_detail));
     }
-    for (at_ms, detail) in stashes {
+    for (at, detail) in stashes {
         if !logged(&detail) {
-            out.push(entry(at_ms, "stashed", detail));
+            out.push(entry(at, "stashed", detail));
         }
     }
     for e in run["ledger"].as_array().into_iter().flatten() {
@@ -157,7 +158,7 @@ pub(super) fn timeline(
     for e in events.iter().filter(|e| !DURABLE.contains(&e.kind.as_str())) {
         out.push(entry(e.at_ms, &e.kind, e.detail.clone()));
     }
-    out.sort_by_key(|e| e.at_ms);
+    out.sort_by_key(|e| e.at);
     out
 }
 

@@ -146,7 +146,7 @@ pub struct PausedEntry {
     /// Why.
     pub reason: String,
     /// Since when, ms.
-    pub paused_at_ms: u64,
+    pub paused_at_ms: durafiber_api::Timestamp,
 }
 
 /// The answer to a cancel.
@@ -303,7 +303,7 @@ pub struct TokenShown {
     /// Its role.
     pub role: String,
     /// When it was created, ms since the Unix epoch.
-    pub created_at_ms: u64,
+    pub created_at_ms: durafiber_api::Timestamp,
 }
 
 /// The answer to revoking a token.

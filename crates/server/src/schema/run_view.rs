@@ -66,15 +66,15 @@ pub struct RunShown {
     /// Its state.
     pub status: durafiber_api::Status,
     /// When it was accepted, ms.
-    pub created_at_ms: u64,
+    pub created_at_ms: durafiber_api::Timestamp,
     /// When it last changed, ms.
-    pub updated_at_ms: u64,
+    pub updated_at_ms: durafiber_api::Timestamp,
     /// Activations so far.
     pub attempt: u32,
     /// Recovery attempts so far.
     pub recover_attempts: u32,
     /// When the next recovery may start, ms.
-    pub next_recover_at_ms: u64,
+    pub next_recover_at_ms: durafiber_api::Timestamp,
     /// Why the run is to be woken, if it is.
     pub wake_reason: Option<WakeReason>,
     /// Why cancellation was asked, if it was.
@@ -97,7 +97,7 @@ pub struct StashShown {
     /// The stash.
     pub stash: Value,
     /// When, ms.
-    pub written_at_ms: u64,
+    pub written_at_ms: durafiber_api::Timestamp,
 }
 
 /// One effect of the run.
@@ -112,7 +112,7 @@ pub struct LedgerShown {
     /// The arguments' hash.
     pub args_hash: String,
     /// When the key was minted, ms.
-    pub prepared_at_ms: u64,
+    pub prepared_at_ms: durafiber_api::Timestamp,
     /// The receipt, once committed.
     pub committed: Option<ReceiptShown>,
 }
@@ -125,7 +125,7 @@ pub struct ReceiptShown {
     /// Its hash.
     pub receipt_hash: String,
     /// When it was committed, ms.
-    pub committed_at_ms: u64,
+    pub committed_at_ms: durafiber_api::Timestamp,
 }
 
 /// A pending alarm, its payload as JSON.
@@ -136,9 +136,9 @@ pub struct AlarmShown {
     /// The alarm.
     pub name: String,
     /// When it is due, ms.
-    pub due_at_ms: u64,
+    pub due_at_ms: durafiber_api::Timestamp,
     /// When it was set, ms.
-    pub scheduled_at_ms: u64,
+    pub scheduled_at_ms: durafiber_api::Timestamp,
     /// Given to `on_alarm`.
     pub payload: Value,
     /// Its period, ms.
@@ -167,9 +167,9 @@ pub struct ApprovalShown {
     /// The hash a decision must quote.
     pub payload_hash: String,
     /// When it was asked, ms.
-    pub requested_at_ms: u64,
+    pub requested_at_ms: durafiber_api::Timestamp,
     /// When silence escalates it, ms.
-    pub escalate_at_ms: u64,
+    pub escalate_at_ms: durafiber_api::Timestamp,
     /// The decision, once made.
     pub decision: Option<Decision>,
     /// Nobody answered in time.
@@ -193,5 +193,5 @@ pub struct DeadLetterShown {
     /// Its last delivery's error.
     pub last_error: String,
     /// When it was abandoned, ms.
-    pub dead_at_ms: u64,
+    pub dead_at_ms: durafiber_api::Timestamp,
 }

@@ -85,7 +85,10 @@ pub fn alarm_retries_of(run_id: &str, name: Option<&str>) -> Prefix<AlarmRecord>
 
 /// An entry of the due index: time first, so a range scan is in due order.
 pub fn alarm_due(due_at: Timestamp, run_id: &str, due_name: &str) -> Key<()> {
-    ALARM_DUE.key(&[&[due_at.as_millis().to_be_bytes().as_slice(), run_id.as_bytes()].concat(), due_name.as_bytes()])
+    ALARM_DUE.key(&[
+        &[due_at.as_millis().to_be_bytes().as_slice(), run_id.as_bytes()].concat(),
+        due_name.as_bytes(),
+    ])
 }
 
 /// How a settled run ended, the first part of its key in the settled index.
@@ -130,7 +133,8 @@ impl Settled {
 /// A run's entry in the settled index: how, then when, so that one range scan finds the
 /// runs that settled one way before a time, oldest first.
 pub fn settled(how: Settled, settled_at: Timestamp, run_id: &str) -> Key<()> {
-    SETTLED.key(&[&[&[how.code()], settled_at.as_millis().to_be_bytes().as_slice(), run_id.as_bytes()].concat()])
+    SETTLED
+        .key(&[&[&[how.code()], settled_at.as_millis().to_be_bytes().as_slice(), run_id.as_bytes()].concat()])
 }
 
 /// The entries of the runs that settled `how`, oldest first.

@@ -12,7 +12,7 @@ fn alarm_due_keys_sort_by_time_and_parse_back() {
 #[test]
 fn a_retried_occurrence_has_its_own_due_name() {
     let due = retry_due_name("tick", Timestamp::from_millis(42));
-    assert_eq!(parse_due_name(&due), ("tick", Some(42)));
+    assert_eq!(parse_due_name(&due), ("tick", Some(Timestamp::from_millis(42))));
     assert_eq!(parse_due_name("tick"), ("tick", None));
     let key = alarm_due(Timestamp::from_millis(5), "run", &due);
     assert_eq!(parse_alarm_due(&key), Some((Timestamp::from_millis(5), "run".into(), due)));

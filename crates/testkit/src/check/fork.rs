@@ -5,6 +5,7 @@
 //! objects only for what it did not inherit, and leave the run it came from unchanged.
 
 use durafiber_runtime::StartRequest;
+use durafiber_runtime::Timestamp;
 use std::collections::BTreeSet;
 
 use durafiber_runtime::{Agent, ForkOptions, RunId, Runtime};
@@ -44,7 +45,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
         }
         let input = self.input.as_ref().ok_or("no input: call .input(&input)")?;
         let sim = SimBackend::new();
-        let rt = self.open(&sim, SIM_EPOCH_MS, self.config.clone(), None).await?;
+        let rt = self.open(&sim, Timestamp::from_millis(SIM_EPOCH_MS), self.config.clone(), None).await?;
         let started = rt
             .start_run(StartRequest::new(A::KIND, SOURCE_KEY, input.clone()).with_options(self.options))
             .await;

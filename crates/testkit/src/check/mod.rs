@@ -71,7 +71,7 @@ use std::{collections::BTreeMap, ops::Range, sync::Arc, time::Duration};
 
 use durafiber_runtime::{
     Agent, Boundary, CrashHook, Decider, Decision, PendingApproval, RunOptions, Runtime, RuntimeConfig,
-    clock::VirtualClock, testing::BuilderTestExt,
+    Timestamp, clock::VirtualClock, testing::BuilderTestExt,
 };
 use durafiber_store::{SimBackend, Store, StoreConfig};
 use parking_lot::Mutex;
@@ -430,13 +430,13 @@ impl<A: Agent + Clone> AgentCheck<A> {
     pub(super) async fn open(
         &self,
         sim: &SimBackend,
-        now_ms: u64,
+        now: Timestamp,
         config: RuntimeConfig,
         hook: Option<CrashHook>,
     ) -> Result<Runtime, Unplayable> {
         // Within one build a fiber re-entered must emit again what it emitted: a different
         // chunk is a determinism bug the author wants to see, not a deploy to ride out.
-        self.reopen(sim, now_ms, RuntimeConfig { strict_streams: true, ..config }, hook, false).await
+        self.reopen(sim, now, RuntimeConfig { strict_streams: true, ..config }, hook, false).await
     }
 
     /// Opens a runtime on the simulated disk with the checked agent's code, or with the
@@ -444,14 +444,14 @@ impl<A: Agent + Clone> AgentCheck<A> {
     pub(super) async fn reopen(
         &self,
         sim: &SimBackend,
-        now_ms: u64,
+        now: Timestamp,
         config: RuntimeConfig,
         hook: Option<CrashHook>,
         deployed: bool,
     ) -> Result<Runtime, Unplayable> {
         let store = Store::with_backend(Arc::new(sim.clone()), StoreConfig::default())
             .map_err(|e| format!("the simulated store does not open: {e}"))?;
-        let mut builder = Runtime::builder(store).config(config).virtual_clock(VirtualClock::new(now_ms));
+        let mut builder = Runtime::builder(store).config(config).virtual_clock(VirtualClock::new(now));
         builder = match (&self.deploy, deployed) {
             (Some(register), true) => register(builder),
             _ => builder.agent(self.agent.clone()),

@@ -2,6 +2,7 @@
 //! after a crash, and the case's end compared with the baseline's.
 
 use durafiber_runtime::StartRequest;
+use durafiber_runtime::Timestamp;
 use std::{
     collections::BTreeMap,
     sync::{
@@ -51,7 +52,8 @@ impl<A: Agent + Clone> AgentCheck<A> {
             config = RuntimeConfig { seed, chaos_evict_rate: 0.3, ..config };
         }
         let hook = case_hook(&sim, &trouble, record_boundaries);
-        let rt = match self.open(&sim, SIM_EPOCH_MS, config.clone(), Some(hook)).await {
+        let rt = match self.open(&sim, Timestamp::from_millis(SIM_EPOCH_MS), config.clone(), Some(hook)).await
+        {
             Ok(rt) => rt,
             Err(e) => {
                 report.problems.push(e.into());

@@ -129,7 +129,12 @@ impl CheckReport {
             self.baseline.final_state, first.name
         ));
         for e in &first.events {
-            text.push_str(&format!("  {} {} {}\n", e.at_ms.saturating_sub(SIM_EPOCH_MS), e.kind, e.detail));
+            text.push_str(&format!(
+                "  {} {} {}\n",
+                e.at_ms.as_millis().saturating_sub(SIM_EPOCH_MS),
+                e.kind,
+                e.detail
+            ));
         }
         panic!("{text}");
     }

@@ -150,7 +150,7 @@ pub async fn torture(exe: &Path, plan: Plan, out: &Path) -> anyhow::Result<Tortu
     report.forks = h.ids.keys().filter(|key| harness::is_fork(key)).count();
     report.panics =
         logs.iter().map(|l| std::fs::read_to_string(l).unwrap_or_default().matches("panicked").count()).sum();
-    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    report.elapsed = started.elapsed();
     report.pass = passes(&report);
     write_recording(out, &h, &finished, &report)?;
     Ok(report)
@@ -408,7 +408,7 @@ pub async fn run(json_line: bool, plan: Plan, out: Option<&Path>) -> anyhow::Res
         r.poison_escalated,
         r.poison_runs,
         r.poison_exits,
-        r.elapsed_ms,
+        r.elapsed.as_millis(),
         out.display()
     );
     println!(

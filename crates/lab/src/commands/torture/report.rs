@@ -1,6 +1,7 @@
 //! What the torture is asked to do, and its score.
 
 use serde::Serialize;
+use std::time::Duration;
 
 /// What the torture is asked to do.
 #[derive(Debug, Clone, Copy)]
@@ -66,8 +67,9 @@ pub struct TortureReport {
     pub stuck: usize,
     /// Servers that exited by themselves, before their kill.
     pub server_exits: usize,
-    /// Wall time, ms.
-    pub elapsed_ms: u64,
+    /// Wall time (`elapsed_ms`).
+    #[serde(rename = "elapsed_ms", with = "durafiber_api::time::millis_duration")]
+    pub elapsed: Duration,
     /// All failure counts are 0, every order completed and every poison run escalated.
     pub pass: bool,
 }

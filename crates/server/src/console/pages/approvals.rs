@@ -18,10 +18,10 @@ pub struct InboxRow {
     pub key: String,
     /// How the agent would like it shown, if it says.
     pub view: Option<durafiber_runtime::ApprovalView>,
-    /// How long it has waited, ms.
-    pub age_ms: u64,
-    /// When silence escalates it, ms.
-    pub escalate_at_ms: u64,
+    /// How long it has waited.
+    pub age: std::time::Duration,
+    /// When silence escalates it.
+    pub escalate_at: durafiber_api::Timestamp,
 }
 
 /// The inbox: one page of approvals waiting, and a link to the next page when there is one.
@@ -38,7 +38,7 @@ pub fn inbox(frame: &Frame, rows: &[InboxRow], next: Option<&str>) -> Markup {
                     tbody {
                         @for row in rows {
                             tr {
-                                td { (age(row.age_ms)) }
+                                td { (age(row.age)) }
                                 td {
                                     @match &row.view {
                                         Some(view) => {
@@ -50,7 +50,7 @@ pub fn inbox(frame: &Frame, rows: &[InboxRow], next: Option<&str>) -> Markup {
                                 }
                                 td { (row.kind) }
                                 td { code { (row.key) } }
-                                td { (age(row.escalate_at_ms.saturating_sub(frame.now_ms))) }
+                                td { (age(row.escalate_at.saturating_since(frame.now))) }
                                 td { a.review href=(decision_url(&row.run_id, &row.approval_id)) { "Review" } }
                             }
                         }
@@ -91,7 +91,7 @@ pub fn decision(frame: &Frame, view: &DecisionView) -> Markup {
                 "Run " a href=(run_url(&run_id)) { code { (run_id) } }
                 " · kind " b { (text(&run["run"]["kind"])) }
                 " · key " code { (text(&run["run"]["key"])) }
-                " · asked " (age(frame.now_ms.saturating_sub(approval["requested_at_ms"].as_u64().unwrap_or(0)))) " ago"
+                " · asked " (age(frame.now.saturating_since(json_at(&approval["requested_at_ms"])))) " ago"
             }
             section.card #payload {
                 h2 { "What the run asks" }

@@ -1,6 +1,9 @@
 //! The console's pages as HTML, from what the handlers read. Every value is escaped by the
 //! template; nothing here reads the store or decides anything.
 
+use std::time::Duration;
+
+use durafiber_api::Timestamp;
 use maud::{DOCTYPE, Markup, html};
 use serde_json::Value;
 
@@ -18,7 +21,7 @@ pub struct Frame<'a> {
     /// The signed-in session, if any.
     pub session: Option<&'a Session>,
     /// Clock time now, ms (ages are shown against it).
-    pub now_ms: u64,
+    pub now: Timestamp,
     /// Which part of the navigation the page belongs to.
     pub section: Section,
     /// Approvals waiting for a decision, when they could be counted (up to one past
@@ -286,13 +289,18 @@ fn enc(part: &str) -> String {
 }
 
 /// A duration in ms, to the second: `3m 20s`.
-pub fn age(ms: u64) -> String {
-    let secs = std::time::Duration::from_secs(ms / 1_000);
+pub fn age(d: Duration) -> String {
+    let secs = Duration::from_secs(d.as_secs());
     if secs.is_zero() { "under a second".into() } else { humantime::format_duration(secs).to_string() }
 }
 
-/// A clock time in ms as UTC, to the second.
-fn clock(ms: u64) -> String {
-    let at = std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(ms));
-    at.map(|t| humantime::format_rfc3339_seconds(t).to_string()).unwrap_or_else(|| ms.to_string())
+/// A clock time as UTC, to the second.
+fn clock(at: Timestamp) -> String {
+    let shown = std::time::UNIX_EPOCH.checked_add(Duration::from_millis(at.as_millis()));
+    shown.map(|t| humantime::format_rfc3339_seconds(t).to_string()).unwrap_or_else(|| at.to_string())
+}
+
+/// A time the API's JSON carries as ms (`..._ms`); the epoch when it is missing.
+pub fn json_at(v: &serde_json::Value) -> Timestamp {
+    Timestamp::from_millis(v.as_u64().unwrap_or(0))
 }

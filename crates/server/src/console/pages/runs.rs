@@ -69,7 +69,7 @@ pub fn runs(
                             td { (row.run.kind) }
                             td { code { (row.run.key) } }
                             td.state { (row.run.status.name()) }
-                            td { (age(frame.now_ms.saturating_sub(row.run.updated_at_ms))) " ago" }
+                            td { (age(frame.now.saturating_since(row.run.updated_at_ms))) " ago" }
                         }
                     }
                 }
@@ -80,7 +80,7 @@ pub fn runs(
             }
             p.hint #store {
                 @if store.store_bytes > 0 { "Store: " (format!("{:.1}", store.store_bytes as f64 / 1_048_576.0)) " MiB on disk · " }
-                @if let Some(lag) = store.checkpoint_lag { "checkpoint " (age(u64::try_from(lag.as_millis()).unwrap_or(u64::MAX))) " behind · " }
+                @if let Some(lag) = store.checkpoint_lag { "checkpoint " (age(lag)) " behind · " }
                 (store.deleted_by_retention) " runs deleted by retention since the server started"
             }
         },
@@ -89,8 +89,8 @@ pub fn runs(
 
 /// One entry of a run's timeline.
 pub struct TimelineEntry {
-    /// When, ms.
-    pub at_ms: u64,
+    /// When.
+    pub at: durafiber_api::Timestamp,
     /// What.
     pub what: String,
     /// Details.
@@ -134,7 +134,7 @@ pub fn run(frame: &Frame, view: &RunView) -> Markup {
                 table.events #timeline data-run=(run_id) data-after=(view.last_seq) {
                     thead { tr { th { "When" } th { "What" } th { "Detail" } } }
                     tbody {
-                        @for e in view.timeline { tr { td { (clock(e.at_ms)) } td { (e.what) } td { (e.detail) } } }
+                        @for e in view.timeline { tr { td { (clock(e.at)) } td { (e.what) } td { (e.detail) } } }
                     }
                 }
             }
@@ -166,7 +166,7 @@ fn summary(run: &Value, state: &str) -> Markup {
             dt { "Kind" } dd { (text(&record["kind"])) }
             dt { "Key" } dd { code { (text(&record["key"])) } }
             dt { "Attempt" } dd { (text(&record["attempt"])) }
-            dt { "Created" } dd { (clock(record["created_at_ms"].as_u64().unwrap_or(0))) }
+            dt { "Created" } dd { (clock(json_at(&record["created_at_ms"]))) }
             @if let Some(detail) = status_detail(status) { dt { "Why" } dd #why { (detail) } }
             @if let Some(parent) = run["parent"]["parent_run_id"].as_str() {
                 dt { "Parent" } dd #parent { a href=(run_url(parent)) { code { (parent) } } " (as " (text(&run["parent"]["name"])) ")" }
@@ -201,7 +201,7 @@ fn alarms(alarms: &Value) -> Markup {
                     @for a in &list {
                         tr {
                             td { (text(&a["name"])) @if !a["system"].is_null() { " " span.tag { "runtime" } } }
-                            td { (clock(a["due_at_ms"].as_u64().unwrap_or(0))) }
+                            td { (clock(json_at(&a["due_at_ms"]))) }
                             td { (repeats(a)) }
                             td { (text(&a["attempts_started"])) }
                             td { (a["retrying"].as_array().map_or(0, Vec::len)) }
@@ -219,7 +219,7 @@ fn repeats(alarm: &Value) -> String {
         let zone = alarm["cron"]["time_zone"].as_str().unwrap_or("UTC");
         return format!("cron {expr} ({zone})");
     }
-    alarm["every_ms"].as_u64().map(age).unwrap_or_default()
+    alarm["every_ms"].as_u64().map(|ms| age(std::time::Duration::from_millis(ms))).unwrap_or_default()
 }
 
 fn dead_letters(letters: &Value) -> Markup {
@@ -232,7 +232,7 @@ fn dead_letters(letters: &Value) -> Markup {
                 thead { tr { th { "Alarm" } th { "Abandoned" } th { "Last error" } } }
                 tbody {
                     @for d in &list {
-                        tr { td { (text(&d["alarm"]["name"])) } td { (clock(d["dead_at_ms"].as_u64().unwrap_or(0))) } td { (text(&d["last_error"])) } }
+                        tr { td { (text(&d["alarm"]["name"])) } td { (clock(json_at(&d["dead_at_ms"]))) } td { (text(&d["last_error"])) } }
                     }
                 }
             }
@@ -260,7 +260,7 @@ pub fn attention(
                                 td { a href=(run_url(&r.run_id)) { code { (r.run_id) } } }
                                 td { (r.kind) } td { code { (r.key) } }
                                 td { (status_text(&r.status)) }
-                                td { (age(frame.now_ms.saturating_sub(r.updated_at_ms))) " ago" }
+                                td { (age(frame.now.saturating_since(r.updated_at_ms))) " ago" }
                             }
                         }
                     }
@@ -275,7 +275,7 @@ pub fn attention(
                             tr {
                                 td { a href=(run_url(&d.alarm.run_id)) { code { (d.alarm.run_id) } } }
                                 td { (d.alarm.name) } td { (d.last_error) }
-                                td { (age(frame.now_ms.saturating_sub(d.dead_at_ms))) " ago" }
+                                td { (age(frame.now.saturating_since(d.dead_at_ms))) " ago" }
                             }
                         }
                     }
