@@ -141,10 +141,26 @@ pub const HTTP_HEADER_BYTES_MAX: usize = 16 * 1024;
 /// (`http_header_timeout`), and an idle connection is closed after it: a slow or silent
 /// client holds nothing for long.
 pub const HTTP_HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-/// Most connections the server holds open at once; past it, a few more are taken to answer
-/// `/health` only ([`HTTP_HEALTH_CONNECTIONS_MAX`]) and the rest are closed on accept.
-pub const HTTP_CONNECTIONS_MAX: usize = 256;
-/// Connections beyond [`HTTP_CONNECTIONS_MAX`] that are answered only on `/health` (503 to
+/// The fewest connections a server is sized for (`http_connections_max`), whatever its
+/// file-descriptor limit: past its connections, a few more are taken to answer `/health`
+/// only ([`HTTP_HEALTH_CONNECTIONS_MAX`]) and the rest are closed on accept.
+pub const HTTP_CONNECTIONS_MIN: usize = 256;
+/// The most connections a server is sized for from its file-descriptor limit: an idle
+/// connection costs a few kilobytes, a busy one its buffers.
+pub const HTTP_CONNECTIONS_SIZED_MAX: usize = 16_384;
+/// File descriptors left for everything but connections when the server sizes its
+/// connections from the limit: the store's files, the log, PostgreSQL connections, the
+/// peer client, child processes.
+pub const FDS_KEPT_FOR_FILES: u64 = 1_024;
+/// The share of connections, in percent, kept for callers who present a valid token or
+/// console session: once the rest are taken, a connection is served only for such a caller
+/// (checked on its headers, before any body is read), so addresses that hold stalled
+/// requests cannot keep an admin out.
+pub const HTTP_SIGNED_IN_PERCENT: usize = 25;
+/// Time a connection kept for the signed-in has for its request's headers (at most
+/// `http_header_timeout`).
+pub const HTTP_SIGNED_IN_HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Connections beyond the server's own that are answered only on `/health` (503 to
 /// anything else): a server whose slots are held still says how it is.
 pub const HTTP_HEALTH_CONNECTIONS_MAX: usize = 32;
 /// Most connections one client address may hold open at once: one client cannot take the
@@ -154,7 +170,7 @@ pub const HTTP_CONNECTIONS_PER_CLIENT_MAX: usize = 64;
 /// (`http_body_timeout`); a body still coming after it is refused with 408 and the
 /// connection closed.
 pub const HTTP_BODY_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(5);
-const _: () = assert!(HTTP_CONNECTIONS_PER_CLIENT_MAX < HTTP_CONNECTIONS_MAX);
+const _: () = assert!(HTTP_CONNECTIONS_PER_CLIENT_MAX < HTTP_CONNECTIONS_MIN);
 
 /// Interrupted runs re-activated side by side at start-up, in lanes of one batch each: enough
 /// lanes that some compute while others wait for their barrier, few enough to bound the

@@ -15,10 +15,13 @@ use durafiber_runtime::limits;
 use durafiber_store::access;
 use serde_json::{Value, json};
 
-use crate::auth::{self, Role};
 #[cfg(test)]
 use crate::state::Access;
 use crate::state::{ApiError, AppState};
+use crate::{
+    auth::{self, Role},
+    capacity::SignedInOnly,
+};
 
 fn refuse(status: StatusCode, kind: ApiErrorKind, message: impl Into<String>) -> Response {
     ApiError(status, message.into(), kind).into_response()
@@ -179,6 +182,49 @@ pub async fn authorize(State(app): State<AppState>, req: Request, next: Next) ->
     }
     req.extensions_mut().insert(caller);
     next.run(req).await
+}
+
+/// The outermost layer: on a connection taken from the share kept for callers who sign in
+/// (`capacity.rs`), a request is served only for one that does, on its headers alone —
+/// before its body is read — and `/health`; any other is answered 503 and its connection
+/// closed.
+pub async fn signed_in_only(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    if req.extensions().get::<SignedInOnly>().is_some() && !signs_in(&app, &req) {
+        return busy();
+    }
+    next.run(req).await
+}
+
+/// Whether a request on a connection kept for the signed-in may be served: `/health`, or a
+/// caller whose token or console session is valid. Only its headers are read.
+fn signs_in(app: &AppState, req: &Request) -> bool {
+    if req.uri().path() == "/health" {
+        return true;
+    }
+    let store = app.runtime.store();
+    let token = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match token {
+        Some(token) => matches!(auth::verify(store, token.trim()), Ok(Some(_))),
+        None => matches!(app.sessions.current(store, req.headers(), app.runtime.now()), Ok(Some(_))),
+    }
+}
+
+/// The answer to a caller that does not sign in on a connection kept for those who do: the
+/// server holds as many connections as it takes from everyone else.
+fn busy() -> Response {
+    let mut response = refuse(
+        StatusCode::SERVICE_UNAVAILABLE,
+        ApiErrorKind::Busy,
+        "the server holds as many connections as it takes from callers who do not sign in; try again shortly",
+    );
+    let headers = response.headers_mut();
+    headers.insert(header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+    headers.insert(header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    response
 }
 
 /// Marks a request [`audit`] must record before it is carried out.

@@ -60,7 +60,8 @@
 //!
 //! # Module map
 //! - `serve`: options, the store, the caller's builder, the listener, until SIGTERM;
-//!   [`listen`]: connections accepted within their limits, TLS.
+//!   [`listen`]: connections accepted within their limits, TLS; [`capacity`]: how many
+//!   connections, sized from the file-descriptor limit, a share kept for the signed-in.
 //! - [`routes`]: the router; [`guard`]: Host, Origin, tokens and roles, body limits, every
 //!   refusal as JSON; `head_guard`: request heads too large, refused as JSON; `forward`: a
 //!   request passed on to the node that owns its run.
@@ -74,6 +75,7 @@
 
 mod admin;
 pub mod auth;
+pub mod capacity;
 mod console;
 mod forward;
 pub mod guard;

@@ -1,10 +1,11 @@
-//! Accepting connections, with limits a slow or hostile client cannot outlast: at most
-//! `HTTP_CONNECTIONS_MAX` open at once and `HTTP_CONNECTIONS_PER_CLIENT_MAX` from one client
+//! Accepting connections, with limits a slow or hostile client cannot outlast: at most the
+//! server's [`Capacity`] open at once and `HTTP_CONNECTIONS_PER_CLIENT_MAX` from one client
 //! address (more are closed as they are accepted), request headers within
 //! `http_header_timeout` (the body within `http_body_timeout`, `guard::read_body`: a whole
-//! request within the two), and a connection idle that long closed. Past the global limit, `HTTP_HEALTH_CONNECTIONS_MAX`
-//! more connections are served `/health` only, so a server whose slots are all held still
-//! answers how it is. On shutdown every connection finishes the request it is serving and
+//! request within the two), and a connection idle that long closed. Once the open share is
+//! taken, a connection is served only for a caller that signs in (`capacity.rs`); past both,
+//! `HTTP_HEALTH_CONNECTIONS_MAX` more connections are served `/health` only, so a server
+//! whose slots are all held still answers how it is. On shutdown every connection finishes the request it is serving and
 //! closes. With a TLS acceptor every connection is TLS (rustls), the handshake within the
 //! header timeout.
 
@@ -19,12 +20,15 @@ use hyper_util::{
 };
 use tokio::{
     net::TcpListener,
-    sync::{Semaphore, watch},
+    sync::{OwnedSemaphorePermit, Semaphore, watch},
     task::JoinSet,
 };
 use tokio_rustls::TlsAcceptor;
 
-use crate::head_guard::HeadGuard;
+use crate::{
+    capacity::{Capacity, SignedInOnly},
+    head_guard::HeadGuard,
+};
 
 /// Serves `app` on `listener` until `shutdown` completes, then lets open connections finish
 /// their request. With `tls`, every connection is TLS.
@@ -33,10 +37,11 @@ pub async fn serve(
     app: Router,
     tls: Option<TlsAcceptor>,
     header_timeout: std::time::Duration,
+    capacity: Capacity,
     shutdown: impl Future<Output = ()>,
 ) {
-    let permits = Arc::new(Semaphore::new(limits::HTTP_CONNECTIONS_MAX));
-    let health_permits = Arc::new(Semaphore::new(limits::HTTP_HEALTH_CONNECTIONS_MAX));
+    let shares = Shares::new(&capacity);
+    let signed_in_app = app.clone().layer(axum::Extension(SignedInOnly));
     let clients = Clients::default();
     let (stopping, stop) = watch::channel(false);
     let mut connections = JoinSet::new();
@@ -60,16 +65,19 @@ pub async fn serve(
             drop(stream);
             continue;
         };
-        let (permit, app) = match permits.clone().try_acquire_owned() {
-            Ok(permit) => (permit, app.clone()),
-            Err(_) => match health_permits.clone().try_acquire_owned() {
-                Ok(permit) => (permit, health_only(app.clone())),
-                Err(_) => {
-                    tracing::warn!(%peer, max = limits::HTTP_CONNECTIONS_MAX, "too many connections; closing this one");
-                    drop(stream);
-                    continue;
-                }
-            },
+        let Some((permit, share)) = shares.take() else {
+            tracing::warn!(%peer, max = capacity.total(), "too many connections; closing this one");
+            drop(stream);
+            continue;
+        };
+        let (app, header_timeout) = match share {
+            Share::Open => (app.clone(), header_timeout),
+            // A caller who signs in sends its headers at once: one that stalls holds a slot
+            // kept for the signed-in only briefly.
+            Share::SignedIn => {
+                (signed_in_app.clone(), header_timeout.min(limits::HTTP_SIGNED_IN_HEADER_TIMEOUT))
+            }
+            Share::Health => (health_only(app.clone()), header_timeout),
         };
         let _ = stream.set_nodelay(true);
         let (stop, tls) = (stop.clone(), tls.clone());
@@ -93,6 +101,40 @@ pub async fn serve(
     }
     let _ = stopping.send(true);
     while connections.join_next().await.is_some() {}
+}
+
+/// Which share of the server's connections one was taken from.
+enum Share {
+    Open,
+    SignedIn,
+    Health,
+}
+
+/// The connections left in each share.
+struct Shares {
+    open: Arc<Semaphore>,
+    signed_in: Arc<Semaphore>,
+    health: Arc<Semaphore>,
+}
+
+impl Shares {
+    fn new(capacity: &Capacity) -> Shares {
+        Shares {
+            open: Arc::new(Semaphore::new(capacity.open)),
+            signed_in: Arc::new(Semaphore::new(capacity.signed_in)),
+            health: Arc::new(Semaphore::new(capacity.health)),
+        }
+    }
+
+    /// A slot for a new connection: from the open share while it lasts, then from the one
+    /// kept for the signed-in, then from `/health`'s; `None` when all are taken.
+    fn take(&self) -> Option<(OwnedSemaphorePermit, Share)> {
+        let in_share =
+            |share: &Arc<Semaphore>, which| share.clone().try_acquire_owned().ok().map(|p| (p, which));
+        in_share(&self.open, Share::Open)
+            .or_else(|| in_share(&self.signed_in, Share::SignedIn))
+            .or_else(|| in_share(&self.health, Share::Health))
+    }
 }
 
 /// The app as a connection past the global limit sees it: `/health`, and 503 for the rest.

@@ -147,5 +147,6 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(durafiber_runtime::limits::HTTP_BODY_BYTES_MAX))
         .layer(middleware::from_fn(guard::json_errors))
         .layer(middleware::from_fn_with_state(state.clone(), guard::read_body))
+        .layer(middleware::from_fn_with_state(state.clone(), guard::signed_in_only))
         .with_state(state)
 }

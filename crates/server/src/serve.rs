@@ -17,7 +17,7 @@ use durafiber_store::{Store, StoreError};
 
 use crate::{
     auth::{self, AccessError, Bootstrap},
-    listen,
+    capacity, listen,
     routes::router,
     session::Sessions,
     state::{Access, AppState, Peers, prometheus},
@@ -318,6 +318,8 @@ pub async fn serve(
         .ok();
     let tls = checked_tls(options)?;
     let addr = options.listen;
+    // Raised before the store opens its files: connections are sized from what is left.
+    let fds = capacity::raise_fd_limit();
     // Installed before the runtime opens, so the recoveries at open are counted too.
     let prometheus = prometheus();
     let config = load_config(options.config.as_deref())?;
@@ -357,7 +359,17 @@ pub async fn serve(
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     tracing::info!(tls = tls.is_some(), "accepting connections");
     let header_timeout = runtime.config().http_header_timeout;
-    let server = listen::serve(listener, app, tls, header_timeout, async move {
+    let capacity = capacity::capacity(runtime.config().http_connections_max, &fds);
+    tracing::info!(
+        fd_soft_limit_was = ?fds.was,
+        fd_soft_limit = ?fds.soft,
+        fd_hard_limit = ?fds.hard,
+        connections = capacity.total(),
+        kept_for_the_signed_in = capacity.signed_in,
+        health_only = capacity.health,
+        "connections sized"
+    );
+    let server = listen::serve(listener, app, tls, header_timeout, capacity, async move {
         shutdown.await;
         // Event streams never finish on their own: end them so their connections close.
         let _ = stop_streams.send(true);

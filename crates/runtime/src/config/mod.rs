@@ -126,6 +126,10 @@ pub struct RuntimeConfig {
     /// no slot for long.
     #[serde(with = "humantime_serde")]
     pub http_body_timeout: Duration,
+    /// Most connections the server holds open at once; by default sized from the process's
+    /// file-descriptor limit (raised to its hard limit at start). A quarter of them is kept
+    /// for callers who present a valid token or console session.
+    pub http_connections_max: Option<usize>,
     /// How long settled runs and audit entries are kept (nothing is deleted by default).
     pub retention: Retention,
     /// Where runs' traces are exported (nowhere by default).
@@ -172,6 +176,7 @@ impl Default for RuntimeConfig {
             alarm_window: limits::ALARM_WINDOW_DEFAULT,
             http_header_timeout: limits::HTTP_HEADER_READ_TIMEOUT,
             http_body_timeout: limits::HTTP_BODY_TIMEOUT_DEFAULT,
+            http_connections_max: None,
             retention: Retention::default(),
             traces: TraceExport::default(),
             limits: Default::default(),
@@ -236,6 +241,12 @@ impl RuntimeConfig {
         }
         if self.http_body_timeout.is_zero() {
             return Err(RuntimeError::Config("http_body_timeout must be above zero".into()));
+        }
+        if self.http_connections_max.is_some_and(|n| n < limits::HTTP_CONNECTIONS_MIN) {
+            return Err(RuntimeError::Config(format!(
+                "http_connections_max must be at least {}",
+                limits::HTTP_CONNECTIONS_MIN
+            )));
         }
         if self.barrier_timeout.is_zero() {
             return Err(RuntimeError::Config("barrier_timeout must be above zero".into()));
