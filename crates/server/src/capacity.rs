@@ -74,12 +74,22 @@ pub fn raise_fd_limit() -> FdLimit {
 }
 
 /// The capacity of a server: `configured` connections when the config names them, else sized
-/// from the file-descriptor limit (as raised).
+/// from the file-descriptor limit (as raised). The log says both.
 pub fn capacity(configured: Option<usize>, fds: &FdLimit) -> Capacity {
-    match configured {
+    let capacity = match configured {
         Some(total) => Capacity::of(total),
         None => Capacity::sized_from(fds.soft.unwrap_or(u64::MAX)),
-    }
+    };
+    tracing::info!(
+        fd_soft_limit_was = ?fds.was,
+        fd_soft_limit = ?fds.soft,
+        fd_hard_limit = ?fds.hard,
+        connections = capacity.total(),
+        kept_for_the_signed_in = capacity.signed_in,
+        health_only = capacity.health,
+        "connections sized"
+    );
+    capacity
 }
 
 /// Marks the requests of a connection taken from the signed-in share: each is served only

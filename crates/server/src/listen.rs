@@ -82,25 +82,33 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let (stop, tls) = (stop.clone(), tls.clone());
         connections.spawn(async move {
-            match tls {
-                None => serve_one(TokioIo::new(HeadGuard::new(stream)), app, stop, header_timeout).await,
-                Some(acceptor) => {
-                    let handshake = acceptor.accept(stream);
-                    match tokio::time::timeout(header_timeout, handshake).await {
-                        Ok(Ok(stream)) => {
-                            serve_one(TokioIo::new(HeadGuard::new(stream)), app, stop, header_timeout).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                }
-            }
+            serve_tcp(stream, peer, tls, app, stop, header_timeout).await;
             drop(permit);
             drop(client);
         });
     }
     let _ = stopping.send(true);
     while connections.join_next().await.is_some() {}
+}
+
+/// Serves one accepted connection, in TLS when there is an acceptor (its handshake within
+/// the header timeout).
+async fn serve_tcp(
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    tls: Option<TlsAcceptor>,
+    app: Router,
+    stop: watch::Receiver<bool>,
+    header_timeout: std::time::Duration,
+) {
+    let Some(acceptor) = tls else {
+        return serve_one(TokioIo::new(HeadGuard::new(stream)), app, stop, header_timeout).await;
+    };
+    match tokio::time::timeout(header_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => serve_one(TokioIo::new(HeadGuard::new(stream)), app, stop, header_timeout).await,
+        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+    }
 }
 
 /// Which share of the server's connections one was taken from.

@@ -360,15 +360,6 @@ pub async fn serve(
     tracing::info!(tls = tls.is_some(), "accepting connections");
     let header_timeout = runtime.config().http_header_timeout;
     let capacity = capacity::capacity(runtime.config().http_connections_max, &fds);
-    tracing::info!(
-        fd_soft_limit_was = ?fds.was,
-        fd_soft_limit = ?fds.soft,
-        fd_hard_limit = ?fds.hard,
-        connections = capacity.total(),
-        kept_for_the_signed_in = capacity.signed_in,
-        health_only = capacity.health,
-        "connections sized"
-    );
     let server = listen::serve(listener, app, tls, header_timeout, capacity, async move {
         shutdown.await;
         // Event streams never finish on their own: end them so their connections close.

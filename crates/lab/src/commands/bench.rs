@@ -249,8 +249,7 @@ async fn bench_alarms(json: bool, alarms: usize, pending: usize, out: Option<&Pa
         // alarms and after; in this one, the bulk load's freed memory would hide the cost.
         let rss_without = opened_rss_in_child(dir.path())?;
         let store = Store::open_dir(dir.path(), StoreConfig::default())?;
-        let far = Timestamp::from_millis(epoch_ms() + 86_400_000);
-        let step = Duration::from_millis(1);
+        let (far, step) = (Timestamp::from_millis(epoch_ms() + 86_400_000), Duration::from_millis(1));
         durafiber_demo::bulk::write_pending_alarms(&store, &runs, "later", pending, far, step).await?;
         store.close();
         drop(store);

@@ -236,18 +236,7 @@ impl RuntimeConfig {
         if self.checkpoint_after.is_zero() {
             return Err(RuntimeError::Config("checkpoint_after must be above zero".into()));
         }
-        if self.http_header_timeout.is_zero() {
-            return Err(RuntimeError::Config("http_header_timeout must be above zero".into()));
-        }
-        if self.http_body_timeout.is_zero() {
-            return Err(RuntimeError::Config("http_body_timeout must be above zero".into()));
-        }
-        if self.http_connections_max.is_some_and(|n| n < limits::HTTP_CONNECTIONS_MIN) {
-            return Err(RuntimeError::Config(format!(
-                "http_connections_max must be at least {}",
-                limits::HTTP_CONNECTIONS_MIN
-            )));
-        }
+        self.validate_http()?;
         if self.barrier_timeout.is_zero() {
             return Err(RuntimeError::Config("barrier_timeout must be above zero".into()));
         }
@@ -273,6 +262,28 @@ impl RuntimeConfig {
         if self.max_recover_attempts == 0 {
             return Err(RuntimeError::Config("max_recover_attempts must be at least 1".into()));
         }
+        self.validate_limits()
+    }
+
+    /// The server's settings: its timeouts and its connections.
+    fn validate_http(&self) -> Result<(), RuntimeError> {
+        if self.http_header_timeout.is_zero() {
+            return Err(RuntimeError::Config("http_header_timeout must be above zero".into()));
+        }
+        if self.http_body_timeout.is_zero() {
+            return Err(RuntimeError::Config("http_body_timeout must be above zero".into()));
+        }
+        if self.http_connections_max.is_some_and(|n| n < limits::HTTP_CONNECTIONS_MIN) {
+            return Err(RuntimeError::Config(format!(
+                "http_connections_max must be at least {}",
+                limits::HTTP_CONNECTIONS_MIN
+            )));
+        }
+        Ok(())
+    }
+
+    /// The named limits on effects' calls.
+    fn validate_limits(&self) -> Result<(), RuntimeError> {
         for (name, limit) in &self.limits {
             durafiber_store::tables::check_id("limit name", name)
                 .map_err(|e| RuntimeError::Config(format!("limits: {e}")))?;
