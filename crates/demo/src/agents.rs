@@ -29,7 +29,7 @@ pub struct Steps {
 }
 
 /// Input of [`Steps`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct StepsInput {
     /// How many stashes.
     pub steps: u32,
@@ -85,6 +85,10 @@ impl Agent for Steps {
     type Output = StepsOutput;
     type Message = ();
 
+    fn input_schema() -> Option<serde_json::Value> {
+        Some(durafiber_runtime::input_schema_of::<StepsInput>())
+    }
+
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, input: StepsInput) -> Result<StepsOutput, AgentError> {
         self.count(ctx, input, StepsStash { done: 0, resumed_from: vec![] }).await
     }
@@ -108,7 +112,7 @@ impl Agent for Steps {
 pub struct Writer;
 
 /// Input of [`Writer`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct WriterInput {
     /// Chunks in all.
     pub chunks: u32,
@@ -142,6 +146,10 @@ impl Agent for Writer {
     type Output = u32;
     type Message = ();
 
+    fn input_schema() -> Option<serde_json::Value> {
+        Some(durafiber_runtime::input_schema_of::<WriterInput>())
+    }
+
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, input: WriterInput) -> Result<u32, AgentError> {
         self.write(ctx, input, 0).await
     }
@@ -158,7 +166,7 @@ pub struct Refund {
 }
 
 /// Input of [`Refund`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RefundInput {
     /// The order to refund.
     pub order_id: String,
@@ -261,6 +269,10 @@ impl Agent for Refund {
     type Stash = RefundStash;
     type Output = RefundOutput;
     type Message = ();
+
+    fn input_schema() -> Option<serde_json::Value> {
+        Some(durafiber_runtime::input_schema_of::<RefundInput>())
+    }
 
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, input: RefundInput) -> Result<RefundOutput, AgentError> {
         self.flow(ctx, input).await

@@ -89,7 +89,7 @@ impl OrderStash for OrderProgress {
 }
 
 /// Input of [`Order`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct OrderInput {
     /// The order.
     pub order_id: String,
@@ -352,6 +352,10 @@ impl<S: OrderStash> Agent for Order<S> {
     type Output = OrderOutput;
     type Message = ();
 
+    fn input_schema() -> Option<serde_json::Value> {
+        Some(durafiber_runtime::input_schema_of::<OrderInput>())
+    }
+
     fn upgrade_stash(from_version: u32, old: Value) -> Result<S, AgentError> {
         S::upgrade(from_version, old)
     }
@@ -405,7 +409,7 @@ impl<S: OrderStash> Agent for Order<S> {
 }
 
 /// Input of [`Label`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LabelInput {
     /// The order the label is for.
     pub order_id: String,
@@ -439,6 +443,10 @@ impl Agent for Label {
     type Stash = ();
     type Output = String;
     type Message = ();
+
+    fn input_schema() -> Option<serde_json::Value> {
+        Some(durafiber_runtime::input_schema_of::<LabelInput>())
+    }
 
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, input: LabelInput) -> Result<String, AgentError> {
         self.flow(ctx, input).await

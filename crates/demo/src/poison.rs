@@ -19,6 +19,10 @@ impl Agent for Poison {
     type Output = ();
     type Message = ();
 
+    fn input_schema() -> Option<serde_json::Value> {
+        Some(durafiber_runtime::input_schema_of::<()>())
+    }
+
     async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
         ctx.stash("started", &1).await?;
         ctx.cancelled().await;

@@ -366,19 +366,33 @@ async fn the_same_binary_runs_as_two_nodes_on_postgres() {
 /// answer must be what the document says, with every check on.
 #[test]
 fn the_api_is_what_its_document_says_to_schemathesis() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = serve(&dir.path().join("data"), &[]);
+    schemathesis_finds_nothing(&server, dir.path());
+}
+
+/// The same of the project's own binary, whose demo agents' inputs — nested rules, secrets,
+/// durations, integers of every width — are in the document as their types read them.
+#[test]
+fn the_demo_agents_api_is_what_its_document_says_to_schemathesis() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Served::start(&dir.path().join("data"));
+    schemathesis_finds_nothing(&server, dir.path());
+}
+
+/// Runs schemathesis with every check against `server`, in `dir`; fails with its report.
+fn schemathesis_finds_nothing(server: &Served, dir: &std::path::Path) {
     let tool = std::env::var("DURAFIBER_SCHEMATHESIS").unwrap_or_else(|_| {
         panic!("DURAFIBER_SCHEMATHESIS is not set: run the tests with scripts/test.sh, which installs schemathesis")
     });
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = serve(&dir.path().join("data"), &[]);
-    let report = dir.path().join("report");
+    let report = dir.join("report");
     // Its output goes to a file: a pipe nobody reads while it runs could fill and stop it.
-    let log = dir.path().join("schemathesis.log");
+    let log = dir.join("schemathesis.log");
     let log_file = std::fs::File::create(&log).expect("log file");
     // Run in the temporary directory: schemathesis keeps a cache of the failures it found
     // in its working directory and replays them next time; each run here starts from none.
     let mut child = Command::new(&tool)
-        .current_dir(dir.path())
+        .current_dir(dir)
         .args(["run", &server.url("/openapi.json"), "--checks", "all", "--max-examples", "30", "--seed", "1"])
         .args(["--no-color", "--report-dir"])
         .arg(&report)

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 /// let rule = ApprovalRule::of(2).from(Reviewers::Named(vec!["alice".into(), "bob".into(), "carol".into()]));
 /// assert_eq!(rule.required, 2);
 /// ```
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApprovalRule {
     /// Approvals by different people that approve the pause (at least 1).
@@ -32,7 +33,20 @@ pub struct ApprovalRule {
     pub decline: DeclineRule,
     /// Silence escalates the pause after this long; `None`: the runtime's `escalate_after`.
     #[serde(with = "humantime_serde", default)]
+    #[cfg_attr(feature = "schemars", schemars(schema_with = "duration_text"))]
     pub escalate_after: Option<Duration>,
+}
+
+/// A duration as `humantime` reads it ("4h", "90s", "1day 2h"), or null: its JSON Schema.
+#[cfg(feature = "schemars")]
+fn duration_text(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    const UNIT: &str = "(nsec|ns|usec|us|msec|ms|seconds|second|sec|s|minutes|minute|min|m|hours|hour|hr|h|days|day|d|weeks|week|w|months|month|M|years|year|y)";
+    let pattern = format!("^[0-9]{{1,6}}{UNIT}( [0-9]{{1,6}}{UNIT})*$");
+    schemars::json_schema!({
+        "type": ["string", "null"],
+        "pattern": pattern,
+        "description": "a duration: \"4h\", \"90s\", \"1day 2h\"",
+    })
 }
 
 impl ApprovalRule {
@@ -111,6 +125,7 @@ pub enum UnmeetableRule {
 }
 
 /// Who may decide a pause with a rule.
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Reviewers {
@@ -125,6 +140,7 @@ pub enum Reviewers {
 }
 
 /// When declines decline a pause with a rule.
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DeclineRule {

@@ -8,6 +8,7 @@ use std::{collections::HashMap, fmt, sync::Arc};
 use serde::{Deserialize, Serialize};
 
 /// A pointer to a secret value. Serializes as `{"secret": "<name>"}`, never the value.
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Secret {
     /// The name the value is resolved by.

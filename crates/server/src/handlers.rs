@@ -46,11 +46,29 @@ pub(super) async fn start(State(app): State<AppState>, headers: HeaderMap, body:
     let options = run_options(body.options.unwrap_or_default())?;
     // A caller in a trace links the run's trace to it; a malformed header is ignored.
     let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
+    let input = integral_numbers(body.input);
     let request =
-        StartRequest::new(&body.kind, &key, body.input).with_options(options).with_traceparent(traceparent);
+        StartRequest::new(&body.kind, &key, input).with_options(options).with_traceparent(traceparent);
     let out = app.runtime.start_run(request).await?;
     let status = if out.accepted { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(json!(out))).into_response())
+}
+
+/// `input` with every number that has no fraction (`3.0`, `1e3`) written as an integer, as
+/// JSON Schema reads it: an agent's integer field takes what its schema in the document
+/// says is an integer.
+fn integral_numbers(input: Value) -> Value {
+    match input {
+        Value::Number(n) if n.is_f64() => {
+            let f = n.as_f64().unwrap_or(f64::NAN);
+            let whole = f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15;
+            // Within 2^53 a whole f64 is exactly its integer.
+            if whole { Value::from(f as i64) } else { Value::Number(n) }
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(integral_numbers).collect()),
+        Value::Object(map) => Value::Object(map.into_iter().map(|(k, v)| (k, integral_numbers(v))).collect()),
+        other => other,
+    }
 }
 
 /// The `Idempotency-Key` header, as the document says: visible ASCII, spaces only within,
@@ -126,7 +144,7 @@ pub(super) async fn fork(
 }
 
 #[utoipa::path(get, path = "/runs", tag = "runs",
-    params(("state" = Option<RunState>, Query, description = "only runs in this state"),
+    params(("state" = inline(Option<RunState>), Query, description = "only runs in this state"),
         ("kind" = Option<String>, Query, description = "only runs of this kind"),
         ("after" = Option<String>, Query, description = "the previous page's `next`"),
         ("limit" = Option<u32>, Query, description = "page size (default 50)", minimum = 1, maximum = 1000),

@@ -265,6 +265,39 @@ fn rewrite_refs(value: &mut Value, prefix: &str) {
     }
 }
 
+/// Gives every integer of a Rust type (`"format": "uint32"`, as schemars writes it) the
+/// bounds of its type, which JSON Schema does not know from the format alone: a number past
+/// them is not the agent's input.
+fn bound_integers(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            let bounds: Option<(i128, i128)> = match map.get("format").and_then(Value::as_str) {
+                Some("uint8") => Some((0, u8::MAX.into())),
+                Some("uint16") => Some((0, u16::MAX.into())),
+                Some("uint32" | "uint") => Some((0, u32::MAX.into())),
+                Some("uint64") => Some((0, u64::MAX.into())),
+                Some("int8") => Some((i8::MIN.into(), i8::MAX.into())),
+                Some("int16") => Some((i16::MIN.into(), i16::MAX.into())),
+                Some("int32" | "int") => Some((i32::MIN.into(), i32::MAX.into())),
+                Some("int64") => Some((i64::MIN.into(), i64::MAX.into())),
+                _ => None,
+            };
+            if let Some((min, max)) = bounds {
+                let number = |n: i128| {
+                    u64::try_from(n)
+                        .map(Value::from)
+                        .unwrap_or_else(|_| Value::from(i64::try_from(n).unwrap_or(0)))
+                };
+                map.entry("minimum").or_insert_with(|| number(min));
+                map.entry("maximum").or_insert_with(|| number(max));
+            }
+            map.values_mut().for_each(bound_integers);
+        }
+        Value::Array(items) => items.iter_mut().for_each(bound_integers),
+        _ => {}
+    }
+}
+
 /// `POST /runs` takes a start body of each kind the runtime hosts (`StartBody_KIND`), its
 /// `input` typed when the agent gives its input's schema (`Agent::input_schema`) and any
 /// JSON otherwise: a kind the server does not host is not in the document.
@@ -281,11 +314,13 @@ fn with_start_bodies(document: &mut Value, runtime: &Runtime) {
             if let Some(Value::Object(defs)) = input.remove("$defs") {
                 for (name, mut def) in defs {
                     rewrite_refs(&mut def, &prefix);
+                    bound_integers(&mut def);
                     components.insert(format!("{prefix}{}", component_name(&name)), def);
                 }
             }
         }
         rewrite_refs(&mut input, &prefix);
+        bound_integers(&mut input);
         let name = format!("StartBody_{}", component_name(kind));
         components.insert(
             name.clone(),
