@@ -157,3 +157,24 @@ fn a_node_learns_when_the_first_lease_of_another_node_runs_out() {
     server.sql(&url, "UPDATE df_shards SET lease_until = now() - interval '1 second'").expect("expire");
     assert_eq!(b.next_expiry().expect("ask"), None, "an expired lease is not awaited");
 }
+
+#[test]
+fn a_process_whose_node_id_was_taken_over_takes_and_renews_no_shard() {
+    let server = PgServer::start().expect("a PostgreSQL server");
+    let url = server.fresh_database().expect("a database");
+    let zombie = PgBackend::open_node(&url, "a").expect("node a");
+    zombie.heartbeat("127.0.0.1:1", TTL, true).expect("joins");
+    let s = shard::of_run("run_held");
+    zombie.acquire_shard(s, TTL).expect("take").expect("a free shard is taken");
+    // The process stops for longer than a lease (a paused VM): another process takes the
+    // node id, and the old one, woken, must take nothing more nor keep what it held.
+    server.sql(&url, "UPDATE df_nodes SET seen_at = now() - interval '1 hour'").expect("unseen");
+    let heir = PgBackend::open_node(&url, "a").expect("node a again");
+    heir.heartbeat("127.0.0.1:2", TTL, true).expect("the heir takes the node id");
+    let free = shard::of_run("run_free");
+    assert_eq!(zombie.acquire_shard(free, TTL).expect("try"), None, "a zombie takes no free shard");
+    assert!(zombie.acquire(SHARDS as usize, TTL).expect("try").is_empty(), "nor any shard at all");
+    assert_eq!(zombie.renew(TTL).expect("renew"), vec![s], "nor renews the one it held");
+    let lease = heir.acquire_shard(free, TTL).expect("take").expect("the heir takes it");
+    assert_eq!(lease.shard, free);
+}

@@ -108,10 +108,12 @@ impl Leases for PgBackend {
             return Ok(Vec::new());
         }
         let (node, secs, want) = (self.node_name(), ttl_secs(ttl), i64::try_from(want).unwrap_or(i64::MAX));
+        let me = self.incarnation.clone();
         let leases = self.call(move |c| async move {
             let client = c.writes.client().await?;
             // The database's clock decides expiry; SKIP LOCKED lets nodes acquire side by
-            // side, and a shard a writer holds FOR SHARE waits for its commit.
+            // side, and a shard a writer holds FOR SHARE waits for its commit. A process whose
+            // node id another took over (a zombie) takes nothing.
             let rows = client
                 .query(
                     "UPDATE df_shards s SET owner = $1, epoch = s.epoch + 1, \
@@ -119,8 +121,10 @@ impl Leases for PgBackend {
                      FROM (SELECT shard_id FROM df_shards \
                            WHERE owner IS NULL OR lease_until IS NULL OR lease_until < now() \
                            ORDER BY shard_id LIMIT $3 FOR UPDATE SKIP LOCKED) f \
-                     WHERE s.shard_id = f.shard_id RETURNING s.shard_id, s.epoch",
-                    &[&node, &secs, &want],
+                     WHERE s.shard_id = f.shard_id AND NOT EXISTS (SELECT 1 FROM df_nodes n \
+                           WHERE n.node_id = $1 AND n.incarnation IS DISTINCT FROM $4) \
+                     RETURNING s.shard_id, s.epoch",
+                    &[&node, &secs, &want, &me],
                 )
                 .await
                 .map_err(db_error)?;
@@ -137,7 +141,7 @@ impl Leases for PgBackend {
     }
 
     fn acquire_shard(&self, shard: u32, ttl: Duration) -> Result<Option<Lease>, StoreError> {
-        let (node, secs, id) = (self.node_name(), ttl_secs(ttl), shard as i32);
+        let (node, secs, id, me) = (self.node_name(), ttl_secs(ttl), shard as i32, self.incarnation.clone());
         let epoch: Option<i64> = self.call(move |c| async move {
             let client = c.writes.client().await?;
             let row = client
@@ -145,8 +149,10 @@ impl Leases for PgBackend {
                     "UPDATE df_shards SET owner = $1, epoch = epoch + 1, \
                          lease_until = now() + make_interval(secs => $2) \
                      WHERE shard_id = $3 AND (owner IS NULL OR lease_until IS NULL OR lease_until < now()) \
+                       AND NOT EXISTS (SELECT 1 FROM df_nodes n \
+                           WHERE n.node_id = $1 AND n.incarnation IS DISTINCT FROM $4) \
                      RETURNING epoch",
-                    &[&node, &secs, &id],
+                    &[&node, &secs, &id, &me],
                 )
                 .await
                 .map_err(db_error)?;
@@ -164,15 +170,19 @@ impl Leases for PgBackend {
             return Ok(Vec::new());
         }
         let (shards, epochs): (Vec<i32>, Vec<i64>) = held.iter().copied().unzip();
-        let (node, secs) = (self.node_name(), ttl_secs(ttl));
+        let (node, secs, me) = (self.node_name(), ttl_secs(ttl), self.incarnation.clone());
         let renewed: BTreeSet<u32> = self.call(move |c| async move {
             let client = c.writes.client().await?;
+            // A zombie renews nothing either: its shards run out and go to the living.
             let rows = client
                 .query(
                     "UPDATE df_shards s SET lease_until = now() + make_interval(secs => $2) \
                      FROM unnest($3::int[], $4::bigint[]) AS h(shard, epoch) \
-                     WHERE s.shard_id = h.shard AND s.epoch = h.epoch AND s.owner = $1 RETURNING s.shard_id",
-                    &[&node, &secs, &shards, &epochs],
+                     WHERE s.shard_id = h.shard AND s.epoch = h.epoch AND s.owner = $1 \
+                       AND NOT EXISTS (SELECT 1 FROM df_nodes n \
+                           WHERE n.node_id = $1 AND n.incarnation IS DISTINCT FROM $5) \
+                     RETURNING s.shard_id",
+                    &[&node, &secs, &shards, &epochs, &me],
                 )
                 .await
                 .map_err(db_error)?;
