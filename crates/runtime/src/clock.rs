@@ -10,7 +10,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc,
-        atomic::{AtomicI64, Ordering},
+        atomic::{AtomicBool, AtomicI64, Ordering},
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -75,12 +75,15 @@ fn shifted(at: Timestamp, by_ms: i64) -> Timestamp {
 pub struct AgreedClock {
     local: Arc<dyn Clock>,
     offset_ms: AtomicI64,
+    /// Whether a heartbeat has measured the offset yet: until one has, this node's time is
+    /// only its own, and it takes no shard.
+    measured: AtomicBool,
 }
 
 impl AgreedClock {
     /// `local`'s time, until the first heartbeat says how far it is from the database's.
     pub fn new(local: Arc<dyn Clock>) -> Self {
-        AgreedClock { local, offset_ms: AtomicI64::new(0) }
+        AgreedClock { local, offset_ms: AtomicI64::new(0), measured: AtomicBool::new(false) }
     }
 
     /// This machine's own time.
@@ -100,7 +103,13 @@ impl AgreedClock {
         let midpoint = sent.as_millis() / 2 + answered.as_millis() / 2;
         let offset = i64::try_from(i128::from(database.as_millis()) - i128::from(midpoint)).unwrap_or(0);
         self.offset_ms.store(offset, Ordering::Relaxed);
+        self.measured.store(true, Ordering::Release);
         offset
+    }
+
+    /// Whether the offset has been measured once.
+    pub fn is_measured(&self) -> bool {
+        self.measured.load(Ordering::Acquire)
     }
 
     /// The agreed time `at` on this machine's clock.
@@ -339,7 +348,9 @@ mod tests {
         assert_eq!(agreed.now(), Timestamp::from_millis(1_810_000), "its own time until a heartbeat");
         // The database said 10,000 while this clock went from 1,809,990 to 1,810,010.
         let at = Timestamp::from_millis;
+        assert!(!agreed.is_measured(), "no heartbeat has measured it yet");
         assert_eq!(agreed.measured(at(10_000), at(1_809_990), at(1_810_010)), -1_800_000);
+        assert!(agreed.is_measured());
         assert_eq!(agreed.now(), Timestamp::from_millis(10_000));
         assert_eq!(agreed.to_local(at(13_000)), at(1_813_000));
         let mut woke = Box::pin(agreed.sleep_until(Timestamp::from_millis(13_000)));

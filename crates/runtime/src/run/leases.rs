@@ -85,10 +85,12 @@ fn skew_bound_ms(shared: &Shared) -> u64 {
     u64::try_from(shared.config.max_clock_skew.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Whether this machine's clock is further from the database's than `max_clock_skew`.
+/// Whether this machine's clock is further from the database's than `max_clock_skew`, or
+/// not yet measured against it (the first heartbeats were too slow to tell): a node takes
+/// no shard until it knows its times are the others'.
 fn clock_skewed(shared: &Shared) -> bool {
     let bound = skew_bound_ms(shared);
-    shared.time.agreed.as_ref().is_some_and(|a| a.offset_ms().unsigned_abs() > bound)
+    shared.time.agreed.as_ref().is_some_and(|a| !a.is_measured() || a.offset_ms().unsigned_abs() > bound)
 }
 
 /// How many shards this node should hold with `nodes` alive.
