@@ -92,6 +92,7 @@ async fn an_exit_mode_stash_is_written_only_when_the_fiber_waits() {
     let decision = Decision { approved: true, comment: String::new() };
     rt.approve(&run, "go", &pending[0].payload_hash, decision).await.expect("approve");
     assert_eq!(rt.wait(&run).await.expect("wait"), RunStatus::Completed { output_json: "2".into() });
+    assert_eq!(rt.wait_output::<Modes>(&run).await.expect("wait"), Ok(2), "the output, typed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

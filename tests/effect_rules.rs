@@ -189,6 +189,8 @@ async fn no_effect_starts_after_a_cancellation() {
     // The signal reaches the parked fiber outside virtual time: wait for the run to end.
     let ended = rt.wait(&run).await.expect("wait");
     assert_eq!(ended, RunStatus::Cancelled { reason: "customer withdrew".into() });
+    let typed = rt.wait_output::<Effects>(&run).await.expect("wait");
+    assert_eq!(typed, Err(ended), "a run that did not complete has no output, only its end");
     assert_eq!(calls.load(Ordering::SeqCst), 0, "the effect was called after the cancellation");
     assert!(rt.inspect(&run).expect("inspect").ledger.is_empty(), "no key was even minted");
 }

@@ -47,6 +47,16 @@ impl Role {
             Role::Admin => "admin",
         }
     }
+
+    /// The role's name with its article, as a sentence says it: "an operator", "a reader".
+    pub fn with_article(self) -> &'static str {
+        match self {
+            Role::Reader => "a reader",
+            Role::Reviewer => "a reviewer",
+            Role::Operator => "an operator",
+            Role::Admin => "an admin",
+        }
+    }
 }
 
 impl Caller {

@@ -173,7 +173,12 @@ pub async fn authorize(State(app): State<AppState>, req: Request, next: Next) ->
         return refuse(
             StatusCode::FORBIDDEN,
             ApiErrorKind::Forbidden,
-            format!("token {:?} is a {}; this needs {}", caller.name, caller.role, needed),
+            format!(
+                "token {:?} is {}; this needs {}",
+                caller.name,
+                caller.role.with_article(),
+                needed.with_article()
+            ),
         );
     }
     let mut req = req;

@@ -5,8 +5,8 @@
 //! backoff, alarm); on a virtual clock, `advance` walks the same deadlines in order.
 
 use durafiber_api::Timestamp;
-use durafiber_store::RunId;
 use durafiber_store::lock::Mutex;
+use durafiber_store::{RunId, tables::RunStatus};
 use std::{
     sync::{Arc, atomic::Ordering},
     time::Duration,
@@ -80,6 +80,40 @@ impl Runtime {
     /// [`Runtime::start_run`] takes options, an untyped kind and input, a caller's trace.
     pub async fn start<A: Agent>(&self, key: &str, input: &A::Input) -> Result<StartOutcome, RuntimeError> {
         self.start_run(StartRequest::of::<A>(key, input)?).await
+    }
+
+    /// Waits until run `run_id` of agent `A` ends: its output, typed, when it completed;
+    /// otherwise how it ended (failed, cancelled, escalated) as the inner error. The outer
+    /// error is the wait's own (an unknown run, a runtime shutting down, an output that is
+    /// not `A::Output`).
+    ///
+    /// ```no_run
+    /// # use durafiber_runtime::{Agent, AgentError, Ctx, Runtime};
+    /// # struct Adder;
+    /// # impl Agent for Adder {
+    /// #     const KIND: &'static str = "adder";
+    /// #     type Input = (u32, u32);
+    /// #     type Stash = ();
+    /// #     type Output = u32;
+    /// #     type Message = ();
+    /// #     async fn run_fiber(&self, _: &mut Ctx<Self>, (a, b): (u32, u32)) -> Result<u32, AgentError> { Ok(a + b) }
+    /// # }
+    /// # async fn demo(rt: Runtime) -> Result<(), Box<dyn std::error::Error>> {
+    /// let run = rt.start::<Adder>("sum-1", &(2, 3)).await?.run_id;
+    /// let sum: u32 = rt.wait_output::<Adder>(&run).await?.map_err(|ended| format!("{ended:?}"))?;
+    /// assert_eq!(sum, 5);
+    /// # Ok(()) }
+    /// ```
+    pub async fn wait_output<A: Agent>(
+        &self,
+        run_id: &RunId,
+    ) -> Result<Result<A::Output, RunStatus>, RuntimeError> {
+        match self.wait(run_id).await? {
+            RunStatus::Completed { output_json } => crate::json::parse(&output_json).map(Ok).map_err(|e| {
+                RuntimeError::InvalidInput(format!("the output of {run_id} is not {}'s: {e}", A::KIND))
+            }),
+            ended => Ok(Err(ended)),
+        }
     }
 
     /// Starts the run `request` asks for: durable before anything runs, then activated

@@ -177,8 +177,10 @@ fn form_of(
     }
     if session.caller.role < needs {
         let why = format!(
-            "Your token {:?} is a {}; this needs {}. Nothing was done.",
-            session.caller.name, session.caller.role, needs
+            "Your token {:?} is {}; this needs {}. Nothing was done.",
+            session.caller.name,
+            session.caller.role.with_article(),
+            needs.with_article()
         );
         return Err(refusal(app, &session, StatusCode::FORBIDDEN, &why, back).into());
     }
