@@ -156,3 +156,61 @@ async fn the_storage_history_keeps_only_what_the_boundaries_kept_need() {
     // Five writes, after boundaries 0 to 4; the last forgot those more than two before it.
     assert_eq!(boundaries, [2, 3, 4]);
 }
+
+/// Writes `asked`, stashes, and asks a person, who never answers: the pause escalates, and
+/// `on_escalate` — run outside the fiber, on a run no longer in memory — writes `paged`.
+#[derive(Clone, Default)]
+struct Pager;
+
+impl Agent for Pager {
+    const KIND: &'static str = "pager";
+    type Input = ();
+    type Stash = u32;
+    type Output = ();
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<(), AgentError> {
+        ctx.storage().put("asked", &true).await?;
+        ctx.stash("asked", &1).await?;
+        ctx.request_approval("go", &json!({"what": "a page"})).await?;
+        Ok(())
+    }
+
+    async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, _: Recovered<Self>) -> Result<(), AgentError> {
+        ctx.request_approval("go", &json!({"what": "a page"})).await?;
+        Ok(())
+    }
+
+    async fn on_escalate(&self, ctx: &mut Ctx<Self>, _reason: &str) {
+        let _ = ctx.storage().put("paged", &true).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_on_escalate_writes_comes_after_every_boundary_and_no_fork_sees_it() {
+    let store = Store::with_backend(
+        std::sync::Arc::new(durafiber_store::SimBackend::new()),
+        StoreConfig::default(),
+    )
+    .expect("store");
+    let config = RuntimeConfig { escalate_after: Duration::from_secs(3_600), ..RuntimeConfig::default() };
+    let rt = Runtime::builder(store)
+        .config(config)
+        .virtual_clock(durafiber_runtime::clock::VirtualClock::new(durafiber_runtime::Timestamp::ZERO))
+        .agent(Pager)
+        .open()
+        .await
+        .expect("runtime");
+    let run = rt.start::<Pager>("p", &()).await.expect("start").run_id;
+    rt.advance(Duration::from_secs(2 * 3_600)).await.expect("advance");
+    assert!(matches!(rt.status(&run).expect("status"), RunStatus::Escalated { .. }));
+    assert_eq!(storage_of(&rt, &run).get("paged"), Some(&json!(true)), "the hook wrote");
+    let last = rt.history(&run).expect("history").last().map(|h| h.seq).expect("a boundary");
+    let fork = rt.fork(&run, last, "after-the-page", ForkOptions::default()).await.expect("fork");
+    assert_eq!(
+        serde_json::to_value(storage_of(&rt, &fork.run_id)).expect("json"),
+        json!({"asked": true}),
+        "the fork from the last boundary starts without what the hook wrote after it"
+    );
+    rt.shutdown().await;
+}

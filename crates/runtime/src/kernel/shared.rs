@@ -131,15 +131,23 @@ impl Shared {
     pub fn hook_ctx(self: &Arc<Self>, run_id: &RunId, kind: &str) -> RawCtx {
         let cell = match self.registry.get(run_id) {
             Some(live) => live.cell,
-            None => Arc::new(RunCell::new(
-                run_id,
-                kind,
-                self.config.durability,
-                self.config.fiber_keep_alive,
-                0,
-                0,
-                None,
-            )),
+            None => {
+                // At the run's last boundary, as a live fiber's would be: what the hook
+                // writes comes after every boundary, and a fork from one does not see it.
+                let seq = super::stash_record::read(&self.store, run_id)
+                    .ok()
+                    .flatten()
+                    .map_or(0, |stored| stored.record.seq);
+                Arc::new(RunCell::new(
+                    run_id,
+                    kind,
+                    self.config.durability,
+                    self.config.fiber_keep_alive,
+                    0,
+                    seq,
+                    None,
+                ))
+            }
         };
         RawCtx::new(self.clone(), cell, 0)
     }
