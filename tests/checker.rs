@@ -4,7 +4,8 @@
 //! pass. Its verdict does not depend on the machine's speed (real I/O inside an effect with
 //! a timeout finishes before virtual time moves); it compares output streams and storage with
 //! the baseline; it delivers external events, while the run waits and before; and it starts
-//! each case with the options given.
+//! each case with the options given; and, with storage durable at once, it shows an agent
+//! what a re-entry at a stash finds written after it.
 
 use std::{
     sync::{
@@ -367,4 +368,56 @@ async fn every_case_starts_with_the_options_given() {
     };
     assert!(reason.contains("budget"), "{reason}");
     report.assert_ok();
+}
+
+/// Counts its steps in storage, with a stash after each. `broken`: adds one to the count it
+/// reads, which a re-entry at a stash repeats when the write after it survived (it does on
+/// PostgreSQL); correct: writes the count its step reached, which a repeat writes again.
+#[derive(Clone, Default)]
+struct Tally {
+    broken: bool,
+}
+
+impl Tally {
+    async fn count(&self, ctx: &mut Ctx<Self>, from: u32) -> Result<u32, AgentError> {
+        for step in from..3 {
+            let n: u32 = if self.broken { ctx.storage().get("n")?.unwrap_or(0) + 1 } else { step + 1 };
+            ctx.storage().put("n", &n).await?;
+            ctx.stash("step", &(step + 1)).await?;
+        }
+        Ok(ctx.storage().get("n")?.unwrap_or(0))
+    }
+}
+
+impl Agent for Tally {
+    const KIND: &'static str = "tally";
+    type Input = ();
+    type Stash = u32;
+    type Output = u32;
+    type Message = ();
+
+    async fn run_fiber(&self, ctx: &mut Ctx<Self>, _: ()) -> Result<u32, AgentError> {
+        self.count(ctx, 0).await
+    }
+
+    async fn on_fiber_recovered(&self, ctx: &mut Ctx<Self>, r: Recovered<Self>) -> Result<u32, AgentError> {
+        self.count(ctx, r.stash.unwrap_or(0)).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_that_outlives_the_stash_after_it_is_shown_to_the_agent() {
+    // With storage durable only with the next boundary, the broken tally never counts twice.
+    AgentCheck::new(Tally { broken: true }).input(&()).crash_at_every_boundary().run().await.assert_ok();
+    let report = AgentCheck::new(Tally { broken: true }).input(&()).storage_durable_at_once().run().await;
+    let failures = report.failures();
+    assert!(
+        failures
+            .iter()
+            .any(|c| c.name.contains("durable at once") && c.final_state != report.baseline.final_state),
+        "a step counted twice is caught: {failures:#?}"
+    );
+    let correct =
+        AgentCheck::new(Tally::default()).input(&()).crash_at_every_boundary().storage_durable_at_once();
+    correct.run().await.assert_ok();
 }

@@ -188,11 +188,9 @@ impl Agent for Pager {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_on_escalate_writes_comes_after_every_boundary_and_no_fork_sees_it() {
-    let store = Store::with_backend(
-        std::sync::Arc::new(durafiber_store::SimBackend::new()),
-        StoreConfig::default(),
-    )
-    .expect("store");
+    let store =
+        Store::with_backend(std::sync::Arc::new(durafiber_store::SimBackend::new()), StoreConfig::default())
+            .expect("store");
     let config = RuntimeConfig { escalate_after: Duration::from_secs(3_600), ..RuntimeConfig::default() };
     let rt = Runtime::builder(store)
         .config(config)

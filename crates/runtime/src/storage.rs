@@ -218,7 +218,8 @@ impl<'a> Storage<'a> {
         if keys_after > keys && keys_after > max {
             return Err(AgentError::StorageLimit { what: "keys in the run", size: keys_after, max });
         }
-        shared.store.commit(batch, Durability::Async).await?;
+        let durability = if shared.config.storage_writes_sync { Durability::Sync } else { Durability::Async };
+        shared.store.commit(batch, durability).await?;
         *keys_cached = Some(keys_after);
         tracing::debug!(
             run_id = %self.run_id(),

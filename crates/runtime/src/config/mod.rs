@@ -40,6 +40,10 @@ pub struct RuntimeConfig {
     /// progress message escalates no run. `AgentCheck` turns it on: within one build, a
     /// different re-emission is a determinism bug.
     pub strict_streams: bool,
+    /// Whether each storage write is durable on its own (`Sync`), as on PostgreSQL, instead
+    /// of with the run's next boundary. Off by default; `AgentCheck::storage_durable_at_once`
+    /// turns it on to show an agent what a re-entry at a stash finds written after it.
+    pub storage_writes_sync: bool,
     /// Whether effects' calls are stopped before they leave the process: an effect whose
     /// receipt the ledger does not hold ends its run, cancelled, with
     /// `AgentError::CallStopped`'s reason, instead of calling out. Off by default; what
@@ -147,6 +151,7 @@ impl Default for RuntimeConfig {
             stream_bytes_max: limits::STREAM_BYTES_MAX_DEFAULT,
             budget: Budget::default(),
             storage_keys_max: limits::STORAGE_KEYS_MAX_DEFAULT,
+            storage_writes_sync: false,
             strict_streams: false,
             stop_calls: false,
             history_max: limits::HISTORY_MAX_DEFAULT,

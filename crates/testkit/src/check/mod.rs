@@ -16,6 +16,8 @@
 //!   call, the ledger has not.
 //! - **eviction matrix** ([`AgentCheck::eviction_matrix`]): evicted at each boundary in turn,
 //!   then chaos evictions with each seed of [`AgentCheck::seeds`].
+//! - **storage durable at once** ([`AgentCheck::storage_durable_at_once`]): every store
+//!   write lost in turn, as above, with each storage write durable on its own (PostgreSQL).
 //! - **an event before its wait**, for each event given with [`AgentCheck::send_event`]: sent
 //!   right after the start instead of while the run waits for it, so it is buffered.
 //!
@@ -110,6 +112,7 @@ pub struct AgentCheck<A: Agent + Clone> {
     agent: A,
     input: Option<Value>,
     crashes: bool,
+    storage_at_once: bool,
     effect_kills: bool,
     evictions: bool,
     seeds: Range<u64>,
@@ -149,6 +152,8 @@ struct Trouble {
     deploy: bool,
     /// And that process is killed at its first boundary, once.
     crash_after_deploy: bool,
+    /// Each storage write is durable on its own, as on PostgreSQL.
+    storage_at_once: bool,
 }
 
 /// What a dry run saw.
@@ -165,6 +170,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
             agent,
             input: None,
             crashes: false,
+            storage_at_once: false,
             effect_kills: false,
             evictions: false,
             seeds: 1..4,
@@ -199,6 +205,14 @@ impl<A: Agent + Clone> AgentCheck<A> {
     /// Crash after every boundary, and lose every store write in turn.
     pub fn crash_at_every_boundary(mut self) -> Self {
         self.crashes = true;
+        self
+    }
+
+    /// Also lose every store write in turn with each storage write durable on its own, as on
+    /// PostgreSQL: a re-entry at a stash then finds what the fiber wrote after it, and an
+    /// agent that counts on its storage going back with the stash is caught.
+    pub fn storage_durable_at_once(mut self) -> Self {
+        self.storage_at_once = true;
         self
     }
 
@@ -352,6 +366,9 @@ impl<A: Agent + Clone> AgentCheck<A> {
                 cases.push(self.case(&format!("crash {point}"), Some(point), trouble, &baseline).await);
             }
         }
+        if self.storage_at_once {
+            cases.extend(self.storage_at_once_cases(&baseline).await);
+        }
         if self.deploy.is_some() {
             cases.extend(self.deploy_cases(&dry.boundaries, &baseline).await);
         }
@@ -415,6 +432,20 @@ impl<A: Agent + Clone> AgentCheck<A> {
             self.play("baseline", None, Trouble::default(), None, Some(boundaries.clone())).await;
         let boundaries = boundaries.lock().clone();
         Dry { report, boundaries, writes }
+    }
+
+    /// Every store write lost in turn, each storage write durable on its own.
+    async fn storage_at_once_cases(&self, baseline: &CaseReport) -> Vec<CaseReport> {
+        let at_once = Trouble { storage_at_once: true, ..Trouble::default() };
+        let (_, writes) = self.play("storage durable at once", None, at_once.clone(), None, None).await;
+        let mut cases = Vec::new();
+        for n in 1..=writes {
+            let point = CrashPoint::WriteLost(n);
+            let trouble = Trouble { lose_write: Some(n), ..at_once.clone() };
+            let name = format!("crash {point}, each storage write durable at once");
+            cases.push(self.case(&name, Some(point), trouble, baseline).await);
+        }
+        cases
     }
 
     async fn case(

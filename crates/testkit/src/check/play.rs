@@ -48,6 +48,7 @@ impl<A: Agent + Clone> AgentCheck<A> {
             sim.crash_at(durafiber_store::SimCrash::AfterApply(n));
         }
         let mut config = self.config.clone();
+        config.storage_writes_sync |= trouble.storage_at_once;
         if let Some(seed) = trouble.chaos_seed {
             config = RuntimeConfig { seed, chaos_evict_rate: 0.3, ..config };
         }
