@@ -17,6 +17,13 @@
 //! the run (past its self-fence deadline it answers 421 instead): a decision, a cancel, an
 //! alarm set or an event with an idempotency key apply once however often they are sent; a
 //! message sent again may arrive twice.
+//!
+//! A reader following a run's output stream (server-sent events) on a node that does not
+//! own the run is passed on too, its events relayed as the owner sends them: the partial
+//! chunks and resets of a streaming effect's call exist only on the node that runs it, and
+//! the event ids are the stream's own, so `Last-Event-ID` resumes on any node. When the owner
+//! cannot be reached the stream is served where it arrived (durable chunks only, until a node
+//! runs the run again).
 
 use durafiber_api::ApiErrorKind;
 use durafiber_runtime::RunId;
@@ -138,6 +145,54 @@ async fn pass_on(req: Request, peers: &Peers, addr: &str, node_id: &str) -> Resp
             response
         }
     }
+}
+
+/// The owner's answer to a reader of run `run_id`'s output stream (`path_and_query`, with
+/// the reader's `headers`), relayed as it comes; `None` when this node should serve it
+/// itself: it owns the run, the run has no owner, the request was passed on already, or the
+/// owner did not answer it.
+pub async fn stream_from_owner(
+    app: &AppState,
+    run_id: &RunId,
+    headers: &axum::http::HeaderMap,
+    path_and_query: &str,
+) -> Option<Response> {
+    if headers.contains_key(FORWARDED) {
+        return None;
+    }
+    let Ok(RunOwner::Node { node_id, http_addr: Some(addr), .. }) = app.runtime.owner_of(run_id) else {
+        return None;
+    };
+    let url = format!("{}://{addr}{path_and_query}", app.peers.scheme());
+    let mut out = app.peers.client.get(&url);
+    for (name, value) in headers {
+        if name != header::HOST && name != header::CONNECTION {
+            out = out.header(name, value);
+        }
+    }
+    out = out.header(header::HOST, addr.as_str()).header(FORWARDED, node_id.as_str());
+    // Only the answer's head is awaited within the forward timeout: the stream follows the
+    // run for as long as the reader stays.
+    let answer = match tokio::time::timeout(app.peers.timeout, out.send()).await {
+        Ok(Ok(answer)) if answer.status().is_success() => answer,
+        Ok(Ok(answer)) => {
+            tracing::debug!(%run_id, node_id, status = %answer.status(), "the owner refused a stream; served here");
+            return None;
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(%run_id, node_id, error = %e, "the owner did not answer a stream; served here");
+            return None;
+        }
+        Err(_) => return None,
+    };
+    tracing::debug!(%run_id, node_id, "a reader's stream relayed from the run's owner");
+    let kept: Vec<_> = [header::CONTENT_TYPE, header::CACHE_CONTROL]
+        .into_iter()
+        .filter_map(|name| answer.headers().get(&name).cloned().map(|value| (name, value)))
+        .collect();
+    let mut response = Response::new(Body::from_stream(answer.bytes_stream()));
+    response.headers_mut().extend(kept);
+    Some(response)
 }
 
 #[cfg(test)]

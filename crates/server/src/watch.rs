@@ -144,6 +144,7 @@ pub(super) async fn stream(
     State(app): State<AppState>,
     Path(run_id): Path<RunId>,
     headers: HeaderMap,
+    uri: axum::http::Uri,
     Query(q): Params,
 ) -> ApiResult {
     type Sse = Result<axum::response::sse::Event, std::convert::Infallible>;
@@ -155,11 +156,16 @@ pub(super) async fn stream(
         (None, Some(last)) => number("Last-Event-ID", last)?.saturating_add(1),
         (None, None) => 0,
     };
-    let chunks = app.runtime.stream(&run_id, from)?;
     let streams = headers
         .get(axum::http::header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("text/event-stream"));
+    // A streaming effect's partial chunks are on the node that runs it: follow it there.
+    let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+    if streams && let Some(relayed) = crate::forward::stream_from_owner(&app, &run_id, &headers, path).await {
+        return Ok(relayed);
+    }
+    let chunks = app.runtime.stream(&run_id, from)?;
     if !streams {
         app.runtime.store().settle_reads().await.map_err(RuntimeError::from)?;
         return ok(app.runtime.stream_chunks(&run_id, from, usize::MAX)?);
