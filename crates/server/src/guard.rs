@@ -170,16 +170,7 @@ pub async fn authorize(State(app): State<AppState>, req: Request, next: Next) ->
         Err(e) => return refuse(StatusCode::SERVICE_UNAVAILABLE, ApiErrorKind::StoreFailed, e.to_string()),
     };
     if caller.role < needed {
-        return refuse(
-            StatusCode::FORBIDDEN,
-            ApiErrorKind::Forbidden,
-            format!(
-                "token {:?} is {}; this needs {}",
-                caller.name,
-                caller.role.with_article(),
-                needed.with_article()
-            ),
-        );
+        return too_weak(&caller, needed);
     }
     let mut req = req;
     if !is_read {
@@ -230,6 +221,16 @@ fn busy() -> Response {
     headers.insert(header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
     headers.insert(header::CONNECTION, axum::http::HeaderValue::from_static("close"));
     response
+}
+
+/// 403: the caller's token is valid, its role not enough.
+fn too_weak(caller: &auth::Caller, needed: Role) -> Response {
+    let (has, needs) = (caller.role.with_article(), needed.with_article());
+    refuse(
+        StatusCode::FORBIDDEN,
+        ApiErrorKind::Forbidden,
+        format!("token {:?} is {has}; this needs {needs}", caller.name),
+    )
 }
 
 /// Marks a request [`audit`] must record before it is carried out.
