@@ -76,6 +76,26 @@ pub enum LabCommand {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Weeks of use in an hour: a steady workload on a real server with retention on,
+    /// SIGKILLed every few minutes; memory, descriptors and disk each minute, every record
+    /// verified at each restart, every refund checked against its upstream at the end.
+    Soak {
+        /// Print a JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+        /// How long it runs.
+        #[arg(long, default_value_t = 60)]
+        minutes: u64,
+        /// How long each server lives before its SIGKILL ("3m").
+        #[arg(long, default_value = "3m", value_parser = humantime::parse_duration)]
+        kill_every: Duration,
+        /// Refunds started a second.
+        #[arg(long, default_value_t = 5)]
+        rate: u32,
+        /// Where to write the server logs and the report.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Simulations on the virtual clock.
     Sim {
         /// Which simulation.

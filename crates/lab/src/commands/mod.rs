@@ -10,6 +10,7 @@ pub mod drill;
 mod drill_nodes;
 mod measure;
 mod output;
+pub mod soak;
 pub mod torture;
 
 use durafiber_demo::sim;
@@ -32,6 +33,9 @@ pub async fn run(command: LabCommand, hosting: Hosting) -> anyhow::Result<i32> {
         }
         LabCommand::Torture { json, seed, kills, chaos, out } => {
             torture::run(json, torture::Plan { seed, kills, chaos }, out.as_deref()).await
+        }
+        LabCommand::Soak { json, minutes, kill_every, rate, out } => {
+            soak::run(json, soak::SoakPlan { minutes, kill_every, rate }, out.as_deref()).await
         }
         LabCommand::Sim { which: Sim::Eviction { json, seed } } => {
             let (lines, report) = sim::eviction(seed).await?;

@@ -52,7 +52,7 @@
 mod harness;
 mod report;
 mod score;
-mod server;
+pub(crate) mod server;
 
 use harness::{Harness, approve_pending, send_packed};
 pub use report::{Plan, TortureReport};

@@ -11,17 +11,17 @@ use std::{
 
 use anyhow::Context as _;
 
-pub(super) struct Server {
-    pub(super) child: Child,
-    pub(super) lines: mpsc::Receiver<String>,
-    pub(super) addr: Option<SocketAddr>,
-    pub(super) log: PathBuf,
-    pub(super) born: Instant,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) lines: mpsc::Receiver<String>,
+    pub(crate) addr: Option<SocketAddr>,
+    pub(crate) log: PathBuf,
+    pub(crate) born: Instant,
 }
 
 impl Server {
     /// Spawns `serve`, hosting stash version `order_version` of the order agent.
-    pub(super) fn spawn(
+    pub(crate) fn spawn(
         exe: &Path,
         data: &Path,
         config: &Path,
@@ -51,7 +51,7 @@ impl Server {
     }
 
     /// The address, once the server has said it listens.
-    pub(super) fn poll_addr(&mut self) -> Option<SocketAddr> {
+    pub(crate) fn poll_addr(&mut self) -> Option<SocketAddr> {
         if self.addr.is_none()
             && let Ok(line) = self.lines.try_recv()
         {
@@ -61,16 +61,16 @@ impl Server {
     }
 
     /// Whether the process ended by itself.
-    pub(super) fn exited(&mut self) -> bool {
+    pub(crate) fn exited(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(Some(_)))
     }
 
-    pub(super) fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.child.kill(); // SIGKILL on Unix
         let _ = self.child.wait();
     }
 
-    pub(super) fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
