@@ -62,8 +62,9 @@ impl Workload {
     /// One tick of work on a live server.
     pub(super) async fn tick(&mut self, client: &Client) {
         self.ticks += 1;
-        let key = format!("refund-{}", self.ticks);
-        let input = json!({"order_id": format!("ord_{}", self.ticks), "amount_cents": 100 + self.ticks % 900,
+        // Numbered to sort in the order started.
+        let key = format!("refund-{:08}", self.ticks);
+        let input = json!({"order_id": format!("ord_{:08}", self.ticks), "amount_cents": 100 + self.ticks % 900,
             "customer_email": "soak@example.com", "upstream": self.upstream, "api_key": null});
         self.unanswered.insert(key, input);
         for (key, input) in self.unanswered.clone() {
@@ -120,10 +121,18 @@ impl Workload {
     /// Forks a completed refund not forked yet, at its last boundary: it inherits both
     /// effects and pays for neither again.
     async fn fork_one(&mut self, client: &Client) {
+        // The newest first: the oldest have gone with retention.
         let candidates: Vec<RunId> =
-            self.refunds.values().filter(|id| !self.forked.contains(*id)).take(20).cloned().collect();
+            self.refunds.values().rev().filter(|id| !self.forked.contains(*id)).take(20).cloned().collect();
         for run_id in candidates {
-            let Ok(history) = client.get_json(&format!("/runs/{run_id}/history")).await else { continue };
+            let history = match client.get_json(&format!("/runs/{run_id}/history")).await {
+                Ok(history) => history,
+                Err(ClientError::Api { status: 404, .. }) => {
+                    self.forked.insert(run_id);
+                    continue;
+                }
+                Err(_) => return,
+            };
             let last = history.as_array().into_iter().flatten().find(|h| h["step"] == LAST_STEP);
             let Some(at) = last.and_then(|h| h["seq"].as_u64()) else { continue };
             self.forked.insert(run_id.clone());
