@@ -1,5 +1,5 @@
 //! `durafiber soak`: weeks of use in an hour. A real `durafiber serve`, with retention on,
-//! takes a steady workload ([`workload`]: refunds started, approved and forked, step runs
+//! takes a steady workload (`workload.rs`: refunds started, approved and forked, step runs
 //! started and cancelled, settled runs deleted) while it is SIGKILLed every few minutes and
 //! started again on the same data directory. Every minute the report takes the server's
 //! resident memory, its open file descriptors and the data directory's bytes; at every
