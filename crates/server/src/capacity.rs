@@ -4,7 +4,7 @@
 //!
 //! A connection is taken from the open share while it lasts; past it, from the signed-in
 //! share, where a request is served only for a caller that signs in on its headers
-//! ([`SignedInOnly`], checked by `guard::authorize` before any body is read). Addresses that
+//! ([`SignedInOnly`], checked by `guard::signed_in_only` before any body is read). Addresses that
 //! hold stalled requests fill the open share at most, each up to its per-address cap, and an
 //! admin still gets in.
 
