@@ -62,8 +62,7 @@ impl Driver {
             "goog:chromeOptions".into(),
             serde_json::json!({"binary": "/usr/bin/chromium", "args": args}),
         );
-        ClientBuilder::rustls()
-            .expect("TLS roots")
+        ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
             .capabilities(caps)
             .connect(&format!("http://127.0.0.1:{}", self.port))
             .await
