@@ -88,6 +88,18 @@ async fn follow(
     }
 }
 
+/// The nodes, SIGKILLed when the test ends, however it ends.
+struct Servers(Vec<std::process::Child>);
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        for server in &mut self.0 {
+            let _ = server.kill();
+            let _ = server.wait();
+        }
+    }
+}
+
 /// Whether `events` hold the partial chunk `index` of a call after a reset.
 fn at_partial_after_reset(events: &[SseEvent], index: u64) -> bool {
     let Some(reset) = events.iter().position(|e| e.event == "reset") else { return false };
@@ -115,10 +127,10 @@ async fn the_node_that_does_not_run_the_model_shows_its_answer_as_the_owner_does
 
     let dirs = [tempfile::tempdir().expect("data"), tempfile::tempdir().expect("data")];
     let ports = [free_port(), free_port()];
-    let mut servers = Vec::new();
+    let mut servers = Servers(Vec::new());
     for (i, id) in ["a", "b"].into_iter().enumerate() {
         let extra = ["--store", url.as_str(), "--node-id", id, "--lease-ttl", "2s"];
-        servers.push(serve(dirs[i].path(), ports[i], &model, &tools, &extra, &[]));
+        servers.0.push(serve(dirs[i].path(), ports[i], &model, &tools, &extra, &[]));
     }
     let token = std::fs::read_to_string(dirs[0].path().join("admin.token")).expect("admin token");
     let token = token.trim().to_string();
@@ -234,8 +246,4 @@ async fn the_node_that_does_not_run_the_model_shows_its_answer_as_the_owner_does
     let shown: Vec<String> =
         moved.iter().chain(&after).filter(|e| e.event == "chunk").map(|e| e.data.clone()).collect();
     assert_eq!(shown, owner_chunks, "the moved reader ends with the stream, once");
-    for mut server in servers {
-        let _ = server.kill();
-        let _ = server.wait();
-    }
 }
