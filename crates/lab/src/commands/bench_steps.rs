@@ -141,6 +141,7 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
         "raw_gapped_fdatasync_p50_ms": ms(raw_gapped_p50), "raw_gapped_fdatasync_p99_ms": ms(raw_gapped_p99),
         "kill_runs": plan.kill_runs, "acked_before_kill": killed.acked,
         "restart_to_first_step_ms": killed.first_step.as_millis() as u64, "steps_rerun": killed.rerun,
+        "restart_phases_ms": restart_phases(&killed),
     });
     let lines = vec![
         format!("raw fdatasync:              {raw:>10.0} /s"),
@@ -168,6 +169,7 @@ pub async fn steps(json: bool, plan: Plan, out: Option<&Path>) -> anyhow::Result
             killed.first_step.as_millis(),
             killed.rerun
         ),
+        format!("  where the restart went, ms from the spawn: {}", restart_phases(&killed)),
     ];
     print_bench_report(lines, report, json)?;
     Ok(i32::from(killed.rerun != 0))
@@ -291,6 +293,8 @@ fn gap_us((started, took): (Instant, u64), next: Instant) -> u64 {
 struct Killed {
     acked: u64,
     first_step: Duration,
+    /// When the restarted process reached each phase, from its spawn.
+    phases: Vec<(String, Duration)>,
     rerun: u64,
 }
 
@@ -352,11 +356,23 @@ fn acked_until_killed(mut child: std::process::Child) -> anyhow::Result<BTreeMap
     Ok(acked)
 }
 
+/// When the restarted process reached each phase, ms from its spawn (to 0.1 ms): its
+/// process running, its store open, its runtime open (every interrupted run re-entered),
+/// its first step.
+fn restart_phases(killed: &Killed) -> Value {
+    let ms = |d: Duration| (d.as_secs_f64() * 10_000.0).round() / 10.0;
+    let mut phases: serde_json::Map<String, Value> =
+        killed.phases.iter().map(|(name, at)| (name.clone(), json!(ms(*at)))).collect();
+    phases.insert("first_step".into(), json!(ms(killed.first_step)));
+    Value::Object(phases)
+}
+
 /// The step each run resumed from in the restarted process, and how long after its spawn the
 /// first step came.
 fn resumed_from(
     mut child: std::process::Child,
     spawned: Instant,
+    phases: &mut Vec<(String, Duration)>,
 ) -> anyhow::Result<(BTreeMap<String, u32>, Option<Duration>)> {
     let lines = lines_of(&mut child)?;
     let mut first_step = None;
@@ -369,6 +385,9 @@ fn resumed_from(
         match lines.recv_timeout(Duration::from_millis(50)) {
             Ok(line) if line.starts_with("ack ") => {
                 first_step.get_or_insert(spawned.elapsed());
+            }
+            Ok(line) if line.starts_with("phase ") => {
+                phases.push((line.trim_start_matches("phase ").to_string(), spawned.elapsed()));
             }
             Ok(line) if line.starts_with('{') => {
                 let report: Value = serde_json::from_str(&line).context("the restarted process's report")?;
@@ -397,7 +416,8 @@ async fn kill_and_resume(data: &Path, runs: usize) -> anyhow::Result<Killed> {
     };
     let acked = acked_until_killed(spawn("start")?)?;
     let spawned = Instant::now();
-    let (resumed, first_step) = resumed_from(spawn("resume")?, spawned)?;
+    let mut phases = Vec::new();
+    let (resumed, first_step) = resumed_from(spawn("resume")?, spawned, &mut phases)?;
     let rerun = acked
         .iter()
         .map(|(run, done)| u64::from(done.saturating_sub(resumed.get(run).copied().unwrap_or(*done))))
@@ -405,14 +425,25 @@ async fn kill_and_resume(data: &Path, runs: usize) -> anyhow::Result<Killed> {
     Ok(Killed {
         acked: acked.values().map(|d| u64::from(*d)).sum(),
         first_step: first_step.unwrap_or_default(),
+        phases,
         rerun,
     })
 }
 
-/// The process `bench steps` kills (`start`) and restarts (`resume`).
+/// The process `bench steps` kills (`start`) and restarts (`resume`). Restarted, it says
+/// when it got to run, when its store was open and when its runtime was (`phase NAME`), for
+/// the report's breakdown of the restart.
 pub async fn child(data: &Path, mode: &str, runs: usize) -> anyhow::Result<i32> {
+    println!("phase process");
     let agent = Steps { print_acks: true, ..Steps::default() };
-    let rt = runtime(data, agent, durafiber_runtime::limits::HISTORY_MAX_DEFAULT).await?;
+    let store = Store::open_dir(data, StoreConfig::default())?;
+    println!("phase store_open");
+    let config = durafiber_runtime::RuntimeConfig {
+        history_max: durafiber_runtime::limits::HISTORY_MAX_DEFAULT,
+        ..Default::default()
+    };
+    let rt = Runtime::builder(store).config(config).agent(agent).open().await?;
+    println!("phase runtime_open");
     if mode == "start" {
         let input = StepsInput { steps: KILL_STEPS, pause_ms: KILL_PAUSE_MS };
         for i in 0..runs {
