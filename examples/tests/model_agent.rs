@@ -7,7 +7,7 @@ mod common;
 
 use std::{sync::Arc, time::Duration};
 
-use common::{eventually, free_port, rand_seed, serve};
+use common::{eventually, free_port, pending_approval, rand_seed, serve};
 
 use durafiber::client::{Client, StartOptions, Status};
 use durafiber::testkit::{
@@ -134,16 +134,7 @@ async fn the_model_agent_killed_mid_answer_and_at_random_streams_one_complete_an
     });
 
     // The refund waits for a person.
-    let pending = {
-        let mut found = None;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while found.is_none() {
-            assert!(tokio::time::Instant::now() < deadline, "the refund never asked for approval");
-            found = client.approvals().await.expect("approvals").into_iter().find(|a| a.run_id == run_id);
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        found.expect("a pending approval")
-    };
+    let pending = pending_approval(&client, &run_id).await;
     assert_eq!(pending.payload["tool"], "refund");
     client.decide(&run_id, &pending.approval_id, &pending.payload_hash, true, "ok").await.expect("approve");
 

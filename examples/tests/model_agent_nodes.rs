@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use common::{eventually, free_port, serve};
+use common::{eventually, free_port, pending_approval, serve};
 
 use durafiber::client::{Client, StartOptions, Status};
 use durafiber::testkit::{
@@ -174,16 +174,7 @@ async fn the_node_that_does_not_run_the_model_shows_its_answer_as_the_owner_does
     let (other_reader, other_events) = follow_all(elsewhere.clone());
 
     // A person approves the refund, through the node that does not run it.
-    let pending = {
-        let mut found = None;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while found.is_none() {
-            assert!(tokio::time::Instant::now() < deadline, "the refund never asked for approval");
-            found = client.approvals().await.expect("approvals").into_iter().find(|a| a.run_id == run_id);
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        found.expect("a pending approval")
-    };
+    let pending = pending_approval(&client, &run_id).await;
     let other = Client::new(&elsewhere).expect("client").with_token(Some(token.clone()));
     other.decide(&run_id, &pending.approval_id, &pending.payload_hash, true, "ok").await.expect("approve");
 

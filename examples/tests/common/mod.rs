@@ -55,6 +55,22 @@ pub fn serve(
     child
 }
 
+/// The approval run `run_id` asks for, once it asks (within a minute).
+pub async fn pending_approval(
+    client: &durafiber::client::Client,
+    run_id: &durafiber::RunId,
+) -> durafiber::PendingApproval {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let pending = client.approvals().await.expect("approvals");
+        if let Some(found) = pending.into_iter().find(|a| a.run_id == *run_id) {
+            return found;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the run never asked for approval");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Polls `check` every 20 ms until it holds, for at most a minute.
 pub async fn eventually<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
